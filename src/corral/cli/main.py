@@ -1,0 +1,105 @@
+"""The ``corral`` command.
+
+The CLI is a thin front door: it parses arguments, calls the library and
+renders what comes back. Errors are one clear line on stderr (a traceback only
+with ``--debug``) and map to exit codes:
+
+    0  succeeded
+    1  failed (the run failed, a model or tool could not be reached)
+    2  bad input (invalid YAML, unknown reference, unknown name)
+    3  the run waits for approval
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Coroutine
+from typing import Any, NoReturn, TypeVar
+
+import typer
+
+from corral import __version__
+
+T = TypeVar("T")
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_BAD_INPUT = 2
+EXIT_WAITING_APPROVAL = 3
+
+app = typer.Typer(
+    name="corral",
+    help="Run LLM agents as durable, governed workloads.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+class _State:
+    debug = False
+
+
+@app.callback()
+def _root(
+    debug: bool = typer.Option(False, "--debug", help="Show tracebacks on errors."),
+) -> None:
+    _State.debug = debug
+
+
+def fail(message: str, code: int = EXIT_FAILED) -> NoReturn:
+    """Print one error line and exit."""
+    from rich.console import Console
+
+    Console(stderr=True, highlight=False, soft_wrap=True).print(
+        f"[bold red]error:[/] {message}", markup=True
+    )
+    raise typer.Exit(code)
+
+
+def run_async(coro: Coroutine[Any, Any, T]) -> T:
+    """Run a coroutine for a command, turning Corral errors into one line and an exit code."""
+    from corral.core.errors import CorralError, UserError
+
+    try:
+        return asyncio.run(coro)
+    except CorralError as exc:
+        if _State.debug:
+            raise
+        fail(_escape(exc.message), EXIT_BAD_INPUT if isinstance(exc, UserError) else EXIT_FAILED)
+    except KeyboardInterrupt:
+        fail("interrupted", 130)
+
+
+def _escape(text: str) -> str:
+    from rich.markup import escape
+
+    return escape(text)
+
+
+@app.command()
+def version() -> None:
+    """Print Corral's version."""
+    typer.echo(f"corral {__version__}")
+
+
+def _register_commands() -> None:
+    # Each command group lives in its own module and adds itself to `app`.
+    from corral.cli import resources_cmd, run_cmd
+
+    resources_cmd.register(app)
+    run_cmd.register(app)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    _register_commands()
+    try:
+        app()
+    except SystemExit:
+        raise
+    except Exception as exc:
+        if _State.debug or "--debug" in sys.argv:
+            raise
+        fail(f"internal error: {type(exc).__name__}: {exc} (run with --debug for details)")

@@ -1,0 +1,225 @@
+"""The one exception tree of Corral.
+
+Every error Corral raises on purpose derives from :class:`CorralError`. Vendor
+exceptions (``openai``, ``anthropic``, ``httpx``, ``mcp``, ``sqlalchemy``) are
+converted at the adapter boundary and never travel further up.
+
+    CorralError
+    ├── UserError                  bad input from a person: CLI exit code 2
+    │   ├── ResourceError          an invalid resource document (file, line, field)
+    │   ├── NotFoundError          a named object does not exist
+    │   └── ConflictError          the operation contradicts stored state
+    ├── ConfigurationError         a stored resource cannot be turned into a live object
+    ├── ModelError                 a model call failed (``retryable``, ``status_code``)
+    │   ├── ModelTimeoutError
+    │   └── ModelConnectionError
+    ├── ToolError                  a tool call failed (``code``, ``reason``, ``retryable``)
+    ├── BudgetExceededError        a run passed one of its limits
+    └── OutputValidationError      structured output stayed invalid after repairs
+
+Cancellation (``asyncio.CancelledError``) is a ``BaseException`` and is never
+caught by handlers written against ``CorralError`` or ``Exception``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+
+class CorralError(Exception):
+    """Root of every error Corral raises on purpose."""
+
+    code: str = "error"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-able description, used in run records and events."""
+        return {"code": self.code, "message": self.message}
+
+
+class UserError(CorralError):
+    """The user's input is wrong; nothing was changed."""
+
+    code = "bad_input"
+
+
+@dataclass(frozen=True)
+class Location:
+    """Where in a resource document something is wrong."""
+
+    file: str | None = None
+    line: int | None = None
+    field: str | None = None
+
+    def __str__(self) -> str:
+        parts: list[str] = []
+        if self.file:
+            parts.append(self.file if self.line is None else f"{self.file}:{self.line}")
+        elif self.line is not None:
+            parts.append(f"line {self.line}")
+        if self.field:
+            parts.append(f"field {self.field!r}")
+        return ", ".join(parts)
+
+
+class ResourceError(UserError):
+    """A resource document is invalid; ``problems`` lists every finding."""
+
+    code = "invalid_resource"
+
+    def __init__(self, problems: list[tuple[Location, str]]) -> None:
+        self.problems = problems
+        lines = [f"{loc}: {reason}" if str(loc) else reason for loc, reason in problems]
+        super().__init__("\n".join(lines))
+
+
+class NotFoundError(UserError):
+    """A named object does not exist."""
+
+    code = "not_found"
+
+
+class ConflictError(UserError):
+    """The operation contradicts stored state (for example deleting a referenced resource)."""
+
+    code = "conflict"
+
+
+class ConfigurationError(CorralError):
+    """A stored resource cannot be turned into a live model, tool or agent."""
+
+    code = "configuration_error"
+
+
+class ModelError(CorralError):
+    """A model call failed.
+
+    ``retryable`` says whether the same request may succeed later (429, 5xx,
+    connection errors, timeouts); ``retry_after`` carries the server's hint in
+    seconds when it gave one.
+    """
+
+    code = "model_error"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        retryable: bool = False,
+        status_code: int | None = None,
+        retry_after: float | None = None,
+        endpoint: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+        self.status_code = status_code
+        self.retry_after = retry_after
+        self.endpoint = endpoint
+
+    def to_dict(self) -> dict[str, Any]:
+        data = super().to_dict()
+        data.update(retryable=self.retryable, status_code=self.status_code, endpoint=self.endpoint)
+        return data
+
+
+class ModelTimeoutError(ModelError):
+    """A model call took longer than its endpoint's timeout."""
+
+    code = "model_timeout"
+
+    def __init__(self, message: str, *, endpoint: str | None = None) -> None:
+        super().__init__(message, retryable=True, endpoint=endpoint)
+
+
+class ModelConnectionError(ModelError):
+    """The model endpoint could not be reached."""
+
+    code = "model_unreachable"
+
+    def __init__(self, message: str, *, endpoint: str | None = None) -> None:
+        super().__init__(message, retryable=True, endpoint=endpoint)
+
+
+class ToolErrorCode(StrEnum):
+    """Stable codes of tool errors; models, clients and metrics rely on them."""
+
+    INVALID_INPUT = "invalid_input"
+    PERMISSION_DENIED = "permission_denied"
+    APPROVAL_REQUIRED = "approval_required"
+    APPROVAL_REJECTED = "approval_rejected"
+    TIMEOUT = "timeout"
+    EXECUTION_FAILED = "execution_failed"
+    UNSUPPORTED_TOOL = "unsupported_tool"
+    CIRCUIT_OPEN = "circuit_open"
+    OUTPUT_TOO_LARGE = "output_too_large"
+    BLOCKED_DESTINATION = "blocked_destination"
+    UNAVAILABLE = "unavailable"
+
+
+@dataclass(frozen=True)
+class ToolErrorInfo:
+    """The JSON-able body of a tool error, as stored and as shown to the model."""
+
+    code: str
+    reason: str
+    retryable: bool = False
+    details: dict[str, Any] = field(default_factory=dict[str, Any])
+
+
+class ToolError(CorralError):
+    """A tool call failed with a stable ``code``, a human ``reason`` and a ``retryable`` flag."""
+
+    code = "tool_error"
+
+    def __init__(
+        self,
+        code: ToolErrorCode | str,
+        reason: str,
+        *,
+        retryable: bool = False,
+        details: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(f"{code}: {reason}")
+        self.info = ToolErrorInfo(str(code), reason, retryable, dict(details or {}))
+
+    @property
+    def tool_code(self) -> str:
+        return self.info.code
+
+    @property
+    def retryable(self) -> bool:
+        return self.info.retryable
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "code": self.info.code,
+            "message": self.info.reason,
+            "retryable": self.info.retryable,
+            **({"details": self.info.details} if self.info.details else {}),
+        }
+
+
+class BudgetExceededError(CorralError):
+    """A run passed one of its limits (``max_steps``, ``timeout``, ``max_tokens``, ``max_cost_usd``)."""
+
+    code = "budget_exceeded"
+
+    def __init__(self, limit: str, message: str) -> None:
+        super().__init__(message)
+        self.limit = limit
+
+    def to_dict(self) -> dict[str, Any]:
+        data = super().to_dict()
+        data["limit"] = self.limit
+        return data
+
+
+class OutputValidationError(CorralError):
+    """The model's structured output did not match the schema after the allowed repairs."""
+
+    code = "invalid_output"

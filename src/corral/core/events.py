@@ -1,0 +1,45 @@
+"""Run events: the ordered, numbered record of what a run did.
+
+The engine emits events through an :class:`EventSink`; whoever runs the engine
+decides where they go (the store, a terminal, an SSE stream). Sequence numbers
+start at 1 and have no gaps within a run.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+
+class EventType(StrEnum):
+    """Every event type a run can emit."""
+
+    RUN_START = "run.start"
+    STEP_START = "step.start"
+    TEXT_DELTA = "text.delta"
+    TOOL_CALL = "tool.call"
+    TOOL_RESULT = "tool.result"
+    APPROVAL_REQUESTED = "approval.requested"
+    APPROVAL_RESOLVED = "approval.resolved"
+    MESSAGE_CREATE = "message.create"
+    STEP_FINISH = "step.finish"
+    RUN_FINISH = "run.finish"
+    ERROR = "error"
+
+
+@dataclass(frozen=True)
+class Event:
+    """One event of one run."""
+
+    run_id: str
+    seq: int
+    type: EventType
+    data: dict[str, Any] = field(default_factory=dict[str, Any])
+    ts: float = field(default_factory=time.time)
+
+
+EventSink = Callable[[Event], Awaitable[None]]
+"""Receives each event in order; the engine awaits it before moving on."""

@@ -1,0 +1,53 @@
+"""The one interface every model provider implements.
+
+A provider adapter translates :mod:`corral.core.messages` to and from its wire
+format and converts its SDK's exceptions into :class:`~corral.core.errors.ModelError`
+(``retryable`` set for 429, 5xx, connection errors and timeouts; ``retry_after``
+from the server's header when it sent one). Retries, fallbacks and pricing are
+wrappers around a model (:mod:`corral.models.gateway`), never flags inside one.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+
+from corral.core.messages import Message, ModelResponse, StreamItem, TextDelta, ToolSpec
+
+
+@dataclass(frozen=True)
+class ModelSettings:
+    """Per-request settings the engine passes down."""
+
+    temperature: float | None = None
+    max_output_tokens: int | None = None
+
+
+class Model(ABC):
+    """A chat model that can call tools."""
+
+    #: the endpoint (resource) name, for events and errors
+    name: str = "model"
+
+    @abstractmethod
+    async def request(
+        self, messages: Sequence[Message], tools: Sequence[ToolSpec], settings: ModelSettings
+    ) -> ModelResponse:
+        """One complete model turn."""
+
+    async def stream(
+        self, messages: Sequence[Message], tools: Sequence[ToolSpec], settings: ModelSettings
+    ) -> AsyncIterator[StreamItem]:
+        """Yield ``TextDelta`` pieces, then exactly one final ``ModelResponse``.
+
+        The default streams nothing incrementally: it yields the whole text as one
+        delta. Providers with native streaming override it.
+        """
+        response = await self.request(messages, tools, settings)
+        if response.message.content:
+            yield TextDelta(response.message.content)
+        yield response
+
+    async def aclose(self) -> None:  # noqa: B027 - optional hook, nothing to release by default
+        """Release connections or loaded weights."""

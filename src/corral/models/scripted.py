@@ -1,0 +1,58 @@
+"""The ``scripted`` provider: canned turns for tests and demos.
+
+Each request consumes the next turn of the script. A request past the end of
+the script is an error, so a test notices when the engine calls the model more
+often than it meant to.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+from corral.core.errors import ModelError
+from corral.core.messages import Message, ModelResponse, ToolCall, ToolSpec, Usage
+from corral.models.base import Model, ModelSettings
+from corral.resources.kinds import ModelEndpointSpec, ScriptedTurn
+
+
+class ScriptedModel(Model):
+    """Answers from a fixed list of turns, in order."""
+
+    def __init__(self, turns: Sequence[ScriptedTurn], name: str = "scripted") -> None:
+        self.name = name
+        self.turns = list(turns)
+        self.requests: list[list[Message]] = []
+
+    async def request(
+        self, messages: Sequence[Message], tools: Sequence[ToolSpec], settings: ModelSettings
+    ) -> ModelResponse:
+        index = len(self.requests)
+        self.requests.append(list(messages))
+        if index >= len(self.turns):
+            raise ModelError(
+                f"scripted model {self.name!r} has {len(self.turns)} turns and was asked for turn "
+                f"{index + 1}",
+                endpoint=self.name,
+            )
+        turn = self.turns[index]
+        calls = tuple(
+            ToolCall(
+                id=f"call_{index + 1}_{n + 1}",
+                name=c.name,
+                arguments=c.arguments if isinstance(c.arguments, str) else json.dumps(c.arguments),
+            )
+            for n, c in enumerate(turn.tool_calls)
+        )
+        return ModelResponse(
+            message=Message.assistant(turn.text, calls),
+            usage=Usage(turn.input_tokens, turn.output_tokens, 1),
+            model="scripted",
+            endpoint=self.name,
+            finish_reason="tool_calls" if calls else "stop",
+        )
+
+
+def create(name: str, spec: ModelEndpointSpec, api_key: str | None) -> Model:
+    """Provider factory (see :mod:`corral.models.registry`)."""
+    return ScriptedModel(spec.script, name=name)

@@ -1,0 +1,352 @@
+"""The resource kinds of ``apiVersion: corral/v1``.
+
+Each kind is a pydantic model of its ``spec``; :class:`Resource` is the
+envelope every document shares. Unknown fields are errors (``extra="forbid"``)
+so a typo never silently does nothing.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+API_VERSION = "corral/v1"
+NAME_PATTERN = r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$"
+_NAME_RE = re.compile(NAME_PATTERN)
+
+Name = Annotated[str, Field(pattern=NAME_PATTERN, description="lower case, digits, '.', '_', '-'")]
+Seconds = Annotated[float, Field(gt=0)]
+
+
+class Spec(BaseModel):
+    """Base of every spec: strict about unknown fields."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class SecretRef(Spec):
+    """A reference to a ``Secret`` resource by name."""
+
+    secret: Name
+
+
+class Metadata(Spec):
+    name: Name
+    namespace: Name = "default"
+    labels: dict[str, str] = Field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------- ModelEndpoint
+
+Provider = Literal["openai", "anthropic", "azure-openai", "ollama", "llama-cpp", "scripted"]
+
+
+class RetryPolicy(Spec):
+    """Retries of retryable failures with exponential backoff and full jitter."""
+
+    max_attempts: int = Field(default=3, ge=1, le=20)
+    initial_backoff_seconds: float = Field(default=0.5, ge=0)
+    max_backoff_seconds: float = Field(default=20.0, ge=0)
+
+
+class Pricing(Spec):
+    """Prices in US dollars per million tokens."""
+
+    input_per_million: float = Field(default=0.0, ge=0)
+    output_per_million: float = Field(default=0.0, ge=0)
+
+
+class ScriptedToolCall(Spec):
+    name: str
+    arguments: dict[str, Any] | str = Field(default_factory=dict)
+
+
+class ScriptedTurn(Spec):
+    """One canned model turn of the ``scripted`` provider."""
+
+    text: str = ""
+    tool_calls: list[ScriptedToolCall] = Field(default_factory=list)
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+
+class ModelEndpointSpec(Spec):
+    """How to reach one model.
+
+    ``options`` carries provider-specific settings: ``api_version`` and
+    ``deployment`` for ``azure-openai``; ``model_path``, ``n_ctx``,
+    ``chat_format`` and ``n_threads`` for ``llama-cpp``.
+    """
+
+    provider: Provider
+    model: str = ""
+    base_url: str | None = None
+    api_key: SecretRef | None = None
+    timeout_seconds: Seconds = 60.0
+    retry: RetryPolicy = Field(default_factory=RetryPolicy)
+    pricing: Pricing = Field(default_factory=Pricing)
+    options: dict[str, Any] = Field(default_factory=dict)
+    script: list[ScriptedTurn] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _provider_needs(self) -> ModelEndpointSpec:
+        if self.provider in ("openai", "anthropic", "azure-openai", "ollama") and not self.model:
+            raise ValueError(f"provider {self.provider!r} needs 'model'")
+        if self.provider == "azure-openai" and not self.base_url:
+            raise ValueError("provider 'azure-openai' needs 'base_url' (the resource endpoint)")
+        if self.provider != "scripted" and self.script:
+            raise ValueError("'script' is only for provider 'scripted'")
+        return self
+
+
+# --------------------------------------------------------------------------- Tool
+
+RiskLevel = Literal["low", "medium", "high"]
+ToolApproval = Literal["never", "always", "inherit"]
+
+
+class PythonToolSpec(Spec):
+    function: str = Field(description="import path 'package.module:function'")
+
+    @model_validator(mode="after")
+    def _import_path(self) -> PythonToolSpec:
+        if ":" not in self.function:
+            raise ValueError("function must look like 'package.module:function'")
+        return self
+
+
+class EnvValue(Spec):
+    """An environment value for an ``exec`` tool: literal text or a secret."""
+
+    value: str | None = None
+    secret: Name | None = None
+
+    @model_validator(mode="after")
+    def _one_of(self) -> EnvValue:
+        if (self.value is None) == (self.secret is None):
+            raise ValueError("give exactly one of 'value' or 'secret'")
+        return self
+
+
+class ExecToolSpec(Spec):
+    command: list[str] = Field(min_length=1)
+    env: dict[str, str | EnvValue] = Field(default_factory=dict)
+    cwd: str | None = Field(default=None, description="relative to the agent workspace")
+
+
+class HttpAuth(Spec):
+    type: Literal["bearer", "api-key", "basic"]
+    secret: Name = Field(description="for basic: a secret holding 'user:password'")
+    header: str = Field(default="X-API-Key", description="header name for api-key auth")
+
+
+class HttpToolSpec(Spec):
+    url: str
+    method: Literal["POST", "PUT"] = "POST"
+    headers: dict[str, str] = Field(default_factory=dict)
+    auth: HttpAuth | None = None
+    allow_private: bool = Field(
+        default=False,
+        description="allow loopback, link-local and private destinations (SSRF guard off)",
+    )
+
+
+class CircuitBreakerPolicy(Spec):
+    failure_threshold: int = Field(default=5, ge=1)
+    reset_seconds: float = Field(default=30.0, gt=0)
+
+
+class ToolSpecModel(Spec):
+    """A tool an agent may call. Exactly one of ``python``, ``exec``, ``http`` is set."""
+
+    type: Literal["python", "exec", "http"]
+    description: str = ""
+    parameters: dict[str, Any] | None = Field(
+        default=None, description="JSON Schema of the arguments (python: derived when absent)"
+    )
+    python: PythonToolSpec | None = None
+    exec: ExecToolSpec | None = None
+    http: HttpToolSpec | None = None
+    risk: RiskLevel = "low"
+    approval: ToolApproval = "inherit"
+    idempotent: bool = False
+    timeout_seconds: Seconds = 30.0
+    retry: RetryPolicy = Field(default_factory=lambda: RetryPolicy(max_attempts=1))
+    circuit_breaker: CircuitBreakerPolicy = Field(default_factory=CircuitBreakerPolicy)
+    max_output_bytes: int = Field(default=65536, ge=64)
+
+    @model_validator(mode="after")
+    def _matching_block(self) -> ToolSpecModel:
+        blocks = {"python": self.python, "exec": self.exec, "http": self.http}
+        if blocks[self.type] is None:
+            raise ValueError(f"type {self.type!r} needs a {self.type!r} block")
+        extra = [k for k, v in blocks.items() if v is not None and k != self.type]
+        if extra:
+            raise ValueError(f"type {self.type!r} does not take {', '.join(extra)!s}")
+        if self.type != "python" and self.parameters is None:
+            raise ValueError(f"type {self.type!r} needs 'parameters' (a JSON Schema)")
+        return self
+
+
+# --------------------------------------------------------------------------- McpServer
+
+
+class McpServerSpec(Spec):
+    """An MCP server whose tools agents may use as ``mcp:SERVER/TOOL``."""
+
+    transport: Literal["stdio", "streamable-http"]
+    command: list[str] = Field(default_factory=list)
+    env: dict[str, str | EnvValue] = Field(default_factory=dict)
+    url: str | None = None
+    headers: dict[str, str] = Field(default_factory=dict)
+    auth: HttpAuth | None = None
+    init_timeout_seconds: Seconds = 10.0
+    call_timeout_seconds: Seconds = 30.0
+    risk: RiskLevel = "low"
+    approval: ToolApproval = "inherit"
+    idempotent: bool = False
+    max_output_bytes: int = Field(default=65536, ge=64)
+
+    @model_validator(mode="after")
+    def _transport_needs(self) -> McpServerSpec:
+        if self.transport == "stdio" and not self.command:
+            raise ValueError("transport 'stdio' needs 'command'")
+        if self.transport == "streamable-http" and not self.url:
+            raise ValueError("transport 'streamable-http' needs 'url'")
+        return self
+
+
+# --------------------------------------------------------------------------- Secret
+
+
+class SecretSpec(Spec):
+    """A secret value: read from an environment variable, or stored encrypted.
+
+    ``value`` is accepted on apply and replaced by ``encrypted_value`` before
+    anything is stored; it is never written or shown in clear.
+    """
+
+    from_env: str | None = None
+    value: str | None = None
+    encrypted_value: str | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> SecretSpec:
+        sources = [s for s in (self.from_env, self.value, self.encrypted_value) if s is not None]
+        if len(sources) != 1:
+            raise ValueError("give exactly one of 'from_env' or 'value'")
+        return self
+
+
+# --------------------------------------------------------------------------- permissions
+
+
+class ToolPermissionSpec(Spec):
+    """A named rule over tool names (glob patterns such as ``add``, ``mcp:files/*``, ``*``)."""
+
+    tools: list[str] = Field(min_length=1)
+    effect: Literal["allow", "deny"] = "allow"
+
+
+class AgentRoleSpec(Spec):
+    """A role an agent takes: the ToolPermissions it carries."""
+
+    permissions: list[Name] = Field(min_length=1)
+
+
+# --------------------------------------------------------------------------- Agent
+
+
+class Limits(Spec):
+    max_steps: int = Field(default=10, ge=1)
+    timeout_seconds: Seconds = 300.0
+    max_tokens: int | None = Field(default=None, ge=1, description="input + output, whole run")
+    max_cost_usd: float | None = Field(default=None, ge=0)
+
+
+class ApprovalPolicy(Spec):
+    """When a tool call waits for a human: ``never``, ``always``, or from ``min_risk`` up."""
+
+    policy: Literal["never", "always", "by_risk"] = "never"
+    min_risk: RiskLevel = "high"
+
+
+class ModelSettingsSpec(Spec):
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    max_output_tokens: int | None = Field(default=None, ge=1)
+
+
+class AgentSpec(Spec):
+    """An agent: a model, instructions, tools and the rules it runs under."""
+
+    model: Name
+    fallback_models: list[Name] = Field(default_factory=list)
+    instructions: str = ""
+    tools: list[str] = Field(default_factory=list)
+    roles: list[Name] = Field(default_factory=list)
+    approval: ApprovalPolicy = Field(default_factory=ApprovalPolicy)
+    limits: Limits = Field(default_factory=Limits)
+    model_settings: ModelSettingsSpec = Field(default_factory=ModelSettingsSpec)
+    output_schema: dict[str, Any] | None = None
+    output_retries: int = Field(default=2, ge=0, le=10)
+    stream: bool = True
+
+
+SPEC_TYPES: dict[str, type[Spec]] = {
+    "ModelEndpoint": ModelEndpointSpec,
+    "Tool": ToolSpecModel,
+    "McpServer": McpServerSpec,
+    "Agent": AgentSpec,
+    "Secret": SecretSpec,
+    "AgentRole": AgentRoleSpec,
+    "ToolPermission": ToolPermissionSpec,
+}
+KINDS = tuple(SPEC_TYPES)
+
+
+class Resource(BaseModel):
+    """The envelope every document shares; ``spec`` is validated per ``kind``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    apiVersion: Literal["corral/v1"]
+    kind: str
+    metadata: Metadata
+    spec: Spec
+
+    @property
+    def name(self) -> str:
+        return self.metadata.name
+
+    @property
+    def namespace(self) -> str:
+        return self.metadata.namespace
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return (self.metadata.namespace, self.kind, self.metadata.name)
+
+    def to_document(self) -> dict[str, Any]:
+        """The resource as a plain document, defaults filled in."""
+        return {
+            "apiVersion": self.apiVersion,
+            "kind": self.kind,
+            "metadata": self.metadata.model_dump(mode="json"),
+            "spec": self.spec.model_dump(mode="json", exclude_none=True),
+        }
+
+
+def kind_of(name: str) -> str:
+    """Resolve a kind as users type it (``agent``, ``agents``, ``Agent``) to its canonical name."""
+    lowered = name.lower()
+    for kind in KINDS:
+        k = kind.lower()
+        if lowered in (k, k + "s", k + "es"):
+            return kind
+    raise ValueError(f"unknown kind {name!r}; kinds are {', '.join(KINDS)}")
+
+
+def is_valid_name(name: str) -> bool:
+    return bool(_NAME_RE.match(name))

@@ -1,0 +1,54 @@
+"""The one interface every tool kind implements.
+
+A tool kind (python, exec, http, mcp) only knows how to execute a call with
+already validated arguments. Everything else - schema validation, permissions,
+approval, timeout, retries, circuit breaking, output caps and secret redaction -
+is done once, for every kind, by :class:`corral.tools.governance.GovernedTool`.
+
+A kind signals failure by raising :class:`~corral.core.errors.ToolError` with a
+stable code; any other exception escaping ``call`` is a bug in the kind and is
+reported as ``execution_failed`` by the governance layer.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from corral.core.messages import ToolSpec
+
+
+@dataclass(frozen=True)
+class ToolContext:
+    """What a tool may know about the call it serves."""
+
+    run_id: str
+    agent: str
+    namespace: str
+    call_id: str
+    #: stable across retries and replays of the same call: (run, step, call)
+    idempotency_key: str
+    #: a per-agent directory under CORRAL_HOME the tool may write to
+    workspace: Path
+    #: resolved secret values by secret name, for tools that authenticate
+    secrets: Mapping[str, str] = field(default_factory=dict[str, str])
+
+
+class Tool(ABC):
+    """One callable tool."""
+
+    spec: ToolSpec
+    #: the name agents and permissions use: ``add``, ``mcp:files/read``
+    ref: str
+    #: whether repeating a call has no further effect (decides replay after a crash)
+    idempotent: bool = False
+
+    @abstractmethod
+    async def call(self, arguments: dict[str, Any], ctx: ToolContext) -> Any:
+        """Execute one call. Return text or JSON-able data; raise ``ToolError`` on failure."""
+
+    async def aclose(self) -> None:  # noqa: B027 - optional hook
+        """Release processes or connections held for this tool."""
