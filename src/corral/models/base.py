@@ -49,5 +49,8 @@ class Model(ABC):
             yield TextDelta(response.message.content)
         yield response
 
+    async def prepare(self) -> None:  # noqa: B027 - optional hook
+        """Load weights or open connections ahead of the first request (may take long)."""
+
     async def aclose(self) -> None:  # noqa: B027 - optional hook, nothing to release by default
         """Release connections or loaded weights."""

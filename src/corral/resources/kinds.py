@@ -109,6 +109,10 @@ ToolApproval = Literal["never", "always", "inherit"]
 
 class PythonToolSpec(Spec):
     function: str = Field(description="import path 'package.module:function'")
+    path: str | None = Field(
+        default=None,
+        description="a directory put on sys.path before importing ('./x' is relative to the YAML file)",
+    )
 
     @model_validator(mode="after")
     def _import_path(self) -> PythonToolSpec:
@@ -131,7 +135,9 @@ class EnvValue(Spec):
 
 
 class ExecToolSpec(Spec):
-    command: list[str] = Field(min_length=1)
+    command: list[str] = Field(
+        min_length=1, description="argv; './x' and '../x' are relative to the YAML file"
+    )
     env: dict[str, str | EnvValue] = Field(default_factory=dict)
     cwd: str | None = Field(default=None, description="relative to the agent workspace")
 
