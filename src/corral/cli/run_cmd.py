@@ -1,0 +1,184 @@
+"""``corral run``, ``corral chat`` and ``corral prompt-object``."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from corral.cli.main import (
+    EXIT_BAD_INPUT,
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_WAITING_APPROVAL,
+    fail,
+    run_async,
+)
+
+NAMESPACE = typer.Option("default", "-n", "--namespace", help="Namespace of the agent.")
+
+
+def register(app: typer.Typer) -> None:
+    app.command(name="run")(run)
+    app.command(name="chat")(chat)
+    app.command(name="prompt-object")(prompt_object)
+
+
+def run(
+    args: list[str] = typer.Argument(
+        ..., metavar="[AGENT] PROMPT", help="The agent (optional with -f) and the prompt."
+    ),
+    file: list[Path] = typer.Option(
+        [], "-f", "--file", help="Apply these YAML files or directories first."
+    ),
+    namespace: str = NAMESPACE,
+    output: str = typer.Option("text", "-o", "--output", help="text, or json: the run record."),
+) -> None:
+    """Run an agent on a prompt, streaming what it does.
+
+    Exit code 0 succeeded, 1 failed, 2 bad input, 3 waiting for approval.
+    """
+    if output not in ("text", "json"):
+        fail(f"unknown output format {output!r} (use text or json)", EXIT_BAD_INPUT)
+    if len(args) > 2 or (len(args) == 1 and not file):
+        fail('usage: corral run AGENT "PROMPT"  or  corral run -f FILE "PROMPT"', EXIT_BAD_INPUT)
+    agent = args[0] if len(args) == 2 else None
+    prompt = args[-1]
+    record = run_async(_run(agent, prompt, file, namespace, output == "json", None))
+    raise typer.Exit(_exit_code(record.state.value))
+
+
+def prompt_object(
+    agent: str = typer.Argument(..., help="The agent to ask."),
+    prompt: str = typer.Argument(..., help="The prompt."),
+    schema: Path | None = typer.Option(
+        None, "--schema", help="A JSON Schema file; defaults to the agent's output_schema."
+    ),
+    namespace: str = NAMESPACE,
+) -> None:
+    """Ask an agent for JSON that validates against a schema; print only the JSON."""
+    schema_doc: dict[str, Any] | None = None
+    if schema is not None:
+        schema_doc = _read_schema(schema)
+    record = run_async(_run(agent, prompt, [], namespace, True, schema_doc, structured=True))
+    if record.state.value == "succeeded":
+        typer.echo(json.dumps(record.output, indent=2, ensure_ascii=False))
+    elif record.error:
+        fail(str(record.error.get("message", record.error)), EXIT_FAILED)
+    raise typer.Exit(_exit_code(record.state.value))
+
+
+def chat(
+    agent: str = typer.Argument(..., help="The agent to chat with."),
+    namespace: str = NAMESPACE,
+) -> None:
+    """Talk to an agent turn by turn (Ctrl-D or /exit to leave)."""
+    from rich.console import Console
+
+    from corral.core.messages import Message
+
+    console = Console(stderr=True)
+    history: list[Message] = []
+    console.print(f"[dim]chatting with {agent} — Ctrl-D or /exit to leave[/]")
+    while True:
+        try:
+            line = console.input("[bold]you>[/] ")
+        except EOFError:
+            console.print()
+            break
+        if line.strip() in ("/exit", "/quit"):
+            break
+        if not line.strip():
+            continue
+        record = run_async(_run(agent, line, [], namespace, False, None, history=history))
+        # Carry the conversation (without the system prompt) into the next turn.
+        history = [m for m in record.messages if m.role != "system"]
+        if record.state.value == "waiting_approval":
+            console.print("[yellow]the run waits for approval; the chat cannot go on[/]")
+            raise typer.Exit(EXIT_WAITING_APPROVAL)
+
+
+async def _run(
+    agent: str | None,
+    prompt: str,
+    files: list[Path],
+    namespace: str,
+    quiet: bool,
+    schema: dict[str, Any] | None,
+    *,
+    structured: bool = False,
+    history: list[Any] | None = None,
+) -> Any:
+    from rich.console import Console
+
+    from corral.cli.render import EventPrinter, record_json
+    from corral.cli.resources_cmd import apply_paths, open_cli_store
+    from corral.runtime.local import run_agent
+
+    err = Console(stderr=True, highlight=False)
+    out = Console(highlight=False, soft_wrap=True)
+    async with open_cli_store() as (store, settings):
+        if files:
+            applied = await apply_paths(store, files, namespace)
+            for line in applied.lines:
+                err.print(f"[dim]{line}[/]")
+            if agent is None:
+                agents = applied.agents
+                if len(agents) != 1:
+                    fail(
+                        f"the files define {len(agents)} agents; name the one to run",
+                        EXIT_BAD_INPUT,
+                    )
+                agent = agents[0]
+        assert agent is not None
+        printer = None if quiet else EventPrinter(out, err)
+        record = await run_agent(
+            store,
+            settings,
+            agent,
+            prompt,
+            namespace=namespace,
+            history=history or [],
+            output_schema=schema,
+            observer=printer,
+            loading=_spinner(err),
+        )
+    if printer is not None:
+        printer.finish(record)
+    elif not structured:
+        out.print(record_json(record), markup=False)
+    return record
+
+
+def _spinner(console: Any) -> Any:
+    @contextmanager
+    def loading(name: str) -> Iterator[None]:
+        if not console.is_terminal:
+            yield
+            return
+        with console.status(f"loading model {name}…", spinner="dots"):
+            yield
+
+    return loading
+
+
+def _read_schema(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        fail(f"cannot read schema {path}: {exc.strerror}", EXIT_BAD_INPUT)
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        fail(f"{path}:{exc.lineno}: not valid JSON: {exc.msg}", EXIT_BAD_INPUT)
+    if not isinstance(doc, dict):
+        fail(f"{path}: a JSON Schema must be an object", EXIT_BAD_INPUT)
+    return doc
+
+
+def _exit_code(state: str) -> int:
+    return {"succeeded": EXIT_OK, "waiting_approval": EXIT_WAITING_APPROVAL}.get(state, EXIT_FAILED)

@@ -1,0 +1,50 @@
+"""Run limits: steps, tokens and cost are counted here; time is a cancel scope in the loop."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from corral.core.errors import BudgetExceededError
+from corral.core.messages import ModelResponse, Usage
+from corral.resources.kinds import Limits
+
+
+@dataclass
+class Budget:
+    """What a run has spent so far, checked against its limits."""
+
+    limits: Limits
+    steps: int = 0
+    usage: Usage = field(default_factory=Usage)
+    cost_usd: float = 0.0
+
+    def start_step(self) -> int:
+        if self.steps >= self.limits.max_steps:
+            raise BudgetExceededError(
+                "max_steps",
+                f"the run reached its limit of {self.limits.max_steps} steps without a final answer",
+            )
+        self.steps += 1
+        return self.steps
+
+    def charge(self, response: ModelResponse) -> None:
+        """Count a model turn; raises when a token or cost limit is passed."""
+        self.usage = self.usage + response.usage
+        self.cost_usd += response.cost_usd
+        max_tokens = self.limits.max_tokens
+        if max_tokens is not None and self.usage.total_tokens > max_tokens:
+            raise BudgetExceededError(
+                "max_tokens",
+                f"the run used {self.usage.total_tokens} tokens, over its limit of {max_tokens}",
+            )
+        max_cost = self.limits.max_cost_usd
+        if max_cost is not None and self.cost_usd > max_cost:
+            raise BudgetExceededError(
+                "max_cost_usd",
+                f"the run cost ${self.cost_usd:.6f}, over its limit of ${max_cost:.6f}",
+            )
+
+    def timed_out(self) -> BudgetExceededError:
+        return BudgetExceededError(
+            "timeout", f"the run passed its time limit of {self.limits.timeout_seconds:g}s"
+        )

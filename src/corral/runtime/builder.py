@@ -1,0 +1,170 @@
+"""Make a stored ``Agent`` live: resolve its model endpoints, tools, roles and secrets."""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Mapping
+from contextlib import AsyncExitStack
+from typing import Any, TypeVar
+
+from corral.core.errors import ConfigurationError, NotFoundError
+from corral.core.settings import Settings
+from corral.engine.loop import AgentDefinition
+from corral.models.base import Model, ModelSettings
+from corral.models.registry import build_model, with_fallbacks
+from corral.resources.kinds import (
+    AgentRoleSpec,
+    AgentSpec,
+    EnvValue,
+    HttpAuth,
+    McpServerSpec,
+    ModelEndpointSpec,
+    Spec,
+    ToolPermissionSpec,
+    ToolSpecModel,
+)
+from corral.resources.secrets import SecretResolver
+from corral.store.base import Store
+from corral.tools.base import Tool
+from corral.tools.governance import GovernedTool, Permissions, Redactor, ToolPolicy, Toolset
+from corral.tools.registry import build_tool
+
+MCP_PREFIX = "mcp:"
+S = TypeVar("S", bound=Spec)
+
+
+class AgentBuilder:
+    """Resolves one namespace's resources into live agents."""
+
+    def __init__(self, store: Store, settings: Settings, namespace: str = "default") -> None:
+        self.store = store
+        self.settings = settings
+        self.namespace = namespace
+        self.secrets = SecretResolver(store, settings)
+        self._resolved: dict[str, str] = {}
+
+    async def agent_spec(self, name: str) -> AgentSpec:
+        return await self._spec("Agent", name, AgentSpec)
+
+    async def build(
+        self,
+        name: str,
+        stack: AsyncExitStack,
+        *,
+        output_schema: dict[str, Any] | None = None,
+    ) -> AgentDefinition:
+        """The live agent; models, tools and MCP sessions are closed by ``stack``."""
+        spec = await self.agent_spec(name)
+        models: list[Model] = []
+        for endpoint in [spec.model, *spec.fallback_models]:
+            model = await self._model(endpoint)
+            stack.push_async_callback(model.aclose)
+            models.append(model)
+        tools = await self._tools(spec, stack)
+        names: dict[str, str] = {}
+        for governed in tools:
+            other = names.setdefault(governed.spec.name, governed.tool.ref)
+            if other != governed.tool.ref:
+                raise ConfigurationError(
+                    f"agent {name!r}: tools {other!r} and {governed.tool.ref!r} both appear to "
+                    f"the model as {governed.spec.name!r}"
+                )
+        toolset = Toolset(
+            tools,
+            permissions=await self._permissions(spec),
+            approval=spec.approval,
+            redactor=Redactor(self._resolved),
+        )
+        workspace = self.settings.workspaces / self.namespace / name
+        workspace.mkdir(parents=True, exist_ok=True)
+        return AgentDefinition(
+            name=name,
+            namespace=self.namespace,
+            model=with_fallbacks(models),
+            toolset=toolset,
+            instructions=spec.instructions,
+            limits=spec.limits,
+            model_settings=ModelSettings(
+                temperature=spec.model_settings.temperature,
+                max_output_tokens=spec.model_settings.max_output_tokens,
+            ),
+            output_schema=output_schema if output_schema is not None else spec.output_schema,
+            output_retries=spec.output_retries,
+            stream=spec.stream,
+            workspace=workspace,
+        )
+
+    async def _spec(self, kind: str, name: str, spec_type: type[S]) -> S:
+        stored = await self.store.get_resource(self.namespace, kind, name)
+        if stored is None:
+            raise NotFoundError(f"{kind} {name!r} not found in namespace {self.namespace!r}")
+        spec = stored.resource.spec
+        if not isinstance(spec, spec_type):  # the store returns validated specs
+            raise ConfigurationError(f"{kind} {name!r}: stored spec has the wrong type")
+        return spec
+
+    async def _secret(self, name: str) -> str:
+        if name not in self._resolved:
+            self._resolved[name] = await self.secrets.resolve(self.namespace, name)
+        return self._resolved[name]
+
+    async def _secrets_of(
+        self, env: Mapping[str, str | EnvValue], auth: HttpAuth | None
+    ) -> dict[str, str]:
+        names = [v.secret for v in env.values() if isinstance(v, EnvValue) and v.secret]
+        if auth is not None:
+            names.append(auth.secret)
+        return {n: await self._secret(n) for n in names}
+
+    async def _model(self, endpoint: str) -> Model:
+        spec = await self._spec("ModelEndpoint", endpoint, ModelEndpointSpec)
+        api_key = await self._secret(spec.api_key.secret) if spec.api_key else None
+        return build_model(endpoint, spec, api_key)
+
+    async def _tools(self, agent: AgentSpec, stack: AsyncExitStack) -> list[GovernedTool]:
+        tools: list[GovernedTool] = []
+        mcp_tools: dict[str, tuple[McpServerSpec, list[Tool]]] = {}
+        for entry in agent.tools:
+            if not entry.startswith(MCP_PREFIX):
+                spec = await self._spec("Tool", entry, ToolSpecModel)
+                env = spec.exec.env if spec.exec else {}
+                auth = spec.http.auth if spec.http else None
+                tool = build_tool(entry, spec, await self._secrets_of(env, auth))
+                stack.push_async_callback(tool.aclose)
+                tools.append(GovernedTool(tool, ToolPolicy.of_tool(spec)))
+                continue
+            server, _, pattern = entry[len(MCP_PREFIX) :].partition("/")
+            if server not in mcp_tools:
+                mcp_tools[server] = await self._open_mcp(server, stack)
+            server_spec, offered = mcp_tools[server]
+            chosen = [
+                t for t in offered if fnmatch.fnmatchcase(t.ref, f"{MCP_PREFIX}{server}/{pattern}")
+            ]
+            if not chosen:
+                offered_names = ", ".join(t.ref for t in offered) or "none"
+                raise ConfigurationError(
+                    f"{entry!r} matches no tool of MCP server {server!r} (it offers {offered_names})"
+                )
+            tools += [GovernedTool(t, ToolPolicy.of_mcp_server(server_spec)) for t in chosen]
+        unique = {t.tool.ref: t for t in tools}  # `mcp:s/*` and `mcp:s/x` may overlap
+        return list(unique.values())
+
+    async def _open_mcp(
+        self, server: str, stack: AsyncExitStack
+    ) -> tuple[McpServerSpec, list[Tool]]:
+        from corral.tools.mcp import open_server_tools
+
+        spec = await self._spec("McpServer", server, McpServerSpec)
+        secrets = await self._secrets_of(spec.env, spec.auth)
+        return spec, await open_server_tools(server, spec, secrets, stack)
+
+    async def _permissions(self, agent: AgentSpec) -> Permissions:
+        if not agent.roles:
+            return Permissions(None)
+        rules: list[tuple[str, list[str]]] = []
+        for role_name in agent.roles:
+            role = await self._spec("AgentRole", role_name, AgentRoleSpec)
+            for perm_name in role.permissions:
+                perm = await self._spec("ToolPermission", perm_name, ToolPermissionSpec)
+                rules.append((perm.effect, perm.tools))
+        return Permissions(rules)

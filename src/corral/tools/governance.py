@@ -1,0 +1,401 @@
+"""The governance layer every tool call passes through, whatever the tool kind.
+
+In order, for one call the model asked for:
+
+1. the tool exists for this agent            else ``unsupported_tool``
+2. the agent's roles permit it (fail closed) else ``permission_denied``
+3. the arguments are a JSON object that
+   matches the tool's JSON Schema            else ``invalid_input`` (the model may correct itself)
+4. no human approval is needed, or it was
+   given                                     else ``approval_required`` (the run pauses)
+5. the tool's circuit is closed              else ``circuit_open``
+6. the call runs under the tool's timeout,
+   retried per its retry policy              ``timeout``, ``execution_failed``, ...
+7. the output is redacted and capped
+
+Every failure is a :class:`~corral.core.errors.ToolErrorInfo` in the
+:class:`ToolOutcome`; nothing here raises for a failed call, so one bad call
+never takes down its siblings in a parallel step.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import logging
+import random
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import anyio
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
+
+from corral.core.errors import ToolError, ToolErrorCode, ToolErrorInfo
+from corral.core.messages import ToolCall, ToolSpec
+from corral.resources.kinds import (
+    ApprovalPolicy,
+    CircuitBreakerPolicy,
+    McpServerSpec,
+    RetryPolicy,
+    RiskLevel,
+    ToolApproval,
+    ToolSpecModel,
+)
+from corral.tools.base import Tool, ToolContext
+
+log = logging.getLogger(__name__)
+
+_RISK_ORDER: dict[str, int] = {"low": 0, "medium": 1, "high": 2}
+# Failures that say something about the tool's health; others are the caller's doing.
+_BREAKER_CODES = frozenset(
+    {ToolErrorCode.EXECUTION_FAILED, ToolErrorCode.TIMEOUT, ToolErrorCode.UNAVAILABLE}
+)
+
+
+@dataclass(frozen=True)
+class ToolPolicy:
+    """The per-tool rules, taken from a ``Tool`` or ``McpServer`` resource."""
+
+    risk: RiskLevel = "low"
+    approval: ToolApproval = "inherit"
+    timeout_seconds: float = 30.0
+    retry: RetryPolicy = field(default_factory=lambda: RetryPolicy(max_attempts=1))
+    breaker: CircuitBreakerPolicy = field(default_factory=CircuitBreakerPolicy)
+    max_output_bytes: int = 65536
+
+    @staticmethod
+    def of_tool(spec: ToolSpecModel) -> ToolPolicy:
+        return ToolPolicy(
+            spec.risk,
+            spec.approval,
+            spec.timeout_seconds,
+            spec.retry,
+            spec.circuit_breaker,
+            spec.max_output_bytes,
+        )
+
+    @staticmethod
+    def of_mcp_server(spec: McpServerSpec) -> ToolPolicy:
+        return ToolPolicy(
+            spec.risk,
+            spec.approval,
+            spec.call_timeout_seconds,
+            max_output_bytes=spec.max_output_bytes,
+        )
+
+
+class CircuitBreaker:
+    """Consecutive failures open the circuit; after ``reset_seconds`` one trial call is let through.
+
+    closed --N failures--> open --reset_seconds--> half-open --success--> closed
+                                                         \\--failure--> open
+    """
+
+    def __init__(
+        self, policy: CircuitBreakerPolicy, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.policy = policy
+        self._clock = clock
+        self._failures = 0
+        self._opened_at: float | None = None
+        self._trial_in_flight = False
+
+    @property
+    def state(self) -> Literal["closed", "open", "half-open"]:
+        if self._opened_at is None:
+            return "closed"
+        if self._clock() - self._opened_at >= self.policy.reset_seconds:
+            return "half-open"
+        return "open"
+
+    def allow(self) -> bool:
+        """Whether a call may go through now (claims the trial slot when half-open)."""
+        state = self.state
+        if state == "closed":
+            return True
+        if state == "half-open" and not self._trial_in_flight:
+            self._trial_in_flight = True
+            return True
+        return False
+
+    def release(self) -> None:
+        """End a call that said nothing about the tool's health (bad arguments, blocked URL)."""
+        self._trial_in_flight = False
+
+    def record(self, ok: bool) -> None:
+        self._trial_in_flight = False
+        if ok:
+            self._failures = 0
+            self._opened_at = None
+            return
+        self._failures += 1
+        if self._opened_at is not None or self._failures >= self.policy.failure_threshold:
+            self._opened_at = self._clock()
+
+    def retry_in(self) -> float:
+        if self._opened_at is None:
+            return 0.0
+        return max(0.0, self.policy.reset_seconds - (self._clock() - self._opened_at))
+
+
+class Permissions:
+    """Which tool refs an agent may call, from its roles' ToolPermissions.
+
+    ``rules`` is a list of ``(effect, patterns)``. With no roles at all the
+    agent's own tool list is its allow-list (``rules=None``). With roles, a call
+    needs an ``allow`` rule that matches and no ``deny`` rule that matches:
+    anything unmatched is denied.
+    """
+
+    def __init__(self, rules: Sequence[tuple[str, Sequence[str]]] | None) -> None:
+        self.rules = None if rules is None else [(e, tuple(p)) for e, p in rules]
+
+    def check(self, ref: str) -> None:
+        if self.rules is None:
+            return
+        matches = [effect for effect, patterns in self.rules if _matches_any(ref, patterns)]
+        if "deny" in matches:
+            raise ToolError(ToolErrorCode.PERMISSION_DENIED, f"a role denies tool {ref!r}")
+        if "allow" not in matches:
+            raise ToolError(
+                ToolErrorCode.PERMISSION_DENIED, f"no role of this agent allows tool {ref!r}"
+            )
+
+
+def _matches_any(ref: str, patterns: Iterable[str]) -> bool:
+    return any(fnmatch.fnmatchcase(ref, p) for p in patterns)
+
+
+def needs_approval(agent_policy: ApprovalPolicy, tool: ToolPolicy) -> bool:
+    """A tool's own ``always``/``never`` wins; otherwise the agent's policy decides."""
+    if tool.approval != "inherit":
+        return tool.approval == "always"
+    if agent_policy.policy == "by_risk":
+        return _RISK_ORDER[tool.risk] >= _RISK_ORDER[agent_policy.min_risk]
+    return agent_policy.policy == "always"
+
+
+class Redactor:
+    """Replaces known secret values with ``[REDACTED:name]`` in text and data."""
+
+    def __init__(self, secrets: Mapping[str, str] | None = None) -> None:
+        # Longest first, so a secret containing another is replaced whole. Values
+        # shorter than 4 characters would mangle ordinary text and are skipped.
+        pairs = [(v, k) for k, v in (secrets or {}).items() if len(v) >= 4]
+        self._pairs = sorted(pairs, key=lambda p: len(p[0]), reverse=True)
+
+    def __bool__(self) -> bool:
+        return bool(self._pairs)
+
+    def text(self, value: str) -> str:
+        for secret, name in self._pairs:
+            if secret in value:
+                value = value.replace(secret, f"[REDACTED:{name}]")
+        return value
+
+    def data(self, value: Any) -> Any:
+        if not self._pairs:
+            return value
+        if isinstance(value, str):
+            return self.text(value)
+        if isinstance(value, dict):
+            return {k: self.data(v) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return [self.data(v) for v in value]
+        return value
+
+
+@dataclass(frozen=True)
+class ToolOutcome:
+    """What came of one tool call: the text the model sees, or an error."""
+
+    call: ToolCall
+    ref: str
+    output: str
+    error: ToolErrorInfo | None = None
+    attempts: int = 0
+    duration_ms: float = 0.0
+
+    @property
+    def needs_approval(self) -> bool:
+        return self.error is not None and self.error.code == ToolErrorCode.APPROVAL_REQUIRED
+
+    def model_text(self) -> str:
+        """The tool message content: the output, or the error as JSON the model can act on."""
+        if self.error is None:
+            return self.output
+        return json.dumps(
+            {"error": {"code": self.error.code, "message": self.error.reason}}, ensure_ascii=False
+        )
+
+
+class GovernedTool:
+    """One tool with its policy, circuit breaker and argument validator."""
+
+    def __init__(self, tool: Tool, policy: ToolPolicy) -> None:
+        self.tool = tool
+        self.policy = policy
+        self.breaker = CircuitBreaker(policy.breaker)
+        try:
+            self._validator: Draft202012Validator | None = Draft202012Validator(
+                tool.spec.parameters
+            )
+            self._validator.check_schema(tool.spec.parameters)
+        except SchemaError as exc:
+            raise ToolError(
+                ToolErrorCode.UNSUPPORTED_TOOL, f"tool {tool.ref!r} has an invalid schema: {exc}"
+            ) from exc
+
+    @property
+    def spec(self) -> ToolSpec:
+        return self.tool.spec
+
+    def validate(self, call: ToolCall) -> dict[str, Any]:
+        """The call's arguments as a dict, or ``invalid_input`` naming every problem."""
+        try:
+            arguments = call.parsed_arguments()
+        except ValueError as exc:
+            raise ToolError(
+                ToolErrorCode.INVALID_INPUT, f"arguments are not valid JSON: {exc}"
+            ) from exc
+        if not isinstance(arguments, dict):
+            raise ToolError(ToolErrorCode.INVALID_INPUT, "arguments must be a JSON object")
+        assert self._validator is not None
+        problems = sorted(self._validator.iter_errors(arguments), key=lambda e: list(e.path))
+        if problems:
+            reasons = "; ".join(
+                f"{'/'.join(str(p) for p in e.path) or '(root)'}: {e.message}" for e in problems
+            )
+            raise ToolError(ToolErrorCode.INVALID_INPUT, reasons)
+        return arguments
+
+    async def execute(self, arguments: dict[str, Any], ctx: ToolContext) -> tuple[Any, int]:
+        """Run the call under timeout and retry policy; returns (result, attempts)."""
+        if not self.breaker.allow():
+            raise ToolError(
+                ToolErrorCode.CIRCUIT_OPEN,
+                f"tool {self.tool.ref!r} failed repeatedly; circuit open for another "
+                f"{self.breaker.retry_in():.0f}s",
+                retryable=True,
+            )
+        retry = self.policy.retry
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                result = await self._attempt(arguments, ctx)
+            except ToolError as exc:
+                if exc.tool_code in _BREAKER_CODES:
+                    self.breaker.record(False)
+                else:
+                    self.breaker.release()
+                if not exc.retryable or attempt >= retry.max_attempts or not self.breaker.allow():
+                    raise
+                delay = random.uniform(
+                    0,
+                    min(
+                        retry.max_backoff_seconds,
+                        retry.initial_backoff_seconds * 2 ** (attempt - 1),
+                    ),
+                )
+                await anyio.sleep(delay)
+                continue
+            self.breaker.record(True)
+            return result, attempt
+
+    async def _attempt(self, arguments: dict[str, Any], ctx: ToolContext) -> Any:
+        try:
+            with anyio.fail_after(self.policy.timeout_seconds):
+                return await self.tool.call(arguments, ctx)
+        except TimeoutError as exc:
+            raise ToolError(
+                ToolErrorCode.TIMEOUT,
+                f"tool {self.tool.ref!r} did not finish within {self.policy.timeout_seconds:g}s",
+                retryable=True,
+            ) from exc
+        except ToolError:
+            raise
+        except Exception as exc:
+            log.exception("tool %s raised unexpectedly", self.tool.ref)
+            raise ToolError(ToolErrorCode.EXECUTION_FAILED, f"{type(exc).__name__}: {exc}") from exc
+
+
+class Toolset:
+    """The governed tools of one agent, looked up by the names the model sees."""
+
+    def __init__(
+        self,
+        tools: Sequence[GovernedTool],
+        *,
+        permissions: Permissions | None = None,
+        approval: ApprovalPolicy | None = None,
+        redactor: Redactor | None = None,
+    ) -> None:
+        self.by_name = {t.spec.name: t for t in tools}
+        self.permissions = permissions or Permissions(None)
+        self.approval = approval or ApprovalPolicy()
+        self.redactor = redactor or Redactor()
+
+    @property
+    def specs(self) -> list[ToolSpec]:
+        return [t.spec for t in self.by_name.values()]
+
+    def ref_of(self, model_name: str) -> str:
+        tool = self.by_name.get(model_name)
+        return tool.tool.ref if tool else model_name
+
+    async def invoke(
+        self, call: ToolCall, ctx: ToolContext, *, approved: bool = False
+    ) -> ToolOutcome:
+        """Run one call through every check; never raises for a failed call."""
+        started = time.perf_counter()
+        governed = self.by_name.get(call.name)
+        ref = governed.tool.ref if governed else call.name
+        attempts = 0
+        try:
+            if governed is None:
+                known = ", ".join(sorted(self.by_name)) or "none"
+                raise ToolError(
+                    ToolErrorCode.UNSUPPORTED_TOOL,
+                    f"no tool named {call.name!r} (available: {known})",
+                )
+            self.permissions.check(ref)
+            arguments = governed.validate(call)
+            if not approved and needs_approval(self.approval, governed.policy):
+                raise ToolError(
+                    ToolErrorCode.APPROVAL_REQUIRED,
+                    f"tool {ref!r} (risk {governed.policy.risk}) needs a human's approval",
+                )
+            result, attempts = await governed.execute(arguments, ctx)
+        except ToolError as exc:
+            info = exc.info
+            reason = self.redactor.text(info.reason)
+            error = ToolErrorInfo(info.code, reason, info.retryable, info.details)
+            return ToolOutcome(call, ref, "", error, attempts, _ms_since(started))
+        output = _cap(self.redactor.text(_as_text(result)), governed.policy.max_output_bytes)
+        return ToolOutcome(call, ref, output, None, attempts, _ms_since(started))
+
+    async def aclose(self) -> None:
+        for governed in self.by_name.values():
+            await governed.tool.aclose()
+
+
+def _as_text(result: Any) -> str:
+    if isinstance(result, str):
+        return result
+    return json.dumps(result, ensure_ascii=False, default=str)
+
+
+def _cap(text: str, max_bytes: int) -> str:
+    data = text.encode()
+    if len(data) <= max_bytes:
+        return text
+    kept = data[:max_bytes].decode(errors="ignore")
+    return f"{kept}\n[output truncated: {len(data) - max_bytes} of {len(data)} bytes cut]"
+
+
+def _ms_since(started: float) -> float:
+    return round((time.perf_counter() - started) * 1000, 3)

@@ -1,0 +1,31 @@
+"""Turn a ``Tool`` resource into a live :class:`Tool`.
+
+Each kind module exposes ``create(name, spec, secrets) -> Tool`` and is imported
+on first use. MCP tools come from a server session instead
+(:func:`corral.tools.mcp.open_server_tools`).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+
+from corral.core.errors import ConfigurationError
+from corral.resources.kinds import ToolSpecModel
+from corral.tools.base import Tool
+
+KINDS: dict[str, str] = {
+    "python": "corral.tools.python",
+    "exec": "corral.tools.exec",
+    "http": "corral.tools.http",
+}
+
+
+def build_tool(name: str, spec: ToolSpecModel, secrets: Mapping[str, str]) -> Tool:
+    """The tool kind's implementation for one ``Tool`` resource."""
+    module_name = KINDS.get(spec.type)
+    if module_name is None:
+        raise ConfigurationError(f"tool {name!r}: unsupported tool type {spec.type!r}")
+    module = importlib.import_module(module_name)
+    tool: Tool = module.create(name, spec, secrets)
+    return tool
