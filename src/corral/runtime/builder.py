@@ -156,7 +156,9 @@ class AgentBuilder:
 
         spec = await self._spec("McpServer", server, McpServerSpec)
         secrets = await self._secrets_of(spec.env, spec.auth)
-        return spec, await open_server_tools(server, spec, secrets, stack)
+        workspace = self.settings.workspaces / self.namespace / "mcp" / server
+        workspace.mkdir(parents=True, exist_ok=True)
+        return spec, await open_server_tools(server, spec, secrets, stack, workspace=workspace)
 
     async def _permissions(self, agent: AgentSpec) -> Permissions:
         if not agent.roles:

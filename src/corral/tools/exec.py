@@ -1,0 +1,311 @@
+"""The ``exec`` tool kind: a program that reads JSON on stdin and answers on stdout.
+
+Each call starts the program in a new session (its own process group) with a
+locked-down environment: nothing of the host environment reaches it except
+what :func:`locked_environment` sets and what the Tool declares. ``HOME`` and
+``TMPDIR`` point into the agent's workspace, the working directory is the
+workspace (or ``spec.exec.cwd`` inside it).
+
+The process group is killed when the call is cancelled (SIGTERM, then SIGKILL
+after a short grace) and, after the program exits, any process it left behind
+is killed too, so a call never leaks processes. stdout and stderr are read with
+caps, so a runaway program cannot exhaust the worker's memory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from subprocess import PIPE
+from typing import Any
+
+import anyio
+import anyio.abc
+
+from corral.core.errors import ConfigurationError, ToolError, ToolErrorCode
+from corral.core.messages import ToolSpec
+from corral.resources.kinds import EnvValue, ToolSpecModel
+from corral.tools.base import Tool, ToolContext
+from corral.tools.naming import model_tool_name
+
+__all__ = [
+    "MAX_STDERR_BYTES",
+    "MAX_STDOUT_BYTES",
+    "SAFE_PATH",
+    "ExecTool",
+    "create",
+    "declared_environment",
+    "locked_environment",
+    "resolve_program",
+]
+
+#: the PATH a program sees unless its Tool declares another one
+SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+#: more stdout than this fails the call with ``output_too_large``
+MAX_STDOUT_BYTES = 4 * 1024 * 1024
+#: only the last this-many bytes of stderr are kept
+MAX_STDERR_BYTES = 64 * 1024
+#: how long a program gets to exit after SIGTERM before it is killed
+TERM_GRACE_SECONDS = 1.0
+#: how much of stderr an error reason quotes
+_REASON_STDERR_CHARS = 2000
+_READ_CHUNK = 65536
+
+
+def declared_environment(
+    env: Mapping[str, str | EnvValue], secrets: Mapping[str, str], *, owner: str
+) -> dict[str, str]:
+    """Resolve a Tool's (or McpServer's) declared environment to plain values.
+
+    Raises ``ConfigurationError`` naming ``owner`` when a referenced secret is
+    not in ``secrets``.
+    """
+    resolved: dict[str, str] = {}
+    for key, item in env.items():
+        if isinstance(item, str):
+            resolved[key] = item
+        elif item.value is not None:
+            resolved[key] = item.value
+        else:
+            secret = item.secret or ""
+            if secret not in secrets:
+                raise ConfigurationError(
+                    f"{owner}: environment variable {key!r} needs secret {secret!r}, "
+                    "which is not available"
+                )
+            resolved[key] = secrets[secret]
+    return resolved
+
+
+async def locked_environment(
+    workspace: Path, declared: Mapping[str, str], extra: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """The whole environment of a tool process.
+
+    ``PATH`` (a fixed safe default), ``LANG``, and ``HOME``/``TMPDIR`` inside
+    ``workspace`` (created here), then the declared values (which may override
+    any of those), then ``extra`` (Corral's own per-call variables, which may
+    not be overridden). Nothing is read from the host environment.
+    """
+    home, tmp = workspace / "home", workspace / "tmp"
+    for directory in (home, tmp):
+        await anyio.Path(directory).mkdir(parents=True, exist_ok=True)
+    env = {"PATH": SAFE_PATH, "LANG": "C.UTF-8", "HOME": str(home), "TMPDIR": str(tmp)}
+    env.update(declared)
+    env.update(extra or {})
+    return env
+
+
+def resolve_program(program: str, *, owner: str) -> str:
+    """The absolute path of ``program``, looked up on the *host* PATH.
+
+    The admin installed the program for the host, so it is found the way the
+    host would find it; the program then runs with the locked environment.
+    """
+    if os.sep in program:
+        path = os.path.abspath(program)
+        if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+            raise ConfigurationError(f"{owner}: {path!r} is not an executable file")
+        return path
+    found = shutil.which(program)
+    if found is None:
+        raise ConfigurationError(f"{owner}: program {program!r} was not found on the PATH")
+    return found
+
+
+@dataclass
+class _Completed:
+    returncode: int
+    stdout: bytes
+    stderr: bytes
+    stdout_overflow: bool
+
+
+class _Capture:
+    """Bytes read from one pipe: all of them up to ``limit``, or only the last ``limit``."""
+
+    def __init__(self, limit: int, *, keep_tail: bool) -> None:
+        self.limit = limit
+        self.keep_tail = keep_tail
+        self.data = bytearray()
+        self.overflow = False
+
+    def add(self, chunk: bytes) -> None:
+        self.data += chunk
+        if len(self.data) > self.limit:
+            self.overflow = True
+            if self.keep_tail:
+                del self.data[: len(self.data) - self.limit]
+
+
+def _signal_group(pid: int, sig: signal.Signals) -> None:
+    """Send ``sig`` to the process group led by ``pid``; a vanished group is fine."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
+
+
+async def _feed(stream: anyio.abc.ByteSendStream | None, data: bytes) -> None:
+    if stream is None:
+        return
+    try:
+        await stream.send(data)
+    except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+        pass  # the program exited or closed stdin without reading it all
+    finally:
+        with contextlib.suppress(anyio.BrokenResourceError, OSError):
+            await stream.aclose()
+
+
+async def _drain(
+    stream: anyio.abc.ByteReceiveStream | None,
+    capture: _Capture,
+    process: anyio.abc.Process,
+) -> None:
+    if stream is None:
+        return
+    try:
+        async for chunk in stream:
+            capture.add(chunk)
+            if capture.overflow and not capture.keep_tail:
+                _signal_group(process.pid, signal.SIGKILL)
+                return
+    except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+        pass
+
+
+async def _stop(process: anyio.abc.Process) -> None:
+    """Terminate the process group of a still running program and reap it."""
+    with anyio.CancelScope(shield=True):
+        if process.returncode is None:
+            _signal_group(process.pid, signal.SIGTERM)
+            with anyio.move_on_after(TERM_GRACE_SECONDS):
+                await process.wait()
+        # whatever is left of the group, including descendants, dies now
+        _signal_group(process.pid, signal.SIGKILL)
+        with anyio.move_on_after(5.0):
+            await process.wait()
+        await process.aclose()
+
+
+async def run_program(
+    argv: list[str], stdin: bytes, *, env: Mapping[str, str], cwd: Path
+) -> _Completed:
+    """Run ``argv`` to completion in its own process group; see the module docstring."""
+    try:
+        process = await anyio.open_process(
+            argv,
+            env=dict(env),
+            cwd=cwd,
+            start_new_session=True,
+            stdin=PIPE,
+            stdout=PIPE,
+            stderr=PIPE,
+        )
+    except OSError as exc:
+        raise ToolError(
+            ToolErrorCode.UNAVAILABLE, f"cannot start {argv[0]!r}: {exc.strerror or exc}"
+        ) from exc
+    out = _Capture(MAX_STDOUT_BYTES, keep_tail=False)
+    err = _Capture(MAX_STDERR_BYTES, keep_tail=True)
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_feed, process.stdin, stdin)
+            tg.start_soon(_drain, process.stdout, out, process)
+            tg.start_soon(_drain, process.stderr, err, process)
+            returncode = await process.wait()
+            # Descendants still holding our pipes would keep the readers waiting.
+            _signal_group(process.pid, signal.SIGKILL)
+    finally:
+        await _stop(process)
+    return _Completed(returncode, bytes(out.data), bytes(err.data), out.overflow)
+
+
+def _parse_output(stdout: bytes) -> Any:
+    text = stdout.decode("utf-8", errors="replace")
+    stripped = text.strip()
+    if not stripped:
+        return ""
+    try:
+        return json.loads(stripped)
+    except ValueError:
+        return text.rstrip("\n")
+
+
+def _exit_description(returncode: int) -> str:
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return f"was killed by {name}"
+    return f"exited with code {returncode}"
+
+
+class ExecTool(Tool):
+    """A Tool that runs a program per call; see the module docstring."""
+
+    def __init__(self, name: str, spec: ToolSpecModel, program: str, env: dict[str, str]) -> None:
+        assert spec.exec is not None
+        self.ref = name
+        self.spec = ToolSpec(
+            model_tool_name(name),
+            spec.description,
+            spec.parameters or {"type": "object", "properties": {}},
+        )
+        self.idempotent = spec.idempotent
+        self._argv = [program, *spec.exec.command[1:]]
+        self._cwd = spec.exec.cwd
+        self._env = env
+
+    async def call(self, arguments: dict[str, Any], ctx: ToolContext) -> Any:
+        workspace = ctx.workspace.resolve()
+        cwd = workspace / self._cwd if self._cwd else workspace
+        await anyio.Path(cwd).mkdir(parents=True, exist_ok=True)
+        env = await locked_environment(
+            workspace,
+            self._env,
+            {
+                "CORRAL_IDEMPOTENCY_KEY": ctx.idempotency_key,
+                "CORRAL_RUN_ID": ctx.run_id,
+                "CORRAL_TOOL_CALL_ID": ctx.call_id,
+            },
+        )
+        payload = json.dumps(arguments).encode("utf-8")
+        done = await run_program(self._argv, payload, env=env, cwd=cwd)
+        program = os.path.basename(self._argv[0])
+        stderr = done.stderr.decode("utf-8", errors="replace")
+        if done.stdout_overflow:
+            raise ToolError(
+                ToolErrorCode.OUTPUT_TOO_LARGE,
+                f"{program} wrote more than {MAX_STDOUT_BYTES} bytes to stdout and was killed",
+            )
+        if done.returncode != 0:
+            tail = stderr.strip()[-_REASON_STDERR_CHARS:]
+            reason = f"{program} {_exit_description(done.returncode)}"
+            raise ToolError(
+                ToolErrorCode.EXECUTION_FAILED,
+                f"{reason}: {tail}" if tail else reason,
+                details={"exit_code": done.returncode, "stderr": tail},
+            )
+        return _parse_output(done.stdout)
+
+
+def create(name: str, spec: ToolSpecModel, secrets: Mapping[str, str]) -> Tool:
+    """Build an ``exec`` Tool; configuration problems raise ``ConfigurationError`` now."""
+    if spec.exec is None:
+        raise ConfigurationError(f"Tool {name!r}: type 'exec' needs an 'exec' block")
+    owner = f"Tool {name!r}"
+    cwd = spec.exec.cwd
+    if cwd is not None:
+        parts = PurePosixPath(os.path.normpath(cwd)).parts
+        if PurePosixPath(cwd).is_absolute() or (parts and parts[0] == ".."):
+            raise ConfigurationError(f"{owner}: cwd {cwd!r} must stay inside the agent workspace")
+    program = resolve_program(spec.exec.command[0], owner=owner)
+    env = declared_environment(spec.exec.env, secrets, owner=owner)
+    return ExecTool(name, spec, program, env)

@@ -1,0 +1,167 @@
+"""The ``exec`` tool kind, with a real program: locked environment, errors, cancellation."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from corral.core.errors import ConfigurationError, ToolError
+from corral.resources.kinds import EnvValue, ExecToolSpec, ToolSpecModel
+from corral.tools import exec as exec_tool
+from corral.tools.base import Tool, ToolContext
+
+PROBE = Path(__file__).parent / "tool_programs" / "probe.py"
+PARAMETERS = {"type": "object", "properties": {"mode": {"type": "string"}}}
+
+
+def make(
+    *,
+    env: dict[str, str | EnvValue] | None = None,
+    cwd: str | None = None,
+    secrets: dict[str, str] | None = None,
+    command: list[str] | None = None,
+) -> Tool:
+    spec = ToolSpecModel(
+        type="exec",
+        parameters=PARAMETERS,
+        exec=ExecToolSpec(command=command or [sys.executable, str(PROBE)], env=env or {}, cwd=cwd),
+    )
+    return exec_tool.create("probe", spec, secrets or {})
+
+
+def context(workspace: Path) -> ToolContext:
+    return ToolContext(
+        run_id="run-7",
+        agent="ops",
+        namespace="default",
+        call_id="call-3",
+        idempotency_key="run-7:2:call-3",
+        workspace=workspace,
+    )
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` is a running (not zombie) process."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+async def wait_for(path: Path, timeout: float = 10.0) -> str:
+    with anyio.fail_after(timeout):
+        while not path.exists() or not path.read_text():
+            await anyio.sleep(0.02)
+    return path.read_text()
+
+
+async def test_host_environment_does_not_reach_the_program(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "host-secret")
+    monkeypatch.setenv("SSH_AUTH_SOCK", "/tmp/agent.sock")
+    monkeypatch.setenv("HOME", "/root/real-home")
+    tool = make(
+        env={"GREETING": "hi", "API_TOKEN": EnvValue(secret="token")}, secrets={"token": "s3cr3t"}
+    )
+
+    result: dict[str, Any] = await tool.call({"mode": "echo", "n": 1}, context(tmp_path))
+
+    env = result["env"]
+    assert set(env) == {
+        "PATH", "LANG", "HOME", "TMPDIR", "GREETING", "API_TOKEN",
+        "CORRAL_IDEMPOTENCY_KEY", "CORRAL_RUN_ID", "CORRAL_TOOL_CALL_ID",
+    }  # fmt: skip
+    workspace = tmp_path.resolve()
+    assert env["HOME"] == str(workspace / "home")
+    assert env["TMPDIR"] == str(workspace / "tmp")
+    assert (workspace / "home").is_dir() and (workspace / "tmp").is_dir()
+    assert env["PATH"] == exec_tool.SAFE_PATH
+    assert env["LANG"] == "C.UTF-8"
+    assert env["API_TOKEN"] == "s3cr3t" and env["GREETING"] == "hi"
+    assert env["CORRAL_IDEMPOTENCY_KEY"] == "run-7:2:call-3"
+    assert env["CORRAL_RUN_ID"] == "run-7" and env["CORRAL_TOOL_CALL_ID"] == "call-3"
+    assert result["cwd"] == str(workspace)
+    assert result["arguments"] == {"mode": "echo", "n": 1}
+
+
+async def test_tool_env_may_override_path_and_cwd_is_inside_workspace(tmp_path: Path) -> None:
+    tool = make(env={"PATH": "/opt/tools/bin"}, cwd="jobs/a")
+    result = await tool.call({"mode": "echo"}, context(tmp_path))
+    assert result["env"]["PATH"] == "/opt/tools/bin"
+    assert result["cwd"] == str(tmp_path.resolve() / "jobs" / "a")
+
+
+async def test_plain_text_output_is_returned_as_text(tmp_path: Path) -> None:
+    assert await make().call({"mode": "text"}, context(tmp_path)) == "hello from probe"
+
+
+async def test_non_zero_exit_is_execution_failed_with_stderr(tmp_path: Path) -> None:
+    with pytest.raises(ToolError) as caught:
+        await make().call({"mode": "fail"}, context(tmp_path))
+    error = caught.value
+    assert error.tool_code == "execution_failed"
+    assert error.retryable is False
+    assert "exited with code 3" in error.info.reason
+    assert "disk on fire" in error.info.reason
+    assert error.info.details["exit_code"] == 3
+
+
+async def test_cancellation_kills_the_whole_process_group(tmp_path: Path) -> None:
+    tool = make()
+    started = time.monotonic()
+    async with anyio.create_task_group() as tg:
+
+        async def run() -> None:
+            await tool.call({"mode": "sleep"}, context(tmp_path))
+
+        tg.start_soon(run)
+        pids = [int(p) for p in (await wait_for(tmp_path / "pids.txt")).split()]
+        assert all(alive(pid) for pid in pids)
+        tg.cancel_scope.cancel()
+    assert time.monotonic() - started < 8
+    with anyio.fail_after(5):
+        while any(alive(pid) for pid in pids):
+            await anyio.sleep(0.02)
+
+
+async def test_processes_left_behind_after_exit_are_killed(tmp_path: Path) -> None:
+    started = time.monotonic()
+    assert await make().call({"mode": "orphan"}, context(tmp_path)) == "done"
+    assert time.monotonic() - started < 8  # not held up by the orphan's copy of stdout
+    _, orphan = (int(p) for p in (tmp_path / "pids.txt").read_text().split())
+    with anyio.fail_after(5):
+        while alive(orphan):
+            await anyio.sleep(0.02)
+
+
+async def test_runaway_output_is_capped(tmp_path: Path) -> None:
+    with pytest.raises(ToolError) as caught:
+        await make().call({"mode": "flood"}, context(tmp_path))
+    assert caught.value.tool_code == "output_too_large"
+
+
+def test_configuration_problems_are_found_at_create() -> None:
+    with pytest.raises(ConfigurationError, match="not found"):
+        make(command=["corral-no-such-program-xyz"])
+    with pytest.raises(ConfigurationError, match="secret 'missing'"):
+        make(env={"X": EnvValue(secret="missing")})
+    with pytest.raises(ConfigurationError, match="inside the agent workspace"):
+        make(cwd="../outside")
+
+
+def test_program_is_found_on_the_host_path() -> None:
+    tool = make(command=["python3", str(PROBE)])
+    assert isinstance(tool, exec_tool.ExecTool)
+
+
+async def test_large_arguments_do_not_deadlock_the_pipes(tmp_path: Path) -> None:
+    blob = "y" * (1024 * 1024)
+    result = await make().call({"mode": "echo", "blob": blob}, context(tmp_path))
+    assert result["arguments"]["blob"] == blob

@@ -1,0 +1,329 @@
+"""The ``http`` tool kind and the SSRF guard, against a real server on 127.0.0.1."""
+
+from __future__ import annotations
+
+import base64
+import ipaddress
+import json
+import socket
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from corral.core.errors import ToolError
+from corral.resources.kinds import HttpAuth, HttpToolSpec, ToolSpecModel
+from corral.tools import http as http_tool
+from corral.tools.base import Tool, ToolContext
+from corral.tools.ssrf import blocked_reason, check_destination
+
+
+@dataclass
+class Recorded:
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: Any
+
+
+@dataclass
+class Server:
+    port: int
+    requests: list[Recorded] = field(default_factory=list)
+
+    def url(self, path: str = "/echo", host: str = "127.0.0.1") -> str:
+        return f"http://{host}:{self.port}{path}"
+
+
+def _handler(server: Server) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def _answer(self) -> None:
+            length = int(self.headers.get("Content-Length", "0"))
+            body = json.loads(self.rfile.read(length) or b"null")
+            server.requests.append(Recorded(self.command, self.path, dict(self.headers), body))
+            if self.path.startswith("/status/"):
+                status = int(self.path.rsplit("/", 1)[1])
+                self.send_response(status)
+                if status == 429:
+                    self.send_header("Retry-After", "3")
+                if status == 302:
+                    self.send_header("Location", "http://169.254.169.254/latest/meta-data")
+                payload = f"status {status} body".encode()
+                ctype = "text/plain"
+            elif self.path == "/text":
+                self.send_response(200)
+                payload, ctype = b"plain answer", "text/plain; charset=utf-8"
+            else:
+                self.send_response(200)
+                payload = json.dumps({"headers": dict(self.headers), "body": body}).encode()
+                ctype = "application/json"
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+        do_POST = do_PUT = _answer
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    return Handler
+
+
+@pytest.fixture
+def server() -> Iterator[Server]:
+    state = Server(port=0)
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler(state))
+    state.port = httpd.server_address[1]
+    thread = threading.Thread(target=httpd.serve_forever, args=(0.02,), daemon=True)
+    thread.start()
+    yield state
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def context(tmp_path: Path) -> ToolContext:
+    return ToolContext(
+        run_id="run-9",
+        agent="fetcher",
+        namespace="default",
+        call_id="call-4",
+        idempotency_key="run-9:1:call-4",
+        workspace=tmp_path,
+    )
+
+
+def make(url: str, *, secrets: dict[str, str] | None = None, **http: Any) -> Tool:
+    spec = ToolSpecModel(
+        type="http",
+        parameters={"type": "object", "properties": {}},
+        http=HttpToolSpec(url=url, **http),
+    )
+    return http_tool.create("remote", spec, secrets or {})
+
+
+class RefusingTransport(httpx.AsyncBaseTransport):
+    """Records every request that reaches the network layer, and sends none."""
+
+    def __init__(self) -> None:
+        self.requests: list[httpx.Request] = []
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        self.requests.append(request)
+        raise httpx.ConnectError("the test transport never connects", request=request)
+
+
+async def test_call_posts_json_with_idempotency_and_run_headers(
+    server: Server, tmp_path: Path
+) -> None:
+    tool = make(server.url(), allow_private=True, headers={"X-Team": "blue"})
+    try:
+        result = await tool.call({"city": "Oslo", "days": 3}, context(tmp_path))
+    finally:
+        await tool.aclose()
+    assert result["body"] == {"city": "Oslo", "days": 3}
+    [request] = server.requests
+    assert request.method == "POST"
+    assert request.headers["Idempotency-Key"] == "run-9:1:call-4"
+    assert request.headers["X-Corral-Run-Id"] == "run-9"
+    assert request.headers["X-Corral-Tool-Call-Id"] == "call-4"
+    assert request.headers["X-Team"] == "blue"
+    assert request.headers["Content-Type"] == "application/json"
+    assert request.headers["Host"] == f"127.0.0.1:{server.port}"
+
+
+@pytest.mark.parametrize(
+    ("auth", "secret", "header", "expected"),
+    [
+        (HttpAuth(type="bearer", secret="tok"), "abc123", "Authorization", "Bearer abc123"),
+        (HttpAuth(type="api-key", secret="tok", header="X-Api-Key"), "k-1", "X-Api-Key", "k-1"),
+        (
+            HttpAuth(type="basic", secret="tok"),
+            "ada:pa:ss",
+            "Authorization",
+            "Basic " + base64.b64encode(b"ada:pa:ss").decode(),
+        ),
+    ],
+)
+async def test_auth_profiles_send_their_header(
+    server: Server, tmp_path: Path, auth: HttpAuth, secret: str, header: str, expected: str
+) -> None:
+    tool = make(server.url(), allow_private=True, auth=auth, secrets={"tok": secret}, method="PUT")
+    try:
+        await tool.call({}, context(tmp_path))
+    finally:
+        await tool.aclose()
+    [request] = server.requests
+    assert request.method == "PUT"
+    assert request.headers[header] == expected
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://169.254.169.254/latest/meta-data",
+        "http://10.0.0.1/",
+        "http://[fd00:ec2::254]/latest",
+        "http://[::ffff:169.254.169.254]/",
+        "http://100.64.0.1/",
+        "http://0.0.0.0:80/",
+    ],
+)
+async def test_ssrf_guard_blocks_before_any_connection(url: str, tmp_path: Path) -> None:
+    transport = RefusingTransport()
+    spec = ToolSpecModel(type="http", parameters={"type": "object"}, http=HttpToolSpec(url=url))
+    tool = http_tool.create("remote", spec, {}, transport=transport)
+    with pytest.raises(ToolError) as caught:
+        await tool.call({}, context(tmp_path))
+    assert caught.value.tool_code == "blocked_destination"
+    assert caught.value.retryable is False
+    assert transport.requests == []
+    await tool.aclose()
+
+
+async def test_localhost_is_blocked_unless_private_is_allowed(
+    server: Server, tmp_path: Path
+) -> None:
+    blocked = make(server.url(host="localhost"))
+    with pytest.raises(ToolError) as caught:
+        await blocked.call({}, context(tmp_path))
+    assert caught.value.tool_code == "blocked_destination"
+    assert server.requests == []
+
+    # 127.0.0.1 rather than localhost: localhost may resolve to ::1 first, where nothing listens
+    allowed = make(server.url(), allow_private=True)
+    try:
+        await allowed.call({}, context(tmp_path))
+    finally:
+        await allowed.aclose()
+    assert len(server.requests) == 1
+
+
+async def test_connection_goes_to_the_checked_address(server: Server, tmp_path: Path) -> None:
+    async def resolver(host: str, port: int) -> list[str]:
+        assert host == "tools.internal.test"
+        return ["127.0.0.1"]
+
+    spec = ToolSpecModel(
+        type="http",
+        parameters={"type": "object"},
+        http=HttpToolSpec(url=server.url(host="tools.internal.test"), allow_private=True),
+    )
+    tool = http_tool.create("remote", spec, {}, resolver=resolver)
+    try:
+        await tool.call({}, context(tmp_path))
+    finally:
+        await tool.aclose()
+    assert server.requests[0].headers["Host"] == f"tools.internal.test:{server.port}"
+
+
+async def test_a_name_with_any_private_address_is_blocked() -> None:
+    async def resolver(host: str, port: int) -> list[str]:
+        return ["93.184.215.14", "10.1.2.3"]
+
+    with pytest.raises(ToolError) as caught:
+        await check_destination("https://api.example.test/v1", resolver=resolver)
+    assert caught.value.tool_code == "blocked_destination"
+    assert "10.1.2.3" in caught.value.info.reason
+
+
+async def test_public_address_is_pinned_with_host_and_sni() -> None:
+    async def resolver(host: str, port: int) -> list[str]:
+        return ["93.184.215.14"]
+
+    destination = await check_destination("https://api.example.test:8443/v1?q=1", resolver=resolver)
+    assert str(destination.pinned_url) == "https://93.184.215.14:8443/v1?q=1"
+    assert destination.host_header == "api.example.test:8443"
+    assert destination.sni_hostname == "api.example.test"
+
+
+@pytest.mark.parametrize("url", ["file:///etc/passwd", "ftp://example.com/x", "gopher://x/"])
+async def test_non_http_schemes_are_blocked(url: str) -> None:
+    with pytest.raises(ToolError) as caught:
+        await check_destination(url, allow_private=True)
+    assert caught.value.tool_code == "blocked_destination"
+
+
+@pytest.mark.parametrize(
+    ("address", "blocked"),
+    [
+        ("127.0.0.1", True),
+        ("::1", True),
+        ("169.254.169.254", True),
+        ("fe80::1", True),
+        ("10.0.0.1", True),
+        ("172.16.0.1", True),
+        ("192.168.1.1", True),
+        ("fc00::1", True),
+        ("100.64.0.1", True),
+        ("0.0.0.0", True),
+        ("224.0.0.1", True),
+        ("240.0.0.1", True),
+        ("64:ff9b::a9fe:a9fe", True),
+        ("2002:a00:1::", True),
+        ("8.8.8.8", False),
+        ("2606:4700:4700::1111", False),
+    ],
+)
+def test_blocked_address_classes(address: str, blocked: bool) -> None:
+    assert (blocked_reason(ipaddress.ip_address(address)) is not None) is blocked
+
+
+@pytest.mark.parametrize(
+    ("status", "retryable"),
+    [(400, False), (404, False), (408, True), (429, True), (500, True), (503, True)],
+)
+async def test_error_statuses_map_to_tool_errors(
+    server: Server, tmp_path: Path, status: int, retryable: bool
+) -> None:
+    tool = make(server.url(f"/status/{status}"), allow_private=True)
+    try:
+        with pytest.raises(ToolError) as caught:
+            await tool.call({}, context(tmp_path))
+    finally:
+        await tool.aclose()
+    error = caught.value
+    assert error.tool_code == "execution_failed"
+    assert error.retryable is retryable
+    assert error.info.details["status_code"] == status
+    assert f"status {status} body" in error.info.reason
+    if status == 429:
+        assert error.info.details["retry_after"] == 3.0
+
+
+async def test_redirects_are_not_followed(server: Server, tmp_path: Path) -> None:
+    tool = make(server.url("/status/302"), allow_private=True)
+    try:
+        with pytest.raises(ToolError) as caught:
+            await tool.call({}, context(tmp_path))
+    finally:
+        await tool.aclose()
+    assert "not followed" in caught.value.info.reason
+    assert len(server.requests) == 1
+
+
+async def test_text_responses_are_returned_as_text(server: Server, tmp_path: Path) -> None:
+    tool = make(server.url("/text"), allow_private=True)
+    try:
+        assert await tool.call({}, context(tmp_path)) == "plain answer"
+    finally:
+        await tool.aclose()
+
+
+async def test_connection_refused_is_retryable_unavailable(tmp_path: Path) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # closed again: nothing listens there
+    tool = make(f"http://127.0.0.1:{port}/", allow_private=True)
+    try:
+        with pytest.raises(ToolError) as caught:
+            await tool.call({}, context(tmp_path))
+    finally:
+        await tool.aclose()
+    assert caught.value.tool_code == "unavailable"
+    assert caught.value.retryable is True

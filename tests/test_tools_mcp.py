@@ -1,0 +1,247 @@
+"""The ``mcp`` tool kind against real MCP servers (stdio and streamable HTTP) written with the SDK.
+
+The connected servers are module fixtures: each is opened and closed by one
+owner task, as :func:`corral.tools.mcp.open_server_tools` requires, while the
+tests call the tools from their own tasks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import anyio
+import pytest
+import pytest_asyncio
+
+from corral.core.errors import ConfigurationError, ToolError
+from corral.resources.kinds import EnvValue, HttpAuth, McpServerSpec
+from corral.tools.base import Tool, ToolContext
+from corral.tools.mcp import open_server_tools
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+SERVERS = Path(__file__).parent / "mcp_servers"
+CALC = str(SERVERS / "calc_server.py")
+TOKEN = "mcp-test-token"
+
+
+def context(tmp_path: Path) -> ToolContext:
+    return ToolContext(
+        run_id="run-5",
+        agent="mathy",
+        namespace="default",
+        call_id="call-1",
+        idempotency_key="run-5:1:call-1",
+        workspace=tmp_path,
+    )
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` is a running (not zombie) process."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+@contextlib.asynccontextmanager
+async def connected(
+    name: str, spec: McpServerSpec, secrets: dict[str, str], workspace: Path | None = None
+) -> AsyncIterator[dict[str, Tool]]:
+    """Open the server in an owner task that also closes it; yield its tools by ref."""
+    ready: asyncio.Future[list[Tool]] = asyncio.get_running_loop().create_future()
+    stop = asyncio.Event()
+
+    async def owner() -> None:
+        try:
+            async with contextlib.AsyncExitStack() as stack:
+                tools = await open_server_tools(name, spec, secrets, stack, workspace=workspace)
+                ready.set_result(tools)
+                await stop.wait()
+        except BaseException as exc:
+            if not ready.done():
+                ready.set_exception(exc)
+            raise
+
+    task = asyncio.get_running_loop().create_task(owner())
+    try:
+        tools = await ready
+        yield {tool.ref: tool for tool in tools}
+    finally:
+        stop.set()
+        with anyio.fail_after(10):
+            await task
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("mcp-workspace")
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def stdio_tools(workspace: Path) -> AsyncIterator[dict[str, Tool]]:
+    spec = McpServerSpec(
+        transport="stdio",
+        command=[sys.executable, CALC],
+        env={"MODE": "test", "API_KEY": EnvValue(secret="calc-key")},
+        call_timeout_seconds=0.5,
+        idempotent=True,
+    )
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("AWS_SECRET_ACCESS_KEY", "host-secret")
+        async with connected("calc", spec, {"calc-key": "k-42"}, workspace) as tools:
+            yield tools
+
+
+@pytest.fixture(scope="module")
+def http_server() -> Iterator[str]:
+    process = subprocess.Popen(
+        [sys.executable, CALC, "http", TOKEN], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert process.stdout is not None
+        port = int(process.stdout.readline())
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def http_tools(http_server: str) -> AsyncIterator[dict[str, Tool]]:
+    spec = McpServerSpec(
+        transport="streamable-http",
+        url=http_server,
+        auth=HttpAuth(type="bearer", secret="mcp-token"),
+        headers={"X-Team": "blue"},
+    )
+    async with connected("calc-http", spec, {"mcp-token": TOKEN}) as tools:
+        yield tools
+
+
+async def test_stdio_server_tools_are_listed_with_refs_and_schemas(
+    stdio_tools: dict[str, Tool],
+) -> None:
+    assert set(stdio_tools) == {
+        "mcp:calc/add", "mcp:calc/shout", "mcp:calc/environment", "mcp:calc/divide",
+        "mcp:calc/slow",
+    }  # fmt: skip
+    add = stdio_tools["mcp:calc/add"]
+    assert add.spec.name == "calc__add"
+    assert add.spec.description == "Add two integers."
+    assert add.spec.parameters["required"] == ["a", "b"]
+    assert add.idempotent is True
+
+
+async def test_stdio_call_returns_structured_or_text_content(
+    stdio_tools: dict[str, Tool], tmp_path: Path
+) -> None:
+    ctx = context(tmp_path)
+    assert await stdio_tools["mcp:calc/add"].call({"a": 2, "b": 40}, ctx) == {"result": 42}
+    assert await stdio_tools["mcp:calc/shout"].call({"text": "hi"}, ctx) == "HI"
+
+
+async def test_is_error_result_becomes_execution_failed(
+    stdio_tools: dict[str, Tool], tmp_path: Path
+) -> None:
+    with pytest.raises(ToolError) as caught:
+        await stdio_tools["mcp:calc/divide"].call({"a": 1, "b": 0}, context(tmp_path))
+    assert caught.value.tool_code == "execution_failed"
+    assert caught.value.retryable is False
+    assert "division by zero is not allowed" in caught.value.info.reason
+
+
+async def test_stdio_server_runs_in_a_locked_environment(
+    stdio_tools: dict[str, Tool], workspace: Path, tmp_path: Path
+) -> None:
+    text = await stdio_tools["mcp:calc/environment"].call({}, context(tmp_path))
+    env = dict(line.split("=", 1) for line in text.splitlines())
+    assert "AWS_SECRET_ACCESS_KEY" not in env
+    assert env["HOME"] == str(workspace / "home")
+    assert env["MODE"] == "test" and env["API_KEY"] == "k-42"
+    # the SDK always passes these names; their host values do not
+    assert env["USER"] == "" and env["LOGNAME"] == ""
+    assert set(env) <= {
+        "PATH", "LANG", "HOME", "TMPDIR", "MODE", "API_KEY", "USER", "LOGNAME", "SHELL", "TERM",
+    }  # fmt: skip
+
+
+async def test_slow_call_times_out_and_the_session_survives(
+    stdio_tools: dict[str, Tool], tmp_path: Path
+) -> None:
+    with pytest.raises(ToolError) as caught:
+        await stdio_tools["mcp:calc/slow"].call({"seconds": 5}, context(tmp_path))
+    assert caught.value.tool_code == "timeout"
+    assert caught.value.retryable is True
+    assert await stdio_tools["mcp:calc/slow"].call({"seconds": 0}, context(tmp_path)) == "awake"
+
+
+async def test_streamable_http_server_with_bearer_auth(
+    http_tools: dict[str, Tool], tmp_path: Path
+) -> None:
+    assert "mcp:calc-http/add" in http_tools
+    result = await http_tools["mcp:calc-http/add"].call({"a": 1, "b": 2}, context(tmp_path))
+    assert result == {"result": 3}
+    with pytest.raises(ToolError) as caught:
+        await http_tools["mcp:calc-http/divide"].call({"a": 1, "b": 0}, context(tmp_path))
+    assert "division by zero" in caught.value.info.reason
+
+
+async def test_streamable_http_server_refuses_a_wrong_token(http_server: str) -> None:
+    spec = McpServerSpec(
+        transport="streamable-http",
+        url=http_server,
+        auth=HttpAuth(type="bearer", secret="mcp-token"),
+        init_timeout_seconds=5,
+    )
+    started = time.monotonic()
+    with pytest.raises(ToolError) as caught:
+        async with connected("calc-http", spec, {"mcp-token": "wrong"}):
+            pass
+    assert caught.value.tool_code == "unavailable"
+    assert time.monotonic() - started < 5
+
+
+async def test_server_hanging_on_initialize_fails_cleanly(tmp_path: Path) -> None:
+    pid_file = tmp_path / "pids.txt"
+    spec = McpServerSpec(
+        transport="stdio",
+        command=[sys.executable, str(SERVERS / "hang_server.py"), str(pid_file)],
+        init_timeout_seconds=1,
+    )
+    started = time.monotonic()
+    with pytest.raises(ToolError) as caught:
+        async with contextlib.AsyncExitStack() as stack:
+            await open_server_tools("stuck", spec, {}, stack, workspace=tmp_path)
+    elapsed = time.monotonic() - started
+    error = caught.value
+    assert error.tool_code == "unavailable"
+    assert "within 1.0s" in error.info.reason
+    assert "starting up, please wait" in error.info.reason  # the server's stderr
+    # the init timeout, plus the SDK's 2 s grace between closing stdin and SIGTERM
+    assert elapsed < 6
+    pids = [int(pid) for pid in pid_file.read_text().split()]
+    with anyio.fail_after(5):
+        while any(alive(pid) for pid in pids):
+            await anyio.sleep(0.02)
+
+
+async def test_missing_program_and_secret_are_configuration_errors() -> None:
+    async with contextlib.AsyncExitStack() as stack:
+        with pytest.raises(ConfigurationError, match="not found"):
+            spec = McpServerSpec(transport="stdio", command=["corral-no-such-mcp-server"])
+            await open_server_tools("nope", spec, {}, stack)
+        with pytest.raises(ConfigurationError, match="secret 'absent'"):
+            spec = McpServerSpec(
+                transport="stdio",
+                command=[sys.executable, CALC],
+                env={"K": EnvValue(secret="absent")},
+            )
+            await open_server_tools("nope", spec, {}, stack)

@@ -1,0 +1,139 @@
+"""The ``python`` tool kind: import, schema derivation, context injection, threads, errors."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from corral.core.errors import ConfigurationError, ToolError
+from corral.resources.kinds import PythonToolSpec, ToolSpecModel
+from corral.tools import python as python_tool
+from corral.tools.base import Tool, ToolContext
+
+PROGRAMS = Path(__file__).parent / "tool_programs"
+
+
+def make(function: str, **fields: Any) -> Tool:
+    spec = ToolSpecModel(
+        type="python",
+        python=PythonToolSpec(function=f"corral_sample_tools:{function}", path=str(PROGRAMS)),
+        **fields,
+    )
+    return python_tool.create(function, spec, {})
+
+
+def context(tmp_path: Path) -> ToolContext:
+    return ToolContext(
+        run_id="run-1",
+        agent="helper",
+        namespace="default",
+        call_id="call-1",
+        idempotency_key="run-1:1:call-1",
+        workspace=tmp_path,
+    )
+
+
+def test_schema_is_derived_from_signature_and_docstring() -> None:
+    tool = make("add")
+    assert tool.ref == "add"
+    assert tool.spec.name == "add"
+    assert tool.spec.description == "Add two integers."
+    assert tool.spec.parameters == {
+        "type": "object",
+        "properties": {
+            "a": {"type": "integer", "description": "the first number"},
+            "b": {
+                "type": "integer",
+                "default": 2,
+                "description": "the second number, defaulting to two",
+            },
+        },
+        "required": ["a"],
+        "additionalProperties": False,
+    }
+
+
+def test_context_parameter_is_not_in_the_schema() -> None:
+    tool = make("greet")
+    assert set(tool.spec.parameters["properties"]) == {"name"}
+    assert tool.spec.parameters["required"] == ["name"]
+
+
+def test_spec_description_and_parameters_win_over_the_function() -> None:
+    explicit = {"type": "object", "properties": {"q": {"type": "string"}}}
+    tool = make("loose", description="Anything goes.", parameters=explicit, idempotent=True)
+    assert tool.spec.description == "Anything goes."
+    assert tool.spec.parameters == explicit
+    assert tool.idempotent is True
+
+
+async def test_sync_function_runs_in_a_worker_thread(tmp_path: Path) -> None:
+    assert await make("add").call({"a": 40}, context(tmp_path)) == 42
+    thread_name = await make("where_am_i").call({}, context(tmp_path))
+    assert thread_name != threading.current_thread().name
+
+
+async def test_async_function_receives_the_context(tmp_path: Path) -> None:
+    result = await make("greet").call({"name": "Ada"}, context(tmp_path))
+    assert result == {"greeting": "hello Ada", "run": "run-1", "agent": "helper"}
+
+
+async def test_nested_models_arrive_as_their_declared_type(tmp_path: Path) -> None:
+    result = await make("norm").call({"point": {"x": -1, "y": 2.5}}, context(tmp_path))
+    assert result == {"type": "Point", "norm": 3.5}
+
+
+async def test_explicit_parameters_pass_arguments_through(tmp_path: Path) -> None:
+    explicit = {"type": "object", "properties": {}, "additionalProperties": True}
+    tool = make("loose", parameters=explicit)
+    assert await tool.call({"k": [1, 2]}, context(tmp_path)) == {"k": [1, 2]}
+
+
+async def test_function_exception_becomes_execution_failed(tmp_path: Path) -> None:
+    with pytest.raises(ToolError) as caught:
+        await make("explode").call({"reason": "boom"}, context(tmp_path))
+    assert caught.value.tool_code == "execution_failed"
+    assert caught.value.info.reason == "ValueError: boom"
+    assert caught.value.retryable is False
+
+
+async def test_arguments_that_do_not_fit_the_signature_are_invalid_input(tmp_path: Path) -> None:
+    with pytest.raises(ToolError) as caught:
+        await make("add").call({"a": "not a number"}, context(tmp_path))
+    assert caught.value.tool_code == "invalid_input"
+
+
+async def test_cancelling_a_blocking_function_returns_promptly(tmp_path: Path) -> None:
+    tool = make("slow")
+    started = time.monotonic()
+    with anyio.move_on_after(0.2) as scope:
+        await tool.call({"seconds": 1.0}, context(tmp_path))
+    assert scope.cancelled_caught
+    assert time.monotonic() - started < 0.9
+
+
+@pytest.mark.parametrize(
+    ("function", "message"),
+    [
+        ("corral_no_such_module:f", "cannot import module 'corral_no_such_module'"),
+        ("corral_broken_tools:f", "RuntimeError: this module is broken on purpose"),
+        ("corral_sample_tools:missing", "has no attribute 'missing'"),
+        ("corral_sample_tools:NOT_CALLABLE", "is not callable"),
+    ],
+)
+def test_import_problems_are_configuration_errors(function: str, message: str) -> None:
+    spec = ToolSpecModel(
+        type="python", python=PythonToolSpec(function=function, path=str(PROGRAMS))
+    )
+    with pytest.raises(ConfigurationError, match=message):
+        python_tool.create("t", spec, {})
+
+
+def test_var_keyword_functions_need_explicit_parameters() -> None:
+    with pytest.raises(ConfigurationError, match="explicitly"):
+        make("loose")
