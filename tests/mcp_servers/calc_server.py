@@ -70,6 +70,7 @@ def serve_http(token: str) -> None:
 
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
+    sock.listen(64)  # connections made before uvicorn is up wait in the backlog, not refused
     print(sock.getsockname()[1], flush=True)
     app = _require_bearer(server.streamable_http_app(), token)
     config = uvicorn.Config(app, log_level="warning", lifespan="on")

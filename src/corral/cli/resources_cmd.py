@@ -1,0 +1,306 @@
+"""``corral apply``, ``get``, ``describe`` and ``delete``: resources, kubectl style.
+
+Heavy modules (the store, pydantic models, rich) are imported inside the
+commands so that ``corral --help`` stays fast. Secret values are never shown:
+every document passes through :func:`~corral.resources.secrets.redacted`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import typer
+
+from corral.cli.main import EXIT_BAD_INPUT, fail, run_async
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from corral.core.settings import Settings
+    from corral.resources.kinds import Spec
+    from corral.store.base import ApplyOutcome, Store, StoredResource
+
+NAMESPACE = typer.Option("default", "-n", "--namespace", help="The namespace.")
+OUTPUTS = ("table", "json", "yaml")
+
+
+def register(app: typer.Typer) -> None:
+    """Add the resource commands to ``app``."""
+    app.command(name="apply")(apply)
+    app.command(name="get")(get)
+    app.command(name="describe")(describe)
+    app.command(name="delete")(delete)
+
+
+# --------------------------------------------------------------------------- shared helpers
+
+
+@asynccontextmanager
+async def open_cli_store() -> AsyncIterator[tuple[Store, Settings]]:
+    """The store of this environment (``CORRAL_HOME``, ``CORRAL_DB_URL``) and its settings."""
+    from corral.core.settings import Settings
+    from corral.resources.secrets import SecretCipher
+    from corral.store import open_store
+
+    settings = Settings.from_env()
+    store = await open_store(settings.db_url, cipher=SecretCipher.from_settings(settings))
+    try:
+        yield store, settings
+    finally:
+        await store.close()
+
+
+@dataclass(frozen=True)
+class Applied:
+    """What ``apply`` did, one outcome per resource in file order."""
+
+    outcomes: list[ApplyOutcome]
+
+    @property
+    def lines(self) -> list[str]:
+        """``agent/assistant created`` per resource."""
+        return [f"{o.kind.lower()}/{o.name} {o.action}" for o in self.outcomes]
+
+    @property
+    def agents(self) -> list[str]:
+        """The names of the agents in the batch."""
+        return [o.name for o in self.outcomes if o.kind == "Agent"]
+
+
+async def apply_paths(store: Store, paths: Sequence[Path], namespace: str = "default") -> Applied:
+    """Load YAML files or directories and apply them as one batch.
+
+    Documents without ``metadata.namespace`` go to ``namespace``.
+    """
+    from corral.resources.loader import load_paths
+
+    loaded = await asyncio.to_thread(load_paths, list(paths), default_namespace=namespace)
+    return Applied(await store.apply(loaded))
+
+
+def _kind(text: str) -> str:
+    from corral.resources.kinds import kind_of
+
+    try:
+        return kind_of(text)
+    except ValueError as exc:
+        fail(str(exc), EXIT_BAD_INPUT)
+
+
+def _console() -> Console:
+    from rich.console import Console
+
+    # Piped output is not cut to 80 columns: scripts grep it.
+    return Console(highlight=False, width=None if sys.stdout.isatty() else 240)
+
+
+def _document(stored: StoredResource) -> dict[str, Any]:
+    from corral.resources.secrets import redacted
+
+    return redacted(stored.resource.to_document())
+
+
+# --------------------------------------------------------------------------- apply
+
+
+def apply(
+    file: list[Path] = typer.Option(
+        ..., "-f", "--filename", "--file", help="A YAML file or directory (repeatable)."
+    ),
+    namespace: str = typer.Option(
+        "default", "-n", "--namespace", help="Namespace of documents that do not name one."
+    ),
+) -> None:
+    """Create or update the resources of YAML files; all or nothing."""
+    applied = run_async(_apply(file, namespace))
+    if not applied.outcomes:
+        fail("no resources found in the given files", EXIT_BAD_INPUT)
+    for line in applied.lines:
+        typer.echo(line)
+
+
+async def _apply(files: list[Path], namespace: str) -> Applied:
+    async with open_cli_store() as (store, _):
+        return await apply_paths(store, files, namespace)
+
+
+# --------------------------------------------------------------------------- get
+
+
+def get(
+    kind: str = typer.Argument(..., help="agent, tool, modelendpoint, secret, ... (plural works)."),
+    name: str | None = typer.Argument(None, help="One resource; all of the kind when absent."),
+    namespace: str = NAMESPACE,
+    output: str = typer.Option("table", "-o", "--output", help="table, json or yaml."),
+) -> None:
+    """List resources of a kind, or show one."""
+    if output not in OUTPUTS:
+        fail(f"unknown output format {output!r} (use {', '.join(OUTPUTS)})", EXIT_BAD_INPUT)
+    canonical = _kind(kind)
+    items = run_async(_get(namespace, canonical, name))
+    if output == "json":
+        docs = [_document(s) for s in items]
+        typer.echo(json.dumps(docs[0] if name else docs, indent=2, ensure_ascii=False))
+    elif output == "yaml":
+        import yaml
+
+        typer.echo(
+            yaml.safe_dump_all(
+                [_document(s) for s in items], sort_keys=False, allow_unicode=True
+            ).rstrip()
+        )
+    elif not items:
+        typer.echo(f"No {canonical} resources found in namespace {namespace!r}.", err=True)
+    else:
+        _print_table(canonical, items)
+
+
+async def _get(namespace: str, kind: str, name: str | None) -> list[StoredResource]:
+    from corral.core.errors import NotFoundError
+
+    async with open_cli_store() as (store, _):
+        if name is None:
+            return await store.list_resources(namespace, kind)
+        stored = await store.get_resource(namespace, kind, name)
+    if stored is None:
+        raise NotFoundError(f"{kind} {name!r} not found in namespace {namespace!r}")
+    return [stored]
+
+
+def _print_table(kind: str, items: list[StoredResource]) -> None:
+    from rich import box
+    from rich.table import Table
+
+    columns = _COLUMNS.get(kind, [])
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, header_style="bold")
+    for title in ("NAME", "NAMESPACE", *(c[0] for c in columns), "AGE"):
+        table.add_column(title, overflow="fold")
+    now = time.time()
+    for stored in items:
+        resource = stored.resource
+        cells = [getter(resource.spec) for _, getter in columns]
+        table.add_row(resource.name, resource.namespace, *cells, _age(now - stored.created_at))
+    _console().print(table)
+
+
+def _attr(*path: str) -> Callable[[Spec], str]:
+    def getter(spec: Spec) -> str:
+        value: Any = spec
+        for part in path:
+            value = getattr(value, part, None)
+        if isinstance(value, list):
+            return ", ".join(str(v) for v in value) or "-"
+        return "-" if value in (None, "") else str(value)
+
+    return getter
+
+
+def _target(spec: Spec) -> str:
+    command = getattr(spec, "command", None) or []
+    return getattr(spec, "url", None) or " ".join(command) or "-"
+
+
+def _secret_source(spec: Spec) -> str:
+    # Only where the value comes from: never the value, never the ciphertext.
+    env = getattr(spec, "from_env", None)
+    return f"env:{env}" if env else "encrypted"
+
+
+_COLUMNS: dict[str, list[tuple[str, Callable[[Spec], str]]]] = {
+    "Agent": [("MODEL", _attr("model")), ("TOOLS", _attr("tools"))],
+    "ModelEndpoint": [("PROVIDER", _attr("provider")), ("MODEL", _attr("model"))],
+    "Tool": [("TYPE", _attr("type")), ("RISK", _attr("risk"))],
+    "McpServer": [("TRANSPORT", _attr("transport")), ("TARGET", _target)],
+    "Secret": [("SOURCE", _secret_source)],
+    "AgentRole": [("PERMISSIONS", _attr("permissions"))],
+    "ToolPermission": [("EFFECT", _attr("effect")), ("TOOLS", _attr("tools"))],
+}
+
+
+def _age(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size * (2 if unit != "m" else 1):
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+# --------------------------------------------------------------------------- describe
+
+
+def describe(
+    kind: str = typer.Argument(..., help="The kind (agent, tool, ...)."),
+    name: str = typer.Argument(..., help="The resource's name."),
+    namespace: str = NAMESPACE,
+) -> None:
+    """Show one resource in full: metadata, generation, times, spec and who uses it."""
+    import yaml
+
+    canonical = _kind(kind)
+    stored, used_by = run_async(_describe(namespace, canonical, name))
+    doc = _document(stored)
+    labels = ", ".join(f"{k}={v}" for k, v in sorted(doc["metadata"]["labels"].items()))
+    lines = [
+        f"Name:        {stored.resource.name}",
+        f"Namespace:   {stored.resource.namespace}",
+        f"Kind:        {stored.resource.kind}",
+        f"Labels:      {labels or '<none>'}",
+        f"Generation:  {stored.generation}",
+        f"Created:     {_when(stored.created_at)}",
+        f"Updated:     {_when(stored.updated_at)}",
+        f"Used by:     {', '.join(used_by) or '<none>'}",
+        "Spec:",
+    ]
+    spec_text = yaml.safe_dump(doc["spec"], sort_keys=False, allow_unicode=True)
+    lines.extend("  " + line for line in spec_text.rstrip().splitlines())
+    typer.echo("\n".join(lines))
+
+
+async def _describe(namespace: str, kind: str, name: str) -> tuple[StoredResource, list[str]]:
+    from corral.core.errors import NotFoundError
+    from corral.resources.loader import format_path
+    from corral.resources.references import referrers
+
+    async with open_cli_store() as (store, _):
+        stored = await store.get_resource(namespace, kind, name)
+        if stored is None:
+            raise NotFoundError(f"{kind} {name!r} not found in namespace {namespace!r}")
+        others = [s.resource for s in await store.list_resources(namespace)]
+    used_by = [
+        f"{r.kind.lower()}/{r.name} ({format_path(field)})"
+        for r, field in referrers((kind, name), others)
+    ]
+    return stored, used_by
+
+
+def _when(timestamp: float) -> str:
+    moment = datetime.fromtimestamp(timestamp, tz=UTC).isoformat(timespec="seconds")
+    return f"{moment.replace('+00:00', 'Z')} ({_age(time.time() - timestamp)} ago)"
+
+
+# --------------------------------------------------------------------------- delete
+
+
+def delete(
+    kind: str = typer.Argument(..., help="The kind (agent, tool, ...)."),
+    name: str = typer.Argument(..., help="The resource's name."),
+    namespace: str = NAMESPACE,
+) -> None:
+    """Delete a resource; refused while another resource references it."""
+    canonical = _kind(kind)
+    run_async(_delete(namespace, canonical, name))
+    typer.echo(f"{canonical.lower()}/{name} deleted")
+
+
+async def _delete(namespace: str, kind: str, name: str) -> None:
+    async with open_cli_store() as (store, _):
+        await store.delete_resource(namespace, kind, name)

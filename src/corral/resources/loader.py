@@ -1,0 +1,396 @@
+"""Read resource documents from YAML files, reporting every problem with file, line and field.
+
+YAML is composed into a node tree first so that every node keeps its position;
+the documents are then validated per kind with pydantic, and each validation
+error is mapped back along its ``loc`` to the line of the offending field. All
+problems of all documents are collected and raised as one
+:class:`~corral.core.errors.ResourceError`, so a user fixes a file in one pass.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from corral.core.errors import Location, ResourceError
+from corral.resources.kinds import (
+    API_VERSION,
+    KINDS,
+    NAME_PATTERN,
+    SPEC_TYPES,
+    McpServerSpec,
+    Metadata,
+    Resource,
+    ToolSpecModel,
+)
+
+FieldPath = tuple[str | int, ...]
+M = TypeVar("M", bound=BaseModel)
+Problem = tuple[Location, str]
+
+YAML_SUFFIXES = (".yaml", ".yml")
+_ENVELOPE_KEYS = ("apiVersion", "kind", "metadata", "spec")
+# Pydantic adds the member of a union to ``loc`` (``str``, ``EnvValue``,
+# ``function-after[...]``); such tags are not fields a user wrote.
+_UNION_TAG = re.compile(r"^([A-Z][A-Za-z0-9]*|str|int|float|bool|dict|list|none|.*\[.*\])$")
+
+
+def format_path(path: FieldPath) -> str:
+    """``("spec", "tools", 2)`` -> ``spec.tools[2]``."""
+    text = ""
+    for part in path:
+        if isinstance(part, int):
+            text += f"[{part}]"
+        else:
+            text += f".{part}" if text else part
+    return text
+
+
+@dataclass(frozen=True)
+class LoadedResource:
+    """A validated resource with where it came from.
+
+    ``file`` is the file as the user named it (``None`` for text without a
+    file), ``line`` the 1-based line where its document starts.
+    """
+
+    resource: Resource
+    file: str | None
+    line: int
+    node: yaml.MappingNode
+
+    def line_of(self, path: FieldPath) -> int:
+        """The line of the deepest node along ``path`` that exists in the document."""
+        return _walk(self.node, path)[0]
+
+    def location(self, path: FieldPath) -> Location:
+        """A :class:`Location` of ``path`` in this resource's document."""
+        return Location(self.file, self.line_of(path), format_path(path) or None)
+
+
+def load_path(path: Path, *, default_namespace: str = "default") -> list[LoadedResource]:
+    """Load one YAML file, or every ``*.yaml``/``*.yml`` below a directory (sorted, recursive)."""
+    return load_paths([path], default_namespace=default_namespace)
+
+
+def load_paths(
+    paths: Sequence[Path], *, default_namespace: str = "default"
+) -> list[LoadedResource]:
+    """Load several files or directories as one batch; raise one ResourceError for all problems."""
+    loaded: list[LoadedResource] = []
+    problems: list[Problem] = []
+    for path in paths:
+        for file in _yaml_files(path, problems):
+            try:
+                text = file.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as exc:
+                problems.append((Location(str(file)), f"cannot read file: {exc}"))
+                continue
+            _load_into(text, str(file), file.parent, default_namespace, loaded, problems)
+    problems.extend(_duplicates(loaded))
+    if problems:
+        raise ResourceError(problems)
+    return loaded
+
+
+def load_text(
+    text: str,
+    source: str | None = None,
+    *,
+    base_dir: Path | None = None,
+    default_namespace: str = "default",
+) -> list[LoadedResource]:
+    """Load the YAML documents of ``text``; ``source`` names it in messages.
+
+    Relative program paths (``./tool.py``) are resolved against ``base_dir``
+    when given, else against the directory of ``source`` when it is a file.
+    """
+    if base_dir is None and source is not None and Path(source).is_file():
+        base_dir = Path(source).parent
+    loaded: list[LoadedResource] = []
+    problems: list[Problem] = []
+    _load_into(text, source, base_dir, default_namespace, loaded, problems)
+    problems.extend(_duplicates(loaded))
+    if problems:
+        raise ResourceError(problems)
+    return loaded
+
+
+# --------------------------------------------------------------------------- files
+
+
+def _yaml_files(path: Path, problems: list[Problem]) -> list[Path]:
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*") if p.suffix in YAML_SUFFIXES and p.is_file())
+        if not files:
+            problems.append((Location(str(path)), "no *.yaml or *.yml files in this directory"))
+        return files
+    if not path.exists():
+        problems.append((Location(str(path)), "no such file or directory"))
+        return []
+    return [path]
+
+
+# --------------------------------------------------------------------------- documents
+
+
+def _load_into(
+    text: str,
+    source: str | None,
+    base_dir: Path | None,
+    default_namespace: str,
+    loaded: list[LoadedResource],
+    problems: list[Problem],
+) -> None:
+    loader = yaml.SafeLoader(text)
+    try:
+        while loader.check_node():
+            node = loader.get_node()
+            if node is None:
+                continue
+            data = loader.construct_document(node)
+            if data is None:
+                continue  # an empty document, as between two '---'
+            doc_problems: list[Problem] = []
+            resource = _validate(node, data, source, default_namespace, doc_problems)
+            problems.extend(doc_problems)
+            if resource is not None and isinstance(node, yaml.MappingNode):
+                resource = _rewrite_paths(resource, base_dir)
+                loaded.append(LoadedResource(resource, source, node.start_mark.line + 1, node))
+    except yaml.MarkedYAMLError as exc:
+        problems.append(_syntax_problem(exc, source))
+    except yaml.YAMLError as exc:
+        problems.append((Location(source), f"invalid YAML: {exc}"))
+    finally:
+        loader.dispose()
+
+
+def _syntax_problem(exc: yaml.MarkedYAMLError, source: str | None) -> Problem:
+    mark = exc.problem_mark or exc.context_mark
+    line = mark.line + 1 if mark is not None else None
+    reason = exc.problem or "invalid YAML"
+    if exc.context:
+        started = exc.context_mark.line + 1 if exc.context_mark is not None else None
+        where = f" started on line {started}" if started is not None and started != line else ""
+        reason = f"{reason} ({exc.context}{where})"
+    return Location(source, line), f"invalid YAML: {reason}"
+
+
+def _validate(
+    node: yaml.Node,
+    data: Any,
+    source: str | None,
+    default_namespace: str,
+    problems: list[Problem],
+) -> Resource | None:
+    doc_line = node.start_mark.line + 1
+
+    def at(path: FieldPath, reason: str) -> None:
+        line, _ = _walk(node, path)
+        problems.append((Location(source, line, format_path(path) or None), reason))
+
+    if not isinstance(node, yaml.MappingNode) or not isinstance(data, dict):
+        problems.append(
+            (
+                Location(source, doc_line),
+                "a resource document must be a mapping (apiVersion, kind, metadata, spec)",
+            )
+        )
+        return None
+    problems.extend(
+        (Location(source, line, None), f"duplicate key {key!r}")
+        for key, line in _duplicate_keys(node)
+    )
+    for key in data:
+        if key not in _ENVELOPE_KEYS:
+            at((str(key),), f"unknown field; a document has only {', '.join(_ENVELOPE_KEYS)}")
+
+    api_version = data.get("apiVersion")
+    if api_version is None:
+        at(("apiVersion",), f"missing apiVersion (expected {API_VERSION!r})")
+    elif api_version != API_VERSION:
+        at(("apiVersion",), f"unsupported apiVersion {api_version!r} (expected {API_VERSION!r})")
+
+    kind = data.get("kind")
+    if kind is None:
+        at(("kind",), f"missing kind; kinds are {', '.join(KINDS)}")
+    elif kind not in SPEC_TYPES:
+        hint = next((k for k in KINDS if isinstance(kind, str) and k.lower() == kind.lower()), None)
+        suffix = f" (did you mean {hint!r}?)" if hint else ""
+        at(("kind",), f"unknown kind {kind!r}{suffix}; kinds are {', '.join(KINDS)}")
+
+    metadata = data.get("metadata")
+    meta: Metadata | None = None
+    if metadata is None:
+        at(("metadata",), "missing metadata (at least metadata.name)")
+    else:
+        if isinstance(metadata, dict) and "namespace" not in metadata:
+            metadata = {**metadata, "namespace": default_namespace}
+        meta = _model(Metadata, metadata, ("metadata",), node, source, problems)
+
+    spec_data = data.get("spec")
+    spec = None
+    if spec_data is None and kind in SPEC_TYPES:
+        at(("spec",), "missing spec")
+    elif isinstance(kind, str) and kind in SPEC_TYPES:
+        spec = _model(SPEC_TYPES[kind], spec_data, ("spec",), node, source, problems)
+
+    if problems or meta is None or spec is None or not isinstance(kind, str):
+        return None
+    return Resource(apiVersion=API_VERSION, kind=kind, metadata=meta, spec=spec)
+
+
+def _model(
+    model: type[M],
+    data: Any,
+    prefix: FieldPath,
+    node: yaml.Node,
+    source: str | None,
+    problems: list[Problem],
+) -> M | None:
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        problems.extend(_translate(exc, prefix, node, source))
+        return None
+
+
+def _translate(
+    exc: ValidationError, prefix: FieldPath, node: yaml.Node, source: str | None
+) -> list[Problem]:
+    """Map pydantic errors to (file, line, field); errors of one union member are merged."""
+    merged: dict[tuple[int, str], list[str]] = {}
+    for error in exc.errors(include_url=False):
+        line, path = _walk(node, prefix + tuple(error["loc"]))
+        reason = _reason(error["type"], error["msg"])
+        reasons = merged.setdefault((line, format_path(path)), [])
+        if reason not in reasons:
+            reasons.append(reason)
+    return [
+        (Location(source, line, field or None), "; or ".join(reasons))
+        for (line, field), reasons in merged.items()
+    ]
+
+
+def _reason(kind: str, message: str) -> str:
+    if kind == "missing":
+        return "required field is missing"
+    if kind == "extra_forbidden":
+        return "unknown field"
+    if kind == "string_pattern_mismatch" and NAME_PATTERN in message:
+        return "a name is 1-63 lower case letters, digits, '.', '_' or '-', starting and ending with a letter or digit"
+    return message.removeprefix("Value error, ")
+
+
+# --------------------------------------------------------------------------- node tree
+
+
+def _walk(node: yaml.Node, path: FieldPath) -> tuple[int, FieldPath]:
+    """Follow ``path`` through the node tree.
+
+    Returns the line of the deepest node that exists (for a mapping entry,
+    the line of its key) and the path as the user would name it: union tags
+    dropped, names that do not exist (a missing field) kept.
+    """
+    line = node.start_mark.line + 1
+    current: yaml.Node | None = node
+    shown: list[str | int] = []
+    for part in path:
+        child = _child(current, part) if current is not None else None
+        if child is not None:
+            line, current = child
+            shown.append(part)
+        elif isinstance(part, str) and _UNION_TAG.match(part):
+            continue
+        else:
+            current = None
+            shown.append(part)
+    return line, tuple(shown)
+
+
+def _child(node: yaml.Node, part: str | int) -> tuple[int, yaml.Node] | None:
+    if isinstance(node, yaml.MappingNode):
+        for key, value in node.value:
+            if isinstance(key, yaml.ScalarNode) and key.value == str(part):
+                return key.start_mark.line + 1, value
+    elif (
+        isinstance(node, yaml.SequenceNode)
+        and isinstance(part, int)
+        and 0 <= part < len(node.value)
+    ):
+        item: yaml.Node = node.value[part]
+        return item.start_mark.line + 1, item
+    return None
+
+
+def _duplicate_keys(node: yaml.Node) -> Iterable[tuple[str, int]]:
+    """Keys given twice in one mapping: YAML loaders silently keep the last one."""
+    if isinstance(node, yaml.MappingNode):
+        seen: set[str] = set()
+        for key, value in node.value:
+            if isinstance(key, yaml.ScalarNode):
+                if key.value in seen:
+                    yield key.value, key.start_mark.line + 1
+                seen.add(key.value)
+            yield from _duplicate_keys(value)
+    elif isinstance(node, yaml.SequenceNode):
+        for item in node.value:
+            yield from _duplicate_keys(item)
+
+
+# --------------------------------------------------------------------------- batch checks
+
+
+def _duplicates(loaded: Sequence[LoadedResource]) -> list[Problem]:
+    first: dict[tuple[str, str, str], LoadedResource] = {}
+    problems: list[Problem] = []
+    for item in loaded:
+        key = item.resource.key
+        earlier = first.setdefault(key, item)
+        if earlier is not item:
+            where = f"{earlier.file}:{earlier.line}" if earlier.file else f"line {earlier.line}"
+            problems.append(
+                (
+                    item.location(("metadata", "name")),
+                    f"duplicate {key[1]} {key[2]!r} in namespace {key[0]!r} (first at {where})",
+                )
+            )
+    return problems
+
+
+# --------------------------------------------------------------------------- relative paths
+
+
+def _absolute(entry: str, base_dir: Path | None) -> str:
+    if base_dir is None or not entry.startswith(("./", "../")):
+        return entry
+    return os.path.normpath(base_dir.absolute() / entry)
+
+
+def _rewrite_paths(resource: Resource, base_dir: Path | None) -> Resource:
+    """Make ``./x`` and ``../x`` program paths absolute, relative to the YAML file."""
+    if base_dir is None:
+        return resource
+    spec = resource.spec
+    if isinstance(spec, ToolSpecModel):
+        update: dict[str, Any] = {}
+        if spec.python is not None and spec.python.path is not None:
+            update["python"] = spec.python.model_copy(
+                update={"path": _absolute(spec.python.path, base_dir)}
+            )
+        if spec.exec is not None:
+            command = [_absolute(part, base_dir) for part in spec.exec.command]
+            update["exec"] = spec.exec.model_copy(update={"command": command})
+        spec = spec.model_copy(update=update)
+    elif isinstance(spec, McpServerSpec):
+        spec = spec.model_copy(update={"command": [_absolute(c, base_dir) for c in spec.command]})
+    else:
+        return resource
+    return resource.model_copy(update={"spec": spec})

@@ -1,0 +1,196 @@
+"""Secrets: encryption of inline values, resolution at run time, redaction for display.
+
+A ``Secret`` either names an environment variable (``from_env``, read by the
+process that resolves it) or carries a ``value``. A value is encrypted with
+Fernet before it is stored, so the store only ever holds ``encrypted_value``.
+The key comes from ``CORRAL_SECRET_KEY`` (one Fernet key, or several separated
+by commas: the first encrypts, all decrypt, which allows rotation) or from a
+key file ``$CORRAL_HOME/secret.key`` created with mode 0600 on first need.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Protocol
+
+from cryptography.fernet import Fernet, InvalidToken, MultiFernet
+
+from corral.core.errors import ConfigurationError, Location, ResourceError
+from corral.core.settings import Settings
+from corral.resources.kinds import Resource, SecretSpec
+
+REDACTED = "<redacted>"
+
+
+class SecretCipher:
+    """Encrypts and decrypts secret values; the key is loaded (or created) on first use."""
+
+    def __init__(self, *, key: str | None = None, key_file: Path | None = None) -> None:
+        if key is None and key_file is None:
+            raise ValueError("give a key or a key file")
+        self._key = key
+        self._key_file = key_file
+        self._fernet: MultiFernet | None = None
+
+    @staticmethod
+    def from_settings(settings: Settings) -> SecretCipher:
+        """The cipher of ``CORRAL_SECRET_KEY``, else of the key file in ``CORRAL_HOME``."""
+        return SecretCipher(key=settings.secret_key, key_file=settings.secret_key_file)
+
+    @staticmethod
+    def generate_key() -> str:
+        """A new random key, suitable for ``CORRAL_SECRET_KEY``."""
+        return Fernet.generate_key().decode("ascii")
+
+    def encrypt(self, plaintext: str) -> str:
+        return self._cipher().encrypt(plaintext.encode("utf-8")).decode("ascii")
+
+    def decrypt(self, token: str) -> str:
+        """The plaintext; :class:`ConfigurationError` when the key does not fit."""
+        try:
+            return self._cipher().decrypt(token.encode("ascii")).decode("utf-8")
+        except (InvalidToken, UnicodeError) as exc:
+            raise ConfigurationError(
+                "cannot decrypt a secret value: it was encrypted with another key "
+                "(was CORRAL_SECRET_KEY or the secret.key file changed?)"
+            ) from exc
+
+    def _cipher(self) -> MultiFernet:
+        if self._fernet is None:
+            keys = self._key.split(",") if self._key else [self._read_or_create_key_file()]
+            try:
+                self._fernet = MultiFernet([Fernet(k.strip().encode("ascii")) for k in keys])
+            except (ValueError, UnicodeError) as exc:
+                raise ConfigurationError(
+                    "CORRAL_SECRET_KEY is not a valid key: it must be 32 url-safe base64-encoded "
+                    "bytes (or several, comma separated); generate one with "
+                    "`python -c 'from cryptography.fernet import Fernet; "
+                    "print(Fernet.generate_key().decode())'`"
+                ) from exc
+        return self._fernet
+
+    def _read_or_create_key_file(self) -> str:
+        assert self._key_file is not None
+        path = self._key_file
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            key = Fernet.generate_key()
+            # O_EXCL: when two processes race, exactly one key file wins and both read it.
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            pass
+        except OSError as exc:
+            raise ConfigurationError(f"cannot create the secret key file {path}: {exc}") from exc
+        else:
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(key)
+                handle.flush()
+                os.fsync(handle.fileno())
+        try:
+            text = path.read_text(encoding="ascii").strip()
+        except (OSError, UnicodeError) as exc:
+            raise ConfigurationError(f"cannot read the secret key file {path}: {exc}") from exc
+        if not text:
+            raise ConfigurationError(f"the secret key file {path} is empty")
+        return text
+
+
+def seal(spec: SecretSpec, previous: SecretSpec | None, cipher: SecretCipher) -> SecretSpec:
+    """The spec as it is stored: ``value`` replaced by ``encrypted_value``.
+
+    When ``previous`` (the stored spec) already holds the same plaintext, its
+    ciphertext is kept, so re-applying an unchanged secret changes nothing
+    (Fernet tokens differ on every encryption).
+    """
+    if spec.encrypted_value is not None:
+        try:
+            plaintext = cipher.decrypt(spec.encrypted_value)
+        except ConfigurationError:
+            raise ResourceError(
+                [
+                    (
+                        Location(field="spec.encrypted_value"),
+                        "cannot be decrypted with this store's key",
+                    )
+                ]
+            ) from None
+    elif spec.value is not None:
+        plaintext = spec.value
+    else:
+        return spec
+    if previous is not None and previous.encrypted_value is not None:
+        try:
+            if cipher.decrypt(previous.encrypted_value) == plaintext:
+                return SecretSpec(encrypted_value=previous.encrypted_value)
+        except ConfigurationError:
+            pass  # stored under an older key: re-encrypt under the current one
+    token = spec.encrypted_value or cipher.encrypt(plaintext)
+    return SecretSpec(encrypted_value=token)
+
+
+class _HasResource(Protocol):
+    @property
+    def resource(self) -> Resource: ...
+
+
+class ResourceReader(Protocol):
+    """What :class:`SecretResolver` needs from a store."""
+
+    async def get_resource(self, namespace: str, kind: str, name: str) -> _HasResource | None: ...
+
+
+class SecretResolver:
+    """Turns a Secret's name into its value, for the process that needs it.
+
+    ``from_env`` secrets read ``environ`` (default: this process's
+    environment); encrypted values are decrypted with ``cipher`` (default: the
+    one of ``settings``).
+    """
+
+    def __init__(
+        self,
+        reader: ResourceReader,
+        settings: Settings,
+        *,
+        cipher: SecretCipher | None = None,
+        environ: Mapping[str, str] | None = None,
+    ) -> None:
+        self._reader = reader
+        self._cipher = cipher or SecretCipher.from_settings(settings)
+        self._environ = environ
+
+    async def resolve(self, namespace: str, name: str) -> str:
+        """The secret's value; :class:`ConfigurationError` when it cannot be had."""
+        stored = await self._reader.get_resource(namespace, "Secret", name)
+        if stored is None:
+            raise ConfigurationError(f"Secret {name!r} not found in namespace {namespace!r}")
+        spec = stored.resource.spec
+        assert isinstance(spec, SecretSpec)
+        if spec.from_env is not None:
+            environ = os.environ if self._environ is None else self._environ
+            value = environ.get(spec.from_env)
+            if value is None:
+                raise ConfigurationError(
+                    f"Secret {name!r} (namespace {namespace!r}) reads the environment variable "
+                    f"{spec.from_env!r}, which is not set in this process"
+                )
+            return value
+        if spec.encrypted_value is not None:
+            return self._cipher.decrypt(spec.encrypted_value)
+        if spec.value is not None:  # not sealed: only when built in memory, never from a store
+            return spec.value
+        raise ConfigurationError(f"Secret {name!r} has no value")
+
+
+def redacted(document: dict[str, Any]) -> dict[str, Any]:
+    """A copy of a resource document safe to show: secret values replaced by ``<redacted>``."""
+    result = copy.deepcopy(document)
+    spec = result.get("spec")
+    if result.get("kind") == "Secret" and isinstance(spec, dict):
+        for key in ("value", "encrypted_value"):
+            if spec.get(key) is not None:
+                spec[key] = REDACTED
+    return result

@@ -1,0 +1,426 @@
+"""The Store contract, run against every store URL of ``store_url`` (SQLite today)."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from corral.core.errors import ConfigurationError, ConflictError, NotFoundError, ResourceError
+from corral.core.events import Event, EventType
+from corral.core.messages import Message, ToolCall, Usage
+from corral.core.runs import PendingApproval, RunRecord, RunState
+from corral.core.settings import Settings
+from corral.resources.kinds import AgentSpec, SecretSpec
+from corral.resources.loader import load_text
+from corral.resources.secrets import REDACTED, SecretCipher, SecretResolver, redacted
+from corral.store import ApplyAction, Store, StoredResource, StoreError, open_store
+from corral.store.schema import LATEST_REVISION, metadata
+from corral.store.sql import MIGRATIONS_DIR, SqlStore
+
+SRC = Path(__file__).parent.parent / "src"
+
+BASE = """\
+apiVersion: corral/v1
+kind: ModelEndpoint
+metadata: {name: gpt}
+spec:
+  provider: scripted
+  api_key: {secret: key}
+---
+apiVersion: corral/v1
+kind: Secret
+metadata: {name: key}
+spec: {value: hunter2-plaintext}
+---
+apiVersion: corral/v1
+kind: Agent
+metadata: {name: assistant}
+spec:
+  model: gpt
+  instructions: Be brief.
+"""
+
+
+@pytest.fixture(params=["sqlite"])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """One URL per store backend; a PostgreSQL variant joins here later."""
+    assert request.param == "sqlite"
+    return f"sqlite:///{tmp_path / 'state' / 'corral.db'}"
+
+
+@pytest.fixture
+def cipher() -> SecretCipher:
+    return SecretCipher(key=SecretCipher.generate_key())
+
+
+@pytest.fixture
+async def store(store_url: str, cipher: SecretCipher) -> AsyncIterator[Store]:
+    async with await open_store(store_url, cipher=cipher) as opened:
+        yield opened
+
+
+def keys(items: list[StoredResource]) -> list[tuple[str, str, str]]:
+    return [item.resource.key for item in items]
+
+
+def sqlite_path(url: str) -> Path:
+    return Path(sa.make_url(url).database or "")
+
+
+# --------------------------------------------------------------------------- migrations
+
+
+async def test_migrations_create_the_schema_in_a_fresh_database(store_url: str) -> None:
+    path = sqlite_path(store_url)
+    assert not path.parent.exists()
+    store = await open_store(store_url)
+    await store.close()
+    with sqlite3.connect(path) as conn:
+        tables = {
+            row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")
+        }
+        revision = conn.execute("SELECT version_num FROM alembic_version").fetchall()
+        journal = conn.execute("PRAGMA journal_mode").fetchone()
+    assert {"resources", "runs", "run_events", "alembic_version"} <= tables
+    assert revision == [(LATEST_REVISION,)]
+    assert journal == ("wal",)
+
+
+async def test_migrated_schema_matches_the_table_definitions(store: Store, store_url: str) -> None:
+    from alembic.autogenerate import compare_metadata
+    from alembic.migration import MigrationContext
+
+    engine = sa.create_engine(store_url)
+    with engine.connect() as conn:
+        diff = compare_metadata(MigrationContext.configure(conn), metadata)
+    engine.dispose()
+    assert diff == []
+
+
+def test_latest_revision_is_the_head_of_the_migration_scripts() -> None:
+    from alembic.config import Config
+    from alembic.script import ScriptDirectory
+
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    assert ScriptDirectory.from_config(config).get_current_head() == LATEST_REVISION
+
+
+def test_an_up_to_date_store_opens_without_running_migrations(store_url: str) -> None:
+    probe = (
+        "import asyncio, sys\n"
+        "from corral.store import open_store\n"
+        "async def main():\n"
+        f"    store = await open_store({store_url!r})\n"
+        "    await store.close()\n"
+        "asyncio.run(main())\n"
+        "print('alembic' in sys.modules)\n"
+    )
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]),
+    }
+
+    def run() -> str:
+        proc = subprocess.run(
+            [sys.executable, "-c", probe], capture_output=True, text=True, env=env, check=True
+        )
+        return proc.stdout.strip()
+
+    assert run() == "True"  # the first open migrates
+    assert run() == "False"  # the second finds the schema current and leaves alembic alone
+
+
+# --------------------------------------------------------------------------- apply
+
+
+async def test_apply_reports_created_unchanged_configured(store: Store) -> None:
+    first = await store.apply(load_text(BASE, "base.yaml"))
+    assert [(o.kind, o.action, o.generation) for o in first] == [
+        ("ModelEndpoint", ApplyAction.CREATED, 1),
+        ("Secret", ApplyAction.CREATED, 1),
+        ("Agent", ApplyAction.CREATED, 1),
+    ]
+    again = await store.apply(load_text(BASE, "base.yaml"))
+    assert [o.action for o in again] == [ApplyAction.UNCHANGED] * 3
+
+    created = await store.get_resource("default", "Agent", "assistant")
+    changed = await store.apply(load_text(BASE.replace("Be brief.", "Be kind."), "base.yaml"))
+    assert [o.action for o in changed] == [
+        ApplyAction.UNCHANGED,
+        ApplyAction.UNCHANGED,
+        ApplyAction.CONFIGURED,
+    ]
+    stored = await store.get_resource("default", "Agent", "assistant")
+    assert created is not None and stored is not None
+    assert stored.generation == 2
+    assert stored.created_at == created.created_at
+    assert stored.updated_at >= created.updated_at
+    assert isinstance(stored.resource.spec, AgentSpec)
+    assert stored.resource.spec.instructions == "Be kind."
+
+
+async def test_labels_are_part_of_the_configuration(store: Store) -> None:
+    await store.apply(load_text(BASE))
+    relabelled = BASE.replace("{name: assistant}", "{name: assistant, labels: {team: a}}")
+    outcomes = await store.apply(load_text(relabelled))
+    assert outcomes[-1].action == ApplyAction.CONFIGURED
+    stored = await store.get_resource("default", "Agent", "assistant")
+    assert stored is not None and stored.resource.metadata.labels == {"team": "a"}
+
+
+async def test_apply_is_all_or_nothing(store: Store) -> None:
+    await store.apply(load_text(BASE))
+    before = await store.list_resources("default")
+    broken = BASE.replace("Be brief.", "Changed.") + (
+        "---\napiVersion: corral/v1\nkind: Agent\nmetadata: {name: other}\n"
+        "spec: {model: gpt, tools: [missing-tool]}\n"
+    )
+    with pytest.raises(ResourceError) as exc:
+        await store.apply(load_text(broken, "broken.yaml"))
+    assert str(exc.value) == (
+        "broken.yaml:23, field 'spec.tools[0]': Tool 'missing-tool' not found in namespace 'default'"
+    )
+    assert await store.list_resources("default") == before
+
+
+async def test_references_may_point_at_stored_resources(store: Store) -> None:
+    model, secret, agent = load_text(BASE)
+    await store.apply([secret, model])
+    [outcome] = await store.apply([agent])
+    assert outcome.action == ApplyAction.CREATED
+
+
+async def test_list_and_get_are_scoped_by_namespace_and_kind(store: Store) -> None:
+    await store.apply(load_text(BASE))
+    await store.apply(load_text(BASE, default_namespace="team-b"))
+    assert keys(await store.list_resources("default", "Agent")) == [
+        ("default", "Agent", "assistant")
+    ]
+    assert keys(await store.list_resources("team-b")) == [
+        ("team-b", "Agent", "assistant"),
+        ("team-b", "ModelEndpoint", "gpt"),
+        ("team-b", "Secret", "key"),
+    ]
+    assert await store.get_resource("default", "Agent", "nobody") is None
+    assert await store.list_resources("empty") == []
+
+
+async def test_delete_refuses_while_referenced_and_names_the_referrers(store: Store) -> None:
+    await store.apply(load_text(BASE))
+    with pytest.raises(ConflictError) as exc:
+        await store.delete_resource("default", "ModelEndpoint", "gpt")
+    assert "referenced by Agent 'assistant' (spec.model)" in str(exc.value)
+    with pytest.raises(ConflictError, match=r"ModelEndpoint 'gpt' \(spec.api_key.secret\)"):
+        await store.delete_resource("default", "Secret", "key")
+
+    await store.delete_resource("default", "Agent", "assistant")
+    await store.delete_resource("default", "ModelEndpoint", "gpt")
+    assert keys(await store.list_resources("default")) == [("default", "Secret", "key")]
+
+
+async def test_delete_of_an_absent_resource_is_not_found(store: Store) -> None:
+    with pytest.raises(NotFoundError, match="Agent 'ghost' not found in namespace 'default'"):
+        await store.delete_resource("default", "Agent", "ghost")
+
+
+# --------------------------------------------------------------------------- secrets
+
+
+async def test_secret_values_are_stored_encrypted(store: Store, store_url: str) -> None:
+    await store.apply(load_text(BASE))
+    stored = await store.get_resource("default", "Secret", "key")
+    assert stored is not None and isinstance(stored.resource.spec, SecretSpec)
+    assert stored.resource.spec.value is None
+    assert stored.resource.spec.encrypted_value
+    await store.close()
+    with sqlite3.connect(sqlite_path(store_url)) as conn:
+        [(spec,)] = conn.execute("SELECT spec FROM resources WHERE kind = 'Secret'").fetchall()
+    assert "hunter2" not in spec and "encrypted_value" in spec
+    for file in sqlite_path(store_url).parent.iterdir():
+        assert b"hunter2" not in file.read_bytes(), file
+
+
+async def test_reapplying_a_secret_compares_plaintexts(store: Store, cipher: SecretCipher) -> None:
+    await store.apply(load_text(BASE))
+    first = await store.get_resource("default", "Secret", "key")
+    [_, same, _] = await store.apply(load_text(BASE))
+    assert same.action == ApplyAction.UNCHANGED
+    [_, changed, _] = await store.apply(load_text(BASE.replace("hunter2-plaintext", "rotated")))
+    assert changed.action == ApplyAction.CONFIGURED
+    stored = await store.get_resource("default", "Secret", "key")
+    assert first is not None and stored is not None
+    assert isinstance(stored.resource.spec, SecretSpec) and stored.resource.spec.encrypted_value
+    assert cipher.decrypt(stored.resource.spec.encrypted_value) == "rotated"
+
+
+async def test_an_encrypted_value_of_another_key_is_rejected(store: Store) -> None:
+    foreign = SecretCipher(key=SecretCipher.generate_key()).encrypt("x")
+    text = f"apiVersion: corral/v1\nkind: Secret\nmetadata: {{name: s}}\nspec: {{encrypted_value: {foreign}}}\n"
+    with pytest.raises(ResourceError) as exc:
+        await store.apply(load_text(text, "s.yaml"))
+    assert str(exc.value) == (
+        "s.yaml:4, field 'spec.encrypted_value': cannot be decrypted with this store's key"
+    )
+    assert await store.list_resources("default") == []
+
+
+async def test_resolver_reads_encrypted_values_and_the_environment(
+    store: Store, cipher: SecretCipher, tmp_path: Path
+) -> None:
+    from_env = "apiVersion: corral/v1\nkind: Secret\nmetadata: {name: env-key}\nspec: {from_env: MY_TOKEN}\n"
+    await store.apply(load_text(BASE + "---\n" + from_env))
+    settings = Settings.from_env({"CORRAL_HOME": str(tmp_path)})
+    resolver = SecretResolver(store, settings, cipher=cipher, environ={"MY_TOKEN": "t0k"})
+    assert await resolver.resolve("default", "key") == "hunter2-plaintext"
+    assert await resolver.resolve("default", "env-key") == "t0k"
+
+    unset = SecretResolver(store, settings, cipher=cipher, environ={})
+    with pytest.raises(ConfigurationError) as exc:
+        await unset.resolve("default", "env-key")
+    assert "'env-key'" in str(exc.value) and "'MY_TOKEN'" in str(exc.value)
+    with pytest.raises(ConfigurationError, match="Secret 'nope' not found"):
+        await unset.resolve("default", "nope")
+    other_key = SecretResolver(
+        store, settings, cipher=SecretCipher(key=SecretCipher.generate_key())
+    )
+    with pytest.raises(ConfigurationError, match="another key"):
+        await other_key.resolve("default", "key")
+
+
+def test_key_file_is_created_private_once_and_reused(tmp_path: Path) -> None:
+    settings = Settings.from_env({"CORRAL_HOME": str(tmp_path / "home")})
+    token = SecretCipher.from_settings(settings).encrypt("v")
+    key_file = settings.secret_key_file
+    assert key_file.stat().st_mode & 0o777 == 0o600
+    assert SecretCipher.from_settings(settings).decrypt(token) == "v"
+
+
+def test_secret_key_from_settings_wins_and_supports_rotation(tmp_path: Path) -> None:
+    old, new = SecretCipher.generate_key(), SecretCipher.generate_key()
+    token = SecretCipher(key=old).encrypt("v")
+    rotated = Settings.from_env({"CORRAL_HOME": str(tmp_path), "CORRAL_SECRET_KEY": f"{new},{old}"})
+    assert SecretCipher.from_settings(rotated).decrypt(token) == "v"
+    assert not rotated.secret_key_file.exists()
+    with pytest.raises(ConfigurationError, match="not a valid key"):
+        SecretCipher(key="not-a-key").encrypt("v")
+
+
+def test_redacted_hides_secret_values_only() -> None:
+    doc = {"kind": "Secret", "spec": {"value": "p", "from_env": None}}
+    assert redacted(doc) == {"kind": "Secret", "spec": {"value": REDACTED, "from_env": None}}
+    assert doc["spec"] == {"value": "p", "from_env": None}  # the input is untouched
+    env_doc = {"kind": "Secret", "spec": {"from_env": "TOKEN"}}
+    assert redacted(env_doc) == env_doc
+
+
+# --------------------------------------------------------------------------- runs
+
+
+def a_run(run_id: str, agent: str = "assistant", created_at: float = 1000.0) -> RunRecord:
+    return RunRecord(id=run_id, namespace="default", agent=agent, input="hi", created_at=created_at)
+
+
+async def test_runs_round_trip_every_field(store: Store) -> None:
+    record = a_run("run_1")
+    await store.create_run(record)
+    assert await store.get_run("run_1") == record
+
+    call = ToolCall("c1", "add", '{"a": 1}')
+    record.state = RunState.WAITING_APPROVAL
+    record.messages = [Message.user("hi"), Message.assistant("", (call,))]
+    record.pending_approvals = [PendingApproval("c1", "add", '{"a": 1}', "risk high", 5.0)]
+    record.usage = Usage(10, 5, 1)
+    record.cost_usd = 0.25
+    record.steps = 1
+    record.output = {"answer": [1, 2]}
+    record.error = {"code": "x", "message": "y"}
+    record.started_at, record.finished_at = 1001.0, 1002.5
+    await store.save_run(record)
+    assert await store.get_run("run_1") == record
+    assert await store.get_run("run_missing") is None
+
+
+async def test_create_run_twice_conflicts_and_saving_an_unknown_run_is_not_found(
+    store: Store,
+) -> None:
+    await store.create_run(a_run("run_1"))
+    with pytest.raises(ConflictError):
+        await store.create_run(a_run("run_1"))
+    with pytest.raises(NotFoundError, match="run_2"):
+        await store.save_run(a_run("run_2"))
+
+
+async def test_list_runs_newest_first_filtered_and_limited(store: Store) -> None:
+    for i, agent in enumerate(["a", "b", "a", "a"]):
+        await store.create_run(a_run(f"run_{i}", agent, created_at=1000.0 + i))
+    assert [r.id for r in await store.list_runs("default")] == ["run_3", "run_2", "run_1", "run_0"]
+    assert [r.id for r in await store.list_runs("default", "a", limit=2)] == ["run_3", "run_2"]
+    assert await store.list_runs("other") == []
+
+
+# --------------------------------------------------------------------------- events
+
+
+async def test_events_are_listed_in_order_from_a_cursor(store: Store) -> None:
+    await store.create_run(a_run("run_1"))
+    events = [
+        Event("run_1", 1, EventType.RUN_START, {"agent": "assistant"}, ts=1.0),
+        Event("run_1", 2, EventType.TEXT_DELTA, {"text": "hé"}, ts=2.0),
+        Event("run_1", 3, EventType.RUN_FINISH, {}, ts=3.0),
+    ]
+    await store.append_events(events[:2])
+    await store.append_events(events[2:])
+    await store.append_events([])
+    assert await store.list_events("run_1") == events
+    assert await store.list_events("run_1", after_seq=2) == events[2:]
+    assert await store.list_events("run_other") == []
+
+
+async def test_a_duplicate_event_stores_nothing_of_its_batch(store: Store) -> None:
+    await store.create_run(a_run("run_1"))
+    await store.append_events([Event("run_1", 1, EventType.RUN_START)])
+    with pytest.raises(ConflictError):
+        await store.append_events(
+            [Event("run_1", 2, EventType.STEP_START), Event("run_1", 1, EventType.RUN_START)]
+        )
+    assert [e.seq for e in await store.list_events("run_1")] == [1]
+
+
+async def test_events_of_an_unknown_run_are_refused(store: Store) -> None:
+    with pytest.raises(ConflictError):
+        await store.append_events([Event("run_ghost", 1, EventType.RUN_START)])
+
+
+# --------------------------------------------------------------------------- failures
+
+
+async def test_a_locked_database_is_a_store_error_and_changes_nothing(
+    store_url: str, cipher: SecretCipher
+) -> None:
+    store = await SqlStore.open(store_url, cipher=cipher, busy_timeout_seconds=0.2)
+    try:
+        blocker = sqlite3.connect(sqlite_path(store_url), isolation_level=None)
+        blocker.execute("BEGIN IMMEDIATE")
+        try:
+            with pytest.raises(StoreError, match="locked"):
+                await store.apply(load_text(BASE))
+        finally:
+            blocker.execute("ROLLBACK")
+            blocker.close()
+        assert await store.list_resources("default") == []
+    finally:
+        await store.close()
+
+
+async def test_an_unusable_location_is_a_store_error(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("not a directory")
+    with pytest.raises(StoreError, match="cannot open the store"):
+        await open_store(f"sqlite:///{tmp_path / 'file' / 'corral.db'}")
