@@ -1,0 +1,372 @@
+"""The ``openai``, ``azure-openai`` and ``ollama`` providers: the Chat Completions API.
+
+One adapter serves all three; they differ only in how the SDK client is built
+(:func:`create`). Any other OpenAI-compatible server (vLLM, llama.cpp server)
+is the ``openai`` provider with a ``base_url``.
+
+The SDK's own retries are off: retrying is the gateway's job
+(:class:`~corral.models.gateway.RetryingModel`). Every SDK and transport
+exception is converted here::
+
+    openai.APITimeoutError, httpx2.TimeoutException, whole-call deadline -> ModelTimeoutError
+    openai.APIConnectionError, httpx2.TransportError                    -> ModelConnectionError
+    openai.APIStatusError  408, 429, 5xx                                -> ModelError(retryable=True)
+    openai.APIStatusError  other 4xx                                    -> ModelError(retryable=False)
+    a body cut short (json.JSONDecodeError)                             -> ModelError(retryable=True)
+    a stream that ends without its final chunk                          -> ModelConnectionError
+    any other openai.OpenAIError                                        -> ModelError
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import httpx2
+import openai
+from openai.types.chat import (
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatCompletionFunctionToolParam,
+    ChatCompletionMessageFunctionToolCallParam,
+    ChatCompletionMessageParam,
+)
+from openai.types.completion_usage import CompletionUsage
+
+from corral.core.errors import (
+    ConfigurationError,
+    ModelConnectionError,
+    ModelError,
+    ModelTimeoutError,
+)
+from corral.core.messages import (
+    Message,
+    ModelResponse,
+    StreamItem,
+    TextDelta,
+    ToolCall,
+    ToolSpec,
+    Usage,
+)
+from corral.models.base import Model, ModelSettings
+from corral.models.gateway import CallDeadline, retry_after_seconds
+from corral.resources.kinds import ModelEndpointSpec
+
+DEFAULT_AZURE_API_VERSION = "2024-10-21"
+DEFAULT_OLLAMA_BASE_URL = "http://localhost:11434/v1"
+#: sent to servers that need no key; the SDK insists on some value
+PLACEHOLDER_API_KEY = "not-needed"
+
+MaxTokensParam = Literal["max_completion_tokens", "max_tokens"]
+
+
+# --------------------------------------------------------------------------- translation
+
+
+def to_openai_messages(messages: Sequence[Message]) -> list[ChatCompletionMessageParam]:
+    """Corral messages as Chat Completions messages."""
+    out: list[ChatCompletionMessageParam] = []
+    for message in messages:
+        if message.role == "system":
+            out.append({"role": "system", "content": message.content})
+        elif message.role == "user":
+            out.append({"role": "user", "content": message.content})
+        elif message.role == "tool":
+            out.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": message.tool_call_id or "",
+                    "content": message.content,
+                }
+            )
+        elif message.tool_calls:
+            calls: list[ChatCompletionMessageFunctionToolCallParam] = [
+                {
+                    "id": call.id,
+                    "type": "function",
+                    "function": {"name": call.name, "arguments": call.arguments or "{}"},
+                }
+                for call in message.tool_calls
+            ]
+            out.append(
+                {"role": "assistant", "content": message.content or None, "tool_calls": calls}
+            )
+        else:
+            out.append({"role": "assistant", "content": message.content})
+    return out
+
+
+def to_openai_tools(tools: Sequence[ToolSpec]) -> list[ChatCompletionFunctionToolParam]:
+    """Tool specs as function tools (names are already model-safe)."""
+    return [
+        {
+            "type": "function",
+            "function": {
+                "name": tool.name,
+                "description": tool.description,
+                "parameters": tool.parameters,
+            },
+        }
+        for tool in tools
+    ]
+
+
+def _usage(usage: CompletionUsage | None) -> Usage:
+    if usage is None:
+        return Usage(requests=1)
+    return Usage(usage.prompt_tokens, usage.completion_tokens, 1)
+
+
+def from_openai_completion(completion: ChatCompletion, endpoint: str) -> ModelResponse:
+    """A complete Chat Completions answer as a :class:`ModelResponse`."""
+    if not completion.choices:
+        raise ModelError(f"model endpoint {endpoint!r} answered without choices", endpoint=endpoint)
+    choice = completion.choices[0]
+    calls = tuple(
+        ToolCall(call.id, call.function.name, call.function.arguments or "{}")
+        for call in choice.message.tool_calls or ()
+        if call.type == "function"
+    )
+    return ModelResponse(
+        message=Message.assistant(choice.message.content or "", calls),
+        usage=_usage(completion.usage),
+        model=completion.model,
+        endpoint=endpoint,
+        finish_reason=choice.finish_reason,
+    )
+
+
+@dataclass
+class _PartialCall:
+    id: str = ""
+    name: str = ""
+    arguments: list[str] = field(default_factory=list[str])
+
+
+@dataclass
+class _StreamState:
+    """What the chunks of one streamed answer add up to."""
+
+    text: list[str] = field(default_factory=list[str])
+    calls: dict[int, _PartialCall] = field(default_factory=dict[int, _PartialCall])
+    usage: CompletionUsage | None = None
+    model: str = ""
+    finish_reason: str | None = None
+
+    def add(self, chunk: ChatCompletionChunk) -> str:
+        """Fold one chunk in; return its new text."""
+        self.model = chunk.model or self.model
+        if chunk.usage is not None:
+            self.usage = chunk.usage
+        text = ""
+        for choice in chunk.choices:
+            if choice.index != 0:
+                continue
+            if choice.finish_reason is not None:
+                self.finish_reason = choice.finish_reason
+            delta = choice.delta
+            if delta.content:
+                text += delta.content
+            for piece in delta.tool_calls or ():
+                call = self.calls.setdefault(piece.index, _PartialCall())
+                call.id = piece.id or call.id
+                if piece.function is not None:
+                    call.name = piece.function.name or call.name
+                    if piece.function.arguments:
+                        call.arguments.append(piece.function.arguments)
+        self.text.append(text)
+        return text
+
+    def response(self, endpoint: str) -> ModelResponse:
+        calls = tuple(
+            ToolCall(
+                call.id or f"call_{index}",
+                call.name,
+                "".join(call.arguments) or "{}",
+            )
+            for index, call in sorted(self.calls.items())
+        )
+        return ModelResponse(
+            message=Message.assistant("".join(self.text), calls),
+            usage=_usage(self.usage),
+            model=self.model,
+            endpoint=endpoint,
+            finish_reason=self.finish_reason,
+        )
+
+
+# --------------------------------------------------------------------------- errors
+
+
+def _status_retryable(status: int) -> bool:
+    return status in (408, 429) or status >= 500
+
+
+def model_error(
+    exc: openai.OpenAIError | httpx2.HTTPError | json.JSONDecodeError, endpoint: str
+) -> ModelError:
+    """Convert an SDK or transport exception into Corral's model error."""
+    where = f"model endpoint {endpoint!r}"
+    if isinstance(exc, openai.APITimeoutError | httpx2.TimeoutException):
+        return ModelTimeoutError(f"{where}: request timed out", endpoint=endpoint)
+    if isinstance(exc, openai.APIConnectionError | httpx2.TransportError):
+        return ModelConnectionError(f"{where}: cannot connect: {exc}", endpoint=endpoint)
+    if isinstance(exc, openai.APIStatusError):
+        return ModelError(
+            f"{where}: HTTP {exc.status_code}: {exc.message}",
+            retryable=_status_retryable(exc.status_code),
+            status_code=exc.status_code,
+            retry_after=retry_after_seconds(exc.response.headers),
+            endpoint=endpoint,
+        )
+    if isinstance(exc, openai.APIError):
+        # an error event inside a stream: there is no status to go by
+        retryable = exc.type in ("server_error", "rate_limit_error", "overloaded_error")
+        return ModelError(f"{where}: {exc.message}", retryable=retryable, endpoint=endpoint)
+    if isinstance(exc, json.JSONDecodeError):
+        # a body cut short, typically a dropped connection: worth another try
+        return ModelError(f"{where}: malformed answer: {exc}", retryable=True, endpoint=endpoint)
+    return ModelError(f"{where}: {exc}", endpoint=endpoint)
+
+
+# --------------------------------------------------------------------------- the model
+
+
+class OpenAIChatModel(Model):
+    """A model behind the Chat Completions API, reached through an injected SDK client."""
+
+    def __init__(
+        self,
+        name: str,
+        client: openai.AsyncOpenAI,
+        model: str,
+        *,
+        timeout_seconds: float,
+        max_tokens_param: MaxTokensParam = "max_completion_tokens",
+    ) -> None:
+        self.name = name
+        self.client = client
+        self.model = model
+        self.timeout_seconds = timeout_seconds
+        self.max_tokens_param = max_tokens_param
+
+    def _params(
+        self, messages: Sequence[Message], tools: Sequence[ToolSpec], settings: ModelSettings
+    ) -> dict[str, Any]:
+        params: dict[str, Any] = {
+            "model": self.model,
+            "messages": to_openai_messages(messages),
+        }
+        if tools:
+            params["tools"] = to_openai_tools(tools)
+        if settings.temperature is not None:
+            params["temperature"] = settings.temperature
+        if settings.max_output_tokens is not None:
+            params[self.max_tokens_param] = settings.max_output_tokens
+        return params
+
+    def _timeout(self) -> ModelTimeoutError:
+        return ModelTimeoutError(
+            f"model endpoint {self.name!r}: no complete answer within {self.timeout_seconds}s",
+            endpoint=self.name,
+        )
+
+    async def request(
+        self, messages: Sequence[Message], tools: Sequence[ToolSpec], settings: ModelSettings
+    ) -> ModelResponse:
+        deadline = CallDeadline(self.timeout_seconds)
+        try:
+            with deadline.waiting():
+                completion = await self.client.chat.completions.create(
+                    **self._params(messages, tools, settings), stream=False
+                )
+        except TimeoutError:
+            raise self._timeout() from None
+        except (openai.OpenAIError, httpx2.HTTPError, json.JSONDecodeError) as exc:
+            raise model_error(exc, self.name) from exc
+        return from_openai_completion(completion, self.name)
+
+    async def stream(
+        self, messages: Sequence[Message], tools: Sequence[ToolSpec], settings: ModelSettings
+    ) -> AsyncIterator[StreamItem]:
+        deadline = CallDeadline(self.timeout_seconds)
+        state = _StreamState()
+        try:
+            with deadline.waiting():
+                chunks = await self.client.chat.completions.create(
+                    **self._params(messages, tools, settings),
+                    stream=True,
+                    stream_options={"include_usage": True},
+                )
+            try:
+                while True:
+                    try:
+                        with deadline.waiting():
+                            chunk = await anext(chunks)
+                    except StopAsyncIteration:
+                        break
+                    text = state.add(chunk)
+                    if text:
+                        yield TextDelta(text)
+            finally:
+                await chunks.close()
+        except TimeoutError:
+            raise self._timeout() from None
+        except (openai.OpenAIError, httpx2.HTTPError, json.JSONDecodeError) as exc:
+            raise model_error(exc, self.name) from exc
+        if state.finish_reason is None:
+            # the connection ended without the final chunk: the answer is cut short
+            raise ModelConnectionError(
+                f"model endpoint {self.name!r}: the stream ended before the answer was complete",
+                endpoint=self.name,
+            )
+        yield state.response(self.name)
+
+    async def aclose(self) -> None:
+        await self.client.close()
+
+
+# --------------------------------------------------------------------------- factory
+
+
+def create(name: str, spec: ModelEndpointSpec, api_key: str | None) -> Model:
+    """Provider factory for ``openai``, ``azure-openai`` and ``ollama``.
+
+    Without a key, the ``openai`` provider on its default URL lets the SDK read
+    ``OPENAI_API_KEY``; on a custom ``base_url`` (a local server) it sends a
+    placeholder, so a real OpenAI key never goes to a third-party server.
+    """
+    common: dict[str, Any] = {"timeout": spec.timeout_seconds, "max_retries": 0}
+    max_tokens_param: MaxTokensParam = "max_completion_tokens"
+    try:
+        client: openai.AsyncOpenAI
+        if spec.provider == "azure-openai":
+            client = openai.AsyncAzureOpenAI(
+                azure_endpoint=spec.base_url or "",
+                azure_deployment=str(spec.options.get("deployment", spec.model)),
+                api_version=str(spec.options.get("api_version", DEFAULT_AZURE_API_VERSION)),
+                api_key=api_key,
+                **common,
+            )
+        elif spec.provider == "ollama":
+            max_tokens_param = "max_tokens"
+            client = openai.AsyncOpenAI(
+                api_key=api_key or PLACEHOLDER_API_KEY,
+                base_url=spec.base_url or DEFAULT_OLLAMA_BASE_URL,
+                **common,
+            )
+        else:
+            if api_key is None and spec.base_url is not None:
+                api_key = PLACEHOLDER_API_KEY
+            client = openai.AsyncOpenAI(api_key=api_key, base_url=spec.base_url, **common)
+    except openai.OpenAIError as exc:
+        raise ConfigurationError(f"model endpoint {name!r}: {exc}") from exc
+    return OpenAIChatModel(
+        name,
+        client,
+        spec.model,
+        timeout_seconds=spec.timeout_seconds,
+        max_tokens_param=max_tokens_param,
+    )

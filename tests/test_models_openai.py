@@ -1,0 +1,451 @@
+"""The ``openai``, ``azure-openai`` and ``ollama`` providers against the fake server.
+
+Every test goes through the real ``openai`` SDK and real HTTP on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from corral.core.errors import (
+    ConfigurationError,
+    ModelConnectionError,
+    ModelError,
+    ModelTimeoutError,
+)
+from corral.core.messages import Message, ModelResponse, StreamItem, TextDelta, ToolCall
+from corral.models import openai as openai_provider
+from corral.models.base import Model, ModelSettings
+from corral.models.registry import build_model
+from corral.testing.fake_openai import FakeOpenAIServer, FakeReply, FakeToolCall, ToolLoop
+from fixtures_models import (  # noqa: F401 - fixtures
+    CLOCK,
+    LOOKUP,
+    closed_port_url,
+    endpoint,
+    fake_openai_fixture,
+    openai_server_fixture,
+)
+
+SETTINGS = ModelSettings()
+
+
+def make(server: FakeOpenAIServer, **kw: object) -> Model:
+    """The bare provider model (no retries, no pricing)."""
+    return openai_provider.create("primary", endpoint("openai", server.base_url, **kw), "sk-test")  # type: ignore[arg-type]
+
+
+async def collect(model: Model, messages: list[Message]) -> list[StreamItem]:
+    return [item async for item in model.stream(messages, [LOOKUP, CLOCK], SETTINGS)]
+
+
+async def test_request_translates_a_multi_step_tool_conversation(
+    fake_openai: FakeOpenAIServer,
+) -> None:
+    fake_openai.add_reply(
+        FakeReply(
+            tool_calls=[
+                FakeToolCall("lookup", {"query": "corral"}, id="call_a"),
+                FakeToolCall("clock", "{}", id="call_b"),
+            ],
+            input_tokens=30,
+            output_tokens=7,
+        ),
+        FakeReply(text="A corral is a pen.", input_tokens=50, output_tokens=9),
+    )
+    model = make(fake_openai)
+    conversation = [Message.system("Be brief."), Message.user("What is a corral?")]
+
+    first = await model.request(conversation, [LOOKUP, CLOCK], SETTINGS)
+
+    assert first.message.tool_calls == (
+        ToolCall("call_a", "lookup", '{"query": "corral"}'),
+        ToolCall("call_b", "clock", "{}"),
+    )
+    assert first.finish_reason == "tool_calls"
+    assert first.usage.input_tokens == 30 and first.usage.output_tokens == 7
+    assert first.usage.requests == 1
+    assert (first.endpoint, first.model) == ("primary", "test-model")
+
+    conversation += [
+        first.message,
+        Message.tool(first.message.tool_calls[0], "a pen for livestock"),
+        Message.tool(first.message.tool_calls[1], "boom", is_error=True),
+    ]
+    second = await model.request(conversation, [LOOKUP, CLOCK], SETTINGS)
+
+    assert second.message == Message.assistant("A corral is a pen.")
+    assert second.finish_reason == "stop"
+    sent = fake_openai.requests[1].json
+    assert sent["model"] == "test-model"
+    assert sent["messages"] == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "What is a corral?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_a",
+                    "type": "function",
+                    "function": {"name": "lookup", "arguments": '{"query": "corral"}'},
+                },
+                {
+                    "id": "call_b",
+                    "type": "function",
+                    "function": {"name": "clock", "arguments": "{}"},
+                },
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_a", "content": "a pen for livestock"},
+        {"role": "tool", "tool_call_id": "call_b", "content": "boom"},
+    ]
+    assert sent["tools"][0] == {
+        "type": "function",
+        "function": {
+            "name": "lookup",
+            "description": "Look a word up.",
+            "parameters": LOOKUP.parameters,
+        },
+    }
+    assert "stream" not in sent or sent["stream"] is False
+    assert fake_openai.requests[1].headers["authorization"] == "Bearer sk-test"
+    await model.aclose()
+
+
+async def test_stream_yields_text_deltas_then_one_assembled_response(
+    fake_openai: FakeOpenAIServer,
+) -> None:
+    fake_openai.add_reply(
+        FakeReply(
+            text="Let me look.",
+            tool_calls=[
+                FakeToolCall("lookup", {"query": "pen"}, id="call_1"),
+                FakeToolCall("clock", {}, id="call_2"),
+            ],
+            input_tokens=12,
+            output_tokens=34,
+        )
+    )
+    model = make(fake_openai)
+
+    items = await collect(model, [Message.user("hi")])
+
+    deltas = [item for item in items if isinstance(item, TextDelta)]
+    assert len(deltas) > 1, "the fake server streams text in several pieces"
+    assert "".join(d.text for d in deltas) == "Let me look."
+    assert isinstance(items[-1], ModelResponse)
+    assert all(isinstance(item, TextDelta) for item in items[:-1])
+    final = items[-1]
+    assert final.message.content == "Let me look."
+    # each call's arguments arrived in two pieces and are reassembled by index
+    assert final.message.tool_calls == (
+        ToolCall("call_1", "lookup", '{"query": "pen"}'),
+        ToolCall("call_2", "clock", "{}"),
+    )
+    assert (final.usage.input_tokens, final.usage.output_tokens, final.usage.requests) == (
+        12,
+        34,
+        1,
+    )
+    assert final.finish_reason == "tool_calls"
+    sent = fake_openai.requests[0].json
+    assert sent["stream"] is True
+    assert sent["stream_options"] == {"include_usage": True}
+    await model.aclose()
+
+
+async def test_settings_reach_the_wire(fake_openai: FakeOpenAIServer) -> None:
+    fake_openai.add_reply(FakeReply(text="ok"))
+    model = make(fake_openai)
+
+    await model.request(
+        [Message.user("hi")], [], ModelSettings(temperature=0.2, max_output_tokens=77)
+    )
+
+    sent = fake_openai.requests[0].json
+    assert sent["temperature"] == 0.2
+    assert sent["max_completion_tokens"] == 77
+    assert "tools" not in sent
+    await model.aclose()
+
+
+async def test_rate_limit_is_retried_after_the_servers_retry_after(
+    fake_openai: FakeOpenAIServer,
+) -> None:
+    fake_openai.fail(429, times=1, retry_after="0.1")
+    fake_openai.add_reply(FakeReply(text="finally"))
+    # backoff is zero: any wait comes from the Retry-After header
+    model = build_model("primary", endpoint("openai", fake_openai.base_url, max_attempts=3), "k")
+
+    started = time.monotonic()
+    response = await model.request([Message.user("hi")], [], SETTINGS)
+
+    assert response.message.content == "finally"
+    assert fake_openai.calls == 2
+    assert time.monotonic() - started >= 0.1
+    await model.aclose()
+
+
+async def test_rate_limit_error_carries_status_and_retry_after(
+    fake_openai: FakeOpenAIServer,
+) -> None:
+    fake_openai.fail(429, retry_after="7")
+    model = make(fake_openai)
+
+    with pytest.raises(ModelError) as caught:
+        await model.request([Message.user("hi")], [], SETTINGS)
+
+    error = caught.value
+    assert (error.retryable, error.status_code, error.retry_after) == (True, 429, 7.0)
+    assert error.endpoint == "primary"
+    assert type(error) is ModelError
+    await model.aclose()
+
+
+@pytest.mark.parametrize(
+    ("status", "retryable"), [(500, True), (503, True), (400, False), (401, False)]
+)
+async def test_status_errors_are_retryable_only_for_server_failures(
+    fake_openai: FakeOpenAIServer, status: int, retryable: bool
+) -> None:
+    fake_openai.fail(status)
+    model = make(fake_openai)
+
+    with pytest.raises(ModelError) as caught:
+        await model.request([Message.user("hi")], [], SETTINGS)
+
+    assert caught.value.status_code == status
+    assert caught.value.retryable is retryable
+    await model.aclose()
+
+
+async def test_bad_request_is_not_retried(fake_openai: FakeOpenAIServer) -> None:
+    fake_openai.fail(400, times=None)
+    model = build_model("primary", endpoint("openai", fake_openai.base_url, max_attempts=5), "k")
+
+    with pytest.raises(ModelError) as caught:
+        await model.request([Message.user("hi")], [], SETTINGS)
+
+    assert caught.value.status_code == 400
+    assert fake_openai.calls == 1
+    await model.aclose()
+
+
+async def test_stream_that_fails_before_any_chunk_raises_model_error(
+    fake_openai: FakeOpenAIServer,
+) -> None:
+    fake_openai.fail(503)
+    model = make(fake_openai)
+
+    with pytest.raises(ModelError) as caught:
+        await collect(model, [Message.user("hi")])
+
+    assert caught.value.retryable and caught.value.status_code == 503
+    await model.aclose()
+
+
+async def test_slow_server_times_out_within_the_timeout(fake_openai: FakeOpenAIServer) -> None:
+    fake_openai.delay(5.0)
+    model = make(fake_openai, timeout=0.3)
+
+    started = time.monotonic()
+    with pytest.raises(ModelTimeoutError) as caught:
+        await model.request([Message.user("hi")], [], SETTINGS)
+
+    assert time.monotonic() - started < 1.5
+    assert caught.value.retryable
+    assert caught.value.endpoint == "primary"
+    await model.aclose()
+
+
+async def test_trickling_stream_cannot_outlast_the_whole_call_deadline(
+    fake_openai: FakeOpenAIServer,
+) -> None:
+    # every chunk comes well within the read timeout, the whole answer does not
+    fake_openai.delay(0.0, chunk_delay=0.15)
+    fake_openai.add_reply(FakeReply(text="a long answer that arrives slowly"))
+    model = make(fake_openai, timeout=0.5)
+
+    started = time.monotonic()
+    seen: list[StreamItem] = []
+    with pytest.raises(ModelTimeoutError):
+        async for item in model.stream([Message.user("hi")], [], SETTINGS):
+            seen.append(item)
+
+    assert time.monotonic() - started < 1.0
+    assert seen and all(isinstance(item, TextDelta) for item in seen)
+    await model.aclose()
+
+
+async def test_trickling_body_cannot_outlast_the_whole_call_deadline(
+    fake_openai: FakeOpenAIServer,
+) -> None:
+    fake_openai.delay(0.0, chunk_delay=0.2)
+    fake_openai.add_reply(FakeReply(text="slow"))
+    model = make(fake_openai, timeout=0.4)
+
+    started = time.monotonic()
+    with pytest.raises(ModelTimeoutError):
+        await model.request([Message.user("hi")], [], SETTINGS)
+
+    assert time.monotonic() - started < 0.9
+    await model.aclose()
+
+
+async def test_stream_cut_short_is_an_error_not_a_shorter_answer(
+    fake_openai: FakeOpenAIServer,
+) -> None:
+    fake_openai.truncate(3)
+    fake_openai.add_reply(FakeReply(text="an answer that never finishes"))
+    model = make(fake_openai)
+
+    with pytest.raises(ModelConnectionError, match="before the answer was complete"):
+        await collect(model, [Message.user("hi")])
+
+    await model.aclose()
+
+
+async def test_body_cut_short_is_a_retryable_model_error(fake_openai: FakeOpenAIServer) -> None:
+    fake_openai.truncate(2)
+    fake_openai.add_reply(FakeReply(text="an answer that never finishes"))
+    model = make(fake_openai)
+
+    with pytest.raises(ModelError, match="malformed") as caught:
+        await model.request([Message.user("hi")], [], SETTINGS)
+
+    assert caught.value.retryable
+    await model.aclose()
+
+
+async def test_unreachable_server_is_a_retryable_connection_error() -> None:
+    model = openai_provider.create("primary", endpoint("openai", closed_port_url()), "k")
+
+    with pytest.raises(ModelConnectionError) as caught:
+        await model.request([Message.user("hi")], [], SETTINGS)
+
+    assert caught.value.retryable
+    await model.aclose()
+
+
+async def test_azure_openai_calls_the_deployment_path_with_api_version_and_key(
+    fake_openai: FakeOpenAIServer,
+) -> None:
+    fake_openai.add_reply(FakeReply(text="from azure"))
+    spec = endpoint(
+        "azure-openai",
+        fake_openai.root_url,
+        model="gpt-4o",
+        deployment="prod-gpt",
+        api_version="2025-01-01",
+    )
+    model = openai_provider.create("azure", spec, "azure-key")
+
+    response = await model.request([Message.user("hi")], [], SETTINGS)
+
+    assert response.message.content == "from azure"
+    assert response.endpoint == "azure"
+    seen = fake_openai.requests[0]
+    assert seen.path == "/openai/deployments/prod-gpt/chat/completions"
+    assert seen.query["api-version"] == "2025-01-01"
+    assert seen.headers["api-key"] == "azure-key"
+    await model.aclose()
+
+
+async def test_azure_openai_defaults_deployment_to_model_and_has_an_api_version(
+    fake_openai: FakeOpenAIServer,
+) -> None:
+    fake_openai.add_reply(FakeReply(text="ok"))
+    model = openai_provider.create(
+        "azure", endpoint("azure-openai", fake_openai.root_url, model="gpt-4o"), "k"
+    )
+
+    await model.request([Message.user("hi")], [], SETTINGS)
+
+    seen = fake_openai.requests[0]
+    assert seen.path == "/openai/deployments/gpt-4o/chat/completions"
+    assert seen.query["api-version"] == openai_provider.DEFAULT_AZURE_API_VERSION
+    await model.aclose()
+
+
+async def test_ollama_needs_no_key_and_sends_max_tokens(fake_openai: FakeOpenAIServer) -> None:
+    fake_openai.add_reply(FakeReply(text="local"))
+    model = openai_provider.create(
+        "local", endpoint("ollama", fake_openai.base_url, model="llama3.2"), None
+    )
+
+    response = await model.request([Message.user("hi")], [], ModelSettings(max_output_tokens=16))
+
+    assert response.message.content == "local"
+    sent = fake_openai.requests[0]
+    assert sent.path == "/v1/chat/completions"
+    assert sent.json["model"] == "llama3.2"
+    assert sent.json["max_tokens"] == 16
+    assert "max_completion_tokens" not in sent.json
+    await model.aclose()
+
+
+def test_ollama_defaults_to_the_local_daemon() -> None:
+    model = openai_provider.create("local", endpoint("ollama", None, model="llama3.2"), None)
+
+    assert isinstance(model, openai_provider.OpenAIChatModel)
+    assert str(model.client.base_url).rstrip("/") == openai_provider.DEFAULT_OLLAMA_BASE_URL
+
+
+async def test_custom_base_url_without_a_key_never_sends_the_environment_key(
+    fake_openai: FakeOpenAIServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-real-secret")
+    fake_openai.add_reply(FakeReply(text="ok"))
+    model = openai_provider.create("local", endpoint("openai", fake_openai.base_url), None)
+
+    await model.request([Message.user("hi")], [], SETTINGS)
+
+    assert "sk-real-secret" not in fake_openai.requests[0].headers["authorization"]
+    await model.aclose()
+
+
+def test_missing_key_for_the_hosted_api_is_a_configuration_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    monkeypatch.delenv("OPENAI_ADMIN_KEY", raising=False)
+
+    with pytest.raises(ConfigurationError, match="primary"):
+        openai_provider.create("primary", endpoint("openai", None), None)
+
+
+async def test_tool_loop_mode_drives_an_agent_loop_to_its_final_answer(
+    fake_openai: FakeOpenAIServer,
+) -> None:
+    fake_openai.tool_loop = ToolLoop(tool_name="lookup", calls=3, arguments={"query": "x"})
+    model = make(fake_openai)
+    conversation = [Message.user("go")]
+
+    for _ in range(10):
+        response = await model.request(conversation, [LOOKUP], SETTINGS)
+        conversation.append(response.message)
+        if not response.message.tool_calls:
+            break
+        for call in response.message.tool_calls:
+            assert json.loads(call.arguments) == {"query": "x"}
+            conversation.append(Message.tool(call, "result"))
+
+    assert conversation[-1].content == "done after 3 tool results"
+    assert fake_openai.calls == 4
+    await model.aclose()
+
+
+async def test_running_out_of_script_is_a_non_retryable_error(
+    fake_openai: FakeOpenAIServer,
+) -> None:
+    model = make(fake_openai)
+
+    with pytest.raises(ModelError, match="no scripted reply") as caught:
+        await model.request([Message.user("hi")], [], SETTINGS)
+
+    assert not caught.value.retryable
+    await model.aclose()
