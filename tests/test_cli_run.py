@@ -150,3 +150,45 @@ def test_prompt_object_rejects_a_bad_schema_file(calc: Path, tmp_path: Path) -> 
 def test_version() -> None:
     proc = subprocess.run([*CORRAL, "version"], capture_output=True, text=True, check=True)
     assert proc.stdout.startswith("corral ")
+
+
+def test_chat_carries_the_conversation_between_turns(tmp_path: Path) -> None:
+    from corral.testing.fake_openai import FakeOpenAIServer, FakeReply
+
+    with FakeOpenAIServer() as server:
+        server.add_reply(FakeReply(text="Nice to meet you, Ada."), FakeReply(text="You are Ada."))
+        path = tmp_path / "chat.yaml"
+        path.write_text(
+            f"""
+apiVersion: corral/v1
+kind: ModelEndpoint
+metadata: {{name: fake}}
+spec: {{provider: openai, model: test-model, base_url: "{server.base_url}"}}
+---
+apiVersion: corral/v1
+kind: Agent
+metadata: {{name: friend}}
+spec: {{model: fake, instructions: Be kind.}}
+"""
+        )
+        home = tmp_path / "home"
+        corral(home, "apply", "-f", str(path), check=0)
+        env = {**os.environ, "CORRAL_HOME": str(home)}
+        proc = subprocess.run(
+            [*CORRAL, "chat", "friend"],
+            input="My name is Ada.\nWho am I?\n/exit\n",
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+            check=False,
+        )
+        assert proc.returncode == 0, proc.stderr
+        assert "Nice to meet you, Ada." in proc.stdout and "You are Ada." in proc.stdout
+        second = server.requests[1].json["messages"]
+        assert [(m["role"], m["content"]) for m in second] == [
+            ("system", "Be kind."),
+            ("user", "My name is Ada."),
+            ("assistant", "Nice to meet you, Ada."),
+            ("user", "Who am I?"),
+        ]
