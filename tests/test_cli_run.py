@@ -192,3 +192,16 @@ spec: {{model: fake, instructions: Be kind.}}
             ("assistant", "Nice to meet you, Ada."),
             ("user", "Who am I?"),
         ]
+
+
+@pytest.mark.slow
+def test_demo_agent_makes_a_real_tool_call_on_the_local_model(tmp_path: Path) -> None:
+    """What `make demo` does: the real SmolLM2 model, in-process, calls the real add tool."""
+    pytest.importorskip("llama_cpp", reason="the 'local' extra is not installed")
+    examples = TESTS.parent / "examples"
+    home = tmp_path / "home"
+    corral(home, "apply", "-f", str(examples), check=0)
+    proc = corral(home, "run", "assistant", "What is 17 plus 25? Use the add tool.", check=0)
+    assert '→add({"a":17,"b":25})' in proc.stderr.replace(" ", "")
+    assert "← add 42" in proc.stderr
+    assert "42" in proc.stdout
