@@ -6,7 +6,6 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
-export CORRAL_HOME ?= $(CURDIR)/.corral-demo
 
 .PHONY: demo test lint typecheck unit install clean
 
@@ -20,6 +19,7 @@ $(STAMP): pyproject.toml | $(BIN)/python
 
 install: $(STAMP)
 
+demo: export CORRAL_HOME ?= $(CURDIR)/.corral-demo
 demo: $(STAMP)
 	$(BIN)/corral apply -f examples/
 	$(BIN)/corral run assistant "What is 17 plus 25? Use the add tool."
