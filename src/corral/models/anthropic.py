@@ -6,10 +6,11 @@ their results ``tool_result`` blocks of a user message (consecutive results go
 in one user message); ``max_tokens`` is required.
 
 The SDK's own retries are off (the gateway retries). Exceptions are converted
-here exactly as in :mod:`corral.models.openai`; 529 (overloaded) is a 5xx and
-therefore retryable, and so is an ``overloaded_error`` event inside a stream.
-A stream that ends without ``message_stop`` is a :class:`ModelConnectionError`,
-never a silently shortened answer.
+as for every SDK (:mod:`corral.models._adapter`; the table is in
+:mod:`corral.models.openai`); 529 (overloaded) is a 5xx and therefore
+retryable, and so is an ``overloaded_error`` event inside a stream. A stream
+that ends without ``message_stop`` is a :class:`ModelConnectionError`, never a
+silently shortened answer.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import anthropic
-import httpx2
 from anthropic.types import (
     ContentBlockParam,
     MessageParam,
@@ -37,23 +37,10 @@ from anthropic.types import (
 from anthropic.types import Message as AnthropicMessage
 from anthropic.types import Usage as AnthropicUsage
 
-from corral.core.errors import (
-    ConfigurationError,
-    ModelConnectionError,
-    ModelError,
-    ModelTimeoutError,
-)
-from corral.core.messages import (
-    Message,
-    ModelResponse,
-    StreamItem,
-    TextDelta,
-    ToolCall,
-    ToolSpec,
-    Usage,
-)
+from corral.core.errors import ConfigurationError, ModelError
+from corral.core.messages import Message, ModelResponse, StreamItem, ToolCall, ToolSpec, Usage
+from corral.models._adapter import SDKErrors, SDKModel, http_error
 from corral.models.base import Model, ModelSettings
-from corral.models.gateway import CallDeadline, retry_after_seconds
 from corral.resources.kinds import ModelEndpointSpec
 
 DEFAULT_MAX_TOKENS = 4096
@@ -67,6 +54,37 @@ FINISH_REASONS = {
 }
 
 _RETRYABLE_ERROR_TYPES = ("overloaded_error", "api_error", "rate_limit_error", "timeout_error")
+
+
+# --------------------------------------------------------------------------- errors
+
+
+def _error_type(body: object) -> str | None:
+    error = body.get("error") if isinstance(body, dict) else None
+    kind = error.get("type") if isinstance(error, dict) else None
+    return kind if isinstance(kind, str) else None
+
+
+def _api_error(exc: Exception, endpoint: str) -> ModelError | None:
+    """An HTTP error answer, or an error event inside a stream; ``None`` for anything else."""
+    if not isinstance(exc, anthropic.APIStatusError):
+        return None
+    if exc.status_code < 400:
+        # an error event inside a 200 stream: the body's type says what happened
+        retryable = _error_type(exc.body) in _RETRYABLE_ERROR_TYPES
+        return ModelError(
+            f"model endpoint {endpoint!r}: {exc.message}", retryable=retryable, endpoint=endpoint
+        )
+    return http_error(endpoint, exc.status_code, exc.message, exc.response.headers)
+
+
+#: how this SDK's exceptions (and its transport's) become :class:`ModelError`
+SDK_ERRORS = SDKErrors(
+    root=anthropic.AnthropicError,
+    timeout=anthropic.APITimeoutError,
+    connection=anthropic.APIConnectionError,
+    api_error=_api_error,
+)
 
 
 # --------------------------------------------------------------------------- translation
@@ -191,6 +209,11 @@ class _StreamState:
     stop_reason: str | None = None
     stopped: bool = False
 
+    @property
+    def complete(self) -> bool:
+        """Whether ``message_stop`` arrived."""
+        return self.stopped
+
     def add(self, event: RawMessageStreamEvent) -> str:
         """Fold one event in; return its new text."""
         if isinstance(event, RawMessageStartEvent):
@@ -238,60 +261,13 @@ class _StreamState:
         )
 
 
-# --------------------------------------------------------------------------- errors
-
-
-def _status_retryable(status: int) -> bool:
-    return status in (408, 429) or status >= 500
-
-
-def _error_type(body: object) -> str | None:
-    error = body.get("error") if isinstance(body, dict) else None
-    kind = error.get("type") if isinstance(error, dict) else None
-    return kind if isinstance(kind, str) else None
-
-
-def model_error(
-    exc: anthropic.AnthropicError | httpx2.HTTPError | json.JSONDecodeError, endpoint: str
-) -> ModelError:
-    """Convert an SDK or transport exception into Corral's model error."""
-    where = f"model endpoint {endpoint!r}"
-    if isinstance(exc, anthropic.APITimeoutError | httpx2.TimeoutException):
-        return ModelTimeoutError(f"{where}: request timed out", endpoint=endpoint)
-    if isinstance(exc, anthropic.APIConnectionError | httpx2.TransportError):
-        return ModelConnectionError(f"{where}: cannot connect: {exc}", endpoint=endpoint)
-    if isinstance(exc, anthropic.APIStatusError):
-        status = exc.status_code
-        if status < 400:
-            # an error event inside a 200 stream: the body's type says what happened
-            retryable = _error_type(exc.body) in _RETRYABLE_ERROR_TYPES
-            return ModelError(f"{where}: {exc.message}", retryable=retryable, endpoint=endpoint)
-        return ModelError(
-            f"{where}: HTTP {status}: {exc.message}",
-            retryable=_status_retryable(status),
-            status_code=status,
-            retry_after=retry_after_seconds(exc.response.headers),
-            endpoint=endpoint,
-        )
-    if isinstance(exc, json.JSONDecodeError):
-        # a body cut short, typically a dropped connection: worth another try
-        return ModelError(f"{where}: malformed answer: {exc}", retryable=True, endpoint=endpoint)
-    return ModelError(f"{where}: {exc}", endpoint=endpoint)
-
-
 # --------------------------------------------------------------------------- the model
 
 
-class AnthropicModel(Model):
+class AnthropicModel(SDKModel[anthropic.AsyncAnthropic]):
     """A model behind the Messages API, reached through an injected SDK client."""
 
-    def __init__(
-        self, name: str, client: anthropic.AsyncAnthropic, model: str, *, timeout_seconds: float
-    ) -> None:
-        self.name = name
-        self.client = client
-        self.model = model
-        self.timeout_seconds = timeout_seconds
+    errors = SDK_ERRORS
 
     def _params(
         self, messages: Sequence[Message], tools: Sequence[ToolSpec], settings: ModelSettings
@@ -311,63 +287,26 @@ class AnthropicModel(Model):
             params["extra_body"] = {"temperature": settings.temperature}
         return params
 
-    def _timeout(self) -> ModelTimeoutError:
-        return ModelTimeoutError(
-            f"model endpoint {self.name!r}: no complete answer within {self.timeout_seconds}s",
-            endpoint=self.name,
-        )
-
     async def request(
         self, messages: Sequence[Message], tools: Sequence[ToolSpec], settings: ModelSettings
     ) -> ModelResponse:
-        deadline = CallDeadline(self.timeout_seconds)
-        try:
-            with deadline.waiting():
-                message = await self.client.messages.create(
-                    **self._params(messages, tools, settings), stream=False
-                )
-        except TimeoutError:
-            raise self._timeout() from None
-        except (anthropic.AnthropicError, httpx2.HTTPError, json.JSONDecodeError) as exc:
-            raise model_error(exc, self.name) from exc
+        message = await self._call(
+            lambda: self.client.messages.create(
+                **self._params(messages, tools, settings), stream=False
+            )
+        )
         return from_anthropic_message(message, self.name)
 
-    async def stream(
+    def stream(
         self, messages: Sequence[Message], tools: Sequence[ToolSpec], settings: ModelSettings
     ) -> AsyncIterator[StreamItem]:
-        deadline = CallDeadline(self.timeout_seconds)
-        state = _StreamState()
-        try:
-            with deadline.waiting():
-                events = await self.client.messages.create(
-                    **self._params(messages, tools, settings), stream=True
-                )
-            try:
-                while True:
-                    try:
-                        with deadline.waiting():
-                            event = await anext(events)
-                    except StopAsyncIteration:
-                        break
-                    text = state.add(event)
-                    if text:
-                        yield TextDelta(text)
-            finally:
-                await events.close()
-        except TimeoutError:
-            raise self._timeout() from None
-        except (anthropic.AnthropicError, httpx2.HTTPError, json.JSONDecodeError) as exc:
-            raise model_error(exc, self.name) from exc
-        if not state.stopped:
-            # the connection ended without message_stop: the answer is cut short
-            raise ModelConnectionError(
-                f"model endpoint {self.name!r}: the stream ended before the answer was complete",
-                endpoint=self.name,
-            )
-        yield state.response(self.name)
-
-    async def aclose(self) -> None:
-        await self.client.close()
+        # no generator of its own: the caller closes the one that reads the stream
+        return self._stream(
+            lambda: self.client.messages.create(
+                **self._params(messages, tools, settings), stream=True
+            ),
+            _StreamState(),
+        )
 
 
 # --------------------------------------------------------------------------- factory

@@ -15,61 +15,40 @@ Each wrapper is a ``Model`` itself, so they compose::
 A stream is retried (or falls back) only while nothing has been yielded yet: once
 a caller has seen a text delta, replaying the turn would show it twice.
 
-The module also holds two helpers the provider adapters share:
-:func:`retry_after_seconds`, the one parser of the ``Retry-After`` hint they
-attach to their errors, and :class:`CallDeadline`, the whole-call time budget.
+:func:`retry_after_seconds` is re-exported from :mod:`corral.models._adapter`,
+where the helpers the provider adapters share live.
 """
 
 from __future__ import annotations
 
-import email.utils
-import math
-import time
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
-from contextlib import AsyncExitStack, contextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import AsyncExitStack
 from dataclasses import replace
+from typing import TypeVar
 
-import anyio
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
 from tenacity.wait import wait_random_exponential
 
 from corral.core.errors import ModelError
 from corral.core.messages import Message, ModelResponse, StreamItem, ToolSpec
+from corral.models._adapter import retry_after_seconds
 from corral.models.base import Model, ModelSettings
 from corral.resources.kinds import Pricing, RetryPolicy
 
+R = TypeVar("R")
+
+__all__ = [
+    "MAX_RETRY_AFTER_SECONDS",
+    "AllModelsFailedError",
+    "FallbackModel",
+    "PricedModel",
+    "RetryingModel",
+    "cost_usd",
+    "retry_after_seconds",
+]
+
 #: the longest a server's ``Retry-After`` hint may make us wait before one retry
 MAX_RETRY_AFTER_SECONDS = 60.0
-
-
-def retry_after_seconds(headers: Mapping[str, str]) -> float | None:
-    """The server's retry hint in seconds, or ``None`` when it gave none.
-
-    Reads ``retry-after-ms`` (sent by OpenAI) and ``retry-after`` as either a
-    number of seconds or an HTTP date. ``headers`` must look names up without
-    regard to case, as ``httpx`` headers do.
-    """
-    millis = headers.get("retry-after-ms")
-    if millis is not None:
-        try:
-            value = float(millis) / 1000.0
-        except ValueError:
-            value = math.nan
-        if math.isfinite(value) and value >= 0:
-            return value
-    raw = headers.get("retry-after")
-    if raw is None:
-        return None
-    raw = raw.strip()
-    try:
-        value = float(raw)
-    except ValueError:
-        try:
-            when = email.utils.parsedate_to_datetime(raw)
-        except (TypeError, ValueError):
-            return None
-        return max(0.0, when.timestamp() - time.time())
-    return value if math.isfinite(value) and value >= 0 else None
 
 
 # --------------------------------------------------------------------------- streams
@@ -81,9 +60,8 @@ async def _open_stream(
     """Start ``model.stream`` and wait for its first item.
 
     Everything up to the first item may be retried or handed to a fallback, so
-    wrappers run this step under their retry logic and the rest without it. The
-    caller yields the first item, then the rest, and closes the stream itself
-    (a nested generator would not be closed when the caller is).
+    wrappers run this step under their retry logic and the rest without it;
+    :func:`_relay` then yields the first item and the rest.
     """
     stream = model.stream(messages, tools, settings)
     try:
@@ -100,6 +78,24 @@ async def _close(stream: AsyncIterator[StreamItem]) -> None:
     aclose = getattr(stream, "aclose", None)
     if aclose is not None:
         await aclose()
+
+
+async def _relay(
+    opening: Callable[[], Awaitable[tuple[AsyncIterator[StreamItem], StreamItem]]],
+) -> AsyncIterator[StreamItem]:
+    """Await ``opening()`` (an :func:`_open_stream`), then yield the first item and the rest.
+
+    The wrappers' ``stream`` methods return this generator rather than iterating
+    it inside one of their own: a nested generator would not be closed when the
+    caller's is, and closing this one closes the stream.
+    """
+    stream, first = await opening()
+    try:
+        yield first
+        async for item in stream:
+            yield item
+    finally:
+        await _close(stream)
 
 
 # --------------------------------------------------------------------------- RetryingModel
@@ -148,19 +144,10 @@ class RetryingModel(Model):
         )
         return response
 
-    async def stream(
+    def stream(
         self, messages: Sequence[Message], tools: Sequence[ToolSpec], settings: ModelSettings
     ) -> AsyncIterator[StreamItem]:
-        opened: tuple[AsyncIterator[StreamItem], StreamItem] = await self._retrying()(
-            _open_stream, self.inner, messages, tools, settings
-        )
-        stream, first = opened
-        try:
-            yield first
-            async for item in stream:
-                yield item
-        finally:
-            await _close(stream)
+        return _relay(lambda: self._retrying()(_open_stream, self.inner, messages, tools, settings))
 
     async def prepare(self) -> None:
         await self.inner.prepare()
@@ -251,40 +238,29 @@ class FallbackModel(Model):
         self.models = list(models)
         self.name = name or self.models[0].name
 
-    def _failed(self, errors: list[ModelError]) -> ModelError:
-        return AllModelsFailedError(errors, [m.name for m in self.models])
+    async def _first_success(self, call: Callable[[Model], Awaitable[R]]) -> R:
+        """``call(model)`` for each model in order, until one does not raise ``ModelError``."""
+        errors: list[ModelError] = []
+        for model in self.models:
+            try:
+                return await call(model)
+            except ModelError as exc:
+                errors.append(exc)
+        raise AllModelsFailedError(errors, [model.name for model in self.models])
 
     async def request(
         self, messages: Sequence[Message], tools: Sequence[ToolSpec], settings: ModelSettings
     ) -> ModelResponse:
-        errors: list[ModelError] = []
-        for model in self.models:
-            try:
-                return await model.request(messages, tools, settings)
-            except ModelError as exc:
-                errors.append(exc)
-        raise self._failed(errors)
+        return await self._first_success(lambda model: model.request(messages, tools, settings))
 
-    async def stream(
+    def stream(
         self, messages: Sequence[Message], tools: Sequence[ToolSpec], settings: ModelSettings
     ) -> AsyncIterator[StreamItem]:
-        errors: list[ModelError] = []
-        opened: tuple[AsyncIterator[StreamItem], StreamItem] | None = None
-        for model in self.models:
-            try:
-                opened = await _open_stream(model, messages, tools, settings)
-                break
-            except ModelError as exc:
-                errors.append(exc)
-        if opened is None:
-            raise self._failed(errors)
-        stream, first = opened
-        try:
-            yield first
-            async for item in stream:
-                yield item
-        finally:
-            await _close(stream)
+        return _relay(
+            lambda: self._first_success(
+                lambda model: _open_stream(model, messages, tools, settings)
+            )
+        )
 
     async def prepare(self) -> None:
         for model in self.models:
@@ -294,30 +270,3 @@ class FallbackModel(Model):
         async with AsyncExitStack() as stack:
             for model in reversed(self.models):
                 stack.push_async_callback(model.aclose)
-
-
-# --------------------------------------------------------------------------- for adapters
-
-
-class CallDeadline:
-    """The time budget of one model call, spent only while waiting on the server.
-
-    SDK timeouts bound each read; a server that trickles a byte every few seconds
-    never trips them. Adapters wrap every wait (the request, each stream chunk)
-    in :meth:`waiting`, which raises ``TimeoutError`` once the budget is spent.
-    Time the caller spends between stream items is not charged.
-    """
-
-    def __init__(self, seconds: float) -> None:
-        self.seconds = seconds
-        self.remaining = seconds
-
-    @contextmanager
-    def waiting(self) -> Iterator[None]:
-        """Charge the time spent inside the block; raise ``TimeoutError`` past the budget."""
-        start = anyio.current_time()
-        try:
-            with anyio.fail_after(max(self.remaining, 0.0)):
-                yield
-        finally:
-            self.remaining -= anyio.current_time() - start

@@ -6,7 +6,8 @@ is the ``openai`` provider with a ``base_url``.
 
 The SDK's own retries are off: retrying is the gateway's job
 (:class:`~corral.models.gateway.RetryingModel`). Every SDK and transport
-exception is converted here::
+exception is converted, by :mod:`corral.models._adapter` (the same way for
+every SDK) and :func:`_api_error` here::
 
     openai.APITimeoutError, httpx2.TimeoutException, whole-call deadline -> ModelTimeoutError
     openai.APIConnectionError, httpx2.TransportError                    -> ModelConnectionError
@@ -19,12 +20,10 @@ exception is converted here::
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-import httpx2
 import openai
 from openai.types.chat import (
     ChatCompletion,
@@ -35,23 +34,10 @@ from openai.types.chat import (
 )
 from openai.types.completion_usage import CompletionUsage
 
-from corral.core.errors import (
-    ConfigurationError,
-    ModelConnectionError,
-    ModelError,
-    ModelTimeoutError,
-)
-from corral.core.messages import (
-    Message,
-    ModelResponse,
-    StreamItem,
-    TextDelta,
-    ToolCall,
-    ToolSpec,
-    Usage,
-)
+from corral.core.errors import ConfigurationError, ModelError
+from corral.core.messages import Message, ModelResponse, StreamItem, ToolCall, ToolSpec, Usage
+from corral.models._adapter import SDKErrors, SDKModel, http_error
 from corral.models.base import Model, ModelSettings
-from corral.models.gateway import CallDeadline, retry_after_seconds
 from corral.resources.kinds import ModelEndpointSpec
 
 DEFAULT_AZURE_API_VERSION = "2024-10-21"
@@ -60,6 +46,31 @@ DEFAULT_OLLAMA_BASE_URL = "http://localhost:11434/v1"
 PLACEHOLDER_API_KEY = "not-needed"
 
 MaxTokensParam = Literal["max_completion_tokens", "max_tokens"]
+
+
+# --------------------------------------------------------------------------- errors
+
+
+def _api_error(exc: Exception, endpoint: str) -> ModelError | None:
+    """An HTTP error answer, or an error event inside a stream; ``None`` for anything else."""
+    if isinstance(exc, openai.APIStatusError):
+        return http_error(endpoint, exc.status_code, exc.message, exc.response.headers)
+    if isinstance(exc, openai.APIError):
+        # an error event inside a stream: there is no status to go by
+        retryable = exc.type in ("server_error", "rate_limit_error", "overloaded_error")
+        return ModelError(
+            f"model endpoint {endpoint!r}: {exc.message}", retryable=retryable, endpoint=endpoint
+        )
+    return None
+
+
+#: how this SDK's exceptions (and its transport's) become :class:`ModelError`
+SDK_ERRORS = SDKErrors(
+    root=openai.OpenAIError,
+    timeout=openai.APITimeoutError,
+    connection=openai.APIConnectionError,
+    api_error=_api_error,
+)
 
 
 # --------------------------------------------------------------------------- translation
@@ -155,6 +166,11 @@ class _StreamState:
     model: str = ""
     finish_reason: str | None = None
 
+    @property
+    def complete(self) -> bool:
+        """Whether the final chunk (the one with a finish reason) arrived."""
+        return self.finish_reason is not None
+
     def add(self, chunk: ChatCompletionChunk) -> str:
         """Fold one chunk in; return its new text."""
         self.model = chunk.model or self.model
@@ -197,45 +213,13 @@ class _StreamState:
         )
 
 
-# --------------------------------------------------------------------------- errors
-
-
-def _status_retryable(status: int) -> bool:
-    return status in (408, 429) or status >= 500
-
-
-def model_error(
-    exc: openai.OpenAIError | httpx2.HTTPError | json.JSONDecodeError, endpoint: str
-) -> ModelError:
-    """Convert an SDK or transport exception into Corral's model error."""
-    where = f"model endpoint {endpoint!r}"
-    if isinstance(exc, openai.APITimeoutError | httpx2.TimeoutException):
-        return ModelTimeoutError(f"{where}: request timed out", endpoint=endpoint)
-    if isinstance(exc, openai.APIConnectionError | httpx2.TransportError):
-        return ModelConnectionError(f"{where}: cannot connect: {exc}", endpoint=endpoint)
-    if isinstance(exc, openai.APIStatusError):
-        return ModelError(
-            f"{where}: HTTP {exc.status_code}: {exc.message}",
-            retryable=_status_retryable(exc.status_code),
-            status_code=exc.status_code,
-            retry_after=retry_after_seconds(exc.response.headers),
-            endpoint=endpoint,
-        )
-    if isinstance(exc, openai.APIError):
-        # an error event inside a stream: there is no status to go by
-        retryable = exc.type in ("server_error", "rate_limit_error", "overloaded_error")
-        return ModelError(f"{where}: {exc.message}", retryable=retryable, endpoint=endpoint)
-    if isinstance(exc, json.JSONDecodeError):
-        # a body cut short, typically a dropped connection: worth another try
-        return ModelError(f"{where}: malformed answer: {exc}", retryable=True, endpoint=endpoint)
-    return ModelError(f"{where}: {exc}", endpoint=endpoint)
-
-
 # --------------------------------------------------------------------------- the model
 
 
-class OpenAIChatModel(Model):
+class OpenAIChatModel(SDKModel[openai.AsyncOpenAI]):
     """A model behind the Chat Completions API, reached through an injected SDK client."""
+
+    errors = SDK_ERRORS
 
     def __init__(
         self,
@@ -246,10 +230,7 @@ class OpenAIChatModel(Model):
         timeout_seconds: float,
         max_tokens_param: MaxTokensParam = "max_completion_tokens",
     ) -> None:
-        self.name = name
-        self.client = client
-        self.model = model
-        self.timeout_seconds = timeout_seconds
+        super().__init__(name, client, model, timeout_seconds=timeout_seconds)
         self.max_tokens_param = max_tokens_param
 
     def _params(
@@ -267,65 +248,28 @@ class OpenAIChatModel(Model):
             params[self.max_tokens_param] = settings.max_output_tokens
         return params
 
-    def _timeout(self) -> ModelTimeoutError:
-        return ModelTimeoutError(
-            f"model endpoint {self.name!r}: no complete answer within {self.timeout_seconds}s",
-            endpoint=self.name,
-        )
-
     async def request(
         self, messages: Sequence[Message], tools: Sequence[ToolSpec], settings: ModelSettings
     ) -> ModelResponse:
-        deadline = CallDeadline(self.timeout_seconds)
-        try:
-            with deadline.waiting():
-                completion = await self.client.chat.completions.create(
-                    **self._params(messages, tools, settings), stream=False
-                )
-        except TimeoutError:
-            raise self._timeout() from None
-        except (openai.OpenAIError, httpx2.HTTPError, json.JSONDecodeError) as exc:
-            raise model_error(exc, self.name) from exc
+        completion = await self._call(
+            lambda: self.client.chat.completions.create(
+                **self._params(messages, tools, settings), stream=False
+            )
+        )
         return from_openai_completion(completion, self.name)
 
-    async def stream(
+    def stream(
         self, messages: Sequence[Message], tools: Sequence[ToolSpec], settings: ModelSettings
     ) -> AsyncIterator[StreamItem]:
-        deadline = CallDeadline(self.timeout_seconds)
-        state = _StreamState()
-        try:
-            with deadline.waiting():
-                chunks = await self.client.chat.completions.create(
-                    **self._params(messages, tools, settings),
-                    stream=True,
-                    stream_options={"include_usage": True},
-                )
-            try:
-                while True:
-                    try:
-                        with deadline.waiting():
-                            chunk = await anext(chunks)
-                    except StopAsyncIteration:
-                        break
-                    text = state.add(chunk)
-                    if text:
-                        yield TextDelta(text)
-            finally:
-                await chunks.close()
-        except TimeoutError:
-            raise self._timeout() from None
-        except (openai.OpenAIError, httpx2.HTTPError, json.JSONDecodeError) as exc:
-            raise model_error(exc, self.name) from exc
-        if state.finish_reason is None:
-            # the connection ended without the final chunk: the answer is cut short
-            raise ModelConnectionError(
-                f"model endpoint {self.name!r}: the stream ended before the answer was complete",
-                endpoint=self.name,
-            )
-        yield state.response(self.name)
-
-    async def aclose(self) -> None:
-        await self.client.close()
+        # no generator of its own: the caller closes the one that reads the stream
+        return self._stream(
+            lambda: self.client.chat.completions.create(
+                **self._params(messages, tools, settings),
+                stream=True,
+                stream_options={"include_usage": True},
+            ),
+            _StreamState(),
+        )
 
 
 # --------------------------------------------------------------------------- factory

@@ -2,40 +2,34 @@
 
 It serves ``POST /v1/messages``, streaming (server-sent events) and not, and is
 scripted exactly like :class:`~corral.testing.fake_openai.FakeOpenAIServer`
-(replies, faults, tool loop, recorded requests)::
+(replies, faults, tool loop, recorded requests); the protocol-neutral names of
+:mod:`corral.testing._fake_http` are re-exported here::
 
     with FakeAnthropicServer() as server:
         server.add_reply(FakeReply(text="hello"))
         client = anthropic.AsyncAnthropic(base_url=server.base_url, api_key="test")
         ...
 
-A :class:`~corral.testing.fake_openai.ToolLoop` counts the ``tool_result``
+A :class:`ToolLoop` counts the ``tool_result``
 blocks of the conversation to decide which turn it is in.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Iterator
 from typing import Any
 
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import Response
 from starlette.routing import Route
 
-from corral.testing.fake_openai import (
-    FakeModelServer,
-    FakeReply,
-    FakeToolCall,
-    Fault,
-    RecordedRequest,
-    ToolLoop,
-    error_headers,
-    pieces_of_json,
-    record,
-    split_text,
-)
+from corral.testing._fake_http import FakeModelServer as FakeModelServer
+from corral.testing._fake_http import FakeReply as FakeReply
+from corral.testing._fake_http import FakeToolCall as FakeToolCall
+from corral.testing._fake_http import Fault as Fault
+from corral.testing._fake_http import Plan, split_text
+from corral.testing._fake_http import RecordedRequest as RecordedRequest
+from corral.testing._fake_http import ToolLoop as ToolLoop
 
 
 def count_tool_results(messages: object) -> int:
@@ -60,47 +54,23 @@ class FakeAnthropicServer(FakeModelServer):
         return self.root_url
 
     def routes(self) -> list[Route]:
-        return [Route("/v1/messages", self._messages, methods=["POST"])]
+        return [Route("/v1/messages", self.handle, methods=["POST"])]
 
-    async def _messages(self, request: Request) -> Response:
-        recorded = await record(request)
-        body = recorded.json
-        plan = self.plan(recorded, count_tool_results(body.get("messages")))
-        if plan.delay:
-            await asyncio.sleep(plan.delay)
-        if plan.error is not None:
-            fault = plan.error
-            status = fault.status or 500
-            return JSONResponse(
-                {"type": "error", "error": {"type": _error_type(status), "message": fault.message}},
-                status_code=status,
-                headers=error_headers(fault),
-            )
-        if plan.reply is None:
-            return JSONResponse(
-                {
-                    "type": "error",
-                    "error": {
-                        "type": "invalid_request_error",
-                        "message": f"fake server: no scripted reply left for request {self.calls}",
-                    },
-                },
-                status_code=400,
-            )
-        reply = plan.reply
-        model = reply.model or str(body.get("model") or self.model)
+    def tool_results(self, body: dict[str, Any]) -> int:
+        return count_tool_results(body.get("messages"))
+
+    def error_body(self, status: int, message: str) -> dict[str, Any]:
+        return {"type": "error", "error": {"type": _error_type(status), "message": message}}
+
+    def answer(self, body: dict[str, Any], reply: FakeReply, model: str, plan: Plan) -> Response:
         message = self._message(reply, model, self.next_id("msg_"))
         if body.get("stream"):
             events = [
                 f"event: {event['type']}\ndata: {json.dumps(event)}\n\n"
                 for event in self._events(message, reply)
             ]
-            return StreamingResponse(plan.body(events), media_type="text/event-stream")
-        if plan.chunk_delay or plan.cut_after is not None:
-            return StreamingResponse(
-                plan.body(pieces_of_json(message)), media_type="application/json"
-            )
-        return JSONResponse(message)
+            return plan.event_stream(events)
+        return plan.json_response(message)
 
     def _blocks(self, reply: FakeReply) -> list[dict[str, Any]]:
         blocks: list[dict[str, Any]] = []
@@ -178,14 +148,3 @@ def _error_type(status: int) -> str:
     if status == 529:
         return "overloaded_error"
     return "api_error" if status >= 500 else "invalid_request_error"
-
-
-__all__ = [
-    "FakeAnthropicServer",
-    "FakeReply",
-    "FakeToolCall",
-    "Fault",
-    "RecordedRequest",
-    "ToolLoop",
-    "count_tool_results",
-]
