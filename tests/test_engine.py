@@ -233,9 +233,9 @@ async def test_approval_required_pauses_the_run_after_the_other_calls(tmp_path: 
     [pending] = result.pending_approvals
     assert (pending.tool, pending.call_id, pending.arguments) == ("delete_all", "call_1_2", "{}")
     assert h.of(EventType.APPROVAL_REQUESTED)[0]["tool"] == "delete_all"
-    assert h.of(EventType.RUN_FINISH)[0]["state"] == "waiting_approval"
-    # The completed sibling's result is kept for the resumed run.
-    assert [m.tool_call_id for m in result.messages if m.role == "tool"] == ["call_1_1"]
+    assert h.of(EventType.RUN_FINISH) == []  # paused, not finished
+    # The completed sibling's result is journaled for the resumed run.
+    assert [r["call_id"] for r in h.of(EventType.TOOL_RESULT)] == ["call_1_1"]
 
 
 async def test_approval_by_risk_level(tmp_path: Path) -> None:

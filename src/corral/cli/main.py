@@ -86,10 +86,11 @@ def version() -> None:
 
 def _register_commands() -> None:
     # Each command group lives in its own module and adds itself to `app`.
-    from corral.cli import resources_cmd, run_cmd
+    from corral.cli import resources_cmd, run_cmd, tasks_cmd
 
     resources_cmd.register(app)
     run_cmd.register(app)
+    tasks_cmd.register(app)
 
 
 def main() -> None:

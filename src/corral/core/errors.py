@@ -15,6 +15,7 @@ converted at the adapter boundary and never travel further up.
     │   └── ModelConnectionError
     ├── ToolError                  a tool call failed (``code``, ``reason``, ``retryable``)
     ├── BudgetExceededError        a run passed one of its limits
+    ├── LeaseLostError             a worker's lease on a run was taken over (fencing)
     └── OutputValidationError      structured output stayed invalid after repairs
 
 Cancellation (``asyncio.CancelledError``) is a ``BaseException`` and is never
@@ -217,6 +218,12 @@ class BudgetExceededError(CorralError):
         data = super().to_dict()
         data["limit"] = self.limit
         return data
+
+
+class LeaseLostError(CorralError):
+    """A write under a lease was refused: another worker has claimed the run since."""
+
+    code = "lease_lost"
 
 
 class OutputValidationError(CorralError):

@@ -42,7 +42,12 @@ class PendingApproval:
 
 @dataclass
 class RunRecord:
-    """One run of one agent, as stored."""
+    """One run of one agent, as stored.
+
+    A run is also the durable task a worker claims: ``priority``, ``not_before``,
+    ``attempts`` and ``max_attempts`` decide when and how often it is tried;
+    ``lease_owner``, ``lease_expires_at`` and ``fencing_token`` say who runs it now.
+    """
 
     id: str
     namespace: str
@@ -59,3 +64,55 @@ class RunRecord:
     created_at: float = field(default_factory=time.time)
     started_at: float | None = None
     finished_at: float | None = None
+    idempotency_key: str | None = None
+    session_id: str | None = None
+    priority: int = 0
+    not_before: float = 0.0
+    attempts: int = 0
+    max_attempts: int = 3
+    cancel_requested: bool = False
+    lease_owner: str | None = None
+    lease_expires_at: float | None = None
+    fencing_token: int = 0
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A worker's claim on a run.
+
+    ``token`` is the run's fencing token at claim time: every write made under
+    the lease carries it, and the store refuses the write once another claim
+    has bumped the token (:class:`~corral.core.errors.LeaseLostError`).
+    """
+
+    run_id: str
+    owner: str
+    token: int
+    expires_at: float
+
+
+class ApprovalState(StrEnum):
+    PENDING = "pending"
+    APPROVED = "approved"
+    REJECTED = "rejected"
+    EXPIRED = "expired"
+
+
+@dataclass
+class Approval:
+    """A stored request for a human decision on one tool call."""
+
+    id: str
+    run_id: str
+    namespace: str
+    agent: str
+    call_id: str
+    tool: str
+    arguments: str
+    reason: str
+    state: ApprovalState = ApprovalState.PENDING
+    requested_at: float = field(default_factory=time.time)
+    expires_at: float | None = None
+    decided_at: float | None = None
+    decided_by: str | None = None
+    decision_reason: str | None = None

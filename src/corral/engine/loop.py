@@ -11,23 +11,38 @@ live :class:`AgentDefinition`, an input and an event sink, and returns a
 
 A tool call that needs a human's approval ends the run in ``waiting_approval``
 after the step's other calls have run; the pending calls are in the result.
+
+Every event is the journal of the run (see :mod:`corral.engine.replay`):
+:meth:`AgentLoop.resume` rebuilds the state from stored events and carries on
+from the first thing not recorded, without calling a model or a tool again. A
+``tool.call`` event is emitted just before a call executes; a call that has one
+but no ``tool.result`` was interrupted, and is executed again only when its tool
+is idempotent - otherwise the run asks a human (or fails, per the agent).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import anyio
 
-from corral.core.errors import CorralError, OutputValidationError
+from corral.core.errors import (
+    CorralError,
+    LeaseLostError,
+    ModelError,
+    OutputValidationError,
+    ToolErrorCode,
+    ToolErrorInfo,
+)
 from corral.core.events import Event, EventSink, EventType
 from corral.core.messages import Message, ModelResponse, TextDelta, ToolCall, Usage, dump
 from corral.core.runs import PendingApproval, RunState
 from corral.engine.budget import Budget
+from corral.engine.replay import OpenStep, replay
 from corral.engine.structured import parse_output, repair_prompt, schema_instruction
 from corral.models.base import Model, ModelSettings
 from corral.resources.kinds import Limits
@@ -50,6 +65,8 @@ class AgentDefinition:
     output_retries: int = 2
     stream: bool = True
     workspace: Path = field(default_factory=lambda: Path.cwd())
+    #: what to do with a non-idempotent call interrupted by a crash: ask a human, or fail
+    interrupted_calls: Literal["ask", "fail"] = "ask"
 
 
 @dataclass
@@ -64,31 +81,54 @@ class RunResult:
     steps: int = 0
     usage: Usage = field(default_factory=Usage)
     cost_usd: float = 0.0
+    #: how many leading messages were the run's starting point (system prompt, history, input)
+    initial_count: int = 0
+
+    @property
+    def new_messages(self) -> list[Message]:
+        """What the run added to a conversation: its input and everything after it."""
+        return self.messages[max(0, self.initial_count - 1) :]
 
 
 class Emitter:
     """Numbers events, redacts them and hands them to the sink in order."""
 
-    def __init__(self, run_id: str, sink: EventSink, toolset: Toolset, first_seq: int = 1) -> None:
+    def __init__(self, run_id: str, sink: EventSink, toolset: Toolset, last_seq: int = 0) -> None:
         self.run_id = run_id
         self._sink = sink
         self._redact = toolset.redactor.data
-        self._seq = first_seq - 1
+        self._seq = last_seq
+        self._lock = anyio.Lock()  # parallel tool calls emit concurrently; order stays gap-free
 
     async def __call__(self, type: EventType, **data: Any) -> None:
-        self._seq += 1
-        await self._sink(Event(self.run_id, self._seq, type, self._redact(data), time.time()))
+        async with self._lock:
+            self._seq += 1
+            await self._sink(Event(self.run_id, self._seq, type, self._redact(data), time.time()))
 
 
 class AgentLoop:
-    """Runs one agent on one input; create one per run."""
+    """Runs one agent on one input (``run``), or carries a stored run on (``resume``)."""
 
-    def __init__(self, agent: AgentDefinition, run_id: str, sink: EventSink) -> None:
+    def __init__(
+        self,
+        agent: AgentDefinition,
+        run_id: str,
+        sink: EventSink,
+        *,
+        raise_retryable: bool = False,
+    ) -> None:
+        """``raise_retryable``: let a retryable model failure (the endpoints stayed down after
+        their own retries) propagate instead of failing the run, so a worker can try the
+        whole run again later; the journal keeps what was done."""
         self.agent = agent
         self.run_id = run_id
+        self.sink = sink
+        self.raise_retryable = raise_retryable
         self.emit = Emitter(run_id, sink, agent.toolset)
         self.budget = Budget(agent.limits)
         self.messages: list[Message] = []
+        self.initial_count = 0
+        self.repairs = 0
 
     async def run(self, user_input: str, history: Sequence[Message] = ()) -> RunResult:
         """Run to a final answer, a pause for approval, or a failure."""
@@ -98,14 +138,61 @@ class AgentLoop:
             system = f"{system}\n\n{schema_instruction(agent.output_schema)}".strip()
         self.messages = [Message.system(system)] if system else []
         self.messages += [*history, Message.user(user_input)]
-        await self.emit(EventType.RUN_START, agent=agent.name, input=user_input)
+        self.initial_count = len(self.messages)
+        await self.emit(
+            EventType.RUN_START,
+            agent=agent.name,
+            input=user_input,
+            messages=dump(self.messages),
+        )
+        return await self._guarded(self._drive(None, None, {}))
+
+    async def resume(
+        self, events: Sequence[Event], decisions: Mapping[str, tuple[bool, str | None]] = {}
+    ) -> RunResult:
+        """Carry on a run from its stored events.
+
+        ``decisions`` maps call ids to human decisions ``(approved, reason)`` not
+        yet recorded in the events. Nothing recorded is executed again.
+        """
+        checkpoint = replay(events)
+        if checkpoint.finished:
+            raise CorralError(f"run {self.run_id!r} has already finished")
+        self.messages = checkpoint.messages
+        self.initial_count = checkpoint.initial_count
+        self.repairs = checkpoint.repairs
+        self.budget.steps = checkpoint.steps
+        self.budget.usage = checkpoint.usage
+        self.budget.cost_usd = checkpoint.cost_usd
+        self.emit = Emitter(self.run_id, self.sink, self.agent.toolset, checkpoint.last_seq)
+        return await self._guarded(
+            self._drive(checkpoint.final, checkpoint.open_step, dict(decisions))
+        )
+
+    async def _guarded(self, drive: Awaitable[RunResult]) -> RunResult:
         try:
-            with anyio.fail_after(agent.limits.timeout_seconds):
-                result = await self._steps()
+            with anyio.fail_after(self.agent.limits.timeout_seconds):
+                result = await drive
         except TimeoutError:
             result = await self._failed(self.budget.timed_out())
         except CorralError as exc:
+            if isinstance(exc, LeaseLostError):
+                raise
+            if self.raise_retryable and isinstance(exc, ModelError) and exc.retryable:
+                raise
             result = await self._failed(exc)
+        if result.state is not RunState.WAITING_APPROVAL:
+            await self._finish(result)
+        return result
+
+    async def conclude(self, state: RunState, error: CorralError) -> RunResult:
+        """End the run from outside the loop (dead letter, cancellation): error, then run.finish."""
+        result = await self._failed(error)
+        result.state = state
+        await self._finish(result)
+        return result
+
+    async def _finish(self, result: RunResult) -> None:
         await self.emit(
             EventType.RUN_FINISH,
             state=result.state.value,
@@ -114,48 +201,66 @@ class AgentLoop:
             usage=dump(self.budget.usage),
             cost_usd=self.budget.cost_usd,
         )
-        return result
 
-    async def _steps(self) -> RunResult:
-        repairs = 0
+    async def _drive(
+        self,
+        final: Message | None,
+        open_step: OpenStep | None,
+        decisions: dict[str, tuple[bool, str | None]],
+    ) -> RunResult:
+        if open_step is not None:
+            pending = await self._tool_calls(open_step, decisions)
+            await self._finish_step(open_step.step)
+            if pending:
+                return self._result(RunState.WAITING_APPROVAL, pending=pending)
+        message = final
         while True:
-            step = self.budget.start_step()
-            await self.emit(EventType.STEP_START, step=step)
-            response = await self._model_turn()
-            self.messages.append(response.message)
-            await self.emit(
-                EventType.MESSAGE_CREATE,
-                step=step,
-                message=dump(response.message),
-                endpoint=response.endpoint,
-                usage=dump(response.usage),
-                cost_usd=response.cost_usd,
-            )
-            self.budget.charge(response)
-            calls = response.message.tool_calls
-            if calls:
-                pending = await self._tool_calls(step, calls)
+            if message is None:
+                message = await self._model_step()
+            step = self.budget.steps
+            if message.tool_calls:
+                pending = await self._tool_calls(OpenStep(step, message.tool_calls), decisions)
                 await self._finish_step(step)
                 if pending:
                     return self._result(RunState.WAITING_APPROVAL, pending=pending)
+                message = None
                 continue
-            text = response.message.content
             if self.agent.output_schema is None:
                 await self._finish_step(step)
-                return self._result(RunState.SUCCEEDED, output=text)
+                return self._result(RunState.SUCCEEDED, output=message.content)
             try:
-                output = parse_output(text, self.agent.output_schema)
+                output = parse_output(message.content, self.agent.output_schema)
             except ValueError as problem:
                 await self._finish_step(step)
-                if repairs >= self.agent.output_retries:
+                if self.repairs >= self.agent.output_retries:
                     raise OutputValidationError(
-                        f"no valid structured output after {repairs} repair attempts: {problem}"
+                        f"no valid structured output after {self.repairs} repair attempts: "
+                        f"{problem}"
                     ) from problem
-                repairs += 1
-                self.messages.append(Message.user(repair_prompt(str(problem))))
+                self.repairs += 1
+                repair = Message.user(repair_prompt(str(problem)))
+                self.messages.append(repair)
+                await self.emit(EventType.MESSAGE_CREATE, message=dump(repair))
+                message = None
                 continue
             await self._finish_step(step)
             return self._result(RunState.SUCCEEDED, output=output)
+
+    async def _model_step(self) -> Message:
+        step = self.budget.start_step()
+        await self.emit(EventType.STEP_START, step=step)
+        response = await self._model_turn()
+        self.messages.append(response.message)
+        await self.emit(
+            EventType.MESSAGE_CREATE,
+            step=step,
+            message=dump(response.message),
+            endpoint=response.endpoint,
+            usage=dump(response.usage),
+            cost_usd=response.cost_usd,
+        )
+        self.budget.charge(response)
+        return response.message
 
     async def _model_turn(self) -> ModelResponse:
         agent = self.agent
@@ -172,51 +277,106 @@ class AgentLoop:
             raise CorralError(f"model {agent.model.name!r} ended its stream without a response")
         return final
 
-    async def _tool_calls(self, step: int, calls: Sequence[ToolCall]) -> list[PendingApproval]:
-        """Run the step's calls in parallel; each result goes to its own call, in call order."""
+    async def _tool_calls(
+        self, step: OpenStep, decisions: dict[str, tuple[bool, str | None]]
+    ) -> list[PendingApproval]:
+        """Run the step's unresolved calls in parallel; returns the calls left waiting.
+
+        Each result is journaled (``tool.result``) as soon as its call ends; the
+        tool messages join the conversation in call order once every call of the
+        step has a result.
+        """
         toolset = self.agent.toolset
-        for call in calls:
-            await self.emit(
-                EventType.TOOL_CALL,
-                step=step,
-                call_id=call.id,
-                tool=toolset.ref_of(call.name),
-                arguments=call.arguments,
-            )
-        outcomes: list[ToolOutcome | None] = [None] * len(calls)
-
-        async def invoke(index: int, call: ToolCall) -> None:
-            outcomes[index] = await toolset.invoke(call, self._context(step, index, call))
-
-        async with anyio.create_task_group() as group:
-            for index, call in enumerate(calls):
-                group.start_soon(invoke, index, call)
-
         pending: list[PendingApproval] = []
-        for outcome in outcomes:
-            assert outcome is not None
+        runnable: list[tuple[int, ToolCall, bool]] = []
+        for index, call in enumerate(step.calls):
+            if call.id in step.results:
+                continue
+            decision = decisions.pop(call.id, None) or step.decided.get(call.id)
+            if decision is not None:
+                approved, reason = decision
+                if call.id not in step.decided:
+                    await self.emit(
+                        EventType.APPROVAL_RESOLVED,
+                        step=step.step,
+                        call_id=call.id,
+                        approved=approved,
+                        reason=reason,
+                    )
+                if not approved:
+                    rejected = ToolErrorInfo(
+                        ToolErrorCode.APPROVAL_REJECTED,
+                        f"a human rejected this call{': ' + reason if reason else ''}",
+                    )
+                    outcome = ToolOutcome(call, toolset.ref_of(call.name), "", rejected)
+                    step.results[call.id] = await self._record(step.step, outcome)
+                    continue
+                runnable.append((index, call, True))
+            elif call.id in step.awaiting:
+                pending.append(
+                    PendingApproval(
+                        call.id, toolset.ref_of(call.name), call.arguments, step.awaiting[call.id]
+                    )
+                )
+            elif call.id in step.started and not toolset.is_idempotent(call.name):
+                pending.append(await self._interrupted(step.step, call))
+            else:
+                runnable.append((index, call, False))
+
+        async def invoke(index: int, call: ToolCall, approved: bool) -> None:
+            async def started() -> None:
+                await self.emit(
+                    EventType.TOOL_CALL,
+                    step=step.step,
+                    call_id=call.id,
+                    tool=toolset.ref_of(call.name),
+                    arguments=call.arguments,
+                )
+
+            context = self._context(step.step, index, call)
+            outcome = await toolset.invoke(call, context, approved=approved, on_start=started)
             if outcome.needs_approval:
                 assert outcome.error is not None
                 approval = PendingApproval(
-                    outcome.call.id, outcome.ref, outcome.call.arguments, outcome.error.reason
+                    call.id, outcome.ref, call.arguments, outcome.error.reason
                 )
                 pending.append(approval)
-                await self.emit(EventType.APPROVAL_REQUESTED, step=step, **dump(approval))
-                continue
-            self.messages.append(
-                Message.tool(outcome.call, outcome.model_text(), is_error=outcome.error is not None)
-            )
-            await self.emit(
-                EventType.TOOL_RESULT,
-                step=step,
-                call_id=outcome.call.id,
-                tool=outcome.ref,
-                output=outcome.output,
-                error=dump(outcome.error) if outcome.error else None,
-                attempts=outcome.attempts,
-                duration_ms=outcome.duration_ms,
-            )
-        return pending
+                await self.emit(EventType.APPROVAL_REQUESTED, step=step.step, **dump(approval))
+            else:
+                step.results[call.id] = await self._record(step.step, outcome)
+
+        async with anyio.create_task_group() as group:
+            for index, call, approved in runnable:
+                group.start_soon(invoke, index, call, approved)
+        if not step.unresolved():
+            self.messages += [step.results[c.id] for c in step.calls]
+        order = {c.id: i for i, c in enumerate(step.calls)}
+        return sorted(pending, key=lambda p: order[p.call_id])
+
+    async def _interrupted(self, step: int, call: ToolCall) -> PendingApproval:
+        ref = self.agent.toolset.ref_of(call.name)
+        reason = (
+            f"the call to {ref!r} was interrupted (its worker stopped) and its outcome is "
+            "unknown; the tool is not idempotent, so running it again needs a human's approval"
+        )
+        if self.agent.interrupted_calls == "fail":
+            raise CorralError(reason.split("; the tool")[0] + "; the agent fails such runs")
+        approval = PendingApproval(call.id, ref, call.arguments, reason)
+        await self.emit(EventType.APPROVAL_REQUESTED, step=step, **dump(approval))
+        return approval
+
+    async def _record(self, step: int, outcome: ToolOutcome) -> Message:
+        await self.emit(
+            EventType.TOOL_RESULT,
+            step=step,
+            call_id=outcome.call.id,
+            tool=outcome.ref,
+            output=outcome.output,
+            error=dump(outcome.error) if outcome.error else None,
+            attempts=outcome.attempts,
+            duration_ms=outcome.duration_ms,
+        )
+        return Message.tool(outcome.call, outcome.model_text(), is_error=outcome.error is not None)
 
     def _context(self, step: int, index: int, call: ToolCall) -> ToolContext:
         agent = self.agent
@@ -259,4 +419,5 @@ class AgentLoop:
             steps=self.budget.steps,
             usage=self.budget.usage,
             cost_usd=self.budget.cost_usd,
+            initial_count=self.initial_count,
         )

@@ -1,8 +1,10 @@
 """The ``scripted`` provider: canned turns for tests and demos.
 
-Each request consumes the next turn of the script. A request past the end of
-the script is an error, so a test notices when the engine calls the model more
-often than it meant to.
+The script is the whole conversation: a request with N assistant messages
+already in it gets turn N + 1. So a resumed run (another process, the journal
+replayed) continues the script where it left off, and a session's earlier turns
+count too. A request past the end of the script is an error, so a test notices
+when the engine calls the model more often than it meant to.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ class ScriptedModel(Model):
     async def request(
         self, messages: Sequence[Message], tools: Sequence[ToolSpec], settings: ModelSettings
     ) -> ModelResponse:
-        index = len(self.requests)
+        index = sum(1 for m in messages if m.role == "assistant")
         self.requests.append(list(messages))
         if index >= len(self.turns):
             raise ModelError(

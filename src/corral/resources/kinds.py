@@ -277,6 +277,9 @@ class ApprovalPolicy(Spec):
 
     policy: Literal["never", "always", "by_risk"] = "never"
     min_risk: RiskLevel = "high"
+    expires_after_seconds: float | None = Field(
+        default=None, gt=0, description="a pending approval not decided by then counts as rejected"
+    )
 
 
 class ModelSettingsSpec(Spec):
@@ -298,6 +301,13 @@ class AgentSpec(Spec):
     output_schema: dict[str, Any] | None = None
     output_retries: int = Field(default=2, ge=0, le=10)
     stream: bool = True
+    interrupted_calls: Literal["ask", "fail"] = Field(
+        default="ask",
+        description="a non-idempotent call cut off by a crash: ask a human to re-run it, or fail",
+    )
+    max_attempts: int = Field(
+        default=3, ge=1, le=100, description="tries of a run before dead letter"
+    )
 
 
 SPEC_TYPES: dict[str, type[Spec]] = {

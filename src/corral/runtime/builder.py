@@ -92,6 +92,7 @@ class AgentBuilder:
             output_retries=spec.output_retries,
             stream=spec.stream,
             workspace=workspace,
+            interrupted_calls=spec.interrupted_calls,
         )
 
     async def _spec(self, kind: str, name: str, spec_type: type[S]) -> S:

@@ -20,7 +20,9 @@ from typing import Self
 
 from corral.core.errors import CorralError
 from corral.core.events import Event
-from corral.core.runs import RunRecord
+from corral.core.messages import Message
+from corral.core.runs import Approval, Lease, RunRecord, RunState
+from corral.core.sessions import Session, SessionMessage
 from corral.resources.kinds import Resource
 from corral.resources.loader import LoadedResource
 
@@ -112,8 +114,22 @@ class Store(ABC):
         """Store a new run; ``ConflictError`` when its id exists."""
 
     @abstractmethod
-    async def save_run(self, record: RunRecord) -> None:
-        """Overwrite a stored run with ``record``; ``NotFoundError`` when it does not exist."""
+    async def save_run(
+        self,
+        record: RunRecord,
+        lease: Lease | None = None,
+        approvals: Sequence[Approval] = (),
+    ) -> None:
+        """Overwrite a stored run with ``record``; ``NotFoundError`` when it does not exist.
+
+        With ``lease`` the write is fenced: ``LeaseLostError`` (and nothing
+        written) unless the run's fencing token still equals ``lease.token``.
+        When ``record.state`` is no longer ``running`` the lease columns are
+        cleared. ``approvals`` are inserted in the same transaction (a run that
+        goes to ``waiting_approval`` stores its pending approvals atomically).
+        The lease columns of ``record`` itself are ignored: only claims,
+        renewals and releases change them.
+        """
 
     @abstractmethod
     async def get_run(self, run_id: str) -> RunRecord | None:
@@ -121,15 +137,147 @@ class Store(ABC):
 
     @abstractmethod
     async def list_runs(
-        self, namespace: str, agent: str | None = None, limit: int = 50
+        self,
+        namespace: str,
+        agent: str | None = None,
+        limit: int = 50,
+        states: Sequence[RunState] | None = None,
     ) -> list[RunRecord]:
-        """The newest runs of a namespace (of one agent when given), newest first."""
+        """The newest runs of a namespace (of one agent, in some states, when given), newest first."""
+
+    # ----------------------------------------------------------------- tasks and leases
+
+    @abstractmethod
+    async def submit_run(self, record: RunRecord) -> tuple[RunRecord, bool]:
+        """Store a new queued run and return ``(record, True)``.
+
+        When ``record.idempotency_key`` is set and a run with the same key exists
+        for the same namespace and agent, nothing is stored and the existing run
+        is returned with ``False`` - also when many submits race (a unique index
+        decides, not a read-then-write).
+        """
+
+    @abstractmethod
+    async def claim_runs(
+        self, owner: str, lease_seconds: float, limit: int = 1, *, now: float | None = None
+    ) -> list[tuple[RunRecord, Lease]]:
+        """Claim up to ``limit`` runnable runs for ``owner``, highest priority then oldest first.
+
+        Runnable: ``queued`` with ``not_before <= now``, or ``running`` with a lease
+        that expired before ``now`` (its worker died or stalled). Each claim sets
+        state ``running``, the owner, ``lease_expires_at = now + lease_seconds``,
+        increments ``attempts`` and the fencing token, and sets ``started_at`` if
+        unset. Two concurrent claimers never get the same run.
+        """
+
+    @abstractmethod
+    async def renew_lease(self, lease: Lease, lease_seconds: float) -> tuple[Lease, bool]:
+        """Extend a lease; returns the new lease and whether cancellation was requested.
+
+        ``LeaseLostError`` when the run's fencing token is no longer ``lease.token``.
+        """
+
+    @abstractmethod
+    async def release_run(self, lease: Lease, *, not_before: float = 0.0) -> None:
+        """Give a claimed run back: state ``queued``, lease cleared, runnable from ``not_before``.
+
+        Fenced like ``save_run``. Used on shutdown and for retries with backoff.
+        """
+
+    @abstractmethod
+    async def request_cancel(self, run_id: str) -> RunRecord:
+        """Cancel a run: a ``queued`` or ``waiting_approval`` run becomes ``cancelled`` at once
+        (its pending approvals expire); a ``running`` one gets ``cancel_requested`` for its
+        worker to act on. A finished run is returned unchanged. ``NotFoundError`` if absent.
+        """
+
+    # ----------------------------------------------------------------- approvals
+
+    @abstractmethod
+    async def list_approvals(
+        self,
+        namespace: str | None = None,
+        *,
+        run_id: str | None = None,
+        states: Sequence[str] | None = None,
+    ) -> list[Approval]:
+        """Approvals, oldest first, filtered by namespace, run and state when given."""
+
+    @abstractmethod
+    async def get_approval(self, approval_id: str) -> Approval | None:
+        """One approval, or ``None``."""
+
+    @abstractmethod
+    async def decide_approval(
+        self, approval_id: str, approved: bool, *, by: str | None = None, reason: str | None = None
+    ) -> Approval:
+        """Approve or reject a pending approval, once.
+
+        ``NotFoundError`` if absent; ``ConflictError`` if already decided or
+        expired. When it was the run's last pending approval and the run is
+        ``waiting_approval``, the run becomes ``queued`` in the same transaction so
+        a worker resumes it.
+        """
+
+    @abstractmethod
+    async def expire_approvals(self, now: float | None = None) -> list[Approval]:
+        """Mark pending approvals whose ``expires_at`` passed as ``expired`` and queue their
+        runs (as ``decide_approval`` does); returns what expired."""
+
+    # ----------------------------------------------------------------- sessions
+
+    @abstractmethod
+    async def get_or_create_session(self, session_id: str, namespace: str, agent: str) -> Session:
+        """The session with this id, created when absent (race-free).
+
+        ``ConflictError`` when it exists for another namespace or agent.
+        """
+
+    @abstractmethod
+    async def get_session(self, session_id: str) -> Session | None:
+        """One session, or ``None``."""
+
+    @abstractmethod
+    async def list_sessions(self, namespace: str, agent: str | None = None) -> list[Session]:
+        """Sessions of a namespace, most recently updated first."""
+
+    @abstractmethod
+    async def delete_session(self, session_id: str) -> None:
+        """Delete a session and its messages; ``NotFoundError`` if absent."""
+
+    @abstractmethod
+    async def append_session_messages(
+        self,
+        session_id: str,
+        messages: Sequence[Message],
+        run_id: str | None = None,
+        lease: Lease | None = None,
+    ) -> list[SessionMessage]:
+        """Append messages (fenced by ``lease`` when given, as in ``save_run``)."""
+
+    @abstractmethod
+    async def session_messages(
+        self, session_id: str, *, include_hidden: bool = False
+    ) -> list[SessionMessage]:
+        """The session's messages in order; hidden (compacted) ones only when asked."""
+
+    @abstractmethod
+    async def compact_session(
+        self, session_id: str, up_to_seq: int, summary: Message | None
+    ) -> None:
+        """Hide every visible message with ``seq <= up_to_seq`` and, when given, store
+        ``summary`` as a visible summary message placed before the remaining ones -
+        in one transaction. Hidden messages are kept."""
 
     # ----------------------------------------------------------------- events
 
     @abstractmethod
-    async def append_events(self, events: Sequence[Event]) -> None:
-        """Store events atomically; ``ConflictError`` when a (run, seq) exists or the run does not."""
+    async def append_events(self, events: Sequence[Event], lease: Lease | None = None) -> None:
+        """Store events atomically; ``ConflictError`` when a (run, seq) exists or the run does not.
+
+        With ``lease`` the write is fenced as in ``save_run``: a stale worker's
+        events are refused with ``LeaseLostError`` and nothing is written.
+        """
 
     @abstractmethod
     async def list_events(self, run_id: str, after_seq: int = 0) -> list[Event]:

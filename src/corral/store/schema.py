@@ -11,7 +11,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import JSONB
 
-LATEST_REVISION = "0001"
+LATEST_REVISION = "0002"
 """The head of ``migrations/versions``; a store at this revision opens without alembic."""
 
 metadata = sa.MetaData(
@@ -56,7 +56,28 @@ runs = sa.Table(
     sa.Column("created_at", sa.Double, nullable=False),
     sa.Column("started_at", sa.Double, nullable=True),
     sa.Column("finished_at", sa.Double, nullable=True),
+    # Durable task columns (0002).
+    sa.Column("idempotency_key", sa.String(255), nullable=True),
+    sa.Column("session_id", sa.String(64), nullable=True),
+    sa.Column("priority", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("not_before", sa.Double, nullable=False, server_default="0"),
+    sa.Column("attempts", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("max_attempts", sa.Integer, nullable=False, server_default="3"),
+    sa.Column("cancel_requested", sa.Boolean, nullable=False, server_default=sa.false()),
+    sa.Column("lease_owner", sa.String(255), nullable=True),
+    sa.Column("lease_expires_at", sa.Double, nullable=True),
+    sa.Column("fencing_token", sa.BigInteger, nullable=False, server_default="0"),
     sa.Index("ix_runs_namespace_agent_created_at", "namespace", "agent", "created_at"),
+    # NULL keys never collide (SQLite and PostgreSQL alike): only keyed submits are deduplicated.
+    sa.Index(
+        "uq_runs_namespace_agent_idempotency_key",
+        "namespace",
+        "agent",
+        "idempotency_key",
+        unique=True,
+    ),
+    # Claiming walks one state in claim order (priority DESC, created_at, id) and stops at LIMIT.
+    sa.Index("ix_runs_claim", "state", sa.desc("priority"), "created_at", "id"),
 )
 
 run_events = sa.Table(
@@ -72,4 +93,62 @@ run_events = sa.Table(
     sa.Column("type", sa.String(64), nullable=False),
     sa.Column("ts", sa.Double, nullable=False),
     sa.Column("data", Json, nullable=False),
+)
+
+approvals = sa.Table(
+    "approvals",
+    metadata,
+    sa.Column("id", sa.String(64), primary_key=True),
+    sa.Column(
+        "run_id", sa.String(64), sa.ForeignKey("runs.id", ondelete="CASCADE"), nullable=False
+    ),
+    sa.Column("namespace", sa.String(63), nullable=False),
+    sa.Column("agent", sa.String(63), nullable=False),
+    sa.Column("call_id", sa.String(255), nullable=False),
+    sa.Column("tool", sa.String(255), nullable=False),
+    sa.Column("arguments", sa.Text, nullable=False),
+    sa.Column("reason", sa.Text, nullable=False),
+    sa.Column("state", sa.String(16), nullable=False),
+    sa.Column("requested_at", sa.Double, nullable=False),
+    sa.Column("expires_at", sa.Double, nullable=True),
+    sa.Column("decided_at", sa.Double, nullable=True),
+    sa.Column("decided_by", sa.String(255), nullable=True),
+    sa.Column("decision_reason", sa.Text, nullable=True),
+    sa.Index("ix_approvals_namespace_state", "namespace", "state"),
+    sa.Index("ix_approvals_run_id", "run_id"),
+    # The expiry sweep looks only at pending approvals with a deadline.
+    sa.Index("ix_approvals_state_expires_at", "state", "expires_at"),
+)
+
+sessions = sa.Table(
+    "sessions",
+    metadata,
+    sa.Column("id", sa.String(64), primary_key=True),
+    sa.Column("namespace", sa.String(63), nullable=False),
+    sa.Column("agent", sa.String(63), nullable=False),
+    sa.Column("created_at", sa.Double, nullable=False),
+    sa.Column("updated_at", sa.Double, nullable=False),
+    sa.Index("ix_sessions_namespace_updated_at", "namespace", "updated_at"),
+)
+
+session_messages = sa.Table(
+    "session_messages",
+    metadata,
+    sa.Column(
+        "session_id",
+        sa.String(64),
+        sa.ForeignKey("sessions.id", ondelete="CASCADE"),
+        primary_key=True,
+    ),
+    # ``seq`` numbers messages as appended; ``position`` orders them. An ordinary
+    # message has position == seq; a compaction summary gets a position between
+    # the last message it hides and the first one it leaves visible.
+    sa.Column("seq", sa.Integer, primary_key=True),
+    sa.Column("position", sa.Double, nullable=False),
+    sa.Column("message", Json, nullable=False),
+    sa.Column("run_id", sa.String(64), nullable=True),
+    sa.Column("hidden", sa.Boolean, nullable=False),
+    sa.Column("summary", sa.Boolean, nullable=False),
+    sa.Column("created_at", sa.Double, nullable=False),
+    sa.Index("ix_session_messages_session_id_position", "session_id", "position"),
 )

@@ -4,7 +4,14 @@ The SQL is dialect neutral so that ``postgresql+asyncpg`` can follow. On
 SQLite every connection runs in WAL mode with ``synchronous=FULL``, foreign
 keys on and a busy timeout; SQLAlchemy (not the sqlite3 module) emits
 ``BEGIN``, and write transactions use ``BEGIN IMMEDIATE`` so that a
-read-check-write (apply, delete) cannot interleave with another writer.
+read-check-write (apply, delete, claim, a fenced write) cannot interleave
+with another writer. Every operation is one transaction.
+
+Runs double as durable tasks. A claim bumps the run's fencing token; a write
+made under a :class:`~corral.core.runs.Lease` checks the token in the same
+transaction and is refused (``LeaseLostError``) once a newer claim bumped it.
+Expiry alone refuses nothing: an expired lease still writes until someone
+else claims the run.
 
 The schema is created and upgraded by alembic when the store opens; a store
 already at :data:`~corral.store.schema.LATEST_REVISION` opens without
@@ -14,45 +21,76 @@ importing alembic at all.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 import sqlalchemy as sa
 from pydantic import ValidationError
-from sqlalchemy import event
-from sqlalchemy import exc as sa_exc
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
-from corral.core.errors import ConfigurationError, ConflictError, NotFoundError, ResourceError
+from corral.core.errors import (
+    ConfigurationError,
+    ConflictError,
+    LeaseLostError,
+    NotFoundError,
+    ResourceError,
+)
 from corral.core.events import Event, EventType
-from corral.core.messages import Usage, dump, load, load_messages
-from corral.core.runs import PendingApproval, RunRecord, RunState
+from corral.core.messages import Message
+from corral.core.runs import Approval, ApprovalState, Lease, RunRecord, RunState
+from corral.core.sessions import Session, SessionMessage
 from corral.resources.kinds import API_VERSION, SPEC_TYPES, Metadata, Resource, SecretSpec, Spec
 from corral.resources.loader import LoadedResource, format_path
 from corral.resources.references import check_references, locate, referrers, resource_of
 from corral.resources.secrets import SecretCipher, seal
-from corral.store.base import ApplyAction, ApplyOutcome, Store, StoredResource, StoreError
-from corral.store.schema import LATEST_REVISION, resources, run_events, runs
+from corral.store._sql_engine import (
+    BUSY_TIMEOUT_SECONDS,
+    MIGRATIONS_DIR,
+    WRITE,
+    async_url,
+    configure_sqlite,
+    current_revision,
+    db_errors,
+    prepare_sqlite_path,
+    upgrade,
+)
+from corral.store._sql_rows import (
+    approval_values,
+    row_to_approval,
+    row_to_run,
+    row_to_session,
+    row_to_session_message,
+    run_values,
+    session_message_values,
+)
+from corral.store._sql_statements import (
+    check_fence,
+    insert_or_skip,
+    last_seq,
+    refuse,
+    requeue_settled_runs,
+    touch_session,
+)
+from corral.store.base import ApplyAction, ApplyOutcome, Store, StoredResource
+from corral.store.schema import (
+    LATEST_REVISION,
+    resources,
+    run_events,
+    runs,
+    session_messages,
+    sessions,
+)
+from corral.store.schema import approvals as approvals_table
 
-MIGRATIONS_DIR = Path(__file__).parent / "migrations"
-BUSY_TIMEOUT_SECONDS = 30.0
-_WRITE = "corral_write"
+__all__ = ["BUSY_TIMEOUT_SECONDS", "MIGRATIONS_DIR", "SqlStore", "async_url"]
+
+_IDEMPOTENCY_COLUMNS = ("namespace", "agent", "idempotency_key")
+# Claim order: highest priority first, then oldest; ``ix_runs_claim`` serves it.
+_CLAIM_ORDER = (runs.c.priority.desc(), runs.c.created_at, runs.c.id)
 
 
-def async_url(url: str) -> sa.URL:
-    """``sqlite:///x.db`` -> ``sqlite+aiosqlite:///x.db``; ``postgresql://`` -> ``+asyncpg``."""
-    try:
-        parsed = sa.make_url(url)
-    except sa_exc.ArgumentError as exc:
-        raise ConfigurationError(f"invalid database URL {url!r}: {exc}") from exc
-    driver = parsed.drivername
-    if driver == "sqlite":
-        return parsed.set(drivername="sqlite+aiosqlite")
-    if driver in ("postgresql", "postgres"):
-        return parsed.set(drivername="postgresql+asyncpg")
-    return parsed
+def _claim_key(row: sa.Row[Any]) -> tuple[int, float, str]:
+    return (-row.priority, row.created_at, row.id)
 
 
 class SqlStore(Store):
@@ -61,8 +99,9 @@ class SqlStore(Store):
     def __init__(self, engine: AsyncEngine, cipher: SecretCipher) -> None:
         self._engine = engine
         # Same pool; connections from here open write transactions (BEGIN IMMEDIATE on SQLite).
-        self._writer = engine.execution_options(**{_WRITE: True})
+        self._writer = engine.execution_options(**{WRITE: True})
         self._cipher = cipher
+        self._dialect = engine.dialect.name
 
     @classmethod
     async def open(
@@ -78,12 +117,12 @@ class SqlStore(Store):
         lock before the operation fails with :class:`StoreError`.
         """
         target = async_url(url)
-        with _db_errors("open the store"):
+        with db_errors("open the store"):
             if target.get_backend_name() == "sqlite":
-                _prepare_sqlite_path(target)
+                prepare_sqlite_path(target)
             engine = create_async_engine(target)
             if engine.dialect.name == "sqlite":
-                _configure_sqlite(engine, busy_timeout_seconds)
+                configure_sqlite(engine, busy_timeout_seconds)
             store = cls(engine, cipher)
         try:
             await store._migrate()
@@ -98,14 +137,14 @@ class SqlStore(Store):
     # ----------------------------------------------------------------- migrations
 
     async def _migrate(self) -> None:
-        with _db_errors("migrate the store"):
+        with db_errors("migrate the store"):
             async with self._engine.connect() as conn:
-                current = await conn.run_sync(_current_revision)
+                current = await conn.run_sync(current_revision)
             if current == LATEST_REVISION:
                 return
             async with self._writer.begin() as conn:
                 # Re-checked under the write lock: another process may have just migrated.
-                await conn.run_sync(_upgrade)
+                await conn.run_sync(upgrade)
 
     # ----------------------------------------------------------------- resources
 
@@ -113,7 +152,7 @@ class SqlStore(Store):
         items = list(batch)
         _check_kinds(items)
         now = time.time()
-        with _db_errors("apply resources"):
+        with db_errors("apply resources"):
             async with self._writer.begin() as conn:
 
                 async def exists(namespace: str, kind: str, name: str) -> bool:
@@ -168,7 +207,7 @@ class SqlStore(Store):
         return ApplyOutcome(namespace, kind, name, ApplyAction.CONFIGURED, generation)
 
     async def get_resource(self, namespace: str, kind: str, name: str) -> StoredResource | None:
-        with _db_errors("read a resource"):
+        with db_errors("read a resource"):
             async with self._engine.connect() as conn:
                 row = await _fetch_resource(conn, namespace, kind, name)
         return _row_to_stored(row) if row is not None else None
@@ -178,13 +217,13 @@ class SqlStore(Store):
         if kind is not None:
             query = query.where(resources.c.kind == kind)
         query = query.order_by(resources.c.kind, resources.c.name)
-        with _db_errors("list resources"):
+        with db_errors("list resources"):
             async with self._engine.connect() as conn:
                 rows = (await conn.execute(query)).all()
         return [_row_to_stored(row) for row in rows]
 
     async def delete_resource(self, namespace: str, kind: str, name: str) -> None:
-        with _db_errors("delete a resource"):
+        with db_errors("delete a resource"):
             async with self._writer.begin() as conn:
                 if await _fetch_resource(conn, namespace, kind, name) is None:
                     raise NotFoundError(f"{kind} {name!r} not found in namespace {namespace!r}")
@@ -212,50 +251,512 @@ class SqlStore(Store):
     # ----------------------------------------------------------------- runs
 
     async def create_run(self, record: RunRecord) -> None:
-        with _db_errors(f"create run {record.id}"):
+        with db_errors(f"create run {record.id}"):
             async with self._writer.begin() as conn:
-                await conn.execute(runs.insert().values(**_run_values(record)))
+                await conn.execute(runs.insert().values(**run_values(record)))
 
-    async def save_run(self, record: RunRecord) -> None:
-        values = _run_values(record)
-        del values["id"]
-        with _db_errors(f"save run {record.id}"):
+    async def save_run(
+        self,
+        record: RunRecord,
+        lease: Lease | None = None,
+        approvals: Sequence[Approval] = (),
+    ) -> None:
+        """See :meth:`Store.save_run`. Also: ``cancel_requested`` is only ever raised by a
+        save, never cleared (the flag belongs to :meth:`request_cancel`); a lease on
+        another run is a ``ConflictError``."""
+        if lease is not None and lease.run_id != record.id:
+            raise ConflictError(f"cannot save run {record.id!r} under a lease on {lease.run_id!r}")
+        values = run_values(record)
+        for column in ("id", "lease_owner", "lease_expires_at", "fencing_token"):
+            del values[column]
+        # The flag belongs to request_cancel: a worker saving the record it claimed
+        # before the request must not clear it, so a save can only raise it.
+        if not record.cancel_requested:
+            del values["cancel_requested"]
+        if record.state is not RunState.RUNNING:
+            values.update(lease_owner=None, lease_expires_at=None)
+        statement = runs.update().where(runs.c.id == record.id).values(**values)
+        if lease is not None:
+            statement = statement.where(runs.c.fencing_token == lease.token)
+        with db_errors(f"save run {record.id}"):
             async with self._writer.begin() as conn:
-                result = await conn.execute(
-                    runs.update().where(runs.c.id == record.id).values(**values)
-                )
+                result = await conn.execute(statement)
                 if result.rowcount == 0:
-                    raise NotFoundError(f"run {record.id!r} not found")
+                    await refuse(conn, record.id, lease)
+                if approvals:
+                    await conn.execute(
+                        approvals_table.insert(), [approval_values(a) for a in approvals]
+                    )
 
     async def get_run(self, run_id: str) -> RunRecord | None:
-        with _db_errors(f"read run {run_id}"):
+        with db_errors(f"read run {run_id}"):
             async with self._engine.connect() as conn:
                 row = (await conn.execute(sa.select(runs).where(runs.c.id == run_id))).first()
-        return _row_to_run(row) if row is not None else None
+        return row_to_run(row) if row is not None else None
 
     async def list_runs(
-        self, namespace: str, agent: str | None = None, limit: int = 50
+        self,
+        namespace: str,
+        agent: str | None = None,
+        limit: int = 50,
+        states: Sequence[RunState] | None = None,
     ) -> list[RunRecord]:
         query = sa.select(runs).where(runs.c.namespace == namespace)
         if agent is not None:
             query = query.where(runs.c.agent == agent)
+        if states is not None:
+            query = query.where(runs.c.state.in_([RunState(s).value for s in states]))
         query = query.order_by(runs.c.created_at.desc(), runs.c.id.desc()).limit(limit)
-        with _db_errors("list runs"):
+        with db_errors("list runs"):
             async with self._engine.connect() as conn:
                 rows = (await conn.execute(query)).all()
-        return [_row_to_run(row) for row in rows]
+        return [row_to_run(row) for row in rows]
+
+    # ----------------------------------------------------------------- tasks and leases
+
+    async def submit_run(self, record: RunRecord) -> tuple[RunRecord, bool]:
+        """See :meth:`Store.submit_run`; the record is stored as given (callers pass a
+        ``queued`` one). A clash on the run id alone is a ``ConflictError``."""
+        values = run_values(record)
+        with db_errors(f"submit run {record.id}"):
+            async with self._writer.begin() as conn:
+                if record.idempotency_key is None:
+                    await conn.execute(runs.insert().values(**values))
+                    return record, True
+                # The unique index decides between racing submits, not a prior read;
+                # a clash on the run id alone still raises (ConflictError).
+                insert = insert_or_skip(self._dialect, runs, _IDEMPOTENCY_COLUMNS)
+                inserted = (
+                    await conn.execute(insert.values(**values).returning(runs.c.id))
+                ).first()
+                if inserted is not None:
+                    return record, True
+                row = (
+                    await conn.execute(
+                        sa.select(runs).where(
+                            runs.c.namespace == record.namespace,
+                            runs.c.agent == record.agent,
+                            runs.c.idempotency_key == record.idempotency_key,
+                        )
+                    )
+                ).one()
+        return row_to_run(row), False
+
+    async def claim_runs(
+        self, owner: str, lease_seconds: float, limit: int = 1, *, now: float | None = None
+    ) -> list[tuple[RunRecord, Lease]]:
+        """See :meth:`Store.claim_runs`. A ``running`` run without a lease expiry (one the
+        local runtime runs in-process) is never claimable. ``attempts`` is counted,
+        not enforced: the claimer compares it with ``max_attempts``."""
+        if limit <= 0:
+            return []
+        now = time.time() if now is None else now
+        expires_at = now + lease_seconds
+        # Two index walks (ix_runs_claim), each stopping at ``limit``, beat one OR
+        # query that would sort every queued run. SKIP LOCKED lets PostgreSQL
+        # claimers pass each other; on SQLite BEGIN IMMEDIATE serializes them.
+        queued = sa.and_(runs.c.state == RunState.QUEUED.value, runs.c.not_before <= now)
+        expired = sa.and_(runs.c.state == RunState.RUNNING.value, runs.c.lease_expires_at < now)
+        with db_errors("claim runs"):
+            async with self._writer.begin() as conn:
+                candidates: list[Any] = []
+                for runnable in (queued, expired):
+                    query = (
+                        sa.select(runs.c.id, runs.c.priority, runs.c.created_at)
+                        .where(runnable)
+                        .order_by(*_CLAIM_ORDER)
+                        .limit(limit)
+                        .with_for_update(skip_locked=True)
+                    )
+                    candidates.extend((await conn.execute(query)).all())
+                if not candidates:
+                    return []
+                candidates.sort(key=_claim_key)
+                ids = [row.id for row in candidates[:limit]]
+                claimed = (
+                    await conn.execute(
+                        runs.update()
+                        # The guard repeats the runnable test: a row another claimer
+                        # took between the SELECT and here is left alone.
+                        .where(runs.c.id.in_(ids), sa.or_(queued, expired))
+                        .values(
+                            state=RunState.RUNNING.value,
+                            lease_owner=owner,
+                            lease_expires_at=expires_at,
+                            attempts=runs.c.attempts + 1,
+                            fencing_token=runs.c.fencing_token + 1,
+                            started_at=sa.func.coalesce(runs.c.started_at, now),
+                        )
+                        .returning(*runs.c)
+                    )
+                ).all()
+        rows = sorted(claimed, key=_claim_key)
+        return [
+            (row_to_run(row), Lease(row.id, owner, row.fencing_token, expires_at)) for row in rows
+        ]
+
+    async def renew_lease(self, lease: Lease, lease_seconds: float) -> tuple[Lease, bool]:
+        """See :meth:`Store.renew_lease`. Also ``LeaseLostError`` when the token still
+        matches but the run is no longer ``running`` (its holder saved it into another
+        state, which ended the lease); ``NotFoundError`` when the run is absent."""
+        expires_at = time.time() + lease_seconds
+        with db_errors(f"renew the lease on run {lease.run_id}"):
+            async with self._writer.begin() as conn:
+                row = (
+                    await conn.execute(
+                        runs.update()
+                        .where(
+                            runs.c.id == lease.run_id,
+                            runs.c.fencing_token == lease.token,
+                            runs.c.state == RunState.RUNNING.value,
+                        )
+                        .values(lease_expires_at=expires_at)
+                        .returning(runs.c.cancel_requested)
+                    )
+                ).first()
+                if row is None:
+                    await refuse(conn, lease.run_id, lease)
+                    raise LeaseLostError(
+                        f"run {lease.run_id!r} is no longer running under the lease of "
+                        f"{lease.owner!r}"
+                    )
+        renewed = Lease(lease.run_id, lease.owner, lease.token, expires_at)
+        return renewed, bool(row.cancel_requested)
+
+    async def release_run(self, lease: Lease, *, not_before: float = 0.0) -> None:
+        """See :meth:`Store.release_run`. When the token matches but the run is no longer
+        ``running`` (already saved as finished or waiting), nothing changes: releasing
+        must never re-queue a finished run. ``NotFoundError`` when the run is absent."""
+        with db_errors(f"release run {lease.run_id}"):
+            async with self._writer.begin() as conn:
+                result = await conn.execute(
+                    runs.update()
+                    .where(
+                        runs.c.id == lease.run_id,
+                        runs.c.fencing_token == lease.token,
+                        runs.c.state == RunState.RUNNING.value,
+                    )
+                    .values(
+                        state=RunState.QUEUED.value,
+                        lease_owner=None,
+                        lease_expires_at=None,
+                        not_before=not_before,
+                    )
+                )
+                if result.rowcount == 0:
+                    # Same token but no longer running: the holder already saved the run
+                    # into another state, which ended the lease; nothing to give back.
+                    await refuse(conn, lease.run_id, lease)
+
+    async def request_cancel(self, run_id: str) -> RunRecord:
+        """See :meth:`Store.request_cancel`. A run cancelled at once gets
+        ``finished_at`` and ``cancel_requested``; its pending approvals expire with
+        ``decision_reason = "run cancelled"``."""
+        now = time.time()
+        with db_errors(f"cancel run {run_id}"):
+            async with self._writer.begin() as conn:
+                row = (
+                    await conn.execute(sa.select(runs).where(runs.c.id == run_id).with_for_update())
+                ).first()
+                if row is None:
+                    raise NotFoundError(f"run {run_id!r} not found")
+                state = RunState(row.state)
+                if state.finished:
+                    return row_to_run(row)
+                if state is RunState.RUNNING:
+                    values: dict[str, Any] = {"cancel_requested": True}
+                else:
+                    values = {
+                        "state": RunState.CANCELLED.value,
+                        "cancel_requested": True,
+                        "finished_at": now,
+                        "lease_owner": None,
+                        "lease_expires_at": None,
+                    }
+                    await conn.execute(
+                        approvals_table.update()
+                        .where(
+                            approvals_table.c.run_id == run_id,
+                            approvals_table.c.state == ApprovalState.PENDING.value,
+                        )
+                        .values(
+                            state=ApprovalState.EXPIRED.value,
+                            decided_at=now,
+                            decision_reason="run cancelled",
+                        )
+                    )
+                row = (
+                    await conn.execute(
+                        runs.update().where(runs.c.id == run_id).values(**values).returning(*runs.c)
+                    )
+                ).one()
+        return row_to_run(row)
+
+    # ----------------------------------------------------------------- approvals
+
+    async def list_approvals(
+        self,
+        namespace: str | None = None,
+        *,
+        run_id: str | None = None,
+        states: Sequence[str] | None = None,
+    ) -> list[Approval]:
+        table = approvals_table
+        query = sa.select(table)
+        if namespace is not None:
+            query = query.where(table.c.namespace == namespace)
+        if run_id is not None:
+            query = query.where(table.c.run_id == run_id)
+        if states is not None:
+            query = query.where(table.c.state.in_([str(s) for s in states]))
+        query = query.order_by(table.c.requested_at, table.c.id)
+        with db_errors("list approvals"):
+            async with self._engine.connect() as conn:
+                rows = (await conn.execute(query)).all()
+        return [row_to_approval(row) for row in rows]
+
+    async def get_approval(self, approval_id: str) -> Approval | None:
+        query = sa.select(approvals_table).where(approvals_table.c.id == approval_id)
+        with db_errors(f"read approval {approval_id}"):
+            async with self._engine.connect() as conn:
+                row = (await conn.execute(query)).first()
+        return row_to_approval(row) if row is not None else None
+
+    async def decide_approval(
+        self, approval_id: str, approved: bool, *, by: str | None = None, reason: str | None = None
+    ) -> Approval:
+        """See :meth:`Store.decide_approval`. A pending approval already past its
+        ``expires_at`` (not yet swept) is expired on the spot - committed, its run
+        re-queued as by :meth:`expire_approvals` - and the decision is refused with
+        ``ConflictError``."""
+        now = time.time()
+        table = approvals_table
+        with db_errors(f"decide approval {approval_id}"):
+            async with self._writer.begin() as conn:
+                found = (
+                    await conn.execute(
+                        sa.select(table.c.state, table.c.expires_at)
+                        .where(table.c.id == approval_id)
+                        .with_for_update()
+                    )
+                ).first()
+                if found is None:
+                    raise NotFoundError(f"approval {approval_id!r} not found")
+                if found.state != ApprovalState.PENDING.value:
+                    raise ConflictError(f"approval {approval_id!r} is already {found.state}")
+                overdue = found.expires_at is not None and found.expires_at <= now
+                if overdue:
+                    # Past its deadline but not swept yet: expire it now (and commit that)
+                    # rather than let a late decision through.
+                    values: dict[str, Any] = {
+                        "state": ApprovalState.EXPIRED.value,
+                        "decided_at": now,
+                    }
+                else:
+                    state = ApprovalState.APPROVED if approved else ApprovalState.REJECTED
+                    values = {
+                        "state": state.value,
+                        "decided_at": now,
+                        "decided_by": by,
+                        "decision_reason": reason,
+                    }
+                row = (
+                    await conn.execute(
+                        table.update()
+                        .where(table.c.id == approval_id)
+                        .values(**values)
+                        .returning(*table.c)
+                    )
+                ).one()
+                await requeue_settled_runs(conn, [row.run_id], now)
+        if overdue:
+            raise ConflictError(f"approval {approval_id!r} is already expired")
+        return row_to_approval(row)
+
+    async def expire_approvals(self, now: float | None = None) -> list[Approval]:
+        """See :meth:`Store.expire_approvals`; due means ``expires_at <= now``."""
+        now = time.time() if now is None else now
+        table = approvals_table
+        with db_errors("expire approvals"):
+            async with self._writer.begin() as conn:
+                rows = (
+                    await conn.execute(
+                        table.update()
+                        .where(
+                            table.c.state == ApprovalState.PENDING.value,
+                            table.c.expires_at.is_not(None),
+                            table.c.expires_at <= now,
+                        )
+                        .values(state=ApprovalState.EXPIRED.value, decided_at=now)
+                        .returning(*table.c)
+                    )
+                ).all()
+                if rows:
+                    await requeue_settled_runs(conn, sorted({r.run_id for r in rows}), now)
+        expired = [row_to_approval(row) for row in rows]
+        expired.sort(key=lambda a: (a.requested_at, a.id))
+        return expired
+
+    # ----------------------------------------------------------------- sessions
+
+    async def get_or_create_session(self, session_id: str, namespace: str, agent: str) -> Session:
+        query = sa.select(sessions).where(sessions.c.id == session_id)
+        with db_errors(f"open session {session_id}"):
+            async with self._engine.connect() as conn:
+                row = (await conn.execute(query)).first()
+            if row is None:
+                now = time.time()
+                insert = insert_or_skip(self._dialect, sessions, ("id",)).values(
+                    id=session_id, namespace=namespace, agent=agent, created_at=now, updated_at=now
+                )
+                async with self._writer.begin() as conn:
+                    await conn.execute(insert)
+                    row = (await conn.execute(query)).one()
+        if (row.namespace, row.agent) != (namespace, agent):
+            raise ConflictError(
+                f"session {session_id!r} belongs to agent {row.agent!r} "
+                f"in namespace {row.namespace!r}"
+            )
+        return row_to_session(row)
+
+    async def get_session(self, session_id: str) -> Session | None:
+        query = sa.select(sessions).where(sessions.c.id == session_id)
+        with db_errors(f"read session {session_id}"):
+            async with self._engine.connect() as conn:
+                row = (await conn.execute(query)).first()
+        return row_to_session(row) if row is not None else None
+
+    async def list_sessions(self, namespace: str, agent: str | None = None) -> list[Session]:
+        query = sa.select(sessions).where(sessions.c.namespace == namespace)
+        if agent is not None:
+            query = query.where(sessions.c.agent == agent)
+        query = query.order_by(sessions.c.updated_at.desc(), sessions.c.id.desc())
+        with db_errors("list sessions"):
+            async with self._engine.connect() as conn:
+                rows = (await conn.execute(query)).all()
+        return [row_to_session(row) for row in rows]
+
+    async def delete_session(self, session_id: str) -> None:
+        with db_errors(f"delete session {session_id}"):
+            async with self._writer.begin() as conn:
+                result = await conn.execute(sessions.delete().where(sessions.c.id == session_id))
+                if result.rowcount == 0:
+                    raise NotFoundError(f"session {session_id!r} not found")
+
+    async def append_session_messages(
+        self,
+        session_id: str,
+        messages: Sequence[Message],
+        run_id: str | None = None,
+        lease: Lease | None = None,
+    ) -> list[SessionMessage]:
+        """See :meth:`Store.append_session_messages`. ``run_id`` defaults to the lease's
+        run; seqs continue from the session's last one; ``NotFoundError`` when the
+        session is absent."""
+        if not messages:
+            return []
+        if run_id is None and lease is not None:
+            run_id = lease.run_id
+        now = time.time()
+        with db_errors(f"append to session {session_id}"):
+            async with self._writer.begin() as conn:
+                if lease is not None:
+                    await check_fence(conn, lease)
+                # Touching the session first also locks it (PostgreSQL) for the seq below.
+                await touch_session(conn, session_id, now)
+                top = await last_seq(conn, session_id)
+                stored = [
+                    SessionMessage(top + i, message, run_id, created_at=now)
+                    for i, message in enumerate(messages, start=1)
+                ]
+                await conn.execute(
+                    session_messages.insert(),
+                    [session_message_values(session_id, m, float(m.seq)) for m in stored],
+                )
+        return stored
+
+    async def session_messages(
+        self, session_id: str, *, include_hidden: bool = False
+    ) -> list[SessionMessage]:
+        """See :meth:`Store.session_messages`: ordered by position (a summary sits before
+        the messages it left visible); an unknown session has no messages."""
+        table = session_messages
+        query = sa.select(table).where(table.c.session_id == session_id)
+        if not include_hidden:
+            query = query.where(table.c.hidden == sa.false())
+        query = query.order_by(table.c.position, table.c.seq)
+        with db_errors(f"read session {session_id}"):
+            async with self._engine.connect() as conn:
+                rows = (await conn.execute(query)).all()
+        return [row_to_session_message(row) for row in rows]
+
+    async def compact_session(
+        self, session_id: str, up_to_seq: int, summary: Message | None
+    ) -> None:
+        """See :meth:`Store.compact_session`. ``up_to_seq`` names the last message to
+        hide *in session order*: every visible message placed at or before it is
+        hidden - for ordinary messages that is ``seq <= up_to_seq``, and an earlier
+        summary (a high seq placed early) goes with what it summarised. A seq that is
+        not in the session cuts at that number. ``NotFoundError`` when absent."""
+        table = session_messages
+        in_session = table.c.session_id == session_id
+        now = time.time()
+        with db_errors(f"compact session {session_id}"):
+            async with self._writer.begin() as conn:
+                await touch_session(conn, session_id, now)
+                # The cut is where message ``up_to_seq`` sits in the session's order, so
+                # an earlier summary (a high seq placed early) is hidden with what it
+                # summarised. Ordinary messages sit at position == seq.
+                cut = (
+                    await conn.execute(
+                        sa.select(table.c.position).where(in_session, table.c.seq == up_to_seq)
+                    )
+                ).scalar()
+                cut = float(up_to_seq) if cut is None else float(cut)
+                visible = sa.and_(in_session, table.c.hidden == sa.false())
+                await conn.execute(
+                    table.update().where(visible, table.c.position <= cut).values(hidden=True)
+                )
+                if summary is None:
+                    return
+                top = await last_seq(conn, session_id)
+                following = (
+                    await conn.execute(
+                        sa.select(sa.func.min(table.c.position)).where(
+                            visible, table.c.position > cut
+                        )
+                    )
+                ).scalar()
+                # Between the cut and the first message left visible; with none left,
+                # before the position the next appended message will get.
+                low = min(cut, float(top))
+                high = float(following) if following is not None else float(top + 1)
+                stored = SessionMessage(top + 1, summary, summary=True, created_at=now)
+                await conn.execute(
+                    table.insert().values(
+                        **session_message_values(session_id, stored, (low + high) / 2)
+                    )
+                )
 
     # ----------------------------------------------------------------- events
 
-    async def append_events(self, events: Sequence[Event]) -> None:
+    async def append_events(self, events: Sequence[Event], lease: Lease | None = None) -> None:
+        """See :meth:`Store.append_events`; under a lease, events of another run are a
+        ``ConflictError``."""
         if not events:
             return
+        if lease is not None and any(e.run_id != lease.run_id for e in events):
+            raise ConflictError(
+                f"events of another run cannot be written under a lease on {lease.run_id!r}"
+            )
         rows = [
             {"run_id": e.run_id, "seq": e.seq, "type": str(e.type), "ts": e.ts, "data": e.data}
             for e in events
         ]
-        with _db_errors("append run events"):
+        with db_errors("append run events"):
             async with self._writer.begin() as conn:
+                if lease is not None:
+                    await check_fence(conn, lease)
                 await conn.execute(run_events.insert(), rows)
 
     async def list_events(self, run_id: str, after_seq: int = 0) -> list[Event]:
@@ -264,103 +765,13 @@ class SqlStore(Store):
             .where(run_events.c.run_id == run_id, run_events.c.seq > after_seq)
             .order_by(run_events.c.seq)
         )
-        with _db_errors("list run events"):
+        with db_errors("list run events"):
             async with self._engine.connect() as conn:
                 rows = (await conn.execute(query)).all()
         return [
             Event(run_id=r.run_id, seq=r.seq, type=EventType(r.type), data=r.data, ts=r.ts)
             for r in rows
         ]
-
-
-# --------------------------------------------------------------------------- errors
-
-
-@contextmanager
-def _db_errors(action: str) -> Iterator[None]:
-    """Convert driver and SQLAlchemy exceptions into Corral errors, at the boundary."""
-    try:
-        yield
-    except sa_exc.IntegrityError as exc:
-        raise ConflictError(
-            f"cannot {action}: it conflicts with stored state ({_cause(exc)})"
-        ) from exc
-    except sa_exc.SQLAlchemyError as exc:
-        raise StoreError(f"cannot {action}: {_cause(exc)}") from exc
-    except OSError as exc:
-        raise StoreError(f"cannot {action}: {exc}") from exc
-
-
-def _cause(exc: sa_exc.SQLAlchemyError) -> str:
-    orig = getattr(exc, "orig", None)
-    text = str(orig if orig is not None else exc).strip()
-    lowered = text.lower()
-    if "database is locked" in lowered or "database is busy" in lowered:
-        return f"the database stayed locked by another writer past the busy timeout ({text})"
-    if "disk is full" in lowered or "no space" in lowered:
-        return f"the disk is full ({text})"
-    if "unable to open database file" in lowered:
-        return f"the database file cannot be opened ({text})"
-    if "readonly" in lowered or "read-only" in lowered:
-        return f"the database is read-only ({text})"
-    return text
-
-
-# --------------------------------------------------------------------------- SQLite setup
-
-
-def _prepare_sqlite_path(url: sa.URL) -> None:
-    database = url.database
-    if database and database != ":memory:" and not database.startswith("file:"):
-        Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
-
-
-def _configure_sqlite(engine: AsyncEngine, busy_timeout_seconds: float) -> None:
-    busy_ms = int(busy_timeout_seconds * 1000)
-
-    def on_connect(dbapi_connection: Any, _record: Any) -> None:
-        # Take BEGIN away from the sqlite3 module: it would not begin before SELECTs or DDL.
-        dbapi_connection.isolation_level = None
-        cursor = dbapi_connection.cursor()
-        try:
-            cursor.execute(f"PRAGMA busy_timeout = {busy_ms}")
-            cursor.execute("PRAGMA journal_mode = WAL")
-            cursor.execute("PRAGMA synchronous = FULL")
-            cursor.execute("PRAGMA foreign_keys = ON")
-        finally:
-            cursor.close()
-
-    def on_begin(conn: sa.Connection) -> None:
-        write = conn.get_execution_options().get(_WRITE, False)
-        conn.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
-
-    event.listen(engine.sync_engine, "connect", on_connect)
-    event.listen(engine.sync_engine, "begin", on_begin)
-
-
-def _current_revision(conn: sa.Connection) -> str | None:
-    if not sa.inspect(conn).has_table("alembic_version"):
-        return None
-    revision = conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalar()
-    return None if revision is None else str(revision)
-
-
-def _upgrade(conn: sa.Connection) -> None:
-    if _current_revision(conn) == LATEST_REVISION:
-        return
-    from alembic import command
-    from alembic.config import Config
-    from alembic.util import CommandError
-
-    config = Config()
-    config.set_main_option("script_location", str(MIGRATIONS_DIR).replace("%", "%%"))
-    config.attributes["connection"] = conn
-    try:
-        command.upgrade(config, "head")
-    except CommandError as exc:
-        raise StoreError(
-            f"cannot migrate the store: {exc} (was it created by a newer Corral?)"
-        ) from exc
 
 
 # --------------------------------------------------------------------------- rows
@@ -412,43 +823,3 @@ def _row_to_stored(row: sa.Row[Any]) -> StoredResource:
         ) from exc
     resource = Resource(apiVersion=API_VERSION, kind=row.kind, metadata=metadata, spec=spec)
     return StoredResource(resource, row.generation, row.created_at, row.updated_at)
-
-
-def _run_values(record: RunRecord) -> dict[str, Any]:
-    return {
-        "id": record.id,
-        "namespace": record.namespace,
-        "agent": record.agent,
-        "state": record.state.value,
-        "input": record.input,
-        "output": dump(record.output),
-        "error": record.error,
-        "usage": dump(record.usage),
-        "cost_usd": record.cost_usd,
-        "steps": record.steps,
-        "messages": dump(record.messages),
-        "pending": dump(record.pending_approvals),
-        "created_at": record.created_at,
-        "started_at": record.started_at,
-        "finished_at": record.finished_at,
-    }
-
-
-def _row_to_run(row: sa.Row[Any]) -> RunRecord:
-    return RunRecord(
-        id=row.id,
-        namespace=row.namespace,
-        agent=row.agent,
-        input=row.input,
-        state=RunState(row.state),
-        output=row.output,
-        error=row.error,
-        usage=load(Usage, row.usage),
-        cost_usd=row.cost_usd,
-        steps=row.steps,
-        messages=load_messages(row.messages),
-        pending_approvals=load(list[PendingApproval], row.pending),
-        created_at=row.created_at,
-        started_at=row.started_at,
-        finished_at=row.finished_at,
-    )

@@ -25,7 +25,7 @@ import json
 import logging
 import random
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -225,11 +225,21 @@ class ToolOutcome:
 
     def model_text(self) -> str:
         """The tool message content: the output, or the error as JSON the model can act on."""
-        if self.error is None:
-            return self.output
-        return json.dumps(
-            {"error": {"code": self.error.code, "message": self.error.reason}}, ensure_ascii=False
-        )
+        return tool_message_text(self.output, self.error)
+
+
+def tool_message_text(output: str, error: ToolErrorInfo | Mapping[str, Any] | None) -> str:
+    """What the model sees of a tool result: the output, or the error as JSON.
+
+    Also used to rebuild tool messages from stored ``tool.result`` events.
+    """
+    if error is None:
+        return output
+    if isinstance(error, ToolErrorInfo):
+        code, reason = error.code, error.reason
+    else:
+        code, reason = str(error.get("code")), str(error.get("reason"))
+    return json.dumps({"error": {"code": code, "message": reason}}, ensure_ascii=False)
 
 
 class GovernedTool:
@@ -347,10 +357,23 @@ class Toolset:
         tool = self.by_name.get(model_name)
         return tool.tool.ref if tool else model_name
 
+    def is_idempotent(self, model_name: str) -> bool:
+        tool = self.by_name.get(model_name)
+        return tool is not None and tool.tool.idempotent
+
     async def invoke(
-        self, call: ToolCall, ctx: ToolContext, *, approved: bool = False
+        self,
+        call: ToolCall,
+        ctx: ToolContext,
+        *,
+        approved: bool = False,
+        on_start: Callable[[], Awaitable[None]] | None = None,
     ) -> ToolOutcome:
-        """Run one call through every check; never raises for a failed call."""
+        """Run one call through every check; never raises for a failed call.
+
+        ``on_start`` is awaited once every check has passed, just before the
+        tool executes: the engine journals the call there.
+        """
         started = time.perf_counter()
         governed = self.by_name.get(call.name)
         ref = governed.tool.ref if governed else call.name
@@ -369,6 +392,8 @@ class Toolset:
                     ToolErrorCode.APPROVAL_REQUIRED,
                     f"tool {ref!r} (risk {governed.policy.risk}) needs a human's approval",
                 )
+            if on_start is not None:
+                await on_start()
             result, attempts = await governed.execute(arguments, ctx)
         except ToolError as exc:
             info = exc.info

@@ -1,0 +1,408 @@
+"""Durable runs from the CLI: ``submit``, ``tasks``, ``logs``, ``approvals``, ``sessions``, ``worker``."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import TYPE_CHECKING, Any
+
+import typer
+
+from corral.cli.main import EXIT_BAD_INPUT, fail, run_async
+
+if TYPE_CHECKING:
+    from corral.core.runs import RunRecord
+    from corral.store.base import Store
+
+NAMESPACE = typer.Option("default", "-n", "--namespace", help="The namespace.")
+
+tasks_app = typer.Typer(help="List, inspect and cancel tasks (durable runs).", no_args_is_help=True)
+approvals_app = typer.Typer(help="Decide tool calls that wait for a human.", no_args_is_help=True)
+sessions_app = typer.Typer(help="Conversations that carry across runs.", no_args_is_help=True)
+
+
+def register(app: typer.Typer) -> None:
+    app.command(name="submit")(submit)
+    app.command(name="logs")(logs)
+    app.command(name="worker")(worker)
+    app.add_typer(tasks_app, name="tasks")
+    app.add_typer(approvals_app, name="approvals")
+    app.add_typer(sessions_app, name="sessions")
+
+
+# --------------------------------------------------------------------------- submit
+
+
+def submit(
+    agent: str = typer.Argument(..., help="The agent to run."),
+    prompt: str = typer.Argument(..., help="The prompt."),
+    session: str | None = typer.Option(None, "--session", help="Carry a conversation (an id)."),
+    idempotency_key: str | None = typer.Option(
+        None, "--idempotency-key", help="Submitting the same key again returns the same task."
+    ),
+    priority: int = typer.Option(0, "--priority", help="Higher runs first."),
+    delay: float = typer.Option(0.0, "--delay", help="Seconds before the task may start."),
+    namespace: str = NAMESPACE,
+) -> None:
+    """Queue a run for a worker and print its task id."""
+    record, created = run_async(
+        submit_task(
+            agent,
+            prompt,
+            namespace=namespace,
+            session=session,
+            idempotency_key=idempotency_key,
+            priority=priority,
+            delay=delay,
+        )
+    )
+    if not created:
+        typer.echo(f"(idempotency key seen before: task {record.id} is {record.state})", err=True)
+    typer.echo(record.id)
+
+
+async def submit_task(
+    agent: str,
+    prompt: str,
+    *,
+    namespace: str = "default",
+    session: str | None = None,
+    idempotency_key: str | None = None,
+    priority: int = 0,
+    delay: float = 0.0,
+    store: Store | None = None,
+) -> tuple[RunRecord, bool]:
+    """Check the agent exists, then store a queued run (once per idempotency key)."""
+    from corral.cli.resources_cmd import open_cli_store
+
+    if store is None:
+        async with open_cli_store() as (opened, _):
+            return await submit_task(
+                agent,
+                prompt,
+                namespace=namespace,
+                session=session,
+                idempotency_key=idempotency_key,
+                priority=priority,
+                delay=delay,
+                store=opened,
+            )
+    from corral.core.errors import NotFoundError
+    from corral.core.ids import new_id
+    from corral.core.runs import RunRecord
+    from corral.resources.kinds import AgentSpec
+
+    stored = await store.get_resource(namespace, "Agent", agent)
+    if stored is None:
+        raise NotFoundError(f"Agent {agent!r} not found in namespace {namespace!r}")
+    spec = stored.resource.spec
+    assert isinstance(spec, AgentSpec)
+    if session is not None:
+        await store.get_or_create_session(session, namespace, agent)
+    now = time.time()
+    record = RunRecord(
+        id=new_id("run"),
+        namespace=namespace,
+        agent=agent,
+        input=prompt,
+        idempotency_key=idempotency_key,
+        session_id=session,
+        priority=priority,
+        not_before=now + delay,
+        max_attempts=spec.max_attempts,
+        created_at=now,
+    )
+    return await store.submit_run(record)
+
+
+# --------------------------------------------------------------------------- tasks
+
+
+@tasks_app.command("list")
+def tasks_list(
+    namespace: str = NAMESPACE,
+    agent: str | None = typer.Option(None, "--agent", help="Only this agent's tasks."),
+    state: list[str] = typer.Option([], "--state", help="Only tasks in these states."),
+    limit: int = typer.Option(50, "--limit"),
+) -> None:
+    """The newest tasks, newest first."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from corral.core.runs import RunState
+
+    try:
+        states = [RunState(s) for s in state] or None
+    except ValueError:
+        fail(f"unknown state; states are {', '.join(s.value for s in RunState)}", EXIT_BAD_INPUT)
+
+    async def go() -> list[RunRecord]:
+        from corral.cli.resources_cmd import open_cli_store
+
+        async with open_cli_store() as (store, _):
+            return await store.list_runs(namespace, agent, limit, states)
+
+    table = Table(box=None, header_style="bold")
+    for column in ("ID", "AGENT", "STATE", "ATTEMPTS", "STEPS", "AGE"):
+        table.add_column(column)
+    for r in run_async(go()):
+        table.add_row(r.id, r.agent, r.state.value, str(r.attempts), str(r.steps), _age(r))
+    Console().print(table)
+
+
+@tasks_app.command("get")
+def tasks_get(task_id: str = typer.Argument(..., help="The task (run) id.")) -> None:
+    """The task's full record as JSON."""
+    from corral.cli.render import record_json
+
+    typer.echo(record_json(run_async(_get_run(task_id))))
+
+
+@tasks_app.command("cancel")
+def tasks_cancel(task_id: str = typer.Argument(..., help="The task (run) id.")) -> None:
+    """Cancel a queued, waiting or running task (a running one stops promptly)."""
+
+    async def go() -> RunRecord:
+        from corral.cli.resources_cmd import open_cli_store
+
+        async with open_cli_store() as (store, _):
+            return await store.request_cancel(task_id)
+
+    record = run_async(go())
+    if record.state.finished:
+        typer.echo(f"{record.id} {record.state.value}")
+    else:
+        typer.echo(f"{record.id} cancellation requested")
+
+
+async def _get_run(run_id: str) -> RunRecord:
+    from corral.cli.resources_cmd import open_cli_store
+    from corral.core.errors import NotFoundError
+
+    async with open_cli_store() as (store, _):
+        record = await store.get_run(run_id)
+    if record is None:
+        raise NotFoundError(f"task {run_id!r} not found")
+    return record
+
+
+def _age(record: RunRecord) -> str:
+    from corral.cli.resources_cmd import _age as age
+
+    return age(time.time() - record.created_at)
+
+
+# --------------------------------------------------------------------------- logs
+
+
+def logs(
+    run_id: str = typer.Argument(..., help="The run (task) id."),
+    follow: bool = typer.Option(False, "--follow", "-f", help="Wait for new events."),
+    output: str = typer.Option("text", "-o", "--output", help="text, or json (one per line)."),
+) -> None:
+    """Print a run's stored events; with --follow, until the run ends or waits for approval."""
+    from rich.console import Console
+
+    from corral.cli.render import EventPrinter
+
+    printer = EventPrinter(Console(highlight=False, soft_wrap=True), Console(highlight=False))
+
+    async def show(event: Any) -> None:
+        if output == "json":
+            from corral.core.messages import dump
+
+            typer.echo(json.dumps(dump(event), ensure_ascii=False))
+        else:
+            printer.render(event)
+
+    async def go() -> None:
+        from corral.cli.resources_cmd import open_cli_store
+
+        async with open_cli_store() as (store, _):
+            if await store.get_run(run_id) is None:
+                from corral.core.errors import NotFoundError
+
+                raise NotFoundError(f"run {run_id!r} not found")
+            await follow_events(store, run_id, show, follow=follow)
+
+    run_async(go())
+
+
+async def follow_events(
+    store: Store, run_id: str, show: Any, *, follow: bool, after: int = 0, poll: float = 0.2
+) -> RunRecord:
+    """Hand each stored event to ``show``; with ``follow`` until the run ends or pauses."""
+    import anyio
+
+    while True:
+        for event in await store.list_events(run_id, after):
+            after = event.seq
+            await show(event)
+        record = await store.get_run(run_id)
+        assert record is not None
+        if not follow or record.state.finished or record.state.value == "waiting_approval":
+            for event in await store.list_events(run_id, after):  # written just before
+                after = event.seq
+                await show(event)
+            return record
+        await anyio.sleep(poll)
+
+
+# --------------------------------------------------------------------------- approvals
+
+
+@approvals_app.command("list")
+def approvals_list(
+    namespace: str = NAMESPACE,
+    all_states: bool = typer.Option(False, "--all", help="Also decided and expired ones."),
+) -> None:
+    """Tool calls waiting for a decision."""
+    from rich.console import Console
+    from rich.table import Table
+
+    async def go() -> list[Any]:
+        from corral.cli.resources_cmd import open_cli_store
+
+        async with open_cli_store() as (store, _):
+            states = None if all_states else ["pending"]
+            return await store.list_approvals(namespace, states=states)
+
+    table = Table(box=None, header_style="bold")
+    for column in ("ID", "RUN", "AGENT", "TOOL", "ARGUMENTS", "STATE", "REASON"):
+        table.add_column(column, overflow="fold")
+    for a in run_async(go()):
+        table.add_row(a.id, a.run_id, a.agent, a.tool, a.arguments, a.state.value, a.reason)
+    Console().print(table)
+
+
+@approvals_app.command("approve")
+def approvals_approve(
+    approval_id: str = typer.Argument(...),
+    reason: str | None = typer.Option(None, "--reason"),
+) -> None:
+    """Approve a call: the run resumes on a worker and the call runs once."""
+    _decide(approval_id, True, reason)
+
+
+@approvals_app.command("reject")
+def approvals_reject(
+    approval_id: str = typer.Argument(...),
+    reason: str | None = typer.Option(None, "--reason", help="Told to the model."),
+) -> None:
+    """Reject a call: the model is told, and the run goes on without it."""
+    _decide(approval_id, False, reason)
+
+
+def _decide(approval_id: str, approved: bool, reason: str | None) -> None:
+    import getpass
+
+    async def go() -> Any:
+        from corral.cli.resources_cmd import open_cli_store
+
+        async with open_cli_store() as (store, _):
+            return await store.decide_approval(
+                approval_id, approved, by=getpass.getuser(), reason=reason
+            )
+
+    approval = run_async(go())
+    typer.echo(f"{approval.id} {approval.state.value} (run {approval.run_id})")
+
+
+# --------------------------------------------------------------------------- sessions
+
+
+@sessions_app.command("list")
+def sessions_list(namespace: str = NAMESPACE) -> None:
+    """Sessions, most recently used first."""
+
+    async def go() -> list[Any]:
+        from corral.cli.resources_cmd import open_cli_store
+
+        async with open_cli_store() as (store, _):
+            return await store.list_sessions(namespace)
+
+    for s in run_async(go()):
+        typer.echo(f"{s.id}\t{s.agent}")
+
+
+@sessions_app.command("show")
+def sessions_show(
+    session_id: str = typer.Argument(...),
+    all_messages: bool = typer.Option(False, "--all", help="Include compacted messages."),
+) -> None:
+    """A session's messages."""
+
+    async def go() -> list[Any]:
+        from corral.cli.resources_cmd import open_cli_store
+        from corral.core.errors import NotFoundError
+
+        async with open_cli_store() as (store, _):
+            if await store.get_session(session_id) is None:
+                raise NotFoundError(f"session {session_id!r} not found")
+            return await store.session_messages(session_id, include_hidden=all_messages)
+
+    for m in run_async(go()):
+        flags = " (compacted)" if m.hidden else " (summary)" if m.summary else ""
+        typer.echo(f"[{m.message.role}{flags}] {m.message.content}")
+
+
+@sessions_app.command("delete")
+def sessions_delete(session_id: str = typer.Argument(...)) -> None:
+    """Delete a session and its messages."""
+
+    async def go() -> None:
+        from corral.cli.resources_cmd import open_cli_store
+
+        async with open_cli_store() as (store, _):
+            await store.delete_session(session_id)
+
+    run_async(go())
+    typer.echo(f"session/{session_id} deleted")
+
+
+# --------------------------------------------------------------------------- worker
+
+
+def worker(
+    concurrency: int = typer.Option(8, "--concurrency", min=1, help="Runs at once."),
+    lease_seconds: float = typer.Option(30.0, "--lease-seconds", min=1.0),
+    grace_seconds: float = typer.Option(30.0, "--grace-seconds", min=0.0),
+    poll_seconds: float = typer.Option(0.5, "--poll-seconds", min=0.01),
+) -> None:
+    """Claim and execute queued runs until SIGTERM or Ctrl-C (then drain and release)."""
+    import logging
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+
+    async def go() -> None:
+        import signal
+
+        import anyio
+
+        from corral.cli.resources_cmd import open_cli_store
+        from corral.runtime.worker import Worker
+
+        stop = anyio.Event()
+        async with open_cli_store() as (store, settings):
+            w = Worker(
+                store,
+                settings,
+                concurrency=concurrency,
+                lease_seconds=lease_seconds,
+                grace_seconds=grace_seconds,
+                poll_seconds=poll_seconds,
+            )
+            logging.getLogger("corral").info("worker %s started", w.owner)
+            async with anyio.create_task_group() as group:
+
+                async def signals() -> None:
+                    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as received:
+                        async for _ in received:
+                            stop.set()
+                            return
+
+                group.start_soon(signals)
+                await w.serve(stop)
+                group.cancel_scope.cancel()
+
+    run_async(go())

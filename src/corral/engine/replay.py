@@ -1,0 +1,116 @@
+"""Rebuild a run's state from its stored events, so another process can carry it on.
+
+The events are the journal: ``run.start`` holds the initial conversation,
+``message.create`` each model response (with its usage and cost) and each
+message the loop added, ``tool.call`` marks a call whose execution began and
+``tool.result`` its outcome, ``approval.requested``/``approval.resolved`` the
+human decisions. Replaying them never calls a model or a tool.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from corral.core.events import Event, EventType
+from corral.core.messages import Message, ToolCall, Usage, load
+from corral.tools.governance import tool_message_text
+
+
+@dataclass
+class OpenStep:
+    """The last step, when some of its tool calls have no result yet."""
+
+    step: int
+    calls: tuple[ToolCall, ...]
+    #: tool messages of the calls that finished, by call id
+    results: dict[str, Message] = field(default_factory=dict[str, Message])
+    #: calls whose execution began (a ``tool.call`` event) and never reported back
+    started: set[str] = field(default_factory=set[str])
+    #: calls waiting for a human decision, by call id: the reason asked
+    awaiting: dict[str, str] = field(default_factory=dict[str, str])
+    #: decisions already recorded in the events, by call id: (approved, reason)
+    decided: dict[str, tuple[bool, str | None]] = field(
+        default_factory=dict[str, tuple[bool, str | None]]
+    )
+
+    def unresolved(self) -> list[ToolCall]:
+        return [c for c in self.calls if c.id not in self.results]
+
+
+@dataclass
+class Checkpoint:
+    """Everything a resumed loop needs: conversation, spend, and where it stopped."""
+
+    input: str
+    messages: list[Message]
+    #: how many of ``messages`` the run started with (system prompt, history, input)
+    initial_count: int = 0
+    steps: int = 0
+    usage: Usage = field(default_factory=Usage)
+    cost_usd: float = 0.0
+    last_seq: int = 0
+    repairs: int = 0
+    open_step: OpenStep | None = None
+    #: a final model message whose handling (structured output) did not finish
+    final: Message | None = None
+    finished: bool = False
+
+
+def replay(events: Sequence[Event]) -> Checkpoint:
+    """The checkpoint the events describe; raises ``ValueError`` when they do not start a run."""
+    if not events or events[0].type is not EventType.RUN_START:
+        raise ValueError("a run's events must begin with run.start")
+    start = events[0].data
+    checkpoint = Checkpoint(
+        input=str(start.get("input", "")),
+        messages=[load(Message, m) for m in start.get("messages", [])],
+    )
+    checkpoint.initial_count = len(checkpoint.messages)
+    open_step: OpenStep | None = None
+    for event in events:
+        checkpoint.last_seq = event.seq
+        data = event.data
+        if event.type is EventType.MESSAGE_CREATE:
+            message = load(Message, data["message"])
+            checkpoint.messages.append(message)
+            if message.role != "assistant":
+                checkpoint.repairs += 1
+                continue
+            checkpoint.steps = int(data["step"])
+            checkpoint.usage = checkpoint.usage + load(Usage, data.get("usage", {}))
+            checkpoint.cost_usd += float(data.get("cost_usd", 0.0))
+            if message.tool_calls:
+                open_step = OpenStep(checkpoint.steps, message.tool_calls)
+                checkpoint.final = None
+            else:
+                open_step = None
+                checkpoint.final = message
+        elif event.type is EventType.TOOL_CALL and open_step is not None:
+            open_step.started.add(data["call_id"])
+        elif event.type is EventType.TOOL_RESULT and open_step is not None:
+            call = next(c for c in open_step.calls if c.id == data["call_id"])
+            text = tool_message_text(data.get("output", ""), data.get("error"))
+            open_step.results[call.id] = Message.tool(call, text, is_error=bool(data.get("error")))
+            open_step.started.discard(call.id)
+        elif event.type is EventType.APPROVAL_REQUESTED and open_step is not None:
+            open_step.awaiting[data["call_id"]] = str(data.get("reason", ""))
+        elif event.type is EventType.APPROVAL_RESOLVED and open_step is not None:
+            open_step.awaiting.pop(data["call_id"], None)
+            open_step.decided[data["call_id"]] = (bool(data["approved"]), data.get("reason"))
+        elif event.type is EventType.STEP_FINISH and open_step is not None:
+            if not open_step.unresolved():
+                _append_results(checkpoint, open_step)
+                open_step = None
+        elif event.type is EventType.RUN_FINISH:
+            checkpoint.finished = True
+    if open_step is not None:
+        if open_step.unresolved():
+            checkpoint.open_step = open_step
+        else:  # every result is in but step.finish was not recorded
+            _append_results(checkpoint, open_step)
+    return checkpoint
+
+
+def _append_results(checkpoint: Checkpoint, step: OpenStep) -> None:
+    checkpoint.messages += [step.results[c.id] for c in step.calls]

@@ -1,0 +1,255 @@
+"""Execute one claimed run: build the agent, run or resume the loop, keep the lease alive.
+
+Every write goes through the lease (the store refuses it once another worker
+has claimed the run), so a stalled worker that wakes up after its lease expired
+cannot commit anything. While the run executes, a heartbeat renews the lease
+and watches for a cancellation request.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Awaitable, Callable
+from contextlib import AbstractContextManager, AsyncExitStack, nullcontext
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import anyio
+
+from corral.core.errors import CorralError, LeaseLostError, ModelError
+from corral.core.events import Event, EventType
+from corral.core.ids import new_id
+from corral.core.messages import Message
+from corral.core.runs import Approval, ApprovalState, Lease, RunRecord, RunState
+from corral.core.settings import Settings
+from corral.engine.loop import AgentDefinition, AgentLoop, RunResult
+from corral.runtime.builder import AgentBuilder
+from corral.store.base import Store
+
+Observer = Callable[[Event], Awaitable[None]]
+Loading = Callable[[str], AbstractContextManager[Any]]
+Outcome = Literal["done", "released", "lost"]
+
+#: Retry backoff of whole runs: base * 2^(attempt-1), capped, with full jitter.
+RUN_RETRY_MAX_SECONDS = 60.0
+
+
+class FencedSink:
+    """Stores a run's events under its lease; text deltas wait for the next other event."""
+
+    def __init__(self, store: Store, lease: Lease, observer: Observer | None) -> None:
+        self.store = store
+        self.lease = lease
+        self.observer = observer
+        self.buffer: list[Event] = []
+        self.last_seq = 0
+
+    async def __call__(self, event: Event) -> None:
+        self.buffer.append(event)
+        self.last_seq = event.seq
+        if event.type is not EventType.TEXT_DELTA:
+            await self.flush()
+        if self.observer is not None:
+            await self.observer(event)
+
+    async def flush(self) -> None:
+        if self.buffer:
+            batch, self.buffer = self.buffer, []
+            await self.store.append_events(batch, lease=self.lease)
+
+    async def emit(self, type: EventType, **data: Any) -> None:
+        """An event from outside the loop, numbered after the last one."""
+        await self(Event(self.lease.run_id, self.last_seq + 1, type, data, time.time()))
+
+
+@dataclass
+class _Stop:
+    reason: Literal["lost", "cancelled", "shutdown"] | None = None
+
+
+class RunExecutor:
+    """Runs claimed runs for one worker (or for ``corral run`` in-process)."""
+
+    def __init__(
+        self,
+        store: Store,
+        settings: Settings,
+        *,
+        lease_seconds: float = 30.0,
+        observer: Observer | None = None,
+        loading: Loading | None = None,
+        retry_base_seconds: float = 1.0,
+    ) -> None:
+        self.store = store
+        self.settings = settings
+        self.lease_seconds = lease_seconds
+        self.retry_base_seconds = retry_base_seconds
+        self.observer = observer
+        self.loading = loading
+
+    async def execute(
+        self, record: RunRecord, lease: Lease, shutdown: anyio.Event | None = None
+    ) -> Outcome:
+        """Execute one claimed run until it ends, pauses, is released, or its lease is lost."""
+        stop = _Stop()
+        sink = FencedSink(self.store, lease, self.observer)
+        events = await self.store.list_events(record.id)
+        sink.last_seq = events[-1].seq if events else 0
+        result: RunResult | Literal["released"] | None = None
+        async with anyio.create_task_group() as group:
+            group.start_soon(self._heartbeat, lease, stop, group.cancel_scope)
+            if shutdown is not None:
+                group.start_soon(_cancel_on, shutdown, stop, group.cancel_scope)
+            try:
+                result = await self._run(record, lease, sink, events)
+            except LeaseLostError:
+                stop.reason = "lost"
+            group.cancel_scope.cancel()
+        if stop.reason == "lost":
+            return "lost"
+        try:
+            if result == "released":
+                return "released"
+            if stop.reason == "shutdown":
+                await sink.flush()
+                await self.store.release_run(lease)
+                return "released"
+            if stop.reason == "cancelled":
+                await sink.flush()
+                await sink.emit(EventType.RUN_FINISH, state=RunState.CANCELLED.value)
+                result = RunResult(state=RunState.CANCELLED)
+            assert isinstance(result, RunResult)
+            await self._save(record, lease, result)
+        except LeaseLostError:
+            return "lost"
+        return "done"
+
+    async def _run(
+        self, record: RunRecord, lease: Lease, sink: FencedSink, events: list[Event]
+    ) -> RunResult | Literal["released"]:
+        if record.attempts > record.max_attempts:
+            error = CorralError(
+                f"gave up after {record.max_attempts} attempts (its workers kept stopping)"
+            )
+            await sink.emit(EventType.ERROR, **error.to_dict())
+            await sink.emit(EventType.RUN_FINISH, state=RunState.DEAD_LETTER.value)
+            return RunResult(state=RunState.DEAD_LETTER, error=error.to_dict())
+        async with AsyncExitStack() as stack:
+            builder = AgentBuilder(self.store, self.settings, record.namespace)
+            try:
+                agent = await builder.build(record.agent, stack)
+                with (self.loading or _no_loading)(agent.model.name):
+                    await agent.model.prepare()
+            except CorralError as exc:
+                return await self._failed_to_start(sink, exc, events, record)
+            loop = AgentLoop(
+                agent,
+                record.id,
+                sink,
+                raise_retryable=True,
+            )
+            try:
+                if events:
+                    decisions = await self._decisions(record.id)
+                    return await loop.resume(events, decisions)
+                history = await self._history(record)
+                return await loop.run(record.input, history)
+            except ModelError as exc:  # retryable: try the whole run again later, or give up
+                if record.attempts >= record.max_attempts:
+                    return await loop.conclude(RunState.DEAD_LETTER, exc)
+                await sink.flush()
+                await sink.emit(EventType.ERROR, **exc.to_dict(), retry=record.attempts + 1)
+                await self.store.release_run(lease, not_before=time.time() + self._backoff(record))
+                return "released"
+
+    def _backoff(self, record: RunRecord) -> float:
+        ceiling = self.retry_base_seconds * 2 ** (record.attempts - 1)
+        return random.uniform(0, min(RUN_RETRY_MAX_SECONDS, ceiling))
+
+    async def _heartbeat(self, lease: Lease, stop: _Stop, scope: anyio.CancelScope) -> None:
+        while True:
+            await anyio.sleep(self.lease_seconds / 3)
+            try:
+                _, cancel = await self.store.renew_lease(lease, self.lease_seconds)
+            except LeaseLostError:
+                stop.reason = "lost"
+                scope.cancel()
+                return
+            if cancel:
+                stop.reason = "cancelled"
+                scope.cancel()
+                return
+
+    async def _decisions(self, run_id: str) -> dict[str, tuple[bool, str | None]]:
+        decided: dict[str, tuple[bool, str | None]] = {}
+        for approval in await self.store.list_approvals(run_id=run_id):
+            if approval.state is ApprovalState.APPROVED:
+                decided[approval.call_id] = (True, approval.decision_reason)
+            elif approval.state is ApprovalState.REJECTED:
+                decided[approval.call_id] = (False, approval.decision_reason)
+            elif approval.state is ApprovalState.EXPIRED:
+                decided[approval.call_id] = (False, "the approval request expired")
+        return decided
+
+    async def _history(self, record: RunRecord) -> list[Message]:
+        if record.session_id is None:
+            return []
+        stored = await self.store.session_messages(record.session_id)
+        return [m.message for m in stored]
+
+    async def _failed_to_start(
+        self, sink: FencedSink, exc: CorralError, events: list[Event], record: RunRecord
+    ) -> RunResult:
+        if not events:
+            await sink.emit(EventType.RUN_START, agent=record.agent, input=record.input)
+        await sink.emit(EventType.ERROR, **exc.to_dict())
+        await sink.emit(EventType.RUN_FINISH, state=RunState.FAILED.value)
+        return RunResult(state=RunState.FAILED, error=exc.to_dict())
+
+    async def _save(self, record: RunRecord, lease: Lease, result: RunResult) -> None:
+        record.state = result.state
+        record.output = result.output
+        record.error = result.error
+        if result.messages:
+            record.messages = result.messages
+        record.steps = result.steps or record.steps
+        record.usage = result.usage if result.steps else record.usage
+        record.cost_usd = result.cost_usd or record.cost_usd
+        record.pending_approvals = result.pending_approvals
+        if result.state.finished:
+            record.finished_at = time.time()
+        asked = {a.call_id for a in await self.store.list_approvals(run_id=record.id)}
+        approvals = [
+            Approval(
+                id=new_id("apr"),
+                run_id=record.id,
+                namespace=record.namespace,
+                agent=record.agent,
+                call_id=p.call_id,
+                tool=p.tool,
+                arguments=p.arguments,
+                reason=p.reason,
+                requested_at=p.requested_at,
+            )
+            for p in result.pending_approvals
+            if p.call_id not in asked
+        ]
+        await self.store.save_run(record, lease, approvals)
+        if record.session_id is not None and result.state is RunState.SUCCEEDED:
+            await self.store.append_session_messages(
+                record.session_id, result.new_messages, record.id, lease
+            )
+
+
+async def _cancel_on(event: anyio.Event, stop: _Stop, scope: anyio.CancelScope) -> None:
+    await event.wait()
+    stop.reason = "shutdown"
+    scope.cancel()
+
+
+def _no_loading(name: str) -> AbstractContextManager[Any]:
+    return nullcontext()
+
+
+__all__ = ["AgentDefinition", "FencedSink", "RunExecutor"]

@@ -1,0 +1,122 @@
+"""A worker: claims runnable runs with a lease and executes them, up to its concurrency.
+
+Shutdown (``stop`` set, e.g. on SIGTERM): the worker stops claiming, gives its
+in-flight runs ``grace_seconds`` to finish, then interrupts them and releases
+their leases so another worker resumes them at once from their journals.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+
+import anyio
+
+from corral.core.ids import new_id
+from corral.core.runs import Lease, RunRecord
+from corral.core.settings import Settings
+from corral.runtime.executor import RunExecutor
+from corral.store.base import Store
+
+log = logging.getLogger(__name__)
+
+
+def default_owner() -> str:
+    """A worker identity that says where it runs: ``host:pid:random``."""
+    return f"{socket.gethostname()}:{os.getpid()}:{new_id('w')[-6:]}"
+
+
+class Worker:
+    """Claims and executes runs until told to stop."""
+
+    def __init__(
+        self,
+        store: Store,
+        settings: Settings,
+        *,
+        concurrency: int = 8,
+        lease_seconds: float = 30.0,
+        poll_seconds: float = 0.5,
+        grace_seconds: float = 30.0,
+        retry_base_seconds: float = 1.0,
+        owner: str | None = None,
+    ) -> None:
+        self.store = store
+        self.owner = owner or default_owner()
+        self.concurrency = concurrency
+        self.lease_seconds = lease_seconds
+        self.poll_seconds = poll_seconds
+        self.grace_seconds = grace_seconds
+        self.executor = RunExecutor(
+            store, settings, lease_seconds=lease_seconds, retry_base_seconds=retry_base_seconds
+        )
+        self.active: dict[str, Lease] = {}
+        self.executed = 0
+        self._wake = anyio.Event()
+        self._idle = anyio.Event()
+        self._shutdown = anyio.Event()
+
+    def wake(self) -> None:
+        """Look for work now instead of at the next poll (used after an in-process submit)."""
+        self._wake.set()
+
+    async def serve(self, stop: anyio.Event, *, until_idle: bool = False) -> None:
+        """Claim and execute runs until ``stop`` is set (or, with ``until_idle``, none are left)."""
+        async with anyio.create_task_group() as group:
+            while not stop.is_set():
+                claimed = await self._claim(group)
+                if until_idle and not claimed and not self.active:
+                    break
+                if not claimed:
+                    with anyio.move_on_after(self.poll_seconds):
+                        await _first_of(stop, self._wake)
+                    self._wake = anyio.Event()
+            await self._drain()
+
+    async def _claim(self, group: anyio.abc.TaskGroup) -> int:
+        await self.store.expire_approvals()
+        free = self.concurrency - len(self.active)
+        if free <= 0:
+            return 0
+        claims = await self.store.claim_runs(self.owner, self.lease_seconds, free)
+        for record, lease in claims:
+            self.active[record.id] = lease
+            group.start_soon(self._execute, record, lease)
+        return len(claims)
+
+    async def _execute(self, record: RunRecord, lease: Lease) -> None:
+        try:
+            outcome = await self.executor.execute(record, lease, self._shutdown)
+            log.info("run %s: %s", record.id, outcome)
+        except Exception:
+            # The lease is left to expire: another worker (or this one) tries again.
+            log.exception("run %s failed in the worker", record.id)
+        finally:
+            self.active.pop(record.id, None)
+            self.executed += 1
+            self._wake.set()
+            if not self.active:
+                self._idle.set()
+
+    async def _drain(self) -> None:
+        self._idle = anyio.Event()
+        if self.active:
+            with anyio.move_on_after(self.grace_seconds):
+                await self._idle.wait()
+        if self.active:
+            log.warning("releasing %d unfinished runs", len(self.active))
+            self._shutdown.set()
+            with anyio.move_on_after(10):
+                await self._idle.wait()
+
+
+async def _first_of(*events: anyio.Event) -> None:
+    async with anyio.create_task_group() as group:
+
+        async def wait(event: anyio.Event) -> None:
+            await event.wait()
+            group.cancel_scope.cancel()
+
+        for event in events:
+            group.start_soon(wait, event)

@@ -1,0 +1,133 @@
+"""Engine plumbing of the SQL store: URLs, driver errors, SQLite connection setup, migrations.
+
+Driver and SQLAlchemy exceptions are converted here (:func:`db_errors`) so
+nothing vendor specific leaves the store. SQLite connections run in WAL mode
+with ``synchronous=FULL``, foreign keys on and a busy timeout; SQLAlchemy (not
+the sqlite3 module) emits ``BEGIN``, and connections carrying the
+:data:`WRITE` execution option begin with ``BEGIN IMMEDIATE``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import event
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from corral.core.errors import ConfigurationError, ConflictError
+from corral.store.base import StoreError
+from corral.store.schema import LATEST_REVISION
+
+MIGRATIONS_DIR = Path(__file__).parent / "migrations"
+BUSY_TIMEOUT_SECONDS = 30.0
+WRITE = "corral_write"
+"""Execution option of the connections that open write transactions."""
+
+
+def async_url(url: str) -> sa.URL:
+    """``sqlite:///x.db`` -> ``sqlite+aiosqlite:///x.db``; ``postgresql://`` -> ``+asyncpg``."""
+    try:
+        parsed = sa.make_url(url)
+    except sa_exc.ArgumentError as exc:
+        raise ConfigurationError(f"invalid database URL {url!r}: {exc}") from exc
+    driver = parsed.drivername
+    if driver == "sqlite":
+        return parsed.set(drivername="sqlite+aiosqlite")
+    if driver in ("postgresql", "postgres"):
+        return parsed.set(drivername="postgresql+asyncpg")
+    return parsed
+
+
+# --------------------------------------------------------------------------- errors
+
+
+@contextmanager
+def db_errors(action: str) -> Iterator[None]:
+    """Convert driver and SQLAlchemy exceptions into Corral errors, at the boundary."""
+    try:
+        yield
+    except sa_exc.IntegrityError as exc:
+        raise ConflictError(
+            f"cannot {action}: it conflicts with stored state ({_cause(exc)})"
+        ) from exc
+    except sa_exc.SQLAlchemyError as exc:
+        raise StoreError(f"cannot {action}: {_cause(exc)}") from exc
+    except OSError as exc:
+        raise StoreError(f"cannot {action}: {exc}") from exc
+
+
+def _cause(exc: sa_exc.SQLAlchemyError) -> str:
+    orig = getattr(exc, "orig", None)
+    text = str(orig if orig is not None else exc).strip()
+    lowered = text.lower()
+    if "database is locked" in lowered or "database is busy" in lowered:
+        return f"the database stayed locked by another writer past the busy timeout ({text})"
+    if "disk is full" in lowered or "no space" in lowered:
+        return f"the disk is full ({text})"
+    if "unable to open database file" in lowered:
+        return f"the database file cannot be opened ({text})"
+    if "readonly" in lowered or "read-only" in lowered:
+        return f"the database is read-only ({text})"
+    return text
+
+
+# --------------------------------------------------------------------------- SQLite setup
+
+
+def prepare_sqlite_path(url: sa.URL) -> None:
+    database = url.database
+    if database and database != ":memory:" and not database.startswith("file:"):
+        Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+
+
+def configure_sqlite(engine: AsyncEngine, busy_timeout_seconds: float) -> None:
+    busy_ms = int(busy_timeout_seconds * 1000)
+
+    def on_connect(dbapi_connection: Any, _record: Any) -> None:
+        # Take BEGIN away from the sqlite3 module: it would not begin before SELECTs or DDL.
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        try:
+            cursor.execute(f"PRAGMA busy_timeout = {busy_ms}")
+            cursor.execute("PRAGMA journal_mode = WAL")
+            cursor.execute("PRAGMA synchronous = FULL")
+            cursor.execute("PRAGMA foreign_keys = ON")
+        finally:
+            cursor.close()
+
+    def on_begin(conn: sa.Connection) -> None:
+        write = conn.get_execution_options().get(WRITE, False)
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
+
+    event.listen(engine.sync_engine, "connect", on_connect)
+    event.listen(engine.sync_engine, "begin", on_begin)
+
+
+def current_revision(conn: sa.Connection) -> str | None:
+    if not sa.inspect(conn).has_table("alembic_version"):
+        return None
+    revision = conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalar()
+    return None if revision is None else str(revision)
+
+
+def upgrade(conn: sa.Connection) -> None:
+    if current_revision(conn) == LATEST_REVISION:
+        return
+    from alembic import command
+    from alembic.config import Config
+    from alembic.util import CommandError
+
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR).replace("%", "%%"))
+    config.attributes["connection"] = conn
+    try:
+        command.upgrade(config, "head")
+    except CommandError as exc:
+        raise StoreError(
+            f"cannot migrate the store: {exc} (was it created by a newer Corral?)"
+        ) from exc

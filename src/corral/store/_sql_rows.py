@@ -1,0 +1,156 @@
+"""Rows <-> records for the SQL store: runs, approvals, sessions, session messages.
+
+Messages, usage and pending approvals go through the one serializer of
+:mod:`corral.core.messages` (``dump``/``load``), as JSON columns.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sqlalchemy as sa
+
+from corral.core.messages import Message, Usage, dump, load, load_messages
+from corral.core.runs import Approval, ApprovalState, PendingApproval, RunRecord, RunState
+from corral.core.sessions import Session, SessionMessage
+
+
+def run_values(record: RunRecord) -> dict[str, Any]:
+    """Every column of ``runs`` for ``record``."""
+    return {
+        "id": record.id,
+        "namespace": record.namespace,
+        "agent": record.agent,
+        "state": record.state.value,
+        "input": record.input,
+        "output": dump(record.output),
+        "error": record.error,
+        "usage": dump(record.usage),
+        "cost_usd": record.cost_usd,
+        "steps": record.steps,
+        "messages": dump(record.messages),
+        "pending": dump(record.pending_approvals),
+        "created_at": record.created_at,
+        "started_at": record.started_at,
+        "finished_at": record.finished_at,
+        "idempotency_key": record.idempotency_key,
+        "session_id": record.session_id,
+        "priority": record.priority,
+        "not_before": record.not_before,
+        "attempts": record.attempts,
+        "max_attempts": record.max_attempts,
+        "cancel_requested": record.cancel_requested,
+        "lease_owner": record.lease_owner,
+        "lease_expires_at": record.lease_expires_at,
+        "fencing_token": record.fencing_token,
+    }
+
+
+def row_to_run(row: sa.Row[Any]) -> RunRecord:
+    """A run record from a full ``runs`` row."""
+    return RunRecord(
+        id=row.id,
+        namespace=row.namespace,
+        agent=row.agent,
+        input=row.input,
+        state=RunState(row.state),
+        output=row.output,
+        error=row.error,
+        usage=load(Usage, row.usage),
+        cost_usd=row.cost_usd,
+        steps=row.steps,
+        messages=load_messages(row.messages),
+        pending_approvals=load(list[PendingApproval], row.pending),
+        created_at=row.created_at,
+        started_at=row.started_at,
+        finished_at=row.finished_at,
+        idempotency_key=row.idempotency_key,
+        session_id=row.session_id,
+        priority=row.priority,
+        not_before=row.not_before,
+        attempts=row.attempts,
+        max_attempts=row.max_attempts,
+        cancel_requested=bool(row.cancel_requested),
+        lease_owner=row.lease_owner,
+        lease_expires_at=row.lease_expires_at,
+        fencing_token=row.fencing_token,
+    )
+
+
+def approval_values(approval: Approval) -> dict[str, Any]:
+    """Every column of ``approvals`` for ``approval``."""
+    return {
+        "id": approval.id,
+        "run_id": approval.run_id,
+        "namespace": approval.namespace,
+        "agent": approval.agent,
+        "call_id": approval.call_id,
+        "tool": approval.tool,
+        "arguments": approval.arguments,
+        "reason": approval.reason,
+        "state": ApprovalState(approval.state).value,
+        "requested_at": approval.requested_at,
+        "expires_at": approval.expires_at,
+        "decided_at": approval.decided_at,
+        "decided_by": approval.decided_by,
+        "decision_reason": approval.decision_reason,
+    }
+
+
+def row_to_approval(row: sa.Row[Any]) -> Approval:
+    """An approval from a full ``approvals`` row."""
+    return Approval(
+        id=row.id,
+        run_id=row.run_id,
+        namespace=row.namespace,
+        agent=row.agent,
+        call_id=row.call_id,
+        tool=row.tool,
+        arguments=row.arguments,
+        reason=row.reason,
+        state=ApprovalState(row.state),
+        requested_at=row.requested_at,
+        expires_at=row.expires_at,
+        decided_at=row.decided_at,
+        decided_by=row.decided_by,
+        decision_reason=row.decision_reason,
+    )
+
+
+def row_to_session(row: sa.Row[Any]) -> Session:
+    """A session from a full ``sessions`` row."""
+    return Session(
+        id=row.id,
+        namespace=row.namespace,
+        agent=row.agent,
+        created_at=row.created_at,
+        updated_at=row.updated_at,
+    )
+
+
+def session_message_values(
+    session_id: str, message: SessionMessage, position: float
+) -> dict[str, Any]:
+    """Every column of ``session_messages`` for ``message``, placed at ``position``."""
+    return {
+        "session_id": session_id,
+        "seq": message.seq,
+        "position": position,
+        "message": dump(message.message),
+        "run_id": message.run_id,
+        "hidden": message.hidden,
+        "summary": message.summary,
+        "created_at": message.created_at,
+    }
+
+
+def row_to_session_message(row: sa.Row[Any]) -> SessionMessage:
+    """A session message from a full ``session_messages`` row."""
+    return SessionMessage(
+        seq=row.seq,
+        message=load(Message, row.message),
+        run_id=row.run_id,
+        hidden=bool(row.hidden),
+        summary=bool(row.summary),
+        created_at=row.created_at,
+    )

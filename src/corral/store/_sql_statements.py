@@ -1,0 +1,113 @@
+"""Statements several :class:`~corral.store.sql.SqlStore` operations share.
+
+Each runs inside the caller's (write) transaction: fencing checks, re-queueing
+runs whose approvals are all settled, insert-or-skip, session bookkeeping.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from corral.core.errors import ConfigurationError, LeaseLostError, NotFoundError
+from corral.core.runs import ApprovalState, Lease, RunState
+from corral.store.schema import approvals, runs, session_messages, sessions
+
+
+def insert_or_skip(dialect: str, table: sa.Table, conflict_columns: Sequence[str]) -> sa.Insert:
+    """``INSERT ... ON CONFLICT (conflict_columns) DO NOTHING`` for ``table``.
+
+    The statement is the same on SQLite and PostgreSQL; only the construct that
+    renders it lives in each dialect's module. Conflicts on any other unique
+    index (the primary key) still raise.
+    """
+    if dialect == "sqlite":
+        from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+        return sqlite_insert(table).on_conflict_do_nothing(index_elements=list(conflict_columns))
+    if dialect == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+        return pg_insert(table).on_conflict_do_nothing(index_elements=list(conflict_columns))
+    raise ConfigurationError(f"the SQL store does not support the {dialect!r} dialect")
+
+
+async def check_fence(conn: AsyncConnection, lease: Lease) -> None:
+    """Raise unless ``lease`` still holds its run (the fencing token is unchanged).
+
+    On PostgreSQL the row stays share-locked until the transaction ends, so a
+    claim cannot bump the token between this check and the caller's writes;
+    on SQLite ``BEGIN IMMEDIATE`` already excludes other writers.
+    """
+    token = (
+        await conn.execute(
+            sa.select(runs.c.fencing_token)
+            .where(runs.c.id == lease.run_id)
+            .with_for_update(read=True)
+        )
+    ).scalar()
+    if token is None:
+        raise NotFoundError(f"run {lease.run_id!r} not found")
+    if token != lease.token:
+        raise _lost(lease, token)
+
+
+async def refuse(conn: AsyncConnection, run_id: str, lease: Lease | None) -> None:
+    """Explain why a write to ``run_id`` (fenced by ``lease``) matched no row.
+
+    Raises ``NotFoundError`` or ``LeaseLostError``; returns when the run exists
+    and the token still matches, leaving the verdict to the caller.
+    """
+    token = (
+        await conn.execute(sa.select(runs.c.fencing_token).where(runs.c.id == run_id))
+    ).scalar()
+    if token is None:
+        raise NotFoundError(f"run {run_id!r} not found")
+    if lease is not None and token != lease.token:
+        raise _lost(lease, token)
+
+
+def _lost(lease: Lease, token: int) -> LeaseLostError:
+    return LeaseLostError(
+        f"run {lease.run_id!r} was claimed again (fencing token {token}) after "
+        f"{lease.owner!r} leased it with token {lease.token}; the write was refused"
+    )
+
+
+async def requeue_settled_runs(conn: AsyncConnection, run_ids: Sequence[str], now: float) -> None:
+    """Queue each ``waiting_approval`` run of ``run_ids`` that has no pending approval left."""
+    pending = sa.exists().where(
+        approvals.c.run_id == runs.c.id, approvals.c.state == ApprovalState.PENDING.value
+    )
+    await conn.execute(
+        runs.update()
+        .where(
+            runs.c.id.in_(list(run_ids)),
+            runs.c.state == RunState.WAITING_APPROVAL.value,
+            ~pending,
+        )
+        .values(state=RunState.QUEUED.value, not_before=now)
+    )
+
+
+async def touch_session(conn: AsyncConnection, session_id: str, now: float) -> None:
+    """Mark a session updated (which also write-locks its row); ``NotFoundError`` if absent."""
+    result = await conn.execute(
+        sessions.update().where(sessions.c.id == session_id).values(updated_at=now)
+    )
+    if result.rowcount == 0:
+        raise NotFoundError(f"session {session_id!r} not found")
+
+
+async def last_seq(conn: AsyncConnection, session_id: str) -> int:
+    """The highest message seq of a session, 0 when it has none."""
+    top = (
+        await conn.execute(
+            sa.select(sa.func.max(session_messages.c.seq)).where(
+                session_messages.c.session_id == session_id
+            )
+        )
+    ).scalar()
+    return int(top or 0)

@@ -1,0 +1,702 @@
+"""Durable runs in the store: submits, claims, leases and fencing, approvals, sessions.
+
+Run against every store URL of ``store_url`` (SQLite files today), with
+several store instances on one database where a race is the point.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import sqlite3
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from corral.core.errors import ConflictError, LeaseLostError, NotFoundError
+from corral.core.events import Event, EventType
+from corral.core.messages import Message
+from corral.core.runs import Approval, ApprovalState, Lease, RunRecord, RunState
+from corral.resources.secrets import SecretCipher
+from corral.store import Store, open_store
+from corral.store.sql import MIGRATIONS_DIR, SqlStore
+from test_store import (  # noqa: F401 - fixtures
+    SRC,
+    a_run,
+    cipher_fixture,
+    sqlite_path,
+    store_fixture,
+    store_url_fixture,
+)
+
+
+@pytest.fixture(name="other_store")
+async def other_store_fixture(store_url: str, cipher: SecretCipher) -> AsyncIterator[Store]:
+    """A second, independent store instance on the same database."""
+    async with await open_store(store_url, cipher=cipher) as opened:
+        yield opened
+
+
+def a_task(
+    run_id: str,
+    *,
+    key: str | None = None,
+    priority: int = 0,
+    created_at: float = 1000.0,
+    not_before: float = 0.0,
+) -> RunRecord:
+    return RunRecord(
+        id=run_id,
+        namespace="default",
+        agent="assistant",
+        input=f"input of {run_id}",
+        idempotency_key=key,
+        priority=priority,
+        created_at=created_at,
+        not_before=not_before,
+    )
+
+
+def an_approval(
+    approval_id: str, run_id: str, *, call_id: str = "c1", expires_at: float | None = None
+) -> Approval:
+    return Approval(
+        id=approval_id,
+        run_id=run_id,
+        namespace="default",
+        agent="assistant",
+        call_id=call_id,
+        tool="delete_everything",
+        arguments='{"really": true}',
+        reason="destructive",
+        requested_at=time.time(),
+        expires_at=expires_at,
+    )
+
+
+async def claim_one(store: Store, owner: str = "w1", **kwargs: float) -> tuple[RunRecord, Lease]:
+    [(record, lease)] = await store.claim_runs(owner, 30.0, **kwargs)
+    return record, lease
+
+
+def child_env(tmp_path: Path) -> dict[str, str]:
+    return {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]),
+        "CORRAL_HOME": str(tmp_path / "home"),
+    }
+
+
+# --------------------------------------------------------------------------- submit
+
+
+async def test_submit_stores_a_queued_run_and_keys_deduplicate(store: Store) -> None:
+    record, created = await store.submit_run(a_task("run_1", key="k"))
+    assert created and record.id == "run_1"
+    again, created = await store.submit_run(a_task("run_2", key="k"))
+    assert not created
+    assert again == await store.get_run("run_1")
+    assert again.input == "input of run_1"
+
+    # Keys are scoped by namespace and agent; runs without a key never collide.
+    other = a_task("run_3", key="k")
+    other.agent = "other"
+    assert (await store.submit_run(other))[1]
+    assert (await store.submit_run(a_task("run_4")))[1]
+    assert (await store.submit_run(a_task("run_5")))[1]
+    with pytest.raises(ConflictError):
+        await store.submit_run(a_task("run_4", key="fresh"))  # a clashing id still conflicts
+    assert await store.get_run("run_2") is None
+
+
+SUBMIT_CHILD = """\
+import asyncio, json, sys
+from corral.core.runs import RunRecord
+from corral.store import open_store
+
+async def main(url, tag):
+    store = await open_store(url)
+    try:
+        results = await asyncio.gather(*(
+            store.submit_run(RunRecord(id=f"run_{tag}_{i}", namespace="default",
+                                       agent="assistant", input=tag, idempotency_key="once"))
+            for i in range(10)
+        ))
+    finally:
+        await store.close()
+    print(json.dumps([[r.id, created] for r, created in results]))
+
+asyncio.run(main(sys.argv[1], sys.argv[2]))
+"""
+
+
+async def test_racing_submits_with_one_key_create_exactly_one_run(
+    store: Store, store_url: str, cipher: SecretCipher, tmp_path: Path
+) -> None:
+    def in_thread(tag: str) -> list[tuple[str, bool]]:
+        async def main() -> list[tuple[str, bool]]:
+            async with await open_store(store_url, cipher=cipher) as own:
+                results = await asyncio.gather(
+                    *(own.submit_run(a_task(f"run_{tag}_{i}", key="once")) for i in range(10))
+                )
+            return [(r.id, created) for r, created in results]
+
+        return asyncio.run(main())
+
+    async def in_process(tag: str) -> list[tuple[str, bool]]:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-c",
+            SUBMIT_CHILD,
+            store_url,
+            tag,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=child_env(tmp_path),
+        )
+        out, err = await proc.communicate()
+        assert proc.returncode == 0, err.decode()
+        return [(run_id, created) for run_id, created in json.loads(out)]
+
+    async def in_task(i: int) -> list[tuple[str, bool]]:
+        record, created = await store.submit_run(a_task(f"run_task_{i}", key="once"))
+        return [(record.id, created)]
+
+    batches = await asyncio.gather(
+        *(in_task(i) for i in range(50)),
+        *(asyncio.to_thread(in_thread, f"thread{t}") for t in range(4)),
+        *(in_process(f"proc{p}") for p in range(2)),
+    )
+    results = [result for batch in batches for result in batch]
+    assert len(results) == 50 + 4 * 10 + 2 * 10
+    winners = [run_id for run_id, created in results if created]
+    assert len(winners) == 1
+    assert {run_id for run_id, _ in results} == set(winners)
+    assert [r.id for r in await store.list_runs("default", limit=1000)] == winners
+
+
+# --------------------------------------------------------------------------- claims
+
+
+async def test_claims_from_two_store_instances_never_overlap(
+    store: Store, other_store: Store
+) -> None:
+    total = 300
+    for i in range(total):
+        await store.submit_run(a_task(f"run_{i:03}", priority=i % 3, created_at=1000.0 + i))
+    claimed: list[tuple[str, str, int]] = []
+
+    async def claimer(instance: Store, name: str) -> None:
+        rng = random.Random(name)
+        while True:
+            batch = await instance.claim_runs(name, 60.0, limit=rng.randint(1, 7))
+            if not batch:
+                return
+            claimed.extend((record.id, name, lease.token) for record, lease in batch)
+
+    await asyncio.gather(
+        *(claimer(store, f"a{i}") for i in range(4)),
+        *(claimer(other_store, f"b{i}") for i in range(4)),
+    )
+    ids = [run_id for run_id, _, _ in claimed]
+    assert len(ids) == len(set(ids)) == total
+    assert {token for _, _, token in claimed} == {1}
+    assert {owner[0] for _, owner, _ in claimed} == {"a", "b"}  # both instances got work
+    for run_id, owner, _ in random.Random(0).sample(claimed, 20):
+        stored = await store.get_run(run_id)
+        assert stored is not None
+        assert (stored.state, stored.lease_owner, stored.attempts) == (RunState.RUNNING, owner, 1)
+
+
+async def test_claims_go_by_priority_then_age_and_respect_not_before(store: Store) -> None:
+    now = time.time()
+    await store.submit_run(a_task("old_low", priority=0, created_at=1.0))
+    await store.submit_run(a_task("new_high", priority=5, created_at=3.0))
+    await store.submit_run(a_task("old_high", priority=5, created_at=2.0))
+    await store.submit_run(a_task("later_top", priority=9, created_at=0.5, not_before=now + 60))
+    await store.submit_run(a_task("mid", priority=1, created_at=9.0))
+
+    hour = 3600.0  # leases outlive the test's clock: nothing expires and gets reclaimed
+    first = await store.claim_runs("w", hour, limit=2, now=now)
+    assert [record.id for record, _ in first] == ["old_high", "new_high"]
+    rest = await store.claim_runs("w", hour, limit=10, now=now)
+    assert [record.id for record, _ in rest] == ["mid", "old_low"]
+    assert await store.claim_runs("w", hour, now=now + 59) == []
+    [(late, lease)] = await store.claim_runs("w", 30.0, now=now + 61)
+    assert late.id == "later_top"
+    assert lease == Lease("later_top", "w", 1, now + 61 + 30.0)
+    assert (late.state, late.lease_owner, late.lease_expires_at) == (
+        RunState.RUNNING,
+        "w",
+        now + 61 + 30.0,
+    )
+    assert (late.attempts, late.fencing_token, late.started_at) == (1, 1, now + 61)
+    assert await store.claim_runs("w", 30.0, limit=0, now=now + 61) == []
+
+
+async def test_unleased_running_runs_are_never_claimed(store: Store) -> None:
+    running = a_run("run_local")
+    running.state = RunState.RUNNING  # as the local runtime stores it: no lease at all
+    await store.create_run(running)
+    assert await store.claim_runs("w", 30.0, now=time.time() + 10_000) == []
+
+
+# --------------------------------------------------------------------------- leases and fencing
+
+
+async def test_an_expired_lease_is_reclaimed_and_the_old_holder_is_fenced_off(
+    store: Store, other_store: Store
+) -> None:
+    now = time.time()
+    await store.submit_run(a_task("run_1"))
+    session = await store.get_or_create_session("ses_1", "default", "assistant")
+    record, old = await claim_one(store, "w1", now=now)
+    assert old.token == 1
+    await store.append_events([Event("run_1", 1, EventType.RUN_START, ts=1.0)], lease=old)
+
+    assert await other_store.claim_runs("w2", 30.0, now=now + 29) == []  # not expired yet
+    [(reclaimed, new)] = await other_store.claim_runs("w2", 30.0, now=now + 31)
+    assert new == Lease("run_1", "w2", 2, now + 61)
+    assert (reclaimed.attempts, reclaimed.lease_owner, reclaimed.started_at) == (2, "w2", now)
+
+    record.state, record.output, record.finished_at = RunState.SUCCEEDED, "stale", now
+    with pytest.raises(LeaseLostError, match="run_1"):
+        await store.save_run(record, lease=old, approvals=[an_approval("apr_1", "run_1")])
+    with pytest.raises(LeaseLostError):
+        await store.append_events([Event("run_1", 2, EventType.RUN_FINISH)], lease=old)
+    with pytest.raises(LeaseLostError):
+        await store.release_run(old, not_before=now + 999)
+    with pytest.raises(LeaseLostError):
+        await store.append_session_messages(session.id, [Message.user("stale")], lease=old)
+    with pytest.raises(LeaseLostError):
+        await store.renew_lease(old, 30.0)
+
+    # Nothing of the stale holder's writes landed.
+    assert await store.get_run("run_1") == reclaimed
+    assert [e.seq for e in await store.list_events("run_1")] == [1]
+    assert await store.list_approvals() == []
+    assert await store.session_messages(session.id, include_hidden=True) == []
+
+    # The new holder writes freely.
+    await other_store.append_events([Event("run_1", 2, EventType.RUN_FINISH)], lease=new)
+    [stored] = await other_store.append_session_messages(
+        session.id, [Message.assistant("fresh")], lease=new
+    )
+    assert stored.run_id == "run_1"
+    reclaimed.state, reclaimed.output = RunState.SUCCEEDED, "fresh"
+    await other_store.save_run(reclaimed, lease=new)
+    finished = await store.get_run("run_1")
+    assert finished is not None
+    assert (finished.state, finished.output) == (RunState.SUCCEEDED, "fresh")
+    assert (finished.lease_owner, finished.lease_expires_at, finished.fencing_token) == (
+        None,
+        None,
+        2,
+    )
+
+
+async def test_expiry_alone_does_not_refuse_a_fenced_write(store: Store) -> None:
+    await store.submit_run(a_task("run_1"))
+    record, lease = await claim_one(store, now=time.time() - 3600)  # expired an hour ago
+    record.steps = 3
+    await store.save_run(record, lease=lease)
+    await store.append_events([Event("run_1", 1, EventType.RUN_START)], lease=lease)
+    renewed, cancel = await store.renew_lease(lease, 30.0)
+    assert not cancel and renewed.token == lease.token
+    assert renewed.expires_at > time.time() + 20
+    stored = await store.get_run("run_1")
+    assert stored is not None
+    assert (stored.steps, stored.state, stored.lease_expires_at) == (
+        3,
+        RunState.RUNNING,
+        renewed.expires_at,
+    )
+
+
+async def test_fenced_writes_check_the_lease_belongs_to_the_run(store: Store) -> None:
+    await store.submit_run(a_task("run_1"))
+    await store.create_run(a_run("run_2"))
+    _, lease = await claim_one(store)
+    with pytest.raises(ConflictError):
+        await store.append_events([Event("run_2", 1, EventType.RUN_START)], lease=lease)
+    other = await store.get_run("run_2")
+    assert other is not None
+    with pytest.raises(ConflictError):
+        await store.save_run(other, lease=lease)
+    ghost = Lease("run_ghost", "w1", 1, 0.0)
+    with pytest.raises(NotFoundError):
+        await store.renew_lease(ghost, 30.0)
+    with pytest.raises(NotFoundError):
+        await store.release_run(ghost)
+
+
+async def test_save_run_ignores_the_lease_columns_of_the_record(store: Store) -> None:
+    await store.submit_run(a_task("run_1"))
+    record, lease = await claim_one(store)
+    record.lease_owner, record.fencing_token, record.lease_expires_at = "forged", 99, 1.0
+    await store.save_run(record, lease=lease)
+    stored = await store.get_run("run_1")
+    assert stored is not None
+    assert (stored.lease_owner, stored.fencing_token) == ("w1", 1)
+    assert stored.lease_expires_at == lease.expires_at
+
+
+async def test_renew_reports_a_cancel_request_that_a_save_cannot_undo(store: Store) -> None:
+    await store.submit_run(a_task("run_1"))
+    record, lease = await claim_one(store)
+    assert (await store.renew_lease(lease, 30.0))[1] is False
+    cancelled = await store.request_cancel("run_1")
+    assert (cancelled.state, cancelled.cancel_requested) == (RunState.RUNNING, True)
+    record.steps = 1  # the worker's copy predates the request
+    await store.save_run(record, lease=lease)
+    renewed, cancel = await store.renew_lease(lease, 30.0)
+    assert cancel is True and renewed.token == lease.token
+    stored = await store.get_run("run_1")
+    assert stored is not None and stored.cancel_requested and stored.steps == 1
+
+
+async def test_release_with_not_before_delays_the_next_claim(store: Store) -> None:
+    now = time.time()
+    await store.submit_run(a_task("run_1"))
+    _, lease = await claim_one(store, now=now)
+    await store.release_run(lease, not_before=now + 30)
+    released = await store.get_run("run_1")
+    assert released is not None
+    assert (released.state, released.lease_owner, released.lease_expires_at) == (
+        RunState.QUEUED,
+        None,
+        None,
+    )
+    assert released.not_before == now + 30 and released.attempts == 1
+    assert await store.claim_runs("w2", 30.0, now=now + 10) == []
+    record, again = await claim_one(store, "w2", now=now + 31)
+    assert (record.attempts, again.token) == (2, 2)
+    with pytest.raises(LeaseLostError):
+        await store.release_run(lease)
+
+
+async def test_releasing_a_run_already_saved_as_finished_changes_nothing(store: Store) -> None:
+    await store.submit_run(a_task("run_1"))
+    record, lease = await claim_one(store)
+    record.state = RunState.SUCCEEDED
+    await store.save_run(record, lease=lease)
+    await store.release_run(lease)  # e.g. a shutdown path that releases unconditionally
+    stored = await store.get_run("run_1")
+    assert stored is not None and stored.state is RunState.SUCCEEDED
+    with pytest.raises(LeaseLostError):
+        await store.renew_lease(lease, 30.0)
+
+
+async def test_request_cancel_by_state(store: Store) -> None:
+    await store.submit_run(a_task("queued"))
+    cancelled = await store.request_cancel("queued")
+    assert cancelled.state is RunState.CANCELLED and cancelled.finished_at is not None
+    assert await store.claim_runs("w", 30.0) == []
+
+    done = a_run("done")
+    done.state = RunState.FAILED
+    await store.create_run(done)
+    assert await store.request_cancel("done") == done
+    with pytest.raises(NotFoundError, match="ghost"):
+        await store.request_cancel("ghost")
+
+
+# --------------------------------------------------------------------------- approvals
+
+
+async def park_for_approval(store: Store, run_id: str, *approvals: Approval) -> RunRecord:
+    """Claim ``run_id`` and save it as waiting for ``approvals``, as a worker would."""
+    await store.submit_run(a_task(run_id))
+    record, lease = await claim_one(store)
+    record.state = RunState.WAITING_APPROVAL
+    await store.save_run(record, lease=lease, approvals=approvals)
+    return record
+
+
+async def test_approvals_are_stored_with_the_run_and_requeue_it_once_all_are_decided(
+    store: Store,
+) -> None:
+    await park_for_approval(
+        store, "run_1", an_approval("apr_1", "run_1"), an_approval("apr_2", "run_1", call_id="c2")
+    )
+    waiting = await store.get_run("run_1")
+    assert waiting is not None
+    assert (waiting.state, waiting.lease_owner, waiting.lease_expires_at) == (
+        RunState.WAITING_APPROVAL,
+        None,
+        None,
+    )
+    assert [a.id for a in await store.list_approvals("default", states=["pending"])] == [
+        "apr_1",
+        "apr_2",
+    ]
+    assert await store.list_approvals("elsewhere") == []
+
+    approved = await store.decide_approval("apr_1", True, by="alice", reason="fine")
+    assert (approved.state, approved.decided_by, approved.decision_reason) == (
+        ApprovalState.APPROVED,
+        "alice",
+        "fine",
+    )
+    assert approved.decided_at is not None
+    assert await store.get_approval("apr_1") == approved
+    still = await store.get_run("run_1")
+    assert still is not None and still.state is RunState.WAITING_APPROVAL
+    assert await store.claim_runs("w2", 30.0) == []
+
+    with pytest.raises(ConflictError, match="already approved"):
+        await store.decide_approval("apr_1", False)
+    with pytest.raises(NotFoundError):
+        await store.decide_approval("apr_ghost", True)
+
+    rejected = await store.decide_approval("apr_2", False, by="bob")
+    assert rejected.state is ApprovalState.REJECTED
+    requeued = await store.get_run("run_1")
+    assert requeued is not None and requeued.state is RunState.QUEUED
+    assert requeued.not_before <= time.time()
+    [(resumed, lease)] = await store.claim_runs("w2", 30.0)
+    assert (resumed.id, lease.token, resumed.attempts) == ("run_1", 2, 2)
+    assert [a.state for a in await store.list_approvals(run_id="run_1")] == [
+        ApprovalState.APPROVED,
+        ApprovalState.REJECTED,
+    ]
+
+
+async def test_a_failed_save_stores_neither_the_run_nor_its_approvals(store: Store) -> None:
+    await park_for_approval(store, "run_0", an_approval("apr_1", "run_0"))
+    await store.submit_run(a_task("run_1"))
+    record, lease = await claim_one(store)
+    record.state = RunState.WAITING_APPROVAL
+    with pytest.raises(ConflictError):  # apr_1 exists: the whole save is refused
+        await store.save_run(
+            record,
+            lease=lease,
+            approvals=[an_approval("apr_2", "run_1"), an_approval("apr_1", "run_1")],
+        )
+    stored = await store.get_run("run_1")
+    assert stored is not None and stored.state is RunState.RUNNING
+    assert await store.list_approvals(run_id="run_1") == []
+
+
+async def test_expired_approvals_requeue_their_runs(store: Store) -> None:
+    now = time.time()
+    await park_for_approval(store, "run_1", an_approval("apr_1", "run_1", expires_at=now + 60))
+    await park_for_approval(store, "run_2", an_approval("apr_2", "run_2"))  # never expires
+    assert await store.expire_approvals(now=now + 59) == []
+
+    [expired] = await store.expire_approvals(now=now + 61)
+    assert (expired.id, expired.state, expired.decided_at) == (
+        "apr_1",
+        ApprovalState.EXPIRED,
+        now + 61,
+    )
+    run_1, run_2 = await store.get_run("run_1"), await store.get_run("run_2")
+    assert run_1 is not None and run_1.state is RunState.QUEUED
+    assert run_2 is not None and run_2.state is RunState.WAITING_APPROVAL
+    with pytest.raises(ConflictError, match="already expired"):
+        await store.decide_approval("apr_1", True)
+    assert await store.expire_approvals(now=now + 1000) == []
+
+
+async def test_deciding_an_approval_past_its_deadline_expires_it(store: Store) -> None:
+    await park_for_approval(
+        store, "run_1", an_approval("apr_1", "run_1", expires_at=time.time() - 1)
+    )
+    with pytest.raises(ConflictError, match="expired"):
+        await store.decide_approval("apr_1", True, by="late")
+    approval = await store.get_approval("apr_1")
+    assert approval is not None
+    assert (approval.state, approval.decided_by) == (ApprovalState.EXPIRED, None)
+    run = await store.get_run("run_1")
+    assert run is not None and run.state is RunState.QUEUED
+
+
+async def test_cancelling_a_waiting_run_expires_its_approvals(store: Store) -> None:
+    await park_for_approval(store, "run_1", an_approval("apr_1", "run_1"))
+    cancelled = await store.request_cancel("run_1")
+    assert (cancelled.state, cancelled.cancel_requested) == (RunState.CANCELLED, True)
+    [approval] = await store.list_approvals(run_id="run_1")
+    assert approval.state is ApprovalState.EXPIRED
+    with pytest.raises(ConflictError):
+        await store.decide_approval("apr_1", True)
+    after = await store.get_run("run_1")
+    assert after is not None and after.state is RunState.CANCELLED
+
+
+async def test_list_runs_filters_by_state(store: Store) -> None:
+    await park_for_approval(store, "run_1", an_approval("apr_1", "run_1"))
+    await store.submit_run(a_task("run_2", created_at=2000.0))
+    waiting = await store.list_runs("default", states=[RunState.WAITING_APPROVAL])
+    assert [r.id for r in waiting] == ["run_1"]
+    both = await store.list_runs("default", states=[RunState.WAITING_APPROVAL, RunState.QUEUED])
+    assert [r.id for r in both] == ["run_2", "run_1"]
+
+
+# --------------------------------------------------------------------------- sessions
+
+
+async def test_sessions_are_created_once_under_a_race(store: Store, other_store: Store) -> None:
+    opened = await asyncio.gather(
+        *(
+            (store if i % 2 else other_store).get_or_create_session("ses_1", "default", "assistant")
+            for i in range(20)
+        )
+    )
+    assert len({(s.id, s.created_at) for s in opened}) == 1
+    assert await store.get_session("ses_1") == opened[0]
+    assert await store.get_session("ses_ghost") is None
+    with pytest.raises(ConflictError, match="assistant"):
+        await store.get_or_create_session("ses_1", "default", "other")
+
+
+async def test_session_messages_append_in_order_and_list_by_recency(store: Store) -> None:
+    await store.get_or_create_session("ses_a", "default", "assistant")
+    await store.get_or_create_session("ses_b", "default", "helper")
+    await store.get_or_create_session("ses_c", "team", "assistant")
+    first = await store.append_session_messages(
+        "ses_a", [Message.user("hi"), Message.assistant("hello")], run_id="run_1"
+    )
+    assert [(m.seq, m.run_id) for m in first] == [(1, "run_1"), (2, "run_1")]
+    await store.append_session_messages("ses_b", [Message.user("x")])
+    await store.append_session_messages("ses_a", [Message.user("again")])
+    assert await store.append_session_messages("ses_a", []) == []
+    stored = await store.session_messages("ses_a")
+    assert [(m.seq, m.message.content) for m in stored] == [(1, "hi"), (2, "hello"), (3, "again")]
+    assert stored[:2] == first
+
+    assert [s.id for s in await store.list_sessions("default")] == ["ses_a", "ses_b"]
+    assert [s.id for s in await store.list_sessions("default", "helper")] == ["ses_b"]
+    with pytest.raises(NotFoundError):
+        await store.append_session_messages("ses_ghost", [Message.user("x")])
+
+
+async def test_concurrent_appends_get_distinct_consecutive_seqs(
+    store: Store, other_store: Store
+) -> None:
+    await store.get_or_create_session("ses_1", "default", "assistant")
+    await asyncio.gather(
+        *(
+            (store if i % 2 else other_store).append_session_messages(
+                "ses_1", [Message.user(f"{i}a"), Message.user(f"{i}b")]
+            )
+            for i in range(20)
+        )
+    )
+    stored = await store.session_messages("ses_1")
+    assert [m.seq for m in stored] == list(range(1, 41))
+    for a, b in zip(stored[::2], stored[1::2], strict=True):  # each batch stays together
+        assert (a.message.content[:-1], a.message.content[-1], b.message.content[-1]) == (
+            b.message.content[:-1],
+            "a",
+            "b",
+        )
+
+
+async def test_compaction_hides_originals_and_places_the_summary_first(store: Store) -> None:
+    await store.get_or_create_session("ses_1", "default", "assistant")
+    await store.append_session_messages("ses_1", [Message.user(f"m{i}") for i in range(1, 6)])
+
+    await store.compact_session("ses_1", 3, Message.system("summary of m1-m3"))
+    visible = await store.session_messages("ses_1")
+    assert [(m.seq, m.message.content, m.summary) for m in visible] == [
+        (6, "summary of m1-m3", True),
+        (4, "m4", False),
+        (5, "m5", False),
+    ]
+    everything = await store.session_messages("ses_1", include_hidden=True)
+    assert [(m.message.content, m.hidden) for m in everything] == [
+        ("m1", True),
+        ("m2", True),
+        ("m3", True),
+        ("summary of m1-m3", False),
+        ("m4", False),
+        ("m5", False),
+    ]
+
+    # A later compaction up to m4 also hides the earlier summary, which sits before m4.
+    await store.append_session_messages("ses_1", [Message.user("m7")])
+    await store.compact_session("ses_1", 4, Message.system("summary of m1-m4"))
+    visible = await store.session_messages("ses_1")
+    assert [m.message.content for m in visible] == ["summary of m1-m4", "m5", "m7"]
+    assert [m.seq for m in visible] == [8, 5, 7]
+
+    # Compacting everything (even past the end) keeps the summary before what comes next.
+    await store.compact_session("ses_1", 1000, Message.system("all of it"))
+    await store.append_session_messages("ses_1", [Message.user("next")])
+    assert [m.message.content for m in await store.session_messages("ses_1")] == [
+        "all of it",
+        "next",
+    ]
+    # Without a summary, compaction only hides; naming a summary's seq cuts right after it.
+    await store.compact_session("ses_1", 9, None)
+    assert [m.message.content for m in await store.session_messages("ses_1")] == ["next"]
+    assert len(await store.session_messages("ses_1", include_hidden=True)) == 10
+    with pytest.raises(NotFoundError):
+        await store.compact_session("ses_ghost", 1, None)
+
+
+async def test_deleting_a_session_deletes_its_messages(store: Store, store_url: str) -> None:
+    await store.get_or_create_session("ses_1", "default", "assistant")
+    await store.get_or_create_session("ses_2", "default", "assistant")
+    await store.append_session_messages("ses_1", [Message.user("a"), Message.user("b")])
+    await store.append_session_messages("ses_2", [Message.user("c")])
+    await store.delete_session("ses_1")
+    assert await store.get_session("ses_1") is None
+    assert await store.session_messages("ses_1", include_hidden=True) == []
+    with pytest.raises(NotFoundError):
+        await store.delete_session("ses_1")
+    with sqlite3.connect(sqlite_path(store_url)) as conn:
+        rows = conn.execute(
+            "SELECT session_id, COUNT(*) FROM session_messages GROUP BY 1"
+        ).fetchall()
+    assert rows == [("ses_2", 1)]
+
+
+# --------------------------------------------------------------------------- migration
+
+
+async def test_a_0001_database_with_a_run_upgrades_cleanly(
+    store_url: str, cipher: SecretCipher
+) -> None:
+    from alembic import command
+    from alembic.config import Config
+
+    path = sqlite_path(store_url)
+    path.parent.mkdir(parents=True)
+    engine = sa.create_engine(store_url)
+    with engine.begin() as conn:
+        config = Config()
+        config.set_main_option("script_location", str(MIGRATIONS_DIR))
+        config.attributes["connection"] = conn
+        command.upgrade(config, "0001")
+        conn.execute(
+            sa.text(
+                "INSERT INTO runs (id, namespace, agent, state, input, output, error, usage,"
+                " cost_usd, steps, messages, pending, created_at, started_at, finished_at)"
+                " VALUES ('run_old', 'default', 'assistant', 'queued', 'hi', 'null', NULL,"
+                ' \'{"input_tokens": 1, "output_tokens": 2, "requests": 1}\', 0.5, 0, \'[]\','
+                " '[]', 1000.0, NULL, NULL)"
+            )
+        )
+    engine.dispose()
+
+    store = await SqlStore.open(store_url, cipher=cipher)
+    try:
+        old = await store.get_run("run_old")
+        assert old is not None
+        assert (old.priority, old.not_before, old.attempts, old.max_attempts) == (0, 0.0, 0, 3)
+        assert (old.idempotency_key, old.cancel_requested, old.fencing_token) == (None, False, 0)
+        assert old.usage.output_tokens == 2
+        [(claimed, lease)] = await store.claim_runs("w", 30.0)
+        assert (claimed.id, lease.token) == ("run_old", 1)
+        assert (await store.submit_run(a_task("run_new", key="k")))[1]
+    finally:
+        await store.close()
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("SELECT version_num FROM alembic_version").fetchall() == [("0002",)]

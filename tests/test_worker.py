@@ -1,0 +1,295 @@
+"""Workers in this process against a real SQLite store: claims, approvals, retries,
+dead letter, cancellation and sessions."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import anyio
+import pytest
+
+from corral.cli.tasks_cmd import submit_task
+from corral.core.events import EventType
+from corral.core.runs import ApprovalState, RunRecord, RunState
+from corral.core.settings import Settings
+from corral.resources.loader import load_text
+from corral.runtime.worker import Worker
+from corral.store import Store, open_store
+from corral.testing.fake_openai import FakeOpenAIServer, FakeReply
+from fixtures_models import fake_openai_fixture, openai_server_fixture
+
+__all__ = ["fake_openai_fixture", "openai_server_fixture"]
+
+TESTS = Path(__file__).parent
+
+
+def scripted(*turns: str) -> str:
+    body = "\n".join(f"    - {t}" for t in turns)
+    return f"""
+apiVersion: corral/v1
+kind: ModelEndpoint
+metadata: {{name: script}}
+spec:
+  provider: scripted
+  script:
+{body}
+"""
+
+
+NOTE_TOOL = f"""
+apiVersion: corral/v1
+kind: Tool
+metadata: {{name: note}}
+spec:
+  type: python
+  python: {{function: "agent_tools:record_side_effect", path: "{TESTS}"}}
+  risk: high
+"""
+
+
+def agent(model: str = "script", extra: str = "") -> str:
+    return f"""
+apiVersion: corral/v1
+kind: Agent
+metadata: {{name: helper}}
+spec:
+  model: {model}
+  tools: [note]
+{extra}"""
+
+
+@pytest.fixture
+async def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Store]:
+    monkeypatch.setenv("CORRAL_TEST_SIDE_EFFECTS", str(tmp_path / "effects.txt"))
+    opened = await open_store(f"sqlite:///{tmp_path / 'corral.db'}")
+    try:
+        yield opened
+    finally:
+        await opened.close()
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> Settings:
+    return Settings(home=tmp_path, db_url=f"sqlite:///{tmp_path / 'corral.db'}", secret_key=None)
+
+
+def effects(tmp_path: Path) -> list[str]:
+    path = tmp_path / "effects.txt"
+    return path.read_text().splitlines() if path.exists() else []
+
+
+async def drain(store: Store, settings: Settings, **options: float) -> Worker:
+    worker = Worker(store, settings, poll_seconds=0.05, **options)  # type: ignore[arg-type]
+    with anyio.fail_after(30):
+        await worker.serve(anyio.Event(), until_idle=True)
+    return worker
+
+
+async def get(store: Store, run: RunRecord) -> RunRecord:
+    stored = await store.get_run(run.id)
+    assert stored is not None
+    return stored
+
+
+async def test_worker_executes_queued_runs_once(
+    store: Store, settings: Settings, tmp_path: Path
+) -> None:
+    await store.apply(
+        load_text(
+            "---".join(
+                [
+                    scripted("{tool_calls: [{name: note, arguments: {note: hi}}]}", "{text: done}"),
+                    NOTE_TOOL,
+                    agent(),
+                ]
+            ),
+            "t.yaml",
+        )
+    )
+    runs = [(await submit_task("helper", f"task {i}", store=store))[0] for i in range(3)]
+    worker = await drain(store, settings)
+    assert worker.executed == 3
+    for run in runs:
+        stored = await get(store, run)
+        assert (stored.state, stored.output, stored.attempts) == (RunState.SUCCEEDED, "done", 1)
+        assert stored.lease_owner is None
+    assert effects(tmp_path) == ["hi", "hi", "hi"]
+
+
+async def test_approval_survives_in_the_store_and_the_approved_call_runs_once(
+    store: Store, settings: Settings, tmp_path: Path
+) -> None:
+    await store.apply(
+        load_text(
+            "---".join(
+                [
+                    scripted(
+                        "{tool_calls: [{name: note, arguments: {note: wired}}]}", "{text: paid}"
+                    ),
+                    NOTE_TOOL,
+                    agent(extra="  approval: {policy: by_risk, min_risk: high}"),
+                ]
+            ),
+            "t.yaml",
+        )
+    )
+    run, _ = await submit_task("helper", "pay the bill", store=store)
+    await drain(store, settings)
+    assert (await get(store, run)).state is RunState.WAITING_APPROVAL
+    [approval] = await store.list_approvals("default", states=["pending"])
+    assert (approval.tool, approval.run_id) == ("note", run.id)
+    assert effects(tmp_path) == []
+
+    await store.decide_approval(approval.id, True, by="tester")
+    await drain(store, settings)
+    stored = await get(store, run)
+    assert (stored.state, stored.output) == (RunState.SUCCEEDED, "paid")
+    assert effects(tmp_path) == ["wired"]
+    kinds = [e.type for e in await store.list_events(run.id)]
+    assert kinds.count(EventType.APPROVAL_REQUESTED) == 1
+    assert kinds.count(EventType.APPROVAL_RESOLVED) == 1
+
+
+async def test_rejected_call_is_told_to_the_model(
+    store: Store, settings: Settings, tmp_path: Path
+) -> None:
+    await store.apply(
+        load_text(
+            "---".join(
+                [
+                    scripted("{tool_calls: [{name: note, arguments: {note: x}}]}", "{text: ok}"),
+                    NOTE_TOOL,
+                    agent(extra="  approval: {policy: always}"),
+                ]
+            ),
+            "t.yaml",
+        )
+    )
+    run, _ = await submit_task("helper", "go", store=store)
+    await drain(store, settings)
+    [approval] = await store.list_approvals(run_id=run.id)
+    decided = await store.decide_approval(approval.id, False, reason="not today")
+    assert decided.state is ApprovalState.REJECTED
+    await drain(store, settings)
+    stored = await get(store, run)
+    assert stored.state is RunState.SUCCEEDED and effects(tmp_path) == []
+    tool_message = next(m for m in stored.messages if m.role == "tool")
+    assert "approval_rejected" in tool_message.content and "not today" in tool_message.content
+
+
+async def test_retryable_failures_retry_then_dead_letter(
+    store: Store, settings: Settings, fake_openai: FakeOpenAIServer
+) -> None:
+    fake_openai.fail(503, times=None)
+    await store.apply(
+        load_text(
+            f"""
+apiVersion: corral/v1
+kind: ModelEndpoint
+metadata: {{name: flaky}}
+spec:
+  provider: openai
+  model: m
+  base_url: {fake_openai.base_url}
+  retry: {{max_attempts: 1}}
+---
+{NOTE_TOOL}
+---
+{agent("flaky", "  max_attempts: 3")}
+""",
+            "t.yaml",
+        )
+    )
+    run, _ = await submit_task("helper", "hi", store=store)
+    with anyio.fail_after(20):
+        while not (stored := await get(store, run)).state.finished:
+            await drain(store, settings, retry_base_seconds=0.01)  # until idle: backoff waits
+            await anyio.sleep(0.02)
+    assert stored.state is RunState.DEAD_LETTER
+    assert stored.attempts == 3 and fake_openai.calls == 3
+    assert stored.error is not None and stored.error["status_code"] == 503
+    events = await store.list_events(run.id)
+    assert [e.data.get("retry") for e in events if e.type is EventType.ERROR][:2] == [2, 3]
+    assert events[-1].data["state"] == "dead_letter"
+
+
+async def test_idempotency_key_returns_the_same_task(store: Store) -> None:
+    await store.apply(load_text("---".join([scripted("{text: x}"), NOTE_TOOL, agent()]), "t.yaml"))
+    first, created = await submit_task("helper", "a", idempotency_key="k1", store=store)
+    again, created_again = await submit_task("helper", "a", idempotency_key="k1", store=store)
+    assert created and not created_again and again.id == first.id
+
+
+async def test_cancelling_a_running_run_stops_it_promptly(
+    store: Store, settings: Settings, tmp_path: Path
+) -> None:
+    slow = """
+apiVersion: corral/v1
+kind: Tool
+metadata: {name: note}
+spec:
+  type: exec
+  exec: {command: ["sleep", "30"]}
+  parameters: {type: object}
+  timeout_seconds: 60
+"""
+    await store.apply(
+        load_text(
+            "---".join([scripted("{tool_calls: [{name: note, arguments: {}}]}"), slow, agent()]),
+            "t.yaml",
+        )
+    )
+    run, _ = await submit_task("helper", "go", store=store)
+    worker = Worker(store, settings, poll_seconds=0.05, lease_seconds=0.9)
+    stop = anyio.Event()
+    async with anyio.create_task_group() as group:
+        group.start_soon(worker.serve, stop)
+        with anyio.fail_after(10):
+            while not any(e.type is EventType.TOOL_CALL for e in await store.list_events(run.id)):
+                await anyio.sleep(0.05)
+        started = time.monotonic()
+        await store.request_cancel(run.id)
+        with anyio.fail_after(10):
+            while (await get(store, run)).state is not RunState.CANCELLED:
+                await anyio.sleep(0.05)
+        assert time.monotonic() - started < 3
+        stop.set()
+    events = await store.list_events(run.id)
+    assert events[-1].type is EventType.RUN_FINISH and events[-1].data["state"] == "cancelled"
+
+
+async def test_session_carries_the_conversation_across_runs(
+    store: Store, settings: Settings, fake_openai: FakeOpenAIServer
+) -> None:
+    fake_openai.add_reply(FakeReply(text="Hello Ada."), FakeReply(text="You are Ada."))
+    await store.apply(
+        load_text(
+            f"""
+apiVersion: corral/v1
+kind: ModelEndpoint
+metadata: {{name: fake}}
+spec: {{provider: openai, model: m, base_url: "{fake_openai.base_url}"}}
+---
+apiVersion: corral/v1
+kind: Agent
+metadata: {{name: friend}}
+spec: {{model: fake}}
+""",
+            "t.yaml",
+        )
+    )
+    await submit_task("friend", "I am Ada.", session="s1", store=store)
+    await drain(store, settings)
+    await submit_task("friend", "Who am I?", session="s1", store=store)
+    await drain(store, settings)
+    second = fake_openai.requests[1].json["messages"]
+    assert [m["content"] for m in second] == ["I am Ada.", "Hello Ada.", "Who am I?"]
+    stored = await store.session_messages("s1")
+    assert [m.message.content for m in stored] == [
+        "I am Ada.",
+        "Hello Ada.",
+        "Who am I?",
+        "You are Ada.",
+    ]
