@@ -293,3 +293,32 @@ spec: {{model: fake}}
         "Who am I?",
         "You are Ada.",
     ]
+
+
+async def test_expired_approval_counts_as_rejected(
+    store: Store, settings: Settings, tmp_path: Path
+) -> None:
+    await store.apply(
+        load_text(
+            "---".join(
+                [
+                    scripted("{tool_calls: [{name: note, arguments: {note: x}}]}", "{text: ok}"),
+                    NOTE_TOOL,
+                    agent(extra="  approval: {policy: always, expires_after_seconds: 0.2}"),
+                ]
+            ),
+            "t.yaml",
+        )
+    )
+    run, _ = await submit_task("helper", "go", store=store)
+    await drain(store, settings)
+    [approval] = await store.list_approvals(run_id=run.id)
+    assert approval.expires_at is not None and approval.expires_at > approval.requested_at
+    await anyio.sleep(0.3)
+    await drain(store, settings)  # the worker expires it, then resumes the run
+    stored = await get(store, run)
+    assert stored.state is RunState.SUCCEEDED and effects(tmp_path) == []
+    [expired] = await store.list_approvals(run_id=run.id)
+    assert expired.state is ApprovalState.EXPIRED
+    tool_message = next(m for m in stored.messages if m.role == "tool")
+    assert "expired" in tool_message.content

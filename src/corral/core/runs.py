@@ -38,6 +38,8 @@ class PendingApproval:
     arguments: str
     reason: str
     requested_at: float = field(default_factory=time.time)
+    #: after this the request counts as rejected (from the agent's approval policy)
+    expires_at: float | None = None
 
 
 @dataclass

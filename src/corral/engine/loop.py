@@ -313,11 +313,7 @@ class AgentLoop:
                     continue
                 runnable.append((index, call, True))
             elif call.id in step.awaiting:
-                pending.append(
-                    PendingApproval(
-                        call.id, toolset.ref_of(call.name), call.arguments, step.awaiting[call.id]
-                    )
-                )
+                pending.append(self._pending(call, step.awaiting[call.id]))
             elif call.id in step.started and not toolset.is_idempotent(call.name):
                 pending.append(await self._interrupted(step.step, call))
             else:
@@ -337,9 +333,7 @@ class AgentLoop:
             outcome = await toolset.invoke(call, context, approved=approved, on_start=started)
             if outcome.needs_approval:
                 assert outcome.error is not None
-                approval = PendingApproval(
-                    call.id, outcome.ref, call.arguments, outcome.error.reason
-                )
+                approval = self._pending(call, outcome.error.reason)
                 pending.append(approval)
                 await self.emit(EventType.APPROVAL_REQUESTED, step=step.step, **dump(approval))
             else:
@@ -361,9 +355,22 @@ class AgentLoop:
         )
         if self.agent.interrupted_calls == "fail":
             raise CorralError(reason.split("; the tool")[0] + "; the agent fails such runs")
-        approval = PendingApproval(call.id, ref, call.arguments, reason)
+        approval = self._pending(call, reason)
         await self.emit(EventType.APPROVAL_REQUESTED, step=step, **dump(approval))
         return approval
+
+    def _pending(self, call: ToolCall, reason: str) -> PendingApproval:
+        toolset = self.agent.toolset
+        now = time.time()
+        ttl = toolset.approval.expires_after_seconds
+        return PendingApproval(
+            call.id,
+            toolset.ref_of(call.name),
+            call.arguments,
+            reason,
+            now,
+            now + ttl if ttl else None,
+        )
 
     async def _record(self, step: int, outcome: ToolOutcome) -> Message:
         await self.emit(

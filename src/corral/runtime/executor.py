@@ -231,6 +231,7 @@ class RunExecutor:
                 arguments=p.arguments,
                 reason=p.reason,
                 requested_at=p.requested_at,
+                expires_at=p.expires_at,
             )
             for p in result.pending_approvals
             if p.call_id not in asked

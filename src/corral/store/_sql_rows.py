@@ -1,4 +1,4 @@
-"""Rows <-> records for the SQL store: runs, approvals, sessions, session messages.
+"""Rows <-> records for the SQL store: resources, runs, approvals, sessions, session messages.
 
 Messages, usage and pending approvals go through the one serializer of
 :mod:`corral.core.messages` (``dump``/``load``), as JSON columns.
@@ -9,10 +9,14 @@ from __future__ import annotations
 from typing import Any
 
 import sqlalchemy as sa
+from pydantic import ValidationError
 
+from corral.core.errors import ConfigurationError
 from corral.core.messages import Message, Usage, dump, load, load_messages
 from corral.core.runs import Approval, ApprovalState, PendingApproval, RunRecord, RunState
 from corral.core.sessions import Session, SessionMessage
+from corral.resources.kinds import API_VERSION, SPEC_TYPES, Metadata, Resource, Spec
+from corral.store.base import StoredResource
 
 
 def run_values(record: RunRecord) -> dict[str, Any]:
@@ -154,3 +158,24 @@ def row_to_session_message(row: sa.Row[Any]) -> SessionMessage:
         summary=bool(row.summary),
         created_at=row.created_at,
     )
+
+
+def spec_json(spec: Spec) -> dict[str, Any]:
+    """A resource spec as stored (JSON)."""
+    return spec.model_dump(mode="json")
+
+
+def row_to_stored(row: sa.Row[Any]) -> StoredResource:
+    """A stored resource from a ``resources`` row; ``ConfigurationError`` if it no longer validates."""
+    spec_type = SPEC_TYPES.get(row.kind)
+    if spec_type is None:
+        raise ConfigurationError(f"stored resource {row.kind}/{row.name} has an unknown kind")
+    try:
+        spec = spec_type.model_validate(row.spec)
+        metadata = Metadata(name=row.name, namespace=row.namespace, labels=row.labels)
+    except ValidationError as exc:
+        raise ConfigurationError(
+            f"stored {row.kind} {row.name!r} in namespace {row.namespace!r} is no longer valid: {exc}"
+        ) from exc
+    resource = Resource(apiVersion=API_VERSION, kind=row.kind, metadata=metadata, spec=spec)
+    return StoredResource(resource, row.generation, row.created_at, row.updated_at)

@@ -25,11 +25,9 @@ from collections.abc import Sequence
 from typing import Any
 
 import sqlalchemy as sa
-from pydantic import ValidationError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from corral.core.errors import (
-    ConfigurationError,
     ConflictError,
     LeaseLostError,
     NotFoundError,
@@ -39,7 +37,7 @@ from corral.core.events import Event, EventType
 from corral.core.messages import Message
 from corral.core.runs import Approval, ApprovalState, Lease, RunRecord, RunState
 from corral.core.sessions import Session, SessionMessage
-from corral.resources.kinds import API_VERSION, SPEC_TYPES, Metadata, Resource, SecretSpec, Spec
+from corral.resources.kinds import SPEC_TYPES, Resource, SecretSpec
 from corral.resources.loader import LoadedResource, format_path
 from corral.resources.references import check_references, locate, referrers, resource_of
 from corral.resources.secrets import SecretCipher, seal
@@ -60,8 +58,10 @@ from corral.store._sql_rows import (
     row_to_run,
     row_to_session,
     row_to_session_message,
+    row_to_stored,
     run_values,
     session_message_values,
+    spec_json,
 )
 from corral.store._sql_statements import (
     check_fence,
@@ -170,7 +170,7 @@ class SqlStore(Store):
         resource = resource_of(item)
         namespace, kind, name = resource.key
         row = await _fetch_resource(conn, namespace, kind, name)
-        old = _row_to_stored(row) if row is not None else None
+        old = row_to_stored(row) if row is not None else None
         spec = resource.spec
         if isinstance(spec, SecretSpec):
             previous = old.resource.spec if old is not None else None
@@ -181,7 +181,7 @@ class SqlStore(Store):
             except ResourceError as exc:
                 where = locate(item, ("spec", "encrypted_value"))
                 raise ResourceError([(where, reason) for _, reason in exc.problems]) from None
-        values = {"spec": _spec_json(spec), "labels": dict(resource.metadata.labels)}
+        values = {"spec": spec_json(spec), "labels": dict(resource.metadata.labels)}
         if old is None:
             await conn.execute(
                 resources.insert().values(
@@ -195,7 +195,7 @@ class SqlStore(Store):
                 )
             )
             return ApplyOutcome(namespace, kind, name, ApplyAction.CREATED, 1)
-        current = {"spec": _spec_json(old.resource.spec), "labels": old.resource.metadata.labels}
+        current = {"spec": spec_json(old.resource.spec), "labels": old.resource.metadata.labels}
         if current == values:
             return ApplyOutcome(namespace, kind, name, ApplyAction.UNCHANGED, old.generation)
         generation = old.generation + 1
@@ -210,7 +210,7 @@ class SqlStore(Store):
         with db_errors("read a resource"):
             async with self._engine.connect() as conn:
                 row = await _fetch_resource(conn, namespace, kind, name)
-        return _row_to_stored(row) if row is not None else None
+        return row_to_stored(row) if row is not None else None
 
     async def list_resources(self, namespace: str, kind: str | None = None) -> list[StoredResource]:
         query = sa.select(resources).where(resources.c.namespace == namespace)
@@ -220,7 +220,7 @@ class SqlStore(Store):
         with db_errors("list resources"):
             async with self._engine.connect() as conn:
                 rows = (await conn.execute(query)).all()
-        return [_row_to_stored(row) for row in rows]
+        return [row_to_stored(row) for row in rows]
 
     async def delete_resource(self, namespace: str, kind: str, name: str) -> None:
         with db_errors("delete a resource"):
@@ -234,7 +234,7 @@ class SqlStore(Store):
                 ).all()
                 others = [
                     stored.resource
-                    for stored in map(_row_to_stored, rows)
+                    for stored in map(row_to_stored, rows)
                     if stored.resource.key != (namespace, kind, name)
                 ]
                 found = referrers((kind, name), others)
@@ -804,22 +804,3 @@ async def _fetch_resource(
 ) -> sa.Row[Any] | None:
     query = sa.select(resources).where(_resource_key(namespace, kind, name))
     return (await conn.execute(query)).first()
-
-
-def _spec_json(spec: Spec) -> dict[str, Any]:
-    return spec.model_dump(mode="json")
-
-
-def _row_to_stored(row: sa.Row[Any]) -> StoredResource:
-    spec_type = SPEC_TYPES.get(row.kind)
-    if spec_type is None:
-        raise ConfigurationError(f"stored resource {row.kind}/{row.name} has an unknown kind")
-    try:
-        spec = spec_type.model_validate(row.spec)
-        metadata = Metadata(name=row.name, namespace=row.namespace, labels=row.labels)
-    except ValidationError as exc:
-        raise ConfigurationError(
-            f"stored {row.kind} {row.name!r} in namespace {row.namespace!r} is no longer valid: {exc}"
-        ) from exc
-    resource = Resource(apiVersion=API_VERSION, kind=row.kind, metadata=metadata, spec=spec)
-    return StoredResource(resource, row.generation, row.created_at, row.updated_at)
