@@ -128,6 +128,9 @@ class RunExecutor:
     async def _run(
         self, record: RunRecord, lease: Lease, sink: FencedSink, events: list[Event]
     ) -> RunResult | Literal["released"]:
+        if record.cancel_requested:  # asked while it was queued between two attempts
+            await sink.emit(EventType.RUN_FINISH, state=RunState.CANCELLED.value)
+            return RunResult(state=RunState.CANCELLED)
         if record.attempts > record.max_attempts:
             error = CorralError(
                 f"gave up after {record.max_attempts} attempts (its workers kept stopping)"
@@ -236,11 +239,8 @@ class RunExecutor:
             for p in result.pending_approvals
             if p.call_id not in asked
         ]
-        await self.store.save_run(record, lease, approvals)
-        if record.session_id is not None and result.state is RunState.SUCCEEDED:
-            await self.store.append_session_messages(
-                record.session_id, result.new_messages, record.id, lease
-            )
+        added = result.new_messages if result.state is RunState.SUCCEEDED else []
+        await self.store.save_run(record, lease, approvals, session_messages=added)
 
 
 async def _cancel_on(event: anyio.Event, stop: _Stop, scope: anyio.CancelScope) -> None:

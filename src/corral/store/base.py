@@ -119,6 +119,7 @@ class Store(ABC):
         record: RunRecord,
         lease: Lease | None = None,
         approvals: Sequence[Approval] = (),
+        session_messages: Sequence[Message] = (),
     ) -> None:
         """Overwrite a stored run with ``record``; ``NotFoundError`` when it does not exist.
 
@@ -126,7 +127,10 @@ class Store(ABC):
         written) unless the run's fencing token still equals ``lease.token``.
         When ``record.state`` is no longer ``running`` the lease columns are
         cleared. ``approvals`` are inserted in the same transaction (a run that
-        goes to ``waiting_approval`` stores its pending approvals atomically).
+        goes to ``waiting_approval`` stores its pending approvals atomically), and so are
+        ``session_messages``, appended to ``record.session_id`` (a finished run and its
+        session never disagree). ``cancel_requested`` is only ever raised by a save, never
+        cleared (the flag belongs to ``request_cancel``).
         The lease columns of ``record`` itself are ignored: only claims,
         renewals and releases change them.
         """

@@ -260,6 +260,7 @@ class SqlStore(Store):
         record: RunRecord,
         lease: Lease | None = None,
         approvals: Sequence[Approval] = (),
+        session_messages: Sequence[Message] = (),
     ) -> None:
         """See :meth:`Store.save_run`. Also: ``cancel_requested`` is only ever raised by a
         save, never cleared (the flag belongs to :meth:`request_cancel`); a lease on
@@ -286,6 +287,10 @@ class SqlStore(Store):
                 if approvals:
                     await conn.execute(
                         approvals_table.insert(), [approval_values(a) for a in approvals]
+                    )
+                if session_messages and record.session_id is not None:
+                    await _append_to_session(
+                        conn, record.session_id, session_messages, record.id, time.time()
                     )
 
     async def get_run(self, run_id: str) -> RunRecord | None:
@@ -662,18 +667,7 @@ class SqlStore(Store):
             async with self._writer.begin() as conn:
                 if lease is not None:
                     await check_fence(conn, lease)
-                # Touching the session first also locks it (PostgreSQL) for the seq below.
-                await touch_session(conn, session_id, now)
-                top = await last_seq(conn, session_id)
-                stored = [
-                    SessionMessage(top + i, message, run_id, created_at=now)
-                    for i, message in enumerate(messages, start=1)
-                ]
-                await conn.execute(
-                    session_messages.insert(),
-                    [session_message_values(session_id, m, float(m.seq)) for m in stored],
-                )
-        return stored
+                return await _append_to_session(conn, session_id, messages, run_id, now)
 
     async def session_messages(
         self, session_id: str, *, include_hidden: bool = False
@@ -804,3 +798,24 @@ async def _fetch_resource(
 ) -> sa.Row[Any] | None:
     query = sa.select(resources).where(_resource_key(namespace, kind, name))
     return (await conn.execute(query)).first()
+
+
+async def _append_to_session(
+    conn: AsyncConnection,
+    session_id: str,
+    messages: Sequence[Message],
+    run_id: str | None,
+    now: float,
+) -> list[SessionMessage]:
+    # Touching the session first also locks it (PostgreSQL) for the seq below.
+    await touch_session(conn, session_id, now)
+    top = await last_seq(conn, session_id)
+    stored = [
+        SessionMessage(top + i, message, run_id, created_at=now)
+        for i, message in enumerate(messages, start=1)
+    ]
+    await conn.execute(
+        session_messages.insert(),
+        [session_message_values(session_id, m, float(m.seq)) for m in stored],
+    )
+    return stored
