@@ -174,11 +174,17 @@ async def test_slow_model_endpoint_fails_the_run_with_a_timeout(
 ) -> None:
     store, settings = env
     fake_openai.delay(10)
-    await apply(store, endpoint("fake", fake_openai.base_url, timeout=0.5), ADD_TOOL, agent("fake"))
+    await apply(
+        store,
+        endpoint("fake", fake_openai.base_url, timeout=0.5),
+        ADD_TOOL,
+        agent("fake", extra="  max_attempts: 1"),
+    )
     started = time.monotonic()
     record = await run_agent(store, settings, "helper", "hi")
     assert time.monotonic() - started < 5
-    assert record.state is RunState.FAILED
+    # A timeout is retryable: with no attempt left, the run goes to the dead letter state.
+    assert record.state is RunState.DEAD_LETTER
     assert record.error is not None and record.error["code"] == "model_timeout"
     assert EventType.ERROR in await check_stored(store, record)
 

@@ -10,11 +10,11 @@ from pathlib import Path
 import anyio
 import pytest
 
-from corral.cli.tasks_cmd import submit_task
 from corral.core.events import EventType
 from corral.core.runs import ApprovalState, RunRecord, RunState
 from corral.core.settings import Settings
 from corral.resources.loader import load_text
+from corral.runtime.local import submit
 from corral.runtime.worker import Worker
 from corral.store import Store, open_store
 from corral.testing.fake_openai import FakeOpenAIServer, FakeReply
@@ -108,7 +108,7 @@ async def test_worker_executes_queued_runs_once(
             "t.yaml",
         )
     )
-    runs = [(await submit_task("helper", f"task {i}", store=store))[0] for i in range(3)]
+    runs = [(await submit(store, "helper", f"task {i}"))[0] for i in range(3)]
     worker = await drain(store, settings)
     assert worker.executed == 3
     for run in runs:
@@ -135,7 +135,7 @@ async def test_approval_survives_in_the_store_and_the_approved_call_runs_once(
             "t.yaml",
         )
     )
-    run, _ = await submit_task("helper", "pay the bill", store=store)
+    run, _ = await submit(store, "helper", "pay the bill")
     await drain(store, settings)
     assert (await get(store, run)).state is RunState.WAITING_APPROVAL
     [approval] = await store.list_approvals("default", states=["pending"])
@@ -167,7 +167,7 @@ async def test_rejected_call_is_told_to_the_model(
             "t.yaml",
         )
     )
-    run, _ = await submit_task("helper", "go", store=store)
+    run, _ = await submit(store, "helper", "go")
     await drain(store, settings)
     [approval] = await store.list_approvals(run_id=run.id)
     decided = await store.decide_approval(approval.id, False, reason="not today")
@@ -202,7 +202,7 @@ spec:
             "t.yaml",
         )
     )
-    run, _ = await submit_task("helper", "hi", store=store)
+    run, _ = await submit(store, "helper", "hi")
     with anyio.fail_after(20):
         while not (stored := await get(store, run)).state.finished:
             await drain(store, settings, retry_base_seconds=0.01)  # until idle: backoff waits
@@ -217,8 +217,8 @@ spec:
 
 async def test_idempotency_key_returns_the_same_task(store: Store) -> None:
     await store.apply(load_text("---".join([scripted("{text: x}"), NOTE_TOOL, agent()]), "t.yaml"))
-    first, created = await submit_task("helper", "a", idempotency_key="k1", store=store)
-    again, created_again = await submit_task("helper", "a", idempotency_key="k1", store=store)
+    first, created = await submit(store, "helper", "a", idempotency_key="k1")
+    again, created_again = await submit(store, "helper", "a", idempotency_key="k1")
     assert created and not created_again and again.id == first.id
 
 
@@ -241,7 +241,7 @@ spec:
             "t.yaml",
         )
     )
-    run, _ = await submit_task("helper", "go", store=store)
+    run, _ = await submit(store, "helper", "go")
     worker = Worker(store, settings, poll_seconds=0.05, lease_seconds=0.9)
     stop = anyio.Event()
     async with anyio.create_task_group() as group:
@@ -280,9 +280,9 @@ spec: {{model: fake}}
             "t.yaml",
         )
     )
-    await submit_task("friend", "I am Ada.", session="s1", store=store)
+    await submit(store, "friend", "I am Ada.", session="s1")
     await drain(store, settings)
-    await submit_task("friend", "Who am I?", session="s1", store=store)
+    await submit(store, "friend", "Who am I?", session="s1")
     await drain(store, settings)
     second = fake_openai.requests[1].json["messages"]
     assert [m["content"] for m in second] == ["I am Ada.", "Hello Ada.", "Who am I?"]
@@ -310,7 +310,7 @@ async def test_expired_approval_counts_as_rejected(
             "t.yaml",
         )
     )
-    run, _ = await submit_task("helper", "go", store=store)
+    run, _ = await submit(store, "helper", "go")
     await drain(store, settings)
     [approval] = await store.list_approvals(run_id=run.id)
     assert approval.expires_at is not None and approval.expires_at > approval.requested_at

@@ -37,10 +37,15 @@ def run(
     ),
     namespace: str = NAMESPACE,
     output: str = typer.Option("text", "-o", "--output", help="text, or json: the run record."),
+    session: str | None = typer.Option(
+        None, "--session", help="Carry the conversation of this session (created if new)."
+    ),
 ) -> None:
     """Run an agent on a prompt, streaming what it does.
 
-    Exit code 0 succeeded, 1 failed, 2 bad input, 3 waiting for approval.
+    The run is durable: it is queued, executed here (or by a worker that claims it
+    first) and journaled. Exit code 0 succeeded, 1 failed, 2 bad input, 3 waiting
+    for approval.
     """
     if output not in ("text", "json"):
         fail(f"unknown output format {output!r} (use text or json)", EXIT_BAD_INPUT)
@@ -48,7 +53,9 @@ def run(
         fail('usage: corral run AGENT "PROMPT"  or  corral run -f FILE "PROMPT"', EXIT_BAD_INPUT)
     agent = args[0] if len(args) == 2 else None
     prompt = args[-1]
-    record = run_async(_run(agent, prompt, file, namespace, output == "json", None))
+    record = run_async(
+        _run(agent, prompt, file, namespace, output == "json", None, session=session)
+    )
     raise typer.Exit(_exit_code(record.state.value))
 
 
@@ -75,15 +82,18 @@ def prompt_object(
 def chat(
     agent: str = typer.Argument(..., help="The agent to chat with."),
     namespace: str = NAMESPACE,
+    session: str | None = typer.Option(
+        None, "--session", help="Continue this session (default: a new one)."
+    ),
 ) -> None:
-    """Talk to an agent turn by turn (Ctrl-D or /exit to leave)."""
+    """Talk to an agent turn by turn in a session (Ctrl-D or /exit to leave)."""
     from rich.console import Console
 
-    from corral.core.messages import Message
+    from corral.core.ids import new_id
 
     console = Console(stderr=True)
-    history: list[Message] = []
-    console.print(f"[dim]chatting with {agent} — Ctrl-D or /exit to leave[/]")
+    session = session or new_id("chat")
+    console.print(f"[dim]chatting with {agent} in session {session} — Ctrl-D or /exit to leave[/]")
     while True:
         try:
             line = console.input("[bold]you>[/] ")
@@ -94,9 +104,7 @@ def chat(
             break
         if not line.strip():
             continue
-        record = run_async(_run(agent, line, [], namespace, False, None, history=history))
-        # Carry the conversation (without the system prompt) into the next turn.
-        history = [m for m in record.messages if m.role != "system"]
+        record = run_async(_run(agent, line, [], namespace, False, None, session=session))
         if record.state.value == "waiting_approval":
             console.print("[yellow]the run waits for approval; the chat cannot go on[/]")
             raise typer.Exit(EXIT_WAITING_APPROVAL)
@@ -111,7 +119,7 @@ async def _run(
     schema: dict[str, Any] | None,
     *,
     structured: bool = False,
-    history: list[Any] | None = None,
+    session: str | None = None,
 ) -> Any:
     from rich.console import Console
 
@@ -142,7 +150,7 @@ async def _run(
             agent,
             prompt,
             namespace=namespace,
-            history=history or [],
+            session=session,
             output_schema=schema,
             observer=printer,
             loading=_spinner(err),

@@ -61,58 +61,12 @@ def submit(
     typer.echo(record.id)
 
 
-async def submit_task(
-    agent: str,
-    prompt: str,
-    *,
-    namespace: str = "default",
-    session: str | None = None,
-    idempotency_key: str | None = None,
-    priority: int = 0,
-    delay: float = 0.0,
-    store: Store | None = None,
-) -> tuple[RunRecord, bool]:
-    """Check the agent exists, then store a queued run (once per idempotency key)."""
+async def submit_task(agent: str, prompt: str, **options: Any) -> tuple[RunRecord, bool]:
     from corral.cli.resources_cmd import open_cli_store
+    from corral.runtime.local import submit as submit_run
 
-    if store is None:
-        async with open_cli_store() as (opened, _):
-            return await submit_task(
-                agent,
-                prompt,
-                namespace=namespace,
-                session=session,
-                idempotency_key=idempotency_key,
-                priority=priority,
-                delay=delay,
-                store=opened,
-            )
-    from corral.core.errors import NotFoundError
-    from corral.core.ids import new_id
-    from corral.core.runs import RunRecord
-    from corral.resources.kinds import AgentSpec
-
-    stored = await store.get_resource(namespace, "Agent", agent)
-    if stored is None:
-        raise NotFoundError(f"Agent {agent!r} not found in namespace {namespace!r}")
-    spec = stored.resource.spec
-    assert isinstance(spec, AgentSpec)
-    if session is not None:
-        await store.get_or_create_session(session, namespace, agent)
-    now = time.time()
-    record = RunRecord(
-        id=new_id("run"),
-        namespace=namespace,
-        agent=agent,
-        input=prompt,
-        idempotency_key=idempotency_key,
-        session_id=session,
-        priority=priority,
-        not_before=now + delay,
-        max_attempts=spec.max_attempts,
-        created_at=now,
-    )
-    return await store.submit_run(record)
+    async with open_cli_store() as (store, _):
+        return await submit_run(store, agent, prompt, **options)
 
 
 # --------------------------------------------------------------------------- tasks

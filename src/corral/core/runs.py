@@ -76,6 +76,8 @@ class RunRecord:
     lease_owner: str | None = None
     lease_expires_at: float | None = None
     fencing_token: int = 0
+    #: a per-run structured-output schema (``prompt-object --schema``) over the agent's own
+    output_schema: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)

@@ -141,7 +141,7 @@ class RunExecutor:
         async with AsyncExitStack() as stack:
             builder = AgentBuilder(self.store, self.settings, record.namespace)
             try:
-                agent = await builder.build(record.agent, stack)
+                agent = await builder.build(record.agent, stack, output_schema=record.output_schema)
                 with (self.loading or _no_loading)(agent.model.name):
                     await agent.model.prepare()
             except CorralError as exc:

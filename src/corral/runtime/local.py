@@ -1,52 +1,71 @@
-"""Run an agent in this process against the store: the embedded mode.
+"""Embedded mode: submit a durable run and execute it in this process, or follow it.
 
-The run is recorded before it starts and saved when it ends; every event is
-stored (text deltas are batched until the next other event) and also handed to
-an optional observer, which is how the CLI streams a run to the terminal.
+``corral run`` is submit-and-follow: the run is queued like any other, then
+this process claims exactly that run and executes it with an observer that
+streams its events. If another worker got there first (a long-lived
+``corral worker`` on the same store), this process follows the stored events
+instead. Either way the run is journaled, so a crash of this process leaves a
+run that any worker resumes.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from contextlib import AbstractContextManager, AsyncExitStack, nullcontext
 from typing import Any
 
-from corral.core.errors import CorralError
-from corral.core.events import Event, EventType
+import anyio
+
+from corral.core.errors import NotFoundError
+from corral.core.events import Event
 from corral.core.ids import new_id
-from corral.core.messages import Message
 from corral.core.runs import RunRecord, RunState
 from corral.core.settings import Settings
-from corral.engine.loop import AgentLoop, RunResult
-from corral.runtime.builder import AgentBuilder
+from corral.resources.kinds import AgentSpec
+from corral.runtime.executor import Loading, Observer, RunExecutor
+from corral.runtime.worker import default_owner
 from corral.store.base import Store
 
-Observer = Callable[[Event], Awaitable[None]]
-Loading = Callable[[str], AbstractContextManager[Any]]
+FOLLOW_POLL_SECONDS = 0.1
 
 
-class _StoredSink:
-    """Stores events in order; text deltas wait for the next non-delta event."""
+async def submit(
+    store: Store,
+    agent: str,
+    user_input: str,
+    *,
+    namespace: str = "default",
+    session: str | None = None,
+    idempotency_key: str | None = None,
+    priority: int = 0,
+    delay: float = 0.0,
+    output_schema: dict[str, Any] | None = None,
+) -> tuple[RunRecord, bool]:
+    """Queue a run of ``agent``; returns ``(run, created)`` (``False``: the key was seen before).
 
-    def __init__(self, store: Store, observer: Observer | None) -> None:
-        self.store = store
-        self.observer = observer
-        self.buffer: list[Event] = []
-        self.last_seq = 0
-
-    async def __call__(self, event: Event) -> None:
-        self.buffer.append(event)
-        self.last_seq = event.seq
-        if event.type is not EventType.TEXT_DELTA:
-            await self.flush()
-        if self.observer is not None:
-            await self.observer(event)
-
-    async def flush(self) -> None:
-        if self.buffer:
-            batch, self.buffer = self.buffer, []
-            await self.store.append_events(batch)
+    ``NotFoundError`` (nothing stored) when the agent does not exist.
+    """
+    stored = await store.get_resource(namespace, "Agent", agent)
+    if stored is None:
+        raise NotFoundError(f"Agent {agent!r} not found in namespace {namespace!r}")
+    spec = stored.resource.spec
+    assert isinstance(spec, AgentSpec)
+    if session is not None:
+        await store.get_or_create_session(session, namespace, agent)
+    now = time.time()
+    record = RunRecord(
+        id=new_id("run"),
+        namespace=namespace,
+        agent=agent,
+        input=user_input,
+        idempotency_key=idempotency_key,
+        session_id=session,
+        priority=priority,
+        not_before=now + delay,
+        max_attempts=spec.max_attempts,
+        created_at=now,
+        output_schema=output_schema,
+    )
+    return await store.submit_run(record)
 
 
 async def run_agent(
@@ -56,68 +75,62 @@ async def run_agent(
     user_input: str,
     *,
     namespace: str = "default",
-    history: Sequence[Message] = (),
+    session: str | None = None,
     output_schema: dict[str, Any] | None = None,
     observer: Observer | None = None,
     loading: Loading | None = None,
+    lease_seconds: float = 30.0,
 ) -> RunRecord:
-    """Run ``agent`` on ``user_input`` to its end (or a pause for approval) and return the record.
-
-    An unknown agent raises ``NotFoundError`` before any run is recorded; every
-    later failure (a model endpoint down, an MCP server that does not start)
-    is recorded as a failed run.
-    """
-    builder = AgentBuilder(store, settings, namespace)
-    await builder.agent_spec(agent)  # fail fast, with no run recorded, on an unknown agent
-    record = RunRecord(
-        id=new_id("run"),
+    """Submit a run and see it through: until it ends or waits for approval."""
+    record, _ = await submit(
+        store,
+        agent,
+        user_input,
         namespace=namespace,
-        agent=agent,
-        input=user_input,
-        state=RunState.RUNNING,
-        started_at=time.time(),
+        session=session,
+        output_schema=output_schema,
     )
-    await store.create_run(record)
-    sink = _StoredSink(store, observer)
-    try:
-        async with AsyncExitStack() as stack:
-            try:
-                definition = await builder.build(agent, stack, output_schema=output_schema)
-                with (loading or _no_loading)(definition.model.name):
-                    await definition.model.prepare()
-            except CorralError as exc:
-                result = await _failed_before_start(record, sink, exc)
-            else:
-                result = await AgentLoop(definition, record.id, sink).run(user_input, history)
-    finally:
-        await sink.flush()
-    _apply_result(record, result)
-    await store.save_run(record)
-    return record
-
-
-def _no_loading(name: str) -> AbstractContextManager[Any]:
-    return nullcontext()
-
-
-async def _failed_before_start(record: RunRecord, sink: _StoredSink, exc: CorralError) -> RunResult:
-    error = exc.to_dict()
-    await sink(
-        Event(record.id, 1, EventType.RUN_START, {"agent": record.agent, "input": record.input})
+    return await see_through(
+        store, settings, record.id, observer=observer, loading=loading, lease_seconds=lease_seconds
     )
-    await sink(Event(record.id, 2, EventType.ERROR, error))
-    await sink(Event(record.id, 3, EventType.RUN_FINISH, {"state": RunState.FAILED.value}))
-    return RunResult(state=RunState.FAILED, error=error)
 
 
-def _apply_result(record: RunRecord, result: RunResult) -> None:
-    record.state = result.state
-    record.output = result.output
-    record.error = result.error
-    record.messages = result.messages
-    record.pending_approvals = result.pending_approvals
-    record.steps = result.steps
-    record.usage = result.usage
-    record.cost_usd = result.cost_usd
-    if result.state.finished:
-        record.finished_at = time.time()
+async def see_through(
+    store: Store,
+    settings: Settings,
+    run_id: str,
+    *,
+    observer: Observer | None = None,
+    loading: Loading | None = None,
+    lease_seconds: float = 30.0,
+) -> RunRecord:
+    """Execute the run here whenever it is runnable, or follow whoever executes it."""
+    executor = RunExecutor(
+        store, settings, lease_seconds=lease_seconds, observer=observer, loading=loading
+    )
+    owner = default_owner()
+    seen = 0
+    while True:
+        claims = await store.claim_runs(owner, lease_seconds, 1, run_id=run_id)
+        if claims:
+            record, lease = claims[0]
+            # The observer only gets events this process emits: catch up first.
+            seen = await _replay_to(store, run_id, seen, observer)
+            await executor.execute(record, lease)
+            seen = await _replay_to(store, run_id, seen, None)  # the observer saw them live
+        else:
+            seen = await _replay_to(store, run_id, seen, observer)
+        current = await store.get_run(run_id)
+        assert current is not None
+        if current.state.finished or current.state is RunState.WAITING_APPROVAL:
+            await _replay_to(store, run_id, seen, observer)
+            return current
+        await anyio.sleep(FOLLOW_POLL_SECONDS)
+
+
+async def _replay_to(store: Store, run_id: str, after: int, observer: Observer | None) -> int:
+    events: list[Event] = await store.list_events(run_id, after)
+    for event in events:
+        if observer is not None:
+            await observer(event)
+    return events[-1].seq if events else after

@@ -47,6 +47,7 @@ def run_values(record: RunRecord) -> dict[str, Any]:
         "lease_owner": record.lease_owner,
         "lease_expires_at": record.lease_expires_at,
         "fencing_token": record.fencing_token,
+        "output_schema": record.output_schema,
     }
 
 
@@ -78,6 +79,7 @@ def row_to_run(row: sa.Row[Any]) -> RunRecord:
         lease_owner=row.lease_owner,
         lease_expires_at=row.lease_expires_at,
         fencing_token=row.fencing_token,
+        output_schema=row.output_schema,
     )
 
 

@@ -163,9 +163,16 @@ class Store(ABC):
 
     @abstractmethod
     async def claim_runs(
-        self, owner: str, lease_seconds: float, limit: int = 1, *, now: float | None = None
+        self,
+        owner: str,
+        lease_seconds: float,
+        limit: int = 1,
+        *,
+        now: float | None = None,
+        run_id: str | None = None,
     ) -> list[tuple[RunRecord, Lease]]:
-        """Claim up to ``limit`` runnable runs for ``owner``, highest priority then oldest first.
+        """Claim up to ``limit`` runnable runs for ``owner``, highest priority then oldest first
+        (only the run ``run_id`` when given: ``corral run`` executes its own run in-process).
 
         Runnable: ``queued`` with ``not_before <= now``, or ``running`` with a lease
         that expired before ``now`` (its worker died or stalled). Each claim sets

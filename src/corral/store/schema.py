@@ -67,6 +67,7 @@ runs = sa.Table(
     sa.Column("lease_owner", sa.String(255), nullable=True),
     sa.Column("lease_expires_at", sa.Double, nullable=True),
     sa.Column("fencing_token", sa.BigInteger, nullable=False, server_default="0"),
+    sa.Column("output_schema", Json, nullable=True),
     sa.Index("ix_runs_namespace_agent_created_at", "namespace", "agent", "created_at"),
     # NULL keys never collide (SQLite and PostgreSQL alike): only keyed submits are deduplicated.
     sa.Index(

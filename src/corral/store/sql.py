@@ -348,7 +348,13 @@ class SqlStore(Store):
         return row_to_run(row), False
 
     async def claim_runs(
-        self, owner: str, lease_seconds: float, limit: int = 1, *, now: float | None = None
+        self,
+        owner: str,
+        lease_seconds: float,
+        limit: int = 1,
+        *,
+        now: float | None = None,
+        run_id: str | None = None,
     ) -> list[tuple[RunRecord, Lease]]:
         """See :meth:`Store.claim_runs`. A ``running`` run without a lease expiry (one the
         local runtime runs in-process) is never claimable. ``attempts`` is counted,
@@ -362,6 +368,11 @@ class SqlStore(Store):
         # claimers pass each other; on SQLite BEGIN IMMEDIATE serializes them.
         queued = sa.and_(runs.c.state == RunState.QUEUED.value, runs.c.not_before <= now)
         expired = sa.and_(runs.c.state == RunState.RUNNING.value, runs.c.lease_expires_at < now)
+        if run_id is not None:
+            queued, expired = (
+                sa.and_(queued, runs.c.id == run_id),
+                sa.and_(expired, runs.c.id == run_id),
+            )
         with db_errors("claim runs"):
             async with self._writer.begin() as conn:
                 candidates: list[Any] = []

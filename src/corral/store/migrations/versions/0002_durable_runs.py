@@ -36,6 +36,7 @@ def _run_columns() -> list[sa.Column[Any]]:
         sa.Column("lease_owner", sa.String(255), nullable=True),
         sa.Column("lease_expires_at", sa.Double, nullable=True),
         sa.Column("fencing_token", sa.BigInteger, nullable=False, server_default="0"),
+        sa.Column("output_schema", Json, nullable=True),
     ]
 
 
