@@ -25,6 +25,7 @@ def register(app: typer.Typer) -> None:
     app.command(name="submit")(submit)
     app.command(name="logs")(logs)
     app.command(name="worker")(worker)
+    app.command(name="gc")(gc)
     app.add_typer(tasks_app, name="tasks")
     app.add_typer(approvals_app, name="approvals")
     app.add_typer(sessions_app, name="sessions")
@@ -312,6 +313,56 @@ def sessions_delete(session_id: str = typer.Argument(...)) -> None:
 
     run_async(go())
     typer.echo(f"session/{session_id} deleted")
+
+
+# --------------------------------------------------------------------------- gc
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(text: str) -> float:
+    """``90``, ``45s``, ``30m``, ``12h``, ``7d`` as seconds; ``ValueError`` otherwise."""
+    text = text.strip().lower()
+    unit = _UNITS.get(text[-1:], 0)
+    number = float(text[:-1] if unit else text)
+    if number < 0:
+        raise ValueError("a duration cannot be negative")
+    return number * (unit or 1)
+
+
+def gc(
+    older_than: str | None = typer.Option(
+        None, "--older-than", help="Delete finished runs older than this (e.g. 7d, 12h)."
+    ),
+    keep: int | None = typer.Option(
+        None, "--keep", min=0, help="Keep only the N most recent finished runs per namespace."
+    ),
+    namespace: str | None = typer.Option(None, "-n", "--namespace", help="Only this namespace."),
+) -> None:
+    """Delete finished runs with their events and approvals (default: CORRAL_RUN_RETENTION_DAYS)."""
+
+    async def go() -> int:
+        from corral.cli.resources_cmd import open_cli_store
+
+        async with open_cli_store() as (store, settings):
+            cutoff: float | None = None
+            if older_than is not None:
+                try:
+                    cutoff = time.time() - parse_duration(older_than)
+                except ValueError:
+                    fail(f"--older-than: not a duration: {older_than!r}", EXIT_BAD_INPUT)
+            elif settings.run_retention_days is not None:
+                cutoff = time.time() - settings.run_retention_days * 86400
+            if cutoff is None and keep is None:
+                fail(
+                    "say what to delete: --older-than, --keep, or set CORRAL_RUN_RETENTION_DAYS",
+                    EXIT_BAD_INPUT,
+                )
+            return await store.prune_runs(
+                finished_before=cutoff, keep_last=keep, namespace=namespace
+            )
+
+    typer.echo(f"deleted {run_async(go())} finished runs")
 
 
 # --------------------------------------------------------------------------- worker

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import time
 
 import anyio
 
@@ -20,6 +21,8 @@ from corral.runtime.executor import RunExecutor
 from corral.store.base import Store
 
 log = logging.getLogger(__name__)
+
+PRUNE_INTERVAL_SECONDS = 600.0
 
 
 def default_owner() -> str:
@@ -48,6 +51,8 @@ class Worker:
         self.lease_seconds = lease_seconds
         self.poll_seconds = poll_seconds
         self.grace_seconds = grace_seconds
+        self.retention_days = settings.run_retention_days
+        self._next_prune = 0.0
         self.executor = RunExecutor(
             store, settings, lease_seconds=lease_seconds, retry_base_seconds=retry_base_seconds
         )
@@ -76,6 +81,7 @@ class Worker:
 
     async def _claim(self, group: anyio.abc.TaskGroup) -> int:
         await self.store.expire_approvals()
+        await self._prune()
         free = self.concurrency - len(self.active)
         if free <= 0:
             return 0
@@ -84,6 +90,16 @@ class Worker:
             self.active[record.id] = lease
             group.start_soon(self._execute, record, lease)
         return len(claims)
+
+    async def _prune(self) -> None:
+        """Apply the retention setting, at most every PRUNE_INTERVAL_SECONDS."""
+        now = time.time()
+        if self.retention_days is None or now < self._next_prune:
+            return
+        self._next_prune = now + PRUNE_INTERVAL_SECONDS
+        pruned = await self.store.prune_runs(finished_before=now - self.retention_days * 86400)
+        if pruned:
+            log.info("pruned %d finished runs older than %g days", pruned, self.retention_days)
 
     async def _execute(self, record: RunRecord, lease: Lease) -> None:
         try:

@@ -202,6 +202,21 @@ class Store(ABC):
         worker to act on. A finished run is returned unchanged. ``NotFoundError`` if absent.
         """
 
+    @abstractmethod
+    async def prune_runs(
+        self,
+        *,
+        finished_before: float | None = None,
+        keep_last: int | None = None,
+        namespace: str | None = None,
+    ) -> int:
+        """Delete finished runs (with their events and approvals) and return how many.
+
+        A run goes when it finished before ``finished_before``, or when it is not
+        among the ``keep_last`` most recently finished runs of its namespace. Runs
+        that are queued, running or waiting for approval are never touched.
+        """
+
     # ----------------------------------------------------------------- approvals
 
     @abstractmethod

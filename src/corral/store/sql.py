@@ -652,6 +652,38 @@ class SqlStore(Store):
                 rows = (await conn.execute(query)).all()
         return [row_to_session(row) for row in rows]
 
+    async def prune_runs(
+        self,
+        *,
+        finished_before: float | None = None,
+        keep_last: int | None = None,
+        namespace: str | None = None,
+    ) -> int:
+        finished = runs.c.state.in_([s.value for s in RunState if s.finished])
+        scope = finished if namespace is None else sa.and_(finished, runs.c.namespace == namespace)
+        doomed: list[sa.ColumnElement[bool]] = []
+        if finished_before is not None:
+            doomed.append(runs.c.finished_at < finished_before)
+        if keep_last is not None:
+            rank = (
+                sa.select(
+                    runs.c.id,
+                    sa.func.row_number()
+                    .over(partition_by=runs.c.namespace, order_by=runs.c.finished_at.desc())
+                    .label("rank"),
+                )
+                .where(scope)
+                .subquery()
+            )
+            doomed.append(runs.c.id.in_(sa.select(rank.c.id).where(rank.c.rank > keep_last)))
+        if not doomed:
+            return 0
+        with db_errors("prune runs"):
+            async with self._writer.begin() as conn:
+                # events and approvals go with their run (ON DELETE CASCADE)
+                result = await conn.execute(runs.delete().where(scope, sa.or_(*doomed)))
+        return int(result.rowcount)
+
     async def delete_session(self, session_id: str) -> None:
         with db_errors(f"delete session {session_id}"):
             async with self._writer.begin() as conn:
