@@ -322,3 +322,54 @@ async def test_expired_approval_counts_as_rejected(
     assert expired.state is ApprovalState.EXPIRED
     tool_message = next(m for m in stored.messages if m.role == "tool")
     assert "expired" in tool_message.content
+
+
+@pytest.mark.parametrize("compaction", ["summarize", "hide"])
+async def test_a_compacted_session_still_answers_from_its_earlier_turns(
+    store: Store, settings: Settings, fake_openai: FakeOpenAIServer, compaction: str
+) -> None:
+    await store.apply(
+        load_text(
+            f"""
+apiVersion: corral/v1
+kind: ModelEndpoint
+metadata: {{name: fake}}
+spec: {{provider: openai, model: m, base_url: "{fake_openai.base_url}"}}
+---
+apiVersion: corral/v1
+kind: Agent
+metadata: {{name: friend}}
+spec:
+  model: fake
+  session: {{max_history_tokens: 100, compaction: {compaction}, keep_recent_messages: 2}}
+""",
+            "t.yaml",
+        )
+    )
+    long_reply = "Noted. " + "I will remember that. " * 20  # pushes the history past 100 tokens
+    fake_openai.add_reply(FakeReply(text=long_reply), FakeReply(text="It is sunny."))
+    await submit(store, "friend", "My name is Ada and my cat is called Turing.", session="s")
+    await drain(store, settings)
+    await submit(store, "friend", "How is the weather?", session="s")
+    await drain(store, settings)
+
+    if compaction == "summarize":
+        fake_openai.add_reply(FakeReply(text="The user is Ada; her cat is Turing."))
+    fake_openai.add_reply(FakeReply(text="Your cat is Turing."))
+    run, _ = await submit(store, "friend", "What is my cat called?", session="s")
+    await drain(store, settings)
+
+    assert (await get(store, run)).output == "Your cat is Turing."
+    sent = [m["content"] for m in fake_openai.requests[-1].json["messages"]]
+    assert sent[-1] == "What is my cat called?"
+    assert "My name is Ada and my cat is called Turing." not in sent  # compacted away
+    if compaction == "summarize":
+        summary_request = fake_openai.requests[-2].json["messages"]
+        assert "Turing" in summary_request[-1]["content"]  # the summarizer saw the old turns
+        assert sent[0].startswith("[Summary of the earlier conversation]")
+        assert "Turing" in sent[0]
+    else:
+        assert sent == ["How is the weather?", "It is sunny.", "What is my cat called?"]
+    everything = await store.session_messages("s", include_hidden=True)
+    hidden = [m.message.content for m in everything if m.hidden]
+    assert "My name is Ada and my cat is called Turing." in hidden  # kept for audit

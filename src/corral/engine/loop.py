@@ -45,7 +45,7 @@ from corral.engine.budget import Budget
 from corral.engine.replay import OpenStep, replay
 from corral.engine.structured import parse_output, repair_prompt, schema_instruction
 from corral.models.base import Model, ModelSettings
-from corral.resources.kinds import Limits
+from corral.resources.kinds import Limits, SessionPolicy
 from corral.tools.base import ToolContext
 from corral.tools.governance import ToolOutcome, Toolset
 
@@ -67,6 +67,7 @@ class AgentDefinition:
     workspace: Path = field(default_factory=lambda: Path.cwd())
     #: what to do with a non-idempotent call interrupted by a crash: ask a human, or fail
     interrupted_calls: Literal["ask", "fail"] = "ask"
+    session_policy: SessionPolicy = field(default_factory=SessionPolicy)
 
 
 @dataclass

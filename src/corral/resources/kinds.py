@@ -282,6 +282,20 @@ class ApprovalPolicy(Spec):
     )
 
 
+class SessionPolicy(Spec):
+    """How a session's history is kept small enough to send.
+
+    When the visible history passes ``max_history_tokens`` (estimated at four
+    characters a token), everything but the last ``keep_recent_messages`` is
+    compacted: ``summarize`` asks the agent's model for a summary that replaces
+    it, ``hide`` just stops sending it. Compacted messages are kept for audit.
+    """
+
+    max_history_tokens: int = Field(default=8000, ge=100)
+    compaction: Literal["summarize", "hide"] = "summarize"
+    keep_recent_messages: int = Field(default=6, ge=0)
+
+
 class ModelSettingsSpec(Spec):
     temperature: float | None = Field(default=None, ge=0, le=2)
     max_output_tokens: int | None = Field(default=None, ge=1)
@@ -308,6 +322,7 @@ class AgentSpec(Spec):
     max_attempts: int = Field(
         default=3, ge=1, le=100, description="tries of a run before dead letter"
     )
+    session: SessionPolicy = Field(default_factory=SessionPolicy)
 
 
 SPEC_TYPES: dict[str, type[Spec]] = {

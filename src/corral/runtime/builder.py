@@ -93,6 +93,7 @@ class AgentBuilder:
             stream=spec.stream,
             workspace=workspace,
             interrupted_calls=spec.interrupted_calls,
+            session_policy=spec.session,
         )
 
     async def _spec(self, kind: str, name: str, spec_type: type[S]) -> S:

@@ -25,6 +25,7 @@ from corral.core.runs import Approval, ApprovalState, Lease, RunRecord, RunState
 from corral.core.settings import Settings
 from corral.engine.loop import AgentDefinition, AgentLoop, RunResult
 from corral.runtime.builder import AgentBuilder
+from corral.runtime.sessions import session_history
 from corral.store.base import Store
 
 Observer = Callable[[Event], Awaitable[None]]
@@ -156,7 +157,7 @@ class RunExecutor:
                 if events:
                     decisions = await self._decisions(record.id)
                     return await loop.resume(events, decisions)
-                history = await self._history(record)
+                history = await self._history(record, agent)
                 return await loop.run(record.input, history)
             except ModelError as exc:  # retryable: try the whole run again later, or give up
                 if record.attempts >= record.max_attempts:
@@ -195,11 +196,10 @@ class RunExecutor:
                 decided[approval.call_id] = (False, "the approval request expired")
         return decided
 
-    async def _history(self, record: RunRecord) -> list[Message]:
+    async def _history(self, record: RunRecord, agent: AgentDefinition) -> list[Message]:
         if record.session_id is None:
             return []
-        stored = await self.store.session_messages(record.session_id)
-        return [m.message for m in stored]
+        return await session_history(self.store, record.session_id, agent)
 
     async def _failed_to_start(
         self, sink: FencedSink, exc: CorralError, events: list[Event], record: RunRecord
