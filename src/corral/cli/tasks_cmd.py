@@ -79,6 +79,7 @@ def tasks_list(
     agent: str | None = typer.Option(None, "--agent", help="Only this agent's tasks."),
     state: list[str] = typer.Option([], "--state", help="Only tasks in these states."),
     limit: int = typer.Option(50, "--limit"),
+    output: str = typer.Option("table", "-o", "--output", help="table, or json."),
 ) -> None:
     """The newest tasks, newest first."""
     from rich.console import Console
@@ -97,10 +98,16 @@ def tasks_list(
         async with open_cli_store() as (store, _):
             return await store.list_runs(namespace, agent, limit, states)
 
+    records = run_async(go())
+    if output == "json":
+        from corral.cli.render import record_json
+
+        typer.echo("[" + ",\n".join(record_json(r) for r in records) + "]")
+        return
     table = Table(box=None, header_style="bold")
     for column in ("ID", "AGENT", "STATE", "ATTEMPTS", "STEPS", "AGE"):
-        table.add_column(column)
-    for r in run_async(go()):
+        table.add_column(column, no_wrap=True)
+    for r in records:
         table.add_row(r.id, r.agent, r.state.value, str(r.attempts), str(r.steps), _age(r))
     Console().print(table)
 
@@ -210,6 +217,7 @@ async def follow_events(
 def approvals_list(
     namespace: str = NAMESPACE,
     all_states: bool = typer.Option(False, "--all", help="Also decided and expired ones."),
+    output: str = typer.Option("table", "-o", "--output", help="table, or json."),
 ) -> None:
     """Tool calls waiting for a decision."""
     from rich.console import Console
@@ -222,10 +230,16 @@ def approvals_list(
             states = None if all_states else ["pending"]
             return await store.list_approvals(namespace, states=states)
 
+    approvals = run_async(go())
+    if output == "json":
+        from corral.core.messages import dump
+
+        typer.echo(json.dumps([dump(a) for a in approvals], indent=2, ensure_ascii=False))
+        return
     table = Table(box=None, header_style="bold")
     for column in ("ID", "RUN", "AGENT", "TOOL", "ARGUMENTS", "STATE", "REASON"):
         table.add_column(column, overflow="fold")
-    for a in run_async(go()):
+    for a in approvals:
         table.add_row(a.id, a.run_id, a.agent, a.tool, a.arguments, a.state.value, a.reason)
     Console().print(table)
 
