@@ -29,10 +29,9 @@ import anyio
 import anyio.abc
 
 from corral.core.errors import ConfigurationError, ToolError, ToolErrorCode
-from corral.core.messages import ToolSpec
 from corral.resources.kinds import EnvValue, ToolSpecModel
 from corral.tools.base import Tool, ToolContext
-from corral.tools.naming import model_tool_name
+from corral.tools.naming import declared_spec
 
 __all__ = [
     "MAX_STDERR_BYTES",
@@ -253,11 +252,7 @@ class ExecTool(Tool):
     def __init__(self, name: str, spec: ToolSpecModel, program: str, env: dict[str, str]) -> None:
         assert spec.exec is not None
         self.ref = name
-        self.spec = ToolSpec(
-            model_tool_name(name),
-            spec.description,
-            spec.parameters or {"type": "object", "properties": {}},
-        )
+        self.spec = declared_spec(name, spec)
         self.idempotent = spec.idempotent
         self._argv = [program, *spec.exec.command[1:]]
         self._cwd = spec.exec.cwd

@@ -22,10 +22,9 @@ from typing import Any
 import httpx
 
 from corral.core.errors import ConfigurationError, ToolError, ToolErrorCode
-from corral.core.messages import ToolSpec
 from corral.resources.kinds import HttpAuth, ToolSpecModel
 from corral.tools.base import Tool, ToolContext
-from corral.tools.naming import model_tool_name
+from corral.tools.naming import declared_spec
 from corral.tools.ssrf import Resolver, check_destination, system_resolver
 
 __all__ = ["MAX_RESPONSE_BYTES", "HttpTool", "auth_headers", "create"]
@@ -117,11 +116,7 @@ class HttpTool(Tool):
     ) -> None:
         assert spec.http is not None
         self.ref = name
-        self.spec = ToolSpec(
-            model_tool_name(name),
-            spec.description,
-            spec.parameters or {"type": "object", "properties": {}},
-        )
+        self.spec = declared_spec(name, spec)
         self.idempotent = spec.idempotent
         self._http = spec.http
         self._headers = headers

@@ -13,7 +13,10 @@ import hashlib
 import re
 from collections.abc import Iterable
 
-__all__ = ["MAX_NAME_LENGTH", "model_tool_name", "model_tool_names"]
+from corral.core.messages import ToolSpec
+from corral.resources.kinds import ToolSpecModel
+
+__all__ = ["MAX_NAME_LENGTH", "declared_spec", "model_tool_name", "model_tool_names"]
 
 MAX_NAME_LENGTH = 64
 _VALID = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
@@ -67,3 +70,9 @@ def model_tool_names(refs: Iterable[str]) -> dict[str, str]:
     return {
         ref: (name if seen[name] == 1 else _with_hash(name, ref)) for ref, name in plain.items()
     }
+
+
+def declared_spec(name: str, spec: ToolSpecModel) -> ToolSpec:
+    """What the model is told about a Tool resource that declares its own ``parameters``."""
+    parameters = spec.parameters or {"type": "object", "properties": {}}
+    return ToolSpec(model_tool_name(name), spec.description, parameters)
