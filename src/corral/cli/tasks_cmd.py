@@ -425,3 +425,25 @@ def worker(
                 group.cancel_scope.cancel()
 
     run_async(go())
+    _exit_without_abandoned_threads()
+
+
+def _exit_without_abandoned_threads() -> None:
+    """Exit now even if a cancelled synchronous tool still holds a thread.
+
+    A python tool's function cannot be interrupted: after shutdown cancelled it, its
+    thread runs on until the function returns, and interpreter exit would wait for
+    it. Its run was already released (and journaled), so nothing is lost by not
+    waiting.
+    """
+    import logging
+    import os
+    import sys
+    import threading
+
+    if threading.active_count() > 1:
+        logging.getLogger("corral").warning("exiting with a cancelled tool's thread still running")
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)

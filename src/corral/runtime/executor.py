@@ -24,6 +24,7 @@ from corral.core.messages import Message
 from corral.core.runs import Approval, ApprovalState, Lease, RunRecord, RunState
 from corral.core.settings import Settings
 from corral.engine.loop import AgentDefinition, AgentLoop, RunResult
+from corral.engine.replay import replay
 from corral.runtime.builder import AgentBuilder
 from corral.runtime.sessions import session_history
 from corral.store.base import Store
@@ -37,7 +38,24 @@ RUN_RETRY_MAX_SECONDS = 60.0
 
 
 class FencedSink:
-    """Stores a run's events under its lease; text deltas wait for the next other event."""
+    """Stores a run's events under its lease, in as few fenced writes as the journal allows.
+
+    Every event is stored, in order, but not every event needs a write of its own:
+    ``text.delta``, ``step.start``, ``step.finish`` and the model's message
+    (``message.create`` from the assistant) wait for the next event that must be
+    durable. The engine never acts on the outside between a model's message and
+    such an event: the message's tool calls go on only through a ``tool.call``
+    (durable before its tool executes), an ``approval.requested`` or a
+    ``tool.result``; a final answer goes on through ``run.finish`` (or a repair
+    prompt, or an error) - and each of them writes the message with it. Other events
+    (``run.start``, ``tool.result``, a user's ``message.create``, ...) are written
+    before the engine moves on. A step that asked for (or got) approvals may end the
+    run waiting, with no event after it: its ``step.finish`` is written at once.
+    One write is one fenced ``append_events`` call.
+    """
+
+    #: Events that ride along with the next write.
+    DEFERRED = frozenset({EventType.TEXT_DELTA, EventType.STEP_START, EventType.STEP_FINISH})
 
     def __init__(self, store: Store, lease: Lease, observer: Observer | None) -> None:
         self.store = store
@@ -45,16 +63,33 @@ class FencedSink:
         self.observer = observer
         self.buffer: list[Event] = []
         self.last_seq = 0
+        self._approvals_in_step = False
 
     async def __call__(self, event: Event) -> None:
         self.buffer.append(event)
         self.last_seq = event.seq
-        if event.type is not EventType.TEXT_DELTA:
+        if not self._deferred(event):
             await self.flush()
         if self.observer is not None:
             await self.observer(event)
 
+    def _deferred(self, event: Event) -> bool:
+        if event.type in (EventType.APPROVAL_REQUESTED, EventType.APPROVAL_RESOLVED):
+            self._approvals_in_step = True
+        elif event.type is EventType.STEP_START:
+            self._approvals_in_step = False
+        elif event.type is EventType.STEP_FINISH and self._approvals_in_step:
+            self._approvals_in_step = False
+            return False
+        if event.type in self.DEFERRED:
+            return True
+        if event.type is EventType.MESSAGE_CREATE:
+            message = event.data.get("message")
+            return isinstance(message, dict) and message.get("role") == "assistant"
+        return False
+
     async def flush(self) -> None:
+        """Write what waits (one fenced transaction); returns once it is durable."""
         if self.buffer:
             batch, self.buffer = self.buffer, []
             await self.store.append_events(batch, lease=self.lease)
@@ -104,7 +139,7 @@ class RunExecutor:
                 group.start_soon(_cancel_on, shutdown, stop, group.cancel_scope)
             try:
                 result = await self._run(record, lease, sink, events)
-            except LeaseLostError:
+            except* LeaseLostError:  # a refused write in parallel tool calls comes grouped
                 stop.reason = "lost"
             group.cancel_scope.cancel()
         if stop.reason == "lost":
@@ -129,6 +164,9 @@ class RunExecutor:
     async def _run(
         self, record: RunRecord, lease: Lease, sink: FencedSink, events: list[Event]
     ) -> RunResult | Literal["released"]:
+        ended = _journaled_end(events)
+        if ended is not None:  # its worker died between the last event and saving the record
+            return ended
         if record.cancel_requested:  # asked while it was queued between two attempts
             await sink.emit(EventType.RUN_FINISH, state=RunState.CANCELLED.value)
             return RunResult(state=RunState.CANCELLED)
@@ -241,6 +279,28 @@ class RunExecutor:
         ]
         added = result.new_messages if result.state is RunState.SUCCEEDED else []
         await self.store.save_run(record, lease, approvals, session_messages=added)
+
+
+def _journaled_end(events: list[Event]) -> RunResult | None:
+    """The result a journal that ends with ``run.finish`` records, or ``None``."""
+    if not events or events[-1].type is not EventType.RUN_FINISH:
+        return None
+    checkpoint = replay(events)
+    finish = events[-1].data
+    state = RunState(finish.get("state", RunState.FAILED.value))
+    error = None
+    if state is not RunState.SUCCEEDED:
+        error = next((e.data for e in reversed(events) if e.type is EventType.ERROR), None)
+    return RunResult(
+        state=state,
+        output=finish.get("output"),
+        error=error,
+        messages=checkpoint.messages,
+        steps=checkpoint.steps,
+        usage=checkpoint.usage,
+        cost_usd=checkpoint.cost_usd,
+        initial_count=checkpoint.initial_count,
+    )
 
 
 async def _cancel_on(event: anyio.Event, stop: _Stop, scope: anyio.CancelScope) -> None:

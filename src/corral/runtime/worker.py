@@ -23,6 +23,10 @@ from corral.store.base import Store
 log = logging.getLogger(__name__)
 
 PRUNE_INTERVAL_SECONDS = 600.0
+#: While runs are queued (the last claim got all it asked for), a busy worker claims again
+#: once an eighth of its slots are free, or this long after its last claim: finishing
+#: runs are refilled in batches, one claim transaction each.
+CLAIM_COALESCE_SECONDS = 0.01
 
 
 def default_owner() -> str:
@@ -53,6 +57,9 @@ class Worker:
         self.grace_seconds = grace_seconds
         self.retention_days = settings.run_retention_days
         self._next_prune = 0.0
+        self._last_claim = 0.0
+        self._claim_batch = max(1, concurrency // 8)
+        self._backlog = False
         self.executor = RunExecutor(
             store, settings, lease_seconds=lease_seconds, retry_base_seconds=retry_base_seconds
         )
@@ -74,7 +81,7 @@ class Worker:
                 if until_idle and not claimed and not self.active:
                     break
                 if not claimed:
-                    with anyio.move_on_after(self.poll_seconds):
+                    with anyio.move_on_after(self._next_look()):
                         await _first_of(stop, self._wake)
                     self._wake = anyio.Event()
             await self._drain()
@@ -83,13 +90,28 @@ class Worker:
         await self.store.expire_approvals()
         await self._prune()
         free = self.concurrency - len(self.active)
-        if free <= 0:
+        if free <= 0 or self._coalescing(free):
             return 0
+        self._last_claim = time.monotonic()
         claims = await self.store.claim_runs(self.owner, self.lease_seconds, free)
         for record, lease in claims:
             self.active[record.id] = lease
             group.start_soon(self._execute, record, lease)
+        self._backlog = len(claims) == free
         return len(claims)
+
+    def _coalescing(self, free: int) -> bool:
+        """Whether to wait for more free slots before claiming (see CLAIM_COALESCE_SECONDS)."""
+        if not (self._backlog and self.active) or free >= self._claim_batch:
+            return False
+        return time.monotonic() - self._last_claim < CLAIM_COALESCE_SECONDS
+
+    def _next_look(self) -> float:
+        """How long to wait for a wake-up before looking for work again."""
+        free = self.concurrency - len(self.active)
+        if self._backlog and self.active and 0 < free < self._claim_batch:
+            return min(self.poll_seconds, CLAIM_COALESCE_SECONDS)
+        return self.poll_seconds
 
     async def _prune(self) -> None:
         """Apply the retention setting, at most every PRUNE_INTERVAL_SECONDS."""

@@ -53,15 +53,16 @@ def db_errors(action: str) -> Iterator[None]:
         yield
     except sa_exc.IntegrityError as exc:
         raise ConflictError(
-            f"cannot {action}: it conflicts with stored state ({_cause(exc)})"
+            f"cannot {action}: it conflicts with stored state ({cause(exc)})"
         ) from exc
     except sa_exc.SQLAlchemyError as exc:
-        raise StoreError(f"cannot {action}: {_cause(exc)}") from exc
+        raise StoreError(f"cannot {action}: {cause(exc)}") from exc
     except OSError as exc:
         raise StoreError(f"cannot {action}: {exc}") from exc
 
 
-def _cause(exc: sa_exc.SQLAlchemyError) -> str:
+def cause(exc: BaseException) -> str:
+    """What went wrong in a driver or SQLAlchemy exception, said for a person."""
     orig = getattr(exc, "orig", None)
     text = str(orig if orig is not None else exc).strip()
     lowered = text.lower()
@@ -77,6 +78,16 @@ def _cause(exc: sa_exc.SQLAlchemyError) -> str:
 
 
 # --------------------------------------------------------------------------- SQLite setup
+
+
+def sqlite_file(url: sa.URL) -> str | None:
+    """The path of the SQLite file ``url`` names; ``None`` for memory, URIs or other databases."""
+    if url.get_backend_name() != "sqlite":
+        return None
+    database = url.database
+    if not database or database == ":memory:" or database.startswith("file:") or url.query:
+        return None
+    return str(Path(database).expanduser())
 
 
 def prepare_sqlite_path(url: sa.URL) -> None:

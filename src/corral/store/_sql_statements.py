@@ -51,7 +51,7 @@ async def check_fence(conn: AsyncConnection, lease: Lease) -> None:
     if token is None:
         raise NotFoundError(f"run {lease.run_id!r} not found")
     if token != lease.token:
-        raise _lost(lease, token)
+        raise lost_lease(lease, token)
 
 
 async def refuse(conn: AsyncConnection, run_id: str, lease: Lease | None) -> None:
@@ -66,10 +66,11 @@ async def refuse(conn: AsyncConnection, run_id: str, lease: Lease | None) -> Non
     if token is None:
         raise NotFoundError(f"run {run_id!r} not found")
     if lease is not None and token != lease.token:
-        raise _lost(lease, token)
+        raise lost_lease(lease, token)
 
 
-def _lost(lease: Lease, token: int) -> LeaseLostError:
+def lost_lease(lease: Lease, token: int) -> LeaseLostError:
+    """The error of a write refused because a newer claim bumped the fencing token."""
     return LeaseLostError(
         f"run {lease.run_id!r} was claimed again (fencing token {token}) after "
         f"{lease.owner!r} leased it with token {lease.token}; the write was refused"

@@ -50,6 +50,7 @@ from corral.store._sql_engine import (
     current_revision,
     db_errors,
     prepare_sqlite_path,
+    sqlite_file,
     upgrade,
 )
 from corral.store._sql_rows import (
@@ -117,15 +118,26 @@ class SqlStore(Store):
         lock before the operation fails with :class:`StoreError`.
         """
         target = async_url(url)
+        fast_path = cls is SqlStore and sqlite_file(target)
         with db_errors("open the store"):
             if target.get_backend_name() == "sqlite":
                 prepare_sqlite_path(target)
             engine = create_async_engine(target)
             if engine.dialect.name == "sqlite":
                 configure_sqlite(engine, busy_timeout_seconds)
+        store: SqlStore
+        if fast_path:
+            # A SQLite file gets the hot path on raw connections (corral.store.sqlite).
+            from corral.store.sqlite import SqliteStore
+
+            store = SqliteStore(engine, cipher)
+        else:
             store = cls(engine, cipher)
         try:
             await store._migrate()
+            if fast_path:
+                assert isinstance(store, SqliteStore)
+                await store._start(sqlite_file(target) or "", busy_timeout_seconds)
         except BaseException:
             await engine.dispose()
             raise

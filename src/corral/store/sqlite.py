@@ -1,0 +1,489 @@
+"""The SQL store's fast path on a SQLite file: the hot operations as raw ``sqlite3`` calls.
+
+:class:`SqliteStore` is a :class:`~corral.store.sql.SqlStore` whose operations on
+the hot path of durable runs - submit, claim, lease renewal and release, event
+appends, saving a run, and the reads a worker makes - each run whole as one
+synchronous function in a thread that owns its connection
+(:mod:`corral.store._sqlite_lanes`). Writes go through one writer thread that
+group-commits: the operations queued while a commit was in flight share the next
+transaction and its fsync, and each caller returns only once that commit is
+durable (``synchronous=FULL``). Fencing is checked inside the same transaction,
+exactly as in the SQLAlchemy path, whose statements these mirror.
+
+Every other operation (applying resources, approvals decisions, sessions
+upkeep, pruning) stays on SQLAlchemy; both take SQLite's write lock with
+``BEGIN IMMEDIATE`` and wait for each other within the busy timeout.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Callable, Iterable, Sequence
+from types import SimpleNamespace
+from typing import Any, TypeVar
+
+import anyio
+import sqlalchemy as sa
+
+from corral.core.errors import ConflictError, LeaseLostError, NotFoundError
+from corral.core.events import Event, EventType
+from corral.core.messages import Message
+from corral.core.runs import Approval, ApprovalState, Lease, RunRecord, RunState
+from corral.core.sessions import SessionMessage
+from corral.store._sql_engine import cause
+from corral.store._sql_rows import (
+    approval_values,
+    row_to_approval,
+    row_to_run,
+    row_to_session_message,
+    row_to_stored,
+    run_values,
+    session_message_values,
+)
+from corral.store._sql_statements import lost_lease
+from corral.store._sqlite_lanes import Lane, connect
+from corral.store.base import StoredResource, StoreError
+from corral.store.schema import approvals as approvals_table
+from corral.store.schema import resources, run_events, runs
+from corral.store.schema import session_messages as messages_table
+from corral.store.sql import SqlStore
+
+T = TypeVar("T")
+Row = Any  # a SimpleNamespace with the table's columns as attributes, JSON decoded
+
+_QUEUED = RunState.QUEUED.value
+_RUNNING = RunState.RUNNING.value
+_PENDING = ApprovalState.PENDING.value
+
+
+def _kinds(table: sa.Table) -> tuple[frozenset[str], frozenset[str]]:
+    json_columns = frozenset(c.name for c in table.columns if isinstance(c.type, sa.JSON))
+    bool_columns = frozenset(c.name for c in table.columns if isinstance(c.type, sa.Boolean))
+    return json_columns, bool_columns
+
+
+_TYPES = {t.name: _kinds(t) for t in (runs, run_events, approvals_table, resources, messages_table)}
+
+
+def _encode(table: sa.Table, values: dict[str, Any]) -> dict[str, Any]:
+    """Python values as SQLAlchemy would bind them: JSON as text (``None`` as ``null``)."""
+    json_columns, bool_columns = _TYPES[table.name]
+    out = dict(values)
+    for name in json_columns.intersection(out):
+        out[name] = json.dumps(out[name])
+    for name in bool_columns.intersection(out):
+        out[name] = int(bool(out[name]))
+    return out
+
+
+def _rows(cursor: sqlite3.Cursor, table: sa.Table) -> list[Row]:
+    names = [d[0] for d in cursor.description]
+    json_columns = [n for n in names if n in _TYPES[table.name][0]]
+    rows = []
+    for values in cursor.fetchall():
+        row = dict(zip(names, values, strict=True))
+        for name in json_columns:
+            if row[name] is not None:
+                row[name] = json.loads(row[name])
+        rows.append(SimpleNamespace(**row))
+    return rows
+
+
+def _insert(table: sa.Table, columns: Iterable[str]) -> str:
+    names = list(columns)
+    return f"INSERT INTO {table.name} ({', '.join(names)}) VALUES ({', '.join('?' for _ in names)})"
+
+
+_RUN_COLUMNS = [c.name for c in runs.columns]
+_INSERT_RUN = _insert(runs, _RUN_COLUMNS)
+_INSERT_EVENT = _insert(run_events, ["run_id", "seq", "type", "ts", "data"])
+_APPROVAL_COLUMNS = [c.name for c in approvals_table.columns]
+_INSERT_APPROVAL = _insert(approvals_table, _APPROVAL_COLUMNS)
+_MESSAGE_COLUMNS = [c.name for c in messages_table.columns]
+_INSERT_MESSAGE = _insert(messages_table, _MESSAGE_COLUMNS)
+# Claim order: highest priority first, then oldest (ix_runs_claim serves it).
+_CLAIM_ORDER = "ORDER BY priority DESC, created_at, id"
+
+
+def _fence(conn: sqlite3.Connection, lease: Lease) -> None:
+    """Raise unless ``lease`` still holds its run (see ``check_fence``)."""
+    found = conn.execute("SELECT fencing_token FROM runs WHERE id = ?", (lease.run_id,)).fetchone()
+    if found is None:
+        raise NotFoundError(f"run {lease.run_id!r} not found")
+    if found[0] != lease.token:
+        raise lost_lease(lease, found[0])
+
+
+def _refuse(conn: sqlite3.Connection, run_id: str, lease: Lease | None) -> None:
+    """Explain why a write to ``run_id`` matched no row (see ``refuse``)."""
+    found = conn.execute("SELECT fencing_token FROM runs WHERE id = ?", (run_id,)).fetchone()
+    if found is None:
+        raise NotFoundError(f"run {run_id!r} not found")
+    if lease is not None and found[0] != lease.token:
+        raise lost_lease(lease, found[0])
+
+
+def _append_to_session(
+    conn: sqlite3.Connection,
+    session_id: str,
+    messages: Sequence[Message],
+    run_id: str | None,
+    now: float,
+) -> list[SessionMessage]:
+    touched = conn.execute("UPDATE sessions SET updated_at = ? WHERE id = ?", (now, session_id))
+    if touched.rowcount == 0:
+        raise NotFoundError(f"session {session_id!r} not found")
+    top = conn.execute(
+        "SELECT max(seq) FROM session_messages WHERE session_id = ?", (session_id,)
+    ).fetchone()[0]
+    top = int(top or 0)
+    stored = [
+        SessionMessage(top + i, message, run_id, created_at=now)
+        for i, message in enumerate(messages, start=1)
+    ]
+    rows = [
+        _encode(messages_table, session_message_values(session_id, m, float(m.seq))) for m in stored
+    ]
+    conn.executemany(_INSERT_MESSAGE, [[r[c] for c in _MESSAGE_COLUMNS] for r in rows])
+    return stored
+
+
+class SqliteStore(SqlStore):
+    """A :class:`SqlStore` on a SQLite file with the hot path on raw connections.
+
+    Create it with :meth:`SqlStore.open` (which picks it for ``sqlite:///`` files).
+    """
+
+    _writer_lane: Lane
+    _reader_lane: Lane
+
+    async def _start(self, path: str, busy_timeout_seconds: float) -> None:
+        def open_lanes() -> tuple[Lane, Lane]:
+            writer = connect(path, busy_timeout_seconds)
+            reader = connect(path, busy_timeout_seconds)
+            return (
+                Lane(writer, "corral-sqlite-writer", transactional=True),
+                Lane(reader, "corral-sqlite-reader", transactional=False),
+            )
+
+        try:
+            self._writer_lane, self._reader_lane = await anyio.to_thread.run_sync(open_lanes)
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot open the store: {cause(exc)}") from exc
+
+    async def close(self) -> None:
+        for lane in (self._writer_lane, self._reader_lane):
+            await anyio.to_thread.run_sync(lane.close)
+        await super().close()
+
+    async def _write(self, action: str, operation: Callable[[sqlite3.Connection], T]) -> T:
+        return await self._on(self._writer_lane, action, operation)
+
+    async def _read(self, action: str, operation: Callable[[sqlite3.Connection], T]) -> T:
+        return await self._on(self._reader_lane, action, operation)
+
+    @staticmethod
+    async def _on(lane: Lane, action: str, operation: Callable[[sqlite3.Connection], T]) -> T:
+        try:
+            return await lane.run(operation)
+        except sqlite3.IntegrityError as exc:
+            raise ConflictError(
+                f"cannot {action}: it conflicts with stored state ({cause(exc)})"
+            ) from exc
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot {action}: {cause(exc)}") from exc
+
+    # ----------------------------------------------------------------- resources
+
+    async def get_resource(self, namespace: str, kind: str, name: str) -> StoredResource | None:
+        def read(conn: sqlite3.Connection) -> list[Row]:
+            cursor = conn.execute(
+                "SELECT * FROM resources WHERE namespace = ? AND kind = ? AND name = ?",
+                (namespace, kind, name),
+            )
+            return _rows(cursor, resources)
+
+        found = await self._read("read a resource", read)
+        return row_to_stored(found[0]) if found else None
+
+    # ----------------------------------------------------------------- runs
+
+    async def save_run(
+        self,
+        record: RunRecord,
+        lease: Lease | None = None,
+        approvals: Sequence[Approval] = (),
+        session_messages: Sequence[Message] = (),
+    ) -> None:
+        if lease is not None and lease.run_id != record.id:
+            raise ConflictError(f"cannot save run {record.id!r} under a lease on {lease.run_id!r}")
+        values = run_values(record)
+        for column in ("id", "lease_owner", "lease_expires_at", "fencing_token"):
+            del values[column]
+        # The flag belongs to request_cancel: a save can only raise it.
+        if not record.cancel_requested:
+            del values["cancel_requested"]
+        if record.state is not RunState.RUNNING:
+            values.update(lease_owner=None, lease_expires_at=None)
+        encoded = _encode(runs, values)
+        sql = f"UPDATE runs SET {', '.join(f'{c} = ?' for c in encoded)} WHERE id = ?"
+        params: list[Any] = [*encoded.values(), record.id]
+        if lease is not None:
+            sql += " AND fencing_token = ?"
+            params.append(lease.token)
+        approval_rows = [_encode(approvals_table, approval_values(a)) for a in approvals]
+        now = time.time()
+
+        def write(conn: sqlite3.Connection) -> None:
+            if conn.execute(sql, params).rowcount == 0:
+                _refuse(conn, record.id, lease)
+            if approval_rows:
+                conn.executemany(
+                    _INSERT_APPROVAL, [[r[c] for c in _APPROVAL_COLUMNS] for r in approval_rows]
+                )
+            if session_messages and record.session_id is not None:
+                _append_to_session(conn, record.session_id, session_messages, record.id, now)
+
+        await self._write(f"save run {record.id}", write)
+
+    async def get_run(self, run_id: str) -> RunRecord | None:
+        def read(conn: sqlite3.Connection) -> list[Row]:
+            return _rows(conn.execute("SELECT * FROM runs WHERE id = ?", (run_id,)), runs)
+
+        found = await self._read(f"read run {run_id}", read)
+        return row_to_run(found[0]) if found else None
+
+    # ----------------------------------------------------------------- tasks and leases
+
+    async def submit_run(self, record: RunRecord) -> tuple[RunRecord, bool]:
+        values = _encode(runs, run_values(record))
+        params = [values[c] for c in _RUN_COLUMNS]
+        key = record.idempotency_key
+
+        def write(conn: sqlite3.Connection) -> Row | None:
+            if key is None:
+                conn.execute(_INSERT_RUN, params)
+                return None
+            # The unique index decides between racing submits, not a prior read;
+            # a clash on the run id alone still raises (ConflictError).
+            inserted = conn.execute(
+                f"{_INSERT_RUN} ON CONFLICT (namespace, agent, idempotency_key) DO NOTHING"
+                " RETURNING id",
+                params,
+            ).fetchall()
+            if inserted:
+                return None
+            cursor = conn.execute(
+                "SELECT * FROM runs WHERE namespace = ? AND agent = ? AND idempotency_key = ?",
+                (record.namespace, record.agent, key),
+            )
+            return _rows(cursor, runs)[0]
+
+        existing = await self._write(f"submit run {record.id}", write)
+        if existing is None:
+            return record, True
+        return row_to_run(existing), False
+
+    async def claim_runs(
+        self,
+        owner: str,
+        lease_seconds: float,
+        limit: int = 1,
+        *,
+        now: float | None = None,
+        run_id: str | None = None,
+    ) -> list[tuple[RunRecord, Lease]]:
+        if limit <= 0:
+            return []
+        now = time.time() if now is None else now
+        expires_at = now + lease_seconds
+        only = "" if run_id is None else " AND id = ?"
+        only_param = () if run_id is None else (run_id,)
+        queued = f"(state = '{_QUEUED}' AND not_before <= ?{only})"
+        expired = f"(state = '{_RUNNING}' AND lease_expires_at < ?{only})"
+
+        def write(conn: sqlite3.Connection) -> list[Row]:
+            # Two index walks (ix_runs_claim), each stopping at ``limit``.
+            candidates: list[tuple[Any, ...]] = []
+            for runnable in (queued, expired):
+                candidates += conn.execute(
+                    f"SELECT -priority, created_at, id FROM runs WHERE {runnable} "
+                    f"{_CLAIM_ORDER} LIMIT ?",
+                    (now, *only_param, limit),
+                ).fetchall()
+            if not candidates:
+                return []
+            candidates.sort()
+            ids = [c[2] for c in candidates[:limit]]
+            cursor = conn.execute(
+                f"UPDATE runs SET state = '{_RUNNING}', lease_owner = ?, lease_expires_at = ?,"
+                " attempts = attempts + 1, fencing_token = fencing_token + 1,"
+                " started_at = coalesce(started_at, ?)"
+                f" WHERE id IN ({', '.join('?' for _ in ids)}) AND ({queued} OR {expired})"
+                " RETURNING *",
+                (owner, expires_at, now, *ids, now, *only_param, now, *only_param),
+            )
+            return _rows(cursor, runs)
+
+        claimed = await self._write("claim runs", write)
+        claimed.sort(key=lambda row: (-row.priority, row.created_at, row.id))
+        return [
+            (row_to_run(row), Lease(row.id, owner, row.fencing_token, expires_at))
+            for row in claimed
+        ]
+
+    async def renew_lease(self, lease: Lease, lease_seconds: float) -> tuple[Lease, bool]:
+        expires_at = time.time() + lease_seconds
+
+        def write(conn: sqlite3.Connection) -> bool:
+            found = conn.execute(
+                "UPDATE runs SET lease_expires_at = ?"
+                f" WHERE id = ? AND fencing_token = ? AND state = '{_RUNNING}'"
+                " RETURNING cancel_requested",
+                (expires_at, lease.run_id, lease.token),
+            ).fetchone()
+            if found is None:
+                _refuse(conn, lease.run_id, lease)
+                raise LeaseLostError(
+                    f"run {lease.run_id!r} is no longer running under the lease of {lease.owner!r}"
+                )
+            return bool(found[0])
+
+        cancel = await self._write(f"renew the lease on run {lease.run_id}", write)
+        return Lease(lease.run_id, lease.owner, lease.token, expires_at), cancel
+
+    async def release_run(self, lease: Lease, *, not_before: float = 0.0) -> None:
+        def write(conn: sqlite3.Connection) -> None:
+            cursor = conn.execute(
+                f"UPDATE runs SET state = '{_QUEUED}', lease_owner = NULL,"
+                " lease_expires_at = NULL, not_before = ?"
+                f" WHERE id = ? AND fencing_token = ? AND state = '{_RUNNING}'",
+                (not_before, lease.run_id, lease.token),
+            )
+            if cursor.rowcount == 0:
+                # Same token but no longer running: nothing to give back.
+                _refuse(conn, lease.run_id, lease)
+
+        await self._write(f"release run {lease.run_id}", write)
+
+    # ----------------------------------------------------------------- approvals
+
+    async def list_approvals(
+        self,
+        namespace: str | None = None,
+        *,
+        run_id: str | None = None,
+        states: Sequence[str] | None = None,
+    ) -> list[Approval]:
+        where: list[str] = []
+        params: list[Any] = []
+        if namespace is not None:
+            where.append("namespace = ?")
+            params.append(namespace)
+        if run_id is not None:
+            where.append("run_id = ?")
+            params.append(run_id)
+        if states is not None:
+            names = [str(s) for s in states]
+            where.append(f"state IN ({', '.join('?' for _ in names)})" if names else "0")
+            params += names
+        sql = "SELECT * FROM approvals"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY requested_at, id"
+
+        def read(conn: sqlite3.Connection) -> list[Row]:
+            return _rows(conn.execute(sql, params), approvals_table)
+
+        return [row_to_approval(row) for row in await self._read("list approvals", read)]
+
+    async def expire_approvals(self, now: float | None = None) -> list[Approval]:
+        now = time.time() if now is None else now
+        due = (
+            f"state = '{_PENDING}' AND expires_at IS NOT NULL AND expires_at <= ?",
+            (now,),
+        )
+
+        def any_due(conn: sqlite3.Connection) -> bool:
+            return (
+                conn.execute(f"SELECT 1 FROM approvals WHERE {due[0]} LIMIT 1", due[1]).fetchone()
+                is not None
+            )
+
+        # Workers sweep before every claim: a read first keeps the writer free when
+        # nothing is due (an approval that falls due meanwhile goes at the next sweep).
+        if not await self._read("expire approvals", any_due):
+            return []
+
+        def write(conn: sqlite3.Connection) -> list[Row]:
+            cursor = conn.execute(
+                f"UPDATE approvals SET state = '{ApprovalState.EXPIRED.value}', decided_at = ?"
+                f" WHERE {due[0]} RETURNING *",
+                (now, *due[1]),
+            )
+            rows = _rows(cursor, approvals_table)
+            run_ids = sorted({r.run_id for r in rows})
+            if run_ids:
+                conn.execute(
+                    f"UPDATE runs SET state = '{_QUEUED}', not_before = ?"
+                    f" WHERE id IN ({', '.join('?' for _ in run_ids)})"
+                    f" AND state = '{RunState.WAITING_APPROVAL.value}'"
+                    " AND NOT EXISTS (SELECT 1 FROM approvals"
+                    f" WHERE approvals.run_id = runs.id AND approvals.state = '{_PENDING}')",
+                    (now, *run_ids),
+                )
+            return rows
+
+        expired = [row_to_approval(row) for row in await self._write("expire approvals", write)]
+        expired.sort(key=lambda a: (a.requested_at, a.id))
+        return expired
+
+    # ----------------------------------------------------------------- sessions
+
+    async def session_messages(
+        self, session_id: str, *, include_hidden: bool = False
+    ) -> list[SessionMessage]:
+        sql = "SELECT * FROM session_messages WHERE session_id = ?"
+        if not include_hidden:
+            sql += " AND hidden = 0"
+        sql += " ORDER BY position, seq"
+
+        def read(conn: sqlite3.Connection) -> list[Row]:
+            return _rows(conn.execute(sql, (session_id,)), messages_table)
+
+        rows = await self._read(f"read session {session_id}", read)
+        return [row_to_session_message(row) for row in rows]
+
+    # ----------------------------------------------------------------- events
+
+    async def append_events(self, events: Sequence[Event], lease: Lease | None = None) -> None:
+        if not events:
+            return
+        if lease is not None and any(e.run_id != lease.run_id for e in events):
+            raise ConflictError(
+                f"events of another run cannot be written under a lease on {lease.run_id!r}"
+            )
+        rows = [(e.run_id, e.seq, str(e.type), e.ts, json.dumps(e.data)) for e in events]
+
+        def write(conn: sqlite3.Connection) -> None:
+            if lease is not None:
+                _fence(conn, lease)
+            conn.executemany(_INSERT_EVENT, rows)
+
+        await self._write("append run events", write)
+
+    async def list_events(self, run_id: str, after_seq: int = 0) -> list[Event]:
+        def read(conn: sqlite3.Connection) -> list[tuple[Any, ...]]:
+            return conn.execute(
+                "SELECT run_id, seq, type, data, ts FROM run_events"
+                " WHERE run_id = ? AND seq > ? ORDER BY seq",
+                (run_id, after_seq),
+            ).fetchall()
+
+        rows = await self._read("list run events", read)
+        return [
+            Event(run_id=r[0], seq=r[1], type=EventType(r[2]), data=json.loads(r[3]), ts=r[4])
+            for r in rows
+        ]
