@@ -7,7 +7,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit install clean
+.PHONY: demo test lint typecheck unit install clean bench
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,11 @@ unit: $(STAMP)
 	$(BIN)/pytest -q
 
 test: lint typecheck unit
+
+# Figures go to stdout; docs/benchmarks.md records a run with its machine and date.
+bench: $(STAMP)
+	$(BIN)/python bench/durable_overhead.py
+	$(BIN)/python bench/throughput.py
 
 clean:
 	rm -rf $(VENV) .corral-demo .mypy_cache .ruff_cache .pytest_cache
