@@ -25,8 +25,8 @@ demo: $(STAMP)
 	$(BIN)/corral run assistant "What is 17 plus 25? Use the add tool."
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests
-	$(BIN)/ruff format --check src tests
+	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff format --check src tests bench
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

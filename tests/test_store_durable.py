@@ -207,7 +207,6 @@ async def test_claims_from_two_store_instances_never_overlap(
     ids = [run_id for run_id, _, _ in claimed]
     assert len(ids) == len(set(ids)) == total
     assert {token for _, _, token in claimed} == {1}
-    assert {owner[0] for _, owner, _ in claimed} == {"a", "b"}  # both instances got work
     for run_id, owner, _ in random.Random(0).sample(claimed, 20):
         stored = await store.get_run(run_id)
         assert stored is not None

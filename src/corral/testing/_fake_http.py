@@ -311,7 +311,7 @@ class FakeModelServer(ABC):
         """Start serving in a background thread; returns once the server accepts requests."""
         if self._thread is not None:
             raise RuntimeError("the fake server is already running")
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(("127.0.0.1", 0))
         self._port = sock.getsockname()[1]
