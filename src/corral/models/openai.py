@@ -36,7 +36,7 @@ from openai.types.completion_usage import CompletionUsage
 
 from corral.core.errors import ConfigurationError, ModelError
 from corral.core.messages import Message, ModelResponse, StreamItem, ToolCall, ToolSpec, Usage
-from corral.models._adapter import SDKErrors, SDKModel, http_error
+from corral.models._adapter import SDKErrors, SDKModel, http_error, shared_ssl_context
 from corral.models.base import Model, ModelSettings
 from corral.resources.kinds import ModelEndpointSpec
 
@@ -282,7 +282,11 @@ def create(name: str, spec: ModelEndpointSpec, api_key: str | None) -> Model:
     ``OPENAI_API_KEY``; on a custom ``base_url`` (a local server) it sends a
     placeholder, so a real OpenAI key never goes to a third-party server.
     """
-    common: dict[str, Any] = {"timeout": spec.timeout_seconds, "max_retries": 0}
+    common: dict[str, Any] = {
+        "timeout": spec.timeout_seconds,
+        "max_retries": 0,
+        "http_client": openai.DefaultAsyncHttpxClient(verify=shared_ssl_context()),
+    }
     max_tokens_param: MaxTokensParam = "max_completion_tokens"
     try:
         client: openai.AsyncOpenAI
