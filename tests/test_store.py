@@ -49,10 +49,17 @@ spec:
 """
 
 
-@pytest.fixture(params=["sqlite"], name="store_url")
-def store_url_fixture(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """One URL per store backend; a PostgreSQL variant joins here later."""
-    assert request.param == "sqlite"
+@pytest.fixture(params=["sqlite", "sqlite-sqlalchemy"], name="store_url")
+def store_url_fixture(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> str:
+    """One URL per store backend; a PostgreSQL variant joins here later.
+
+    ``sqlite`` is the raw-sqlite3 fast path; ``sqlite-sqlalchemy`` the same file
+    through the SQLAlchemy statements that PostgreSQL will use.
+    """
+    if request.param == "sqlite-sqlalchemy":
+        monkeypatch.setenv("CORRAL_SQLITE_FAST_PATH", "0")
     return f"sqlite:///{tmp_path / 'state' / 'corral.db'}"
 
 

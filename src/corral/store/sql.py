@@ -20,6 +20,7 @@ importing alembic at all.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -118,7 +119,13 @@ class SqlStore(Store):
         lock before the operation fails with :class:`StoreError`.
         """
         target = async_url(url)
-        fast_path = cls is SqlStore and sqlite_file(target)
+        # CORRAL_SQLITE_FAST_PATH=0 keeps a SQLite file on the SQLAlchemy statements
+        # (the ones PostgreSQL uses): a way out, and how the tests cover both paths.
+        fast_path = (
+            cls is SqlStore
+            and sqlite_file(target)
+            and os.environ.get("CORRAL_SQLITE_FAST_PATH", "1") != "0"
+        )
         with db_errors("open the store"):
             if target.get_backend_name() == "sqlite":
                 prepare_sqlite_path(target)
