@@ -14,6 +14,7 @@ from corral.core.errors import ConfigurationError, ToolError
 from corral.resources.kinds import EnvValue, ExecToolSpec, ToolSpecModel
 from corral.tools import exec as exec_tool
 from corral.tools.base import Tool, ToolContext
+from processes import alive
 
 PROBE = Path(__file__).parent / "tool_programs" / "probe.py"
 PARAMETERS = {"type": "object", "properties": {"mode": {"type": "string"}}}
@@ -43,15 +44,6 @@ def context(workspace: Path) -> ToolContext:
         idempotency_key="run-7:2:call-3",
         workspace=workspace,
     )
-
-
-def alive(pid: int) -> bool:
-    """Whether ``pid`` is a running (not zombie) process."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 async def wait_for(path: Path, timeout: float = 10.0) -> str:

@@ -23,6 +23,7 @@ from corral.core.errors import ConfigurationError, ToolError
 from corral.resources.kinds import EnvValue, HttpAuth, McpServerSpec
 from corral.tools.base import Tool, ToolContext
 from corral.tools.mcp import open_server_tools
+from processes import alive
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -40,15 +41,6 @@ def context(tmp_path: Path) -> ToolContext:
         idempotency_key="run-5:1:call-1",
         workspace=tmp_path,
     )
-
-
-def alive(pid: int) -> bool:
-    """Whether ``pid`` is a running (not zombie) process."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 @contextlib.asynccontextmanager

@@ -75,6 +75,10 @@ def settings(tmp_path: Path) -> Settings:
     return Settings(home=tmp_path, db_url=f"sqlite:///{tmp_path / 'corral.db'}", secret_key=None)
 
 
+async def apply(store: Store, *docs: str) -> None:
+    await store.apply(load_text("---".join(docs), "t.yaml"))
+
+
 def effects(tmp_path: Path) -> list[str]:
     path = tmp_path / "effects.txt"
     return path.read_text().splitlines() if path.exists() else []
@@ -96,17 +100,11 @@ async def get(store: Store, run: RunRecord) -> RunRecord:
 async def test_worker_executes_queued_runs_once(
     store: Store, settings: Settings, tmp_path: Path
 ) -> None:
-    await store.apply(
-        load_text(
-            "---".join(
-                [
-                    scripted("{tool_calls: [{name: note, arguments: {note: hi}}]}", "{text: done}"),
-                    NOTE_TOOL,
-                    agent(),
-                ]
-            ),
-            "t.yaml",
-        )
+    await apply(
+        store,
+        scripted("{tool_calls: [{name: note, arguments: {note: hi}}]}", "{text: done}"),
+        NOTE_TOOL,
+        agent(),
     )
     runs = [(await submit(store, "helper", f"task {i}"))[0] for i in range(3)]
     worker = await drain(store, settings)
@@ -121,19 +119,11 @@ async def test_worker_executes_queued_runs_once(
 async def test_approval_survives_in_the_store_and_the_approved_call_runs_once(
     store: Store, settings: Settings, tmp_path: Path
 ) -> None:
-    await store.apply(
-        load_text(
-            "---".join(
-                [
-                    scripted(
-                        "{tool_calls: [{name: note, arguments: {note: wired}}]}", "{text: paid}"
-                    ),
-                    NOTE_TOOL,
-                    agent(extra="  approval: {policy: by_risk, min_risk: high}"),
-                ]
-            ),
-            "t.yaml",
-        )
+    await apply(
+        store,
+        scripted("{tool_calls: [{name: note, arguments: {note: wired}}]}", "{text: paid}"),
+        NOTE_TOOL,
+        agent(extra="  approval: {policy: by_risk, min_risk: high}"),
     )
     run, _ = await submit(store, "helper", "pay the bill")
     await drain(store, settings)
@@ -155,17 +145,11 @@ async def test_approval_survives_in_the_store_and_the_approved_call_runs_once(
 async def test_rejected_call_is_told_to_the_model(
     store: Store, settings: Settings, tmp_path: Path
 ) -> None:
-    await store.apply(
-        load_text(
-            "---".join(
-                [
-                    scripted("{tool_calls: [{name: note, arguments: {note: x}}]}", "{text: ok}"),
-                    NOTE_TOOL,
-                    agent(extra="  approval: {policy: always}"),
-                ]
-            ),
-            "t.yaml",
-        )
+    await apply(
+        store,
+        scripted("{tool_calls: [{name: note, arguments: {note: x}}]}", "{text: ok}"),
+        NOTE_TOOL,
+        agent(extra="  approval: {policy: always}"),
     )
     run, _ = await submit(store, "helper", "go")
     await drain(store, settings)
@@ -298,17 +282,11 @@ spec: {{model: fake}}
 async def test_expired_approval_counts_as_rejected(
     store: Store, settings: Settings, tmp_path: Path
 ) -> None:
-    await store.apply(
-        load_text(
-            "---".join(
-                [
-                    scripted("{tool_calls: [{name: note, arguments: {note: x}}]}", "{text: ok}"),
-                    NOTE_TOOL,
-                    agent(extra="  approval: {policy: always, expires_after_seconds: 0.2}"),
-                ]
-            ),
-            "t.yaml",
-        )
+    await apply(
+        store,
+        scripted("{tool_calls: [{name: note, arguments: {note: x}}]}", "{text: ok}"),
+        NOTE_TOOL,
+        agent(extra="  approval: {policy: always, expires_after_seconds: 0.2}"),
     )
     run, _ = await submit(store, "helper", "go")
     await drain(store, settings)
