@@ -486,7 +486,7 @@ async def test_a_write_refused_inside_parallel_tool_calls_counts_as_a_lost_lease
         [(_, taken)] = await cluster.store.claim_runs("other", 60, now=time.time() + 120)
         assert taken.token == lease.token + 1
 
-    async with anyio.create_task_group() as group:
+    async with executor, anyio.create_task_group() as group:
         group.start_soon(claim_meanwhile)
         with anyio.fail_after(TIMEOUT):
             outcome = await executor.execute(record, lease)

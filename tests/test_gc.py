@@ -1,26 +1,16 @@
-"""Retention: finished runs and their events can be pruned by age or count."""
+"""Retention: finished runs and their events can be pruned by age or count, on every store."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
 
 from corral.cli.tasks_cmd import parse_duration
 from corral.core.events import Event, EventType
 from corral.core.runs import RunRecord, RunState
-from corral.store import Store, open_store
-
-
-@pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[Store]:
-    opened = await open_store(f"sqlite:///{tmp_path / 'corral.db'}")
-    try:
-        yield opened
-    finally:
-        await opened.close()
+from corral.store import Store
+from test_store import cipher_fixture, store_fixture, store_url_fixture  # noqa: F401 - fixtures
 
 
 async def add_run(store: Store, run_id: str, state: RunState, finished_ago: float | None) -> None:

@@ -1,4 +1,5 @@
-"""The Store contract, run against every store URL of ``store_url`` (SQLite today)."""
+"""The Store contract, run against every store URL of ``store_url``: SQLite (both paths)
+and PostgreSQL (a fresh database per test, see ``databases.py``)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from corral.resources.secrets import REDACTED, SecretCipher, SecretResolver, red
 from corral.store import ApplyAction, Store, StoredResource, StoreError, open_store
 from corral.store.schema import LATEST_REVISION, metadata
 from corral.store.sql import MIGRATIONS_DIR, SqlStore
+from databases import PostgresServer, on_database, rows_of
 
 SRC = Path(__file__).parent.parent / "src"
 
@@ -49,18 +51,36 @@ spec:
 """
 
 
-@pytest.fixture(params=["sqlite", "sqlite-sqlalchemy"], name="store_url")
+@pytest.fixture(params=["sqlite", "sqlite-sqlalchemy", "postgresql"], name="store_url")
 def store_url_fixture(
     request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> str:
-    """One URL per store backend; a PostgreSQL variant joins here later.
+    """One URL per store backend.
 
     ``sqlite`` is the raw-sqlite3 fast path; ``sqlite-sqlalchemy`` the same file
-    through the SQLAlchemy statements that PostgreSQL will use.
+    through the SQLAlchemy statements; ``postgresql`` those statements on the
+    session's scratch database, wiped for the test (tests marked
+    ``empty_database`` get a new, empty database, dropped afterwards).
     """
+    if request.param == "postgresql":
+        postgres: PostgresServer = request.getfixturevalue("postgres")
+        # Racing tests open several stores (and processes) at once: keep them well
+        # inside the server's max_connections.
+        monkeypatch.setenv("CORRAL_DB_POOL_SIZE", "4")
+        if request.node.get_closest_marker("empty_database") is None:
+            return postgres.url(postgres.scratch())
+        name = postgres.create(migrated=False)
+        request.addfinalizer(lambda: postgres.drop(name))
+        return postgres.url(name)
     if request.param == "sqlite-sqlalchemy":
         monkeypatch.setenv("CORRAL_SQLITE_FAST_PATH", "0")
     return f"sqlite:///{tmp_path / 'state' / 'corral.db'}"
+
+
+def only_sqlite(store_url: str, reason: str) -> None:
+    """Skip a test that is about SQLite itself when it runs on PostgreSQL."""
+    if not store_url.startswith("sqlite"):
+        pytest.skip(f"SQLite only: {reason}")
 
 
 @pytest.fixture(name="cipher")
@@ -85,20 +105,20 @@ def sqlite_path(url: str) -> Path:
 # --------------------------------------------------------------------------- migrations
 
 
+@pytest.mark.empty_database
 async def test_migrations_create_the_schema_in_a_fresh_database(store_url: str) -> None:
-    path = sqlite_path(store_url)
-    assert not path.parent.exists()
+    sqlite = store_url.startswith("sqlite")
+    if sqlite:
+        assert not sqlite_path(store_url).parent.exists()
     store = await open_store(store_url)
     await store.close()
-    with sqlite3.connect(path) as conn:
-        tables = {
-            row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")
-        }
-        revision = conn.execute("SELECT version_num FROM alembic_version").fetchall()
-        journal = conn.execute("PRAGMA journal_mode").fetchone()
+    tables = await on_database(store_url, lambda conn: set(sa.inspect(conn).get_table_names()))
+    revision = await rows_of(store_url, "SELECT version_num FROM alembic_version")
     assert {"resources", "runs", "run_events", "alembic_version"} <= tables
     assert revision == [(LATEST_REVISION,)]
-    assert journal == ("wal",)
+    if sqlite:
+        with sqlite3.connect(sqlite_path(store_url)) as conn:
+            assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
 
 
 async def test_migrated_schema_matches_the_table_definitions(store: Store, store_url: str) -> None:
@@ -114,13 +134,12 @@ async def test_migrated_schema_matches_the_table_definitions(store: Store, store
         if any(not isinstance(e, sa.Column) for e in index.expressions)
     }
     assert "ix_runs_claim" in sorted_indexes
-    engine = sa.create_engine(store_url)
-    sqlite = engine.dialect.name == "sqlite"
+    sqlite = store_url.startswith("sqlite")
 
     def include(obj: object, name: str | None, type_: str, reflected: bool, _: object) -> bool:
         return not (sqlite and type_ == "index" and name in sorted_indexes)
 
-    with engine.connect() as conn:
+    def compare(conn: sa.Connection) -> list[object]:
         context = MigrationContext.configure(conn, opts={"include_object": include})
         diff = compare_metadata(context, metadata)
         for name, index in sorted_indexes.items() if sqlite else ():
@@ -131,8 +150,9 @@ async def test_migrated_schema_matches_the_table_definitions(store: Store, store
             expected = str(CreateIndex(index).compile(dialect=conn.dialect))
             assert "DESC" in expected
             assert " ".join(str(stored).split()) == " ".join(expected.split())
-    engine.dispose()
-    assert diff == []
+        return list(diff)
+
+    assert await on_database(store_url, compare) == []
 
 
 def test_latest_revision_is_the_head_of_the_migration_scripts() -> None:
@@ -144,6 +164,7 @@ def test_latest_revision_is_the_head_of_the_migration_scripts() -> None:
     assert ScriptDirectory.from_config(config).get_current_head() == LATEST_REVISION
 
 
+@pytest.mark.empty_database
 def test_an_up_to_date_store_opens_without_running_migrations(store_url: str) -> None:
     probe = (
         "import asyncio, sys\n"
@@ -272,11 +293,11 @@ async def test_secret_values_are_stored_encrypted(store: Store, store_url: str) 
     assert stored.resource.spec.value is None
     assert stored.resource.spec.encrypted_value
     await store.close()
-    with sqlite3.connect(sqlite_path(store_url)) as conn:
-        [(spec,)] = conn.execute("SELECT spec FROM resources WHERE kind = 'Secret'").fetchall()
-    assert "hunter2" not in spec and "encrypted_value" in spec
-    for file in sqlite_path(store_url).parent.iterdir():
-        assert b"hunter2" not in file.read_bytes(), file
+    [(spec,)] = await rows_of(store_url, "SELECT spec FROM resources WHERE kind = 'Secret'")
+    assert "hunter2" not in str(spec) and "encrypted_value" in str(spec)
+    if store_url.startswith("sqlite"):
+        for file in sqlite_path(store_url).parent.iterdir():
+            assert b"hunter2" not in file.read_bytes(), file
 
 
 async def test_reapplying_a_secret_compares_plaintexts(store: Store, cipher: SecretCipher) -> None:
@@ -436,6 +457,7 @@ async def test_events_of_an_unknown_run_are_refused(store: Store) -> None:
 async def test_a_locked_database_is_a_store_error_and_changes_nothing(
     store_url: str, cipher: SecretCipher
 ) -> None:
+    only_sqlite(store_url, "the busy timeout of a database file locked by another writer")
     store = await SqlStore.open(store_url, cipher=cipher, busy_timeout_seconds=0.2)
     try:
         blocker = sqlite3.connect(sqlite_path(store_url), isolation_level=None)

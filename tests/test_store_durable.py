@@ -1,7 +1,7 @@
 """Durable runs in the store: submits, claims, leases and fencing, approvals, sessions.
 
-Run against every store URL of ``store_url`` (SQLite files today), with
-several store instances on one database where a race is the point.
+Run against every store URL of ``store_url`` (SQLite, both paths, and PostgreSQL),
+with several store instances on one database where a race is the point.
 """
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ import asyncio
 import json
 import os
 import random
-import sqlite3
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -25,7 +24,9 @@ from corral.core.messages import Message
 from corral.core.runs import Approval, ApprovalState, Lease, RunRecord, RunState
 from corral.resources.secrets import SecretCipher
 from corral.store import Store, open_store
+from corral.store.schema import LATEST_REVISION
 from corral.store.sql import MIGRATIONS_DIR, SqlStore
+from databases import on_database, rows_of
 from test_store import (  # noqa: F401 - fixtures
     SRC,
     a_run,
@@ -406,6 +407,41 @@ async def test_request_cancel_by_state(store: Store) -> None:
         await store.request_cancel("ghost")
 
 
+async def test_appends_of_one_run_are_stored_in_call_order_for_a_follower(
+    store: Store, other_store: Store
+) -> None:
+    """Batches handed over at once (parallel tool calls flush them so) commit in the
+    order they were handed over: a reader following with a cursor never skips one."""
+    await store.submit_run(a_task("run_1"))
+    _, lease = await claim_one(store)
+    total = 60
+    seen: list[int] = []
+    done = asyncio.Event()
+
+    async def follow() -> None:
+        cursor = 0
+        while True:
+            finished = done.is_set()
+            for event in await other_store.list_events("run_1", after_seq=cursor):
+                assert event.seq == cursor + 1, f"the follower skipped from {cursor} to {event.seq}"
+                cursor = event.seq
+                seen.append(cursor)
+            if finished:
+                return
+            await asyncio.sleep(0)
+
+    follower = asyncio.ensure_future(follow())
+    await asyncio.gather(
+        *(
+            store.append_events([Event("run_1", seq, EventType.STEP_START)], lease=lease)
+            for seq in range(1, total + 1)
+        )
+    )
+    done.set()
+    await follower
+    assert seen == list(range(1, total + 1))
+
+
 # --------------------------------------------------------------------------- approvals
 
 
@@ -650,26 +686,24 @@ async def test_deleting_a_session_deletes_its_messages(store: Store, store_url: 
     assert await store.session_messages("ses_1", include_hidden=True) == []
     with pytest.raises(NotFoundError):
         await store.delete_session("ses_1")
-    with sqlite3.connect(sqlite_path(store_url)) as conn:
-        rows = conn.execute(
-            "SELECT session_id, COUNT(*) FROM session_messages GROUP BY 1"
-        ).fetchall()
+    rows = await rows_of(store_url, "SELECT session_id, COUNT(*) FROM session_messages GROUP BY 1")
     assert rows == [("ses_2", 1)]
 
 
 # --------------------------------------------------------------------------- migration
 
 
+@pytest.mark.empty_database
 async def test_a_0001_database_with_a_run_upgrades_cleanly(
     store_url: str, cipher: SecretCipher
 ) -> None:
     from alembic import command
     from alembic.config import Config
 
-    path = sqlite_path(store_url)
-    path.parent.mkdir(parents=True)
-    engine = sa.create_engine(store_url)
-    with engine.begin() as conn:
+    if store_url.startswith("sqlite"):
+        sqlite_path(store_url).parent.mkdir(parents=True)
+
+    def at_0001_with_a_run(conn: sa.Connection) -> None:
         config = Config()
         config.set_main_option("script_location", str(MIGRATIONS_DIR))
         config.attributes["connection"] = conn
@@ -683,7 +717,8 @@ async def test_a_0001_database_with_a_run_upgrades_cleanly(
                 " '[]', 1000.0, NULL, NULL)"
             )
         )
-    engine.dispose()
+
+    await on_database(store_url, at_0001_with_a_run)
 
     store = await SqlStore.open(store_url, cipher=cipher)
     try:
@@ -697,5 +732,30 @@ async def test_a_0001_database_with_a_run_upgrades_cleanly(
         assert (await store.submit_run(a_task("run_new", key="k")))[1]
     finally:
         await store.close()
-    with sqlite3.connect(path) as conn:
-        assert conn.execute("SELECT version_num FROM alembic_version").fetchall() == [("0002",)]
+    revision = await rows_of(store_url, "SELECT version_num FROM alembic_version")
+    assert revision == [(LATEST_REVISION,)]
+
+
+async def test_save_run_writes_the_last_events_with_the_outcome_or_nothing(store: Store) -> None:
+    """The executor stores ``run.finish`` and the final state in one commit."""
+    await store.submit_run(a_task("run_1"))
+    record, lease = await claim_one(store)
+    await store.append_events([Event("run_1", 1, EventType.RUN_START)], lease=lease)
+    # A stale holder (its lease was taken over) writes neither the events nor the state.
+    [(_, newer)] = await store.claim_runs("w2", 30.0, now=time.time() + 60)
+    record.state = RunState.FAILED
+    with pytest.raises(LeaseLostError):
+        await store.save_run(record, lease, events=[Event("run_1", 2, EventType.RUN_FINISH)])
+    assert [e.seq for e in await store.list_events("run_1")] == [1]
+    stored = await store.get_run("run_1")
+    assert stored is not None and stored.state is RunState.RUNNING
+
+    record.state = RunState.SUCCEEDED
+    finish = Event("run_1", 2, EventType.RUN_FINISH, {"state": "succeeded"})
+    await store.save_run(record, newer, events=[finish])
+    events = await store.list_events("run_1")
+    assert [(e.seq, e.type, e.data) for e in events][-1] == (2, EventType.RUN_FINISH, finish.data)
+    stored = await store.get_run("run_1")
+    assert stored is not None and stored.state is RunState.SUCCEEDED
+    with pytest.raises(ConflictError):
+        await store.save_run(record, events=[Event("run_2", 1, EventType.RUN_START)])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,17 +15,35 @@ class Settings:
     """Where Corral keeps its state and how it reaches it.
 
     ``CORRAL_HOME``   the state directory (default ``~/.corral``)
-    ``CORRAL_DB_URL`` the store (default ``sqlite:///$CORRAL_HOME/corral.db``)
+    ``CORRAL_DB_URL`` the store (default ``sqlite:///$CORRAL_HOME/corral.db``;
+                      ``postgresql://user:password@host:5432/db`` for PostgreSQL)
+    ``CORRAL_DB_POOL_SIZE`` PostgreSQL connections each process keeps open
+                      (default 10; as many again are opened for bursts)
     ``CORRAL_SECRET_KEY`` the key encrypting inline secret values (default: a
                       key file created in ``CORRAL_HOME`` with mode 0600)
     ``CORRAL_RUN_RETENTION_DAYS`` when set, workers delete finished runs (their
                       events and approvals) older than this, every few minutes
+
+    The HTTP API (``corral serve``):
+
+    ``CORRAL_API_HOST``, ``CORRAL_API_PORT`` where it listens (default 127.0.0.1:8080)
+    ``CORRAL_API_MAX_BODY_BYTES`` the largest request body accepted (default 1 MiB)
+    ``CORRAL_API_RATE_LIMIT`` requests per second per token, sustained (default 50;
+                      0 turns rate limiting off)
+    ``CORRAL_API_RATE_BURST`` requests a token may make at once above that rate
+                      (default 100)
     """
 
     home: Path
     db_url: str
     secret_key: str | None
     run_retention_days: float | None = None
+    db_pool_size: int = 10
+    api_host: str = "127.0.0.1"
+    api_port: int = 8080
+    api_max_body_bytes: int = 1024 * 1024
+    api_rate_limit: float = 50.0
+    api_rate_burst: int = 100
 
     @property
     def workspaces(self) -> Path:
@@ -51,4 +70,24 @@ class Settings:
             db_url=db_url,
             secret_key=env.get("CORRAL_SECRET_KEY"),
             run_retention_days=retention_days,
+            db_pool_size=int(_number(env, "CORRAL_DB_POOL_SIZE", 10)),
+            api_host=env.get("CORRAL_API_HOST") or "127.0.0.1",
+            api_port=int(_number(env, "CORRAL_API_PORT", 8080, minimum=0)),
+            api_max_body_bytes=int(_number(env, "CORRAL_API_MAX_BODY_BYTES", 1024 * 1024)),
+            api_rate_limit=_number(env, "CORRAL_API_RATE_LIMIT", 50.0, minimum=0),
+            api_rate_burst=int(_number(env, "CORRAL_API_RATE_BURST", 100)),
         )
+
+
+def _number(env: Mapping[str, str], name: str, default: float, *, minimum: float = 1) -> float:
+    """A numeric variable, or ``default`` when unset; ``ConfigurationError`` when it is not one."""
+    text = env.get(name)
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        raise ConfigurationError(f"{name} must be a number, not {text!r}") from None
+    if value < minimum:
+        raise ConfigurationError(f"{name} must be at least {minimum:g}, not {text!r}")
+    return value

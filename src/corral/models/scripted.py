@@ -17,6 +17,9 @@ from corral.core.messages import Message, ModelResponse, ToolCall, ToolSpec, Usa
 from corral.models.base import Model, ModelSettings
 from corral.resources.kinds import ModelEndpointSpec, ScriptedTurn
 
+#: How many of the latest requests a scripted model keeps for tests to inspect.
+KEPT_REQUESTS = 256
+
 
 class ScriptedModel(Model):
     """Answers from a fixed list of turns, in order."""
@@ -31,6 +34,7 @@ class ScriptedModel(Model):
     ) -> ModelResponse:
         index = sum(1 for m in messages if m.role == "assistant")
         self.requests.append(list(messages))
+        del self.requests[:-KEPT_REQUESTS]  # a long-lived worker shares one model per agent
         if index >= len(self.turns):
             raise ModelError(
                 f"scripted model {self.name!r} has {len(self.turns)} turns and was asked for turn "

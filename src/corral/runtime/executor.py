@@ -11,12 +11,13 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Awaitable, Callable
-from contextlib import AbstractContextManager, AsyncExitStack, nullcontext
+from contextlib import AsyncExitStack
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
 import anyio
 
+from corral.bus.base import Bus
 from corral.core.errors import CorralError, LeaseLostError, ModelError
 from corral.core.events import Event, EventType
 from corral.core.ids import new_id
@@ -25,12 +26,11 @@ from corral.core.runs import Approval, ApprovalState, Lease, RunRecord, RunState
 from corral.core.settings import Settings
 from corral.engine.loop import AgentDefinition, AgentLoop, RunResult
 from corral.engine.replay import replay
-from corral.runtime.builder import AgentBuilder
+from corral.runtime.agents import AgentCache, Loading
 from corral.runtime.sessions import session_history
 from corral.store.base import Store
 
 Observer = Callable[[Event], Awaitable[None]]
-Loading = Callable[[str], AbstractContextManager[Any]]
 Outcome = Literal["done", "released", "lost"]
 
 #: Retry backoff of whole runs: base * 2^(attempt-1), capped, with full jitter.
@@ -41,26 +41,41 @@ class FencedSink:
     """Stores a run's events under its lease, in as few fenced writes as the journal allows.
 
     Every event is stored, in order, but not every event needs a write of its own:
-    ``text.delta``, ``step.start``, ``step.finish`` and the model's message
-    (``message.create`` from the assistant) wait for the next event that must be
-    durable. The engine never acts on the outside between a model's message and
-    such an event: the message's tool calls go on only through a ``tool.call``
+    ``run.start``, ``text.delta``, ``step.start``, ``step.finish`` and the model's
+    message (``message.create`` from the assistant) wait for the next event that
+    must be durable. The engine never acts on the outside between a model's message
+    and such an event: the message's tool calls go on only through a ``tool.call``
     (durable before its tool executes), an ``approval.requested`` or a
     ``tool.result``; a final answer goes on through ``run.finish`` (or a repair
-    prompt, or an error) - and each of them writes the message with it. Other events
-    (``run.start``, ``tool.result``, a user's ``message.create``, ...) are written
-    before the engine moves on. A step that asked for (or got) approvals may end the
-    run waiting, with no event after it: its ``step.finish`` is written at once.
-    One write is one fenced ``append_events`` call.
+    prompt, or an error) - and each of them writes the message with it. ``run.finish``
+    is written by the executor together with the run's final state, in one commit
+    (:meth:`take`). A crash
+    before that write loses only a model call whose answer never reached the
+    journal, so nothing is paid for twice. Other events (``tool.result``, a user's
+    ``message.create``, ...) are written before the engine moves on. A step that
+    asked for (or got) approvals may end the run waiting, with no event after it:
+    its ``step.finish`` is written at once. One write is one fenced
+    ``append_events`` call, announced on the bus once committed.
     """
 
     #: Events that ride along with the next write.
-    DEFERRED = frozenset({EventType.TEXT_DELTA, EventType.STEP_START, EventType.STEP_FINISH})
+    DEFERRED = frozenset(
+        {
+            EventType.RUN_START,
+            EventType.TEXT_DELTA,
+            EventType.STEP_START,
+            EventType.STEP_FINISH,
+            EventType.RUN_FINISH,
+        }
+    )
 
-    def __init__(self, store: Store, lease: Lease, observer: Observer | None) -> None:
+    def __init__(
+        self, store: Store, lease: Lease, observer: Observer | None, bus: Bus | None = None
+    ) -> None:
         self.store = store
         self.lease = lease
         self.observer = observer
+        self.bus = bus
         self.buffer: list[Event] = []
         self.last_seq = 0
         self._approvals_in_step = False
@@ -93,6 +108,18 @@ class FencedSink:
         if self.buffer:
             batch, self.buffer = self.buffer, []
             await self.store.append_events(batch, lease=self.lease)
+            if self.bus is not None:
+                await self.bus.announce_events(self.lease.run_id, batch[-1].seq)
+
+    def take(self) -> list[Event]:
+        """What waits, for a caller that writes it in a transaction of its own."""
+        batch, self.buffer = self.buffer, []
+        return batch
+
+    async def announce(self) -> None:
+        """Tell the bus about events the caller wrote (see :meth:`take`)."""
+        if self.bus is not None:
+            await self.bus.announce_events(self.lease.run_id, self.last_seq)
 
     async def emit(self, type: EventType, **data: Any) -> None:
         """An event from outside the loop, numbered after the last one."""
@@ -105,7 +132,11 @@ class _Stop:
 
 
 class RunExecutor:
-    """Runs claimed runs for one worker (or for ``corral run`` in-process)."""
+    """Runs claimed runs for one worker (or for ``corral run`` in-process).
+
+    Use it as an async context: it keeps the live agents its runs share
+    (:class:`~corral.runtime.agents.AgentCache`) until it is left.
+    """
 
     def __init__(
         self,
@@ -116,20 +147,29 @@ class RunExecutor:
         observer: Observer | None = None,
         loading: Loading | None = None,
         retry_base_seconds: float = 1.0,
+        bus: Bus | None = None,
     ) -> None:
         self.store = store
+        self.bus = bus
         self.settings = settings
         self.lease_seconds = lease_seconds
         self.retry_base_seconds = retry_base_seconds
         self.observer = observer
-        self.loading = loading
+        self.agents = AgentCache(store, settings, loading)
+
+    async def __aenter__(self) -> Self:
+        await self.agents.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.agents.__aexit__(*exc_info)
 
     async def execute(
         self, record: RunRecord, lease: Lease, shutdown: anyio.Event | None = None
     ) -> Outcome:
         """Execute one claimed run until it ends, pauses, is released, or its lease is lost."""
         stop = _Stop()
-        sink = FencedSink(self.store, lease, self.observer)
+        sink = FencedSink(self.store, lease, self.observer, self.bus)
         events = await self.store.list_events(record.id)
         sink.last_seq = events[-1].seq if events else 0
         result: RunResult | Literal["released"] | None = None
@@ -150,13 +190,15 @@ class RunExecutor:
             if stop.reason == "shutdown":
                 await sink.flush()
                 await self.store.release_run(lease)
+                if self.bus is not None:
+                    await self.bus.announce_runnable([record.id])
                 return "released"
             if stop.reason == "cancelled":
                 await sink.flush()
                 await sink.emit(EventType.RUN_FINISH, state=RunState.CANCELLED.value)
                 result = RunResult(state=RunState.CANCELLED)
             assert isinstance(result, RunResult)
-            await self._save(record, lease, result)
+            await self._save(record, lease, result, sink)
         except LeaseLostError:
             return "lost"
         return "done"
@@ -178,11 +220,12 @@ class RunExecutor:
             await sink.emit(EventType.RUN_FINISH, state=RunState.DEAD_LETTER.value)
             return RunResult(state=RunState.DEAD_LETTER, error=error.to_dict())
         async with AsyncExitStack() as stack:
-            builder = AgentBuilder(self.store, self.settings, record.namespace)
             try:
-                agent = await builder.build(record.agent, stack, output_schema=record.output_schema)
-                with (self.loading or _no_loading)(agent.model.name):
-                    await agent.model.prepare()
+                agent = await stack.enter_async_context(
+                    self.agents.agent(
+                        record.namespace, record.agent, output_schema=record.output_schema
+                    )
+                )
             except CorralError as exc:
                 return await self._failed_to_start(sink, exc, events, record)
             loop = AgentLoop(
@@ -248,7 +291,10 @@ class RunExecutor:
         await sink.emit(EventType.RUN_FINISH, state=RunState.FAILED.value)
         return RunResult(state=RunState.FAILED, error=exc.to_dict())
 
-    async def _save(self, record: RunRecord, lease: Lease, result: RunResult) -> None:
+    async def _save(
+        self, record: RunRecord, lease: Lease, result: RunResult, sink: FencedSink
+    ) -> None:
+        """Store the run's outcome with its last events (``run.finish``), in one commit."""
         record.state = result.state
         record.output = result.output
         record.error = result.error
@@ -278,7 +324,10 @@ class RunExecutor:
             if p.call_id not in asked
         ]
         added = result.new_messages if result.state is RunState.SUCCEEDED else []
-        await self.store.save_run(record, lease, approvals, session_messages=added)
+        await self.store.save_run(
+            record, lease, approvals, session_messages=added, events=sink.take()
+        )
+        await sink.announce()
 
 
 def _journaled_end(events: list[Event]) -> RunResult | None:
@@ -307,10 +356,6 @@ async def _cancel_on(event: anyio.Event, stop: _Stop, scope: anyio.CancelScope) 
     await event.wait()
     stop.reason = "shutdown"
     scope.cancel()
-
-
-def _no_loading(name: str) -> AbstractContextManager[Any]:
-    return nullcontext()
 
 
 __all__ = ["AgentDefinition", "FencedSink", "RunExecutor"]

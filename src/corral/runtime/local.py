@@ -15,13 +15,15 @@ from typing import Any
 
 import anyio
 
+from corral.bus.base import Bus
 from corral.core.errors import NotFoundError
 from corral.core.events import Event
 from corral.core.ids import new_id
 from corral.core.runs import RunRecord, RunState
 from corral.core.settings import Settings
 from corral.resources.kinds import AgentSpec
-from corral.runtime.executor import Loading, Observer, RunExecutor
+from corral.runtime.agents import Loading
+from corral.runtime.executor import Observer, RunExecutor
 from corral.runtime.worker import default_owner
 from corral.store.base import Store
 
@@ -39,10 +41,12 @@ async def submit(
     priority: int = 0,
     delay: float = 0.0,
     output_schema: dict[str, Any] | None = None,
+    bus: Bus | None = None,
 ) -> tuple[RunRecord, bool]:
     """Queue a run of ``agent``; returns ``(run, created)`` (``False``: the key was seen before).
 
-    ``NotFoundError`` (nothing stored) when the agent does not exist.
+    ``NotFoundError`` (nothing stored) when the agent does not exist. A new run
+    due now is announced on ``bus``.
     """
     stored = await store.get_resource(namespace, "Agent", agent)
     if stored is None:
@@ -65,7 +69,10 @@ async def submit(
         created_at=now,
         output_schema=output_schema,
     )
-    return await store.submit_run(record)
+    stored_record, created = await store.submit_run(record)
+    if created and bus is not None and delay <= 0:
+        await bus.announce_runnable([stored_record.id])
+    return stored_record, created
 
 
 async def run_agent(
@@ -105,9 +112,19 @@ async def see_through(
     lease_seconds: float = 30.0,
 ) -> RunRecord:
     """Execute the run here whenever it is runnable, or follow whoever executes it."""
-    executor = RunExecutor(
+    async with RunExecutor(
         store, settings, lease_seconds=lease_seconds, observer=observer, loading=loading
-    )
+    ) as executor:
+        return await _see_through(store, executor, run_id, observer, lease_seconds)
+
+
+async def _see_through(
+    store: Store,
+    executor: RunExecutor,
+    run_id: str,
+    observer: Observer | None,
+    lease_seconds: float,
+) -> RunRecord:
     owner = default_owner()
     seen = 0
     while True:

@@ -11,13 +11,16 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Awaitable, Callable
 
 import anyio
 
+from corral.bus.base import Bus
+from corral.bus.local import LocalBus
 from corral.core.ids import new_id
 from corral.core.runs import Lease, RunRecord
 from corral.core.settings import Settings
-from corral.runtime.executor import RunExecutor
+from corral.runtime.executor import Observer, RunExecutor
 from corral.store.base import Store
 
 log = logging.getLogger(__name__)
@@ -48,8 +51,11 @@ class Worker:
         grace_seconds: float = 30.0,
         retry_base_seconds: float = 1.0,
         owner: str | None = None,
+        bus: Bus | None = None,
+        observer: Observer | None = None,
     ) -> None:
         self.store = store
+        self.bus = bus or LocalBus()
         self.owner = owner or default_owner()
         self.concurrency = concurrency
         self.lease_seconds = lease_seconds
@@ -61,7 +67,12 @@ class Worker:
         self._claim_batch = max(1, concurrency // 8)
         self._backlog = False
         self.executor = RunExecutor(
-            store, settings, lease_seconds=lease_seconds, retry_base_seconds=retry_base_seconds
+            store,
+            settings,
+            lease_seconds=lease_seconds,
+            retry_base_seconds=retry_base_seconds,
+            bus=self.bus,
+            observer=observer,  # sees every event of the runs this worker executes (metrics)
         )
         self.active: dict[str, Lease] = {}
         self.executed = 0
@@ -75,16 +86,21 @@ class Worker:
 
     async def serve(self, stop: anyio.Event, *, until_idle: bool = False) -> None:
         """Claim and execute runs until ``stop`` is set (or, with ``until_idle``, none are left)."""
-        async with anyio.create_task_group() as group:
+        async with self.executor, anyio.create_task_group() as group:
             while not stop.is_set():
                 claimed = await self._claim(group)
                 if until_idle and not claimed and not self.active:
                     break
                 if not claimed:
-                    with anyio.move_on_after(self._next_look()):
-                        await _first_of(stop, self._wake)
-                    self._wake = anyio.Event()
+                    await self._idle_wait(stop)
             await self._drain()
+
+    async def _idle_wait(self, stop: anyio.Event) -> None:
+        """Until there may be work: stop, a freed slot, a bus announcement, or the poll."""
+        look = self._next_look()
+        with anyio.move_on_after(look):
+            await _first_of(stop.wait, self._wake.wait, lambda: self.bus.wait_runnable(look))
+        self._wake = anyio.Event()
 
     async def _claim(self, group: anyio.abc.TaskGroup) -> int:
         await self.store.expire_approvals()
@@ -149,12 +165,13 @@ class Worker:
                 await self._idle.wait()
 
 
-async def _first_of(*events: anyio.Event) -> None:
+async def _first_of(*waits: Callable[[], Awaitable[object]]) -> None:
+    """Return as soon as the first of ``waits`` returns (the others are cancelled)."""
     async with anyio.create_task_group() as group:
 
-        async def wait(event: anyio.Event) -> None:
-            await event.wait()
+        async def wait(until: Callable[[], Awaitable[object]]) -> None:
+            await until()
             group.cancel_scope.cancel()
 
-        for event in events:
-            group.start_soon(wait, event)
+        for until in waits:
+            group.start_soon(wait, until)

@@ -24,17 +24,19 @@ __all__ = [
 
 
 async def open_store(url: str, *, cipher: SecretCipher | None = None) -> Store:
-    """Open the store at ``url`` (``sqlite:///path``, later ``postgresql://...``), migrated.
+    """Open the store at ``url`` (``sqlite:///path`` or ``postgresql://...``), migrated.
 
     ``cipher`` encrypts Secret values; by default it comes from the
     environment (``CORRAL_SECRET_KEY``, else ``$CORRAL_HOME/secret.key``,
-    created only when a secret value is first stored).
+    created only when a secret value is first stored). The PostgreSQL pool
+    size comes from ``CORRAL_DB_POOL_SIZE``.
     """
+    from corral.core.settings import Settings
     from corral.store.sql import SqlStore
 
+    settings = Settings.from_env()
     if cipher is None:
-        from corral.core.settings import Settings
         from corral.resources.secrets import SecretCipher
 
-        cipher = SecretCipher.from_settings(Settings.from_env())
-    return await SqlStore.open(url, cipher=cipher)
+        cipher = SecretCipher.from_settings(settings)
+    return await SqlStore.open(url, cipher=cipher, pool_size=settings.db_pool_size)

@@ -1,10 +1,13 @@
-"""Engine plumbing of the SQL store: URLs, driver errors, SQLite connection setup, migrations.
+"""Engine plumbing of the SQL store: URLs, driver errors, connection setup, migrations.
 
 Driver and SQLAlchemy exceptions are converted here (:func:`db_errors`) so
 nothing vendor specific leaves the store. SQLite connections run in WAL mode
 with ``synchronous=FULL``, foreign keys on and a busy timeout; SQLAlchemy (not
 the sqlite3 module) emits ``BEGIN``, and connections carrying the
-:data:`WRITE` execution option begin with ``BEGIN IMMEDIATE``.
+:data:`WRITE` execution option begin with ``BEGIN IMMEDIATE``. PostgreSQL
+connections (asyncpg) come from a bounded pool that tests each connection
+before handing it out, and run at ``READ COMMITTED``: the statements lock the
+rows they decide on (see :mod:`corral.store._sql_statements`).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy import exc as sa_exc
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from corral.core.errors import ConfigurationError, ConflictError
 from corral.store.base import StoreError
@@ -25,6 +28,10 @@ from corral.store.schema import LATEST_REVISION
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 BUSY_TIMEOUT_SECONDS = 30.0
+DEFAULT_POOL_SIZE = 10
+"""PostgreSQL connections a store keeps open (``CORRAL_DB_POOL_SIZE``)."""
+MIGRATION_LOCK = -5138809972234850590
+"""The PostgreSQL advisory lock migrations run under (from the hash of ``corral.store.migrations``)."""
 WRITE = "corral_write"
 """Execution option of the connections that open write transactions."""
 
@@ -41,6 +48,27 @@ def async_url(url: str) -> sa.URL:
     if driver in ("postgresql", "postgres"):
         return parsed.set(drivername="postgresql+asyncpg")
     return parsed
+
+
+def pool_options(url: sa.URL, pool_size: int) -> dict[str, Any]:
+    """``create_async_engine`` options for ``url``: a bounded, pre-pinged pool on PostgreSQL.
+
+    ``pool_pre_ping`` costs a round trip per checkout and saves an attempt
+    when the server restarted while the connection sat idle; as many
+    connections again as ``pool_size`` may be opened for bursts. The
+    application name lets an operator (and the tests) find the store's
+    sessions in ``pg_stat_activity``.
+    """
+    if url.get_backend_name() != "postgresql":
+        return {}
+    if pool_size < 1:
+        raise ConfigurationError(f"the pool size must be at least 1, not {pool_size}")
+    return {
+        "pool_size": pool_size,
+        "max_overflow": pool_size,
+        "pool_pre_ping": True,
+        "connect_args": {"server_settings": {"application_name": "corral"}},
+    }
 
 
 # --------------------------------------------------------------------------- errors
@@ -117,6 +145,17 @@ def configure_sqlite(engine: AsyncEngine, busy_timeout_seconds: float) -> None:
 
     event.listen(engine.sync_engine, "connect", on_connect)
     event.listen(engine.sync_engine, "begin", on_begin)
+
+
+async def lock_migrations(conn: AsyncConnection) -> None:
+    """Make concurrent migrations of one database take turns, until the transaction ends.
+
+    SQLite's ``BEGIN IMMEDIATE`` does it already; PostgreSQL takes a
+    transaction-scoped advisory lock, so processes opening a new database at
+    once wait for the first one and then find the schema current.
+    """
+    if conn.dialect.name == "postgresql":
+        await conn.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK})
 
 
 def current_revision(conn: sa.Connection) -> str | None:

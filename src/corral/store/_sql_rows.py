@@ -1,4 +1,5 @@
-"""Rows <-> records for the SQL store: resources, runs, approvals, sessions, session messages.
+"""Rows <-> records for the SQL store: resources, runs, approvals, sessions, session messages,
+API tokens.
 
 Messages, usage and pending approvals go through the one serializer of
 :mod:`corral.core.messages` (``dump``/``load``), as JSON columns.
@@ -15,6 +16,7 @@ from corral.core.errors import ConfigurationError
 from corral.core.messages import Message, Usage, dump, load, load_messages
 from corral.core.runs import Approval, ApprovalState, PendingApproval, RunRecord, RunState
 from corral.core.sessions import Session, SessionMessage
+from corral.core.tokens import ApiToken, Role
 from corral.resources.kinds import API_VERSION, SPEC_TYPES, Metadata, Resource, Spec
 from corral.store.base import StoredResource
 
@@ -181,3 +183,33 @@ def row_to_stored(row: sa.Row[Any]) -> StoredResource:
         ) from exc
     resource = Resource(apiVersion=API_VERSION, kind=row.kind, metadata=metadata, spec=spec)
     return StoredResource(resource, row.generation, row.created_at, row.updated_at)
+
+
+def token_values(token: ApiToken) -> dict[str, Any]:
+    """Every column of ``api_tokens`` for ``token``."""
+    return {
+        "id": token.id,
+        "namespace": token.namespace,
+        "role": Role(token.role).value,
+        "name": token.name,
+        "description": token.description,
+        "secret_hash": token.secret_hash,
+        "created_at": token.created_at,
+        "last_used_at": token.last_used_at,
+        "revoked_at": token.revoked_at,
+    }
+
+
+def row_to_token(row: sa.Row[Any]) -> ApiToken:
+    """An API token from a full ``api_tokens`` row."""
+    return ApiToken(
+        id=row.id,
+        namespace=row.namespace,
+        role=Role(row.role),
+        secret_hash=row.secret_hash,
+        name=row.name,
+        description=row.description,
+        created_at=row.created_at,
+        last_used_at=row.last_used_at,
+        revoked_at=row.revoked_at,
+    )

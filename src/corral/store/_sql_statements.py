@@ -37,21 +37,33 @@ def insert_or_skip(dialect: str, table: sa.Table, conflict_columns: Sequence[str
 async def check_fence(conn: AsyncConnection, lease: Lease) -> None:
     """Raise unless ``lease`` still holds its run (the fencing token is unchanged).
 
-    On PostgreSQL the row stays share-locked until the transaction ends, so a
-    claim cannot bump the token between this check and the caller's writes;
-    on SQLite ``BEGIN IMMEDIATE`` already excludes other writers.
+    On PostgreSQL the run row stays locked (``FOR UPDATE``) until the
+    transaction ends: a claim in flight makes this wait and then read the new
+    token, a claim that comes later passes the row over (``SKIP LOCKED``), so
+    the token cannot change between this check and the caller's writes. The
+    lock also puts the fenced writes of one run in a single line. On SQLite
+    ``BEGIN IMMEDIATE`` already excludes other writers.
     """
     token = (
         await conn.execute(
-            sa.select(runs.c.fencing_token)
-            .where(runs.c.id == lease.run_id)
-            .with_for_update(read=True)
+            sa.select(runs.c.fencing_token).where(runs.c.id == lease.run_id).with_for_update()
         )
     ).scalar()
     if token is None:
         raise NotFoundError(f"run {lease.run_id!r} not found")
     if token != lease.token:
         raise lost_lease(lease, token)
+
+
+async def lock_runs(conn: AsyncConnection, run_ids: Sequence[str]) -> None:
+    """Lock the rows of ``run_ids`` (PostgreSQL; SQLite's write lock covers it) until the
+    transaction ends, in id order, so that unfenced appends to a run take turns too."""
+    await conn.execute(
+        sa.select(runs.c.id)
+        .where(runs.c.id.in_(list(run_ids)))
+        .order_by(runs.c.id)
+        .with_for_update()
+    )
 
 
 async def refuse(conn: AsyncConnection, run_id: str, lease: Lease | None) -> None:

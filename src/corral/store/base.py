@@ -23,6 +23,7 @@ from corral.core.events import Event
 from corral.core.messages import Message
 from corral.core.runs import Approval, Lease, RunRecord, RunState
 from corral.core.sessions import Session, SessionMessage
+from corral.core.tokens import ApiToken
 from corral.resources.kinds import Resource
 from corral.resources.loader import LoadedResource
 
@@ -50,6 +51,14 @@ class ApplyOutcome:
     name: str
     action: ApplyAction
     generation: int
+
+
+@dataclass(frozen=True)
+class RunCounts:
+    """Runs per (namespace, state), and queued runs already due (the queue depth)."""
+
+    by_state: dict[tuple[str, RunState], int]
+    due: int
 
 
 @dataclass(frozen=True)
@@ -99,6 +108,21 @@ class Store(ABC):
     async def list_resources(self, namespace: str, kind: str | None = None) -> list[StoredResource]:
         """The resources of a namespace (of one kind when given), ordered by kind and name."""
 
+    async def resources_fingerprint(self, namespace: str) -> tuple[int, int, float]:
+        """A value that changes whenever a resource of ``namespace`` is applied or deleted.
+
+        ``(count, sum of generations, latest update)``: a worker compares it with
+        the one its cached live agents were built from, one cheap read instead of
+        reading and validating every resource an agent refers to. Backends
+        override this with a single aggregate query.
+        """
+        items = await self.list_resources(namespace)
+        return (
+            len(items),
+            sum(item.generation for item in items),
+            max((item.updated_at for item in items), default=0.0),
+        )
+
     @abstractmethod
     async def delete_resource(self, namespace: str, kind: str, name: str) -> None:
         """Delete a resource.
@@ -120,8 +144,12 @@ class Store(ABC):
         lease: Lease | None = None,
         approvals: Sequence[Approval] = (),
         session_messages: Sequence[Message] = (),
+        events: Sequence[Event] = (),
     ) -> None:
         """Overwrite a stored run with ``record``; ``NotFoundError`` when it does not exist.
+
+        ``events`` of the run are appended in the same transaction (a run's last
+        events and its final state are one commit).
 
         With ``lease`` the write is fenced: ``LeaseLostError`` (and nothing
         written) unless the run's fencing token still equals ``lease.token``.
@@ -146,8 +174,19 @@ class Store(ABC):
         agent: str | None = None,
         limit: int = 50,
         states: Sequence[RunState] | None = None,
+        *,
+        before: tuple[float, str] | None = None,
     ) -> list[RunRecord]:
-        """The newest runs of a namespace (of one agent, in some states, when given), newest first."""
+        """The newest runs of a namespace (of one agent, in some states, when given), newest first.
+
+        ``before`` is a keyset cursor ``(created_at, id)``: only runs that sort after
+        it (older, or as old with a smaller id) are listed, so the next page of a
+        listing starts at the last run of the previous one and no run is seen twice.
+        """
+
+    @abstractmethod
+    async def count_runs(self, *, now: float | None = None) -> RunCounts:
+        """How many runs are in each state, and how many queued runs are due by ``now``."""
 
     # ----------------------------------------------------------------- tasks and leases
 
@@ -308,3 +347,27 @@ class Store(ABC):
     @abstractmethod
     async def list_events(self, run_id: str, after_seq: int = 0) -> list[Event]:
         """The events of a run with ``seq > after_seq``, in order."""
+
+    # ----------------------------------------------------------------- API tokens
+
+    @abstractmethod
+    async def create_token(self, token: ApiToken) -> None:
+        """Store a new API token (its secret's hash, never the secret); ``ConflictError``
+        when the id exists."""
+
+    @abstractmethod
+    async def get_token(self, token_id: str) -> ApiToken | None:
+        """One token (revoked ones too), or ``None``."""
+
+    @abstractmethod
+    async def list_tokens(self, namespace: str | None = None) -> list[ApiToken]:
+        """Tokens, oldest first, of one namespace when given; revoked ones included."""
+
+    @abstractmethod
+    async def revoke_token(self, token_id: str) -> ApiToken:
+        """Revoke a token (once: a revoked token keeps its first ``revoked_at``);
+        ``NotFoundError`` when absent."""
+
+    @abstractmethod
+    async def touch_token(self, token_id: str, when: float) -> None:
+        """Record that the token was used at ``when`` (callers throttle this write)."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import JSONB
 
-LATEST_REVISION = "0002"
+LATEST_REVISION = "0003"
 """The head of ``migrations/versions``; a store at this revision opens without alembic."""
 
 metadata = sa.MetaData(
@@ -152,4 +152,20 @@ session_messages = sa.Table(
     sa.Column("summary", sa.Boolean, nullable=False),
     sa.Column("created_at", sa.Double, nullable=False),
     sa.Index("ix_session_messages_session_id_position", "session_id", "position"),
+)
+
+api_tokens = sa.Table(
+    "api_tokens",
+    metadata,
+    sa.Column("id", sa.String(64), primary_key=True),
+    sa.Column("namespace", sa.String(63), nullable=False),
+    sa.Column("role", sa.String(16), nullable=False),
+    sa.Column("name", sa.String(255), nullable=False, server_default=""),
+    sa.Column("description", sa.Text, nullable=False, server_default=""),
+    # SHA-256 of the secret, hex; the secret itself is never stored (core/tokens.py).
+    sa.Column("secret_hash", sa.String(64), nullable=False),
+    sa.Column("created_at", sa.Double, nullable=False),
+    sa.Column("last_used_at", sa.Double, nullable=True),
+    sa.Column("revoked_at", sa.Double, nullable=True),
+    sa.Index("ix_api_tokens_namespace_created_at", "namespace", "created_at"),
 )

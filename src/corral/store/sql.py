@@ -1,11 +1,16 @@
-"""The SQL store: SQLAlchemy Core over an async driver (``sqlite+aiosqlite`` today).
+"""The SQL store: SQLAlchemy Core over an async driver (``sqlite+aiosqlite``, ``postgresql+asyncpg``).
 
-The SQL is dialect neutral so that ``postgresql+asyncpg`` can follow. On
-SQLite every connection runs in WAL mode with ``synchronous=FULL``, foreign
-keys on and a busy timeout; SQLAlchemy (not the sqlite3 module) emits
-``BEGIN``, and write transactions use ``BEGIN IMMEDIATE`` so that a
-read-check-write (apply, delete, claim, a fenced write) cannot interleave
-with another writer. Every operation is one transaction.
+The statements are dialect neutral. On SQLite every connection runs in WAL
+mode with ``synchronous=FULL``, foreign keys on and a busy timeout;
+SQLAlchemy (not the sqlite3 module) emits ``BEGIN``, and write transactions
+use ``BEGIN IMMEDIATE`` so that a read-check-write (apply, delete, claim, a
+fenced write) cannot interleave with another writer. On PostgreSQL
+(``READ COMMITTED``) the statements lock the rows they decide on instead:
+claims take ``FOR UPDATE SKIP LOCKED``, fenced writes lock the run row while
+they check its token, idempotent submits let the unique index decide with
+``ON CONFLICT DO NOTHING``. Every operation is one transaction, run by
+:meth:`SqlStore._read` or :meth:`SqlStore._write`, which retry it when the
+connection drops (:mod:`corral.store._sql_transaction`).
 
 Runs double as durable tasks. A claim bumps the run's fencing token; a write
 made under a :class:`~corral.core.runs.Lease` checks the token in the same
@@ -22,9 +27,11 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager, nullcontext
+from typing import Any, TypeVar
 
+import anyio
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
@@ -38,18 +45,22 @@ from corral.core.events import Event, EventType
 from corral.core.messages import Message
 from corral.core.runs import Approval, ApprovalState, Lease, RunRecord, RunState
 from corral.core.sessions import Session, SessionMessage
+from corral.core.tokens import ApiToken
 from corral.resources.kinds import SPEC_TYPES, Resource, SecretSpec
 from corral.resources.loader import LoadedResource, format_path
 from corral.resources.references import check_references, locate, referrers, resource_of
 from corral.resources.secrets import SecretCipher, seal
 from corral.store._sql_engine import (
     BUSY_TIMEOUT_SECONDS,
+    DEFAULT_POOL_SIZE,
     MIGRATIONS_DIR,
     WRITE,
     async_url,
     configure_sqlite,
     current_revision,
     db_errors,
+    lock_migrations,
+    pool_options,
     prepare_sqlite_path,
     sqlite_file,
     upgrade,
@@ -61,21 +72,26 @@ from corral.store._sql_rows import (
     row_to_session,
     row_to_session_message,
     row_to_stored,
+    row_to_token,
     run_values,
     session_message_values,
     spec_json,
+    token_values,
 )
 from corral.store._sql_statements import (
     check_fence,
     insert_or_skip,
     last_seq,
+    lock_runs,
     refuse,
     requeue_settled_runs,
     touch_session,
 )
-from corral.store.base import ApplyAction, ApplyOutcome, Store, StoredResource
+from corral.store._sql_transaction import transact
+from corral.store.base import ApplyAction, ApplyOutcome, RunCounts, Store, StoredResource
 from corral.store.schema import (
     LATEST_REVISION,
+    api_tokens,
     resources,
     run_events,
     runs,
@@ -85,6 +101,10 @@ from corral.store.schema import (
 from corral.store.schema import approvals as approvals_table
 
 __all__ = ["BUSY_TIMEOUT_SECONDS", "MIGRATIONS_DIR", "SqlStore", "async_url"]
+
+T = TypeVar("T")
+Body = Callable[[AsyncConnection], Awaitable[T]]
+"""What runs inside one transaction (see :mod:`corral.store._sql_transaction`)."""
 
 _IDEMPOTENCY_COLUMNS = ("namespace", "agent", "idempotency_key")
 # Claim order: highest priority first, then oldest; ``ix_runs_claim`` serves it.
@@ -104,6 +124,7 @@ class SqlStore(Store):
         self._writer = engine.execution_options(**{WRITE: True})
         self._cipher = cipher
         self._dialect = engine.dialect.name
+        self._run_turns = _Turns()
 
     @classmethod
     async def open(
@@ -112,11 +133,14 @@ class SqlStore(Store):
         *,
         cipher: SecretCipher,
         busy_timeout_seconds: float = BUSY_TIMEOUT_SECONDS,
+        pool_size: int = DEFAULT_POOL_SIZE,
     ) -> SqlStore:
         """Connect, bring the schema up to date, and return the store.
 
         ``busy_timeout_seconds`` is how long SQLite waits for another writer's
-        lock before the operation fails with :class:`StoreError`.
+        lock before the operation fails with :class:`StoreError`. ``pool_size``
+        is how many PostgreSQL connections the store keeps open (as many again
+        are opened for bursts).
         """
         target = async_url(url)
         # CORRAL_SQLITE_FAST_PATH=0 keeps a SQLite file on the SQLAlchemy statements
@@ -129,7 +153,7 @@ class SqlStore(Store):
         with db_errors("open the store"):
             if target.get_backend_name() == "sqlite":
                 prepare_sqlite_path(target)
-            engine = create_async_engine(target)
+            engine = create_async_engine(target, **pool_options(target, pool_size))
             if engine.dialect.name == "sqlite":
                 configure_sqlite(engine, busy_timeout_seconds)
         store: SqlStore
@@ -156,14 +180,28 @@ class SqlStore(Store):
     # ----------------------------------------------------------------- migrations
 
     async def _migrate(self) -> None:
-        with db_errors("migrate the store"):
+        with db_errors("open the store"):
             async with self._engine.connect() as conn:
                 current = await conn.run_sync(current_revision)
-            if current == LATEST_REVISION:
-                return
+        if current == LATEST_REVISION:
+            return
+        with db_errors("migrate the store"):
             async with self._writer.begin() as conn:
-                # Re-checked under the write lock: another process may have just migrated.
+                # SQLite's write lock, PostgreSQL's advisory lock: processes opening a new
+                # database at once take turns, and the revision is re-checked under it.
+                await lock_migrations(conn)
                 await conn.run_sync(upgrade)
+
+    # ----------------------------------------------------------------- transactions
+
+    async def _read(self, action: str, body: Body[T]) -> T:
+        """Run ``body`` in a read-only transaction, retried if its connection drops."""
+        return await transact(self._engine, action, body, write=False)
+
+    async def _write(self, action: str, body: Body[T]) -> T:
+        """Run ``body`` in one write transaction, retried if its connection drops before
+        COMMIT and checked if it drops during it (see :mod:`corral.store._sql_transaction`)."""
+        return await transact(self._writer, action, body, write=True)
 
     # ----------------------------------------------------------------- resources
 
@@ -171,17 +209,15 @@ class SqlStore(Store):
         items = list(batch)
         _check_kinds(items)
         now = time.time()
-        with db_errors("apply resources"):
-            async with self._writer.begin() as conn:
 
-                async def exists(namespace: str, kind: str, name: str) -> bool:
-                    return await _fetch_resource(conn, namespace, kind, name) is not None
+        async def write(conn: AsyncConnection) -> list[ApplyOutcome]:
+            async def exists(namespace: str, kind: str, name: str) -> bool:
+                return await _fetch_resource(conn, namespace, kind, name) is not None
 
-                await check_references(items, exists)
-                outcomes: list[ApplyOutcome] = []
-                for item in items:
-                    outcomes.append(await self._apply_one(conn, item, now))
-        return outcomes
+            await check_references(items, exists)
+            return [await self._apply_one(conn, item, now) for item in items]
+
+        return await self._write("apply resources", write)
 
     async def _apply_one(
         self, conn: AsyncConnection, item: Resource | LoadedResource, now: float
@@ -226,9 +262,8 @@ class SqlStore(Store):
         return ApplyOutcome(namespace, kind, name, ApplyAction.CONFIGURED, generation)
 
     async def get_resource(self, namespace: str, kind: str, name: str) -> StoredResource | None:
-        with db_errors("read a resource"):
-            async with self._engine.connect() as conn:
-                row = await _fetch_resource(conn, namespace, kind, name)
+        query = sa.select(resources).where(_resource_key(namespace, kind, name))
+        row = await self._read("read a resource", _first(query))
         return row_to_stored(row) if row is not None else None
 
     async def list_resources(self, namespace: str, kind: str | None = None) -> list[StoredResource]:
@@ -236,43 +271,39 @@ class SqlStore(Store):
         if kind is not None:
             query = query.where(resources.c.kind == kind)
         query = query.order_by(resources.c.kind, resources.c.name)
-        with db_errors("list resources"):
-            async with self._engine.connect() as conn:
-                rows = (await conn.execute(query)).all()
+        rows = await self._read("list resources", _all(query))
         return [row_to_stored(row) for row in rows]
 
     async def delete_resource(self, namespace: str, kind: str, name: str) -> None:
-        with db_errors("delete a resource"):
-            async with self._writer.begin() as conn:
-                if await _fetch_resource(conn, namespace, kind, name) is None:
-                    raise NotFoundError(f"{kind} {name!r} not found in namespace {namespace!r}")
-                rows = (
-                    await conn.execute(
-                        sa.select(resources).where(resources.c.namespace == namespace)
-                    )
-                ).all()
-                others = [
-                    stored.resource
-                    for stored in map(row_to_stored, rows)
-                    if stored.resource.key != (namespace, kind, name)
-                ]
-                found = referrers((kind, name), others)
-                if found:
-                    names = ", ".join(
-                        f"{r.kind} {r.name!r} ({format_path(field)})" for r, field in found
-                    )
-                    raise ConflictError(
-                        f"cannot delete {kind} {name!r} in namespace {namespace!r}: "
-                        f"it is referenced by {names}"
-                    )
-                await conn.execute(resources.delete().where(_resource_key(namespace, kind, name)))
+        async def write(conn: AsyncConnection) -> None:
+            if await _fetch_resource(conn, namespace, kind, name) is None:
+                raise NotFoundError(f"{kind} {name!r} not found in namespace {namespace!r}")
+            rows = (
+                await conn.execute(sa.select(resources).where(resources.c.namespace == namespace))
+            ).all()
+            others = [
+                stored.resource
+                for stored in map(row_to_stored, rows)
+                if stored.resource.key != (namespace, kind, name)
+            ]
+            found = referrers((kind, name), others)
+            if found:
+                names = ", ".join(
+                    f"{r.kind} {r.name!r} ({format_path(field)})" for r, field in found
+                )
+                raise ConflictError(
+                    f"cannot delete {kind} {name!r} in namespace {namespace!r}: "
+                    f"it is referenced by {names}"
+                )
+            await conn.execute(resources.delete().where(_resource_key(namespace, kind, name)))
+
+        await self._write("delete a resource", write)
 
     # ----------------------------------------------------------------- runs
 
     async def create_run(self, record: RunRecord) -> None:
-        with db_errors(f"create run {record.id}"):
-            async with self._writer.begin() as conn:
-                await conn.execute(runs.insert().values(**run_values(record)))
+        insert = runs.insert().values(**run_values(record))
+        await self._write(f"create run {record.id}", _execute(insert))
 
     async def save_run(
         self,
@@ -280,6 +311,7 @@ class SqlStore(Store):
         lease: Lease | None = None,
         approvals: Sequence[Approval] = (),
         session_messages: Sequence[Message] = (),
+        events: Sequence[Event] = (),
     ) -> None:
         """See :meth:`Store.save_run`. Also: ``cancel_requested`` is only ever raised by a
         save, never cleared (the flag belongs to :meth:`request_cancel`); a lease on
@@ -297,25 +329,32 @@ class SqlStore(Store):
             values.update(lease_owner=None, lease_expires_at=None)
         statement = runs.update().where(runs.c.id == record.id).values(**values)
         if lease is not None:
+            # The UPDATE checks the token and locks the row in one step: on PostgreSQL a
+            # claim in flight makes it wait, then re-check the token of the claimed row.
             statement = statement.where(runs.c.fencing_token == lease.token)
-        with db_errors(f"save run {record.id}"):
-            async with self._writer.begin() as conn:
-                result = await conn.execute(statement)
-                if result.rowcount == 0:
-                    await refuse(conn, record.id, lease)
-                if approvals:
-                    await conn.execute(
-                        approvals_table.insert(), [approval_values(a) for a in approvals]
-                    )
-                if session_messages and record.session_id is not None:
-                    await _append_to_session(
-                        conn, record.session_id, session_messages, record.id, time.time()
-                    )
+        session_id = record.session_id
+        event_rows = _event_rows(events, record.id)
+
+        async def write(conn: AsyncConnection) -> None:
+            result = await conn.execute(statement)
+            if result.rowcount == 0:
+                await refuse(conn, record.id, lease)
+            if approvals:
+                await conn.execute(
+                    approvals_table.insert(), [approval_values(a) for a in approvals]
+                )
+            if session_messages and session_id is not None:
+                await _append_to_session(conn, session_id, session_messages, record.id, time.time())
+            if event_rows:
+                await conn.execute(run_events.insert(), event_rows)
+
+        # Events saved with the run take their turn after the run's pending appends.
+        async with self._run_turns.turn(record.id) if event_rows else nullcontext():
+            await self._write(f"save run {record.id}", write)
 
     async def get_run(self, run_id: str) -> RunRecord | None:
-        with db_errors(f"read run {run_id}"):
-            async with self._engine.connect() as conn:
-                row = (await conn.execute(sa.select(runs).where(runs.c.id == run_id))).first()
+        query = sa.select(runs).where(runs.c.id == run_id)
+        row = await self._read(f"read run {run_id}", _first(query))
         return row_to_run(row) if row is not None else None
 
     async def list_runs(
@@ -324,17 +363,44 @@ class SqlStore(Store):
         agent: str | None = None,
         limit: int = 50,
         states: Sequence[RunState] | None = None,
+        *,
+        before: tuple[float, str] | None = None,
     ) -> list[RunRecord]:
         query = sa.select(runs).where(runs.c.namespace == namespace)
         if agent is not None:
             query = query.where(runs.c.agent == agent)
         if states is not None:
             query = query.where(runs.c.state.in_([RunState(s).value for s in states]))
+        if before is not None:
+            created_at, run_id = before
+            query = query.where(
+                sa.or_(
+                    runs.c.created_at < created_at,
+                    sa.and_(runs.c.created_at == created_at, runs.c.id < run_id),
+                )
+            )
         query = query.order_by(runs.c.created_at.desc(), runs.c.id.desc()).limit(limit)
-        with db_errors("list runs"):
-            async with self._engine.connect() as conn:
-                rows = (await conn.execute(query)).all()
+        rows = await self._read("list runs", _all(query))
         return [row_to_run(row) for row in rows]
+
+    async def count_runs(self, *, now: float | None = None) -> RunCounts:
+        now = time.time() if now is None else now
+        by_state = sa.select(
+            runs.c.namespace, runs.c.state, sa.func.count().label("runs")
+        ).group_by(runs.c.namespace, runs.c.state)
+        due = sa.select(sa.func.count()).where(
+            runs.c.state == RunState.QUEUED.value, runs.c.not_before <= now
+        )
+
+        async def read(conn: AsyncConnection) -> tuple[Sequence[sa.Row[Any]], int]:
+            rows = (await conn.execute(by_state)).all()
+            return rows, (await conn.execute(due)).scalar_one()
+
+        rows, due_count = await self._read("count runs", read)
+        return RunCounts(
+            by_state={(row.namespace, RunState(row.state)): int(row.runs) for row in rows},
+            due=int(due_count),
+        )
 
     # ----------------------------------------------------------------- tasks and leases
 
@@ -342,29 +408,28 @@ class SqlStore(Store):
         """See :meth:`Store.submit_run`; the record is stored as given (callers pass a
         ``queued`` one). A clash on the run id alone is a ``ConflictError``."""
         values = run_values(record)
-        with db_errors(f"submit run {record.id}"):
-            async with self._writer.begin() as conn:
-                if record.idempotency_key is None:
-                    await conn.execute(runs.insert().values(**values))
-                    return record, True
-                # The unique index decides between racing submits, not a prior read;
-                # a clash on the run id alone still raises (ConflictError).
-                insert = insert_or_skip(self._dialect, runs, _IDEMPOTENCY_COLUMNS)
-                inserted = (
-                    await conn.execute(insert.values(**values).returning(runs.c.id))
-                ).first()
-                if inserted is not None:
-                    return record, True
-                row = (
-                    await conn.execute(
-                        sa.select(runs).where(
-                            runs.c.namespace == record.namespace,
-                            runs.c.agent == record.agent,
-                            runs.c.idempotency_key == record.idempotency_key,
-                        )
-                    )
-                ).one()
-        return row_to_run(row), False
+        if record.idempotency_key is None:
+            await self._write(f"submit run {record.id}", _execute(runs.insert().values(**values)))
+            return record, True
+        # The unique index decides between racing submits, not a prior read: the
+        # insert skips a conflicting key (on PostgreSQL after waiting for the racing
+        # transaction to commit), so nothing aborts; a clash on the run id alone
+        # still raises (ConflictError).
+        insert = insert_or_skip(self._dialect, runs, _IDEMPOTENCY_COLUMNS)
+        insert = insert.values(**values).returning(runs.c.id)
+        existing = sa.select(runs).where(
+            runs.c.namespace == record.namespace,
+            runs.c.agent == record.agent,
+            runs.c.idempotency_key == record.idempotency_key,
+        )
+
+        async def write(conn: AsyncConnection) -> sa.Row[Any] | None:
+            if (await conn.execute(insert)).first() is not None:
+                return None
+            return (await conn.execute(existing)).one()
+
+        row = await self._write(f"submit run {record.id}", write)
+        return (record, True) if row is None else (row_to_run(row), False)
 
     async def claim_runs(
         self,
@@ -392,40 +457,45 @@ class SqlStore(Store):
                 sa.and_(queued, runs.c.id == run_id),
                 sa.and_(expired, runs.c.id == run_id),
             )
-        with db_errors("claim runs"):
-            async with self._writer.begin() as conn:
-                candidates: list[Any] = []
-                for runnable in (queued, expired):
-                    query = (
-                        sa.select(runs.c.id, runs.c.priority, runs.c.created_at)
-                        .where(runnable)
-                        .order_by(*_CLAIM_ORDER)
-                        .limit(limit)
-                        .with_for_update(skip_locked=True)
+        # On PostgreSQL each candidate row is locked as it is picked (FOR UPDATE SKIP
+        # LOCKED): a row another claimer - or a fenced write of its holder - has
+        # locked is passed over, not waited for, and cannot be picked twice.
+        walks = [
+            sa.select(runs.c.id, runs.c.priority, runs.c.created_at)
+            .where(runnable)
+            .order_by(*_CLAIM_ORDER)
+            .limit(limit)
+            .with_for_update(skip_locked=True)
+            for runnable in (queued, expired)
+        ]
+
+        async def write(conn: AsyncConnection) -> Sequence[sa.Row[Any]]:
+            candidates: list[Any] = []
+            for walk in walks:
+                candidates.extend((await conn.execute(walk)).all())
+            if not candidates:
+                return []
+            candidates.sort(key=_claim_key)
+            ids = [row.id for row in candidates[:limit]]
+            return (
+                await conn.execute(
+                    runs.update()
+                    # The guard repeats the runnable test: a row another claimer
+                    # took between the SELECT and here is left alone (SQLite).
+                    .where(runs.c.id.in_(ids), sa.or_(queued, expired))
+                    .values(
+                        state=RunState.RUNNING.value,
+                        lease_owner=owner,
+                        lease_expires_at=expires_at,
+                        attempts=runs.c.attempts + 1,
+                        fencing_token=runs.c.fencing_token + 1,
+                        started_at=sa.func.coalesce(runs.c.started_at, now),
                     )
-                    candidates.extend((await conn.execute(query)).all())
-                if not candidates:
-                    return []
-                candidates.sort(key=_claim_key)
-                ids = [row.id for row in candidates[:limit]]
-                claimed = (
-                    await conn.execute(
-                        runs.update()
-                        # The guard repeats the runnable test: a row another claimer
-                        # took between the SELECT and here is left alone.
-                        .where(runs.c.id.in_(ids), sa.or_(queued, expired))
-                        .values(
-                            state=RunState.RUNNING.value,
-                            lease_owner=owner,
-                            lease_expires_at=expires_at,
-                            attempts=runs.c.attempts + 1,
-                            fencing_token=runs.c.fencing_token + 1,
-                            started_at=sa.func.coalesce(runs.c.started_at, now),
-                        )
-                        .returning(*runs.c)
-                    )
-                ).all()
-        rows = sorted(claimed, key=_claim_key)
+                    .returning(*runs.c)
+                )
+            ).all()
+
+        rows = sorted(await self._write("claim runs", write), key=_claim_key)
         return [
             (row_to_run(row), Lease(row.id, owner, row.fencing_token, expires_at)) for row in rows
         ]
@@ -435,97 +505,101 @@ class SqlStore(Store):
         matches but the run is no longer ``running`` (its holder saved it into another
         state, which ended the lease); ``NotFoundError`` when the run is absent."""
         expires_at = time.time() + lease_seconds
-        with db_errors(f"renew the lease on run {lease.run_id}"):
-            async with self._writer.begin() as conn:
-                row = (
-                    await conn.execute(
-                        runs.update()
-                        .where(
-                            runs.c.id == lease.run_id,
-                            runs.c.fencing_token == lease.token,
-                            runs.c.state == RunState.RUNNING.value,
-                        )
-                        .values(lease_expires_at=expires_at)
-                        .returning(runs.c.cancel_requested)
-                    )
-                ).first()
-                if row is None:
-                    await refuse(conn, lease.run_id, lease)
-                    raise LeaseLostError(
-                        f"run {lease.run_id!r} is no longer running under the lease of "
-                        f"{lease.owner!r}"
-                    )
-        renewed = Lease(lease.run_id, lease.owner, lease.token, expires_at)
-        return renewed, bool(row.cancel_requested)
+        # Fenced like save_run: the UPDATE checks the token on the row it locks.
+        renew = (
+            runs.update()
+            .where(
+                runs.c.id == lease.run_id,
+                runs.c.fencing_token == lease.token,
+                runs.c.state == RunState.RUNNING.value,
+            )
+            .values(lease_expires_at=expires_at)
+            .returning(runs.c.cancel_requested)
+        )
+
+        async def write(conn: AsyncConnection) -> bool:
+            row = (await conn.execute(renew)).first()
+            if row is None:
+                await refuse(conn, lease.run_id, lease)
+                raise LeaseLostError(
+                    f"run {lease.run_id!r} is no longer running under the lease of {lease.owner!r}"
+                )
+            return bool(row.cancel_requested)
+
+        cancel = await self._write(f"renew the lease on run {lease.run_id}", write)
+        return Lease(lease.run_id, lease.owner, lease.token, expires_at), cancel
 
     async def release_run(self, lease: Lease, *, not_before: float = 0.0) -> None:
         """See :meth:`Store.release_run`. When the token matches but the run is no longer
         ``running`` (already saved as finished or waiting), nothing changes: releasing
         must never re-queue a finished run. ``NotFoundError`` when the run is absent."""
-        with db_errors(f"release run {lease.run_id}"):
-            async with self._writer.begin() as conn:
-                result = await conn.execute(
-                    runs.update()
-                    .where(
-                        runs.c.id == lease.run_id,
-                        runs.c.fencing_token == lease.token,
-                        runs.c.state == RunState.RUNNING.value,
-                    )
-                    .values(
-                        state=RunState.QUEUED.value,
-                        lease_owner=None,
-                        lease_expires_at=None,
-                        not_before=not_before,
-                    )
-                )
-                if result.rowcount == 0:
-                    # Same token but no longer running: the holder already saved the run
-                    # into another state, which ended the lease; nothing to give back.
-                    await refuse(conn, lease.run_id, lease)
+        release = (
+            runs.update()
+            .where(
+                runs.c.id == lease.run_id,
+                runs.c.fencing_token == lease.token,
+                runs.c.state == RunState.RUNNING.value,
+            )
+            .values(
+                state=RunState.QUEUED.value,
+                lease_owner=None,
+                lease_expires_at=None,
+                not_before=not_before,
+            )
+        )
+
+        async def write(conn: AsyncConnection) -> None:
+            if (await conn.execute(release)).rowcount == 0:
+                # Same token but no longer running: the holder already saved the run
+                # into another state, which ended the lease; nothing to give back.
+                await refuse(conn, lease.run_id, lease)
+
+        await self._write(f"release run {lease.run_id}", write)
 
     async def request_cancel(self, run_id: str) -> RunRecord:
         """See :meth:`Store.request_cancel`. A run cancelled at once gets
         ``finished_at`` and ``cancel_requested``; its pending approvals expire with
         ``decision_reason = "run cancelled"``."""
         now = time.time()
-        with db_errors(f"cancel run {run_id}"):
-            async with self._writer.begin() as conn:
-                row = (
-                    await conn.execute(sa.select(runs).where(runs.c.id == run_id).with_for_update())
-                ).first()
-                if row is None:
-                    raise NotFoundError(f"run {run_id!r} not found")
-                state = RunState(row.state)
-                if state.finished:
-                    return row_to_run(row)
-                if state is RunState.RUNNING:
-                    values: dict[str, Any] = {"cancel_requested": True}
-                else:
-                    values = {
-                        "state": RunState.CANCELLED.value,
-                        "cancel_requested": True,
-                        "finished_at": now,
-                        "lease_owner": None,
-                        "lease_expires_at": None,
-                    }
-                    await conn.execute(
-                        approvals_table.update()
-                        .where(
-                            approvals_table.c.run_id == run_id,
-                            approvals_table.c.state == ApprovalState.PENDING.value,
-                        )
-                        .values(
-                            state=ApprovalState.EXPIRED.value,
-                            decided_at=now,
-                            decision_reason="run cancelled",
-                        )
+
+        async def write(conn: AsyncConnection) -> sa.Row[Any]:
+            row = (
+                await conn.execute(sa.select(runs).where(runs.c.id == run_id).with_for_update())
+            ).first()
+            if row is None:
+                raise NotFoundError(f"run {run_id!r} not found")
+            state = RunState(row.state)
+            if state.finished:
+                return row
+            if state is RunState.RUNNING:
+                values: dict[str, Any] = {"cancel_requested": True}
+            else:
+                values = {
+                    "state": RunState.CANCELLED.value,
+                    "cancel_requested": True,
+                    "finished_at": now,
+                    "lease_owner": None,
+                    "lease_expires_at": None,
+                }
+                await conn.execute(
+                    approvals_table.update()
+                    .where(
+                        approvals_table.c.run_id == run_id,
+                        approvals_table.c.state == ApprovalState.PENDING.value,
                     )
-                row = (
-                    await conn.execute(
-                        runs.update().where(runs.c.id == run_id).values(**values).returning(*runs.c)
+                    .values(
+                        state=ApprovalState.EXPIRED.value,
+                        decided_at=now,
+                        decision_reason="run cancelled",
                     )
-                ).one()
-        return row_to_run(row)
+                )
+            return (
+                await conn.execute(
+                    runs.update().where(runs.c.id == run_id).values(**values).returning(*runs.c)
+                )
+            ).one()
+
+        return row_to_run(await self._write(f"cancel run {run_id}", write))
 
     # ----------------------------------------------------------------- approvals
 
@@ -545,16 +619,12 @@ class SqlStore(Store):
         if states is not None:
             query = query.where(table.c.state.in_([str(s) for s in states]))
         query = query.order_by(table.c.requested_at, table.c.id)
-        with db_errors("list approvals"):
-            async with self._engine.connect() as conn:
-                rows = (await conn.execute(query)).all()
+        rows = await self._read("list approvals", _all(query))
         return [row_to_approval(row) for row in rows]
 
     async def get_approval(self, approval_id: str) -> Approval | None:
         query = sa.select(approvals_table).where(approvals_table.c.id == approval_id)
-        with db_errors(f"read approval {approval_id}"):
-            async with self._engine.connect() as conn:
-                row = (await conn.execute(query)).first()
+        row = await self._read(f"read approval {approval_id}", _first(query))
         return row_to_approval(row) if row is not None else None
 
     async def decide_approval(
@@ -566,44 +636,44 @@ class SqlStore(Store):
         ``ConflictError``."""
         now = time.time()
         table = approvals_table
-        with db_errors(f"decide approval {approval_id}"):
-            async with self._writer.begin() as conn:
-                found = (
-                    await conn.execute(
-                        sa.select(table.c.state, table.c.expires_at)
-                        .where(table.c.id == approval_id)
-                        .with_for_update()
-                    )
-                ).first()
-                if found is None:
-                    raise NotFoundError(f"approval {approval_id!r} not found")
-                if found.state != ApprovalState.PENDING.value:
-                    raise ConflictError(f"approval {approval_id!r} is already {found.state}")
-                overdue = found.expires_at is not None and found.expires_at <= now
-                if overdue:
-                    # Past its deadline but not swept yet: expire it now (and commit that)
-                    # rather than let a late decision through.
-                    values: dict[str, Any] = {
-                        "state": ApprovalState.EXPIRED.value,
-                        "decided_at": now,
-                    }
-                else:
-                    state = ApprovalState.APPROVED if approved else ApprovalState.REJECTED
-                    values = {
-                        "state": state.value,
-                        "decided_at": now,
-                        "decided_by": by,
-                        "decision_reason": reason,
-                    }
-                row = (
-                    await conn.execute(
-                        table.update()
-                        .where(table.c.id == approval_id)
-                        .values(**values)
-                        .returning(*table.c)
-                    )
-                ).one()
-                await requeue_settled_runs(conn, [row.run_id], now)
+
+        async def write(conn: AsyncConnection) -> tuple[sa.Row[Any], bool]:
+            found = (
+                await conn.execute(
+                    sa.select(table.c.state, table.c.expires_at)
+                    .where(table.c.id == approval_id)
+                    .with_for_update()
+                )
+            ).first()
+            if found is None:
+                raise NotFoundError(f"approval {approval_id!r} not found")
+            if found.state != ApprovalState.PENDING.value:
+                raise ConflictError(f"approval {approval_id!r} is already {found.state}")
+            overdue = found.expires_at is not None and found.expires_at <= now
+            if overdue:
+                # Past its deadline but not swept yet: expire it now (and commit that)
+                # rather than let a late decision through.
+                values: dict[str, Any] = {"state": ApprovalState.EXPIRED.value, "decided_at": now}
+            else:
+                state = ApprovalState.APPROVED if approved else ApprovalState.REJECTED
+                values = {
+                    "state": state.value,
+                    "decided_at": now,
+                    "decided_by": by,
+                    "decision_reason": reason,
+                }
+            row = (
+                await conn.execute(
+                    table.update()
+                    .where(table.c.id == approval_id)
+                    .values(**values)
+                    .returning(*table.c)
+                )
+            ).one()
+            await requeue_settled_runs(conn, [row.run_id], now)
+            return row, overdue
+
+        row, overdue = await self._write(f"decide approval {approval_id}", write)
         if overdue:
             raise ConflictError(f"approval {approval_id!r} is already expired")
         return row_to_approval(row)
@@ -612,22 +682,24 @@ class SqlStore(Store):
         """See :meth:`Store.expire_approvals`; due means ``expires_at <= now``."""
         now = time.time() if now is None else now
         table = approvals_table
-        with db_errors("expire approvals"):
-            async with self._writer.begin() as conn:
-                rows = (
-                    await conn.execute(
-                        table.update()
-                        .where(
-                            table.c.state == ApprovalState.PENDING.value,
-                            table.c.expires_at.is_not(None),
-                            table.c.expires_at <= now,
-                        )
-                        .values(state=ApprovalState.EXPIRED.value, decided_at=now)
-                        .returning(*table.c)
-                    )
-                ).all()
-                if rows:
-                    await requeue_settled_runs(conn, sorted({r.run_id for r in rows}), now)
+        expire = (
+            table.update()
+            .where(
+                table.c.state == ApprovalState.PENDING.value,
+                table.c.expires_at.is_not(None),
+                table.c.expires_at <= now,
+            )
+            .values(state=ApprovalState.EXPIRED.value, decided_at=now)
+            .returning(*table.c)
+        )
+
+        async def write(conn: AsyncConnection) -> Sequence[sa.Row[Any]]:
+            rows = (await conn.execute(expire)).all()
+            if rows:
+                await requeue_settled_runs(conn, sorted({r.run_id for r in rows}), now)
+            return rows
+
+        rows = await self._write("expire approvals", write)
         expired = [row_to_approval(row) for row in rows]
         expired.sort(key=lambda a: (a.requested_at, a.id))
         return expired
@@ -636,17 +708,19 @@ class SqlStore(Store):
 
     async def get_or_create_session(self, session_id: str, namespace: str, agent: str) -> Session:
         query = sa.select(sessions).where(sessions.c.id == session_id)
-        with db_errors(f"open session {session_id}"):
-            async with self._engine.connect() as conn:
-                row = (await conn.execute(query)).first()
-            if row is None:
-                now = time.time()
-                insert = insert_or_skip(self._dialect, sessions, ("id",)).values(
-                    id=session_id, namespace=namespace, agent=agent, created_at=now, updated_at=now
-                )
-                async with self._writer.begin() as conn:
-                    await conn.execute(insert)
-                    row = (await conn.execute(query)).one()
+        action = f"open session {session_id}"
+        row = await self._read(action, _first(query))
+        if row is None:
+            now = time.time()
+            insert = insert_or_skip(self._dialect, sessions, ("id",)).values(
+                id=session_id, namespace=namespace, agent=agent, created_at=now, updated_at=now
+            )
+
+            async def write(conn: AsyncConnection) -> sa.Row[Any]:
+                await conn.execute(insert)  # a racing create wins; its row is read back
+                return (await conn.execute(query)).one()
+
+            row = await self._write(action, write)
         if (row.namespace, row.agent) != (namespace, agent):
             raise ConflictError(
                 f"session {session_id!r} belongs to agent {row.agent!r} "
@@ -656,9 +730,7 @@ class SqlStore(Store):
 
     async def get_session(self, session_id: str) -> Session | None:
         query = sa.select(sessions).where(sessions.c.id == session_id)
-        with db_errors(f"read session {session_id}"):
-            async with self._engine.connect() as conn:
-                row = (await conn.execute(query)).first()
+        row = await self._read(f"read session {session_id}", _first(query))
         return row_to_session(row) if row is not None else None
 
     async def list_sessions(self, namespace: str, agent: str | None = None) -> list[Session]:
@@ -666,9 +738,7 @@ class SqlStore(Store):
         if agent is not None:
             query = query.where(sessions.c.agent == agent)
         query = query.order_by(sessions.c.updated_at.desc(), sessions.c.id.desc())
-        with db_errors("list sessions"):
-            async with self._engine.connect() as conn:
-                rows = (await conn.execute(query)).all()
+        rows = await self._read("list sessions", _all(query))
         return [row_to_session(row) for row in rows]
 
     async def prune_runs(
@@ -697,18 +767,22 @@ class SqlStore(Store):
             doomed.append(runs.c.id.in_(sa.select(rank.c.id).where(rank.c.rank > keep_last)))
         if not doomed:
             return 0
-        with db_errors("prune runs"):
-            async with self._writer.begin() as conn:
-                # events and approvals go with their run (ON DELETE CASCADE)
-                result = await conn.execute(runs.delete().where(scope, sa.or_(*doomed)))
-        return int(result.rowcount)
+        # events and approvals go with their run (ON DELETE CASCADE)
+        delete = runs.delete().where(scope, sa.or_(*doomed))
+
+        async def write(conn: AsyncConnection) -> int:
+            return int((await conn.execute(delete)).rowcount)
+
+        return await self._write("prune runs", write)
 
     async def delete_session(self, session_id: str) -> None:
-        with db_errors(f"delete session {session_id}"):
-            async with self._writer.begin() as conn:
-                result = await conn.execute(sessions.delete().where(sessions.c.id == session_id))
-                if result.rowcount == 0:
-                    raise NotFoundError(f"session {session_id!r} not found")
+        delete = sessions.delete().where(sessions.c.id == session_id)
+
+        async def write(conn: AsyncConnection) -> None:
+            if (await conn.execute(delete)).rowcount == 0:
+                raise NotFoundError(f"session {session_id!r} not found")
+
+        await self._write(f"delete session {session_id}", write)
 
     async def append_session_messages(
         self,
@@ -725,11 +799,13 @@ class SqlStore(Store):
         if run_id is None and lease is not None:
             run_id = lease.run_id
         now = time.time()
-        with db_errors(f"append to session {session_id}"):
-            async with self._writer.begin() as conn:
-                if lease is not None:
-                    await check_fence(conn, lease)
-                return await _append_to_session(conn, session_id, messages, run_id, now)
+
+        async def write(conn: AsyncConnection) -> list[SessionMessage]:
+            if lease is not None:
+                await check_fence(conn, lease)
+            return await _append_to_session(conn, session_id, messages, run_id, now)
+
+        return await self._write(f"append to session {session_id}", write)
 
     async def session_messages(
         self, session_id: str, *, include_hidden: bool = False
@@ -741,9 +817,7 @@ class SqlStore(Store):
         if not include_hidden:
             query = query.where(table.c.hidden == sa.false())
         query = query.order_by(table.c.position, table.c.seq)
-        with db_errors(f"read session {session_id}"):
-            async with self._engine.connect() as conn:
-                rows = (await conn.execute(query)).all()
+        rows = await self._read(f"read session {session_id}", _all(query))
         return [row_to_session_message(row) for row in rows]
 
     async def compact_session(
@@ -757,42 +831,42 @@ class SqlStore(Store):
         table = session_messages
         in_session = table.c.session_id == session_id
         now = time.time()
-        with db_errors(f"compact session {session_id}"):
-            async with self._writer.begin() as conn:
-                await touch_session(conn, session_id, now)
-                # The cut is where message ``up_to_seq`` sits in the session's order, so
-                # an earlier summary (a high seq placed early) is hidden with what it
-                # summarised. Ordinary messages sit at position == seq.
-                cut = (
-                    await conn.execute(
-                        sa.select(table.c.position).where(in_session, table.c.seq == up_to_seq)
-                    )
-                ).scalar()
-                cut = float(up_to_seq) if cut is None else float(cut)
-                visible = sa.and_(in_session, table.c.hidden == sa.false())
+
+        async def write(conn: AsyncConnection) -> None:
+            await touch_session(conn, session_id, now)
+            # The cut is where message ``up_to_seq`` sits in the session's order, so
+            # an earlier summary (a high seq placed early) is hidden with what it
+            # summarised. Ordinary messages sit at position == seq.
+            found = (
                 await conn.execute(
-                    table.update().where(visible, table.c.position <= cut).values(hidden=True)
+                    sa.select(table.c.position).where(in_session, table.c.seq == up_to_seq)
                 )
-                if summary is None:
-                    return
-                top = await last_seq(conn, session_id)
-                following = (
-                    await conn.execute(
-                        sa.select(sa.func.min(table.c.position)).where(
-                            visible, table.c.position > cut
-                        )
-                    )
-                ).scalar()
-                # Between the cut and the first message left visible; with none left,
-                # before the position the next appended message will get.
-                low = min(cut, float(top))
-                high = float(following) if following is not None else float(top + 1)
-                stored = SessionMessage(top + 1, summary, summary=True, created_at=now)
+            ).scalar()
+            cut = float(up_to_seq) if found is None else float(found)
+            visible = sa.and_(in_session, table.c.hidden == sa.false())
+            await conn.execute(
+                table.update().where(visible, table.c.position <= cut).values(hidden=True)
+            )
+            if summary is None:
+                return
+            top = await last_seq(conn, session_id)
+            following = (
                 await conn.execute(
-                    table.insert().values(
-                        **session_message_values(session_id, stored, (low + high) / 2)
-                    )
+                    sa.select(sa.func.min(table.c.position)).where(visible, table.c.position > cut)
                 )
+            ).scalar()
+            # Between the cut and the first message left visible; with none left,
+            # before the position the next appended message will get.
+            low = min(cut, float(top))
+            high = float(following) if following is not None else float(top + 1)
+            stored = SessionMessage(top + 1, summary, summary=True, created_at=now)
+            await conn.execute(
+                table.insert().values(
+                    **session_message_values(session_id, stored, (low + high) / 2)
+                )
+            )
+
+        await self._write(f"compact session {session_id}", write)
 
     # ----------------------------------------------------------------- events
 
@@ -805,15 +879,21 @@ class SqlStore(Store):
             raise ConflictError(
                 f"events of another run cannot be written under a lease on {lease.run_id!r}"
             )
-        rows = [
-            {"run_id": e.run_id, "seq": e.seq, "type": str(e.type), "ts": e.ts, "data": e.data}
-            for e in events
-        ]
-        with db_errors("append run events"):
-            async with self._writer.begin() as conn:
-                if lease is not None:
-                    await check_fence(conn, lease)
-                await conn.execute(run_events.insert(), rows)
+        rows = _event_rows(events)
+        run_ids = sorted({e.run_id for e in events})
+
+        async def write(conn: AsyncConnection) -> None:
+            if lease is not None:
+                await check_fence(conn, lease)
+            else:
+                await lock_runs(conn, run_ids)
+            await conn.execute(run_events.insert(), rows)
+
+        # One batch of a run at a time, in call order (see _Turns); a batch of several
+        # runs (never under a lease) is ordered by the row locks alone.
+        turn = self._run_turns.turn(run_ids[0]) if len(run_ids) == 1 else nullcontext()
+        async with turn:
+            await self._write("append run events", write)
 
     async def list_events(self, run_id: str, after_seq: int = 0) -> list[Event]:
         query = (
@@ -821,16 +901,132 @@ class SqlStore(Store):
             .where(run_events.c.run_id == run_id, run_events.c.seq > after_seq)
             .order_by(run_events.c.seq)
         )
-        with db_errors("list run events"):
-            async with self._engine.connect() as conn:
-                rows = (await conn.execute(query)).all()
+        rows = await self._read("list run events", _all(query))
         return [
             Event(run_id=r.run_id, seq=r.seq, type=EventType(r.type), data=r.data, ts=r.ts)
             for r in rows
         ]
 
+    # ----------------------------------------------------------------- API tokens
+
+    async def create_token(self, token: ApiToken) -> None:
+        insert = api_tokens.insert().values(**token_values(token))
+        await self._write(f"create token {token.id}", _execute(insert))
+
+    async def get_token(self, token_id: str) -> ApiToken | None:
+        query = sa.select(api_tokens).where(api_tokens.c.id == token_id)
+        row = await self._read(f"read token {token_id}", _first(query))
+        return row_to_token(row) if row is not None else None
+
+    async def list_tokens(self, namespace: str | None = None) -> list[ApiToken]:
+        query = sa.select(api_tokens)
+        if namespace is not None:
+            query = query.where(api_tokens.c.namespace == namespace)
+        query = query.order_by(api_tokens.c.created_at, api_tokens.c.id)
+        rows = await self._read("list tokens", _all(query))
+        return [row_to_token(row) for row in rows]
+
+    async def revoke_token(self, token_id: str) -> ApiToken:
+        now = time.time()
+        revoke = (
+            api_tokens.update()
+            .where(api_tokens.c.id == token_id, api_tokens.c.revoked_at.is_(None))
+            .values(revoked_at=now)
+        )
+
+        async def write(conn: AsyncConnection) -> sa.Row[Any] | None:
+            await conn.execute(revoke)
+            return (
+                await conn.execute(sa.select(api_tokens).where(api_tokens.c.id == token_id))
+            ).first()
+
+        row = await self._write(f"revoke token {token_id}", write)
+        if row is None:
+            raise NotFoundError(f"token {token_id!r} not found")
+        return row_to_token(row)
+
+    async def touch_token(self, token_id: str, when: float) -> None:
+        # Only forward: a late write from another process never moves it back.
+        touch = (
+            api_tokens.update()
+            .where(
+                api_tokens.c.id == token_id,
+                sa.or_(api_tokens.c.last_used_at.is_(None), api_tokens.c.last_used_at < when),
+            )
+            .values(last_used_at=when)
+        )
+        await self._write(f"touch token {token_id}", _execute(touch))
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+class _Turns:
+    """First come, first served turns per key (a run id), within one store instance.
+
+    Event appends of one run commit in the order they were called: the
+    executor may flush two batches from parallel tool calls, and a follower
+    reading after a cursor must never see seq 6 committed before seq 5 (it
+    would skip 5). Across processes only the lease holder appends, and the
+    run row lock (``check_fence``) serializes the transactions themselves.
+    """
+
+    def __init__(self) -> None:
+        self._locks: dict[str, tuple[anyio.Lock, int]] = {}
+
+    @asynccontextmanager
+    async def turn(self, key: str) -> AsyncIterator[None]:
+        lock, users = self._locks.get(key, (anyio.Lock(), 0))
+        self._locks[key] = (lock, users + 1)
+        try:
+            async with lock:  # anyio locks are FIFO
+                yield
+        finally:
+            lock, users = self._locks[key]
+            if users == 1:
+                del self._locks[key]
+            else:
+                self._locks[key] = (lock, users - 1)
+
+
+def _all(query: sa.Executable) -> Body[Sequence[sa.Row[Any]]]:
+    """A body that returns every row of ``query``."""
+
+    async def body(conn: AsyncConnection) -> Sequence[sa.Row[Any]]:
+        return (await conn.execute(query)).all()
+
+    return body
+
+
+def _first(query: sa.Executable) -> Body[sa.Row[Any] | None]:
+    """A body that returns the first row of ``query``, or ``None``."""
+
+    async def body(conn: AsyncConnection) -> sa.Row[Any] | None:
+        return (await conn.execute(query)).first()
+
+    return body
+
+
+def _execute(statement: sa.Executable) -> Body[None]:
+    """A body that executes ``statement``."""
+
+    async def body(conn: AsyncConnection) -> None:
+        await conn.execute(statement)
+
+    return body
+
 
 # --------------------------------------------------------------------------- rows
+
+
+def _event_rows(events: Sequence[Event], run_id: str | None = None) -> list[dict[str, Any]]:
+    """Rows of ``run_events``; with ``run_id``, events of another run are a ``ConflictError``."""
+    if run_id is not None and any(e.run_id != run_id for e in events):
+        raise ConflictError(f"events of another run cannot be saved with run {run_id!r}")
+    return [
+        {"run_id": e.run_id, "seq": e.seq, "type": str(e.type), "ts": e.ts, "data": e.data}
+        for e in events
+    ]
 
 
 def _check_kinds(items: Sequence[Resource | LoadedResource]) -> None:

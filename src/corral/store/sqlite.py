@@ -178,10 +178,10 @@ class SqliteStore(SqlStore):
             await anyio.to_thread.run_sync(lane.close)
         await super().close()
 
-    async def _write(self, action: str, operation: Callable[[sqlite3.Connection], T]) -> T:
+    async def _lane_write(self, action: str, operation: Callable[[sqlite3.Connection], T]) -> T:
         return await self._on(self._writer_lane, action, operation)
 
-    async def _read(self, action: str, operation: Callable[[sqlite3.Connection], T]) -> T:
+    async def _lane_read(self, action: str, operation: Callable[[sqlite3.Connection], T]) -> T:
         return await self._on(self._reader_lane, action, operation)
 
     @staticmethod
@@ -205,8 +205,19 @@ class SqliteStore(SqlStore):
             )
             return _rows(cursor, resources)
 
-        found = await self._read("read a resource", read)
+        found = await self._lane_read("read a resource", read)
         return row_to_stored(found[0]) if found else None
+
+    async def resources_fingerprint(self, namespace: str) -> tuple[int, int, float]:
+        def read(conn: sqlite3.Connection) -> tuple[int, int, float]:
+            count, generations, latest = conn.execute(
+                "SELECT count(*), coalesce(sum(generation), 0), coalesce(max(updated_at), 0)"
+                " FROM resources WHERE namespace = ?",
+                (namespace,),
+            ).fetchone()
+            return int(count), int(generations), float(latest)
+
+        return await self._lane_read("read the resources' fingerprint", read)
 
     # ----------------------------------------------------------------- runs
 
@@ -216,6 +227,7 @@ class SqliteStore(SqlStore):
         lease: Lease | None = None,
         approvals: Sequence[Approval] = (),
         session_messages: Sequence[Message] = (),
+        events: Sequence[Event] = (),
     ) -> None:
         if lease is not None and lease.run_id != record.id:
             raise ConflictError(f"cannot save run {record.id!r} under a lease on {lease.run_id!r}")
@@ -234,6 +246,9 @@ class SqliteStore(SqlStore):
             sql += " AND fencing_token = ?"
             params.append(lease.token)
         approval_rows = [_encode(approvals_table, approval_values(a)) for a in approvals]
+        if any(e.run_id != record.id for e in events):
+            raise ConflictError(f"events of another run cannot be saved with run {record.id!r}")
+        event_rows = _event_rows(events)
         now = time.time()
 
         def write(conn: sqlite3.Connection) -> None:
@@ -245,14 +260,16 @@ class SqliteStore(SqlStore):
                 )
             if session_messages and record.session_id is not None:
                 _append_to_session(conn, record.session_id, session_messages, record.id, now)
+            if event_rows:
+                conn.executemany(_INSERT_EVENT, event_rows)
 
-        await self._write(f"save run {record.id}", write)
+        await self._lane_write(f"save run {record.id}", write)
 
     async def get_run(self, run_id: str) -> RunRecord | None:
         def read(conn: sqlite3.Connection) -> list[Row]:
             return _rows(conn.execute("SELECT * FROM runs WHERE id = ?", (run_id,)), runs)
 
-        found = await self._read(f"read run {run_id}", read)
+        found = await self._lane_read(f"read run {run_id}", read)
         return row_to_run(found[0]) if found else None
 
     # ----------------------------------------------------------------- tasks and leases
@@ -281,7 +298,7 @@ class SqliteStore(SqlStore):
             )
             return _rows(cursor, runs)[0]
 
-        existing = await self._write(f"submit run {record.id}", write)
+        existing = await self._lane_write(f"submit run {record.id}", write)
         if existing is None:
             return record, True
         return row_to_run(existing), False
@@ -327,7 +344,7 @@ class SqliteStore(SqlStore):
             )
             return _rows(cursor, runs)
 
-        claimed = await self._write("claim runs", write)
+        claimed = await self._lane_write("claim runs", write)
         claimed.sort(key=lambda row: (-row.priority, row.created_at, row.id))
         return [
             (row_to_run(row), Lease(row.id, owner, row.fencing_token, expires_at))
@@ -351,7 +368,7 @@ class SqliteStore(SqlStore):
                 )
             return bool(found[0])
 
-        cancel = await self._write(f"renew the lease on run {lease.run_id}", write)
+        cancel = await self._lane_write(f"renew the lease on run {lease.run_id}", write)
         return Lease(lease.run_id, lease.owner, lease.token, expires_at), cancel
 
     async def release_run(self, lease: Lease, *, not_before: float = 0.0) -> None:
@@ -366,7 +383,7 @@ class SqliteStore(SqlStore):
                 # Same token but no longer running: nothing to give back.
                 _refuse(conn, lease.run_id, lease)
 
-        await self._write(f"release run {lease.run_id}", write)
+        await self._lane_write(f"release run {lease.run_id}", write)
 
     # ----------------------------------------------------------------- approvals
 
@@ -397,7 +414,7 @@ class SqliteStore(SqlStore):
         def read(conn: sqlite3.Connection) -> list[Row]:
             return _rows(conn.execute(sql, params), approvals_table)
 
-        return [row_to_approval(row) for row in await self._read("list approvals", read)]
+        return [row_to_approval(row) for row in await self._lane_read("list approvals", read)]
 
     async def expire_approvals(self, now: float | None = None) -> list[Approval]:
         now = time.time() if now is None else now
@@ -414,7 +431,7 @@ class SqliteStore(SqlStore):
 
         # Workers sweep before every claim: a read first keeps the writer free when
         # nothing is due (an approval that falls due meanwhile goes at the next sweep).
-        if not await self._read("expire approvals", any_due):
+        if not await self._lane_read("expire approvals", any_due):
             return []
 
         def write(conn: sqlite3.Connection) -> list[Row]:
@@ -436,7 +453,9 @@ class SqliteStore(SqlStore):
                 )
             return rows
 
-        expired = [row_to_approval(row) for row in await self._write("expire approvals", write)]
+        expired = [
+            row_to_approval(row) for row in await self._lane_write("expire approvals", write)
+        ]
         expired.sort(key=lambda a: (a.requested_at, a.id))
         return expired
 
@@ -453,7 +472,7 @@ class SqliteStore(SqlStore):
         def read(conn: sqlite3.Connection) -> list[Row]:
             return _rows(conn.execute(sql, (session_id,)), messages_table)
 
-        rows = await self._read(f"read session {session_id}", read)
+        rows = await self._lane_read(f"read session {session_id}", read)
         return [row_to_session_message(row) for row in rows]
 
     # ----------------------------------------------------------------- events
@@ -465,14 +484,14 @@ class SqliteStore(SqlStore):
             raise ConflictError(
                 f"events of another run cannot be written under a lease on {lease.run_id!r}"
             )
-        rows = [(e.run_id, e.seq, str(e.type), e.ts, json.dumps(e.data)) for e in events]
+        rows = _event_rows(events)
 
         def write(conn: sqlite3.Connection) -> None:
             if lease is not None:
                 _fence(conn, lease)
             conn.executemany(_INSERT_EVENT, rows)
 
-        await self._write("append run events", write)
+        await self._lane_write("append run events", write)
 
     async def list_events(self, run_id: str, after_seq: int = 0) -> list[Event]:
         def read(conn: sqlite3.Connection) -> list[tuple[Any, ...]]:
@@ -482,8 +501,13 @@ class SqliteStore(SqlStore):
                 (run_id, after_seq),
             ).fetchall()
 
-        rows = await self._read("list run events", read)
+        rows = await self._lane_read("list run events", read)
         return [
             Event(run_id=r[0], seq=r[1], type=EventType(r[2]), data=json.loads(r[3]), ts=r[4])
             for r in rows
         ]
+
+
+def _event_rows(events: Sequence[Event]) -> list[tuple[Any, ...]]:
+    """Parameters of ``_INSERT_EVENT``."""
+    return [(e.run_id, e.seq, str(e.type), e.ts, json.dumps(e.data)) for e in events]

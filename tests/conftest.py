@@ -1,0 +1,40 @@
+"""Fixtures shared by every test module: the PostgreSQL server of the store tests."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from databases import PostgresServer, postgres_skipped, postgres_url
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "empty_database: the store_url of this test names an empty database, not a migrated one",
+    )
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresServer]:
+    """The PostgreSQL server the ``postgresql`` store tests run on.
+
+    Never skipped silently: an unreachable server fails the tests, unless
+    ``CORRAL_TEST_POSTGRES=skip`` says to skip them.
+    """
+    if postgres_skipped():
+        pytest.skip("PostgreSQL tests skipped on request (CORRAL_TEST_POSTGRES=skip)")
+    server = PostgresServer(postgres_url())
+    try:
+        server.check()
+    except Exception as exc:  # whatever the driver says, the message below explains it
+        pytest.fail(
+            f"the PostgreSQL test server at {server.base_url.render_as_string()} cannot be "
+            f"reached ({type(exc).__name__}: {exc}). Start it (.ci/run does), point "
+            "CORRAL_TEST_POSTGRES_URL at another one, or set CORRAL_TEST_POSTGRES=skip "
+            "to skip the PostgreSQL tests.",
+            pytrace=False,
+        )
+    yield server
+    server.close()
