@@ -328,6 +328,7 @@ class AgentLoop:
                     call_id=call.id,
                     tool=toolset.ref_of(call.name),
                     arguments=call.arguments,
+                    idempotent=toolset.is_idempotent(call.name),
                 )
 
             context = self._context(step.step, index, call)

@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
-from typing import Any, Literal, Self
+from typing import Literal, Self
 
 import anyio
 
@@ -27,103 +26,14 @@ from corral.core.settings import Settings
 from corral.engine.loop import AgentDefinition, AgentLoop, RunResult
 from corral.engine.replay import replay
 from corral.runtime.agents import AgentCache, Loading
+from corral.runtime.journal import FencedSink, Observer
 from corral.runtime.sessions import session_history
 from corral.store.base import Store
 
-Observer = Callable[[Event], Awaitable[None]]
 Outcome = Literal["done", "released", "lost"]
 
 #: Retry backoff of whole runs: base * 2^(attempt-1), capped, with full jitter.
 RUN_RETRY_MAX_SECONDS = 60.0
-
-
-class FencedSink:
-    """Stores a run's events under its lease, in as few fenced writes as the journal allows.
-
-    Every event is stored, in order, but not every event needs a write of its own:
-    ``run.start``, ``text.delta``, ``step.start``, ``step.finish`` and the model's
-    message (``message.create`` from the assistant) wait for the next event that
-    must be durable. The engine never acts on the outside between a model's message
-    and such an event: the message's tool calls go on only through a ``tool.call``
-    (durable before its tool executes), an ``approval.requested`` or a
-    ``tool.result``; a final answer goes on through ``run.finish`` (or a repair
-    prompt, or an error) - and each of them writes the message with it. ``run.finish``
-    is written by the executor together with the run's final state, in one commit
-    (:meth:`take`). A crash
-    before that write loses only a model call whose answer never reached the
-    journal, so nothing is paid for twice. Other events (``tool.result``, a user's
-    ``message.create``, ...) are written before the engine moves on. A step that
-    asked for (or got) approvals may end the run waiting, with no event after it:
-    its ``step.finish`` is written at once. One write is one fenced
-    ``append_events`` call, announced on the bus once committed.
-    """
-
-    #: Events that ride along with the next write.
-    DEFERRED = frozenset(
-        {
-            EventType.RUN_START,
-            EventType.TEXT_DELTA,
-            EventType.STEP_START,
-            EventType.STEP_FINISH,
-            EventType.RUN_FINISH,
-        }
-    )
-
-    def __init__(
-        self, store: Store, lease: Lease, observer: Observer | None, bus: Bus | None = None
-    ) -> None:
-        self.store = store
-        self.lease = lease
-        self.observer = observer
-        self.bus = bus
-        self.buffer: list[Event] = []
-        self.last_seq = 0
-        self._approvals_in_step = False
-
-    async def __call__(self, event: Event) -> None:
-        self.buffer.append(event)
-        self.last_seq = event.seq
-        if not self._deferred(event):
-            await self.flush()
-        if self.observer is not None:
-            await self.observer(event)
-
-    def _deferred(self, event: Event) -> bool:
-        if event.type in (EventType.APPROVAL_REQUESTED, EventType.APPROVAL_RESOLVED):
-            self._approvals_in_step = True
-        elif event.type is EventType.STEP_START:
-            self._approvals_in_step = False
-        elif event.type is EventType.STEP_FINISH and self._approvals_in_step:
-            self._approvals_in_step = False
-            return False
-        if event.type in self.DEFERRED:
-            return True
-        if event.type is EventType.MESSAGE_CREATE:
-            message = event.data.get("message")
-            return isinstance(message, dict) and message.get("role") == "assistant"
-        return False
-
-    async def flush(self) -> None:
-        """Write what waits (one fenced transaction); returns once it is durable."""
-        if self.buffer:
-            batch, self.buffer = self.buffer, []
-            await self.store.append_events(batch, lease=self.lease)
-            if self.bus is not None:
-                await self.bus.announce_events(self.lease.run_id, batch[-1].seq)
-
-    def take(self) -> list[Event]:
-        """What waits, for a caller that writes it in a transaction of its own."""
-        batch, self.buffer = self.buffer, []
-        return batch
-
-    async def announce(self) -> None:
-        """Tell the bus about events the caller wrote (see :meth:`take`)."""
-        if self.bus is not None:
-            await self.bus.announce_events(self.lease.run_id, self.last_seq)
-
-    async def emit(self, type: EventType, **data: Any) -> None:
-        """An event from outside the loop, numbered after the last one."""
-        await self(Event(self.lease.run_id, self.last_seq + 1, type, data, time.time()))
 
 
 @dataclass
@@ -168,8 +78,13 @@ class RunExecutor:
         self, record: RunRecord, lease: Lease, shutdown: anyio.Event | None = None
     ) -> Outcome:
         """Execute one claimed run until it ends, pauses, is released, or its lease is lost."""
+        async with FencedSink(self.store, lease, self.observer, self.bus) as sink:
+            return await self._execute(record, lease, sink, shutdown)
+
+    async def _execute(
+        self, record: RunRecord, lease: Lease, sink: FencedSink, shutdown: anyio.Event | None
+    ) -> Outcome:
         stop = _Stop()
-        sink = FencedSink(self.store, lease, self.observer, self.bus)
         events = await self.store.list_events(record.id)
         sink.last_seq = events[-1].seq if events else 0
         result: RunResult | Literal["released"] | None = None
@@ -324,6 +239,7 @@ class RunExecutor:
             if p.call_id not in asked
         ]
         added = result.new_messages if result.state is RunState.SUCCEEDED else []
+        await sink.settle()
         await self.store.save_run(
             record, lease, approvals, session_messages=added, events=sink.take()
         )
@@ -358,4 +274,4 @@ async def _cancel_on(event: anyio.Event, stop: _Stop, scope: anyio.CancelScope) 
     scope.cancel()
 
 
-__all__ = ["AgentDefinition", "FencedSink", "RunExecutor"]
+__all__ = ["AgentDefinition", "FencedSink", "Observer", "RunExecutor"]

@@ -1,0 +1,186 @@
+"""The journal of a run: its events, written under its lease in as few commits as is safe.
+
+:class:`FencedSink` receives every event the engine emits for one run and
+decides, event by event, when it must be on disk:
+
+- **now** - written (with everything waiting before it) before the engine goes
+  on: a ``tool.call`` of a tool that is *not* idempotent (it must be on disk
+  before its side effect starts, so a crash can never lead to a silent second
+  call), its ``tool.result``, approvals, errors, a user's ``message.create``.
+- **later** - rides with the next write: ``run.start``, ``step.start``,
+  ``text.delta``, ``step.finish`` and the model's message (``message.create``
+  from the assistant). The engine never acts on the outside between a model's
+  message and the next *now* or *behind* write, and each of those carries the
+  message with it. ``run.finish`` waits for the executor, which stores it
+  together with the run's final state in one commit (:meth:`FencedSink.take`).
+- **behind** - the ``tool.call`` and ``tool.result`` of a tool declared
+  idempotent: the write starts at once but the engine does not wait for it;
+  the tool runs (or the next model call goes out) while the commit is in flight.
+
+Why *behind* is as safe as *now*: writes are committed strictly in order (each
+waits for the one before it), so the journal on disk is always a prefix of the
+events. A commit takes the same time whether the engine waits or not, so the
+window in which a crash loses a model's answer - from its arrival until its
+commit - is the same length; what runs inside the window is only work a replay
+may repeat (an idempotent tool, a model call whose answer is not recorded
+yet). A non-idempotent tool waits for every write before it, the run's outcome
+waits for all of them (:meth:`FencedSink.settle`), and a refused write (a lost
+lease) surfaces at the next write or at settle. At concurrency 1 this takes one
+fsync per step off the critical path; under load, group commit merges the writes
+anyway.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from types import TracebackType
+from typing import Any, Literal, Self
+
+import anyio
+import anyio.abc
+
+from corral.bus.base import Bus
+from corral.core.events import Event, EventType
+from corral.core.runs import Lease
+from corral.store.base import Store
+
+Observer = Callable[[Event], Awaitable[None]]
+When = Literal["now", "later", "behind"]
+
+#: Events that ride along with the next write.
+LATER = frozenset(
+    {
+        EventType.RUN_START,
+        EventType.TEXT_DELTA,
+        EventType.STEP_START,
+        EventType.STEP_FINISH,
+        EventType.RUN_FINISH,
+    }
+)
+
+
+class FencedSink:
+    """Stores one run's events under its lease; use it as an async context.
+
+    Leaving the context waits for writes still in flight (they are shielded from
+    cancellation: a half-cancelled write would leave a gap in the journal).
+    """
+
+    def __init__(
+        self, store: Store, lease: Lease, observer: Observer | None, bus: Bus | None = None
+    ) -> None:
+        self.store = store
+        self.lease = lease
+        self.observer = observer
+        self.bus = bus
+        self.buffer: list[Event] = []
+        self.last_seq = 0
+        self._approvals_in_step = False
+        self._idempotent_calls: set[str] = set()
+        self._group: anyio.abc.TaskGroup | None = None
+        self._last_write: anyio.Event | None = None
+        self._error: BaseException | None = None
+
+    async def __aenter__(self) -> Self:
+        self._group = anyio.create_task_group()
+        await self._group.__aenter__()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        group, self._group = self._group, None
+        if group is not None:
+            await group.__aexit__(exc_type, exc, tb)
+
+    async def __call__(self, event: Event) -> None:
+        self.buffer.append(event)
+        self.last_seq = event.seq
+        when = self._when(event)
+        if when == "now":
+            await self.flush()
+        elif when == "behind":
+            self._write_behind()
+        if self.observer is not None:
+            await self.observer(event)
+
+    def _when(self, event: Event) -> When:
+        kind = event.type
+        if kind in (EventType.APPROVAL_REQUESTED, EventType.APPROVAL_RESOLVED):
+            self._approvals_in_step = True
+        elif kind is EventType.STEP_START:
+            self._approvals_in_step = False
+        elif kind is EventType.STEP_FINISH and self._approvals_in_step:
+            # The run may end waiting for a human, with no event after this one.
+            self._approvals_in_step = False
+            return "now"
+        elif kind is EventType.TOOL_CALL and event.data.get("idempotent"):
+            self._idempotent_calls.add(str(event.data.get("call_id")))
+            return "behind"
+        elif kind is EventType.TOOL_RESULT and event.data.get("call_id") in self._idempotent_calls:
+            self._idempotent_calls.discard(str(event.data.get("call_id")))
+            return "behind"
+        if kind in LATER:
+            return "later"
+        if kind is EventType.MESSAGE_CREATE:
+            message = event.data.get("message")
+            if isinstance(message, dict) and message.get("role") == "assistant":
+                return "later"
+        return "now"
+
+    async def flush(self) -> None:
+        """Write what waits; returns once it and every write before it are durable."""
+        if self.buffer:
+            self._write_behind()
+        await self.settle()
+
+    async def settle(self) -> None:
+        """Wait for the writes in flight; ``LeaseLostError`` (or another error) if one failed."""
+        if self._last_write is not None:
+            await self._last_write.wait()
+        if self._error is not None:
+            raise self._error
+
+    def _write_behind(self) -> None:
+        if self._error is not None:
+            raise self._error
+        if self._group is None:
+            raise RuntimeError("FencedSink used outside its `async with` block")
+        batch, self.buffer = self.buffer, []
+        before, done = self._last_write, anyio.Event()
+        self._last_write = done
+        self._group.start_soon(self._write, batch, before, done)
+
+    async def _write(
+        self, batch: list[Event], before: anyio.Event | None, done: anyio.Event
+    ) -> None:
+        with anyio.CancelScope(shield=True):
+            try:
+                if before is not None:
+                    await before.wait()
+                if self._error is None:  # nothing after a refused write: the journal stays a prefix
+                    await self.store.append_events(batch, lease=self.lease)
+                    if self.bus is not None:
+                        await self.bus.announce_events(self.lease.run_id, batch[-1].seq)
+            except Exception as exc:  # noqa: BLE001 - raised to the engine by the next write or settle
+                self._error = exc
+            finally:
+                done.set()
+
+    def take(self) -> list[Event]:
+        """What waits, for a caller that writes it in a transaction of its own (after settle)."""
+        batch, self.buffer = self.buffer, []
+        return batch
+
+    async def announce(self) -> None:
+        """Tell the bus about events the caller wrote (see :meth:`take`)."""
+        if self.bus is not None:
+            await self.bus.announce_events(self.lease.run_id, self.last_seq)
+
+    async def emit(self, type: EventType, **data: Any) -> None:
+        """An event from outside the loop, numbered after the last one."""
+        await self(Event(self.lease.run_id, self.last_seq + 1, type, data, time.time()))

@@ -1,0 +1,100 @@
+"""When the journal writes what (runtime/journal.py), checked against a real SQLite store.
+
+The store is wrapped only to hold commits back (a gate), so the tests can see
+which events the engine waited for and which it did not.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+
+import anyio
+import pytest
+
+from corral.core.errors import LeaseLostError
+from corral.core.events import Event, EventType
+from corral.core.runs import Lease, RunRecord
+from corral.runtime.journal import FencedSink
+from corral.store import Store, open_store
+
+
+class GatedStore:
+    """Delegates to a real store; ``append_events`` waits for ``gate`` when it is closed."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.gate: anyio.Event | None = None
+        self.started = 0
+
+    async def append_events(self, events: Sequence[Event], lease: Lease | None = None) -> None:
+        self.started += 1
+        if self.gate is not None:
+            await self.gate.wait()
+        await self.store.append_events(events, lease=lease)
+
+
+@pytest.fixture
+async def claimed(tmp_path: Path) -> AsyncIterator[tuple[Store, Lease]]:
+    store = await open_store(f"sqlite:///{tmp_path / 'c.db'}")
+    record = RunRecord(id="run_1", namespace="default", agent="a", input="x", created_at=1.0)
+    await store.submit_run(record)
+    [(_, lease)] = await store.claim_runs("w1", 30.0)
+    try:
+        yield store, lease
+    finally:
+        await store.close()
+
+
+def event(seq: int, kind: EventType, **data: object) -> Event:
+    return Event("run_1", seq, kind, dict(data), time.time())
+
+
+async def stored(store: Store) -> list[int]:
+    return [e.seq for e in await store.list_events("run_1")]
+
+
+async def test_an_idempotent_call_does_not_wait_for_its_commit_and_others_do(
+    claimed: tuple[Store, Lease],
+) -> None:
+    store, lease = claimed
+    gated = GatedStore(store)
+    async with FencedSink(gated, lease, None) as sink:  # type: ignore[arg-type]
+        gated.gate = anyio.Event()
+        await sink(event(1, EventType.RUN_START))  # later: nothing written
+        await sink(event(2, EventType.MESSAGE_CREATE, message={"role": "assistant"}))
+        assert gated.started == 0
+        with anyio.fail_after(5):  # behind: returns while its commit is held back
+            await sink(event(3, EventType.TOOL_CALL, call_id="c1", idempotent=True))
+            await sink(event(4, EventType.TOOL_RESULT, call_id="c1"))
+        assert await stored(store) == []
+
+        async def call_not_idempotent() -> None:
+            await sink(event(5, EventType.TOOL_CALL, call_id="c2", idempotent=False))
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(call_not_idempotent)
+            await anyio.sleep(0.2)
+            assert await stored(store) == []  # still waiting: its side effect has not started
+            gated.gate.set()
+        assert await stored(store) == [1, 2, 3, 4, 5]  # in order, all durable
+
+
+async def test_a_refused_write_stops_the_journal_and_reaches_the_engine(
+    claimed: tuple[Store, Lease],
+) -> None:
+    store, lease = claimed
+    gated = GatedStore(store)
+    async with FencedSink(gated, lease, None) as sink:  # type: ignore[arg-type]
+        await sink(event(1, EventType.TOOL_CALL, call_id="c1", idempotent=True))
+        await sink.settle()
+        gated.gate = anyio.Event()
+        await sink(event(2, EventType.TOOL_RESULT, call_id="c1"))  # behind, held back
+        await store.claim_runs("w2", 30.0, now=time.time() + 60)  # the lease is taken over
+        gated.gate.set()
+        with pytest.raises(LeaseLostError):
+            await sink(event(3, EventType.ERROR, message="x"))
+        with pytest.raises(LeaseLostError):
+            await sink.settle()
+    assert await stored(store) == [1]  # nothing after the refused write
