@@ -22,6 +22,7 @@ from corral.core.errors import ConflictError, LeaseLostError, NotFoundError
 from corral.core.events import Event, EventType
 from corral.core.messages import Message
 from corral.core.runs import Approval, ApprovalState, Lease, RunRecord, RunState
+from corral.resources.loader import load_text
 from corral.resources.secrets import SecretCipher
 from corral.store import Store, open_store
 from corral.store.schema import LATEST_REVISION
@@ -759,3 +760,72 @@ async def test_save_run_writes_the_last_events_with_the_outcome_or_nothing(store
     assert stored is not None and stored.state is RunState.SUCCEEDED
     with pytest.raises(ConflictError):
         await store.save_run(record, events=[Event("run_2", 1, EventType.RUN_START)])
+
+
+LIMITED = """
+apiVersion: corral/v1
+kind: ModelEndpoint
+metadata: {name: script}
+spec: {provider: scripted}
+---
+apiVersion: corral/v1
+kind: Agent
+metadata: {name: limited}
+spec: {model: script, max_concurrent_runs: %d}
+---
+apiVersion: corral/v1
+kind: Agent
+metadata: {name: free}
+spec: {model: script}
+"""
+
+
+def agent_task(run_id: str, agent: str, priority: int = 0) -> RunRecord:
+    record = a_task(run_id, priority=priority)
+    record.agent = agent
+    return record
+
+
+async def test_claims_keep_an_agent_within_its_max_concurrent_runs(store: Store) -> None:
+    await store.apply(load_text(LIMITED % 2, "limits.yaml"))
+    for i in range(5):  # ahead of the others in claim order
+        await store.submit_run(agent_task(f"lim_{i}", "limited", priority=9))
+    for i in range(3):
+        await store.submit_run(agent_task(f"free_{i}", "free"))
+
+    first = await store.claim_runs("w1", 30.0, 10)
+    agents = sorted(record.agent for record, _ in first)
+    assert agents == ["free"] * 3 + ["limited"] * 2  # its backlog hides no one else's runs
+    assert await store.claim_runs("w1", 30.0, 10) == []
+
+    done, lease = next(claim for claim in first if claim[0].agent == "limited")
+    done.state = RunState.SUCCEEDED
+    await store.save_run(done, lease)
+    [(record, _)] = await store.claim_runs("w1", 30.0, 10)
+    assert record.agent == "limited"
+
+    # Expired leases are taken over without taking new slots.
+    later = time.time() + 60
+    retaken = await store.claim_runs("w2", 30.0, 10, now=later)
+    assert sorted(r.agent for r, _ in retaken) == ["free"] * 3 + ["limited"] * 2
+
+    await store.apply(load_text(LIMITED % 4, "limits.yaml"))  # raised: applies to the queue
+    raised = await store.claim_runs("w2", 30.0, 10, now=later)
+    assert [r.agent for r, _ in raised] == ["limited", "limited"]
+
+
+async def test_concurrent_claimers_never_exceed_an_agents_limit(
+    store: Store, other_store: Store
+) -> None:
+    await store.apply(load_text(LIMITED % 3, "limits.yaml"))
+    for i in range(12):
+        await store.submit_run(agent_task(f"lim_{i:02}", "limited"))
+    claims = await asyncio.gather(
+        *(
+            claimer.claim_runs(f"w{n}", 30.0, 2)
+            for n, claimer in enumerate([store, other_store] * 4)
+        )
+    )
+    assert sum(len(c) for c in claims) == 3
+    running = await store.list_runs("default", states=[RunState.RUNNING])
+    assert len(running) == 3

@@ -322,6 +322,11 @@ class AgentSpec(Spec):
     max_attempts: int = Field(
         default=3, ge=1, le=100, description="tries of a run before dead letter"
     )
+    max_concurrent_runs: int | None = Field(
+        default=None,
+        ge=1,
+        description="runs of this agent executing at once across all workers; more stay queued",
+    )
     session: SessionPolicy = Field(default_factory=SessionPolicy)
 
 

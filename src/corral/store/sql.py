@@ -50,6 +50,7 @@ from corral.resources.kinds import SPEC_TYPES, Resource, SecretSpec
 from corral.resources.loader import LoadedResource, format_path
 from corral.resources.references import check_references, locate, referrers, resource_of
 from corral.resources.secrets import SecretCipher, seal
+from corral.store._agent_limits import admission, admitted
 from corral.store._sql_engine import (
     BUSY_TIMEOUT_SECONDS,
     DEFAULT_POOL_SIZE,
@@ -457,26 +458,40 @@ class SqlStore(Store):
                 sa.and_(queued, runs.c.id == run_id),
                 sa.and_(expired, runs.c.id == run_id),
             )
+
         # On PostgreSQL each candidate row is locked as it is picked (FOR UPDATE SKIP
         # LOCKED): a row another claimer - or a fenced write of its holder - has
         # locked is passed over, not waited for, and cannot be picked twice.
-        walks = [
-            sa.select(runs.c.id, runs.c.priority, runs.c.created_at)
-            .where(runnable)
-            .order_by(*_CLAIM_ORDER)
-            .limit(limit)
-            .with_for_update(skip_locked=True)
-            for runnable in (queued, expired)
-        ]
+        def walk(runnable: sa.ColumnElement[bool]) -> sa.Select[Any]:
+            return (
+                sa.select(
+                    runs.c.id,
+                    runs.c.priority,
+                    runs.c.created_at,
+                    runs.c.namespace,
+                    runs.c.agent,
+                    runs.c.state,
+                )
+                .where(runnable)
+                .order_by(*_CLAIM_ORDER)
+                .limit(limit)
+                .with_for_update(skip_locked=True)
+            )
 
         async def write(conn: AsyncConnection) -> Sequence[sa.Row[Any]]:
+            # Agents at their max_concurrent_runs are left out (store/_agent_limits.py).
+            room = await admission(conn)
+            fits = room.exclude_saturated() if room is not None else sa.true()
             candidates: list[Any] = []
-            for walk in walks:
-                candidates.extend((await conn.execute(walk)).all())
+            for runnable in (sa.and_(queued, fits), expired):
+                candidates.extend((await conn.execute(walk(runnable))).all())
             if not candidates:
                 return []
             candidates.sort(key=_claim_key)
-            ids = [row.id for row in candidates[:limit]]
+            chosen = admitted(candidates, room, limit, RunState.QUEUED.value)
+            if not chosen:
+                return []
+            ids = [row.id for row in chosen]
             return (
                 await conn.execute(
                     runs.update()

@@ -53,6 +53,12 @@ from corral.store.sql import SqlStore
 T = TypeVar("T")
 Row = Any  # a SimpleNamespace with the table's columns as attributes, JSON decoded
 
+#: Whether any stored agent has ``max_concurrent_runs`` (then claims take the SQLAlchemy
+#: path, which counts running runs per agent: store/_agent_limits.py).
+_ANY_AGENT_LIMIT = (
+    "SELECT 1 FROM resources WHERE kind = 'Agent'"
+    " AND json_extract(spec, '$.max_concurrent_runs') IS NOT NULL LIMIT 1"
+)
 _QUEUED = RunState.QUEUED.value
 _RUNNING = RunState.RUNNING.value
 _PENDING = ApprovalState.PENDING.value
@@ -321,7 +327,9 @@ class SqliteStore(SqlStore):
         queued = f"(state = '{_QUEUED}' AND not_before <= ?{only})"
         expired = f"(state = '{_RUNNING}' AND lease_expires_at < ?{only})"
 
-        def write(conn: sqlite3.Connection) -> list[Row]:
+        def write(conn: sqlite3.Connection) -> list[Row] | None:
+            if conn.execute(_ANY_AGENT_LIMIT).fetchone() is not None:
+                return None  # limited agents: the SQLAlchemy claim counts their runs
             # Two index walks (ix_runs_claim), each stopping at ``limit``.
             candidates: list[tuple[Any, ...]] = []
             for runnable in (queued, expired):
@@ -345,6 +353,8 @@ class SqliteStore(SqlStore):
             return _rows(cursor, runs)
 
         claimed = await self._lane_write("claim runs", write)
+        if claimed is None:
+            return await super().claim_runs(owner, lease_seconds, limit, now=now, run_id=run_id)
         claimed.sort(key=lambda row: (-row.priority, row.created_at, row.id))
         return [
             (row_to_run(row), Lease(row.id, owner, row.fencing_token, expires_at))
