@@ -4,7 +4,12 @@ Two kinds of signal, both hints about state already committed to the store:
 
 - *runnable*: a run may be claimed now (submitted, released, approved). Workers
   wait on :meth:`Bus.wait_runnable` between claims instead of sleeping a full
-  poll interval.
+  poll interval. A bus that *dispatches* (:attr:`Bus.dispatches`, NATS
+  JetStream) also hands each announced run to one worker as a
+  :class:`Delivery` (:meth:`Bus.take_runnable`): the worker claims that run by
+  id through the store, keeps the delivery alive while the run executes and
+  acknowledges it when the run no longer needs a worker. A delivery whose
+  worker goes silent is delivered again elsewhere.
 - *events stored*: a run has new events up to a sequence number. Followers (SSE
   streams, ``corral logs --follow``) hold an :class:`EventWatch` and read the
   store when it fires.
@@ -12,7 +17,13 @@ Two kinds of signal, both hints about state already committed to the store:
 Every announcement is sent after the commit it announces, so a woken reader
 always finds what it was told about. Every wait has a timeout, and callers
 treat a timeout like a signal (they look at the store): that is what keeps a
-lost message harmless.
+lost message harmless. A delivery is no different: it grants nothing, the
+claim does (the lease and the fencing token decide who executes a run), so a
+lost delivery leaves the run to the workers' store sweep, and a duplicated one
+finds the run already claimed.
+
+Once open, a bus never raises for a failed announcement or a lost connection:
+it logs, and the store carries on as the source of truth.
 """
 
 from __future__ import annotations
@@ -41,8 +52,51 @@ class EventWatch(ABC):
         """
 
 
+class Delivery(ABC):
+    """One dispatch of a runnable run to this worker, from a bus that dispatches.
+
+    The worker settles every delivery exactly once with :meth:`ack`, :meth:`nak`
+    or :meth:`term`; until then the bus delivers it to nobody else, for
+    :attr:`Bus.ack_wait_seconds` after the delivery or the last
+    :meth:`in_progress`, after which it is delivered again (the worker is
+    presumed dead). None of these methods raises: a settlement lost with the
+    connection only means the run is delivered again, and the store decides
+    what that delivery may do.
+    """
+
+    #: the run the delivery is about
+    run_id: str
+    #: 1 for the first delivery, more when it was delivered before and not settled
+    attempt: int
+    #: whether this is the last delivery: unsettled (or nak'ed) it goes to the dead
+    #: letters, so a worker that only wants it later acks it and leaves it to the sweep
+    last: bool
+
+    @abstractmethod
+    async def ack(self) -> None:
+        """Done: the run ended, paused, was released (and announced anew), or is another's."""
+
+    @abstractmethod
+    async def nak(self, delay: float = 0.0) -> None:
+        """Not now: deliver it again after ``delay`` seconds (to any worker)."""
+
+    @abstractmethod
+    async def in_progress(self) -> None:
+        """Still working on it: do not deliver it again for another ack wait."""
+
+    @abstractmethod
+    async def term(self) -> None:
+        """Never deliver it again (it cannot be understood); nothing was done with it."""
+
+
 class Bus(ABC):
     """Wake-ups between the processes (or tasks) of one Corral deployment."""
+
+    #: whether :meth:`take_runnable` hands out deliveries (``False``: wake-ups only,
+    #: and workers find runnable runs by sweeping the store)
+    dispatches: bool = False
+    #: how long a delivery stays with its worker without :meth:`Delivery.in_progress`
+    ack_wait_seconds: float = 30.0
 
     async def __aenter__(self) -> Self:
         return self
@@ -59,12 +113,30 @@ class Bus(ABC):
         """Release connections; announcements after close are dropped."""
 
     @abstractmethod
-    async def announce_runnable(self, run_ids: Sequence[str]) -> None:
-        """Say that these runs may be claimed now (after the commit that made them so)."""
+    async def announce_runnable(self, run_ids: Sequence[str], *, mark: str | None = None) -> None:
+        """Say that these runs may be claimed now (after the commit that made them so).
+
+        ``mark`` names the change that made them runnable, unique per run and change:
+        ``submitted``, ``released:<fencing token>``, the id of the approval whose
+        decision queued the run. A bus may drop an announcement of the same run with
+        the same mark as a duplicate (a retried publish, two replicas announcing one
+        change); announcements without a mark are never dropped. A mark must never
+        be reused for a later change: that announcement could be lost as a
+        duplicate, and the run would wait for the store sweep.
+        """
 
     @abstractmethod
     async def wait_runnable(self, seconds: float) -> None:
         """Return when a run was announced runnable since the last call, or after ``seconds``."""
+
+    async def take_runnable(self, limit: int, seconds: float) -> list[Delivery]:
+        """Up to ``limit`` deliveries of announced runs, waiting up to ``seconds`` for the first.
+
+        Only a bus that :attr:`dispatches` returns deliveries; the others wait for
+        a wake-up like :meth:`wait_runnable` and return none (look in the store).
+        """
+        await self.wait_runnable(seconds)
+        return []
 
     @abstractmethod
     async def announce_events(self, run_id: str, last_seq: int) -> None:

@@ -15,11 +15,14 @@ import anyio
 from corral.bus.base import Bus, EventWatch
 
 
-class _LocalWatch(EventWatch):
+class SignalWatch(EventWatch):
+    """A watch that a call of :meth:`fire` wakes: the flag behind every in-process watch."""
+
     def __init__(self) -> None:
         self._signal = anyio.Event()
 
     def fire(self) -> None:
+        """An announcement came: the current or next :meth:`wait` returns ``True``."""
         self._signal.set()
 
     async def wait(self, seconds: float) -> bool:
@@ -36,9 +39,9 @@ class LocalBus(Bus):
 
     def __init__(self) -> None:
         self._runnable = anyio.Event()
-        self._watches: dict[str, set[_LocalWatch]] = {}
+        self._watches: dict[str, set[SignalWatch]] = {}
 
-    async def announce_runnable(self, run_ids: Sequence[str]) -> None:
+    async def announce_runnable(self, run_ids: Sequence[str], *, mark: str | None = None) -> None:
         if run_ids:
             self._runnable.set()
 
@@ -54,7 +57,7 @@ class LocalBus(Bus):
 
     @asynccontextmanager
     async def watch_events(self, run_id: str) -> AsyncIterator[EventWatch]:
-        watch = _LocalWatch()
+        watch = SignalWatch()
         self._watches.setdefault(run_id, set()).add(watch)
         try:
             yield watch

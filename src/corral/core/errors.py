@@ -1,14 +1,15 @@
 """The one exception tree of Corral.
 
 Every error Corral raises on purpose derives from :class:`CorralError`. Vendor
-exceptions (``openai``, ``anthropic``, ``httpx``, ``mcp``, ``sqlalchemy``) are
+exceptions (``openai``, ``anthropic``, ``httpx``, ``mcp``, ``sqlalchemy``, ``nats``) are
 converted at the adapter boundary and never travel further up.
 
     CorralError
     ├── UserError                  bad input from a person: CLI exit code 2
     │   ├── ResourceError          an invalid resource document (file, line, field)
     │   ├── NotFoundError          a named object does not exist
-    │   └── ConflictError          the operation contradicts stored state
+    │   ├── ConflictError          the operation contradicts stored state
+    │   └── AuthError              the HTTP API refused the token (401) or its role (403)
     ├── ConfigurationError         a stored resource cannot be turned into a live object
     ├── ModelError                 a model call failed (``retryable``, ``status_code``)
     │   ├── ModelTimeoutError
@@ -16,7 +17,11 @@ converted at the adapter boundary and never travel further up.
     ├── ToolError                  a tool call failed (``code``, ``reason``, ``retryable``)
     ├── BudgetExceededError        a run passed one of its limits
     ├── LeaseLostError             a worker's lease on a run was taken over (fencing)
-    └── OutputValidationError      structured output stayed invalid after repairs
+    ├── BusError                   the message bus (NATS) cannot be reached or set up
+    ├── OutputValidationError      structured output stayed invalid after repairs
+    └── ApiError                   an HTTP API call failed (``status``, ``code``): the client
+        ├── RateLimitedError       429: wait ``retry_after`` seconds
+        └── ApiConnectionError     the API's URL could not be reached
 
 Cancellation (``asyncio.CancelledError``) is a ``BaseException`` and is never
 caught by handlers written against ``CorralError`` or ``Exception``.
@@ -226,7 +231,64 @@ class LeaseLostError(CorralError):
     code = "lease_lost"
 
 
+class BusError(CorralError):
+    """The message bus cannot be reached or set up (raised when it is opened).
+
+    Once open, a bus never raises for a lost connection: its messages are hints
+    about state the store holds, so a failed announcement is logged and the
+    store sweep finds the work instead.
+    """
+
+    code = "bus_error"
+
+
 class OutputValidationError(CorralError):
     """The model's structured output did not match the schema after the allowed repairs."""
 
     code = "invalid_output"
+
+
+class AuthError(UserError):
+    """The HTTP API refused the call: no valid token (401) or a role too low (403)."""
+
+    code = "unauthenticated"
+
+    def __init__(self, message: str, *, status: int = 401) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class ApiError(CorralError):
+    """An HTTP API call failed in a way that is not the caller's input: 5xx, a broken answer.
+
+    ``status`` is the HTTP status (``None`` when no answer came), ``code`` the
+    problem's stable code.
+    """
+
+    code = "api_error"
+
+    def __init__(self, message: str, *, status: int | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        if code is not None:
+            self.code = code
+
+
+class RateLimitedError(ApiError):
+    """The token's request budget is spent (429): try again after ``retry_after`` seconds."""
+
+    code = "rate_limited"
+
+    def __init__(self, message: str, *, retry_after: float | None = None) -> None:
+        super().__init__(message, status=429)
+        self.retry_after = retry_after
+
+
+class ApiConnectionError(ApiError):
+    """The HTTP API could not be reached (refused, DNS, TLS, a dropped connection)."""
+
+    code = "api_unreachable"
+
+    def __init__(self, message: str, *, url: str) -> None:
+        super().__init__(message)
+        self.url = url

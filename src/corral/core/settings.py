@@ -32,6 +32,17 @@ class Settings:
                       0 turns rate limiting off)
     ``CORRAL_API_RATE_BURST`` requests a token may make at once above that rate
                       (default 100)
+
+    Scale-out (NATS JetStream; see docs/deploy.md):
+
+    ``CORRAL_NATS_URL`` the NATS server(s), e.g. ``nats://127.0.0.1:4222`` (comma
+                      separated for a cluster); unset: the in-process bus
+    ``CORRAL_NATS_PREFIX`` the namespace of Corral's subjects and streams on that
+                      server (default ``corral``; one per deployment)
+    ``CORRAL_NATS_ACK_WAIT_SECONDS`` how long a dispatched run may go without a sign
+                      of life from its worker before it is delivered again (default 30)
+    ``CORRAL_NATS_MAX_DELIVER`` deliveries of one dispatch before it goes to the
+                      dead-letter stream (default 5)
     """
 
     home: Path
@@ -44,6 +55,10 @@ class Settings:
     api_max_body_bytes: int = 1024 * 1024
     api_rate_limit: float = 50.0
     api_rate_burst: int = 100
+    nats_url: str | None = None
+    nats_prefix: str = "corral"
+    nats_ack_wait_seconds: float = 30.0
+    nats_max_deliver: int = 5
 
     @property
     def workspaces(self) -> Path:
@@ -76,6 +91,10 @@ class Settings:
             api_max_body_bytes=int(_number(env, "CORRAL_API_MAX_BODY_BYTES", 1024 * 1024)),
             api_rate_limit=_number(env, "CORRAL_API_RATE_LIMIT", 50.0, minimum=0),
             api_rate_burst=int(_number(env, "CORRAL_API_RATE_BURST", 100)),
+            nats_url=env.get("CORRAL_NATS_URL") or None,
+            nats_prefix=env.get("CORRAL_NATS_PREFIX") or "corral",
+            nats_ack_wait_seconds=_number(env, "CORRAL_NATS_ACK_WAIT_SECONDS", 30.0),
+            nats_max_deliver=int(_number(env, "CORRAL_NATS_MAX_DELIVER", 5, minimum=2)),
         )
 
 

@@ -1,5 +1,14 @@
 """A worker: claims runnable runs with a lease and executes them, up to its concurrency.
 
+Two ways to find work. With the in-process bus the worker claims from the
+store whenever it is woken or ``poll_seconds`` pass. With a bus that dispatches
+(NATS JetStream) it takes deliveries of announced runs and claims each by id,
+holding the delivery (``in_progress``) while the run executes; the store is
+then swept only every ``poll_seconds``, the safety net for whatever no message
+announced: runs submitted while the bus was down, leases of dead workers that
+expired, runs whose retry time came. Either way the claim decides: a delivery
+of a run someone else holds or that already ended is only acknowledged.
+
 Shutdown (``stop`` set, e.g. on SIGTERM): the worker stops claiming, gives its
 in-flight runs ``grace_seconds`` to finish, then interrupts them and releases
 their leases so another worker resumes them at once from their journals.
@@ -15,13 +24,13 @@ from collections.abc import Awaitable, Callable
 
 import anyio
 
-from corral.bus.base import Bus
+from corral.bus.base import Bus, Delivery
 from corral.bus.local import LocalBus
 from corral.core.ids import new_id
-from corral.core.runs import Lease, RunRecord
+from corral.core.runs import Lease, RunRecord, RunState
 from corral.core.settings import Settings
-from corral.runtime.executor import Observer, RunExecutor
-from corral.store.base import Store
+from corral.runtime.executor import Observer, Outcome, RunExecutor
+from corral.store.base import Store, StoreError
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +39,10 @@ PRUNE_INTERVAL_SECONDS = 600.0
 #: once an eighth of its slots are free, or this long after its last claim: finishing
 #: runs are refilled in batches, one claim transaction each.
 CLAIM_COALESCE_SECONDS = 0.01
+#: how long one fetch of deliveries waits before the worker looks at its state again
+TAKE_SECONDS = 1.0
+#: when a delivered run could not be claimed for a passing reason, how soon to try again
+RETRY_DELIVERY_SECONDS = 0.5
 
 
 def default_owner() -> str:
@@ -75,6 +88,7 @@ class Worker:
             observer=observer,  # sees every event of the runs this worker executes (metrics)
         )
         self.active: dict[str, Lease] = {}
+        self._reserved = 0  # slots of deliveries whose claim is under way
         self.executed = 0
         self._wake = anyio.Event()
         self._idle = anyio.Event()
@@ -87,6 +101,8 @@ class Worker:
     async def serve(self, stop: anyio.Event, *, until_idle: bool = False) -> None:
         """Claim and execute runs until ``stop`` is set (or, with ``until_idle``, none are left)."""
         async with self.executor, anyio.create_task_group() as group:
+            if self.bus.dispatches and not until_idle:
+                await self._serve_dispatched(stop, group)
             while not stop.is_set():
                 claimed = await self._claim(group)
                 if until_idle and not claimed and not self.active:
@@ -94,6 +110,9 @@ class Worker:
                 if not claimed:
                     await self._idle_wait(stop)
             await self._drain()
+
+    def _free(self) -> int:
+        return self.concurrency - len(self.active) - self._reserved
 
     async def _idle_wait(self, stop: anyio.Event) -> None:
         """Until there may be work: stop, a freed slot, a bus announcement, or the poll."""
@@ -105,7 +124,7 @@ class Worker:
     async def _claim(self, group: anyio.abc.TaskGroup) -> int:
         await self.store.expire_approvals()
         await self._prune()
-        free = self.concurrency - len(self.active)
+        free = self._free()
         if free <= 0 or self._coalescing(free):
             return 0
         self._last_claim = time.monotonic()
@@ -124,7 +143,7 @@ class Worker:
 
     def _next_look(self) -> float:
         """How long to wait for a wake-up before looking for work again."""
-        free = self.concurrency - len(self.active)
+        free = self._free()
         if self._backlog and self.active and 0 < free < self._claim_batch:
             return min(self.poll_seconds, CLAIM_COALESCE_SECONDS)
         return self.poll_seconds
@@ -139,19 +158,104 @@ class Worker:
         if pruned:
             log.info("pruned %d finished runs older than %g days", pruned, self.retention_days)
 
-    async def _execute(self, record: RunRecord, lease: Lease) -> None:
+    async def _execute(self, record: RunRecord, lease: Lease) -> Outcome | None:
+        """Execute a claimed run; its outcome, or ``None`` when the worker failed it."""
         try:
             outcome = await self.executor.execute(record, lease, self._shutdown)
             log.info("run %s: %s", record.id, outcome)
+            return outcome
         except Exception:
             # The lease is left to expire: another worker (or this one) tries again.
             log.exception("run %s failed in the worker", record.id)
+            return None
         finally:
             self.active.pop(record.id, None)
             self.executed += 1
             self._wake.set()
             if not self.active:
                 self._idle.set()
+
+    # ----------------------------------------------------------------- dispatched runs
+
+    async def _serve_dispatched(self, stop: anyio.Event, group: anyio.abc.TaskGroup) -> None:
+        """Take deliveries until ``stop``; sweep the store every ``poll_seconds`` meanwhile."""
+        async with anyio.create_task_group() as loops:
+            loops.start_soon(self._take_deliveries, stop, group)
+            while not stop.is_set():
+                try:
+                    await self._claim(group)
+                except StoreError as exc:  # the store is down: the next sweep tries again
+                    log.warning("store sweep failed: %s", exc)
+                with anyio.move_on_after(self.poll_seconds):
+                    await stop.wait()
+            loops.cancel_scope.cancel()
+
+    async def _take_deliveries(self, stop: anyio.Event, group: anyio.abc.TaskGroup) -> None:
+        while not stop.is_set():
+            free = self._free()
+            if free <= 0:
+                await self._wake.wait()  # set when a run of this worker ends
+                self._wake = anyio.Event()
+                continue
+            for delivery in await self.bus.take_runnable(free, TAKE_SECONDS):
+                self._reserved += 1
+                group.start_soon(self._dispatched, delivery, stop)
+
+    async def _dispatched(self, delivery: Delivery, stop: anyio.Event) -> None:
+        """Claim the delivered run by id and execute it, holding the delivery meanwhile."""
+        try:
+            if stop.is_set():
+                await delivery.nak()  # for a worker that is not stopping
+                return
+            try:
+                claims = await self.store.claim_runs(
+                    self.owner, self.lease_seconds, 1, run_id=delivery.run_id
+                )
+            except StoreError as exc:
+                log.warning("run %s: claim failed (%s)", delivery.run_id, exc)
+                await _later(delivery, RETRY_DELIVERY_SECONDS)
+                return
+            if not claims:
+                await self._settle_unclaimed(delivery)
+                return
+            record, lease = claims[0]
+            self.active[record.id] = lease
+        finally:
+            self._reserved -= 1
+        async with anyio.create_task_group() as keep:
+            keep.start_soon(_keep_in_progress, delivery, self.bus.ack_wait_seconds / 3)
+            outcome = await self._execute(record, lease)
+            keep.cancel_scope.cancel()
+        if outcome is None:  # failed in the worker: come back when its lease has expired
+            await _later(delivery, self.lease_seconds)
+        else:  # ended, paused, released (and announced anew) or lost to another worker
+            await delivery.ack()
+
+    async def _settle_unclaimed(self, delivery: Delivery) -> None:
+        """A delivered run this worker could not claim: the store says what it needs."""
+        try:
+            record = await self.store.get_run(delivery.run_id)
+        except StoreError as exc:
+            log.warning("run %s: read failed (%s)", delivery.run_id, exc)
+            await _later(delivery, RETRY_DELIVERY_SECONDS)
+            return
+        now = time.time()
+        if record is None or record.state not in (RunState.QUEUED, RunState.RUNNING):
+            await delivery.ack()  # gone, ended, cancelled or waiting for a human
+        elif record.state is RunState.QUEUED:
+            # Not due yet (a retry's backoff, a delayed submit): deliver it when it is.
+            # Due but not claimed: its row was locked by a write in flight; soon again.
+            await _later(delivery, max(record.not_before - now, RETRY_DELIVERY_SECONDS))
+        else:
+            expires = record.lease_expires_at or now
+            if delivery.attempt > 1 and record.lease_owner != self.owner:
+                # Delivered again: the worker that had it went silent, and the lease is
+                # probably its own. Come back when that lease has expired rather than
+                # leave the run to the next sweep. (If a live worker holds it, this
+                # repeats once per lease until the last delivery, which is acked.)
+                await _later(delivery, max(expires - now, 0.0) + RETRY_DELIVERY_SECONDS)
+            else:
+                await delivery.ack()  # another worker holds it: its lease is the guarantee
 
     async def _drain(self) -> None:
         self._idle = anyio.Event()
@@ -163,6 +267,22 @@ class Worker:
             self._shutdown.set()
             with anyio.move_on_after(10):
                 await self._idle.wait()
+
+
+async def _later(delivery: Delivery, delay: float) -> None:
+    """Have the run delivered again after ``delay``; the last delivery is acked instead
+    (a nak would dead-letter it), leaving the run to the store sweep."""
+    if delivery.last:
+        await delivery.ack()
+    else:
+        await delivery.nak(delay)
+
+
+async def _keep_in_progress(delivery: Delivery, every: float) -> None:
+    """Tell the bus the delivery is being worked on, so it is not delivered again."""
+    while True:
+        await anyio.sleep(every)
+        await delivery.in_progress()
 
 
 async def _first_of(*waits: Callable[[], Awaitable[object]]) -> None:

@@ -1,0 +1,112 @@
+"""``corral token create|list|revoke``: API tokens, straight in the store.
+
+Whoever reaches the store (``CORRAL_HOME``, ``CORRAL_DB_URL``) operates the
+deployment, so these commands need no token themselves and may make tokens of
+any namespace - the first admin of a new namespace comes from here.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import TYPE_CHECKING
+
+import typer
+
+from corral.cli.main import EXIT_BAD_INPUT, fail, run_async
+
+if TYPE_CHECKING:
+    from corral.core.tokens import ApiToken
+
+token_app = typer.Typer(help="API tokens of the HTTP server.", no_args_is_help=True)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(token_app, name="token")
+
+
+@token_app.command("create")
+def create(
+    namespace: str = typer.Option(..., "-n", "--namespace", help="The token's namespace."),
+    role: str = typer.Option(..., "--role", help="admin, operator or viewer."),
+    name: str = typer.Option("", "--name", help="A label, shown in listings and audit."),
+    description: str = typer.Option("", "--description"),
+) -> None:
+    """Create a token and print it once (stdout); only its hash is stored."""
+    from corral.core.tokens import Role, mint_token
+    from corral.resources.kinds import NAME_PATTERN
+
+    try:
+        chosen = Role(role)
+    except ValueError:
+        fail(f"unknown role {role!r}; roles are admin, operator, viewer", EXIT_BAD_INPUT)
+    if not re.match(NAME_PATTERN, namespace):
+        fail(f"{namespace!r} is not a valid namespace name", EXIT_BAD_INPUT)
+    token, plain = mint_token(namespace, chosen, name=name, description=description)
+
+    async def go() -> None:
+        from corral.cli.resources_cmd import open_cli_store
+
+        async with open_cli_store() as (store, _):
+            await store.create_token(token)
+
+    run_async(go())
+    typer.echo(
+        f"token {token.id} ({chosen.value} in namespace {namespace!r}); shown once:", err=True
+    )
+    typer.echo(plain)
+
+
+@token_app.command("list")
+def list_tokens(
+    namespace: str | None = typer.Option(None, "-n", "--namespace", help="Only this namespace."),
+    output: str = typer.Option("table", "-o", "--output", help="table, or json."),
+) -> None:
+    """Tokens (never their secrets), revoked ones included."""
+
+    async def go() -> list[ApiToken]:
+        from corral.cli.resources_cmd import open_cli_store
+
+        async with open_cli_store() as (store, _):
+            return await store.list_tokens(namespace)
+
+    tokens = run_async(go())
+    if output == "json":
+        typer.echo(json.dumps([_as_dict(t) for t in tokens], indent=2, ensure_ascii=False))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(box=None, header_style="bold")
+    for column in ("ID", "NAMESPACE", "ROLE", "NAME", "STATUS"):
+        table.add_column(column, no_wrap=True)
+    for t in tokens:
+        table.add_row(t.id, t.namespace, t.role.value, t.name, "revoked" if t.revoked else "active")
+    Console().print(table)
+
+
+@token_app.command("revoke")
+def revoke(token_id: str = typer.Argument(..., help="The token's id (tok_...).")) -> None:
+    """Revoke a token; servers refuse it within seconds."""
+
+    async def go() -> ApiToken:
+        from corral.cli.resources_cmd import open_cli_store
+
+        async with open_cli_store() as (store, _):
+            return await store.revoke_token(token_id)
+
+    token = run_async(go())
+    typer.echo(f"token {token.id} revoked")
+
+
+def _as_dict(token: ApiToken) -> dict[str, object]:
+    return {
+        "id": token.id,
+        "namespace": token.namespace,
+        "role": token.role.value,
+        "name": token.name,
+        "description": token.description,
+        "created_at": token.created_at,
+        "last_used_at": token.last_used_at,
+        "revoked_at": token.revoked_at,
+    }

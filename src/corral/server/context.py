@@ -1,0 +1,49 @@
+"""What every route of the server shares: the store, the bus, settings, and the server's own parts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import anyio
+
+from corral.bus.base import Bus
+from corral.core.settings import Settings
+from corral.runtime.fanout import FanOut
+from corral.runtime.follow import Stop
+from corral.server.auth import TokenVerifier
+from corral.server.limits import RateLimiter
+from corral.server.metrics import Metrics
+from corral.store.base import Store
+
+
+@dataclass
+class ServerContext:
+    """The server's shared state, at ``app.state.corral``.
+
+    :meth:`begin_shutdown` is called when the server begins to shut down: event
+    streams end and prompt requests stop waiting, so the connections close and the
+    process can drain; the worker (on ``stopping``) stops claiming and drains.
+    """
+
+    store: Store
+    bus: Bus
+    settings: Settings
+    verifier: TokenVerifier
+    limiter: RateLimiter
+    metrics: Metrics
+    fan_out: FanOut
+    #: how long a follower waits for a bus announcement before it reads the store anyway
+    poll_seconds: float = 1.0
+    #: an SSE stream with nothing to send sends a comment this often
+    keepalive_seconds: float = 15.0
+    #: the longest a prompt request may wait for its answer
+    max_prompt_timeout_seconds: float = 600.0
+    #: made in the app's lifespan: an anyio event needs the running event loop
+    stopping: anyio.Event = field(init=False)
+    #: ends the waits of event streams and prompt requests when shutdown begins
+    followers_stop: Stop = field(default_factory=Stop)
+
+    def begin_shutdown(self) -> None:
+        """Shutdown begins: streams and prompt waits end, the worker drains, readiness fails."""
+        self.stopping.set()
+        self.followers_stop.set()

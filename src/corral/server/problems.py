@@ -1,0 +1,253 @@
+"""Errors as RFC 9457 problem details (``application/problem+json``), each with a stable code.
+
+Every error response of the API has the same shape, :class:`Problem`: ``code``
+is stable and meant for programs, ``detail`` for people, ``errors`` names the
+field paths of a rejected request (``body.agent``, ``query.limit``,
+``spec.limits.max_steps``). The mapping from the library's exception tree
+(:mod:`corral.core.errors`):
+
+    ResourceError                 422 invalid_resource  (field path and line of each problem)
+    NotFoundError                 404 not_found
+    ConflictError                 409 conflict
+    other UserError               400 bad_input
+    StoreError                    503 store_unavailable (details only in the server log)
+    other CorralError             500 its own code, its message
+    anything else                 500 internal_error    (traceback only in the server log)
+
+Request validation (FastAPI) is 422 ``invalid_request``; the HTTP layer's own
+refusals (401, 403, 404 of an unknown route, 405, 413, 415, 429) come as
+:class:`ProblemError` or Starlette's ``HTTPException`` and are rendered the same way.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from http import HTTPStatus
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import JSONResponse
+
+from corral.core.errors import (
+    ConflictError,
+    CorralError,
+    NotFoundError,
+    ResourceError,
+    UserError,
+)
+from corral.resources.loader import format_path
+from corral.store.base import StoreError
+
+log = logging.getLogger("corral.server")
+
+PROBLEM_JSON = "application/problem+json"
+
+#: Stable codes of the HTTP layer's own statuses.
+STATUS_CODES: dict[int, str] = {
+    400: "bad_request",
+    401: "unauthenticated",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    406: "not_acceptable",
+    409: "conflict",
+    413: "payload_too_large",
+    415: "unsupported_media_type",
+    422: "invalid_request",
+    429: "rate_limited",
+    500: "internal_error",
+    503: "unavailable",
+}
+
+
+class FieldProblem(BaseModel):
+    """One reason a request was rejected, and where."""
+
+    field: str | None = Field(
+        None,
+        description="Path of the offending field: 'body.agent', 'query.limit', "
+        "'spec.limits.max_steps' (within a resource document).",
+    )
+    reason: str
+    line: int | None = Field(None, description="Line in a YAML request body, when known.")
+    document: int | None = Field(
+        None, description="Index of the document in a JSON request body, when known."
+    )
+
+
+class Problem(BaseModel):
+    """An error response (RFC 9457 problem details)."""
+
+    type: str = Field(description="A URI naming the kind of problem: urn:corral:problem:<code>.")
+    title: str = Field(description="The HTTP status phrase.")
+    status: int
+    code: str = Field(description="A stable, machine-readable error code.")
+    detail: str = Field(description="What went wrong, for a person.")
+    errors: list[FieldProblem] = Field(default_factory=list[FieldProblem])
+
+
+class ProblemError(Exception):
+    """Raised by the HTTP layer to answer with a problem (status, stable code, detail)."""
+
+    def __init__(
+        self,
+        status: int,
+        detail: str,
+        *,
+        code: str | None = None,
+        errors: Sequence[FieldProblem] = (),
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.code = code or STATUS_CODES.get(status, "error")
+        self.detail = detail
+        self.errors = list(errors)
+        self.headers = dict(headers or {})
+
+
+def problem_response(
+    status: int,
+    code: str,
+    detail: str,
+    errors: Sequence[FieldProblem] = (),
+    headers: Mapping[str, str] | None = None,
+) -> JSONResponse:
+    """A ``application/problem+json`` response."""
+    body = Problem(
+        type=f"urn:corral:problem:{code}",
+        title=_phrase(status),
+        status=status,
+        code=code,
+        detail=detail,
+        errors=list(errors),
+    )
+    return ProblemResponse(
+        body.model_dump(mode="json"),
+        status_code=status,
+        headers=dict(headers or {}),
+        media_type=PROBLEM_JSON,
+    )
+
+
+class ProblemResponse(JSONResponse):
+    """A problem as JSON, ASCII-escaped: a reason quoting broken input (a lone
+    surrogate) must still render, or the error would become a 500."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, ensure_ascii=True, separators=(",", ":")).encode("ascii")
+
+
+def _phrase(status: int) -> str:
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:
+        return "Error"
+
+
+def resource_problems(exc: ResourceError) -> list[FieldProblem]:
+    """The field paths and lines of a rejected resource document."""
+    return [
+        FieldProblem(field=location.field, reason=reason, line=location.line)
+        for location, reason in exc.problems
+    ]
+
+
+def from_corral_error(exc: CorralError) -> JSONResponse:
+    """The response for an error the library raised on purpose."""
+    if isinstance(exc, ResourceError):
+        detail = "the resource documents are invalid; nothing was applied"
+        return problem_response(422, exc.code, detail, resource_problems(exc))
+    if isinstance(exc, NotFoundError):
+        return problem_response(404, "not_found", exc.message)
+    if isinstance(exc, ConflictError):
+        return problem_response(409, "conflict", exc.message)
+    if isinstance(exc, UserError):
+        return problem_response(400, exc.code, exc.message)
+    if isinstance(exc, StoreError):
+        # Driver messages may name files and statements: they stay in the server log.
+        log.error("store error: %s", exc.message)
+        return problem_response(
+            503, "store_unavailable", "the store could not complete the operation; try again"
+        )
+    log.error("%s: %s", type(exc).__name__, exc.message)
+    return problem_response(500, exc.code, exc.message)
+
+
+def _validation_problems(errors: Sequence[Any]) -> list[FieldProblem]:
+    found: list[FieldProblem] = []
+    for error in errors:
+        loc = tuple(error.get("loc", ()))
+        reason = str(error.get("msg", "invalid"))
+        if error.get("type") == "missing":
+            reason = "required field is missing"
+        elif error.get("type") == "extra_forbidden":
+            reason = "unknown field"
+        found.append(FieldProblem(field=format_path(loc) or None, reason=reason))
+    return found
+
+
+def install(app: FastAPI) -> None:
+    """Render every error of ``app`` as a problem."""
+
+    async def on_problem(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, ProblemError)
+        return problem_response(exc.status, exc.code, exc.detail, exc.errors, exc.headers)
+
+    async def on_corral(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, CorralError)
+        return from_corral_error(exc)
+
+    async def on_validation(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, RequestValidationError)
+        errors = _validation_problems(exc.errors())
+        return problem_response(422, "invalid_request", "the request is invalid", errors)
+
+    async def on_http(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, StarletteHTTPException)
+        code = STATUS_CODES.get(exc.status_code, "error")
+        detail = exc.detail if isinstance(exc.detail, str) else _phrase(exc.status_code)
+        if exc.status_code == 404 and detail == "Not Found":
+            detail = f"no route {request.url.path!r}"
+        return problem_response(exc.status_code, code, detail, headers=exc.headers)
+
+    async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
+        # Starlette re-raises after this response, so the server logs the traceback;
+        # the client learns nothing about the code.
+        return problem_response(500, "internal_error", "internal error; see the server log")
+
+    app.add_exception_handler(ProblemError, on_problem)
+    app.add_exception_handler(CorralError, on_corral)
+    app.add_exception_handler(RequestValidationError, on_validation)
+    app.add_exception_handler(StarletteHTTPException, on_http)
+    app.add_exception_handler(Exception, on_unexpected)
+
+
+#: The error responses every /v1 operation documents in OpenAPI.
+COMMON_RESPONSES: dict[int | str, dict[str, Any]] = {
+    400: {"model": Problem, "description": "Malformed request (a body that does not parse)."},
+    401: {"model": Problem, "description": "Missing or invalid token."},
+    403: {"model": Problem, "description": "The token's role does not allow this."},
+    422: {"model": Problem, "description": "Invalid request; `errors` names the fields."},
+    413: {"model": Problem, "description": "The request body is too large."},
+    429: {"model": Problem, "description": "Rate limited; see Retry-After."},
+    503: {"model": Problem, "description": "The store could not complete the operation."},
+}
+
+
+def responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses`` for an operation: the common ones plus ``statuses``."""
+    described = {
+        404: "No such object in the token's namespace.",
+        409: "The operation contradicts stored state.",
+        415: "Unsupported request body type.",
+    }
+    found = dict(COMMON_RESPONSES)
+    for status in statuses:
+        found.setdefault(status, {"model": Problem, "description": described.get(status, "Error.")})
+    return found

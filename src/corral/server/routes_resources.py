@@ -1,0 +1,249 @@
+"""Resources: apply (YAML or JSON), list, get, delete - in the token's namespace only.
+
+An apply is all or nothing, as with ``corral apply``. A document without
+``metadata.namespace`` goes to the token's namespace; one naming another
+namespace is refused (422 at ``metadata.namespace``). Relative program paths
+(``./tool.py``) have no file to be relative to over HTTP: they stay as written
+and resolve against the server's working directory, so use absolute paths.
+
+Applying resources is code execution on the server (``exec`` and ``python``
+tools, MCP server commands): that is why it takes the admin role.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+import anyio
+from fastapi import APIRouter, Path, Query, Request, Response
+
+from corral.core.errors import NotFoundError, ResourceError
+from corral.resources.kinds import KINDS, NAME_PATTERN, kind_of
+from corral.resources.loader import LoadedResource, load_text
+from corral.resources.secrets import redacted
+from corral.server import pagination
+from corral.server.auth import Admin, Principal, Viewer, context_of
+from corral.server.models import (
+    AppliedResource,
+    ApplyResult,
+    ResourceOut,
+    ResourcePage,
+    surrogate_path,
+)
+from corral.server.problems import FieldProblem, ProblemError, resource_problems, responses
+from corral.store.base import StoredResource
+
+router = APIRouter(prefix="/v1", tags=["resources"])
+
+YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml", "text/x-yaml")
+JSON_TYPE = "application/json"
+
+_KIND_DOC = f"One of {', '.join(KINDS)} (any case; plurals work)."
+KindParam = Annotated[str, Path(max_length=63, description=_KIND_DOC)]
+NameParam = Annotated[str, Path(pattern=NAME_PATTERN, description="The resource's name.")]
+
+_DOCUMENT_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "properties": {
+        "apiVersion": {"type": "string", "enum": ["corral/v1"]},
+        "kind": {"type": "string", "enum": list(KINDS)},
+        "metadata": {
+            "type": "object",
+            "required": ["name"],
+            "properties": {
+                "name": {"type": "string", "pattern": NAME_PATTERN},
+                "namespace": {"type": "string", "pattern": NAME_PATTERN},
+                "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+            },
+        },
+        "spec": {"type": "object"},
+    },
+}
+
+_APPLY_BODY: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "description": "Resource documents: multi-document YAML, or JSON (one document or a "
+        "list of them).",
+        "content": {
+            "application/yaml": {"schema": {"type": "string"}},
+            JSON_TYPE: {
+                "schema": {
+                    "oneOf": [
+                        _DOCUMENT_SCHEMA,
+                        {"type": "array", "items": _DOCUMENT_SCHEMA},
+                    ]
+                }
+            },
+        },
+    }
+}
+
+
+def _kind(text: str) -> str:
+    try:
+        return kind_of(text)
+    except ValueError as exc:
+        raise ProblemError(
+            422,
+            str(exc),
+            code="invalid_request",
+            errors=[FieldProblem(field="path.kind", reason=str(exc))],
+        ) from None
+
+
+def _out(stored: StoredResource) -> ResourceOut:
+    return ResourceOut.from_stored(stored, redacted(stored.resource.to_document()))
+
+
+@router.post(
+    "/resources",
+    response_model=ApplyResult,
+    summary="Apply resources",
+    openapi_extra=_APPLY_BODY,
+    responses=responses(409, 415),
+)
+async def apply_resources(who: Admin, request: Request) -> ApplyResult:
+    """Create or update every document of the body, all or nothing (like `corral apply`)."""
+    media = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    raw = await request.body()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ProblemError(400, "the body is not UTF-8 text", code="bad_request") from None
+    if media in YAML_TYPES:
+        loaded = await _load(text, who, json_documents=False)
+    elif media == JSON_TYPE or media.endswith("+json"):
+        loaded = await _load(_json_as_yaml(text), who, json_documents=True)
+    else:
+        raise ProblemError(
+            415,
+            f"send {JSON_TYPE} or application/yaml, not {media or 'no content type'}",
+            code="unsupported_media_type",
+        )
+    if not loaded:
+        raise ProblemError(
+            422,
+            "no resource documents in the body",
+            code="invalid_resource",
+            errors=[FieldProblem(field="body", reason="no documents")],
+        )
+    outcomes = await context_of(request).store.apply(loaded)
+    return ApplyResult(outcomes=[AppliedResource.from_outcome(o) for o in outcomes])
+
+
+def _json_as_yaml(text: str) -> str:
+    """JSON documents as YAML text with document ``i`` on line ``2 i + 1`` (see ``_load``)."""
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise ProblemError(400, f"invalid JSON: {exc}", code="invalid_json") from None
+    documents = value if isinstance(value, list) else [value]
+    for index, document in enumerate(documents):
+        where = surrogate_path(document)
+        if where is not None:
+            raise _not_unicode(where, document=index)
+    # JSON is YAML (flow style); one document per line keeps its index recoverable.
+    return "\n---\n".join(json.dumps(doc) for doc in documents)
+
+
+async def _load(text: str, who: Principal, *, json_documents: bool) -> list[LoadedResource]:
+    try:
+        # YAML parsing of a large body is CPU work: off the event loop.
+        loaded = await anyio.to_thread.run_sync(
+            lambda: load_text(text, None, default_namespace=who.namespace)
+        )
+        for item in loaded:  # YAML escapes ("\\ud800") can make them too
+            where = surrogate_path(item.resource.to_document())
+            if where is not None:
+                raise _not_unicode(where, line=item.line)
+        foreign = [
+            (
+                item.location(("metadata", "namespace")),
+                f"this token applies to namespace {who.namespace!r} only",
+            )
+            for item in loaded
+            if item.resource.namespace != who.namespace
+        ]
+        if foreign:
+            raise ResourceError(foreign)
+    except ResourceError as exc:
+        problems = resource_problems(exc)
+        if json_documents:
+            problems = [_json_problem(p) for p in problems]
+        raise ProblemError(
+            422,
+            "the resource documents are invalid; nothing was applied",
+            code="invalid_resource",
+            errors=problems,
+        ) from None
+    return loaded
+
+
+def _not_unicode(
+    where: str, *, document: int | None = None, line: int | None = None
+) -> ProblemError:
+    reason = "not valid Unicode text (a lone surrogate)"
+    return ProblemError(
+        422,
+        "the resource documents are invalid; nothing was applied",
+        code="invalid_resource",
+        errors=[FieldProblem(field=where or None, reason=reason, document=document, line=line)],
+    )
+
+
+def _json_problem(problem: FieldProblem) -> FieldProblem:
+    document = (problem.line - 1) // 2 if problem.line is not None else None
+    return FieldProblem(field=problem.field, reason=problem.reason, document=document)
+
+
+@router.get(
+    "/resources", response_model=ResourcePage, summary="List resources", responses=responses()
+)
+async def list_resources(
+    who: Viewer,
+    request: Request,
+    kind: Annotated[str | None, Query(max_length=63, description=_KIND_DOC)] = None,
+    limit: pagination.Limit = 100,
+    cursor: pagination.Cursor = None,
+) -> ResourcePage:
+    """The namespace's resources, by kind and name."""
+    canonical = _kind(kind) if kind is not None else None
+    stored = await context_of(request).store.list_resources(who.namespace, canonical)
+    page, next_cursor = pagination.page_after(
+        stored, lambda s: (s.resource.kind, s.resource.name), cursor, limit, (str, str)
+    )
+    return ResourcePage(items=[_out(s) for s in page], next_cursor=next_cursor)
+
+
+@router.get(
+    "/resources/{kind}/{name}",
+    response_model=ResourceOut,
+    summary="Get a resource",
+    responses=responses(404),
+)
+async def get_resource(
+    kind: KindParam, name: NameParam, who: Viewer, request: Request
+) -> ResourceOut:
+    canonical = _kind(kind)
+    stored = await context_of(request).store.get_resource(who.namespace, canonical, name)
+    if stored is None:
+        raise NotFoundError(f"{canonical} {name!r} not found")
+    return _out(stored)
+
+
+@router.delete(
+    "/resources/{kind}/{name}",
+    status_code=204,
+    response_class=Response,
+    summary="Delete a resource",
+    responses=responses(404, 409),
+)
+async def delete_resource(
+    kind: KindParam, name: NameParam, who: Admin, request: Request
+) -> Response:
+    """Refused (409) while another resource references it."""
+    await context_of(request).store.delete_resource(who.namespace, _kind(kind), name)
+    return Response(status_code=204)

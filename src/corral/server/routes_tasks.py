@@ -1,0 +1,233 @@
+"""Tasks (durable runs) and their events: submit, list, get, cancel; events as pages or SSE."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import jsonschema
+from fastapi import APIRouter, Header, Path, Query, Request, Response
+from fastapi.responses import StreamingResponse
+
+from corral.core.errors import NotFoundError
+from corral.core.runs import RunRecord, RunState
+from corral.resources.kinds import NAME_PATTERN
+from corral.runtime.local import submit
+from corral.server import pagination
+from corral.server.auth import Operator, Principal, Viewer, context_of
+from corral.server.models import (
+    ID_PATTERN,
+    EventOut,
+    EventPage,
+    SubmitTask,
+    Task,
+    TaskDetail,
+    TaskPage,
+)
+from corral.server.problems import FieldProblem, ProblemError, responses
+from corral.server.sse import MEDIA_TYPE, event_stream
+from corral.store.base import Store
+
+router = APIRouter(prefix="/v1")
+
+TaskId = Annotated[str, Path(max_length=64, pattern=ID_PATTERN, description="The task (run) id.")]
+RunId = Annotated[str, Path(max_length=64, pattern=ID_PATTERN, description="The run (task) id.")]
+
+
+async def own_run(store: Store, run_id: str, who: Principal) -> RunRecord:
+    """The run, if it is in the caller's namespace; 404 otherwise (whether or not it exists)."""
+    record = await store.get_run(run_id)
+    if record is None or record.namespace != who.namespace:
+        raise NotFoundError(f"task {run_id!r} not found")
+    return record
+
+
+def check_schema(schema: dict[str, Any] | None, field: str) -> None:
+    """422 naming ``field`` unless ``schema`` is a valid JSON Schema."""
+    if schema is None:
+        return
+    try:
+        jsonschema.validators.validator_for(schema).check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        raise ProblemError(
+            422,
+            "not a valid JSON Schema",
+            code="invalid_request",
+            errors=[FieldProblem(field=field, reason=exc.message)],
+        ) from None
+
+
+async def check_session(store: Store, session_id: str | None, who: Principal) -> None:
+    """409 when the session id is taken in another namespace (without naming it).
+
+    Session ids are global and chosen by clients; this tells the caller no more
+    than that the id is taken, and nothing about the session.
+    """
+    if session_id is None:
+        return
+    existing = await store.get_session(session_id)
+    if existing is not None and existing.namespace != who.namespace:
+        raise ProblemError(409, f"session id {session_id!r} is taken; choose another")
+
+
+@router.post(
+    "/tasks",
+    status_code=201,
+    response_model=Task,
+    tags=["tasks"],
+    summary="Submit a task",
+    responses={
+        200: {"model": Task, "description": "The idempotency key was seen before: that task."},
+        **responses(409),
+    },
+)
+async def submit_task(
+    body: SubmitTask, who: Operator, request: Request, response: Response
+) -> Task:
+    """Queue a run of an agent for a worker. With `idempotency_key`, submitting again
+    returns the first task (200) instead of creating one (201)."""
+    context = context_of(request)
+    check_schema(body.output_schema, "body.output_schema")
+    await check_session(context.store, body.session, who)
+    try:
+        record, created = await submit(
+            context.store,
+            body.agent,
+            body.input,
+            namespace=who.namespace,
+            session=body.session,
+            idempotency_key=body.idempotency_key,
+            priority=body.priority,
+            delay=body.delay_seconds,
+            output_schema=body.output_schema,
+            bus=context.bus,
+        )
+    except NotFoundError as exc:
+        raise ProblemError(
+            422,
+            exc.message,
+            code="unknown_agent",
+            errors=[FieldProblem(field="body.agent", reason=exc.message)],
+        ) from None
+    response.status_code = 201 if created else 200
+    response.headers["Location"] = f"/v1/tasks/{record.id}"
+    return Task.from_record(record)
+
+
+@router.get(
+    "/tasks", response_model=TaskPage, tags=["tasks"], summary="List tasks", responses=responses()
+)
+async def list_tasks(
+    who: Viewer,
+    request: Request,
+    state: Annotated[
+        list[RunState] | None, Query(description="Only tasks in these states.")
+    ] = None,
+    agent: Annotated[
+        str | None, Query(pattern=NAME_PATTERN, description="Only this agent's tasks.")
+    ] = None,
+    limit: pagination.Limit = 50,
+    cursor: pagination.Cursor = None,
+) -> TaskPage:
+    """The namespace's tasks, newest first."""
+    before = None
+    if cursor is not None:
+        created_at, run_id = pagination.decode(cursor, (float, str))
+        before = (float(created_at), str(run_id))
+    records = await context_of(request).store.list_runs(
+        who.namespace, agent, limit + 1, state or None, before=before
+    )
+    page = records[:limit]
+    more = len(records) > limit
+    next_cursor = pagination.encode((page[-1].created_at, page[-1].id)) if more else None
+    return TaskPage(items=[Task.from_record(r) for r in page], next_cursor=next_cursor)
+
+
+@router.get(
+    "/tasks/{task_id}",
+    response_model=TaskDetail,
+    tags=["tasks"],
+    summary="Get a task",
+    responses=responses(404),
+)
+async def get_task(task_id: TaskId, who: Viewer, request: Request) -> TaskDetail:
+    """One task with its conversation."""
+    return TaskDetail.from_record(await own_run(context_of(request).store, task_id, who))
+
+
+@router.post(
+    "/tasks/{task_id}/cancel",
+    response_model=Task,
+    tags=["tasks"],
+    summary="Cancel a task",
+    responses=responses(404),
+)
+async def cancel_task(task_id: TaskId, who: Operator, request: Request) -> Task:
+    """A queued or waiting task is cancelled at once; a running one stops at its
+    worker's next heartbeat (`cancel_requested` is true until then). A finished
+    task is returned unchanged."""
+    store = context_of(request).store
+    await own_run(store, task_id, who)
+    return Task.from_record(await store.request_cancel(task_id))
+
+
+_EVENTS_DOC = """The run's events after `after` (or `cursor`, or the `Last-Event-ID` header,
+which wins), in order.
+
+With `Accept: text/event-stream` the answer is a Server-Sent Events stream: each
+event's `id` is its `seq`, so a client reconnecting with `Last-Event-ID` misses
+none and sees none twice. The stream stays open while the run goes on (also while
+it waits for approval), sends `: keep-alive` comments when idle, and ends with an
+`end` event (`{"state": ...}`) once the run has finished. Otherwise the answer is
+one JSON page: `next_cursor` is null once the run has finished and every event
+was listed."""
+
+
+@router.get(
+    "/runs/{run_id}/events",
+    response_model=EventPage,
+    tags=["tasks"],
+    summary="Read or follow a run's events",
+    description=_EVENTS_DOC,
+    responses={
+        200: {
+            "description": "A page of events (JSON) or an event stream (SSE).",
+            "content": {MEDIA_TYPE: {"schema": {"type": "string"}}},
+        },
+        **responses(404),
+    },
+)
+async def run_events(
+    run_id: RunId,
+    who: Viewer,
+    request: Request,
+    after: Annotated[int, Query(ge=0, le=2**31 - 1, description="Events with seq > after.")] = 0,
+    cursor: pagination.Cursor = None,
+    limit: pagination.Limit = 100,
+    last_event_id: Annotated[
+        str | None,
+        Header(pattern=r"^[0-9]{1,9}$", description="The last event seen (SSE reconnect)."),
+    ] = None,
+) -> Any:
+    context = context_of(request)
+    record = await own_run(context.store, run_id, who)
+    position = after
+    if cursor is not None:
+        position = int(pagination.decode(cursor, (int,))[0])
+    if last_event_id is not None:
+        position = int(last_event_id)
+    if MEDIA_TYPE in request.headers.get("accept", ""):
+        return StreamingResponse(
+            event_stream(context, run_id, position),
+            media_type=MEDIA_TYPE,
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+    # The state is read before the events: a run finished by then has all of them stored.
+    events = await context.store.list_events(run_id, position)
+    page = events[:limit]
+    if len(events) > limit:
+        next_cursor: str | None = pagination.encode((page[-1].seq,))
+    elif record.state.finished:
+        next_cursor = None
+    else:
+        next_cursor = pagination.encode((page[-1].seq if page else position,))
+    return EventPage(items=[EventOut.from_event(e) for e in page], next_cursor=next_cursor)

@@ -1,0 +1,211 @@
+"""Roles and namespaces: every /v1 endpoint, every role, a foreign namespace, no token.
+
+viewer reads; operator also submits, cancels, decides approvals, prompts and deletes
+sessions; admin also applies and deletes resources and manages tokens. A token of
+another namespace gets 404 for this namespace's objects and sees none of them in
+lists. The matrix is checked against /openapi.json, so a new endpoint cannot be
+added without a row here.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import pytest
+
+from corral.core.tokens import Role
+from server_harness import LiveServer, apply, echo_turn, resources
+
+NS = "alpha"
+
+
+@dataclass(frozen=True)
+class Row:
+    """One endpoint: who may call it, and whether it names an object of the namespace."""
+
+    method: str
+    path: str
+    role: Role
+    body: dict[str, Any] | None = None
+    names_object: bool = True
+
+
+SECRET_DOC = {
+    "apiVersion": "corral/v1",
+    "kind": "Secret",
+    "metadata": {"name": "extra"},
+    "spec": {"value": "v"},
+}
+
+MATRIX = [
+    Row("GET", "/v1/resources", Role.VIEWER, names_object=False),
+    Row("POST", "/v1/resources", Role.ADMIN, SECRET_DOC, names_object=False),
+    Row("GET", "/v1/resources/{kind}/{name}", Role.VIEWER),
+    Row("DELETE", "/v1/resources/{kind}/{name}", Role.ADMIN),
+    Row("GET", "/v1/tasks", Role.VIEWER, names_object=False),
+    Row(
+        "POST",
+        "/v1/tasks",
+        Role.OPERATOR,
+        {"agent": "helper", "input": "x", "delay_seconds": 3600},
+        names_object=False,
+    ),
+    Row("GET", "/v1/tasks/{task_id}", Role.VIEWER),
+    Row("POST", "/v1/tasks/{task_id}/cancel", Role.OPERATOR),
+    Row("GET", "/v1/runs/{run_id}/events", Role.VIEWER),
+    Row("GET", "/v1/approvals", Role.VIEWER, names_object=False),
+    Row("GET", "/v1/approvals/{approval_id}", Role.VIEWER),
+    Row("POST", "/v1/approvals/{approval_id}/approve", Role.OPERATOR, {"reason": "ok"}),
+    Row("POST", "/v1/approvals/{approval_id}/reject", Role.OPERATOR, {"reason": "no"}),
+    Row("GET", "/v1/sessions", Role.VIEWER, names_object=False),
+    Row("GET", "/v1/sessions/{session_id}", Role.VIEWER),
+    Row("GET", "/v1/sessions/{session_id}/messages", Role.VIEWER),
+    Row("DELETE", "/v1/sessions/{session_id}", Role.OPERATOR),
+    Row("POST", "/v1/agents/{name}/prompt", Role.OPERATOR, {"input": "x", "timeout_seconds": 5}),
+    Row(
+        "POST",
+        "/v1/agents/{name}/prompt-object",
+        Role.OPERATOR,
+        {"input": "x", "schema": {"type": "object"}, "timeout_seconds": 5},
+    ),
+    Row("GET", "/v1/tokens", Role.ADMIN, names_object=False),
+    Row("POST", "/v1/tokens", Role.ADMIN, {"role": "viewer"}, names_object=False),
+    Row("GET", "/v1/tokens/{token_id}", Role.ADMIN),
+    Row("POST", "/v1/tokens/{token_id}/revoke", Role.ADMIN),
+]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    with LiveServer(tmp_path_factory.mktemp("home"), workers=2) as live:
+        with live.client(live.mint(NS, Role.ADMIN)) as admin:
+            apply(admin, resources("helper", [echo_turn("x"), "{text: done}"], approval="always"))
+        yield live
+
+
+def fresh_objects(admin: httpx.Client, n: int) -> dict[str, str]:
+    """Objects of namespace alpha for one principal's pass (each may be used up by it)."""
+
+    def waiting_run(session: str | None = None) -> str:
+        body = {"input": "x"} | ({"session": session} if session else {})
+        response = admin.post("/v1/agents/helper/prompt", json=body)
+        assert response.json()["state"] == "waiting_approval", response.text
+        return str(response.json()["id"])
+
+    def approval_of(run_id: str) -> str:
+        [approval] = admin.get("/v1/approvals", params={"run_id": run_id}).json()["items"]
+        return str(approval["id"])
+
+    secret = {**SECRET_DOC, "metadata": {"name": f"doomed-{n}"}}
+    assert admin.post("/v1/resources", json=secret).status_code == 200
+    queued = admin.post(
+        "/v1/tasks", json={"agent": "helper", "input": "x", "delay_seconds": 3600}
+    ).json()["id"]
+    waiting_run(session=f"sess-{n}")
+    return {
+        "kind": "secret",
+        "resource": f"doomed-{n}",
+        "agent": "helper",
+        "task_id": queued,
+        "run_id": waiting_run(),
+        "approve": approval_of(waiting_run()),  # approve and reject need one each
+        "reject": approval_of(waiting_run()),
+        "session_id": f"sess-{n}",
+        "token_id": admin.post("/v1/tokens", json={"role": "viewer"}).json()["id"],
+    }
+
+
+def url(row: Row, objects: dict[str, str]) -> str:
+    """The row's path with this pass's objects in it."""
+    values = {
+        **objects,
+        "name": objects["agent"] if row.path.startswith("/v1/agents") else objects["resource"],
+        "approval_id": objects["approve" if row.path.endswith("/approve") else "reject"],
+    }
+    return row.path.format(**values)
+
+
+def call(client: httpx.Client, row: Row, objects: dict[str, str]) -> httpx.Response:
+    return client.request(row.method, url(row, objects), json=row.body)
+
+
+def test_the_matrix_covers_every_v1_endpoint(server: LiveServer) -> None:
+    spec = httpx.get(f"{server.url}/openapi.json").json()
+    documented = {
+        (method.upper(), path)
+        for path, operations in spec["paths"].items()
+        if path.startswith("/v1/")
+        for method in operations
+    }
+    assert documented == {(row.method, row.path) for row in MATRIX}
+
+
+@pytest.mark.parametrize("role", list(Role))
+def test_each_role_may_call_exactly_its_endpoints(server: LiveServer, role: Role) -> None:
+    with server.client(server.mint(NS, Role.ADMIN)) as admin:
+        objects = fresh_objects(admin, list(Role).index(role))
+    with server.client(server.mint(NS, role)) as client:
+        # Reads first, then the calls that use objects up (delete, revoke) last.
+        for row in sorted(MATRIX, key=lambda r: (r.method == "DELETE", "revoke" in r.path)):
+            response = call(client, row, objects)
+            if role.allows(row.role):
+                assert response.status_code in (200, 201, 202, 204), (
+                    f"{role} {row.method} {row.path}: {response.status_code} {response.text}"
+                )
+            else:
+                assert response.status_code == 403, f"{role} {row.method} {row.path}"
+                assert response.json()["code"] == "forbidden"
+
+
+def test_another_namespace_gets_404_and_sees_nothing(server: LiveServer) -> None:
+    with server.client(server.mint(NS, Role.ADMIN)) as admin:
+        objects = fresh_objects(admin, 10)
+    with server.client(server.mint("beta", Role.ADMIN)) as foreign:
+        for row in MATRIX:
+            response = call(foreign, row, objects)
+            where = f"{row.method} {row.path}"
+            assert f'"{NS}"' not in response.text, f"{where} leaked namespace {NS}"
+            if row.names_object:
+                assert response.status_code == 404, f"{where}: {response.status_code}"
+                assert response.json()["code"] == "not_found"
+            elif row.method == "GET":
+                assert response.status_code == 200 and all(
+                    NS not in json.dumps(item) for item in response.json()["items"]
+                ), where
+            else:  # creates in its own namespace, where agent 'helper' does not exist
+                assert response.status_code in (200, 201, 422), where
+    # The objects are untouched: alpha still sees them as they were.
+    with server.client(server.mint(NS, Role.VIEWER)) as viewer:
+        assert viewer.get(f"/v1/tasks/{objects['task_id']}").json()["state"] == "queued"
+        assert viewer.get(f"/v1/sessions/{objects['session_id']}").status_code == 200
+
+
+def test_no_token_is_401_everywhere(server: LiveServer) -> None:
+    objects = dict.fromkeys(
+        ["kind", "resource", "task_id", "run_id", "approve", "reject", "session_id", "token_id"],
+        "x",
+    )
+    objects["agent"] = "helper"
+    with server.client() as anonymous:
+        for row in MATRIX:
+            response = call(anonymous, row, objects)
+            assert response.status_code == 401, f"{row.method} {row.path}"
+            assert response.headers["www-authenticate"].startswith("Bearer")
+
+
+def test_a_session_id_taken_in_another_namespace_is_409_without_details(
+    server: LiveServer,
+) -> None:
+    with server.client(server.mint(NS, Role.ADMIN)) as admin:
+        admin.post("/v1/agents/helper/prompt", json={"input": "x", "session": "shared-id"})
+    with server.client(server.mint("gamma", Role.ADMIN)) as other:
+        apply(other, resources("helper", ["{text: hi}"]))
+        response = other.post(
+            "/v1/agents/helper/prompt", json={"input": "x", "session": "shared-id"}
+        )
+        assert response.status_code == 409
+        assert NS not in response.text
