@@ -99,7 +99,9 @@ class Emitter:
         self._sink = sink
         self._redact = toolset.redactor.data
         self._seq = last_seq
-        self._lock = anyio.Lock()  # parallel tool calls emit concurrently; order stays gap-free
+        # Parallel tool calls emit concurrently; the order stays gap-free. (fast_acquire: an
+        # uncontended acquire - nearly all of them - does not yield to the event loop.)
+        self._lock = anyio.Lock(fast_acquire=True)
 
     async def __call__(self, type: EventType, **data: Any) -> None:
         async with self._lock:
@@ -341,9 +343,12 @@ class AgentLoop:
             else:
                 step.results[call.id] = await self._record(step.step, outcome)
 
-        async with anyio.create_task_group() as group:
-            for index, call, approved in runnable:
-                group.start_soon(invoke, index, call, approved)
+        if len(runnable) == 1:  # the common case needs no task group
+            await invoke(*runnable[0])
+        else:
+            async with anyio.create_task_group() as group:
+                for index, call, approved in runnable:
+                    group.start_soon(invoke, index, call, approved)
         if not step.unresolved():
             self.messages += [step.results[c.id] for c in step.calls]
         order = {c.id: i for i, c in enumerate(step.calls)}

@@ -21,13 +21,14 @@ where the helpers the provider adapters share live.
 
 from __future__ import annotations
 
+import random
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import replace
 from typing import TypeVar
 
+import anyio
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
-from tenacity.wait import wait_random_exponential
 
 from corral.core.errors import ModelError
 from corral.core.messages import Message, ModelResponse, StreamItem, ToolSpec
@@ -118,20 +119,24 @@ class RetryingModel(Model):
         self.inner = inner
         self.policy = policy
         self.name = inner.name
-        self._backoff = wait_random_exponential(
-            multiplier=policy.initial_backoff_seconds, max=policy.max_backoff_seconds
-        )
 
-    def _wait(self, state: RetryCallState) -> float:
-        exc = state.outcome.exception() if state.outcome is not None else None
+    def _delay(self, exc: BaseException | None, failed_attempts: int) -> float:
+        """The wait after ``failed_attempts`` failures: Retry-After, else full jitter."""
         if isinstance(exc, ModelError) and exc.retry_after is not None:
             return min(exc.retry_after, MAX_RETRY_AFTER_SECONDS)
-        return float(self._backoff(state))
+        ceiling = self.policy.initial_backoff_seconds * 2 ** (failed_attempts - 1)
+        return random.uniform(0, min(ceiling, self.policy.max_backoff_seconds))
 
-    def _retrying(self) -> AsyncRetrying:
+    def _retrying(self, done: int = 0) -> AsyncRetrying:
+        """The policy's attempts after ``done`` already failed."""
+
+        def wait(state: RetryCallState) -> float:
+            exc = state.outcome.exception() if state.outcome is not None else None
+            return self._delay(exc, done + state.attempt_number)
+
         return AsyncRetrying(
-            stop=stop_after_attempt(self.policy.max_attempts),
-            wait=self._wait,
+            stop=stop_after_attempt(self.policy.max_attempts - done),
+            wait=wait,
             retry=retry_if_exception(_is_retryable),
             reraise=True,
         )
@@ -139,7 +144,17 @@ class RetryingModel(Model):
     async def request(
         self, messages: Sequence[Message], tools: Sequence[ToolSpec], settings: ModelSettings
     ) -> ModelResponse:
-        response: ModelResponse = await self._retrying()(
+        # Most calls succeed at once: the first attempt skips tenacity's per-call machinery
+        # (measurable at agent-loop speeds); a retryable failure goes through the policy,
+        # whose first attempt is then the request made again, so attempts are not doubled.
+        try:
+            return await self.inner.request(messages, tools, settings)
+        except ModelError as exc:
+            if not exc.retryable or self.policy.max_attempts < 2:
+                raise
+            first_failure = exc
+        await anyio.sleep(self._delay(first_failure, 1))
+        response: ModelResponse = await self._retrying(done=1)(
             self.inner.request, messages, tools, settings
         )
         return response
