@@ -829,3 +829,14 @@ async def test_concurrent_claimers_never_exceed_an_agents_limit(
     assert sum(len(c) for c in claims) == 3
     running = await store.list_runs("default", states=[RunState.RUNNING])
     assert len(running) == 3
+
+
+async def test_list_events_pages_with_a_limit(store: Store) -> None:
+    await store.submit_run(a_task("run_1"))
+    _, lease = await claim_one(store)
+    await store.append_events(
+        [Event("run_1", seq, EventType.STEP_START) for seq in range(1, 8)], lease=lease
+    )
+    assert [e.seq for e in await store.list_events("run_1", 2, limit=3)] == [3, 4, 5]
+    assert [e.seq for e in await store.list_events("run_1", 5, limit=10)] == [6, 7]
+    assert [e.seq for e in await store.list_events("run_1", limit=None)] == list(range(1, 8))

@@ -222,7 +222,7 @@ async def run_events(
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
     # The state is read before the events: a run finished by then has all of them stored.
-    events = await context.store.list_events(run_id, position)
+    events = await context.store.list_events(run_id, position, limit + 1)
     page = events[:limit]
     if len(events) > limit:
         next_cursor: str | None = pagination.encode((page[-1].seq,))

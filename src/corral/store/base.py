@@ -345,8 +345,10 @@ class Store(ABC):
         """
 
     @abstractmethod
-    async def list_events(self, run_id: str, after_seq: int = 0) -> list[Event]:
-        """The events of a run with ``seq > after_seq``, in order."""
+    async def list_events(
+        self, run_id: str, after_seq: int = 0, limit: int | None = None
+    ) -> list[Event]:
+        """The events of a run with ``seq > after_seq``, in order; at most ``limit`` of them."""
 
     # ----------------------------------------------------------------- API tokens
 

@@ -910,11 +910,14 @@ class SqlStore(Store):
         async with turn:
             await self._write("append run events", write)
 
-    async def list_events(self, run_id: str, after_seq: int = 0) -> list[Event]:
+    async def list_events(
+        self, run_id: str, after_seq: int = 0, limit: int | None = None
+    ) -> list[Event]:
         query = (
             sa.select(run_events)
             .where(run_events.c.run_id == run_id, run_events.c.seq > after_seq)
             .order_by(run_events.c.seq)
+            .limit(limit)
         )
         rows = await self._read("list run events", _all(query))
         return [

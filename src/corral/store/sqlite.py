@@ -503,12 +503,14 @@ class SqliteStore(SqlStore):
 
         await self._lane_write("append run events", write)
 
-    async def list_events(self, run_id: str, after_seq: int = 0) -> list[Event]:
+    async def list_events(
+        self, run_id: str, after_seq: int = 0, limit: int | None = None
+    ) -> list[Event]:
         def read(conn: sqlite3.Connection) -> list[tuple[Any, ...]]:
             return conn.execute(
                 "SELECT run_id, seq, type, data, ts FROM run_events"
-                " WHERE run_id = ? AND seq > ? ORDER BY seq",
-                (run_id, after_seq),
+                " WHERE run_id = ? AND seq > ? ORDER BY seq LIMIT ?",
+                (run_id, after_seq, -1 if limit is None else limit),
             ).fetchall()
 
         rows = await self._lane_read("list run events", read)
