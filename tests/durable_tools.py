@@ -5,7 +5,7 @@ its directory in ``$CORRAL_TEST_DURABLE_DIR``; run as a script (``exec``), this
 module reads ``{"label", "seconds"}`` on stdin and its idempotency key from
 ``$CORRAL_IDEMPOTENCY_KEY``. Both do the same under that directory:
 
-``invocations.log``  one line per invocation, ``<idempotency key> <label>``,
+``invocations.log``  one line per invocation, ``<idempotency key> <label> <pid> <time>``,
                      written first, so a call killed halfway still shows
 ``effects/<key>``    the side effect, created only when absent (``O_EXCL``):
                      what an idempotent tool does with its idempotency key
@@ -36,7 +36,7 @@ def effect_file(root: Path, key: str) -> Path:
 def perform(root: Path, key: str, label: str, seconds: float) -> str:
     """Log the invocation, perform the effect unless done, then take ``seconds`` to answer."""
     with (root / "invocations.log").open("a") as log:
-        log.write(f"{key} {label}\n")
+        log.write(f"{key} {label} {os.getpid()} {time.time():.3f}\n")
     target = effect_file(root, key)
     target.parent.mkdir(parents=True, exist_ok=True)
     try:

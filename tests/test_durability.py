@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 import anyio
 import pytest
 
+from corral.bus.base import Bus
 from corral.core.events import Event, EventType
 from corral.core.messages import Message, dump
 from corral.core.runs import RunRecord, RunState
@@ -149,6 +150,8 @@ class Cluster:
     store: Store
     model: FakeOpenAIServer
     workers: list[WorkerProcess] = field(default_factory=list[WorkerProcess])
+    #: where submits are announced (the scale-out variant's NATS; none on SQLite)
+    bus: Bus | None = None
 
     @property
     def durable_dir(self) -> Path:
@@ -299,7 +302,7 @@ async def cluster(tmp_path: Path, fake_openai: FakeOpenAIServer) -> AsyncIterato
 
 
 async def submit(cluster: Cluster, prompt: str) -> str:
-    record, _ = await submit_run(cluster.store, "clerk", prompt)
+    record, _ = await submit_run(cluster.store, "clerk", prompt, bus=cluster.bus)
     return record.id
 
 

@@ -102,7 +102,12 @@ def render_output(output: Any) -> str:
 
 
 def record_json(record: RunRecord) -> str:
-    """The final run record as JSON (``-o json``)."""
+    """The final run record as JSON (``-o json``).
+
+    The fencing token is left out: it belongs to the lease protocol between workers
+    and the store, and the HTTP API does not expose it, so both CLI modes show the same.
+    """
     data = dump(record)
+    data.pop("fencing_token", None)
     data["state"] = record.state.value
     return json.dumps(data, indent=2, ensure_ascii=False)

@@ -129,8 +129,10 @@ def apply(
 
 
 async def _apply(files: list[Path], namespace: str) -> Applied:
-    async with open_cli_store() as (store, _):
-        return await apply_paths(store, files, namespace)
+    from corral.cli.backend import open_backend
+
+    async with open_backend() as backend:
+        return Applied(await backend.apply(files, namespace))
 
 
 # --------------------------------------------------------------------------- get
@@ -165,12 +167,13 @@ def get(
 
 
 async def _get(namespace: str, kind: str, name: str | None) -> list[StoredResource]:
+    from corral.cli.backend import open_backend
     from corral.core.errors import NotFoundError
 
-    async with open_cli_store() as (store, _):
+    async with open_backend() as backend:
         if name is None:
-            return await store.list_resources(namespace, kind)
-        stored = await store.get_resource(namespace, kind, name)
+            return await backend.list_resources(namespace, kind)
+        stored = await backend.get_resource(namespace, kind, name)
     if stored is None:
         raise NotFoundError(f"{kind} {name!r} not found in namespace {namespace!r}")
     return [stored]
@@ -266,15 +269,16 @@ def describe(
 
 
 async def _describe(namespace: str, kind: str, name: str) -> tuple[StoredResource, list[str]]:
+    from corral.cli.backend import open_backend
     from corral.core.errors import NotFoundError
     from corral.resources.loader import format_path
     from corral.resources.references import referrers
 
-    async with open_cli_store() as (store, _):
-        stored = await store.get_resource(namespace, kind, name)
+    async with open_backend() as backend:
+        stored = await backend.get_resource(namespace, kind, name)
         if stored is None:
             raise NotFoundError(f"{kind} {name!r} not found in namespace {namespace!r}")
-        others = [s.resource for s in await store.list_resources(namespace)]
+        others = [s.resource for s in await backend.list_resources(namespace, None)]
     used_by = [
         f"{r.kind.lower()}/{r.name} ({format_path(field)})"
         for r, field in referrers((kind, name), others)
@@ -302,5 +306,7 @@ def delete(
 
 
 async def _delete(namespace: str, kind: str, name: str) -> None:
-    async with open_cli_store() as (store, _):
-        await store.delete_resource(namespace, kind, name)
+    from corral.cli.backend import open_backend
+
+    async with open_backend() as backend:
+        await backend.delete_resource(namespace, kind, name)

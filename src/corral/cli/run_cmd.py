@@ -123,15 +123,15 @@ async def _run(
 ) -> Any:
     from rich.console import Console
 
+    from corral.cli.backend import open_backend
     from corral.cli.render import EventPrinter, record_json
-    from corral.cli.resources_cmd import apply_paths, open_cli_store
-    from corral.runtime.local import run_agent
+    from corral.cli.resources_cmd import Applied
 
     err = Console(stderr=True, highlight=False)
     out = Console(highlight=False, soft_wrap=True)
-    async with open_cli_store() as (store, settings):
+    async with open_backend() as backend:
         if files:
-            applied = await apply_paths(store, files, namespace)
+            applied = Applied(await backend.apply(files, namespace))
             for line in applied.lines:
                 err.print(f"[dim]{line}[/]")
             if agent is None:
@@ -144,15 +144,13 @@ async def _run(
                 agent = agents[0]
         assert agent is not None
         printer = None if quiet else EventPrinter(out, err)
-        record = await run_agent(
-            store,
-            settings,
+        record = await backend.run(
             agent,
             prompt,
             namespace=namespace,
             session=session,
             output_schema=schema,
-            observer=printer,
+            show=printer,
             loading=_spinner(err),
         )
     if printer is not None:

@@ -40,6 +40,10 @@ def serve(
     """
     import logging
 
+    from corral.cli.backend import require_local
+
+    require_local("serve")
+
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
 
     async def go() -> None:

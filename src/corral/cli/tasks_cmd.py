@@ -12,7 +12,6 @@ from corral.cli.main import EXIT_BAD_INPUT, fail, run_async
 
 if TYPE_CHECKING:
     from corral.core.runs import RunRecord
-    from corral.store.base import Store
 
 NAMESPACE = typer.Option("default", "-n", "--namespace", help="The namespace.")
 
@@ -63,11 +62,10 @@ def submit(
 
 
 async def submit_task(agent: str, prompt: str, **options: Any) -> tuple[RunRecord, bool]:
-    from corral.cli.resources_cmd import open_cli_store
-    from corral.runtime.local import submit as submit_run
+    from corral.cli.backend import open_backend
 
-    async with open_cli_store() as (store, _):
-        return await submit_run(store, agent, prompt, **options)
+    async with open_backend() as backend:
+        return await backend.submit(agent, prompt, **options)
 
 
 # --------------------------------------------------------------------------- tasks
@@ -93,10 +91,11 @@ def tasks_list(
         fail(f"unknown state; states are {', '.join(s.value for s in RunState)}", EXIT_BAD_INPUT)
 
     async def go() -> list[RunRecord]:
-        from corral.cli.resources_cmd import open_cli_store
+        from corral.cli.backend import open_backend
 
-        async with open_cli_store() as (store, _):
-            return await store.list_runs(namespace, agent, limit, states)
+        async with open_backend() as backend:
+            chosen = [s.value for s in states] if states else None
+            return await backend.list_runs(namespace, agent, limit, chosen)
 
     records = run_async(go())
     if output == "json":
@@ -125,10 +124,10 @@ def tasks_cancel(task_id: str = typer.Argument(..., help="The task (run) id.")) 
     """Cancel a queued, waiting or running task (a running one stops promptly)."""
 
     async def go() -> RunRecord:
-        from corral.cli.resources_cmd import open_cli_store
+        from corral.cli.backend import open_backend
 
-        async with open_cli_store() as (store, _):
-            return await store.request_cancel(task_id)
+        async with open_backend() as backend:
+            return await backend.cancel(task_id)
 
     record = run_async(go())
     if record.state.finished:
@@ -138,11 +137,11 @@ def tasks_cancel(task_id: str = typer.Argument(..., help="The task (run) id.")) 
 
 
 async def _get_run(run_id: str) -> RunRecord:
-    from corral.cli.resources_cmd import open_cli_store
+    from corral.cli.backend import open_backend
     from corral.core.errors import NotFoundError
 
-    async with open_cli_store() as (store, _):
-        record = await store.get_run(run_id)
+    async with open_backend() as backend:
+        record = await backend.get_run(run_id)
     if record is None:
         raise NotFoundError(f"task {run_id!r} not found")
     return record
@@ -178,36 +177,16 @@ def logs(
             printer.render(event)
 
     async def go() -> None:
-        from corral.cli.resources_cmd import open_cli_store
+        from corral.cli.backend import open_backend
 
-        async with open_cli_store() as (store, _):
-            if await store.get_run(run_id) is None:
+        async with open_backend() as backend:
+            if await backend.get_run(run_id) is None:
                 from corral.core.errors import NotFoundError
 
                 raise NotFoundError(f"run {run_id!r} not found")
-            await follow_events(store, run_id, show, follow=follow)
+            await backend.follow(run_id, show, follow=follow)
 
     run_async(go())
-
-
-async def follow_events(
-    store: Store, run_id: str, show: Any, *, follow: bool, after: int = 0, poll: float = 0.2
-) -> RunRecord:
-    """Hand each stored event to ``show``; with ``follow`` until the run ends or pauses."""
-    import anyio
-
-    while True:
-        for event in await store.list_events(run_id, after):
-            after = event.seq
-            await show(event)
-        record = await store.get_run(run_id)
-        assert record is not None
-        if not follow or record.state.finished or record.state.value == "waiting_approval":
-            for event in await store.list_events(run_id, after):  # written just before
-                after = event.seq
-                await show(event)
-            return record
-        await anyio.sleep(poll)
 
 
 # --------------------------------------------------------------------------- approvals
@@ -224,11 +203,10 @@ def approvals_list(
     from rich.table import Table
 
     async def go() -> list[Any]:
-        from corral.cli.resources_cmd import open_cli_store
+        from corral.cli.backend import open_backend
 
-        async with open_cli_store() as (store, _):
-            states = None if all_states else ["pending"]
-            return await store.list_approvals(namespace, states=states)
+        async with open_backend() as backend:
+            return await backend.list_approvals(namespace, None if all_states else ["pending"])
 
     approvals = run_async(go())
     if output == "json":
@@ -263,15 +241,11 @@ def approvals_reject(
 
 
 def _decide(approval_id: str, approved: bool, reason: str | None) -> None:
-    import getpass
-
     async def go() -> Any:
-        from corral.cli.resources_cmd import open_cli_store
+        from corral.cli.backend import open_backend
 
-        async with open_cli_store() as (store, _):
-            return await store.decide_approval(
-                approval_id, approved, by=getpass.getuser(), reason=reason
-            )
+        async with open_backend() as backend:
+            return await backend.decide(approval_id, approved, reason)
 
     approval = run_async(go())
     typer.echo(f"{approval.id} {approval.state.value} (run {approval.run_id})")
@@ -285,10 +259,10 @@ def sessions_list(namespace: str = NAMESPACE) -> None:
     """Sessions, most recently used first."""
 
     async def go() -> list[Any]:
-        from corral.cli.resources_cmd import open_cli_store
+        from corral.cli.backend import open_backend
 
-        async with open_cli_store() as (store, _):
-            return await store.list_sessions(namespace)
+        async with open_backend() as backend:
+            return await backend.list_sessions(namespace)
 
     for s in run_async(go()):
         typer.echo(f"{s.id}\t{s.agent}")
@@ -302,13 +276,10 @@ def sessions_show(
     """A session's messages."""
 
     async def go() -> list[Any]:
-        from corral.cli.resources_cmd import open_cli_store
-        from corral.core.errors import NotFoundError
+        from corral.cli.backend import open_backend
 
-        async with open_cli_store() as (store, _):
-            if await store.get_session(session_id) is None:
-                raise NotFoundError(f"session {session_id!r} not found")
-            return await store.session_messages(session_id, include_hidden=all_messages)
+        async with open_backend() as backend:
+            return await backend.session_messages(session_id, include_hidden=all_messages)
 
     for m in run_async(go()):
         flags = " (compacted)" if m.hidden else " (summary)" if m.summary else ""
@@ -320,10 +291,10 @@ def sessions_delete(session_id: str = typer.Argument(...)) -> None:
     """Delete a session and its messages."""
 
     async def go() -> None:
-        from corral.cli.resources_cmd import open_cli_store
+        from corral.cli.backend import open_backend
 
-        async with open_cli_store() as (store, _):
-            await store.delete_session(session_id)
+        async with open_backend() as backend:
+            await backend.delete_session(session_id)
 
     run_async(go())
     typer.echo(f"session/{session_id} deleted")
@@ -354,6 +325,9 @@ def gc(
     namespace: str | None = typer.Option(None, "-n", "--namespace", help="Only this namespace."),
 ) -> None:
     """Delete finished runs with their events and approvals (default: CORRAL_RUN_RETENTION_DAYS)."""
+    from corral.cli.backend import require_local
+
+    require_local("gc")
 
     async def go() -> int:
         from corral.cli.resources_cmd import open_cli_store
@@ -386,11 +360,24 @@ def worker(
     concurrency: int = typer.Option(8, "--concurrency", min=1, help="Runs at once."),
     lease_seconds: float = typer.Option(30.0, "--lease-seconds", min=1.0),
     grace_seconds: float = typer.Option(30.0, "--grace-seconds", min=0.0),
-    poll_seconds: float = typer.Option(0.5, "--poll-seconds", min=0.01),
+    poll_seconds: float | None = typer.Option(
+        None,
+        "--poll-seconds",
+        min=0.01,
+        help="How often the store is swept for runs (default 0.5; 5 with CORRAL_NATS_URL, "
+        "where runs are dispatched as they are announced).",
+    ),
 ) -> None:
-    """Claim and execute queued runs until SIGTERM or Ctrl-C (then drain and release)."""
+    """Claim and execute queued runs until SIGTERM or Ctrl-C (then drain and release).
+
+    With CORRAL_NATS_URL the worker takes runs from NATS JetStream as they are
+    announced, and sweeps the store now and then for anything no message announced.
+    """
     import logging
 
+    from corral.cli.backend import require_local
+
+    require_local("worker")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
 
     async def go() -> None:
@@ -398,20 +385,29 @@ def worker(
 
         import anyio
 
+        from corral.bus import open_settings_bus
         from corral.cli.resources_cmd import open_cli_store
-        from corral.runtime.worker import Worker
+        from corral.runtime.worker import Worker, default_owner
 
         stop = anyio.Event()
-        async with open_cli_store() as (store, settings):
+        owner = default_owner()
+        async with (
+            open_cli_store() as (store, settings),
+            await open_settings_bus(settings, name=f"corral worker {owner}") as bus,
+        ):
+            default_poll = 5.0 if bus.dispatches else 0.5
             w = Worker(
                 store,
                 settings,
                 concurrency=concurrency,
                 lease_seconds=lease_seconds,
                 grace_seconds=grace_seconds,
-                poll_seconds=poll_seconds,
+                poll_seconds=default_poll if poll_seconds is None else poll_seconds,
+                owner=owner,
+                bus=bus,
             )
-            logging.getLogger("corral").info("worker %s started", w.owner)
+            via = "NATS" if bus.dispatches else "the store"
+            logging.getLogger("corral").info("worker %s started (runs from %s)", w.owner, via)
             async with anyio.create_task_group() as group:
 
                 async def signals() -> None:

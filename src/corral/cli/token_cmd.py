@@ -25,6 +25,14 @@ def register(app: typer.Typer) -> None:
     app.add_typer(token_app, name="token")
 
 
+@token_app.callback()
+def _store_only() -> None:
+    # These commands work on the store; over the API, tokens are /v1/tokens (corral.client).
+    from corral.cli.backend import require_local
+
+    require_local("token")
+
+
 @token_app.command("create")
 def create(
     namespace: str = typer.Option(..., "-n", "--namespace", help="The token's namespace."),

@@ -25,7 +25,7 @@ import random
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import replace
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import anyio
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
@@ -144,25 +144,29 @@ class RetryingModel(Model):
     async def request(
         self, messages: Sequence[Message], tools: Sequence[ToolSpec], settings: ModelSettings
     ) -> ModelResponse:
-        # Most calls succeed at once: the first attempt skips tenacity's per-call machinery
-        # (measurable at agent-loop speeds); a retryable failure goes through the policy,
-        # whose first attempt is then the request made again, so attempts are not doubled.
+        return await self._attempts(self.inner.request, messages, tools, settings)
+
+    def stream(
+        self, messages: Sequence[Message], tools: Sequence[ToolSpec], settings: ModelSettings
+    ) -> AsyncIterator[StreamItem]:
+        return _relay(lambda: self._attempts(_open_stream, self.inner, messages, tools, settings))
+
+    async def _attempts(self, call: Callable[..., Awaitable[R]], *args: Any) -> R:
+        """``call(*args)`` under the policy.
+
+        Most calls succeed at once, so the first attempt skips tenacity's per-call
+        machinery (measurable at agent-loop speeds); after a retryable failure
+        tenacity runs the policy's remaining attempts.
+        """
         try:
-            return await self.inner.request(messages, tools, settings)
+            return await call(*args)
         except ModelError as exc:
             if not exc.retryable or self.policy.max_attempts < 2:
                 raise
             first_failure = exc
         await anyio.sleep(self._delay(first_failure, 1))
-        response: ModelResponse = await self._retrying(done=1)(
-            self.inner.request, messages, tools, settings
-        )
-        return response
-
-    def stream(
-        self, messages: Sequence[Message], tools: Sequence[ToolSpec], settings: ModelSettings
-    ) -> AsyncIterator[StreamItem]:
-        return _relay(lambda: self._retrying()(_open_stream, self.inner, messages, tools, settings))
+        result: R = await self._retrying(done=1)(call, *args)
+        return result
 
     async def prepare(self) -> None:
         await self.inner.prepare()

@@ -100,13 +100,13 @@ class RunExecutor:
         if stop.reason == "lost":
             return "lost"
         try:
-            if result == "released":
+            if result == "released":  # a retry with backoff: due at its not_before
+                await self._announce_released(lease)
                 return "released"
             if stop.reason == "shutdown":
                 await sink.flush()
                 await self.store.release_run(lease)
-                if self.bus is not None:
-                    await self.bus.announce_runnable([record.id])
+                await self._announce_released(lease)
                 return "released"
             if stop.reason == "cancelled":
                 await sink.flush()
@@ -162,6 +162,12 @@ class RunExecutor:
                 await sink.emit(EventType.ERROR, **exc.to_dict(), retry=record.attempts + 1)
                 await self.store.release_run(lease, not_before=time.time() + self._backoff(record))
                 return "released"
+
+    async def _announce_released(self, lease: Lease) -> None:
+        """Announce a run this lease released: its fencing token marks the release, which
+        no other announcement of the run shares (each claim takes a new token)."""
+        if self.bus is not None:
+            await self.bus.announce_runnable([lease.run_id], mark=f"released:{lease.token}")
 
     def _backoff(self, record: RunRecord) -> float:
         ceiling = self.retry_base_seconds * 2 ** (record.attempts - 1)

@@ -45,8 +45,9 @@ async def submit(
 ) -> tuple[RunRecord, bool]:
     """Queue a run of ``agent``; returns ``(run, created)`` (``False``: the key was seen before).
 
-    ``NotFoundError`` (nothing stored) when the agent does not exist. A new run
-    due now is announced on ``bus``.
+    ``NotFoundError`` (nothing stored) when the agent does not exist. A new run is
+    announced on ``bus`` (one due later too: a dispatching bus delivers it again
+    when it is due).
     """
     stored = await store.get_resource(namespace, "Agent", agent)
     if stored is None:
@@ -70,8 +71,8 @@ async def submit(
         output_schema=output_schema,
     )
     stored_record, created = await store.submit_run(record)
-    if created and bus is not None and delay <= 0:
-        await bus.announce_runnable([stored_record.id])
+    if created and bus is not None:
+        await bus.announce_runnable([stored_record.id], mark="submitted")
     return stored_record, created
 
 

@@ -89,7 +89,11 @@ class Worker:
         )
         self.active: dict[str, Lease] = {}
         self._reserved = 0  # slots of deliveries whose claim is under way
+        self._bus_quiet = True  # whether the last fetch of deliveries came back empty
         self.executed = 0
+        self.swept = 0  # runs claimed by looking in the store
+        self.sweeps = 0  # times the store was looked at (dispatched mode)
+        self.dispatched = 0  # runs claimed from a bus delivery
         self._wake = anyio.Event()
         self._idle = anyio.Event()
         self._shutdown = anyio.Event()
@@ -110,6 +114,13 @@ class Worker:
                 if not claimed:
                     await self._idle_wait(stop)
             await self._drain()
+        if self.bus.dispatches:
+            log.info(
+                "worker %s: %d runs taken from bus deliveries, %d found by the store sweep",
+                self.owner,
+                self.dispatched,
+                self.swept,
+            )
 
     def _free(self) -> int:
         return self.concurrency - len(self.active) - self._reserved
@@ -132,6 +143,7 @@ class Worker:
         for record, lease in claims:
             self.active[record.id] = lease
             group.start_soon(self._execute, record, lease)
+        self.swept += len(claims)
         self._backlog = len(claims) == free
         return len(claims)
 
@@ -178,14 +190,24 @@ class Worker:
     # ----------------------------------------------------------------- dispatched runs
 
     async def _serve_dispatched(self, stop: anyio.Event, group: anyio.abc.TaskGroup) -> None:
-        """Take deliveries until ``stop``; sweep the store every ``poll_seconds`` meanwhile."""
+        """Take deliveries until ``stop``; sweep the store every ``poll_seconds`` meanwhile.
+
+        The sweep claims runs only while the bus has nothing for this worker (its last
+        fetch came back empty): with a backlog of announced runs, runs claimed by the
+        sweep would turn their deliveries into wasted claims on the other workers.
+        """
         async with anyio.create_task_group() as loops:
             loops.start_soon(self._take_deliveries, stop, group)
             while not stop.is_set():
                 try:
-                    await self._claim(group)
+                    if self._bus_quiet:
+                        await self._claim(group)
+                    else:
+                        await self.store.expire_approvals()
+                        await self._prune()
                 except StoreError as exc:  # the store is down: the next sweep tries again
                     log.warning("store sweep failed: %s", exc)
+                self.sweeps += 1
                 with anyio.move_on_after(self.poll_seconds):
                     await stop.wait()
             loops.cancel_scope.cancel()
@@ -197,12 +219,15 @@ class Worker:
                 await self._wake.wait()  # set when a run of this worker ends
                 self._wake = anyio.Event()
                 continue
-            for delivery in await self.bus.take_runnable(free, TAKE_SECONDS):
+            deliveries = await self.bus.take_runnable(free, TAKE_SECONDS)
+            self._bus_quiet = not deliveries
+            for delivery in deliveries:
                 self._reserved += 1
                 group.start_soon(self._dispatched, delivery, stop)
 
     async def _dispatched(self, delivery: Delivery, stop: anyio.Event) -> None:
         """Claim the delivered run by id and execute it, holding the delivery meanwhile."""
+        started = False
         try:
             if stop.is_set():
                 await delivery.nak()  # for a worker that is not stopping
@@ -220,8 +245,12 @@ class Worker:
                 return
             record, lease = claims[0]
             self.active[record.id] = lease
+            self.dispatched += 1
+            started = True
         finally:
             self._reserved -= 1
+            if not started:
+                self._wake.set()  # its slot is free again: a full worker may take more
         async with anyio.create_task_group() as keep:
             keep.start_soon(_keep_in_progress, delivery, self.bus.ack_wait_seconds / 3)
             outcome = await self._execute(record, lease)

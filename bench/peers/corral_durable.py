@@ -1,0 +1,113 @@
+"""Corral in embedded durable mode: a fresh SQLite store in a temporary directory, no services.
+
+Two shapes of the same durable run (the ``openai`` provider pointed at the fake
+server, ``add`` as a ``python`` Tool resource, every model response and tool
+result journaled with ``synchronous=FULL`` before the run moves on):
+
+- :class:`CorralEmbedded`: each task is :func:`corral.runtime.local.run_agent`
+  (submit, claim that run, execute it here) - the library call behind
+  ``corral run``, and the same shape as the peers' ``await agent.run(...)``.
+- :class:`CorralWorker`: every task is submitted, then one in-process
+  :class:`~corral.runtime.worker.Worker` with ``concurrency`` slots drains them;
+  timed from the first submit to the last success.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import anyio
+from _common import BENCH
+
+from corral.core.runs import RunRecord, RunState
+from corral.core.settings import Settings
+from corral.resources.loader import load_text
+from corral.runtime.local import run_agent, submit
+from corral.runtime.worker import Worker
+from corral.store import open_store
+from peers._base import INSTRUCTIONS, MODEL, Framework, Setup, prompt
+
+
+def resources(setup: Setup) -> str:
+    """The ModelEndpoint, Tool and Agent of the task, as a user would write them."""
+    return f"""
+apiVersion: corral/v1
+kind: ModelEndpoint
+metadata: {{name: fake}}
+spec:
+  provider: openai
+  model: {MODEL}
+  base_url: {setup.base_url}
+  retry: {{max_attempts: 1}}
+---
+apiVersion: corral/v1
+kind: Tool
+metadata: {{name: add}}
+spec:
+  type: python
+  python: {{function: "bench_tools:add", path: "{BENCH}"}}
+  idempotent: true
+---
+apiVersion: corral/v1
+kind: Agent
+metadata: {{name: calculator}}
+spec:
+  model: fake
+  instructions: {INSTRUCTIONS}
+  tools: [add]
+  stream: false
+  limits: {{max_steps: {setup.calls + 2}}}
+"""
+
+
+class CorralEmbedded(Framework):
+    """One ``run_agent`` call per task, ``concurrency`` at a time."""
+
+    async def start(self, setup: Setup) -> None:
+        await super().start(setup)
+        self._tmp = tempfile.TemporaryDirectory(prefix="corral-bench-")
+        home = Path(self._tmp.name)
+        os.environ["CORRAL_HOME"] = str(home)  # the secret key file, workspaces: all in here
+        url = f"sqlite:///{home / 'corral.db'}"
+        self.settings = Settings(home=home, db_url=url, secret_key=None)
+        self.store = await open_store(url)
+        await self.store.apply(load_text(resources(setup), "bench.yaml"))
+
+    async def run_one(self, index: int) -> str:
+        record = await run_agent(self.store, self.settings, "calculator", prompt(index))
+        return answer_of(record)
+
+    async def stop(self) -> None:
+        await self.store.close()
+        self._tmp.cleanup()
+
+
+class CorralWorker(CorralEmbedded):
+    """Submit every task, then one in-process ``Worker`` drains them."""
+
+    async def run_one(self, index: int) -> str:
+        raise NotImplementedError("the worker shape runs tasks in batches (see run)")
+
+    async def run(self, tasks: int, first_index: int) -> list[str]:
+        worker = Worker(
+            self.store, self.settings, concurrency=self.setup.concurrency, poll_seconds=0.05
+        )
+        ids = [
+            (await submit(self.store, "calculator", prompt(first_index + n)))[0].id
+            for n in range(tasks)
+        ]
+        await worker.serve(anyio.Event(), until_idle=True)
+        answers = []
+        for run_id in ids:
+            answers.append(answer_of(await self.store.get_run(run_id)))
+        return answers
+
+
+def answer_of(record: RunRecord | None) -> str:
+    """The final text of a finished run; a run that did not succeed is an error."""
+    if record is None or record.state is not RunState.SUCCEEDED:
+        detail = "missing" if record is None else f"{record.state}: {record.error}"
+        raise RuntimeError(f"the run did not succeed ({detail})")
+    return str(record.output)

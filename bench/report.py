@@ -1,0 +1,396 @@
+"""Turns one run's results into the tables and ``docs/benchmarks.md``.
+
+Nothing here holds a measured figure: every number in the page comes from the
+results of the run being rendered (or from the issue's targets, which are named
+as targets). The reading at the end is computed from the same results, so it
+cannot drift from the tables above it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import overhead
+import scale
+import startup
+import throughput
+from _common import fmt, median, spread, table
+
+#: a ratio to the floor this far under 1 is taken for noise (the floor does the least work)
+NOISE_RATIO = 0.9
+
+
+def plural(count: int, word: str) -> str:
+    """``1 round``, ``5 rounds``."""
+    return f"{count:,} {word}" + ("" if count == 1 else "s")
+
+
+SECTIONS = {
+    "overhead": ("1. Agent-loop overhead", overhead.render),
+    "throughput": ("2. Task throughput", throughput.render),
+    "scale": ("3. Scale of concurrency", scale.render),
+    "startup": ("4. Start-up", startup.render),
+}
+
+
+# --------------------------------------------------------------------------- targets
+
+
+def _verdict(met: bool | None, quick: bool) -> str:
+    if quick:
+        return "quick run: not a measurement"
+    if met is None:
+        return "not measured"
+    return "met" if met else "**not met**"
+
+
+def target_rows(results: dict[str, Any]) -> list[list[str]]:
+    """One row per target of the issue: what it asks, what this run got, met or not."""
+    quick = bool(results["meta"].get("quick"))
+    rows: list[list[str]] = []
+    if (section := results.get("overhead")) is not None:
+        limit = section["target_ratio"]
+        for level in section["levels"]:
+            got, met_by, missed_by = [], [], []
+            for row in section["rows"]:
+                if row["level"] == level and row["name"].startswith("corral"):
+                    if row["status"] == "ok" and row["ratio"]:
+                        got.append(f"{row['name']}: {spread(row['ratio'], 2, 'x')}")
+                        ok = median(row["ratio"]) <= limit
+                        (met_by if ok else missed_by).append(row["name"])
+                    else:
+                        got.append(f"{row['name']}: {row['status']}")
+            verdict = _verdict(not missed_by if got else None, quick)
+            if met_by and missed_by and not quick:  # the two shapes of a Corral run disagree
+                verdict = f"met by {', '.join(met_by)}; **not met** by {', '.join(missed_by)}"
+            noisy = any(
+                r["level"] == level and r["name"] != "floor" and min(r["ratio"]) < NOISE_RATIO
+                for r in section["rows"]
+                if r["status"] == "ok" and r["ratio"]
+            )
+            if noisy and not quick:
+                verdict += " (a noisy floor in some rounds: see the reading)"
+            rows.append(
+                [
+                    f"Corral durable run at c={level}: at most {limit}x the floor (ms per model call)",
+                    "; ".join(got) or "-",
+                    verdict,
+                ]
+            )
+    if (section := results.get("throughput")) is not None:
+        got = section["samples"].get("corral-sqlite") or []
+        totals = [s["total_per_s"] for s in got]
+        rows.append(
+            [
+                f"Durable no-op tasks on SQLite: at least {section['target_per_s']:,}/s",
+                f"{spread(totals, 0)}/s" if totals else section["status"]["corral-sqlite"],
+                _verdict(median(totals) >= section["target_per_s"] if totals else None, quick),
+            ]
+        )
+    if (section := results.get("scale")) is not None:
+        # only a round that really had every run in flight at once speaks to the target
+        full = [s for s in section["samples"] if s["max_in_flight"] >= section["runs"]]
+        met: bool | None = None
+        if full:
+            peak = [s["peak_rss_mb"] for s in full]
+            met = median(peak) < section["target_rss_mb"]
+            shown = f"peak RSS {spread(peak, 0)} MB"
+            if len(full) < len(section["samples"]):
+                shown += f" ({len(full)} of {len(section['samples'])} rounds had all in flight)"
+        elif section["samples"]:
+            most = max(s["max_in_flight"] for s in section["samples"])
+            shown = f"not shown: at most {most:,} runs were in flight at once"
+        else:
+            shown = "failed"
+        rows.append(
+            [
+                f"{section['runs']:,} concurrent in-flight runs on one worker: under "
+                f"{section['target_rss_mb']} MB RSS",
+                shown,
+                _verdict(met, quick),
+            ]
+        )
+    if (section := results.get("startup")) is not None:
+        got = section.get("samples", {}).get("corral --help", {}).get("ms", [])
+        rows.append(
+            [
+                f"`corral --help` under {section.get('target_help_ms', startup.TARGET_HELP_MS)} ms",
+                f"{spread(got, 0)} ms" if got else "failed",
+                _verdict(median(got) < section["target_help_ms"] if got else None, quick),
+            ]
+        )
+    return rows
+
+
+def targets_table(results: dict[str, Any]) -> str:
+    return table(["target", "this run: median (min-max)", "verdict"], target_rows(results))
+
+
+def sections_text(results: dict[str, Any]) -> str:
+    """Every measured section's table, under its heading."""
+    parts = []
+    for key, (title, render) in SECTIONS.items():
+        if key in results:
+            parts.append(f"### {title}\n\n{render(results[key])}")
+    return "\n\n".join(parts)
+
+
+def stdout_text(results: dict[str, Any]) -> str:
+    """What ``bench/run.py`` prints at the end."""
+    return f"{sections_text(results)}\n\n### Targets\n\n{targets_table(results)}\n"
+
+
+# --------------------------------------------------------------------------- the page
+
+
+def _machine_lines(meta: dict[str, Any]) -> list[str]:
+    m = meta["machine"]
+    load = meta.get("load", {})
+    disk = meta.get("disk_commits_per_s", [])
+    lines = [
+        f"- Date: {meta['date']}; commit `{meta['commit']}`; the run took "
+        f"{fmt(load.get('wall_seconds', 0) / 60, 1)} minutes.",
+        f"- CPU: {m['cpu']}, {m['cores']} cores; memory {m['memory']}.",
+        f"- OS: {m['os']}; {m['python']}; SQLite {m['sqlite']}.",
+    ]
+    if disk:
+        lines.append(
+            "- Disk: a raw `sqlite3` loop of one-row write transactions (WAL, "
+            f"`synchronous=FULL`, so one fsync each) did {spread(disk, 0)} commits/s "
+            "(probed before and after each section): the floor under every durable figure."
+        )
+    if load:
+        lines.append(
+            f"- Load while measuring: 1-minute load average {fmt(load['load_min'], 1)}-"
+            f"{fmt(load['load_max'], 1)} (median {fmt(load['load_median'], 1)}) on "
+            f"{m['cores']} cores; processes other than the benchmark's own (PostgreSQL's work "
+            f"for it included) used "
+            f"{fmt(100 * load['others_cpu_share'], 0)} % of the machine's CPU time, the "
+            f"benchmark itself {fmt(100 * load['bench_cpu_share'], 0)} %."
+        )
+    return lines
+
+
+def _versions_table(meta: dict[str, Any]) -> str:
+    rows = [[name, version] for name, version in meta["versions"].items()]
+    return table(["package", "version"], rows)
+
+
+def _method(results: dict[str, Any]) -> str:
+    parts = []
+    if (o := results.get("overhead")) is not None:
+        tasks = " and ".join(
+            f"{plural(o['tasks'][str(level)], 'task')} at c={level}" for level in o["levels"]
+        )
+        parts.append(
+            f"- **Agent-loop overhead** (`bench/overhead.py`, adapters in `bench/peers/`). "
+            f"Every framework runs the same task: the fake model (Corral's "
+            f"`FakeOpenAIServer`, real HTTP, one process of its own shared by every framework, so "
+            f"its CPU cost per call is the same for all) answers {o['calls']} tool calls to "
+            f"the same Python `add` function, one per turn, then a final answer: "
+            f"{o['calls'] + 1} model calls per task, Chat Completions, no streaming. Each "
+            f"measurement is a fresh child process, so peak RSS and cold start (import, "
+            f"build, first task) are that framework's alone; it runs an untimed warm-up, "
+            f"then times {tasks}, "
+            f"and checks the work: every answer right, the tool called and the server asked "
+            f"exactly as often as the task requires. {plural(o['rounds'], 'round')}, each running "
+            f"every framework in turn at each level (A B C ... A B C ...); 'x floor' is "
+            f"each round's figure over the floor's in the same round, so a slow moment "
+            f"widens the spread instead of reordering the rows. 'ms per model call' is wall "
+            f"time over model calls: at c>1, the inverse of the call throughput."
+        )
+    if (t := results.get("throughput")) is not None:
+        parts.append(
+            f"- **Task throughput** (`bench/throughput.py`). Corral: durable no-op tasks (a "
+            f"`scripted` agent, one text turn; {t['tasks']['corral-sqlite']:,} per measurement "
+            f"on SQLite, {t['tasks']['corral-postgres']:,} on PostgreSQL) submitted by "
+            f"{t['submitters']} concurrent callers to a fresh store, then drained by one worker "
+            f"with concurrency {t['concurrency']}; each is queued, claimed under a lease, "
+            f"journaled and saved. DBOS: {t['tasks']['dbos-sqlite']:,} workflows of one step each "
+            f"enqueued the same way on a queue with worker concurrency {t['concurrency']} "
+            f"(polling every 0.05 s, as Corral's worker here), timed until every result is "
+            f"back; DBOS works while the enqueueing goes on, so it has no separate drain "
+            f"figure. PostgreSQL runs go to a scratch database created beside "
+            f"`{t['postgres_url']}` and dropped after. {plural(t['rounds'], 'round')}, "
+            f"interleaved."
+        )
+    if (s := results.get("scale")) is not None:
+        parts.append(
+            f"- **Scale** (`bench/scale.py`). {s['runs']:,} runs of the task with "
+            f"{plural(s['calls'], 'tool call')} submitted to one worker with {s['runs']:,} "
+            f"slots, after one untimed run against an undelayed server (a warm worker, whose "
+            f"RSS is the 'warm, idle' column); the fake model answers every call "
+            f"{s['delay_s']:g} s late so that all of them wait at once (the server counts the "
+            f"most requests it held at the same time). Step latency is `step.finish` - "
+            f"`step.start` from each run's journal, shown as the excess over the model's "
+            f"{s['delay_s']:g} s: what the worker added under that load. "
+            f"{plural(s['rounds'], 'round')}."
+        )
+    if (u := results.get("startup")) is not None:
+        parts.append(
+            f"- **Start-up** (`bench/startup.py`). Whole processes, spawn to exit, with each "
+            f"process's peak RSS from GNU `time`; {plural(u['repeats'], 'repetition')}, "
+            f"interleaved"
+            + (", after one untimed run of each (a warm page cache)." if u.get("warm") else ".")
+        )
+    parts.append(
+        "- Figures are medians with min-max in brackets. Child processes run one at a "
+        "time; the fake server and the measured process each have a core of their own "
+        "on a 2-core machine only when nothing else runs."
+    )
+    return "\n".join(parts)
+
+
+def reading(results: dict[str, Any]) -> list[str]:
+    """Plain statements computed from the results: what the figures say and do not say."""
+    said: list[str] = []
+    meta = results["meta"]
+    if meta.get("quick"):
+        said.append(
+            "This was a `--quick` run: it shows that the harness works, not how fast anything is."
+        )
+    load = meta.get("load", {})
+    if load.get("others_cpu_share", 0) > 0.1:
+        said.append(
+            f"Other processes took {fmt(100 * load['others_cpu_share'], 0)} % of the CPU "
+            "while this ran, so absolute figures are low and noisy; the ratios, taken "
+            "round by round against the floor, are steadier. Where two rows' ranges "
+            "overlap, this run does not rank them."
+        )
+    if (o := results.get("overhead")) is not None:
+        for level in o["levels"]:
+            ranked = sorted(
+                (median(r["ratio"]), r["label"])
+                for r in o["rows"]
+                if r["level"] == level
+                and r["status"] == "ok"
+                and r["ratio"]
+                and r["name"] != "floor"
+            )
+            if ranked:
+                order = ", ".join(f"{label} {ratio:.2f}x" for ratio, label in ranked)
+                said.append(
+                    f"At concurrency {level}, cost per model call over the floor, lowest first: {order}."
+                )
+        under = [
+            (min(r["ratio"]), r["label"], r["level"])
+            for r in o["rows"]
+            if r["name"] != "floor" and r["status"] == "ok" and r["ratio"]
+        ]
+        if under and min(under)[0] < NOISE_RATIO:
+            low, label, level = min(under)
+            said.append(
+                f"Some rounds put a framework well under the floor (lowest: {label} at c={level}, "
+                f"{low:.2f}x). The floor is the least work for the same HTTP calls, so only "
+                "noise does that: the floor of that round was slowed by other processes. The "
+                "medians are the figures to read, and only where the ranges are narrow."
+            )
+        disk = meta.get("disk_commits_per_s", [])
+        floor = [
+            r for r in o["rows"] if r["name"] == "floor" and r["status"] == "ok" and r["level"] == 1
+        ]
+        if disk and floor:
+            floor_ms = median(floor[0]["ms_per_call"])
+            fast, slow = 1000 / max(disk), 1000 / min(disk)
+            line = (
+                f"A durable row also waits for the disk: one commit (an fsync) took "
+                f"{fmt(fast, 1)}-{fmt(slow, 1)} ms during this run, against "
+                f"{fmt(floor_ms, 1)} ms for a whole model call of the floor at c=1. A durable "
+                f"run commits at least once per model call (`tool.call` before a tool runs, "
+                f"`tool.result` before the next model call); that alone would make it "
+                f"{1 + fast / floor_ms:.2f}-{1 + slow / floor_ms:.2f}x the floor at c=1"
+            )
+            corral = [
+                r for r in o["rows"] if r["name"] == "corral" and r["level"] == 1 and r.get("ratio")
+            ]
+            if corral:
+                excess = median(corral[0]["ratio"]) - 1
+                if slow / floor_ms < excess / 2:
+                    line += f", so most of Corral's excess there (+{excess:.2f}x) is not the disk's"
+                else:
+                    line += f", so the disk may account for much of Corral's +{excess:.2f}x there"
+            said.append(line + ". At higher concurrency the commits of many runs share an fsync.")
+    if (t := results.get("throughput")) is not None:
+        got = t["samples"].get("corral-sqlite") or []
+        if got and "store_only_per_s" in got[0]:
+            total = median([s["total_per_s"] for s in got])
+            store = median([s["store_only_per_s"] for s in got])
+            if store > 0:
+                said.append(
+                    f"Corral no-op tasks on SQLite: {fmt(total, 0)}/s from submit to succeeded, "
+                    f"while the same store operations without the engine run at {fmt(store, 0)}/s: "
+                    f"about {fmt(100 * (1 - total / store), 0)} % of a task's time is spent "
+                    "outside the store (building the agent, the engine loop, events)."
+                )
+        dbos = t["samples"].get("dbos-sqlite") or []
+        if got and dbos:
+            said.append(
+                f"The DBOS queue on SQLite did {fmt(median([s['total_per_s'] for s in dbos]), 0)}/s "
+                "with its default SQLite settings (rollback journal, `synchronous=FULL`)."
+            )
+    if (s := results.get("scale")) is not None and s["samples"]:
+        got = s["samples"]
+        peak = median([x["peak_rss_mb"] for x in got])
+        idle = median([x["idle_rss_mb"] for x in got])
+        in_flight = min(x["max_in_flight"] for x in got)
+        said.append(
+            f"With up to {in_flight:,} runs waiting on the model at once (the fewest of any "
+            f"round), the worker's RSS grew from {fmt(idle, 0)} MB warm and idle to "
+            f"{fmt(peak, 0)} MB, about {fmt(1024 * (peak - idle) / s['runs'], 0)} KB per "
+            f"in-flight run. A step took {fmt(median([x['step_excess_p50_ms'] for x in got]), 0)} "
+            f"ms (p50) and {fmt(median([x['step_excess_p99_ms'] for x in got]), 0)} ms (p99) "
+            f"beyond the model's own wait: the answers of all runs come back within a few "
+            f"seconds of each other, and each waits its turn for the worker's one process."
+        )
+        if in_flight < s["runs"]:
+            said.append(
+                f"Not all {s['runs']:,} runs were in flight at once in every round: the "
+                f"worker took longer than the model's {s['delay_s']:g} s wait to start them "
+                "all, so the first answers came back before the last runs had asked."
+            )
+    if (u := results.get("startup")) is not None and "samples" in u:
+        floor = u["samples"].get("python -c pass", {}).get("ms", [])
+        helped = u["samples"].get("corral --help", {}).get("ms", [])
+        if floor and helped:
+            said.append(
+                f"`corral --help` takes {fmt(median(helped), 0)} ms, of which the interpreter's "
+                f"own start is {fmt(median(floor), 0)} ms; the rest is Corral's CLI (imports, "
+                "building and printing the help)."
+            )
+    return said
+
+
+def docs_page(results: dict[str, Any]) -> str:
+    """The whole of ``docs/benchmarks.md``."""
+    meta = results["meta"]
+    note = f"\n> **{meta['note']}**\n" if meta.get("note") else ""
+    reading_text = "\n".join(f"- {line}" for line in reading(results))
+    return f"""# Benchmarks
+
+Generated by `make bench` (`bench/run.py --write-docs`) from one run; do not edit the
+figures by hand, run it again. How to run it and what each part measures:
+`bench/README.md`. Every figure is the median over repeated, interleaved runs, with
+min-max in brackets.
+{note}
+## Targets
+
+{targets_table(results)}
+
+## Where and when
+
+{chr(10).join(_machine_lines(meta))}
+
+{_versions_table(meta)}
+
+## Method
+
+{_method(results)}
+
+## Results
+
+{sections_text(results)}
+
+## Reading
+
+{reading_text}
+"""

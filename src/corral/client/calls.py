@@ -1,0 +1,343 @@
+"""Every call of the HTTP API as data: what to send and how to read the answer.
+
+Each function here returns a :class:`Call`: the method, path, parameters and
+body of one request, and the function that turns its response into a model of
+:mod:`corral.core.api`. :class:`~corral.client.Client` and
+:class:`~corral.client.AsyncClient` only send calls, so the two cannot disagree
+about a path, a parameter or a body: the API's knowledge lives here once, and
+neither sync nor async I/O does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generic, NamedTuple, Protocol, TypeVar
+from urllib.parse import quote
+
+import httpx
+from pydantic import BaseModel
+
+from corral.core.api import (
+    ApplyResult,
+    ApprovalOut,
+    ApprovalPage,
+    EventPage,
+    Health,
+    Readiness,
+    ResourceOut,
+    ResourcePage,
+    SessionMessagePage,
+    SessionOut,
+    SessionPage,
+    Task,
+    TaskDetail,
+    TaskPage,
+    TokenCreated,
+    TokenOut,
+    TokenPage,
+)
+
+T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
+M = TypeVar("M", bound=BaseModel)
+
+Params = list[tuple[str, str | int | float | bool | None]]
+#: Documents to apply: YAML text, one document, or a list of documents.
+Documents = str | Mapping[str, Any] | Sequence[Mapping[str, Any]]
+
+
+class Page(Protocol[T_co]):
+    """A page of a list: its items and where the next page starts (``None``: no more)."""
+
+    @property
+    def items(self) -> Sequence[T_co]: ...
+
+    @property
+    def next_cursor(self) -> str | None: ...
+
+
+@dataclass(frozen=True)
+class Call(Generic[T_co]):
+    """One request and how to read its answer; ``timeout`` overrides the client's."""
+
+    method: str
+    path: str
+    parse: Callable[[httpx.Response], T_co]
+    params: Params = field(default_factory=Params)
+    json: Any = None
+    content: str | None = None
+    headers: dict[str, str] = field(default_factory=dict[str, str])
+    timeout: float | None = None
+    #: statuses whose body is the answer although they are not 2xx (readiness: 503)
+    accept: tuple[int, ...] = ()
+
+
+class Submitted(NamedTuple):
+    """A submitted task, and whether this call created it (``False``: the idempotency
+    key was seen before and ``task`` is the first task submitted with it)."""
+
+    task: Task
+    created: bool
+
+
+def _model(model: type[M]) -> Callable[[httpx.Response], M]:
+    def parse(response: httpx.Response) -> M:
+        return model.model_validate_json(response.content)
+
+    return parse
+
+
+def _nothing(response: httpx.Response) -> None:
+    return None
+
+
+def _seg(value: str) -> str:
+    """A path segment: ids and names come from callers, so they are quoted."""
+    return quote(value, safe="")
+
+
+def _paging(limit: int | None, cursor: str | None) -> Params:
+    params: Params = []
+    if limit is not None:
+        params.append(("limit", limit))
+    if cursor is not None:
+        params.append(("cursor", cursor))
+    return params
+
+
+def _states(states: str | Sequence[str] | None) -> Params:
+    if states is None:
+        return []
+    return [("state", s) for s in ([states] if isinstance(states, str) else states)]
+
+
+# --------------------------------------------------------------------------- operations
+
+
+def health() -> Call[Health]:
+    return Call("GET", "/healthz", _model(Health))
+
+
+def ready() -> Call[Readiness]:
+    return Call("GET", "/readyz", _model(Readiness), accept=(503,))
+
+
+# --------------------------------------------------------------------------- resources
+
+
+def apply(documents: Documents) -> Call[ApplyResult]:
+    if isinstance(documents, str):
+        return Call(
+            "POST",
+            "/v1/resources",
+            _model(ApplyResult),
+            content=documents,
+            headers={"Content-Type": "application/yaml"},
+        )
+    body = dict(documents) if isinstance(documents, Mapping) else [dict(d) for d in documents]
+    return Call("POST", "/v1/resources", _model(ApplyResult), json=body)
+
+
+def list_resources(
+    kind: str | None = None, *, limit: int | None = None, cursor: str | None = None
+) -> Call[ResourcePage]:
+    params: Params = [("kind", kind)] if kind is not None else []
+    return Call("GET", "/v1/resources", _model(ResourcePage), params + _paging(limit, cursor))
+
+
+def get_resource(kind: str, name: str) -> Call[ResourceOut]:
+    return Call("GET", f"/v1/resources/{_seg(kind)}/{_seg(name)}", _model(ResourceOut))
+
+
+def delete_resource(kind: str, name: str) -> Call[None]:
+    return Call("DELETE", f"/v1/resources/{_seg(kind)}/{_seg(name)}", _nothing)
+
+
+# --------------------------------------------------------------------------- tasks
+
+
+def submit(
+    agent: str,
+    input: str,
+    *,
+    session: str | None = None,
+    idempotency_key: str | None = None,
+    priority: int = 0,
+    delay_seconds: float = 0.0,
+    output_schema: Mapping[str, Any] | None = None,
+) -> Call[Submitted]:
+    body: dict[str, Any] = {"agent": agent, "input": input}
+    if session is not None:
+        body["session"] = session
+    if idempotency_key is not None:
+        body["idempotency_key"] = idempotency_key
+    if priority:
+        body["priority"] = priority
+    if delay_seconds:
+        body["delay_seconds"] = delay_seconds
+    if output_schema is not None:
+        body["output_schema"] = dict(output_schema)
+
+    def parse(response: httpx.Response) -> Submitted:
+        task = Task.model_validate_json(response.content)
+        return Submitted(task, response.status_code == 201)
+
+    return Call("POST", "/v1/tasks", parse, json=body)
+
+
+def list_tasks(
+    *,
+    state: str | Sequence[str] | None = None,
+    agent: str | None = None,
+    limit: int | None = None,
+    cursor: str | None = None,
+) -> Call[TaskPage]:
+    params = _states(state) + ([("agent", agent)] if agent is not None else [])
+    return Call("GET", "/v1/tasks", _model(TaskPage), params + _paging(limit, cursor))
+
+
+def get_task(task_id: str) -> Call[TaskDetail]:
+    return Call("GET", f"/v1/tasks/{_seg(task_id)}", _model(TaskDetail))
+
+
+def cancel_task(task_id: str) -> Call[Task]:
+    return Call("POST", f"/v1/tasks/{_seg(task_id)}/cancel", _model(Task))
+
+
+def events(
+    run_id: str, *, after: int = 0, cursor: str | None = None, limit: int | None = None
+) -> Call[EventPage]:
+    params: Params = [("after", after)] if after else []
+    return Call(
+        "GET",
+        events_path(run_id),
+        _model(EventPage),
+        params + _paging(limit, cursor),
+        headers={"Accept": "application/json"},
+    )
+
+
+def events_path(run_id: str) -> str:
+    return f"/v1/runs/{_seg(run_id)}/events"
+
+
+# --------------------------------------------------------------------------- approvals
+
+
+def list_approvals(
+    *,
+    state: str | Sequence[str] | None = None,
+    run_id: str | None = None,
+    limit: int | None = None,
+    cursor: str | None = None,
+) -> Call[ApprovalPage]:
+    params = _states(state) + ([("run_id", run_id)] if run_id is not None else [])
+    return Call("GET", "/v1/approvals", _model(ApprovalPage), params + _paging(limit, cursor))
+
+
+def get_approval(approval_id: str) -> Call[ApprovalOut]:
+    return Call("GET", f"/v1/approvals/{_seg(approval_id)}", _model(ApprovalOut))
+
+
+def decide(approval_id: str, approved: bool, reason: str | None = None) -> Call[ApprovalOut]:
+    verb = "approve" if approved else "reject"
+    body = {"reason": reason} if reason is not None else {}
+    return Call("POST", f"/v1/approvals/{_seg(approval_id)}/{verb}", _model(ApprovalOut), json=body)
+
+
+# --------------------------------------------------------------------------- sessions
+
+
+def list_sessions(
+    *, agent: str | None = None, limit: int | None = None, cursor: str | None = None
+) -> Call[SessionPage]:
+    params: Params = [("agent", agent)] if agent is not None else []
+    return Call("GET", "/v1/sessions", _model(SessionPage), params + _paging(limit, cursor))
+
+
+def get_session(session_id: str) -> Call[SessionOut]:
+    return Call("GET", f"/v1/sessions/{_seg(session_id)}", _model(SessionOut))
+
+
+def session_messages(
+    session_id: str,
+    *,
+    include_hidden: bool = False,
+    limit: int | None = None,
+    cursor: str | None = None,
+) -> Call[SessionMessagePage]:
+    params: Params = [("include_hidden", "true")] if include_hidden else []
+    return Call(
+        "GET",
+        f"/v1/sessions/{_seg(session_id)}/messages",
+        _model(SessionMessagePage),
+        params + _paging(limit, cursor),
+    )
+
+
+def delete_session(session_id: str) -> Call[None]:
+    return Call("DELETE", f"/v1/sessions/{_seg(session_id)}", _nothing)
+
+
+# --------------------------------------------------------------------------- prompts
+
+#: added to a prompt's own timeout for the HTTP wait: the server answers 202 at its timeout
+PROMPT_GRACE_SECONDS = 30.0
+
+
+def prompt(
+    agent: str, input: str, *, session: str | None = None, timeout_seconds: float = 60.0
+) -> Call[Task]:
+    body: dict[str, Any] = {"input": input, "timeout_seconds": timeout_seconds}
+    if session is not None:
+        body["session"] = session
+    return Call(
+        "POST",
+        f"/v1/agents/{_seg(agent)}/prompt",
+        _model(Task),
+        json=body,
+        timeout=timeout_seconds + PROMPT_GRACE_SECONDS,
+    )
+
+
+def prompt_object(
+    agent: str,
+    input: str,
+    *,
+    schema: Mapping[str, Any] | None = None,
+    session: str | None = None,
+    timeout_seconds: float = 60.0,
+) -> Call[Task]:
+    body: dict[str, Any] = {"input": input, "timeout_seconds": timeout_seconds}
+    if schema is not None:
+        body["schema"] = dict(schema)
+    if session is not None:
+        body["session"] = session
+    return Call(
+        "POST",
+        f"/v1/agents/{_seg(agent)}/prompt-object",
+        _model(Task),
+        json=body,
+        timeout=timeout_seconds + PROMPT_GRACE_SECONDS,
+    )
+
+
+# --------------------------------------------------------------------------- tokens
+
+
+def list_tokens(*, limit: int | None = None, cursor: str | None = None) -> Call[TokenPage]:
+    return Call("GET", "/v1/tokens", _model(TokenPage), _paging(limit, cursor))
+
+
+def create_token(role: str, *, name: str = "", description: str = "") -> Call[TokenCreated]:
+    body = {"role": role, "name": name, "description": description}
+    return Call("POST", "/v1/tokens", _model(TokenCreated), json=body)
+
+
+def get_token(token_id: str) -> Call[TokenOut]:
+    return Call("GET", f"/v1/tokens/{_seg(token_id)}", _model(TokenOut))
+
+
+def revoke_token(token_id: str) -> Call[TokenOut]:
+    return Call("POST", f"/v1/tokens/{_seg(token_id)}/revoke", _model(TokenOut))

@@ -1,0 +1,214 @@
+"""How a worker handles deliveries from a dispatching bus, in this process, on SQLite.
+
+The bus is a fake at the designed seam (:class:`DispatchingBus`): a list of
+deliveries the test hands out, each recording how the worker settled it. What
+must hold: a delivered run is claimed by id, executed while its delivery is kept
+alive, then acked; a delivery the store says needs no worker is acked; one not
+due yet comes back when it is; one whose run another worker holds is acked (or,
+delivered again, comes back when that lease expires, until its last delivery);
+and deliveries that claim nothing never stall a full worker.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import anyio
+import pytest
+
+from corral.bus.base import Delivery
+from corral.bus.local import LocalBus
+from corral.core.runs import RunState
+from corral.core.settings import Settings
+from corral.runtime.local import submit
+from corral.runtime.worker import Worker
+from corral.store import Store
+from durable_tools import ENV_DIR
+from test_worker import NOTE_TOOL, agent, apply, get, scripted, settings, store
+
+__all__ = ["settings", "store"]
+
+TESTS = Path(__file__).parent
+
+
+@dataclass
+class FakeDelivery(Delivery):
+    """A delivery that records its settlement."""
+
+    run_id: str
+    attempt: int = 1
+    last: bool = False
+    settled: list[tuple[str, float]] = field(default_factory=list[tuple[str, float]])
+    progress: int = 0
+
+    async def ack(self) -> None:
+        self.settled.append(("ack", 0.0))
+
+    async def nak(self, delay: float = 0.0) -> None:
+        self.settled.append(("nak", delay))
+
+    async def in_progress(self) -> None:
+        self.progress += 1
+
+    async def term(self) -> None:
+        self.settled.append(("term", 0.0))
+
+
+class DispatchingBus(LocalBus):
+    """An in-process bus that hands out the deliveries the test gives it."""
+
+    dispatches = True
+
+    def __init__(self, ack_wait_seconds: float = 30.0) -> None:
+        super().__init__()
+        self.ack_wait_seconds = ack_wait_seconds
+        self.pending: list[Delivery] = []
+        self._arrived = anyio.Event()
+
+    def deliver(self, *deliveries: Delivery) -> None:
+        self.pending.extend(deliveries)
+        self._arrived.set()
+
+    async def take_runnable(self, limit: int, seconds: float) -> list[Delivery]:
+        with anyio.move_on_after(seconds):
+            while not self.pending:
+                await self._arrived.wait()
+                self._arrived = anyio.Event()
+        taken, self.pending = self.pending[:limit], self.pending[limit:]
+        return taken
+
+
+@asynccontextmanager
+async def running(
+    store: Store, settings: Settings, bus: DispatchingBus, **options: float
+) -> AsyncIterator[Worker]:
+    """A worker on ``bus``, past its first sweep of the store (so everything afterwards
+    reaches it only by delivery), stopped when the block ends."""
+    worker = Worker(store, settings, bus=bus, poll_seconds=60, **options)  # type: ignore[arg-type]
+    stop = anyio.Event()
+    async with anyio.create_task_group() as group:
+        group.start_soon(worker.serve, stop)
+        await until(lambda: worker.sweeps >= 1)
+        yield worker
+        stop.set()
+
+
+async def until(check: Callable[[], bool], timeout: float = 10.0) -> None:
+    with anyio.fail_after(timeout):
+        while not check():
+            await anyio.sleep(0.01)
+
+
+async def quick_agent(store: Store) -> None:
+    await apply(
+        store,
+        scripted("{tool_calls: [{name: note, arguments: {note: hi}}]}", "{text: done}"),
+        NOTE_TOOL,
+        agent(),
+    )
+
+
+async def test_deliveries_that_claim_nothing_never_stall_a_full_worker(
+    store: Store, settings: Settings
+) -> None:
+    # One slot: a delivery of a run that is gone fills it; the worker must take the next.
+    await quick_agent(store)
+    bus = DispatchingBus()
+    async with running(store, settings, bus, concurrency=1):
+        gone = FakeDelivery("run_that_was_pruned")
+        bus.deliver(gone)
+        await until(lambda: bool(gone.settled))
+        run, _ = await submit(store, "helper", "hi")
+        real = FakeDelivery(run.id)
+        bus.deliver(real)
+        await until(lambda: bool(real.settled))
+    assert gone.settled == [("ack", 0.0)]
+    assert real.settled == [("ack", 0.0)]
+    stored = await get(store, run)
+    assert (stored.state, stored.output, stored.attempts) == (RunState.SUCCEEDED, "done", 1)
+
+
+async def test_a_finished_run_is_acked_and_a_run_not_due_comes_back_when_it_is(
+    store: Store, settings: Settings
+) -> None:
+    await quick_agent(store)
+    bus = DispatchingBus()
+    async with running(store, settings, bus) as worker:
+        later, _ = await submit(store, "helper", "in a minute", delay=60)
+        early = FakeDelivery(later.id)
+        bus.deliver(early)
+        await until(lambda: bool(early.settled))
+        [(what, delay)] = early.settled
+        assert what == "nak" and 55 < delay <= 60
+        assert (await get(store, later)).state is RunState.QUEUED  # not claimed early
+
+        cancelled = await store.request_cancel(later.id)
+        assert cancelled.state is RunState.CANCELLED
+        again = FakeDelivery(later.id, attempt=2)
+        bus.deliver(again)
+        await until(lambda: bool(again.settled))
+    assert again.settled == [("ack", 0.0)]
+    assert worker.dispatched == 0
+
+
+async def test_a_run_another_worker_holds_is_theirs_until_its_lease_expires(
+    store: Store, settings: Settings
+) -> None:
+    await quick_agent(store)
+    bus = DispatchingBus()
+    async with running(store, settings, bus) as worker:
+        run, _ = await submit(store, "helper", "hi")
+        await store.claim_runs("other-worker", 30, run_id=run.id)
+        first = FakeDelivery(run.id)
+        redelivered = FakeDelivery(run.id, attempt=2)
+        final = FakeDelivery(run.id, attempt=5, last=True)
+        bus.deliver(first, redelivered, final)
+        await until(lambda: all(d.settled for d in (first, redelivered, final)))
+    # A first delivery: the holder's lease is the guarantee.
+    assert first.settled == [("ack", 0.0)]
+    # Delivered again: its worker went silent; come back once the lease has expired.
+    [(what, delay)] = redelivered.settled
+    assert what == "nak" and 25 < delay < 32
+    # The last delivery is never nak'ed into the dead letters: the sweep has the run.
+    assert final.settled == [("ack", 0.0)]
+    assert worker.dispatched == 0
+    assert (await get(store, run)).lease_owner == "other-worker"
+
+
+async def test_a_long_run_keeps_its_delivery_alive_until_it_ends(
+    store: Store, settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(ENV_DIR, str(tmp_path))
+    await apply(
+        store,
+        scripted(
+            "{tool_calls: [{name: slow, arguments: {label: x, seconds: 0.8}}]}", "{text: done}"
+        ),
+        f"""
+apiVersion: corral/v1
+kind: Tool
+metadata: {{name: slow}}
+spec:
+  type: python
+  python: {{function: "durable_tools:perform_once", path: "{TESTS}"}}
+  idempotent: true
+""",
+        agent().replace("tools: [note]", "tools: [slow]"),
+    )
+    bus = DispatchingBus(ack_wait_seconds=0.3)  # in_progress every 0.1 s
+    async with running(store, settings, bus) as worker:
+        run, _ = await submit(store, "helper", "take your time")
+        delivery = FakeDelivery(run.id)
+        started = time.monotonic()
+        bus.deliver(delivery)
+        await until(lambda: bool(delivery.settled))
+        took = time.monotonic() - started
+    assert took >= 0.8
+    assert delivery.progress >= 4  # kept alive all along
+    assert delivery.settled == [("ack", 0.0)]
+    assert (await get(store, run)).state is RunState.SUCCEEDED
+    assert worker.dispatched == 1 and worker.swept == 0
