@@ -85,7 +85,9 @@ class RunExecutor:
         self, record: RunRecord, lease: Lease, sink: FencedSink, shutdown: anyio.Event | None
     ) -> Outcome:
         stop = _Stop()
-        events = await self.store.list_events(record.id)
+        # Events are only ever written under a lease, and a run's first lease has fencing
+        # token 1: under it there is no journal to read yet.
+        events = await self.store.list_events(record.id) if lease.token > 1 else []
         sink.last_seq = events[-1].seq if events else 0
         result: RunResult | Literal["released"] | None = None
         async with anyio.create_task_group() as group:
@@ -227,7 +229,11 @@ class RunExecutor:
         record.pending_approvals = result.pending_approvals
         if result.state.finished:
             record.finished_at = time.time()
-        asked = {a.call_id for a in await self.store.list_approvals(run_id=record.id)}
+        asked = (
+            {a.call_id for a in await self.store.list_approvals(run_id=record.id)}
+            if result.pending_approvals
+            else set()
+        )
         approvals = [
             Approval(
                 id=new_id("apr"),
