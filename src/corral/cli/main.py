@@ -12,7 +12,6 @@ with ``--debug``) and map to exit codes:
 
 from __future__ import annotations
 
-import asyncio
 import sys
 from collections.abc import Coroutine
 from typing import Any, NoReturn, TypeVar
@@ -65,6 +64,8 @@ def run_async(coro: Coroutine[Any, Any, T]) -> T:
     from corral.core.errors import CorralError, UserError
 
     try:
+        import asyncio  # here, not at the top: `corral --help` never needs it
+
         return asyncio.run(coro)
     except CorralError as exc:
         if _State.debug:

@@ -7,7 +7,6 @@ every document passes through :func:`~corral.resources.secrets.redacted`.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
 import time
@@ -81,6 +80,8 @@ async def apply_paths(store: Store, paths: Sequence[Path], namespace: str = "def
 
     Documents without ``metadata.namespace`` go to ``namespace``.
     """
+    import asyncio  # not at the top: `corral --help` never needs it
+
     from corral.resources.loader import load_paths
 
     loaded = await asyncio.to_thread(load_paths, list(paths), default_namespace=namespace)
