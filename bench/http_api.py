@@ -1,7 +1,9 @@
-"""The HTTP API: task submit throughput, and SSE fan-out latency to 100 followers.
+"""Section 5, the HTTP API: task submit throughput, and SSE fan-out latency to 1-100 followers.
 
-Standalone: ``.venv/bin/python bench/http_api.py [--submits N] [--followers N]``.
-Figures go to stdout (``--json`` for machine-readable output).
+``bench/run.py`` runs it as a section (:func:`run`: each round a child process
+``bench/http_api.py --child ...``). Standalone:
+``.venv/bin/python bench/http_api.py [--submits N] [--concurrency C] [--followers 1,10,100]``;
+figures go to stdout (``--json`` for machine-readable output).
 
 The server is a child process running the app of ``corral serve`` (store on a
 fresh SQLite file in WAL mode with ``synchronous=FULL``, rate limiting off); the clients are this process (httpx, keep-alive
@@ -11,7 +13,7 @@ connections), so client and server do not share an interpreter lock.
   durable queued task (committed before the answer), to a server without workers
   (``--workers 0``): the submit path alone, nobody claiming.
 - *SSE fan-out*: N followers hold ``GET /v1/runs/{id}/events`` streams open on one
-  run; the run (20 steps, each a model turn and a 20 ms tool call) is executed by
+  run (one run per N of ``--followers``, one after another on the same server); the run (20 steps, each a model turn and a 20 ms tool call) is executed by
   the embedded worker. Latency of one event at one follower = the time it was
   received minus the time its batch was committed: the server's bus records the
   moment each ``append_events`` commit was announced (right after the commit), and
@@ -31,11 +33,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
+from _common import BENCH, RESULT_MARK, run_child, spread, table
 
 STEPS = 20
 ANNOUNCES = "announces.json"
@@ -254,7 +258,7 @@ async def measure(scenario: str, args: argparse.Namespace, home: Path, port: int
     tools_dir = home / "tools"
     tools_dir.mkdir()
     (tools_dir / "bench_http_tools.py").write_text(TOOL_SOURCE)
-    limits = httpx.Limits(max_connections=args.followers + 50, max_keepalive_connections=64)
+    limits = httpx.Limits(max_connections=max(args.followers) + 50, max_keepalive_connections=64)
     async with httpx.AsyncClient(
         base_url=base, headers={"Authorization": f"Bearer {token}"}, limits=limits, timeout=60
     ) as client:
@@ -265,9 +269,9 @@ async def measure(scenario: str, args: argparse.Namespace, home: Path, port: int
         )
         assert applied.status_code == 200, applied.text
         if scenario == "submit":
-            await submit_throughput(client, 50, 4)  # warm-up
+            await submit_throughput(client, min(50, args.submits), 4)  # warm-up
             return [await submit_throughput(client, args.submits, c) for c in (1, args.concurrency)]
-        return await fan_out(client, args.followers)
+        return [await fan_out(client, followers) for followers in args.followers]
 
 
 def run_scenario(scenario: str, args: argparse.Namespace, workers: int) -> tuple[Any, Any]:
@@ -286,24 +290,153 @@ def run_scenario(scenario: str, args: argparse.Namespace, workers: int) -> tuple
         return measured, json.loads((home / ANNOUNCES).read_text())
 
 
+def measure_all(args: argparse.Namespace) -> dict[str, Any]:
+    """Both scenarios, each against a server of its own."""
+    submits, _ = run_scenario("submit", args, workers=0)
+    runs, announces = run_scenario("fan-out", args, workers=8)
+    return {
+        "submit": submits,
+        "sse_fan_out": [fan_out_figures(run_id, streams, announces) for run_id, streams in runs],
+    }
+
+
+# --------------------------------------------------------------------------- the section
+
+
+@dataclass(frozen=True)
+class Config:
+    """How much to measure."""
+
+    rounds: int = 3
+    submits: int = 1000
+    concurrency: int = 16  # submit throughput is measured at c=1 and at c=concurrency
+    followers: tuple[int, ...] = (1, 10, 100)
+    timeout: float = 600.0
+
+
+def run(config: Config, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Repeat the measurement ``rounds`` times, each in a child process; the figures of each."""
+    samples: list[dict[str, Any]] = []
+    errors: list[str] = []
+    for round_no in range(config.rounds):
+        result = run_child(
+            [
+                str(BENCH / "http_api.py"),
+                "--child",
+                f"--submits={config.submits}",
+                f"--concurrency={config.concurrency}",
+                f"--followers={','.join(map(str, config.followers))}",
+            ],
+            timeout=config.timeout,
+        )
+        if result.ok:
+            samples.append(result.data)
+            shown = ", ".join(
+                [
+                    f"c={r['concurrency']} {r['per_second']:.0f} submits/s"
+                    for r in result.data["submit"]
+                ]
+                + [
+                    f"{f['followers']} followers p50 {f['p50_ms']:.1f} ms"
+                    for f in result.data["sse_fan_out"]
+                ]
+            )
+        else:
+            errors.append(result.error or "")
+            shown = result.error or ""
+        log(f"[http] round {round_no + 1}/{config.rounds}: {shown}")
+    return {
+        "rounds": config.rounds,
+        "submits": config.submits,
+        "concurrency": [1, config.concurrency],
+        "followers": list(config.followers),
+        "steps": STEPS,
+        "samples": samples,
+        "errors": errors,
+    }
+
+
+def submit_samples(result: dict[str, Any], concurrency: int) -> list[dict[str, Any]]:
+    """Each round's submit figures at ``concurrency``."""
+    return [r for s in result["samples"] for r in s["submit"] if r["concurrency"] == concurrency]
+
+
+def fan_out_samples(result: dict[str, Any], followers: int) -> list[dict[str, Any]]:
+    """Each round's fan-out figures with ``followers`` followers."""
+    return [f for s in result["samples"] for f in s["sse_fan_out"] if f["followers"] == followers]
+
+
+def render(result: dict[str, Any]) -> str:
+    """Submit throughput per concurrency, then fan-out latency per number of followers."""
+    submit_header = ["POST /v1/tasks", "submits", "submits/s", "p50 ms", "p99 ms"]
+    fan_header = [
+        "SSE followers of one run",
+        "events each",
+        "commit -> follower p50 ms",
+        "p99 ms",
+        "max ms",
+        "last follower p50 ms",
+        "last follower p99 ms",
+    ]
+    if not result["samples"]:
+        reason = result["errors"][0] if result["errors"] else "no rounds"
+        return table(submit_header, [["-", f"failed: {reason}", "", "", ""]])
+    failures = f" ({len(result['errors'])} failed)" if result["errors"] else ""
+
+    def col(rows: list[dict[str, Any]], key: str, digits: int = 1) -> str:
+        return spread([r[key] for r in rows], digits)
+
+    submit_rows = []
+    for c in result["concurrency"]:
+        got = submit_samples(result, c)
+        submit_rows.append(
+            [f"c={c}{failures}", f"{result['submits']:,}", col(got, "per_second", 0)]
+            + [col(got, key) for key in ("p50_ms", "p99_ms")]
+        )
+    fan_rows = []
+    for n in result["followers"]:
+        got = fan_out_samples(result, n)
+        fan_rows.append(
+            [f"{n:,}{failures}", ", ".join(sorted({f"{f['events']:,}" for f in got})) or "-"]
+            + [
+                col(got, key)
+                for key in (
+                    "p50_ms",
+                    "p99_ms",
+                    "max_ms",
+                    "last_follower_p50_ms",
+                    "last_follower_p99_ms",
+                )
+            ]
+        )
+    return f"{table(submit_header, submit_rows)}\n\n{table(fan_header, fan_rows)}"
+
+
+# --------------------------------------------------------------------------- standalone
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--submits", type=int, default=1000, help="submits per measurement")
     parser.add_argument("--concurrency", type=int, default=16, help="concurrent submitters")
-    parser.add_argument("--followers", type=int, default=100, help="SSE followers of one run")
+    parser.add_argument(
+        "--followers",
+        type=lambda text: [int(n) for n in text.split(",")],
+        default=[1, 10, 100],
+        help="SSE followers of one run, comma-separated: one run per number",
+    )
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--serve", nargs=3, metavar="ARG", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
         serve_child(Path(args.serve[0]), int(args.serve[1]), int(args.serve[2]))
         return
 
-    submits, _ = run_scenario("submit", args, workers=0)
-    (run_id, streams), announces = run_scenario("fan-out", args, workers=8)
-    figures = {
-        "submit": submits,
-        "sse_fan_out": fan_out_figures(run_id, streams, announces),
-    }
+    figures = measure_all(args)
+    if args.child:  # for bench/run.py: one result line (see _common.run_child)
+        print(RESULT_MARK + json.dumps(figures), flush=True)
+        return
     if args.json:
         print(json.dumps(figures, indent=2))
         return
@@ -313,19 +446,19 @@ def main() -> None:
             f"  c={row['concurrency']:<3} {row['per_second']:8.0f} submits/s   "
             f"p50 {row['p50_ms']:6.2f} ms   p99 {row['p99_ms']:6.2f} ms"
         )
-    fan = figures["sse_fan_out"]
-    print(
-        f"SSE fan-out: {fan['followers']} followers x {fan['events']} events, "
-        "commit -> received by a follower"
-    )
-    print(
-        f"  each delivery   p50 {fan['p50_ms']:6.2f} ms   p99 {fan['p99_ms']:6.2f} ms   "
-        f"max {fan['max_ms']:6.2f} ms"
-    )
-    print(
-        f"  last follower   p50 {fan['last_follower_p50_ms']:6.2f} ms   "
-        f"p99 {fan['last_follower_p99_ms']:6.2f} ms"
-    )
+    for fan in figures["sse_fan_out"]:
+        print(
+            f"SSE fan-out: {fan['followers']} followers x {fan['events']} events, "
+            "commit -> received by a follower"
+        )
+        print(
+            f"  each delivery   p50 {fan['p50_ms']:6.2f} ms   p99 {fan['p99_ms']:6.2f} ms   "
+            f"max {fan['max_ms']:6.2f} ms"
+        )
+        print(
+            f"  last follower   p50 {fan['last_follower_p50_ms']:6.2f} ms   "
+            f"p99 {fan['last_follower_p99_ms']:6.2f} ms"
+        )
 
 
 if __name__ == "__main__":

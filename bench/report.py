@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import http_api
 import overhead
 import scale
 import startup
@@ -30,7 +31,13 @@ SECTIONS = {
     "throughput": ("2. Task throughput", throughput.render),
     "scale": ("3. Scale of concurrency", scale.render),
     "startup": ("4. Start-up", startup.render),
+    "http": ("5. HTTP API", http_api.render),
 }
+
+
+def _and(items: list[str]) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    return " and ".join([", ".join(items[:-1]), items[-1]] if len(items) > 1 else items)
 
 
 # --------------------------------------------------------------------------- targets
@@ -233,6 +240,20 @@ def _method(results: dict[str, Any]) -> str:
             f"interleaved"
             + (", after one untimed run of each (a warm page cache)." if u.get("warm") else ".")
         )
+    if (h := results.get("http")) is not None:
+        parts.append(
+            f"- **HTTP API** (`bench/http_api.py`). `corral serve`'s app in a child process on a "
+            f"fresh SQLite store, the clients (httpx, keep-alive) in another. Submit: "
+            f"{h['submits']:,} `POST /v1/tasks` (each a durable queued task, committed before "
+            f"the answer; no worker claims them) by 1 and by {h['concurrency'][-1]} concurrent "
+            f"clients. SSE fan-out: one run of {h['steps']} steps (each a model turn and a "
+            f"20 ms tool call, run by the embedded worker) per number of followers "
+            f"({_and([f'{n:,}' for n in h['followers']])}) holding "
+            f"`GET /v1/runs/{{id}}/events` open; latency is each event's arrival at a follower "
+            f"minus its batch's commit (stamped by the server's bus), and 'last follower' "
+            f"takes the slowest follower of each event. "
+            f"{plural(h['rounds'], 'round')}, each with fresh servers."
+        )
     parts.append(
         "- Figures are medians with min-max in brackets. Child processes run one at a "
         "time; the fake server and the measured process each have a core of their own "
@@ -356,6 +377,23 @@ def reading(results: dict[str, Any]) -> list[str]:
                 f"`corral --help` takes {fmt(median(helped), 0)} ms, of which the interpreter's "
                 f"own start is {fmt(median(floor), 0)} ms; the rest is Corral's CLI (imports, "
                 "building and printing the help)."
+            )
+    if (h := results.get("http")) is not None and h["samples"]:
+        rates = [
+            f"{fmt(median([r['per_second'] for r in got]), 0)}/s at c={c}"
+            for c in h["concurrency"]
+            if (got := http_api.submit_samples(h, c))
+        ]
+        fans = [
+            f"{fmt(median([f['p50_ms'] for f in got]), 1)} ms (p50) and "
+            f"{fmt(median([f['p99_ms'] for f in got]), 1)} ms (p99) with {plural(n, 'follower')}"
+            for n in h["followers"]
+            if (got := http_api.fan_out_samples(h, n))
+        ]
+        if rates and fans:
+            said.append(
+                f"Over HTTP, durable task submits reached {_and(rates)}. From its commit to a "
+                f"follower's SSE stream an event took {'; '.join(fans)}."
             )
     return said
 

@@ -1,14 +1,15 @@
 """The benchmark suite: ``make bench`` runs this in ``bench/.venv`` (peers installed).
 
     bench/.venv/bin/python bench/run.py [--quick] [--write-docs [PATH]] [--json PATH]
-        [--sections overhead,throughput,scale,startup] [--frameworks floor,corral,...]
+        [--sections overhead,throughput,scale,startup,http] [--frameworks floor,corral,...]
         [--rounds N] [--note TEXT]
     bench/.venv/bin/python bench/run.py --from-json PATH --write-docs   # re-render only
 
-Four sections (see each module's docstring): agent-loop overhead against the
+Five sections (see each module's docstring): agent-loop overhead against the
 floor and the peer frameworks (``overhead.py``), durable task throughput
-(``throughput.py``), 1,000 runs in flight on one worker (``scale.py``) and
-start-up of whole ``corral`` processes (``startup.py``). Progress goes to
+(``throughput.py``), 1,000 runs in flight on one worker (``scale.py``),
+start-up of whole ``corral`` processes (``startup.py``) and the HTTP API's
+submit throughput and SSE fan-out latency (``http_api.py``). Progress goes to
 stderr, the tables to stdout; ``--write-docs`` writes ``docs/benchmarks.md``
 from this run's results, ``--json`` keeps the raw figures.
 
@@ -28,6 +29,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import http_api
 import overhead
 import report
 import scale
@@ -43,7 +45,7 @@ from _common import (
 )
 from peers import FRAMEWORKS
 
-SECTIONS = ("overhead", "throughput", "scale", "startup")
+SECTIONS = ("overhead", "throughput", "scale", "startup", "http")
 
 
 def log(line: str) -> None:
@@ -71,6 +73,10 @@ def configs(args: argparse.Namespace) -> dict[str, Any]:
             ),
             "scale": scale.Config(rounds=1, runs=10, delay=0.3, timeout=120),
             "startup": startup.Config(repeats=1, warm=False),
+            # two followed runs exercise the per-count loop; 20 submits the submit path
+            "http": http_api.Config(
+                rounds=1, submits=20, concurrency=4, followers=(1, 5), timeout=120
+            ),
         }
     else:
         found = {
@@ -78,6 +84,7 @@ def configs(args: argparse.Namespace) -> dict[str, Any]:
             "throughput": throughput.Config(),
             "scale": scale.Config(),
             "startup": startup.Config(),
+            "http": http_api.Config(),
         }
     if args.rounds:
         for key in ("overhead", "throughput"):
@@ -123,6 +130,7 @@ SECTION_RUNNERS = {
     "throughput": throughput.run,
     "scale": scale.run,
     "startup": startup.run,
+    "http": http_api.run,
 }
 
 

@@ -49,8 +49,22 @@ def test_quick_benchmark_run_produces_every_section(tmp_path: Path) -> None:
     assert results["scale"]["samples"], results["scale"]
     startup = results["startup"]["samples"]
     assert startup["corral --help"]["ms"] and startup['corral run hello "hi"']["ms"], startup
+    http = results["http"]
+    assert http["samples"] and not http["errors"], http
+    assert [row["concurrency"] for row in http["samples"][0]["submit"]] == http["concurrency"]
+    fan_out = http["samples"][0]["sse_fan_out"]
+    assert [f["followers"] for f in fan_out] == http["followers"], fan_out
+    assert all(f["events"] > 0 for f in fan_out), fan_out
 
-    for heading in ("Agent-loop overhead", "Task throughput", "Scale", "Start-up", "Targets"):
+    headings = (
+        "Agent-loop overhead",
+        "Task throughput",
+        "Scale",
+        "Start-up",
+        "HTTP API",
+        "Targets",
+    )
+    for heading in headings:
         assert heading in proc.stdout
     text = page.read_text()
     assert "## Targets" in text and "## Where and when" in text and "--quick" in text
@@ -96,3 +110,4 @@ def test_rendering_saved_results_measures_nothing(tmp_path: Path) -> None:
     flat = " ".join(page.read_text().split())  # the table's padding aside
     # "under 300 ms" is strict: a median of exactly 300 ms does not meet it
     assert "`corral --help` under 300 ms | 300 (200-400) ms | **not met**" in flat
+    assert "HTTP API" not in flat  # saved results without the section render without it
