@@ -67,16 +67,16 @@ async def test_an_idempotent_call_does_not_wait_for_its_commit_and_others_do(
         assert gated.started == 0
         with anyio.fail_after(5):  # behind: returns while its commit is held back
             await sink(event(3, EventType.TOOL_CALL, call_id="c1", idempotent=True))
-            await sink(event(4, EventType.TOOL_RESULT, call_id="c1"))
         assert await stored(store) == []
 
-        async def call_not_idempotent() -> None:
+        async def result_then_call_not_idempotent() -> None:
+            await sink(event(4, EventType.TOOL_RESULT, call_id="c1"))
             await sink(event(5, EventType.TOOL_CALL, call_id="c2", idempotent=False))
 
         async with anyio.create_task_group() as group:
-            group.start_soon(call_not_idempotent)
+            group.start_soon(result_then_call_not_idempotent)
             await anyio.sleep(0.2)
-            assert await stored(store) == []  # still waiting: its side effect has not started
+            assert await stored(store) == []  # a result waits for its commit: no next step yet
             gated.gate.set()
         assert await stored(store) == [1, 2, 3, 4, 5]  # in order, all durable
 
@@ -90,7 +90,7 @@ async def test_a_refused_write_stops_the_journal_and_reaches_the_engine(
         await sink(event(1, EventType.TOOL_CALL, call_id="c1", idempotent=True))
         await sink.settle()
         gated.gate = anyio.Event()
-        await sink(event(2, EventType.TOOL_RESULT, call_id="c1"))  # behind, held back
+        await sink(event(2, EventType.TOOL_CALL, call_id="c2", idempotent=True))  # held back
         await store.claim_runs("w2", 30.0, now=time.time() + 60)  # the lease is taken over
         gated.gate.set()
         with pytest.raises(LeaseLostError):

@@ -2,8 +2,9 @@
 
 Every write goes through the lease (the store refuses it once another worker
 has claimed the run), so a stalled worker that wakes up after its lease expired
-cannot commit anything. While the run executes, a heartbeat renews the lease
-and watches for a cancellation request.
+cannot commit anything. While the run executes, the executor's
+:class:`~corral.runtime.leases.LeaseKeeper` renews the lease (one task for all
+runs) and stops the run when the lease is lost or a cancellation was asked for.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from corral.engine.loop import AgentDefinition, AgentLoop, RunResult
 from corral.engine.replay import replay
 from corral.runtime.agents import AgentCache, Loading
 from corral.runtime.journal import FencedSink, Observer
+from corral.runtime.leases import LeaseKeeper, Reason
 from corral.runtime.sessions import session_history
 from corral.store.base import Store
 
@@ -38,7 +40,7 @@ RUN_RETRY_MAX_SECONDS = 60.0
 
 @dataclass
 class _Stop:
-    reason: Literal["lost", "cancelled", "shutdown"] | None = None
+    reason: Reason | None = None
 
 
 class RunExecutor:
@@ -66,12 +68,15 @@ class RunExecutor:
         self.retry_base_seconds = retry_base_seconds
         self.observer = observer
         self.agents = AgentCache(store, settings, loading)
+        self.leases = LeaseKeeper(store, lease_seconds)
 
     async def __aenter__(self) -> Self:
         await self.agents.__aenter__()
+        await self.leases.__aenter__()
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
+        await self.leases.__aexit__(*exc_info)
         await self.agents.__aexit__(*exc_info)
 
     async def execute(
@@ -90,15 +95,20 @@ class RunExecutor:
         events = await self.store.list_events(record.id) if lease.token > 1 else []
         sink.last_seq = events[-1].seq if events else 0
         result: RunResult | Literal["released"] | None = None
-        async with anyio.create_task_group() as group:
-            group.start_soon(self._heartbeat, lease, stop, group.cancel_scope)
-            if shutdown is not None:
-                group.start_soon(_cancel_on, shutdown, stop, group.cancel_scope)
-            try:
-                result = await self._run(record, lease, sink, events)
-            except* LeaseLostError:  # a refused write in parallel tool calls comes grouped
-                stop.reason = "lost"
-            group.cancel_scope.cancel()
+        with anyio.CancelScope() as scope:
+
+            def halt(reason: Reason) -> None:
+                if stop.reason is None:
+                    stop.reason = reason
+                scope.cancel()
+
+            with self.leases.keep(lease, halt, shutdown):
+                if shutdown is not None and shutdown.is_set():
+                    halt("shutdown")
+                try:
+                    result = await self._run(record, lease, sink, events)
+                except* LeaseLostError:  # a refused write in parallel tool calls comes grouped
+                    stop.reason = "lost"
         if stop.reason == "lost":
             return "lost"
         try:
@@ -174,20 +184,6 @@ class RunExecutor:
     def _backoff(self, record: RunRecord) -> float:
         ceiling = self.retry_base_seconds * 2 ** (record.attempts - 1)
         return random.uniform(0, min(RUN_RETRY_MAX_SECONDS, ceiling))
-
-    async def _heartbeat(self, lease: Lease, stop: _Stop, scope: anyio.CancelScope) -> None:
-        while True:
-            await anyio.sleep(self.lease_seconds / 3)
-            try:
-                _, cancel = await self.store.renew_lease(lease, self.lease_seconds)
-            except LeaseLostError:
-                stop.reason = "lost"
-                scope.cancel()
-                return
-            if cancel:
-                stop.reason = "cancelled"
-                scope.cancel()
-                return
 
     async def _decisions(self, run_id: str) -> dict[str, tuple[bool, str | None]]:
         decided: dict[str, tuple[bool, str | None]] = {}
@@ -278,12 +274,6 @@ def _journaled_end(events: list[Event]) -> RunResult | None:
         cost_usd=checkpoint.cost_usd,
         initial_count=checkpoint.initial_count,
     )
-
-
-async def _cancel_on(event: anyio.Event, stop: _Stop, scope: anyio.CancelScope) -> None:
-    await event.wait()
-    stop.reason = "shutdown"
-    scope.cancel()
 
 
 __all__ = ["AgentDefinition", "FencedSink", "Observer", "RunExecutor"]

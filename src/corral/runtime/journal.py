@@ -4,30 +4,29 @@
 decides, event by event, when it must be on disk:
 
 - **now** - written (with everything waiting before it) before the engine goes
-  on: a ``tool.call`` of a tool that is *not* idempotent (it must be on disk
-  before its side effect starts, so a crash can never lead to a silent second
-  call), its ``tool.result``, approvals, errors, a user's ``message.create``.
+  on: a ``tool.call`` of a tool that is *not* idempotent (on disk before its side
+  effect starts, so a crash can never lead to a silent second call), every
+  ``tool.result`` (on disk before the next model call, so a crash never runs a
+  finished tool again nor changes what the model is asked), approvals, errors, a
+  user's ``message.create``.
 - **later** - rides with the next write: ``run.start``, ``step.start``,
   ``text.delta``, ``step.finish`` and the model's message (``message.create``
   from the assistant). The engine never acts on the outside between a model's
   message and the next *now* or *behind* write, and each of those carries the
   message with it. ``run.finish`` waits for the executor, which stores it
   together with the run's final state in one commit (:meth:`FencedSink.take`).
-- **behind** - the ``tool.call`` and ``tool.result`` of a tool declared
-  idempotent: the write starts at once but the engine does not wait for it;
-  the tool runs (or the next model call goes out) while the commit is in flight.
+- **behind** - the ``tool.call`` of a tool declared idempotent: the write (with
+  the model's message) starts at once, and the tool runs while it is in flight.
 
 Why *behind* is as safe as *now*: writes are committed strictly in order (each
 waits for the one before it), so the journal on disk is always a prefix of the
 events. A commit takes the same time whether the engine waits or not, so the
-window in which a crash loses a model's answer - from its arrival until its
-commit - is the same length; what runs inside the window is only work a replay
-may repeat (an idempotent tool, a model call whose answer is not recorded
-yet). A non-idempotent tool waits for every write before it, the run's outcome
-waits for all of them (:meth:`FencedSink.settle`), and a refused write (a lost
-lease) surfaces at the next write or at settle. At concurrency 1 this takes one
-fsync per step off the critical path; under load, group commit merges the writes
-anyway.
+window in which a crash loses the model's answer - from its arrival until its
+commit - is the same length; what runs inside the window is only a tool that may
+run again after a crash anyway (it is idempotent, and its result is not
+recorded yet). The tool's ``tool.result`` waits for every write before it, the
+run's outcome waits for all of them (:meth:`FencedSink.settle`), and a refused
+write (a lost lease) surfaces at the next write or at settle.
 """
 
 from __future__ import annotations
@@ -77,7 +76,6 @@ class FencedSink:
         self.buffer: list[Event] = []
         self.last_seq = 0
         self._approvals_in_step = False
-        self._idempotent_calls: set[str] = set()
         self._group: anyio.abc.TaskGroup | None = None
         self._last_write: anyio.Event | None = None
         self._error: BaseException | None = None
@@ -119,10 +117,6 @@ class FencedSink:
             self._approvals_in_step = False
             return "now"
         elif kind is EventType.TOOL_CALL and event.data.get("idempotent"):
-            self._idempotent_calls.add(str(event.data.get("call_id")))
-            return "behind"
-        elif kind is EventType.TOOL_RESULT and event.data.get("call_id") in self._idempotent_calls:
-            self._idempotent_calls.discard(str(event.data.get("call_id")))
             return "behind"
         if kind in LATER:
             return "later"
