@@ -212,3 +212,29 @@ spec:
     assert delivery.settled == [("ack", 0.0)]
     assert (await get(store, run)).state is RunState.SUCCEEDED
     assert worker.dispatched == 1 and worker.swept == 0
+
+
+async def test_a_due_run_its_agent_has_no_room_for_comes_back_later_and_later(
+    store: Store, settings: Settings
+) -> None:
+    await apply(
+        store,
+        scripted("{tool_calls: [{name: note, arguments: {note: hi}}]}", "{text: done}"),
+        NOTE_TOOL,
+        agent(extra="  max_concurrent_runs: 1"),
+    )
+    bus = DispatchingBus()
+    async with running(store, settings, bus) as worker:
+        busy, _ = await submit(store, "helper", "first")
+        await store.claim_runs("other-worker", 30, run_id=busy.id)  # the agent's one slot
+        waiting, _ = await submit(store, "helper", "second")
+        deliveries = [
+            FakeDelivery(waiting.id, attempt=1),
+            FakeDelivery(waiting.id, attempt=3),
+            FakeDelivery(waiting.id, attempt=5, last=True),
+        ]
+        bus.deliver(*deliveries)
+        await until(lambda: all(d.settled for d in deliveries))
+    assert [d.settled for d in deliveries] == [[("nak", 0.5)], [("nak", 2.0)], [("ack", 0.0)]]
+    assert worker.dispatched == 0
+    assert (await get(store, waiting)).state is RunState.QUEUED

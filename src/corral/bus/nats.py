@@ -30,18 +30,19 @@ Failures. Connecting at open is the only place that raises (:class:`BusError`).
 Afterwards nats-py reconnects by itself, forever; announcements made while the
 connection is down are dropped with a log line (the store sweep finds the work),
 fetches return nothing, and settlements are lost (the delivery comes again and
-the store decides). Nothing from ``nats`` travels past this module.
+the store decides). After a reconnect the next fetch sets the streams and the
+consumer up again, which also recreates them on a server that lost its store.
+Nothing from ``nats`` travels past this module.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
 
 import anyio
@@ -367,7 +368,7 @@ class NatsBus(Bus):
         messages = await pull.fetch(1, timeout=max(seconds, 0.05))
         waiting = min(limit - 1, messages[-1].metadata.num_pending)
         if waiting > 0:
-            with contextlib.suppress(TimeoutError):  # another worker took them meanwhile
+            with suppress(TimeoutError):  # another worker took them meanwhile
                 messages += await pull.fetch(waiting, timeout=MORE_SECONDS)
         return messages
 
@@ -480,6 +481,11 @@ class NatsBus(Bus):
             return None
         if self.client.is_connected:
             try:
+                # nats-py writes a flush's PING straight to the socket but queues the SUB
+                # for its flusher task, so the first PONG may come back before the server
+                # has the SUB; the SUB is written by the time it does, and a second round
+                # trip confirms it.
+                await self.client.flush(timeout=1)
                 await self.client.flush(timeout=1)
             except NATS_FAILURES as exc:
                 log.info("bus: subscription to %s not confirmed (%s)", subject, _describe(exc))

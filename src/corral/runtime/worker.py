@@ -94,6 +94,7 @@ class Worker:
         self.swept = 0  # runs claimed by looking in the store
         self.sweeps = 0  # times the store was looked at (dispatched mode)
         self.dispatched = 0  # runs claimed from a bus delivery
+        self.unclaimed = 0  # deliveries whose run was another's, ended, or not due
         self._wake = anyio.Event()
         self._idle = anyio.Event()
         self._shutdown = anyio.Event()
@@ -116,10 +117,12 @@ class Worker:
             await self._drain()
         if self.bus.dispatches:
             log.info(
-                "worker %s: %d runs taken from bus deliveries, %d found by the store sweep",
+                "worker %s: %d runs taken from bus deliveries, %d found by the store sweep; "
+                "%d deliveries claimed nothing",
                 self.owner,
                 self.dispatched,
                 self.swept,
+                self.unclaimed,
             )
 
     def _free(self) -> int:
@@ -241,6 +244,7 @@ class Worker:
                 await _later(delivery, RETRY_DELIVERY_SECONDS)
                 return
             if not claims:
+                self.unclaimed += 1
                 await self._settle_unclaimed(delivery)
                 return
             record, lease = claims[0]
@@ -271,10 +275,13 @@ class Worker:
         now = time.time()
         if record is None or record.state not in (RunState.QUEUED, RunState.RUNNING):
             await delivery.ack()  # gone, ended, cancelled or waiting for a human
+        elif record.state is RunState.QUEUED and record.not_before > now:
+            await _later(delivery, record.not_before - now)  # a retry's backoff, a delay
         elif record.state is RunState.QUEUED:
-            # Not due yet (a retry's backoff, a delayed submit): deliver it when it is.
-            # Due but not claimed: its row was locked by a write in flight; soon again.
-            await _later(delivery, max(record.not_before - now, RETRY_DELIVERY_SECONDS))
+            # Due but not claimed: its Agent is at max_concurrent_runs, or a write in
+            # flight held its row. Again later, backing off; the sweep has it after the
+            # last delivery.
+            await _later(delivery, RETRY_DELIVERY_SECONDS * 2 ** (delivery.attempt - 1))
         else:
             expires = record.lease_expires_at or now
             if delivery.attempt > 1 and record.lease_owner != self.owner:

@@ -102,5 +102,5 @@ async def _decide(
         approval_id, approved, by=who.label, reason=reason
     )
     # The store queued the run if this was its last pending call: wake a worker now.
-    await context.bus.announce_runnable([decided.run_id])
+    await context.bus.announce_runnable([decided.run_id], mark=decided.id)
     return ApprovalOut.from_approval(decided)

@@ -23,7 +23,7 @@ from typing import Any, TextIO
 import anyio
 import uvicorn
 
-from corral.bus.local import LocalBus
+from corral.bus import open_settings_bus
 from corral.core.errors import ConfigurationError
 from corral.core.settings import Settings
 from corral.core.tokens import Role, mint_token
@@ -126,7 +126,9 @@ async def serve(
     store = await (open_store_with or _open)(settings)
     try:
         await ensure_admin_token(store, settings.home)
-        async with LocalBus() as bus:
+        # NATS when CORRAL_NATS_URL is set (API replicas then follow runs executed by
+        # workers anywhere), else the in-process bus.
+        async with await open_settings_bus(settings, name="corral serve") as bus:
             app = create_app(
                 store,
                 bus,

@@ -1,0 +1,317 @@
+"""The NATS JetStream bus against a real NATS server: dispatch, redelivery, dead letters,
+event fan-out across connections, and a server restart.
+
+Each test has a subject and stream prefix of its own on the shared server
+(``nats_prefix``); the restart test runs a server of its own (``private_nats``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AsyncExitStack
+from typing import Any
+
+import anyio
+import nats
+import pytest
+
+from corral.bus import LocalBus, open_bus
+from corral.bus.base import Delivery
+from corral.bus.nats import NatsBus
+from corral.core.errors import BusError, ConfigurationError
+from nats_servers import (
+    NatsServerProcess,
+    free_port,
+    nats_prefix_fixture,
+    nats_server_url_fixture,
+    private_nats_fixture,
+)
+
+__all__ = ["nats_prefix_fixture", "nats_server_url_fixture", "private_nats_fixture"]
+
+OpenBus = Callable[..., Awaitable[NatsBus]]
+
+
+@pytest.fixture
+async def connect(nats_server_url: str, nats_prefix: str) -> AsyncIterator[OpenBus]:
+    """Opens buses on the test's prefix, each with a connection of its own; closes them."""
+    async with AsyncExitStack() as stack:
+
+        async def open_one(**options: Any) -> NatsBus:
+            options.setdefault("prefix", nats_prefix)
+            bus = await NatsBus.connect(nats_server_url, **options)
+            stack.push_async_callback(bus.close)
+            return bus
+
+        yield open_one
+
+
+async def take(bus: NatsBus, seconds: float = 5.0, limit: int = 10) -> list[Delivery]:
+    """The deliveries of one fetch that waits up to ``seconds`` for the first."""
+    return await bus.take_runnable(limit, seconds)
+
+
+async def until(check: Callable[[], Awaitable[bool]], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not await check():
+        assert time.monotonic() < deadline, "timed out"
+        await anyio.sleep(0.05)
+
+
+async def dead_letters(bus: NatsBus) -> list[tuple[str, dict[str, str]]]:
+    """The dead-letter stream's messages: (run id, headers)."""
+    info = await bus.js.stream_info(bus.dead_stream)
+    found = []
+    for seq in range(info.state.first_seq, info.state.last_seq + 1):
+        stored = await bus.js.get_msg(bus.dead_stream, seq)
+        found.append(((stored.data or b"").decode(), dict(stored.headers or {})))
+    return found
+
+
+# --------------------------------------------------------------------------- opening
+
+
+async def test_without_a_url_the_bus_is_the_in_process_one() -> None:
+    async with await open_bus(None) as bus:
+        assert isinstance(bus, LocalBus) and not bus.dispatches
+
+
+async def test_an_unreachable_server_fails_the_start_with_a_bus_error() -> None:
+    started = time.monotonic()
+    with pytest.raises(BusError, match="cannot connect to NATS"):
+        await open_bus(f"nats://127.0.0.1:{free_port()}", prefix="nobody")
+    assert time.monotonic() - started < 15
+
+
+async def test_a_prefix_that_is_not_a_subject_token_is_refused(nats_server_url: str) -> None:
+    with pytest.raises(ConfigurationError, match="prefix"):
+        await open_bus(nats_server_url, prefix="a.b")
+
+
+# --------------------------------------------------------------------------- dispatch
+
+
+async def test_the_same_change_announced_twice_is_delivered_once_and_a_new_change_again(
+    connect: OpenBus,
+) -> None:
+    bus = await connect()
+    await bus.announce_runnable(["run_a"], mark="submitted")
+    await bus.announce_runnable(["run_a"], mark="submitted")  # a retried publish
+    [first] = await take(bus)
+    assert (first.run_id, first.attempt, first.last) == ("run_a", 1, False)
+    await first.ack()
+    assert await take(bus, 0.5) == []  # the duplicate was dropped by its Nats-Msg-Id
+
+    await bus.announce_runnable(["run_a"], mark="released:1")  # a later change of the run
+    await bus.announce_runnable(["run_a", "run_b"])  # no mark: never dropped
+    await bus.announce_runnable(["run_b"])
+    delivered = [d.run_id for d in await take(bus)]
+    assert sorted(delivered) == ["run_a", "run_a", "run_b", "run_b"]
+
+
+async def test_each_delivery_goes_to_one_of_the_workers_sharing_the_consumer(
+    connect: OpenBus,
+) -> None:
+    one, two = await connect(), await connect()
+    await one.announce_runnable([f"run_{i}" for i in range(20)], mark="submitted")
+    seen: list[str] = []
+    for bus in (one, two, one, two):
+        for delivery in await take(bus, 1.0, limit=5):
+            seen.append(delivery.run_id)
+            await delivery.ack()
+    assert sorted(seen) == sorted(f"run_{i}" for i in range(20))
+
+
+async def test_an_unsettled_delivery_comes_again_after_the_ack_wait(connect: OpenBus) -> None:
+    bus = await connect(ack_wait_seconds=1.0)
+    other = await connect(ack_wait_seconds=1.0)
+    await bus.announce_runnable(["run_a"], mark="submitted")
+    [first] = await take(bus)  # and its worker goes silent
+    started = time.monotonic()
+    [again] = await take(other)
+    waited = time.monotonic() - started
+    assert (again.run_id, again.attempt) == ("run_a", 2)
+    assert 0.5 < waited < 4, waited
+    await again.ack()
+    await first.ack()  # too late, and harmless
+
+
+async def test_in_progress_keeps_a_delivery_from_its_other_workers(connect: OpenBus) -> None:
+    bus = await connect(ack_wait_seconds=1.0)
+    other = await connect(ack_wait_seconds=1.0)
+    await bus.announce_runnable(["run_long"], mark="submitted")
+    [held] = await take(bus)
+    stolen: list[Delivery] = []
+
+    async def keep_alive() -> None:
+        for _ in range(8):  # 2.4 s, more than twice the ack wait
+            await anyio.sleep(0.3)
+            await held.in_progress()
+
+    async def fetch_meanwhile() -> None:
+        deadline = time.monotonic() + 2.4
+        while time.monotonic() < deadline:
+            stolen.extend(await take(other, 0.5))
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(keep_alive)
+        group.start_soon(fetch_meanwhile)
+    assert stolen == []
+    await held.ack()
+    assert await take(other, 1.5) == []  # acknowledged: gone from the work queue
+
+
+async def test_nak_with_a_delay_delivers_again_once_the_delay_passed(connect: OpenBus) -> None:
+    bus = await connect()
+    await bus.announce_runnable(["run_later"], mark="submitted")
+    [delivery] = await take(bus)
+    await delivery.nak(1.0)  # e.g. a retry due in a second
+    started = time.monotonic()
+    [again] = await take(bus)
+    assert again.run_id == "run_later" and again.attempt == 2
+    assert 0.7 < time.monotonic() - started < 4
+    await again.ack()
+
+
+async def test_a_delivery_past_max_deliver_moves_to_the_dead_letter_stream(
+    connect: OpenBus,
+) -> None:
+    bus = await connect(ack_wait_seconds=1.0, max_deliver=2)
+    await bus.announce_runnable(["run_poison"], mark="submitted")
+    [first] = await take(bus)
+    await first.nak()
+    [last] = await take(bus)
+    assert (last.attempt, last.last) == (2, True)
+    await last.nak()  # its worker gave up on it once more: the server stops delivering
+
+    async def dead() -> bool:
+        assert await take(bus, 0.3) == []  # a pending fetch lets the server notice
+        return bool(await dead_letters(bus))
+
+    await until(dead)
+    [(run_id, headers)] = await dead_letters(bus)
+    assert run_id == "run_poison"
+    assert headers["Corral-Run-Id"] == "run_poison" and headers["Corral-Deliveries"] == "2"
+    info = await bus.js.stream_info(bus.stream)
+    assert info.state.messages == 0  # deleted from the work queue
+
+
+async def test_a_malformed_dispatch_is_terminated_not_handed_out(
+    connect: OpenBus, nats_server_url: str
+) -> None:
+    bus = await connect()
+    client = await nats.connect(nats_server_url)
+    try:
+        await client.jetstream().publish(bus.runnable_subject, b"\xff\xfe")
+    finally:
+        await client.close()
+    assert await take(bus, 1.0) == []
+    assert await take(bus, 1.5) == []  # not delivered again either
+
+
+# --------------------------------------------------------------------------- wake-ups and events
+
+
+async def test_wait_runnable_wakes_on_an_announcement_from_another_connection(
+    connect: OpenBus,
+) -> None:
+    waiter, announcer = await connect(), await connect()
+    await waiter.wait_runnable(0.01)  # subscribes
+    started = time.monotonic()
+    async with anyio.create_task_group() as group:
+        group.start_soon(waiter.wait_runnable, 10.0)
+        await anyio.sleep(0.1)
+        await announcer.announce_runnable(["run_x"])
+    assert time.monotonic() - started < 5
+    started = time.monotonic()
+    await waiter.wait_runnable(0.2)  # nothing new: returns at the timeout
+    assert time.monotonic() - started >= 0.15
+
+
+async def test_events_fan_out_to_watchers_on_other_connections_and_in_this_process(
+    connect: OpenBus,
+) -> None:
+    worker, api_one, api_two = await connect(), await connect(), await connect()
+    async with (
+        api_one.watch_events("run_1") as first,
+        api_one.watch_events("run_1") as first_again,
+        api_two.watch_events("run_1") as second,
+        api_two.watch_events("run_2") as unrelated,
+        worker.watch_events("run_1") as local,
+    ):
+        await worker.announce_events("run_1", 7)
+        for watch in (first, first_again, second, local):
+            assert await watch.wait(5) is True
+        assert await unrelated.wait(0.3) is False
+        assert await first.wait(0.1) is False  # consumed
+
+    # The last watch of a run unsubscribed: announcing again reaches nobody, and is fine.
+    await worker.announce_events("run_1", 8)
+
+
+async def test_a_run_id_that_is_not_a_subject_token_still_fans_out(connect: OpenBus) -> None:
+    one, two = await connect(), await connect()
+    async with two.watch_events("odd.id *>") as watch:
+        await one.announce_events("odd.id *>", 1)
+        assert await watch.wait(5) is True
+
+
+# --------------------------------------------------------------------------- a NATS restart
+
+
+async def test_the_bus_rides_out_a_nats_restart(private_nats: NatsServerProcess) -> None:
+    prefix = "restart"
+    async with (
+        await NatsBus.connect(private_nats.url, prefix=prefix, ack_wait_seconds=1.0) as bus,
+        await NatsBus.connect(private_nats.url, prefix=prefix) as api,
+    ):
+        await api.announce_runnable(["run_before"], mark="submitted")
+        held = await take(bus)
+        assert [d.run_id for d in held] == ["run_before"]  # taken, never settled
+
+        await anyio.to_thread.run_sync(private_nats.stop)
+
+        async def noticed() -> bool:
+            return not bus.client.is_connected and not api.client.is_connected
+
+        await until(noticed)
+        # While it is down nothing raises and nothing blocks for long.
+        started = time.monotonic()
+        await api.announce_runnable(["run_during"], mark="submitted")  # dropped: the sweep's
+        await api.announce_events("run_x", 1)
+        assert await bus.take_runnable(5, 0.3) == []
+        await held[0].in_progress()
+        assert time.monotonic() - started < 5
+
+        await anyio.to_thread.run_sync(private_nats.start)
+
+        async def reconnected() -> bool:
+            return bus.client.is_connected and api.client.is_connected
+
+        await until(reconnected, timeout=20)
+        # The stream and its unsettled message survived the restart: delivered again.
+        seen: list[str] = []
+
+        async def redelivered() -> bool:
+            for delivery in await take(bus, 1.0):
+                seen.append(delivery.run_id)
+                await delivery.ack()
+            return "run_before" in seen
+
+        await until(redelivered, timeout=20)
+        assert "run_during" not in seen  # announced while unreachable: left to the sweep
+        # Dispatch and fan-out work again on the same connections.
+        await api.announce_runnable(["run_after"], mark="submitted")
+        [after] = await take(bus)
+        assert after.run_id == "run_after"
+        await after.ack()
+        async with bus.watch_events("run_y") as watch:
+
+            async def fanned_out() -> bool:
+                # Core NATS hints are best-effort: one sent while a connection is still
+                # settling may be lost (a follower then finds the events at its next poll).
+                await api.announce_events("run_y", 3)
+                return await watch.wait(0.2)
+
+            await until(fanned_out)
