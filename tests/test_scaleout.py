@@ -1,8 +1,9 @@
 """Scale-out: ``corral worker`` processes on PostgreSQL + NATS JetStream, killed for real.
 
-Two parts. The durable-runs tests of :mod:`test_durability` (SIGKILL mid-tool
-and mid-model-call, an interrupted call approved across restarts, SIGTERM
-drain and release) run again here on a PostgreSQL database and the shared
+Two parts. Every durable-runs test of :mod:`test_durability` (SIGKILL mid-tool
+and mid-model-call, an interrupted call approved across restarts, SIGSTOP past
+the lease, a refused write in parallel calls, SIGTERM drain and release, a run
+journaled to its end but never saved) runs again here on a PostgreSQL database and the shared
 NATS server: submits are announced, workers take runs from NATS and sweep the
 store only every second.
 
@@ -56,10 +57,13 @@ from test_durability import (
     fake_openai_fixture,
     openai_server_fixture,
     resources,
+    test_a_write_refused_inside_parallel_tool_calls_counts_as_a_lost_lease,
     test_interrupted_non_idempotent_call_waits_for_a_human_before_running_again,
+    test_run_journaled_to_its_end_but_never_saved_is_completed_from_its_journal,
     test_sigkill_during_a_model_call_does_not_repeat_the_journaled_one,
     test_sigkill_during_an_idempotent_tool_call_reruns_it_without_a_second_effect,
     test_sigterm_drains_releases_the_run_and_another_worker_resumes_it,
+    test_stalled_worker_past_its_lease_cannot_commit_after_another_finished,
 )
 
 __all__ = [
@@ -68,10 +72,13 @@ __all__ = [
     "nats_server_url_fixture",
     "openai_server_fixture",
     "private_nats_fixture",
+    "test_a_write_refused_inside_parallel_tool_calls_counts_as_a_lost_lease",
     "test_interrupted_non_idempotent_call_waits_for_a_human_before_running_again",
+    "test_run_journaled_to_its_end_but_never_saved_is_completed_from_its_journal",
     "test_sigkill_during_a_model_call_does_not_repeat_the_journaled_one",
     "test_sigkill_during_an_idempotent_tool_call_reruns_it_without_a_second_effect",
     "test_sigterm_drains_releases_the_run_and_another_worker_resumes_it",
+    "test_stalled_worker_past_its_lease_cannot_commit_after_another_finished",
 ]
 
 TESTS = Path(__file__).parent
