@@ -124,7 +124,7 @@ class RunFollower:
     async def settle(self) -> RunRecord | None:
         """Follow until the run reaches ``until`` (or ``stop``); returns it as last read."""
         async for _ in self.batches():
-            pass
+            continue  # only the end matters here: batches() keeps self.record current
         if self.record is None or not self.until.reached(self.record.state):
             self.record = await self.store.get_run(self.run_id)
         return self.record

@@ -19,7 +19,7 @@ from corral.server.problems import problem_response
 
 
 class _TooLarge(Exception):
-    pass
+    """The request body passed the size limit while it was being read."""
 
 
 class BodyLimitMiddleware:
