@@ -162,7 +162,7 @@ async def test_a_run_another_worker_holds_is_theirs_until_its_lease_expires(
     bus = DispatchingBus()
     async with running(store, settings, bus) as worker:
         run, _ = await submit(store, "helper", "hi")
-        await store.claim_runs("other-worker", 30, run_id=run.id)
+        await store.claim_runs("other-worker", 30, run_ids=[run.id])
         first = FakeDelivery(run.id)
         redelivered = FakeDelivery(run.id, attempt=2)
         final = FakeDelivery(run.id, attempt=5, last=True)
@@ -226,7 +226,7 @@ async def test_a_due_run_its_agent_has_no_room_for_comes_back_later_and_later(
     bus = DispatchingBus()
     async with running(store, settings, bus) as worker:
         busy, _ = await submit(store, "helper", "first")
-        await store.claim_runs("other-worker", 30, run_id=busy.id)  # the agent's one slot
+        await store.claim_runs("other-worker", 30, run_ids=[busy.id])  # the agent's one slot
         waiting, _ = await submit(store, "helper", "second")
         deliveries = [
             FakeDelivery(waiting.id, attempt=1),

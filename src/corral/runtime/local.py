@@ -129,7 +129,7 @@ async def _see_through(
     owner = default_owner()
     seen = 0
     while True:
-        claims = await store.claim_runs(owner, lease_seconds, 1, run_id=run_id)
+        claims = await store.claim_runs(owner, lease_seconds, 1, run_ids=[run_id])
         if claims:
             record, lease = claims[0]
             # The observer only gets events this process emits: catch up first.

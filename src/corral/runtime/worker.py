@@ -2,8 +2,9 @@
 
 Two ways to find work. With the in-process bus the worker claims from the
 store whenever it is woken or ``poll_seconds`` pass. With a bus that dispatches
-(NATS JetStream) it takes deliveries of announced runs and claims each by id,
-holding the delivery (``in_progress``) while the run executes; the store is
+(NATS JetStream) it takes deliveries of announced runs and claims the runs of
+each fetch by id, in one transaction (highest priority first), holding each
+delivery (``in_progress``) while its run executes; the store is
 then swept only every ``poll_seconds``, the safety net for whatever no message
 announced: runs submitted while the bus was down, leases of dead workers that
 expired, runs whose retry time came. Either way the claim decides: a delivery
@@ -224,37 +225,51 @@ class Worker:
                 continue
             deliveries = await self.bus.take_runnable(free, TAKE_SECONDS)
             self._bus_quiet = not deliveries
-            for delivery in deliveries:
-                self._reserved += 1
-                group.start_soon(self._dispatched, delivery, stop)
+            if deliveries:
+                self._reserved += len(deliveries)
+                group.start_soon(self._claim_delivered, deliveries, stop, group)
 
-    async def _dispatched(self, delivery: Delivery, stop: anyio.Event) -> None:
-        """Claim the delivered run by id and execute it, holding the delivery meanwhile."""
-        started = False
+    async def _claim_delivered(
+        self, deliveries: list[Delivery], stop: anyio.Event, group: anyio.abc.TaskGroup
+    ) -> None:
+        """Claim the delivered runs in one transaction; execute each, holding its delivery."""
+        started = 0
+        unclaimed: list[Delivery] = []
         try:
             if stop.is_set():
-                await delivery.nak()  # for a worker that is not stopping
+                for delivery in deliveries:
+                    await delivery.nak()  # for a worker that is not stopping
                 return
+            by_run = {delivery.run_id: delivery for delivery in deliveries}
             try:
                 claims = await self.store.claim_runs(
-                    self.owner, self.lease_seconds, 1, run_id=delivery.run_id
+                    self.owner, self.lease_seconds, len(by_run), run_ids=list(by_run)
                 )
             except StoreError as exc:
-                log.warning("run %s: claim failed (%s)", delivery.run_id, exc)
-                await _later(delivery, RETRY_DELIVERY_SECONDS)
+                log.warning("%d delivered runs: claim failed (%s)", len(by_run), exc)
+                for delivery in deliveries:
+                    await _later(delivery, RETRY_DELIVERY_SECONDS)
                 return
-            if not claims:
-                self.unclaimed += 1
-                await self._settle_unclaimed(delivery)
-                return
-            record, lease = claims[0]
-            self.active[record.id] = lease
-            self.dispatched += 1
-            started = True
+            used: set[int] = set()
+            for record, lease in claims:  # highest priority first
+                delivery = by_run[record.id]
+                used.add(id(delivery))
+                self.active[record.id] = lease
+                group.start_soon(self._dispatched, delivery, record, lease)
+            started = len(claims)
+            self.dispatched += started
+            # (A run delivered twice in one batch, for two changes: one copy claims it.)
+            unclaimed = [d for d in deliveries if id(d) not in used]
         finally:
-            self._reserved -= 1
-            if not started:
-                self._wake.set()  # its slot is free again: a full worker may take more
+            self._reserved -= len(deliveries)
+            if started < len(deliveries):
+                self._wake.set()  # slots are free again: a full worker may take more
+        for delivery in unclaimed:
+            self.unclaimed += 1
+            await self._settle_unclaimed(delivery)
+
+    async def _dispatched(self, delivery: Delivery, record: RunRecord, lease: Lease) -> None:
+        """Execute a run claimed from ``delivery``, keeping the delivery in progress."""
         async with anyio.create_task_group() as keep:
             keep.start_soon(_keep_in_progress, delivery, self.bus.ack_wait_seconds / 3)
             outcome = await self._execute(record, lease)

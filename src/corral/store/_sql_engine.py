@@ -5,9 +5,9 @@ nothing vendor specific leaves the store. SQLite connections run in WAL mode
 with ``synchronous=FULL``, foreign keys on and a busy timeout; SQLAlchemy (not
 the sqlite3 module) emits ``BEGIN``, and connections carrying the
 :data:`WRITE` execution option begin with ``BEGIN IMMEDIATE``. PostgreSQL
-connections (asyncpg) come from a bounded pool that tests each connection
-before handing it out, and run at ``READ COMMITTED``: the statements lock the
-rows they decide on (see :mod:`corral.store._sql_statements`).
+connections (asyncpg) come from a bounded pool and run at ``READ COMMITTED``:
+the statements lock the rows they decide on (see
+:mod:`corral.store._sql_statements`).
 """
 
 from __future__ import annotations
@@ -51,11 +51,13 @@ def async_url(url: str) -> sa.URL:
 
 
 def pool_options(url: sa.URL, pool_size: int) -> dict[str, Any]:
-    """``create_async_engine`` options for ``url``: a bounded, pre-pinged pool on PostgreSQL.
+    """``create_async_engine`` options for ``url``: a bounded pool on PostgreSQL.
 
-    ``pool_pre_ping`` costs a round trip per checkout and saves an attempt
-    when the server restarted while the connection sat idle; as many
-    connections again as ``pool_size`` may be opened for bursts. The
+    As many connections again as ``pool_size`` may be opened for bursts.
+    Connections are not pinged before use (``pool_pre_ping`` would cost a
+    round trip per operation): one that died while idle fails its operation
+    before COMMIT, which :mod:`corral.store._sql_transaction` runs again on a
+    fresh connection, and that first failure invalidates the whole pool. The
     application name lets an operator (and the tests) find the store's
     sessions in ``pg_stat_activity``.
     """
@@ -66,7 +68,6 @@ def pool_options(url: sa.URL, pool_size: int) -> dict[str, Any]:
     return {
         "pool_size": pool_size,
         "max_overflow": pool_size,
-        "pool_pre_ping": True,
         "connect_args": {"server_settings": {"application_name": "corral"}},
     }
 

@@ -9,9 +9,10 @@ This is the only place that retries.
   network), nothing of the body was committed, so the whole body runs again on
   a fresh connection: a few attempts with a short, jittered backoff. Deadlocks
   and serialization failures, which PostgreSQL resolves by rolling one
-  transaction back, are retried the same way. The pool is invalidated on a
-  disconnect and ``pool_pre_ping`` tests a connection before it is handed out,
-  so the next attempt does not pick another dead one.
+  transaction back, are retried the same way. A disconnect invalidates the
+  whole pool, so the next attempt does not pick another dead connection (this
+  is also how a connection that died while idle is found: pinging each one
+  before use would cost a round trip per operation).
 - **During COMMIT.** When the connection drops after COMMIT was sent, the
   client cannot know whether the server committed: running the body again
   could store a batch of events or session messages twice, and giving up
@@ -114,7 +115,10 @@ async def transact(
 
     ``write`` commits the transaction (and on SQLite begins it with
     ``BEGIN IMMEDIATE``, through the engine's execution options); a read is
-    rolled back. ``action`` names the operation in error messages.
+    rolled back, or on PostgreSQL runs without ``BEGIN`` at all (autocommit: at
+    ``READ COMMITTED`` each statement of a transaction takes a snapshot of its
+    own anyway, so this only saves two round trips). ``action`` names the
+    operation in error messages.
     """
     retrying = AsyncRetrying(
         retry=retry_if_exception(connection_lost),
@@ -133,9 +137,11 @@ async def _attempt(
     engine: AsyncEngine, action: str, body: Callable[[AsyncConnection], Awaitable[T]], write: bool
 ) -> T:
     async with engine.connect() as conn:
-        if not write:
-            return await body(conn)  # the implicit transaction is rolled back on close
         postgresql = conn.dialect.name == "postgresql"
+        if not write:
+            if postgresql:
+                await conn.execution_options(isolation_level="AUTOCOMMIT")
+            return await body(conn)  # SQLite: the implicit transaction is rolled back on close
         done = False
         xid: int | None = None
         pid: int | None = None

@@ -208,10 +208,11 @@ class Store(ABC):
         limit: int = 1,
         *,
         now: float | None = None,
-        run_id: str | None = None,
+        run_ids: Sequence[str] | None = None,
     ) -> list[tuple[RunRecord, Lease]]:
         """Claim up to ``limit`` runnable runs for ``owner``, highest priority then oldest first
-        (only the run ``run_id`` when given: ``corral run`` executes its own run in-process).
+        (only among ``run_ids`` when given: ``corral run`` claims its own run, a worker
+        the runs a bus delivered to it).
 
         Runnable: ``queued`` with ``not_before <= now``, or ``running`` with a lease
         that expired before ``now`` (its worker died or stalled). Each claim sets

@@ -439,7 +439,7 @@ class SqlStore(Store):
         limit: int = 1,
         *,
         now: float | None = None,
-        run_id: str | None = None,
+        run_ids: Sequence[str] | None = None,
     ) -> list[tuple[RunRecord, Lease]]:
         """See :meth:`Store.claim_runs`. A ``running`` run without a lease expiry (one the
         local runtime runs in-process) is never claimable. ``attempts`` is counted,
@@ -453,10 +453,12 @@ class SqlStore(Store):
         # claimers pass each other; on SQLite BEGIN IMMEDIATE serializes them.
         queued = sa.and_(runs.c.state == RunState.QUEUED.value, runs.c.not_before <= now)
         expired = sa.and_(runs.c.state == RunState.RUNNING.value, runs.c.lease_expires_at < now)
-        if run_id is not None:
+        if run_ids is not None:
+            if not run_ids:
+                return []
             queued, expired = (
-                sa.and_(queued, runs.c.id == run_id),
-                sa.and_(expired, runs.c.id == run_id),
+                sa.and_(queued, runs.c.id.in_(run_ids)),
+                sa.and_(expired, runs.c.id.in_(run_ids)),
             )
 
         # On PostgreSQL each candidate row is locked as it is picked (FOR UPDATE SKIP

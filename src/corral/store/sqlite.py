@@ -316,14 +316,14 @@ class SqliteStore(SqlStore):
         limit: int = 1,
         *,
         now: float | None = None,
-        run_id: str | None = None,
+        run_ids: Sequence[str] | None = None,
     ) -> list[tuple[RunRecord, Lease]]:
-        if limit <= 0:
+        if limit <= 0 or (run_ids is not None and not run_ids):
             return []
         now = time.time() if now is None else now
         expires_at = now + lease_seconds
-        only = "" if run_id is None else " AND id = ?"
-        only_param = () if run_id is None else (run_id,)
+        only = "" if run_ids is None else f" AND id IN ({', '.join('?' for _ in run_ids)})"
+        only_param = () if run_ids is None else tuple(run_ids)
         queued = f"(state = '{_QUEUED}' AND not_before <= ?{only})"
         expired = f"(state = '{_RUNNING}' AND lease_expires_at < ?{only})"
 
@@ -354,7 +354,7 @@ class SqliteStore(SqlStore):
 
         claimed = await self._lane_write("claim runs", write)
         if claimed is None:
-            return await super().claim_runs(owner, lease_seconds, limit, now=now, run_id=run_id)
+            return await super().claim_runs(owner, lease_seconds, limit, now=now, run_ids=run_ids)
         claimed.sort(key=lambda row: (-row.priority, row.created_at, row.id))
         return [
             (row_to_run(row), Lease(row.id, owner, row.fencing_token, expires_at))
