@@ -242,6 +242,7 @@ VERSIONED = (
     "pydantic-ai-slim",
     "dbos",
     "asyncpg",
+    "nats-py",
 )
 
 

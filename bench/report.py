@@ -13,6 +13,7 @@ from typing import Any
 import http_api
 import overhead
 import scale
+import scaleout
 import startup
 import throughput
 from _common import fmt, median, spread, table
@@ -32,6 +33,7 @@ SECTIONS = {
     "scale": ("3. Scale of concurrency", scale.render),
     "startup": ("4. Start-up", startup.render),
     "http": ("5. HTTP API", http_api.render),
+    "scaleout": ("6. Scale-out: worker processes on PostgreSQL + NATS", scaleout.render),
 }
 
 
@@ -254,6 +256,46 @@ def _method(results: dict[str, Any]) -> str:
             f"takes the slowest follower of each event. "
             f"{plural(h['rounds'], 'round')}, each with fresh servers."
         )
+    if (x := results.get("scaleout")) is not None:
+        servers = x.get("servers", {})
+        running = [
+            f"{name} {servers[key]}"
+            for key, name in (("postgresql", "PostgreSQL"), ("nats", "NATS"))
+            if servers.get(key)
+        ]
+        stores = [c["store"] for c in x["configurations"]]
+        counts = [c["workers"] for c in x["configurations"] if c["store"] == "nats"]
+        shapes = [
+            "SQLite with one worker polling it every 10 ms (no bus reaches another process there)"
+        ]
+        if "postgres" in stores:
+            shapes.append("PostgreSQL with one worker polling it every 10 ms (no NATS)")
+        if counts:
+            shapes.append(
+                f"PostgreSQL + NATS JetStream with {_and([str(n) for n in counts])} worker "
+                f"process{'' if counts == [1] else 'es'} (runs dispatched by NATS, the store "
+                "swept every 5 s)"
+            )
+        parts.append(
+            f"- **Scale-out** (`bench/scaleout.py`). Real `corral worker` processes "
+            f"({x['concurrency']} slots each) on a fresh store per measurement: {_and(shapes)}"
+            + (f"; {_and(running)} on this machine" if running else "")
+            + f". Throughput: {x['tasks']:,} no-op tasks (an agent on the `scripted` provider: "
+            f"one text turn, no tools) submitted by {x['submitters']} concurrent callers of a "
+            f"driver process before the workers start, then announced on NATS (or found by the "
+            f"polls) once all are up; 'tasks/s' counts the tasks finished from the moment the "
+            f"last worker was up (or the first claim, if later) to the last finish, over that "
+            f"time, from the store's own timestamps, so neither start-up nor the driver's "
+            f"polling is in it. Overhead: {x['latency_runs']} runs of a tool-calling agent (3 "
+            f"calls to a Python `add`, then an answer: 4 turns of a `scripted` model, so no "
+            f"model time), one at a time after two untimed ones; dispatch is submit to claim, "
+            f"execution claim to saved, from the stored record; each round's p50 and p95, and "
+            f"the execution p50 over SQLite's in the same round. The database, NATS, the "
+            f"workers and the driver share the machine's cores. PostgreSQL runs go to a scratch "
+            f"database created beside `{x['postgres_url']}` and dropped after; NATS streams "
+            f"(`{x['nats_url']}`) live under a random prefix, deleted after. "
+            f"{plural(x['rounds'], 'round')}, each running every configuration in turn."
+        )
     parts.append(
         "- Figures are medians with min-max in brackets. Child processes run one at a "
         "time; the fake server and the measured process each have a core of their own "
@@ -395,6 +437,72 @@ def reading(results: dict[str, Any]) -> list[str]:
                 f"Over HTTP, durable task submits reached {_and(rates)}. From its commit to a "
                 f"follower's SSE stream an event took {'; '.join(fans)}."
             )
+    said += scaleout_reading(results)
+    return said
+
+
+def scaleout_reading(results: dict[str, Any]) -> list[str]:
+    """What the scale-out section's figures say (nothing when it has none)."""
+    x = results.get("scaleout")
+    if x is None:
+        return []
+    said: list[str] = []
+
+    def med(key: str, field: str) -> float | None:
+        got = [s[field] for s in x["samples"].get(key, []) if s.get(field) is not None]
+        return median(got) if got else None
+
+    sqlite_rate = med("sqlite-1", "drain_per_s")
+    nats = [
+        (c["workers"], rate)
+        for c in x["configurations"]
+        if c["store"] == "nats" and (rate := med(c["key"], "drain_per_s")) is not None
+    ]
+    if sqlite_rate is not None and nats:
+        rates = _and([f"{fmt(rate, 0)}/s with {plural(n, 'worker')}" for n, rate in nats])
+        line = (
+            f"Worker processes draining no-op tasks: {fmt(sqlite_rate, 0)}/s on SQLite (one "
+            f"worker), {rates} on PostgreSQL + NATS"
+        )
+        one = dict(nats).get(1)
+        most, best = max(nats, key=lambda pair: pair[1])
+        if one and len(nats) > 1:
+            gain = best / one
+            if gain >= 1.2 and most > 1:
+                line += f"; {most} workers did {gain:.1f}x one worker's throughput"
+            elif min(rate for _, rate in nats) < 0.8 * one:
+                line += "; more worker processes lowered the throughput on this machine"
+            else:
+                line += "; more worker processes did not add throughput on this machine"
+            cores = results["meta"]["machine"].get("cores", "?")
+            line += (
+                f" (PostgreSQL, NATS, the workers and the driver share its {cores} cores, so "
+                "this shows what coordination costs, not what more hosts would add)"
+            )
+        said.append(line + ".")
+    base = med("sqlite-1", "execution_p50_ms")
+    one = med("nats-1", "execution_p50_ms")
+    if base is not None and one is not None:
+        line = (
+            f"Per run of the tool-calling task, execution (claim to saved: the loop, the "
+            f"tools, every journal write) took {fmt(base, 1)} ms (p50) on SQLite and "
+            f"{fmt(one, 1)} ms on PostgreSQL + NATS with one worker"
+        )
+        waits = [
+            f"{fmt(value, 1)} ms {how}"
+            for key, how in (
+                ("nats-1", "by NATS"),
+                ("postgres-1", "polling PostgreSQL every 10 ms"),
+                ("sqlite-1", "polling SQLite every 10 ms"),
+            )
+            if (value := med(key, "dispatch_p50_ms")) is not None
+        ]
+        said.append(
+            line + f"; dispatch (submit to claim, p50) took {_and(waits)}." if waits else line + "."
+        )
+    down = sorted({s for s in x["status"].values() if "not reachable" in s})
+    if down:
+        said.append(f"Scale-out rows not measured: {'; '.join(down)}.")
     return said
 
 

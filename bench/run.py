@@ -1,15 +1,17 @@
 """The benchmark suite: ``make bench`` runs this in ``bench/.venv`` (peers installed).
 
     bench/.venv/bin/python bench/run.py [--quick] [--write-docs [PATH]] [--json PATH]
-        [--sections overhead,throughput,scale,startup,http] [--frameworks floor,corral,...]
+        [--sections overhead,throughput,scale,startup,http,scaleout] [--frameworks ...]
         [--rounds N] [--note TEXT]
     bench/.venv/bin/python bench/run.py --from-json PATH --write-docs   # re-render only
 
-Five sections (see each module's docstring): agent-loop overhead against the
+Six sections (see each module's docstring): agent-loop overhead against the
 floor and the peer frameworks (``overhead.py``), durable task throughput
 (``throughput.py``), 1,000 runs in flight on one worker (``scale.py``),
-start-up of whole ``corral`` processes (``startup.py``) and the HTTP API's
-submit throughput and SSE fan-out latency (``http_api.py``). Progress goes to
+start-up of whole ``corral`` processes (``startup.py``), the HTTP API's
+submit throughput and SSE fan-out latency (``http_api.py``), and ``corral
+worker`` processes on PostgreSQL + NATS JetStream beside SQLite
+(``scaleout.py``; rows say "not reachable" without those servers). Progress goes to
 stderr, the tables to stdout; ``--write-docs`` writes ``docs/benchmarks.md``
 from this run's results, ``--json`` keeps the raw figures.
 
@@ -33,6 +35,7 @@ import http_api
 import overhead
 import report
 import scale
+import scaleout
 import startup
 import throughput
 from _common import (
@@ -45,7 +48,7 @@ from _common import (
 )
 from peers import FRAMEWORKS
 
-SECTIONS = ("overhead", "throughput", "scale", "startup", "http")
+SECTIONS = ("overhead", "throughput", "scale", "startup", "http", "scaleout")
 
 
 def log(line: str) -> None:
@@ -77,6 +80,16 @@ def configs(args: argparse.Namespace) -> dict[str, Any]:
             "http": http_api.Config(
                 rounds=1, submits=20, concurrency=4, followers=(1, 5), timeout=120
             ),
+            # SQLite and one NATS worker: each configuration starts worker processes
+            "scaleout": scaleout.Config(
+                rounds=1,
+                tasks=20,
+                latency_runs=2,
+                workers=(1,),
+                concurrency=4,
+                postgres_alone=False,
+                timeout=120,
+            ),
         }
     else:
         found = {
@@ -85,6 +98,7 @@ def configs(args: argparse.Namespace) -> dict[str, Any]:
             "scale": scale.Config(),
             "startup": startup.Config(),
             "http": http_api.Config(),
+            "scaleout": scaleout.Config(),
         }
     if args.rounds:
         for key in ("overhead", "throughput"):
@@ -131,6 +145,7 @@ SECTION_RUNNERS = {
     "scale": scale.run,
     "startup": startup.run,
     "http": http_api.run,
+    "scaleout": scaleout.run,
 }
 
 

@@ -1,42 +1,49 @@
-"""Scale-out: ``corral worker`` processes on PostgreSQL + NATS JetStream, beside SQLite.
+"""Section 6, scale-out: ``corral worker`` processes on PostgreSQL + NATS JetStream, beside SQLite.
 
-Standalone (it is not a section of ``bench/run.py``); run it with Corral's own venv::
+``bench/run.py`` runs it as a section (:func:`run`). It also runs on its own,
+with either venv (``.venv`` or ``bench/.venv``)::
 
-    .venv/bin/python bench/scaleout.py --postgres-alone   # 1, 2 and 4 workers, a few minutes
-    .venv/bin/python bench/scaleout.py --tasks 300 --workers 1,2 --json /tmp/scaleout.json
-
-Every configuration runs real ``corral worker`` processes (``--concurrency``
-slots each) on a fresh store. Measured from this process:
-
-- **Throughput.** ``tasks`` no-op tasks (an agent on the ``scripted`` provider:
-  one text turn, no tools) are submitted by 16 concurrent callers *before* the
-  workers start (``submits/s``: this process's insert rate, for reference).
-  Then the workers start, and once all are up the backlog is announced on NATS
-  (the polling configurations find it in the store). ``tasks/s`` is the number
-  of tasks over the time from the first claim to the last finish, from the
-  store's own timestamps: start-up and this process's polling are not in it.
-  Each task is a full durable run: dispatched, claimed under a lease,
-  journaled, saved as succeeded. (A NATS worker's first sweep, at its start,
-  claims up to ``--concurrency`` runs straight from the store before the
-  announcements; the workers log how many runs came each way, printed below
-  each row.)
-- **Agent-loop overhead.** ``latency_runs`` runs of a tool-calling task (three
-  calls to a Python ``add``, then an answer: four model turns on the scripted
-  provider, so no model time at all), one at a time. From the stored record:
-  *dispatch* is submit to first claim (``started_at - created_at``: the bus, or
-  the poll, and the claim), *execution* is first claim to saved
-  (``finished_at - started_at``: the loop, the tools and every journal write).
-  Medians and p95, in milliseconds.
+    .venv/bin/python bench/scaleout.py                    # 1 round: SQLite, NATS x1, x2, x4
+    .venv/bin/python bench/scaleout.py --tasks 300 --workers 1,2 --postgres-alone --json F
 
 Configurations: SQLite with one worker process (the embedded mode's store; no
 bus reaches another process there, so the worker polls the store every 10 ms),
-optionally (``--postgres-alone``) PostgreSQL with one polling worker, and
-PostgreSQL + NATS with 1, 2 and 4 worker processes (runs dispatched by NATS,
-the store swept every 5 s). PostgreSQL is a scratch database created
-beside ``--postgres-url`` and dropped afterwards; NATS streams live under a
-random prefix, deleted afterwards. Figures depend on the machine (a 2-core VM
-shared with other work, in the runs quoted in docs/deploy.md): compare rows of
-one run, not runs.
+PostgreSQL with one worker polling it every 10 ms (no NATS: the bus's share),
+and PostgreSQL + NATS with 1, 2 and 4 worker processes (runs dispatched by
+NATS, the store swept every 5 s). Each configuration of each round is a child
+process (``scaleout.py --child ...``, the driver) that starts real ``corral
+worker`` processes (``concurrency`` slots each) on a fresh store; rounds run
+every configuration in turn, so a slow moment widens the spread rather than
+reordering the rows. Measured by the driver:
+
+- **Throughput.** ``tasks`` no-op tasks (an agent on the ``scripted`` provider:
+  one text turn, no tools) are submitted by 16 concurrent callers *before* the
+  workers start (``submits/s``: the driver's insert rate, for reference). Then
+  the workers start, and once all are up the backlog is announced on NATS (the
+  polling configurations find it in the store). ``tasks/s`` is taken from the
+  store's own timestamps: the tasks finished between the moment every worker
+  was up (or the first claim, if later) and the last finish, over that time;
+  start-up and the driver's polling are not in it. Each task is a full durable
+  run: dispatched, claimed under a lease, journaled, saved as succeeded. (A
+  NATS worker's first sweep, at its start, claims up to ``concurrency`` runs
+  straight from the store before the announcements; the workers log how many
+  runs came each way, kept as ``via_bus`` and ``via_sweep``.)
+- **Agent-loop overhead.** ``latency_runs`` runs of a tool-calling task (three
+  calls to a Python ``add``, then an answer: four model turns on the scripted
+  provider, so no model time at all), one at a time, after two untimed ones.
+  From the stored record: *dispatch* is submit to first claim
+  (``started_at - created_at``: the bus, or the poll, and the claim),
+  *execution* is first claim to saved (``finished_at - started_at``: the loop,
+  the tools and every journal write). p50 and p95 per round, in milliseconds.
+
+PostgreSQL is a scratch database created beside ``CORRAL_BENCH_POSTGRES_URL``
+(default ``postgresql://postgres@127.0.0.1:5432/test``) for each measurement
+and dropped afterwards; NATS (``CORRAL_BENCH_NATS_URL``, default
+``nats://127.0.0.1:4222``) streams live under a random prefix, deleted
+afterwards. The parent creates and removes both, so a driver that times out
+leaves nothing behind; its workers get SIGTERM when it dies. A server that does
+not accept connections makes its rows say "not reachable". PostgreSQL, NATS, the
+workers and the driver share the machine: compare rows of one run, not runs.
 """
 
 from __future__ import annotations
@@ -45,24 +52,30 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
-import statistics
+import socket
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager, suppress
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
-BENCH = Path(__file__).resolve().parent
-REPO = BENCH.parent
+from _common import BENCH, emit, fmt, median, percentile, run_child, spread, table
+
 DEFAULT_POSTGRES_URL = "postgresql://postgres@127.0.0.1:5432/test"
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
+SUBMITTERS = 16
+#: the polling configurations' ``--poll-seconds`` (NATS workers keep their default sweep, 5 s)
+POLL_SECONDS = 0.01
 
 RESOURCES = f"""
 apiVersion: corral/v1
@@ -105,69 +118,47 @@ spec:
   tools: [add]
 """
 
-
+#: what each store (+ bus) is called in the tables
 LABELS = {
     "sqlite": "SQLite (poll 10 ms)",
     "postgres": "PostgreSQL (poll 10 ms)",
     "nats": "PostgreSQL + NATS",
 }
 
-
-@dataclass
-class Figures:
-    """What one configuration measured."""
-
-    name: str
-    workers: int
-    tasks: int
-    submit_per_s: float = 0.0
-    drain_per_s: float = 0.0
-    dispatch_ms: list[float] = field(default_factory=list[float])
-    execution_ms: list[float] = field(default_factory=list[float])
-    error: str | None = None
+#: a worker process started so that it gets SIGTERM when its parent (the driver) dies
+LAUNCHER = (
+    "import ctypes, os, signal, sys; "
+    "ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM); "  # PR_SET_PDEATHSIG
+    "os.getppid() == int(sys.argv[1]) or sys.exit('the driver is gone'); "
+    "os.execv(sys.executable, [sys.executable, '-m', 'corral', 'worker', *sys.argv[2:]])"
+)
 
 
-# --------------------------------------------------------------------------- stores and buses
+@dataclass(frozen=True)
+class Config:
+    """How much to measure."""
+
+    rounds: int = 3
+    tasks: int = 1000
+    latency_runs: int = 30
+    workers: tuple[int, ...] = (1, 2, 4)
+    concurrency: int = 32
+    postgres_alone: bool = True
+    postgres_url: str = ""
+    nats_url: str = ""
+    timeout: float = 300.0
 
 
-@asynccontextmanager
-async def scratch_postgres(base_url: str) -> AsyncIterator[str]:
-    """A new, empty PostgreSQL database beside ``base_url``'s; dropped afterwards."""
-    import asyncpg
-    import sqlalchemy as sa
-
-    url = sa.make_url(base_url)
-    name = "corral_bench_" + secrets.token_hex(5)
-    admin_url = url.render_as_string(hide_password=False)
-    conn = await asyncpg.connect(admin_url)
-    try:
-        await conn.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await conn.close()
-    try:
-        yield url.set(database=name).render_as_string(hide_password=False)
-    finally:
-        conn = await asyncpg.connect(admin_url)
-        try:
-            await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        finally:
-            await conn.close()
+def configurations(config: Config) -> list[tuple[str, str, int]]:
+    """``(key, store, workers)`` of every configuration, in the order of a round."""
+    found = [("sqlite-1", "sqlite", 1)]
+    if config.postgres_alone:
+        found.append(("postgres-1", "postgres", 1))
+    found += [(f"nats-{n}", "nats", n) for n in config.workers]
+    return found
 
 
-async def delete_streams(nats_url: str, prefix: str) -> None:
-    import nats
-    import nats.js.errors
-
-    client = await nats.connect(nats_url, allow_reconnect=False)
-    try:
-        for stream in (f"{prefix}_runnable", f"{prefix}_dead"):
-            with suppress(nats.js.errors.NotFoundError):
-                await client.jetstream().delete_stream(stream)
-    finally:
-        await client.close()
-
-
-# --------------------------------------------------------------------------- workers
+# --------------------------------------------------------------------------- the driver (a child)
 
 
 class Workers:
@@ -181,7 +172,7 @@ class Workers:
             with log.open("wb") as out:
                 self.processes.append(
                     subprocess.Popen(
-                        [sys.executable, "-m", "corral", "worker", *options],
+                        [sys.executable, "-c", LAUNCHER, str(os.getpid()), *options],
                         env=env,
                         cwd=home,
                         stdout=out,
@@ -200,10 +191,30 @@ class Workers:
                 raise RuntimeError("the workers did not start in time")
             await asyncio.sleep(0.05)
 
-    def summaries(self) -> list[str]:
-        """What each worker said about where its runs came from (logged when it stops)."""
-        lines = [line for log in self.logs for line in log.read_text(errors="replace").splitlines()]
-        return [line.split(" INFO ", 1)[-1] for line in lines if "deliveries" in line]
+    def up_at(self) -> float:
+        """When the last of the workers said it started (its log line's time, as
+        ``time.time()``); 0 when a log line does not say it in the expected form."""
+        stamps = []
+        for log in self.logs:
+            for line in log.read_text(errors="replace").splitlines():
+                if " started (runs from " in line:
+                    try:
+                        when = datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")
+                    except ValueError:
+                        return 0.0  # the window then opens at the first claim
+                    stamps.append(when.timestamp())  # logging's asctime is local time
+                    break
+        return max(stamps, default=0.0)
+
+    def deliveries(self) -> dict[str, int]:
+        """Where the workers' runs came from, as they logged it when they stopped (NATS only)."""
+        said = re.compile(r"(\d+) runs taken from bus deliveries, (\d+) found by the store sweep")
+        found = {"via_bus": 0, "via_sweep": 0}
+        for log in self.logs:
+            for match in said.finditer(log.read_text(errors="replace")):
+                found["via_bus"] += int(match[1])
+                found["via_sweep"] += int(match[2])
+        return found
 
     def stop(self) -> None:
         for process in self.processes:
@@ -217,26 +228,22 @@ class Workers:
                 process.wait()
 
 
-# --------------------------------------------------------------------------- measuring
-
-
 async def submit_all(submit_one: Callable[[int], Awaitable[object]], tasks: int) -> None:
-    """Submit ``tasks`` tasks from 16 concurrent callers."""
+    """Submit ``tasks`` tasks from :data:`SUBMITTERS` concurrent callers."""
     queue = iter(range(tasks))
 
     async def submitter() -> None:
         for i in queue:
             await submit_one(i)
 
-    await asyncio.gather(*(submitter() for _ in range(16)))
+    await asyncio.gather(*(submitter() for _ in range(SUBMITTERS)))
 
 
-async def wait_succeeded(store: Any, count: int, within: float) -> None:
-    """Until ``count`` runs succeeded (at most ``within`` seconds); a run that ended
+async def wait_succeeded(store: Any, count: int, deadline: float) -> None:
+    """Until ``count`` runs succeeded (until ``deadline``, monotonic); a run that ended
     otherwise is an error."""
     from corral.core.runs import RunState
 
-    deadline = time.monotonic() + within
     while True:
         counts = await store.count_runs()
         succeeded = counts.by_state.get(("default", RunState.SUCCEEDED), 0)
@@ -250,203 +257,479 @@ async def wait_succeeded(store: Any, count: int, within: float) -> None:
         if succeeded >= count:
             return
         if time.monotonic() > deadline:
-            raise RuntimeError(f"only {succeeded} of {count} runs succeeded in {within:g} s")
+            raise RuntimeError(f"only {succeeded} of {count} runs succeeded in time")
         await asyncio.sleep(0.02)
 
 
-async def submit_backlog(figures: Figures, store: Any) -> list[str]:
-    """Submit the no-op tasks before any worker runs (announced later); their ids."""
-    from corral.runtime.local import submit
-
-    ids: list[str] = []
-
-    async def one(i: int) -> None:
-        record, _ = await submit(store, "noop", f"task {i}")
-        ids.append(record.id)
-
-    start = time.perf_counter()
-    await submit_all(one, figures.tasks)
-    figures.submit_per_s = figures.tasks / (time.perf_counter() - start)
-    return ids
-
-
-async def drain(figures: Figures, store: Any, bus: Any, ids: list[str], within: float) -> None:
-    """Announce the backlog (on NATS) and wait until the workers have run it all.
-
-    The rate is taken from the store's own timestamps: tasks divided by the time from
-    the first claim to the last finish, so neither the workers' start-up nor this
-    process's polling is in it.
-    """
-    if bus is not None:
-        await bus.announce_runnable(ids, mark="submitted")
-    await wait_succeeded(store, figures.tasks, within)
-    runs = await store.list_runs("default", agent="noop", limit=figures.tasks + 1)
-    first = min(r.started_at for r in runs if r.started_at)
-    last = max(r.finished_at for r in runs if r.finished_at)
-    figures.drain_per_s = figures.tasks / (last - first)
-
-
-async def overhead(
-    figures: Figures, store: Any, bus: Any, latency_runs: int, within: float
-) -> None:
-    """A tool-calling task, one at a time (two untimed first): dispatch and execution."""
-    from corral.runtime.local import submit
-
-    for i in range(latency_runs + 2):
-        record, _ = await submit(store, "adder", f"sums {i}", bus=bus)
-        await wait_succeeded(store, figures.tasks + i + 1, within)
-        stored = await store.get_run(record.id)
-        assert stored is not None and stored.started_at and stored.finished_at
-        if i >= 2:
-            figures.dispatch_ms.append((stored.started_at - stored.created_at) * 1000)
-            figures.execution_ms.append((stored.finished_at - stored.started_at) * 1000)
-
-
-async def configuration(
-    name: str, workers: int, args: argparse.Namespace, log: Callable[[str], None]
-) -> Figures:
-    """Measure one configuration: ``sqlite`` (one worker) or ``nats`` (``workers`` workers)."""
+async def drive(args: argparse.Namespace) -> dict[str, Any]:
+    """One configuration: the backlog, its drain by the workers, then the overhead runs."""
     from corral.bus.nats import NatsBus
     from corral.resources.loader import load_text
+    from corral.runtime.local import submit
     from corral.store import open_store
 
-    figures = Figures(name, workers, args.tasks)
-    home = Path(tempfile.mkdtemp(prefix="corral-scaleout-"))
+    deadline = time.monotonic() + args.within
+    home = Path(args.home)
     env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
-    env["CORRAL_HOME"] = str(home)
+    env.update(CORRAL_HOME=str(home), CORRAL_DB_URL=args.db_url)
     options = ["--concurrency", str(args.concurrency), "--grace-seconds", "5"]
-    prefix = "bench_" + secrets.token_hex(4)
+    if args.store == "nats":
+        env.update(CORRAL_NATS_URL=args.nats_url, CORRAL_NATS_PREFIX=args.prefix)
+    else:
+        options += ["--poll-seconds", str(POLL_SECONDS)]
+    figures: dict[str, Any] = {}
+    store = await open_store(args.db_url)
     bus = None
     try:
-        async with _database(name, home, args.postgres_url) as url:
-            env["CORRAL_DB_URL"] = url
-            store = await open_store(url)
-            try:
-                await store.apply(load_text(RESOURCES, "scaleout.yaml"))
-                if name == "nats":
-                    env.update(CORRAL_NATS_URL=args.nats_url, CORRAL_NATS_PREFIX=prefix)
-                    bus = await NatsBus.connect(args.nats_url, prefix=prefix)
-                else:
-                    options += ["--poll-seconds", "0.01"]
-                ids = await submit_backlog(figures, store)
-                running = Workers(home, env, workers, options)
-                try:
-                    await running.started()
-                    log(f"  {name} x{workers}: measuring")
-                    await drain(figures, store, bus, ids, args.timeout)
-                    await overhead(figures, store, bus, args.latency_runs, args.timeout)
-                finally:
-                    running.stop()
-                    for line in running.summaries():
-                        log(f"    {line}")
-            finally:
-                if bus is not None:
-                    await bus.close()
-                await store.close()
-    except Exception as exc:  # noqa: BLE001 - one configuration failing is a row, not a failed run
-        figures.error = f"{type(exc).__name__}: {exc}"[:300]
+        await store.apply(load_text(RESOURCES, "scaleout.yaml"))
+        if args.store == "nats":
+            bus = await NatsBus.connect(args.nats_url, prefix=args.prefix)
+
+        ids: list[str] = []
+
+        async def one(i: int) -> None:
+            record, _ = await submit(store, "noop", f"task {i}")
+            ids.append(record.id)
+
+        start = time.perf_counter()
+        await submit_all(one, args.tasks)
+        figures["submit_per_s"] = args.tasks / (time.perf_counter() - start)
+
+        workers = Workers(home, env, args.workers, options)
+        try:
+            await workers.started()
+            if bus is not None:
+                await bus.announce_runnable(ids, mark="submitted")
+            await wait_succeeded(store, args.tasks, deadline)
+            runs = await store.list_runs("default", agent="noop", limit=args.tasks + 1)
+            figures |= drain_rate(runs, workers.up_at())
+
+            dispatch, execution = [], []
+            for i in range(args.latency_runs + 2):  # the first two untimed
+                record, _ = await submit(store, "adder", f"sums {i}", bus=bus)
+                await wait_succeeded(store, args.tasks + i + 1, deadline)
+                stored = await store.get_run(record.id)
+                assert stored is not None and stored.started_at and stored.finished_at
+                if i >= 2:
+                    dispatch.append((stored.started_at - stored.created_at) * 1000)
+                    execution.append((stored.finished_at - stored.started_at) * 1000)
+        finally:
+            workers.stop()
+        if args.store == "nats":
+            figures |= workers.deliveries()
     finally:
-        if name == "nats":
-            try:
-                await delete_streams(args.nats_url, prefix)
-            except Exception as exc:  # noqa: BLE001 - cleanup only: say so and go on
-                log(f"  (streams of {prefix} not deleted: {exc})")
-        shutil.rmtree(home, ignore_errors=True)
+        if bus is not None:
+            await bus.close()
+        await store.close()
+    figures["dispatch_ms"], figures["execution_ms"] = dispatch, execution
+    for name, values in (("dispatch", dispatch), ("execution", execution)):
+        figures[f"{name}_p50_ms"] = median(values) if values else None
+        figures[f"{name}_p95_ms"] = percentile(values, 95) if values else None
     return figures
 
 
+def drain_rate(runs: list[Any], all_up: float) -> dict[str, Any]:
+    """Tasks per second from the runs' stored times, while every worker was up.
+
+    The window opens when the last worker started (or at the first claim, if
+    later) and closes at the last finish; the tasks finished in it, over its
+    length. A backlog so small that the first workers ran most of it before the
+    last one was up (a ``--quick`` run) is measured from the first claim instead.
+    """
+    first_claim = min(r.started_at for r in runs)
+    last = max(r.finished_at for r in runs)
+    start = max(all_up, first_claim)
+    counted = sum(1 for r in runs if r.finished_at >= start)
+    if counted < len(runs) / 2 or last - start <= 0:
+        start, counted = first_claim, len(runs)
+    return {
+        "drain_per_s": counted / max(last - start, 1e-6),
+        "drain_s": last - start,
+        "drain_from": "first claim" if start == first_claim else "all workers up",
+    }
+
+
+def child_main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--store", choices=sorted(LABELS), required=True)
+    parser.add_argument("--workers", type=int, required=True)
+    parser.add_argument("--db-url", required=True)
+    parser.add_argument("--nats-url", default="")
+    parser.add_argument("--prefix", default="")
+    parser.add_argument("--home", required=True)
+    parser.add_argument("--tasks", type=int, required=True)
+    parser.add_argument("--latency-runs", type=int, required=True)
+    parser.add_argument("--concurrency", type=int, required=True)
+    parser.add_argument("--within", type=float, required=True)
+    args = parser.parse_args(argv)
+    sys.path.insert(0, str(BENCH))  # bench_tools (the workers find it by the tool's path)
+    emit(asyncio.run(drive(args)))
+
+
+# --------------------------------------------------------------------------- the parent
+
+
+def first_server(url: str, default_port: int) -> tuple[str, int]:
+    """Host and port of the first server ``url`` names (a NATS URL may list several)."""
+    parts = urlsplit(url.split(",")[0].strip())
+    return parts.hostname or "127.0.0.1", parts.port or default_port
+
+
+def without_password(url: str) -> str:
+    """``url`` as the page may show it: any password replaced by ``***``."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    return urlunsplit(parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@")))
+
+
+def reachable(url: str, default_port: int) -> str | None:
+    """``None`` when something accepts TCP connections where ``url`` points, else why not."""
+    host, port = first_server(url, default_port)
+    try:
+        with socket.create_connection((host, port), 2):
+            return None
+    except OSError:
+        return f"not reachable ({host}:{port})"
+
+
+async def server_versions(postgres_url: str | None, nats_url: str | None) -> dict[str, str]:
+    """The versions the servers report (for the page's method)."""
+    found: dict[str, str] = {}
+    with suppress(Exception):
+        if postgres_url:
+            import asyncpg
+
+            conn = await asyncpg.connect(postgres_url, timeout=5)
+            try:
+                found["postgresql"] = str(await conn.fetchval("SHOW server_version")).split()[0]
+            finally:
+                await conn.close()
+    with suppress(Exception):
+        if nats_url:
+            import nats
+
+            client = await nats.connect(nats_url, allow_reconnect=False, connect_timeout=2)
+            try:
+                version = client.connected_server_version
+                found["nats"] = f"{version.major}.{version.minor}.{version.patch}"
+            finally:
+                await client.close()
+    return found
+
+
 @asynccontextmanager
-async def _database(name: str, home: Path, postgres_url: str) -> AsyncIterator[str]:
-    if name == "sqlite":
-        yield f"sqlite:///{home / 'corral.db'}"
-    else:
-        async with scratch_postgres(postgres_url) as url:
-            yield url
+async def scratch(store: str, postgres_url: str, nats_url: str) -> AsyncIterator[tuple[str, str]]:
+    """A fresh store (and NATS prefix) for one measurement: ``(db_url, prefix)``; the
+    PostgreSQL database is created beside ``postgres_url``'s and dropped, the prefix's
+    streams deleted, whatever the driver did."""
+    import asyncpg
+    import sqlalchemy as sa
+
+    token = secrets.token_hex(4)
+    prefix = f"bench_{token}" if store == "nats" else ""
+    if store == "sqlite":
+        yield "", prefix
+        return
+    base = sa.make_url(postgres_url)
+    admin = base.render_as_string(hide_password=False)
+    name = f"corral_bench_scaleout_{token}"
+    conn = await asyncpg.connect(admin, timeout=10)
+    try:
+        await conn.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await conn.close()
+    try:
+        yield base.set(database=name).render_as_string(hide_password=False), prefix
+    finally:
+        conn = await asyncpg.connect(admin, timeout=10)
+        try:
+            await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        finally:
+            await conn.close()
+        if prefix:
+            await delete_streams(nats_url, prefix)
 
 
-# --------------------------------------------------------------------------- reporting
+async def delete_streams(nats_url: str, prefix: str) -> None:
+    """Delete the streams a bus with ``prefix`` made (whichever exist)."""
+    import nats
+    import nats.js.errors
+
+    client = await nats.connect(nats_url, allow_reconnect=False, connect_timeout=2)
+    try:
+        for stream in (f"{prefix}_runnable", f"{prefix}_dead"):
+            with suppress(nats.js.errors.NotFoundError):
+                await client.jetstream().delete_stream(stream)
+    finally:
+        await client.close()
 
 
-def _ms(values: list[float], pct: float) -> str:
-    if not values:
-        return "-"
-    ordered = sorted(values)
-    index = min(len(ordered) - 1, round(pct / 100 * (len(ordered) - 1)))
-    return f"{ordered[index]:.1f}"
+def measure_once(
+    store: str, workers: int, config: Config, postgres_url: str, nats_url: str
+) -> dict[str, Any]:
+    """One configuration in a driver child of its own; its figures, or ``{"error": ...}``."""
+
+    async def go() -> dict[str, Any]:
+        home = Path(tempfile.mkdtemp(prefix="corral-bench-scaleout-"))
+        try:
+            async with scratch(store, postgres_url, nats_url) as (db_url, prefix):
+                args = [
+                    str(BENCH / "scaleout.py"),
+                    "--child",
+                    f"--store={store}",
+                    f"--workers={workers}",
+                    f"--db-url={db_url or 'sqlite:///' + str(home / 'corral.db')}",
+                    f"--nats-url={nats_url}",
+                    f"--prefix={prefix}",
+                    f"--home={home}",
+                    f"--tasks={config.tasks}",
+                    f"--latency-runs={config.latency_runs}",
+                    f"--concurrency={config.concurrency}",
+                    # the driver gives up (and says why) a little before it would be killed
+                    f"--within={config.timeout * 0.9:g}",
+                ]
+                result = await asyncio.to_thread(run_child, args, timeout=config.timeout)
+        finally:
+            shutil.rmtree(home, ignore_errors=True)
+        return result.data if result.ok else {"error": result.error or "failed"}
+
+    try:
+        return asyncio.run(go())
+    except Exception as exc:  # noqa: BLE001 - a server refusing the scratch set-up is a row
+        return {"error": f"{type(exc).__name__}: {exc}".splitlines()[0][:200]}
 
 
-def render(results: list[Figures], args: argparse.Namespace) -> str:
-    header = (
-        "| store + bus | workers | submits/s (this process) | tasks/s (workers) | "
-        "dispatch ms p50 / p95 | execution ms p50 / p95 |"
+def run(config: Config, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Every configuration of ``config``, round after round; the raw figures of each."""
+    postgres_url = config.postgres_url or os.environ.get(
+        "CORRAL_BENCH_POSTGRES_URL", DEFAULT_POSTGRES_URL
     )
-    lines = [header, "| --- | --- | --- | --- | --- | --- |"]
-    for f in results:
-        label = LABELS[f.name]
-        if f.error:
-            lines.append(f"| {label} | {f.workers} | failed: {f.error} | | | |")
+    nats_url = config.nats_url or os.environ.get("CORRAL_BENCH_NATS_URL", DEFAULT_NATS_URL)
+    postgres_down = reachable(postgres_url, 5432)
+    nats_down = reachable(nats_url, 4222)
+    chosen = configurations(config)
+    status: dict[str, str] = {}
+    for key, store, _ in chosen:
+        if store != "sqlite" and postgres_down:
+            status[key] = f"PostgreSQL {postgres_down}"
+        elif store == "nats" and nats_down:
+            status[key] = f"NATS {nats_down}"
+        else:
+            status[key] = "ok"
+    samples: dict[str, list[dict[str, Any]]] = {key: [] for key, _, _ in chosen}
+    errors: dict[str, list[str]] = {key: [] for key, _, _ in chosen}
+    for round_no in range(1, config.rounds + 1):
+        for key, store, workers in chosen:
+            if status[key] != "ok":
+                continue
+            got = measure_once(store, workers, config, postgres_url, nats_url)
+            if "error" in got:
+                errors[key].append(got["error"])
+                shown = got["error"]
+            else:
+                samples[key].append({"round": round_no, **got})
+                shown = (
+                    f"{got['drain_per_s']:.0f} tasks/s, execution p50 "
+                    f"{got['execution_p50_ms']:.1f} ms"
+                )
+                if "via_bus" in got:
+                    shown += f" ({got['via_bus']} runs from NATS, {got['via_sweep']} swept)"
+            log(f"[scaleout] round {round_no}/{config.rounds} {key}: {shown}")
+    for key in status:
+        if status[key] == "ok" and not samples[key]:
+            status[key] = f"failed: {errors[key][0]}"
+    up_postgres = None if postgres_down else postgres_url
+    up_nats = None if nats_down or not config.workers else nats_url
+    return {
+        "rounds": config.rounds,
+        "tasks": config.tasks,
+        "latency_runs": config.latency_runs,
+        "concurrency": config.concurrency,
+        "submitters": SUBMITTERS,
+        "configurations": [{"key": k, "store": s, "workers": w} for k, s, w in chosen],
+        "postgres_url": without_password(postgres_url),
+        "nats_url": without_password(nats_url),
+        "servers": asyncio.run(server_versions(up_postgres, up_nats)),
+        "status": status,
+        "samples": samples,
+        "errors": errors,
+    }
+
+
+# --------------------------------------------------------------------------- rendering
+
+
+def label(configuration: dict[str, Any]) -> str:
+    return LABELS[configuration["store"]]
+
+
+def execution_vs_sqlite(result: dict[str, Any], key: str) -> list[float]:
+    """Each round's execution p50 of ``key`` over SQLite's in the same round."""
+    base = {s["round"]: s["execution_p50_ms"] for s in result["samples"].get("sqlite-1", [])}
+    return [
+        s["execution_p50_ms"] / base[s["round"]]
+        for s in result["samples"].get(key, [])
+        if base.get(s["round"])
+    ]
+
+
+def render(result: dict[str, Any]) -> str:
+    """Two tables: no-op task throughput, then agent-loop overhead; medians (min-max)."""
+    throughput_rows, overhead_rows = [], []
+    for c in result["configurations"]:
+        key, name, workers = c["key"], label(c), str(c["workers"])
+        got = result["samples"].get(key) or []
+        status = result["status"][key]
+        if status != "ok" or not got:
+            throughput_rows.append([name, workers, status, "", "", ""])
+            overhead_rows.append([name, workers, status, "", "", "", "", ""])
+            continue
+        failures = f" ({len(result['errors'][key])} failed)" if result["errors"][key] else ""
+
+        def col(field: str, digits: int, got: list[dict[str, Any]] = got) -> str:
+            return spread([s[field] for s in got if s.get(field) is not None], digits)
+
+        via = "polls the store"
+        if c["store"] == "nats":
+            via = " / ".join(fmt(median([s[f] for s in got]), 0) for f in ("via_bus", "via_sweep"))
+        throughput_rows.append(
+            [
+                f"{name}{failures}",
+                workers,
+                f"{result['tasks']:,}",
+                col("submit_per_s", 0),
+                f"**{col('drain_per_s', 0)}**",
+                via,
+            ]
+        )
+        ratio = execution_vs_sqlite(result, key)
+        overhead_rows.append(
+            [
+                f"{name}{failures}",
+                workers,
+                f"{result['latency_runs']:,}",
+                col("dispatch_p50_ms", 1),
+                col("dispatch_p95_ms", 1),
+                col("execution_p50_ms", 1),
+                col("execution_p95_ms", 1),
+                "1 (the base)" if key == "sqlite-1" else spread(ratio, 2, "x"),
+            ]
+        )
+    throughput = table(
+        [
+            "store + bus",
+            "worker processes",
+            "no-op tasks",
+            "submits/s (driver)",
+            "tasks/s (workers)",
+            "runs from NATS / from the sweep",
+        ],
+        throughput_rows,
+    )
+    overhead = table(
+        [
+            "store + bus",
+            "worker processes",
+            "runs",
+            "dispatch p50 ms",
+            "dispatch p95 ms",
+            "execution p50 ms",
+            "execution p95 ms",
+            "execution p50 x SQLite",
+        ],
+        overhead_rows,
+    )
+    return (
+        f"No-op task throughput ({result['tasks']:,} tasks per measurement, "
+        f"{result['concurrency']} slots per worker process):\n\n{throughput}\n\n"
+        f"Agent-loop overhead ({result['latency_runs']} runs of 3 tool calls + 1 answer, one "
+        f"at a time; dispatch = submit -> claim, execution = claim -> saved):\n\n{overhead}"
+    )
+
+
+# --------------------------------------------------------------------------- standalone
+
+
+def standalone_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """One flat row per configuration and round (a configuration that could not run: one row)."""
+    rows = []
+    for c in result["configurations"]:
+        base = {"name": c["store"], "workers": c["workers"], "tasks": result["tasks"]}
+        got = result["samples"][c["key"]]
+        for sample in got:
+            rows.append({**base, **sample, "error": None})
+        for error in result["errors"][c["key"]]:
+            rows.append({**base, "error": error})
+        if not got and not result["errors"][c["key"]]:
+            rows.append({**base, "error": result["status"][c["key"]]})
+    return rows
+
+
+def standalone_text(result: dict[str, Any]) -> str:
+    """A compact table, one line per configuration and round."""
+    lines = [
+        "| store + bus | workers | submits/s (driver) | tasks/s (workers) | "
+        "dispatch ms p50 / p95 | execution ms p50 / p95 |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for row in standalone_rows(result):
+        name = LABELS[row["name"]]
+        if row["error"]:
+            lines.append(f"| {name} | {row['workers']} | {row['error']} | | | |")
             continue
         lines.append(
-            f"| {label} | {f.workers} | {f.submit_per_s:.0f} | {f.drain_per_s:.0f} | "
-            f"{_ms(f.dispatch_ms, 50)} / {_ms(f.dispatch_ms, 95)} | "
-            f"{_ms(f.execution_ms, 50)} / {_ms(f.execution_ms, 95)} |"
+            f"| {name} | {row['workers']} | {row['submit_per_s']:.0f} | {row['drain_per_s']:.0f} | "
+            f"{row['dispatch_p50_ms']:.1f} / {row['dispatch_p95_ms']:.1f} | "
+            f"{row['execution_p50_ms']:.1f} / {row['execution_p95_ms']:.1f} |"
         )
     lines.append("")
     lines.append(
-        f"{args.tasks} no-op tasks per row, {args.concurrency} slots per worker; "
-        f"{args.latency_runs} tool-calling runs (3 tool calls, 4 scripted turns) one at a "
+        f"{result['tasks']} no-op tasks per row, {result['concurrency']} slots per worker; "
+        f"{result['latency_runs']} tool-calling runs (3 tool calls, 4 scripted turns) one at a "
         f"time for the overhead; {os.cpu_count()} CPUs; Python {sys.version.split()[0]}."
     )
-    if all(not f.error for f in results):
-        ratio = [f.execution_ms for f in results]
-        lines.append(
-            "Execution medians relative to SQLite: "
-            + ", ".join(
-                f"{f.name} x{f.workers} {statistics.median(r) / statistics.median(ratio[0]):.2f}"
-                for f, r in zip(results, ratio, strict=True)
-            )
-        )
     return "\n".join(lines)
 
 
-async def main(args: argparse.Namespace) -> list[Figures]:
-    sys.path.insert(0, str(BENCH))  # bench_tools, for the workers' python tool (by path too)
-    results = [await configuration("sqlite", 1, args, print)]
-    if args.postgres_alone:
-        results.append(await configuration("postgres", 1, args, print))
-    for count in args.workers:
-        results.append(await configuration("nats", count, args, print))
-    print(render(results, args))
-    return results
-
-
-def parse(argv: list[str]) -> argparse.Namespace:
+def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--tasks", type=int, default=1000)
-    parser.add_argument("--latency-runs", type=int, default=30)
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--tasks", type=int, default=Config.tasks)
+    parser.add_argument("--latency-runs", type=int, default=Config.latency_runs)
     parser.add_argument(
-        "--workers", type=lambda s: [int(n) for n in s.split(",")], default=[1, 2, 4]
+        "--workers", type=lambda s: tuple(int(n) for n in s.split(",")), default=Config.workers
     )
-    parser.add_argument("--concurrency", type=int, default=32)
-    parser.add_argument(
-        "--postgres-url",
-        default=os.environ.get("CORRAL_BENCH_POSTGRES_URL", DEFAULT_POSTGRES_URL),
-    )
-    parser.add_argument(
-        "--nats-url", default=os.environ.get("CORRAL_BENCH_NATS_URL", DEFAULT_NATS_URL)
-    )
-    parser.add_argument("--timeout", type=float, default=300.0)
+    parser.add_argument("--concurrency", type=int, default=Config.concurrency)
+    parser.add_argument("--postgres-url", default="")
+    parser.add_argument("--nats-url", default="")
+    parser.add_argument("--timeout", type=float, default=Config.timeout)
     parser.add_argument(
         "--postgres-alone",
         action="store_true",
         help="also one worker on PostgreSQL without NATS (polling), to tell the bus's share",
     )
-    parser.add_argument("--json", help="also write the raw figures here")
-    return parser.parse_args(argv)
+    parser.add_argument("--json", help="also write the raw figures here, one row per measurement")
+    args = parser.parse_args(argv)
+    config = Config(
+        rounds=args.rounds,
+        tasks=args.tasks,
+        latency_runs=args.latency_runs,
+        workers=args.workers,
+        concurrency=args.concurrency,
+        postgres_alone=args.postgres_alone,
+        postgres_url=args.postgres_url,
+        nats_url=args.nats_url,
+        timeout=args.timeout,
+    )
+    result = run(config, lambda line: print(line, file=sys.stderr, flush=True))
+    print(standalone_text(result))
+    if args.json:
+        Path(args.json).write_text(json.dumps(standalone_rows(result), indent=2) + "\n")
 
 
 if __name__ == "__main__":
-    arguments = parse(sys.argv[1:])
-    measured = asyncio.run(main(arguments))
-    if arguments.json:
-        Path(arguments.json).write_text(json.dumps([asdict(f) for f in measured], indent=2))
+    if sys.argv[1:2] == ["--child"]:
+        child_main(sys.argv[2:])
+    else:
+        main(sys.argv[1:])

@@ -16,6 +16,8 @@ task makes, without the engine: the store's own ceiling.
 - DBOS: a queue on a fresh SQLite system database, ``tasks`` no-op workflows
   of one step each (the counterpart of Corral's one journaled model turn).
 
+PostgreSQL + NATS needs worker processes of their own: ``scaleout.py`` (section 6).
+
 Each measurement is a child process; rounds interleave the systems.
 """
 
@@ -318,14 +320,14 @@ def postgres_status(url: str) -> str | None:
 
 
 def nats_status() -> str:
-    """Corral has no NATS bus yet; say so rather than measure something else."""
+    """This section does not measure NATS (it runs in-process workers): say where it is."""
     try:
         found = importlib.util.find_spec("corral.bus.nats") is not None
     except ModuleNotFoundError:  # no corral.bus package at all
         found = False
     if not found:
         return "not built (Corral has no NATS JetStream bus yet)"
-    return "built, but this harness does not measure it yet"
+    return "see 6. Scale-out (worker processes)"
 
 
 def run(config: Config, log: Callable[[str], None] = print) -> dict[str, Any]:

@@ -15,9 +15,12 @@ import anyio
 import pytest
 
 from corral.core.errors import CorralError
+from corral.core.events import EventType
+from corral.core.runs import RunState
 from corral.core.settings import Settings
 from corral.resources.loader import load_text
 from corral.runtime.agents import AgentCache
+from corral.runtime.local import LocalRunner
 from corral.store import Store, open_store
 
 CALC_MCP = Path(__file__).parent / "mcp_servers" / "calc_server.py"
@@ -147,3 +150,34 @@ async def test_a_failed_build_reaches_the_run_and_is_tried_again_next_time(
         await apply(store, CALC)
         async with cache.agent("default", "helper") as fixed:
             assert [spec.name for spec in fixed.toolset.specs] == ["calc__add"]
+
+
+async def test_a_local_runner_keeps_its_agents_between_runs(env: tuple[Store, Settings]) -> None:
+    store, settings = env
+    script = """
+apiVersion: corral/v1
+kind: ModelEndpoint
+metadata: {name: script}
+spec:
+  provider: scripted
+  script:
+    - {tool_calls: [{name: calc__add, arguments: {a: 2, b: 3}}]}
+    - {text: done}
+"""
+    await apply(store, script, CALC, agent("First.", '["mcp:calc/add"]'))
+    before = children()
+    async with LocalRunner(store, settings) as runner:
+        first = await runner.run("helper", "add")
+        server = children() - before
+        assert len(server) == 1  # the agent (and its MCP server) outlived the run
+        second = await runner.run("helper", "add again")
+        assert children() - before == server  # the second run used the same server
+        for record in (first, second):
+            assert record.state is RunState.SUCCEEDED and record.output == "done"
+            results = [
+                e.data["output"]
+                for e in await store.list_events(record.id)
+                if e.type is EventType.TOOL_RESULT
+            ]
+            assert results == ['{"result": 5}']
+    assert await gone(server)  # closing the runner closed the server

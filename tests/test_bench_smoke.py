@@ -56,12 +56,23 @@ def test_quick_benchmark_run_produces_every_section(tmp_path: Path) -> None:
     assert [f["followers"] for f in fan_out] == http["followers"], fan_out
     assert all(f["events"] > 0 for f in fan_out), fan_out
 
+    # SQLite is always there; PostgreSQL + NATS rows are measured, or say why not
+    scaleout = results["scaleout"]
+    assert scaleout["samples"]["sqlite-1"], scaleout
+    for key, status in scaleout["status"].items():
+        assert status == "ok" or "not reachable" in status, (key, status)
+        if status == "ok":
+            (sample,) = scaleout["samples"][key]
+            assert sample["drain_per_s"] > 0, sample
+            assert len(sample["execution_ms"]) == scaleout["latency_runs"], sample
+
     headings = (
         "Agent-loop overhead",
         "Task throughput",
         "Scale",
         "Start-up",
         "HTTP API",
+        "Scale-out",
         "Targets",
     )
     for heading in headings:

@@ -36,7 +36,7 @@ REQUIRES: dict[str, tuple[str, ...]] = {
 
 LABELS: dict[str, str] = {
     "floor": "openai SDK, bare loop (floor)",
-    "corral": "Corral, durable: run_agent per task",
+    "corral": "Corral, durable: LocalRunner.run per task",
     "corral-worker": "Corral, durable: submit + 1 worker",
     "langgraph": "LangGraph create_react_agent",
     "openai-agents": "OpenAI Agents SDK (Chat Completions)",

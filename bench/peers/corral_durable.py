@@ -4,9 +4,10 @@ Two shapes of the same durable run (the ``openai`` provider pointed at the fake
 server, ``add`` as a ``python`` Tool resource, every model response and tool
 result journaled with ``synchronous=FULL`` before the run moves on):
 
-- :class:`CorralEmbedded`: each task is :func:`corral.runtime.local.run_agent`
-  (submit, claim that run, execute it here) - the library call behind
-  ``corral run``, and the same shape as the peers' ``await agent.run(...)``.
+- :class:`CorralEmbedded`: each task is ``LocalRunner.run`` (submit, claim that
+  run, execute it here) on one :class:`~corral.runtime.local.LocalRunner` opened
+  at the start - what ``corral run`` does for one run, and the same shape as the
+  peers' ``await agent.run(...)`` on an agent built once.
 - :class:`CorralWorker`: every task is submitted, then one in-process
   :class:`~corral.runtime.worker.Worker` with ``concurrency`` slots drains them;
   timed from the first submit to the last success.
@@ -24,7 +25,7 @@ from _common import BENCH
 from corral.core.runs import RunRecord, RunState
 from corral.core.settings import Settings
 from corral.resources.loader import load_text
-from corral.runtime.local import run_agent, submit
+from corral.runtime.local import LocalRunner, submit
 from corral.runtime.worker import Worker
 from corral.store import open_store
 from peers._base import INSTRUCTIONS, MODEL, Framework, Setup, prompt
@@ -63,7 +64,7 @@ spec:
 
 
 class CorralEmbedded(Framework):
-    """One ``run_agent`` call per task, ``concurrency`` at a time."""
+    """One ``LocalRunner.run`` call per task, ``concurrency`` at a time."""
 
     async def start(self, setup: Setup) -> None:
         await super().start(setup)
@@ -74,12 +75,14 @@ class CorralEmbedded(Framework):
         self.settings = Settings(home=home, db_url=url, secret_key=None)
         self.store = await open_store(url)
         await self.store.apply(load_text(resources(setup), "bench.yaml"))
+        self.runner = await LocalRunner(self.store, self.settings).__aenter__()
 
     async def run_one(self, index: int) -> str:
-        record = await run_agent(self.store, self.settings, "calculator", prompt(index))
+        record = await self.runner.run("calculator", prompt(index))
         return answer_of(record)
 
     async def stop(self) -> None:
+        await self.runner.__aexit__(None, None, None)
         await self.store.close()
         self._tmp.cleanup()
 

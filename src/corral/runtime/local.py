@@ -11,7 +11,7 @@ run that any worker resumes.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Self
 
 import anyio
 
@@ -76,6 +76,89 @@ async def submit(
     return stored_record, created
 
 
+class LocalRunner:
+    """Runs agents in this process, one durable run per call, all through one executor.
+
+    The executor keeps the agents it builds (model clients, MCP sessions, a
+    loaded local model) until the namespace's resources change, so a program
+    that runs many tasks keeps one runner open rather than calling
+    :func:`run_agent` (which opens one per run)::
+
+        async with LocalRunner(store, settings) as runner:
+            record = await runner.run("assistant", "What is 17 plus 25?")
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        settings: Settings,
+        *,
+        observer: Observer | None = None,
+        loading: Loading | None = None,
+        lease_seconds: float = 30.0,
+    ) -> None:
+        self.store = store
+        self.observer = observer
+        self.lease_seconds = lease_seconds
+        self.owner = default_owner()
+        self.executor = RunExecutor(
+            store, settings, lease_seconds=lease_seconds, observer=observer, loading=loading
+        )
+
+    async def __aenter__(self) -> Self:
+        await self.executor.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.executor.__aexit__(*exc_info)
+
+    async def run(
+        self,
+        agent: str,
+        user_input: str,
+        *,
+        namespace: str = "default",
+        session: str | None = None,
+        output_schema: dict[str, Any] | None = None,
+    ) -> RunRecord:
+        """Submit a run and see it through: until it ends or waits for approval."""
+        record, _ = await submit(
+            self.store,
+            agent,
+            user_input,
+            namespace=namespace,
+            session=session,
+            output_schema=output_schema,
+        )
+        return await self.see_through(record.id)
+
+    async def see_through(self, run_id: str) -> RunRecord:
+        """Execute the run here whenever it is runnable, or follow whoever executes it."""
+        store, observer = self.store, self.observer
+        seen = 0
+        while True:
+            claims = await store.claim_runs(self.owner, self.lease_seconds, 1, run_ids=[run_id])
+            if claims:
+                record, lease = claims[0]
+                if observer is not None:
+                    # The observer only gets events this process emits: catch up first,
+                    # then skip what it saw live.
+                    seen = await _replay_to(store, run_id, seen, observer)
+                    await self.executor.execute(record, lease)
+                    seen = await _replay_to(store, run_id, seen, None)
+                else:
+                    await self.executor.execute(record, lease)
+            elif observer is not None:
+                seen = await _replay_to(store, run_id, seen, observer)
+            current = await store.get_run(run_id)
+            assert current is not None
+            if current.state.finished or current.state is RunState.WAITING_APPROVAL:
+                if observer is not None:
+                    await _replay_to(store, run_id, seen, observer)
+                return current
+            await anyio.sleep(FOLLOW_POLL_SECONDS)
+
+
 async def run_agent(
     store: Store,
     settings: Settings,
@@ -89,18 +172,13 @@ async def run_agent(
     loading: Loading | None = None,
     lease_seconds: float = 30.0,
 ) -> RunRecord:
-    """Submit a run and see it through: until it ends or waits for approval."""
-    record, _ = await submit(
-        store,
-        agent,
-        user_input,
-        namespace=namespace,
-        session=session,
-        output_schema=output_schema,
-    )
-    return await see_through(
-        store, settings, record.id, observer=observer, loading=loading, lease_seconds=lease_seconds
-    )
+    """Submit a run and see it through in a runner of its own (see :class:`LocalRunner`)."""
+    async with LocalRunner(
+        store, settings, observer=observer, loading=loading, lease_seconds=lease_seconds
+    ) as runner:
+        return await runner.run(
+            agent, user_input, namespace=namespace, session=session, output_schema=output_schema
+        )
 
 
 async def see_through(
@@ -113,40 +191,15 @@ async def see_through(
     lease_seconds: float = 30.0,
 ) -> RunRecord:
     """Execute the run here whenever it is runnable, or follow whoever executes it."""
-    async with RunExecutor(
-        store, settings, lease_seconds=lease_seconds, observer=observer, loading=loading
-    ) as executor:
-        return await _see_through(store, executor, run_id, observer, lease_seconds)
-
-
-async def _see_through(
-    store: Store,
-    executor: RunExecutor,
-    run_id: str,
-    observer: Observer | None,
-    lease_seconds: float,
-) -> RunRecord:
-    owner = default_owner()
-    seen = 0
-    while True:
-        claims = await store.claim_runs(owner, lease_seconds, 1, run_ids=[run_id])
-        if claims:
-            record, lease = claims[0]
-            # The observer only gets events this process emits: catch up first.
-            seen = await _replay_to(store, run_id, seen, observer)
-            await executor.execute(record, lease)
-            seen = await _replay_to(store, run_id, seen, None)  # the observer saw them live
-        else:
-            seen = await _replay_to(store, run_id, seen, observer)
-        current = await store.get_run(run_id)
-        assert current is not None
-        if current.state.finished or current.state is RunState.WAITING_APPROVAL:
-            await _replay_to(store, run_id, seen, observer)
-            return current
-        await anyio.sleep(FOLLOW_POLL_SECONDS)
+    async with LocalRunner(
+        store, settings, observer=observer, loading=loading, lease_seconds=lease_seconds
+    ) as runner:
+        return await runner.see_through(run_id)
 
 
 async def _replay_to(store: Store, run_id: str, after: int, observer: Observer | None) -> int:
+    """Pass the run's events after ``after`` to ``observer`` (none: only skip them);
+    returns the last seq seen."""
     events: list[Event] = await store.list_events(run_id, after)
     for event in events:
         if observer is not None:
