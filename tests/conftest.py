@@ -14,6 +14,10 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers",
         "empty_database: the store_url of this test names an empty database, not a migrated one",
     )
+    config.addinivalue_line(
+        "markers",
+        "worker(**options): options of the workers of a test's backend (tests/backends.py)",
+    )
 
 
 @pytest.fixture(scope="session")

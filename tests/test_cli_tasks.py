@@ -1,108 +1,163 @@
-"""The durable-run commands as a user types them: real processes on one SQLite store."""
+"""The durable-run commands as a user types them: real processes on one store.
+
+Every test runs twice (:mod:`backends`): on the embedded SQLite store, and on
+PostgreSQL + NATS JetStream (``CORRAL_DB_URL`` and ``CORRAL_NATS_URL`` set), where
+``corral submit`` and ``corral approvals approve`` announce runs on NATS and the
+worker takes them from its deliveries, sweeping the store only when it starts.
+"""
 
 from __future__ import annotations
 
 import json
-import os
+import re
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from test_cli_run import CALC, corral
+from backends import NO_SWEEP, Deployment, deployment_fixture
+from databases import in_thread, rows_of
+from nats_servers import nats_prefix_fixture, nats_server_url_fixture
+from test_cli_run import CALC
+
+__all__ = ["deployment_fixture", "nats_prefix_fixture", "nats_server_url_fixture"]
 
 CORRAL = [sys.executable, "-m", "corral"]
 
 
-def apply(home: Path, tmp_path: Path, text: str) -> None:
+def corral(
+    deployment: Deployment, *args: str, check: int | None = None
+) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(
+        [*CORRAL, *args],
+        capture_output=True,
+        text=True,
+        env=deployment.environment(),
+        timeout=120,
+        check=False,
+    )
+    if check is not None:
+        assert proc.returncode == check, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    return proc
+
+
+def apply(deployment: Deployment, tmp_path: Path, text: str) -> None:
     path = tmp_path / "resources.yaml"
     path.write_text(text)
-    corral(home, "apply", "-f", str(path), check=0)
+    corral(deployment, "apply", "-f", str(path), check=0)
 
 
-def state(home: Path, run_id: str) -> str:
-    record = json.loads(corral(home, "tasks", "get", run_id, check=0).stdout)
+def state(deployment: Deployment, run_id: str) -> str:
+    record = json.loads(corral(deployment, "tasks", "get", run_id, check=0).stdout)
     return str(record["state"])
 
 
-def test_submit_approve_and_a_worker_finish_the_run(tmp_path: Path) -> None:
-    home = tmp_path / "home"
+def wait_for(deployment: Deployment, state: str, *run_ids: str, timeout: float = 30.0) -> None:
+    """Wait until the runs are all in ``state``, looking in the store directly while the
+    worker runs: a ``corral`` process per look takes seconds on a busy machine."""
+    deadline = time.monotonic() + timeout
+    while True:
+        rows = in_thread(lambda: rows_of(deployment.db_url, "SELECT id, state FROM runs"))
+        states = {str(run_id): str(found) for run_id, found in rows}
+        if all(states.get(run_id) == state for run_id in run_ids):
+            return
+        assert time.monotonic() < deadline, f"not all {state} after {timeout} s: {states}"
+        time.sleep(0.1)
+
+
+def test_submit_approve_and_a_worker_finish_the_run(deployment: Deployment, tmp_path: Path) -> None:
     apply(
-        home, tmp_path, CALC.replace("tools: [add]", "tools: [add]\n  approval: {policy: always}")
+        deployment,
+        tmp_path,
+        CALC.replace("tools: [add]", "tools: [add]\n  approval: {policy: always}"),
     )
 
-    run_id = corral(home, "submit", "calc", "What is 2 + 3?", check=0).stdout.strip()
-    assert run_id.startswith("run_") and state(home, run_id) == "queued"
+    run_id = corral(deployment, "submit", "calc", "What is 2 + 3?", check=0).stdout.strip()
+    assert run_id.startswith("run_") and state(deployment, run_id) == "queued"
 
     # `corral run` of another task waits for approval: exit code 3.
-    waiting = corral(home, "run", "calc", "and again?", "-o", "json")
+    waiting = corral(deployment, "run", "calc", "and again?", "-o", "json")
     assert waiting.returncode == 3
     other = json.loads(waiting.stdout)["id"]
 
-    env = {**os.environ, "CORRAL_HOME": str(home)}
+    # With NATS the worker sweeps the store once, as it starts: the runs the approvals
+    # queue again can only reach it as deliveries.
+    poll = str(NO_SWEEP) if deployment.dispatches else "0.1"
     worker = subprocess.Popen(
-        [*CORRAL, "worker", "--poll-seconds", "0.1", "--grace-seconds", "1"],
-        env=env,
+        [*CORRAL, "worker", "--poll-seconds", poll, "--grace-seconds", "1"],
+        env=deployment.environment(),
         stderr=subprocess.PIPE,
         text=True,
     )
     try:
-        deadline = time.monotonic() + 30
-        while state(home, run_id) != "waiting_approval":
-            assert time.monotonic() < deadline
-            time.sleep(0.1)
-        listed = json.loads(corral(home, "approvals", "list", "-o", "json", check=0).stdout)
+        wait_for(deployment, "waiting_approval", run_id)
+        listed = json.loads(corral(deployment, "approvals", "list", "-o", "json", check=0).stdout)
         assert {a["run_id"] for a in listed} == {run_id, other}
         assert {a["tool"] for a in listed} == {"add"}
-        record = json.loads(corral(home, "tasks", "get", run_id, check=0).stdout)
+        record = json.loads(corral(deployment, "tasks", "get", run_id, check=0).stdout)
         assert record["pending_approvals"][0]["tool"] == "add"
 
         for approval_id in (a["id"] for a in listed):
-            decided = corral(home, "approvals", "approve", approval_id, check=0).stdout
+            decided = corral(deployment, "approvals", "approve", approval_id, check=0).stdout
             assert "approved" in decided
-        while state(home, run_id) != "succeeded" or state(home, other) != "succeeded":
-            assert time.monotonic() < deadline
-            time.sleep(0.1)
+        wait_for(deployment, "succeeded", run_id, other)
     finally:
         worker.send_signal(signal.SIGTERM)
-        assert worker.wait(timeout=15) == 0, worker.stderr.read() if worker.stderr else ""
+        try:
+            _, stderr = worker.communicate(timeout=15)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+            worker.communicate()
+            raise
+    assert worker.returncode == 0, stderr
+    if deployment.dispatches:
+        # Three executions: the submitted run until its approval (taken by the sweep at
+        # start or by the delivery of its submit), then both runs after theirs.
+        found = re.search(r"(\d+) runs taken from bus deliveries, (\d+) found by the store", stderr)
+        assert found is not None, stderr
+        delivered, swept = int(found[1]), int(found[2])
+        assert delivered + swept == 3 and swept <= 1, stderr
 
-    logs = corral(home, "logs", run_id, check=0)
+    logs = corral(deployment, "logs", run_id, check=0)
     assert "→ add" in logs.stdout and "⏸ add waits for approval" in logs.stdout
     assert "2 + 3 = 5" in logs.stdout
     events = [
         json.loads(line)
-        for line in corral(home, "logs", run_id, "-o", "json").stdout.split("\n")
+        for line in corral(deployment, "logs", run_id, "-o", "json").stdout.split("\n")
         if line
     ]
     assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
     assert events[-1]["type"] == "run.finish"
 
-    tasks = json.loads(corral(home, "tasks", "list", "--state", "succeeded", "-o", "json").stdout)
+    tasks = json.loads(
+        corral(deployment, "tasks", "list", "--state", "succeeded", "-o", "json").stdout
+    )
     assert {t["id"] for t in tasks} == {run_id, other}
-    assert corral(home, "gc", "--keep", "0", check=0).stdout.strip() == "deleted 2 finished runs"
-    assert corral(home, "tasks", "get", run_id).returncode == 2
+    gc = corral(deployment, "gc", "--keep", "0", check=0)
+    assert gc.stdout.strip() == "deleted 2 finished runs"
+    assert corral(deployment, "tasks", "get", run_id).returncode == 2
 
 
-def test_idempotent_submit_and_cancel(tmp_path: Path) -> None:
-    home = tmp_path / "home"
-    apply(home, tmp_path, CALC)
-    first = corral(home, "submit", "calc", "hi", "--idempotency-key", "k", check=0)
-    again = corral(home, "submit", "calc", "hi", "--idempotency-key", "k", check=0)
+def test_idempotent_submit_and_cancel(deployment: Deployment, tmp_path: Path) -> None:
+    apply(deployment, tmp_path, CALC)
+    first = corral(deployment, "submit", "calc", "hi", "--idempotency-key", "k", check=0)
+    again = corral(deployment, "submit", "calc", "hi", "--idempotency-key", "k", check=0)
     assert first.stdout == again.stdout and "seen before" in again.stderr
     run_id = first.stdout.strip()
-    assert corral(home, "tasks", "cancel", run_id, check=0).stdout.strip() == f"{run_id} cancelled"
-    assert state(home, run_id) == "cancelled"
-    assert corral(home, "submit", "nobody", "hi").returncode == 2
+    cancelled = corral(deployment, "tasks", "cancel", run_id, check=0)
+    assert cancelled.stdout.strip() == f"{run_id} cancelled"
+    assert state(deployment, run_id) == "cancelled"
+    assert corral(deployment, "submit", "nobody", "hi").returncode == 2
 
 
-def test_sessions_carry_runs_and_can_be_listed_shown_and_deleted(tmp_path: Path) -> None:
-    home = tmp_path / "home"
-    apply(home, tmp_path, CALC)
-    corral(home, "run", "calc", "What is 2 + 3?", "--session", "s1", check=0)
-    assert "s1\tcalc" in corral(home, "sessions", "list", check=0).stdout
-    shown = corral(home, "sessions", "show", "s1", check=0).stdout
+def test_sessions_carry_runs_and_can_be_listed_shown_and_deleted(
+    deployment: Deployment, tmp_path: Path
+) -> None:
+    apply(deployment, tmp_path, CALC)
+    corral(deployment, "run", "calc", "What is 2 + 3?", "--session", "s1", check=0)
+    assert "s1\tcalc" in corral(deployment, "sessions", "list", check=0).stdout
+    shown = corral(deployment, "sessions", "show", "s1", check=0).stdout
     assert "[user] What is 2 + 3?" in shown and "[assistant] 2 + 3 = 5" in shown
-    corral(home, "sessions", "delete", "s1", check=0)
-    assert corral(home, "sessions", "show", "s1").returncode == 2
+    corral(deployment, "sessions", "delete", "s1", check=0)
+    assert corral(deployment, "sessions", "show", "s1").returncode == 2

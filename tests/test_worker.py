@@ -1,5 +1,9 @@
-"""Workers in this process against a real SQLite store: claims, approvals, retries,
-dead letter, cancellation and sessions."""
+"""Workers in this process: claims, approvals, retries, dead letter, cancellation and sessions.
+
+Every test runs twice (:mod:`backends`): on the embedded SQLite store with the
+in-process bus, and on PostgreSQL + NATS JetStream, where the worker takes runs
+from NATS deliveries and does not sweep the store while the test runs.
+"""
 
 from __future__ import annotations
 
@@ -10,17 +14,24 @@ from pathlib import Path
 import anyio
 import pytest
 
+from backends import Backend, backend_fixture, deployment_fixture
 from corral.core.events import EventType
 from corral.core.runs import ApprovalState, RunRecord, RunState
 from corral.core.settings import Settings
 from corral.resources.loader import load_text
-from corral.runtime.local import submit
-from corral.runtime.worker import Worker
 from corral.store import Store, open_store
 from corral.testing.fake_openai import FakeOpenAIServer, FakeReply
 from fixtures_models import fake_openai_fixture, openai_server_fixture
+from nats_servers import nats_prefix_fixture, nats_server_url_fixture
 
-__all__ = ["fake_openai_fixture", "openai_server_fixture"]
+__all__ = [
+    "backend_fixture",
+    "deployment_fixture",
+    "fake_openai_fixture",
+    "nats_prefix_fixture",
+    "nats_server_url_fixture",
+    "openai_server_fixture",
+]
 
 TESTS = Path(__file__).parent
 
@@ -60,8 +71,15 @@ spec:
 {extra}"""
 
 
+@pytest.fixture(autouse=True)
+def side_effects(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The note tool records its side effects in the test's directory (see :func:`effects`)."""
+    monkeypatch.setenv("CORRAL_TEST_SIDE_EFFECTS", str(tmp_path / "effects.txt"))
+
+
 @pytest.fixture
 async def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Store]:
+    """A SQLite store (for the tests of other modules: these take a ``backend``)."""
     monkeypatch.setenv("CORRAL_TEST_SIDE_EFFECTS", str(tmp_path / "effects.txt"))
     opened = await open_store(f"sqlite:///{tmp_path / 'corral.db'}")
     try:
@@ -84,30 +102,22 @@ def effects(tmp_path: Path) -> list[str]:
     return path.read_text().splitlines() if path.exists() else []
 
 
-async def drain(store: Store, settings: Settings, **options: float) -> Worker:
-    worker = Worker(store, settings, poll_seconds=0.05, **options)  # type: ignore[arg-type]
-    with anyio.fail_after(30):
-        await worker.serve(anyio.Event(), until_idle=True)
-    return worker
-
-
 async def get(store: Store, run: RunRecord) -> RunRecord:
     stored = await store.get_run(run.id)
     assert stored is not None
     return stored
 
 
-async def test_worker_executes_queued_runs_once(
-    store: Store, settings: Settings, tmp_path: Path
-) -> None:
+async def test_worker_executes_queued_runs_once(backend: Backend, tmp_path: Path) -> None:
+    store = backend.store
     await apply(
         store,
         scripted("{tool_calls: [{name: note, arguments: {note: hi}}]}", "{text: done}"),
         NOTE_TOOL,
         agent(),
     )
-    runs = [(await submit(store, "helper", f"task {i}"))[0] for i in range(3)]
-    worker = await drain(store, settings)
+    runs = [(await backend.submit("helper", f"task {i}"))[0] for i in range(3)]
+    worker = await backend.drain()
     assert worker.executed == 3
     for run in runs:
         stored = await get(store, run)
@@ -117,23 +127,24 @@ async def test_worker_executes_queued_runs_once(
 
 
 async def test_approval_survives_in_the_store_and_the_approved_call_runs_once(
-    store: Store, settings: Settings, tmp_path: Path
+    backend: Backend, tmp_path: Path
 ) -> None:
+    store = backend.store
     await apply(
         store,
         scripted("{tool_calls: [{name: note, arguments: {note: wired}}]}", "{text: paid}"),
         NOTE_TOOL,
         agent(extra="  approval: {policy: by_risk, min_risk: high}"),
     )
-    run, _ = await submit(store, "helper", "pay the bill")
-    await drain(store, settings)
+    run, _ = await backend.submit("helper", "pay the bill")
+    await backend.drain()
     assert (await get(store, run)).state is RunState.WAITING_APPROVAL
     [approval] = await store.list_approvals("default", states=["pending"])
     assert (approval.tool, approval.run_id) == ("note", run.id)
     assert effects(tmp_path) == []
 
-    await store.decide_approval(approval.id, True, by="tester")
-    await drain(store, settings)
+    await backend.decide(approval.id, True, by="tester")
+    await backend.drain()
     stored = await get(store, run)
     assert (stored.state, stored.output) == (RunState.SUCCEEDED, "paid")
     assert effects(tmp_path) == ["wired"]
@@ -142,30 +153,31 @@ async def test_approval_survives_in_the_store_and_the_approved_call_runs_once(
     assert kinds.count(EventType.APPROVAL_RESOLVED) == 1
 
 
-async def test_rejected_call_is_told_to_the_model(
-    store: Store, settings: Settings, tmp_path: Path
-) -> None:
+async def test_rejected_call_is_told_to_the_model(backend: Backend, tmp_path: Path) -> None:
+    store = backend.store
     await apply(
         store,
         scripted("{tool_calls: [{name: note, arguments: {note: x}}]}", "{text: ok}"),
         NOTE_TOOL,
         agent(extra="  approval: {policy: always}"),
     )
-    run, _ = await submit(store, "helper", "go")
-    await drain(store, settings)
+    run, _ = await backend.submit("helper", "go")
+    await backend.drain()
     [approval] = await store.list_approvals(run_id=run.id)
-    decided = await store.decide_approval(approval.id, False, reason="not today")
+    decided = await backend.decide(approval.id, False, reason="not today")
     assert decided.state is ApprovalState.REJECTED
-    await drain(store, settings)
+    await backend.drain()
     stored = await get(store, run)
     assert stored.state is RunState.SUCCEEDED and effects(tmp_path) == []
     tool_message = next(m for m in stored.messages if m.role == "tool")
     assert "approval_rejected" in tool_message.content and "not today" in tool_message.content
 
 
+@pytest.mark.worker(retry_base_seconds=0.01)
 async def test_retryable_failures_retry_then_dead_letter(
-    store: Store, settings: Settings, fake_openai: FakeOpenAIServer
+    backend: Backend, fake_openai: FakeOpenAIServer
 ) -> None:
+    store = backend.store
     fake_openai.fail(503, times=None)
     await store.apply(
         load_text(
@@ -186,10 +198,12 @@ spec:
             "t.yaml",
         )
     )
-    run, _ = await submit(store, "helper", "hi")
+    run, _ = await backend.submit("helper", "hi")
     with anyio.fail_after(20):
+        # On SQLite each drain stops while the run waits out its backoff; with NATS the
+        # released run is announced again, and its delivery comes back when it is due.
         while not (stored := await get(store, run)).state.finished:
-            await drain(store, settings, retry_base_seconds=0.01)  # until idle: backoff waits
+            await backend.drain()
             await anyio.sleep(0.02)
     assert stored.state is RunState.DEAD_LETTER
     assert stored.attempts == 3 and fake_openai.calls == 3
@@ -199,16 +213,20 @@ spec:
     assert events[-1].data["state"] == "dead_letter"
 
 
-async def test_idempotency_key_returns_the_same_task(store: Store) -> None:
+async def test_idempotency_key_returns_the_same_task(backend: Backend) -> None:
+    store = backend.store
     await store.apply(load_text("---".join([scripted("{text: x}"), NOTE_TOOL, agent()]), "t.yaml"))
-    first, created = await submit(store, "helper", "a", idempotency_key="k1")
-    again, created_again = await submit(store, "helper", "a", idempotency_key="k1")
+    first, created = await backend.submit("helper", "a", idempotency_key="k1")
+    again, created_again = await backend.submit("helper", "a", idempotency_key="k1")
     assert created and not created_again and again.id == first.id
+    worker = await backend.drain()
+    assert worker.executed == 1  # one run, dispatched once: the repeat was not announced
+    assert len(await store.list_runs("default")) == 1
 
 
-async def test_cancelling_a_running_run_stops_it_promptly(
-    store: Store, settings: Settings, tmp_path: Path
-) -> None:
+@pytest.mark.worker(lease_seconds=0.9)  # renewals, which tell the run it is cancelled, every 0.3 s
+async def test_cancelling_a_running_run_stops_it_promptly(backend: Backend) -> None:
+    store = backend.store
     slow = """
 apiVersion: corral/v1
 kind: Tool
@@ -225,11 +243,8 @@ spec:
             "t.yaml",
         )
     )
-    run, _ = await submit(store, "helper", "go")
-    worker = Worker(store, settings, poll_seconds=0.05, lease_seconds=0.9)
-    stop = anyio.Event()
-    async with anyio.create_task_group() as group:
-        group.start_soon(worker.serve, stop)
+    run, _ = await backend.submit("helper", "go")
+    async with backend.serving():
         with anyio.fail_after(10):
             while not any(e.type is EventType.TOOL_CALL for e in await store.list_events(run.id)):
                 await anyio.sleep(0.05)
@@ -239,14 +254,14 @@ spec:
             while (await get(store, run)).state is not RunState.CANCELLED:
                 await anyio.sleep(0.05)
         assert time.monotonic() - started < 3
-        stop.set()
     events = await store.list_events(run.id)
     assert events[-1].type is EventType.RUN_FINISH and events[-1].data["state"] == "cancelled"
 
 
 async def test_session_carries_the_conversation_across_runs(
-    store: Store, settings: Settings, fake_openai: FakeOpenAIServer
+    backend: Backend, fake_openai: FakeOpenAIServer
 ) -> None:
+    store = backend.store
     fake_openai.add_reply(FakeReply(text="Hello Ada."), FakeReply(text="You are Ada."))
     await store.apply(
         load_text(
@@ -264,10 +279,10 @@ spec: {{model: fake}}
             "t.yaml",
         )
     )
-    await submit(store, "friend", "I am Ada.", session="s1")
-    await drain(store, settings)
-    await submit(store, "friend", "Who am I?", session="s1")
-    await drain(store, settings)
+    await backend.submit("friend", "I am Ada.", session="s1")
+    await backend.drain()
+    await backend.submit("friend", "Who am I?", session="s1")
+    await backend.drain()
     second = fake_openai.requests[1].json["messages"]
     assert [m["content"] for m in second] == ["I am Ada.", "Hello Ada.", "Who am I?"]
     stored = await store.session_messages("s1")
@@ -279,21 +294,22 @@ spec: {{model: fake}}
     ]
 
 
-async def test_expired_approval_counts_as_rejected(
-    store: Store, settings: Settings, tmp_path: Path
-) -> None:
+# Approvals expire in the worker's store sweep: with NATS too, this worker sweeps often.
+@pytest.mark.worker(poll_seconds=0.1)
+async def test_expired_approval_counts_as_rejected(backend: Backend, tmp_path: Path) -> None:
+    store = backend.store
     await apply(
         store,
         scripted("{tool_calls: [{name: note, arguments: {note: x}}]}", "{text: ok}"),
         NOTE_TOOL,
         agent(extra="  approval: {policy: always, expires_after_seconds: 0.2}"),
     )
-    run, _ = await submit(store, "helper", "go")
-    await drain(store, settings)
+    run, _ = await backend.submit("helper", "go")
+    await backend.drain()
     [approval] = await store.list_approvals(run_id=run.id)
     assert approval.expires_at is not None and approval.expires_at > approval.requested_at
     await anyio.sleep(0.3)
-    await drain(store, settings)  # the worker expires it, then resumes the run
+    await backend.drain()  # the worker expires it, then resumes the run
     stored = await get(store, run)
     assert stored.state is RunState.SUCCEEDED and effects(tmp_path) == []
     [expired] = await store.list_approvals(run_id=run.id)
@@ -304,8 +320,9 @@ async def test_expired_approval_counts_as_rejected(
 
 @pytest.mark.parametrize("compaction", ["summarize", "hide"])
 async def test_a_compacted_session_still_answers_from_its_earlier_turns(
-    store: Store, settings: Settings, fake_openai: FakeOpenAIServer, compaction: str
+    backend: Backend, fake_openai: FakeOpenAIServer, compaction: str
 ) -> None:
+    store = backend.store
     await store.apply(
         load_text(
             f"""
@@ -326,16 +343,16 @@ spec:
     )
     long_reply = "Noted. " + "I will remember that. " * 20  # pushes the history past 100 tokens
     fake_openai.add_reply(FakeReply(text=long_reply), FakeReply(text="It is sunny."))
-    await submit(store, "friend", "My name is Ada and my cat is called Turing.", session="s")
-    await drain(store, settings)
-    await submit(store, "friend", "How is the weather?", session="s")
-    await drain(store, settings)
+    await backend.submit("friend", "My name is Ada and my cat is called Turing.", session="s")
+    await backend.drain()
+    await backend.submit("friend", "How is the weather?", session="s")
+    await backend.drain()
 
     if compaction == "summarize":
         fake_openai.add_reply(FakeReply(text="The user is Ada; her cat is Turing."))
     fake_openai.add_reply(FakeReply(text="Your cat is Turing."))
-    run, _ = await submit(store, "friend", "What is my cat called?", session="s")
-    await drain(store, settings)
+    run, _ = await backend.submit("friend", "What is my cat called?", session="s")
+    await backend.drain()
 
     assert (await get(store, run)).output == "Your cat is Turing."
     sent = [m["content"] for m in fake_openai.requests[-1].json["messages"]]

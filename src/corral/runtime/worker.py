@@ -137,7 +137,7 @@ class Worker:
         self._wake = anyio.Event()
 
     async def _claim(self, group: anyio.abc.TaskGroup) -> int:
-        await self.store.expire_approvals()
+        await self._expire_approvals()
         await self._prune()
         free = self._free()
         if free <= 0 or self._coalescing(free):
@@ -163,6 +163,14 @@ class Worker:
         if self._backlog and self.active and 0 < free < self._claim_batch:
             return min(self.poll_seconds, CLAIM_COALESCE_SECONDS)
         return self.poll_seconds
+
+    async def _expire_approvals(self) -> None:
+        """Expire the approvals past their deadline, and announce the runs that queued:
+        a dispatching bus hands them to a worker now, not at some worker's next sweep.
+        The approval's id is the mark, as for a decision (an approval is decided or
+        expires, never both)."""
+        for approval in await self.store.expire_approvals():
+            await self.bus.announce_runnable([approval.run_id], mark=approval.id)
 
     async def _prune(self) -> None:
         """Apply the retention setting, at most every PRUNE_INTERVAL_SECONDS."""
@@ -207,7 +215,7 @@ class Worker:
                     if self._bus_quiet:
                         await self._claim(group)
                     else:
-                        await self.store.expire_approvals()
+                        await self._expire_approvals()
                         await self._prune()
                 except StoreError as exc:  # the store is down: the next sweep tries again
                     log.warning("store sweep failed: %s", exc)
