@@ -278,6 +278,26 @@ async def test_delete_refuses_while_referenced_and_names_the_referrers(store: St
     assert keys(await store.list_resources("default")) == [("default", "Secret", "key")]
 
 
+async def test_the_resources_fingerprint_changes_with_every_apply_and_delete(
+    store: Store,
+) -> None:
+    empty = await store.resources_fingerprint("default")
+    assert empty == (0, 0, 0.0)
+    await store.apply(load_text(BASE))
+    seen = [empty, await store.resources_fingerprint("default")]
+    await store.apply(load_text(BASE))  # unchanged: the same fingerprint
+    assert await store.resources_fingerprint("default") == seen[-1]
+    await store.apply(load_text(BASE.replace("Be brief.", "Be kind.")))
+    seen.append(await store.resources_fingerprint("default"))
+    await store.delete_resource("default", "Agent", "assistant")
+    seen.append(await store.resources_fingerprint("default"))
+    assert len(set(seen)) == len(seen)
+    assert seen[1][0] == 3 and seen[2][:2] == (3, 4) and seen[3][:2] == (2, 2)
+    # another namespace's changes are not this one's
+    await store.apply(load_text(BASE, default_namespace="team-b"))
+    assert await store.resources_fingerprint("default") == seen[-1]
+
+
 async def test_delete_of_an_absent_resource_is_not_found(store: Store) -> None:
     with pytest.raises(NotFoundError, match="Agent 'ghost' not found in namespace 'default'"):
         await store.delete_resource("default", "Agent", "ghost")

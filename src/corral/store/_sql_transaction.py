@@ -120,14 +120,19 @@ async def transact(
     own anyway, so this only saves two round trips). ``action`` names the
     operation in error messages.
     """
-    retrying = AsyncRetrying(
-        retry=retry_if_exception(connection_lost),
-        stop=stop_after_attempt(ATTEMPTS),
-        wait=wait_exponential(multiplier=0.05, max=0.5) + wait_random(0, 0.05),
-        reraise=True,
-    )
     with db_errors(action):
         try:
+            try:  # the first attempt outside tenacity: almost every operation needs one only
+                return await _attempt(engine, action, body, write)
+            except Exception as exc:
+                if not connection_lost(exc):
+                    raise
+            retrying = AsyncRetrying(
+                retry=retry_if_exception(connection_lost),
+                stop=stop_after_attempt(ATTEMPTS - 1),
+                wait=wait_exponential(multiplier=0.05, max=0.5) + wait_random(0, 0.05),
+                reraise=True,
+            )
             return await retrying(_attempt, engine, action, body, write)
         except CommitAborted as exc:  # every attempt's COMMIT was lost and rolled back
             raise StoreError(f"cannot {action}: the database kept dropping the connection") from exc

@@ -275,6 +275,17 @@ class SqlStore(Store):
         rows = await self._read("list resources", _all(query))
         return [row_to_stored(row) for row in rows]
 
+    async def resources_fingerprint(self, namespace: str) -> tuple[int, int, float]:
+        """See :meth:`Store.resources_fingerprint`: one aggregate query."""
+        query = sa.select(
+            sa.func.count(),
+            sa.func.coalesce(sa.func.sum(resources.c.generation), 0),
+            sa.func.coalesce(sa.func.max(resources.c.updated_at), 0.0),
+        ).where(resources.c.namespace == namespace)
+        row = await self._read("read the resources' fingerprint", _first(query))
+        assert row is not None  # an aggregate without GROUP BY has one row
+        return int(row[0]), int(row[1]), float(row[2])
+
     async def delete_resource(self, namespace: str, kind: str, name: str) -> None:
         async def write(conn: AsyncConnection) -> None:
             if await _fetch_resource(conn, namespace, kind, name) is None:
