@@ -284,7 +284,8 @@ class SqlStore(Store):
         ).where(resources.c.namespace == namespace)
         row = await self._read("read the resources' fingerprint", _first(query))
         assert row is not None  # an aggregate without GROUP BY has one row
-        return int(row[0]), int(row[1]), float(row[2])
+        count, generations, latest = tuple[Any, ...](row)
+        return int(count), int(generations), float(latest)
 
     async def delete_resource(self, namespace: str, kind: str, name: str) -> None:
         async def write(conn: AsyncConnection) -> None:
