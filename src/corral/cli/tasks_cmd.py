@@ -367,6 +367,16 @@ def worker(
         help="How often the store is swept for runs (default 0.5; 5 with CORRAL_NATS_URL, "
         "where runs are dispatched as they are announced).",
     ),
+    metrics_port: int = typer.Option(
+        0,
+        "--metrics-port",
+        min=0,
+        max=65535,
+        help="Serve Prometheus metrics of this worker's runs on this port (0: off).",
+    ),
+    metrics_host: str = typer.Option(
+        "127.0.0.1", "--metrics-host", help="Address of the metrics port (0.0.0.0: every one)."
+    ),
 ) -> None:
     """Claim and execute queued runs until SIGTERM or Ctrl-C (then drain and release).
 
@@ -389,8 +399,15 @@ def worker(
         from corral.cli.resources_cmd import open_cli_store
         from corral.runtime.worker import Worker, default_owner
 
-        stop = anyio.Event()
+        stop, drained = anyio.Event(), anyio.Event()
         owner = default_owner()
+        metrics = sock = None
+        if metrics_port:
+            from corral.server.metrics import Metrics
+            from corral.server.worker_metrics import listen
+
+            sock = listen(metrics_host, metrics_port)  # before anything opens: a clear error
+            metrics = Metrics()
         async with (
             open_cli_store() as (store, settings),
             await open_settings_bus(settings, name=f"corral worker {owner}") as bus,
@@ -405,10 +422,19 @@ def worker(
                 poll_seconds=default_poll if poll_seconds is None else poll_seconds,
                 owner=owner,
                 bus=bus,
+                observer=metrics.observe if metrics is not None else None,
             )
             via = "NATS" if bus.dispatches else "the store"
             logging.getLogger("corral").info("worker %s started (runs from %s)", w.owner, via)
             async with anyio.create_task_group() as group:
+                if metrics is not None and sock is not None:
+                    from corral.server.worker_metrics import metrics_app, serve_metrics
+
+                    # Served until the worker has drained, not only until the signal.
+                    group.start_soon(serve_metrics, metrics_app(metrics, store), sock, drained)
+                    logging.getLogger("corral").info(
+                        "metrics on http://%s:%d/metrics", metrics_host, sock.getsockname()[1]
+                    )
 
                 async def signals() -> None:
                     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as received:
@@ -418,6 +444,7 @@ def worker(
 
                 group.start_soon(signals)
                 await w.serve(stop)
+                drained.set()
                 group.cancel_scope.cancel()
 
     run_async(go())

@@ -6,8 +6,8 @@ Two sources:
   already due) - the whole deployment's, whoever executes the runs.
 - *The events of the runs this process executes* (its embedded workers): model
   latency, tokens, cost, tool calls and tool errors by code, finished runs by
-  state. A standalone ``corral worker`` process is not counted here: its runs'
-  events are in the store, but nothing scrapes that process.
+  state. A standalone ``corral worker`` counts its own runs the same way and
+  serves them with ``--metrics-port`` (:mod:`corral.server.worker_metrics`).
 
 Plus the HTTP layer: requests by route template and status, their duration,
 and the open event streams. ``/metrics`` needs no token, so no label carries a
