@@ -241,6 +241,34 @@ async def test_claims_go_by_priority_then_age_and_respect_not_before(store: Stor
     assert await store.claim_runs("w", 30.0, limit=0, now=now + 61) == []
 
 
+async def test_a_claim_of_given_runs_lets_more_urgent_runs_go_first(store: Store) -> None:
+    now, hour = time.time(), 3600.0
+    await store.submit_run(a_task("given_low", priority=0, created_at=1.0))
+    await store.submit_run(a_task("given_mid", priority=2, created_at=2.0))
+    await store.submit_run(a_task("urgent", priority=5, created_at=9.0))
+    await store.submit_run(a_task("older_equal", priority=0, created_at=0.5))
+    await store.submit_run(a_task("not_due", priority=9, created_at=0.1, not_before=now + 60))
+
+    plain = await store.claim_runs("w", hour, 1, now=now, run_ids=["given_mid"])
+    assert [r.id for r, _ in plain] == ["given_mid"]  # only the given ones compete
+    either = await store.claim_runs(
+        "w", hour, 2, now=now, run_ids=["given_low"], or_higher_priority=True
+    )
+    # More urgent than the given run goes first; an older run of the same priority does
+    # not (its own delivery comes), nor does one that is not due.
+    assert [r.id for r, _ in either] == ["urgent", "given_low"]
+    # None of the given runs claimable: nothing is claimed, however urgent the rest.
+    await store.submit_run(a_task("urgent_too", priority=7, created_at=10.0))
+    assert (
+        await store.claim_runs(
+            "w", hour, 2, now=now, run_ids=["given_low", "gone"], or_higher_priority=True
+        )
+        == []
+    )
+    queued = {r.id for r in await store.list_runs("default", states=[RunState.QUEUED])}
+    assert queued == {"older_equal", "not_due", "urgent_too"}
+
+
 async def test_unleased_running_runs_are_never_claimed(store: Store) -> None:
     running = a_run("run_local")
     running.state = RunState.RUNNING  # as the local runtime stores it: no lease at all

@@ -368,3 +368,26 @@ spec:
     everything = await store.session_messages("s", include_hidden=True)
     hidden = [m.message.content for m in everything if m.hidden]
     assert "My name is Ada and my cat is called Turing." in hidden  # kept for audit
+
+
+@pytest.mark.worker(concurrency=1)
+async def test_a_more_urgent_run_overtakes_a_backlog(backend: Backend, tmp_path: Path) -> None:
+    # On NATS the backlog's deliveries come first in line: the claim puts the urgent run
+    # ahead of them anyway.
+    store = backend.store
+    await apply(
+        store,
+        scripted("{tool_calls: [{name: note, arguments: {note: x}}]}", "{text: ok}"),
+        NOTE_TOOL,
+        agent(),
+    )
+    backlog = [(await backend.submit("helper", f"job {n}"))[0] for n in range(4)]
+    urgent, _ = await backend.submit("helper", "now", priority=5)
+    await backend.drain()
+    runs = [await get(store, run) for run in (*backlog, urgent)]
+    assert all(r.state is RunState.SUCCEEDED and r.attempts == 1 for r in runs)
+    order = [r.id for r in sorted(runs, key=lambda r: r.started_at or 0.0)]
+    # At most the first of the backlog (taken before the urgent run was submitted) starts
+    # before it.
+    assert order.index(urgent.id) <= 1, order
+    assert effects(tmp_path) == ["x"] * 5

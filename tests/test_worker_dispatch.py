@@ -238,3 +238,30 @@ async def test_a_due_run_its_agent_has_no_room_for_comes_back_later_and_later(
     assert [d.settled for d in deliveries] == [[("nak", 0.5)], [("nak", 2.0)], [("ack", 0.0)]]
     assert worker.dispatched == 0
     assert (await get(store, waiting)).state is RunState.QUEUED
+
+
+async def test_a_more_urgent_due_run_is_claimed_in_place_of_a_delivered_one(
+    store: Store, settings: Settings
+) -> None:
+    # NATS delivers in announcement order; the claim puts the more urgent run first.
+    await quick_agent(store)
+    bus = DispatchingBus()
+    async with running(store, settings, bus, concurrency=1) as worker:
+        normal, _ = await submit(store, "helper", "whenever")
+        urgent, _ = await submit(store, "helper", "now", priority=5)
+        first = FakeDelivery(normal.id)
+        bus.deliver(first)
+        await until(lambda: bool(first.settled))
+        await until(lambda: not worker.active)
+        assert (await get(store, urgent)).state is RunState.SUCCEEDED
+        assert (await get(store, normal)).state is RunState.QUEUED
+        late = FakeDelivery(urgent.id)  # the urgent run's own delivery, behind the other
+        again = FakeDelivery(normal.id, attempt=2)
+        bus.deliver(late, again)
+        await until(lambda: bool(late.settled and again.settled))
+    assert first.settled == [("nak", 0.5)]  # displaced: comes again shortly
+    assert late.settled == [("ack", 0.0)] and again.settled == [("ack", 0.0)]
+    done = await get(store, normal)
+    assert done.state is RunState.SUCCEEDED and done.attempts == 1
+    assert (await get(store, urgent)).attempts == 1
+    assert worker.dispatched == 2 and worker.swept == 0

@@ -3,10 +3,12 @@
 Two ways to find work. With the in-process bus the worker claims from the
 store whenever it is woken or ``poll_seconds`` pass. With a bus that dispatches
 (NATS JetStream) it takes deliveries of announced runs and claims the runs of
-each fetch by id, in one transaction (highest priority first), holding each
-delivery (``in_progress``) while its run executes; the store is
-then swept only every ``poll_seconds``, the safety net for whatever no message
-announced: runs submitted while the bus was down, leases of dead workers that
+each fetch by id, in one transaction, holding each delivery (``in_progress``)
+while its run executes. NATS hands runs out in the order they were announced;
+the claim restores priority: a due run more urgent than a delivered one is
+claimed in its place (the displaced delivery comes again shortly, the urgent
+run's own delivery later finds it claimed). The store is then swept only every
+``poll_seconds``, the safety net for whatever no message announced: runs submitted while the bus was down, leases of dead workers that
 expired, runs whose retry time came. Either way the claim decides: a delivery
 of a run someone else holds or that already ended is only acknowledged.
 
@@ -250,8 +252,14 @@ class Worker:
                 return
             by_run = {delivery.run_id: delivery for delivery in deliveries}
             try:
+                # A due run more urgent than those delivered goes first: NATS hands runs
+                # out in the order they were announced, the store knows their priority.
                 claims = await self.store.claim_runs(
-                    self.owner, self.lease_seconds, len(by_run), run_ids=list(by_run)
+                    self.owner,
+                    self.lease_seconds,
+                    len(by_run),
+                    run_ids=list(by_run),
+                    or_higher_priority=True,
                 )
             except StoreError as exc:
                 log.warning("%d delivered runs: claim failed (%s)", len(by_run), exc)
@@ -260,10 +268,13 @@ class Worker:
                 return
             used: set[int] = set()
             for record, lease in claims:  # highest priority first
-                delivery = by_run[record.id]
-                used.add(id(delivery))
                 self.active[record.id] = lease
-                group.start_soon(self._dispatched, delivery, record, lease)
+                held = by_run.get(record.id)
+                if held is None:  # more urgent than a delivered run: its own delivery
+                    group.start_soon(self._execute, record, lease)  # will find it claimed
+                    continue
+                used.add(id(held))
+                group.start_soon(self._dispatched, held, record, lease)
             started = len(claims)
             self.dispatched += started
             # (A run delivered twice in one batch, for two changes: one copy claims it.)
@@ -301,9 +312,9 @@ class Worker:
         elif record.state is RunState.QUEUED and record.not_before > now:
             await _later(delivery, record.not_before - now)  # a retry's backoff, a delay
         elif record.state is RunState.QUEUED:
-            # Due but not claimed: its Agent is at max_concurrent_runs, or a write in
-            # flight held its row. Again later, backing off; the sweep has it after the
-            # last delivery.
+            # Due but not claimed: its Agent is at max_concurrent_runs, a more urgent
+            # run took its place, or a write in flight held its row. Again later,
+            # backing off; the sweep has it after the last delivery.
             await _later(delivery, RETRY_DELIVERY_SECONDS * 2 ** (delivery.attempt - 1))
         else:
             expires = record.lease_expires_at or now

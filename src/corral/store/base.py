@@ -209,10 +209,16 @@ class Store(ABC):
         *,
         now: float | None = None,
         run_ids: Sequence[str] | None = None,
+        or_higher_priority: bool = False,
     ) -> list[tuple[RunRecord, Lease]]:
         """Claim up to ``limit`` runnable runs for ``owner``, highest priority then oldest first
         (only among ``run_ids`` when given: ``corral run`` claims its own run, a worker
         the runs a bus delivered to it).
+
+        ``or_higher_priority`` (with ``run_ids``): any other runnable run whose priority
+        is higher than the lowest among the claimable ``run_ids`` competes with them,
+        so a worker handed runs by a first-in-first-out bus still starts a more urgent
+        run first. Nothing is claimed when none of ``run_ids`` is claimable.
 
         Runnable: ``queued`` with ``not_before <= now``, or ``running`` with a lease
         that expired before ``now`` (its worker died or stalled). Each claim sets

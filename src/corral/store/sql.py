@@ -452,11 +452,12 @@ class SqlStore(Store):
         *,
         now: float | None = None,
         run_ids: Sequence[str] | None = None,
+        or_higher_priority: bool = False,
     ) -> list[tuple[RunRecord, Lease]]:
         """See :meth:`Store.claim_runs`. A ``running`` run without a lease expiry (one the
         local runtime runs in-process) is never claimable. ``attempts`` is counted,
         not enforced: the claimer compares it with ``max_attempts``."""
-        if limit <= 0:
+        if limit <= 0 or (run_ids is not None and not run_ids):
             return []
         now = time.time() if now is None else now
         expires_at = now + lease_seconds
@@ -465,13 +466,7 @@ class SqlStore(Store):
         # claimers pass each other; on SQLite BEGIN IMMEDIATE serializes them.
         queued = sa.and_(runs.c.state == RunState.QUEUED.value, runs.c.not_before <= now)
         expired = sa.and_(runs.c.state == RunState.RUNNING.value, runs.c.lease_expires_at < now)
-        if run_ids is not None:
-            if not run_ids:
-                return []
-            queued, expired = (
-                sa.and_(queued, runs.c.id.in_(run_ids)),
-                sa.and_(expired, runs.c.id.in_(run_ids)),
-            )
+        only = runs.c.id.in_(run_ids) if run_ids is not None else sa.true()
 
         # On PostgreSQL each candidate row is locked as it is picked (FOR UPDATE SKIP
         # LOCKED): a row another claimer - or a fenced write of its holder - has
@@ -497,8 +492,16 @@ class SqlStore(Store):
             room = await admission(conn)
             fits = room.exclude_saturated() if room is not None else sa.true()
             candidates: list[Any] = []
-            for runnable in (sa.and_(queued, fits), expired):
+            for runnable in (sa.and_(queued, fits, only), sa.and_(expired, only)):
                 candidates.extend((await conn.execute(walk(runnable))).all())
+            if candidates and run_ids is not None and or_higher_priority:
+                # Runs of a higher priority than the lowest given go before it.
+                above = sa.and_(
+                    runs.c.priority > min(row.priority for row in candidates),
+                    runs.c.id.not_in(run_ids),
+                )
+                for runnable in (sa.and_(queued, fits, above), sa.and_(expired, above)):
+                    candidates.extend((await conn.execute(walk(runnable))).all())
             if not candidates:
                 return []
             candidates.sort(key=_claim_key)

@@ -317,27 +317,41 @@ class SqliteStore(SqlStore):
         *,
         now: float | None = None,
         run_ids: Sequence[str] | None = None,
+        or_higher_priority: bool = False,
     ) -> list[tuple[RunRecord, Lease]]:
         if limit <= 0 or (run_ids is not None and not run_ids):
             return []
         now = time.time() if now is None else now
         expires_at = now + lease_seconds
-        only = "" if run_ids is None else f" AND id IN ({', '.join('?' for _ in run_ids)})"
-        only_param = () if run_ids is None else tuple(run_ids)
-        queued = f"(state = '{_QUEUED}' AND not_before <= ?{only})"
-        expired = f"(state = '{_RUNNING}' AND lease_expires_at < ?{only})"
+        marks = ", ".join("?" for _ in run_ids or ())
+        queued = f"state = '{_QUEUED}' AND not_before <= ?"
+        expired = f"state = '{_RUNNING}' AND lease_expires_at < ?"
+
+        def walk(
+            conn: sqlite3.Connection, where: str, params: tuple[Any, ...]
+        ) -> list[tuple[Any, ...]]:
+            # Two index walks (ix_runs_claim), each stopping at ``limit``.
+            found: list[tuple[Any, ...]] = []
+            for runnable in (queued, expired):
+                found += conn.execute(
+                    f"SELECT -priority, created_at, id FROM runs WHERE {runnable}{where} "
+                    f"{_CLAIM_ORDER} LIMIT ?",
+                    (now, *params, limit),
+                ).fetchall()
+            return found
 
         def write(conn: sqlite3.Connection) -> list[Row] | None:
             if conn.execute(_ANY_AGENT_LIMIT).fetchone() is not None:
                 return None  # limited agents: the SQLAlchemy claim counts their runs
-            # Two index walks (ix_runs_claim), each stopping at ``limit``.
-            candidates: list[tuple[Any, ...]] = []
-            for runnable in (queued, expired):
-                candidates += conn.execute(
-                    f"SELECT -priority, created_at, id FROM runs WHERE {runnable} "
-                    f"{_CLAIM_ORDER} LIMIT ?",
-                    (now, *only_param, limit),
-                ).fetchall()
+            if run_ids is None:
+                candidates = walk(conn, "", ())
+            else:
+                candidates = walk(conn, f" AND id IN ({marks})", tuple(run_ids))
+                if candidates and or_higher_priority:  # see Store.claim_runs
+                    lowest = -max(c[0] for c in candidates)
+                    candidates += walk(
+                        conn, f" AND priority > ? AND id NOT IN ({marks})", (lowest, *run_ids)
+                    )
             if not candidates:
                 return []
             candidates.sort()
@@ -346,15 +360,22 @@ class SqliteStore(SqlStore):
                 f"UPDATE runs SET state = '{_RUNNING}', lease_owner = ?, lease_expires_at = ?,"
                 " attempts = attempts + 1, fencing_token = fencing_token + 1,"
                 " started_at = coalesce(started_at, ?)"
-                f" WHERE id IN ({', '.join('?' for _ in ids)}) AND ({queued} OR {expired})"
+                f" WHERE id IN ({', '.join('?' for _ in ids)}) AND (({queued}) OR ({expired}))"
                 " RETURNING *",
-                (owner, expires_at, now, *ids, now, *only_param, now, *only_param),
+                (owner, expires_at, now, *ids, now, now),
             )
             return _rows(cursor, runs)
 
         claimed = await self._lane_write("claim runs", write)
         if claimed is None:
-            return await super().claim_runs(owner, lease_seconds, limit, now=now, run_ids=run_ids)
+            return await super().claim_runs(
+                owner,
+                lease_seconds,
+                limit,
+                now=now,
+                run_ids=run_ids,
+                or_higher_priority=or_higher_priority,
+            )
         claimed.sort(key=lambda row: (-row.priority, row.created_at, row.id))
         return [
             (row_to_run(row), Lease(row.id, owner, row.fencing_token, expires_at))
