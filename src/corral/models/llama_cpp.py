@@ -69,6 +69,7 @@ How tool calling works (the decision, measured on SmolLM2-135M, llama-cpp-python
 
 from __future__ import annotations
 
+import atexit
 import importlib.util
 import json
 import threading
@@ -198,6 +199,10 @@ def _load(key: _LoadKey) -> _Loaded:
             )
         except Exception as exc:  # the vendor boundary: nothing from llama_cpp goes further
             raise ModelError(f"llama.cpp could not load {key.path}: {exc}") from exc
+        if not _loaded:
+            # Closed while the interpreter still works: llama-cpp-python's own __del__,
+            # run during the teardown of modules, fails with a TypeError.
+            atexit.register(_close_at_exit)
         loaded = _loaded[key] = _Loaded(llama)
         return loaded
 
@@ -210,6 +215,20 @@ def unload_all() -> None:
     for entry in entries:
         with entry.lock:
             entry.llama.close()
+
+
+def _close_at_exit() -> None:
+    """Close the loaded models at exit, skipping one whose completion still runs
+    (an abandoned request of a chat format that cannot stop early)."""
+    with _load_lock:
+        entries = list(_loaded.values())
+        _loaded.clear()
+    for entry in entries:
+        if entry.lock.acquire(timeout=1.0):
+            try:
+                entry.llama.close()
+            finally:
+                entry.lock.release()
 
 
 # --------------------------------------------------------------------------- the ChatML protocol
