@@ -23,7 +23,8 @@ is idempotent - otherwise the run asks a human (or fails, per the agent).
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import Awaitable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -92,21 +93,44 @@ class RunResult:
 
 
 class Emitter:
-    """Numbers events, redacts them and hands them to the sink in order."""
+    """Numbers events, redacts them and hands them to the sink in order.
+
+    The loop awaits each event before it emits the next, except while a step's
+    tool calls run in parallel (:meth:`parallel`): there a lock keeps the events
+    numbered without gaps and handed over one at a time. Elsewhere no lock is
+    taken (a run emits half a dozen events even when it does nothing).
+    """
 
     def __init__(self, run_id: str, sink: EventSink, toolset: Toolset, last_seq: int = 0) -> None:
         self.run_id = run_id
         self._sink = sink
-        self._redact = toolset.redactor.data
+        # (an agent without secrets has nothing to redact: no call per event)
+        self._redact = toolset.redactor.data if toolset.redactor else None
         self._seq = last_seq
-        # Parallel tool calls emit concurrently; the order stays gap-free. (fast_acquire: an
-        # uncontended acquire - nearly all of them - does not yield to the event loop.)
-        self._lock = anyio.Lock(fast_acquire=True)
+        self._lock: anyio.Lock | None = None
 
     async def __call__(self, type: EventType, **data: Any) -> None:
-        async with self._lock:
-            self._seq += 1
-            await self._sink(Event(self.run_id, self._seq, type, self._redact(data), time.time()))
+        if self._lock is None:
+            await self._send(type, data)
+        else:
+            async with self._lock:
+                await self._send(type, data)
+
+    async def _send(self, type: EventType, data: dict[str, Any]) -> None:
+        self._seq += 1
+        if self._redact is not None:
+            data = self._redact(data)
+        await self._sink(Event(self.run_id, self._seq, type, data, time.time()))
+
+    @contextmanager
+    def parallel(self) -> Iterator[None]:
+        """Around tasks that emit concurrently (every one of them ends inside the block)."""
+        # fast_acquire: an uncontended acquire does not yield to the event loop
+        self._lock = anyio.Lock(fast_acquire=True)
+        try:
+            yield
+        finally:
+            self._lock = None
 
 
 class AgentLoop:
@@ -173,9 +197,15 @@ class AgentLoop:
         )
 
     async def _guarded(self, drive: Awaitable[RunResult]) -> RunResult:
+        # anyio.fail_after, spelled out: it costs every run two generator-based context
+        # managers more. Nothing else cancels this scope, so if it caught a cancellation,
+        # its deadline passed.
+        deadline = anyio.current_time() + self.agent.limits.timeout_seconds
         try:
-            with anyio.fail_after(self.agent.limits.timeout_seconds):
+            with anyio.CancelScope(deadline=deadline) as limit:
                 result = await drive
+            if limit.cancelled_caught:
+                raise TimeoutError
         except TimeoutError:
             result = await self._failed(self.budget.timed_out())
         except CorralError as exc:
@@ -345,10 +375,11 @@ class AgentLoop:
 
         if len(runnable) == 1:  # the common case needs no task group
             await invoke(*runnable[0])
-        else:
-            async with anyio.create_task_group() as group:
-                for index, call, approved in runnable:
-                    group.start_soon(invoke, index, call, approved)
+        elif runnable:
+            with self.emit.parallel():
+                async with anyio.create_task_group() as group:
+                    for index, call, approved in runnable:
+                        group.start_soon(invoke, index, call, approved)
         if not step.unresolved():
             self.messages += [step.results[c.id] for c in step.calls]
         order = {c.id: i for i, c in enumerate(step.calls)}

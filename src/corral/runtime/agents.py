@@ -24,6 +24,7 @@ from typing import Any, Self
 
 import anyio
 import anyio.abc
+import anyio.lowlevel
 
 from corral.core.settings import Settings
 from corral.engine.loop import AgentDefinition
@@ -53,6 +54,14 @@ class _Entry:
             self.done.set()
 
 
+@dataclass(eq=False)
+class _Read:
+    """A read of one namespace's fingerprint that runs share (see AgentCache._fingerprint)."""
+
+    done: anyio.Event = field(default_factory=anyio.Event)
+    value: Fingerprint | None = None  # None: the read failed or was cancelled
+
+
 @dataclass
 class _Slot:
     """The live agent of one (namespace, name), and the lock its builders take turns on."""
@@ -76,6 +85,7 @@ class AgentCache:
         self.settings = settings
         self.loading = loading or (lambda name: nullcontext())
         self._slots: dict[tuple[str, str], _Slot] = {}
+        self._reads: dict[str, _Read] = {}  # per namespace: a read not started yet
         self._group: anyio.abc.TaskGroup | None = None
         self._stack = AsyncExitStack()
 
@@ -99,18 +109,28 @@ class AgentCache:
 
         ``output_schema`` (a run's own) overrides the agent's for this run only.
         """
-        entry = await self._acquire(namespace, name)
+        agent, release = await self.acquire(namespace, name, output_schema=output_schema)
         try:
-            agent = entry.agent
-            if output_schema is not None:
-                agent = dataclasses.replace(agent, output_schema=output_schema)
             yield agent
         finally:
-            entry.release()
+            release()
+
+    async def acquire(
+        self, namespace: str, name: str, *, output_schema: dict[str, Any] | None = None
+    ) -> tuple[AgentDefinition, Callable[[], None]]:
+        """:meth:`agent` without the context manager: the live agent and the function that
+        gives it back (call it exactly once, when the run is done with the agent)."""
+        entry = await self._acquire(namespace, name)
+        agent = entry.agent
+        if output_schema is not None:
+            agent = dataclasses.replace(agent, output_schema=output_schema)
+        return agent, entry.release
 
     async def _acquire(self, namespace: str, name: str) -> _Entry:
-        fingerprint = await self.store.resources_fingerprint(namespace)
-        slot = self._slots.setdefault((namespace, name), _Slot())
+        fingerprint = await self._fingerprint(namespace)
+        slot = self._slots.get((namespace, name))
+        if slot is None:
+            slot = self._slots[namespace, name] = _Slot()
         entry = slot.entry
         if entry is None or entry.fingerprint != fingerprint:
             async with slot.lock:  # one build per change, however many runs start at once
@@ -122,6 +142,32 @@ class AgentCache:
                     slot.entry = entry = fresh
         entry.users += 1
         return entry
+
+    async def _fingerprint(self, namespace: str) -> Fingerprint:
+        """The namespace's resources fingerprint, read once for the runs that start together.
+
+        A worker starts the runs of one claim together, and each would read the same
+        row. The first lets the others ask (one turn of the event loop), then reads for
+        all of them. Each still sees the resources as they were when it asked: the
+        read starts after every run that shares it asked. If the read fails, or its
+        run is cancelled, the others read for themselves.
+        """
+        shared = self._reads.get(namespace)
+        if shared is not None:  # not started yet: share it
+            await shared.done.wait()
+            if shared.value is not None:
+                return shared.value
+            return await self.store.resources_fingerprint(namespace)
+        shared = self._reads[namespace] = _Read()
+        try:
+            await anyio.lowlevel.checkpoint()  # the runs started with this one ask meanwhile
+            del self._reads[namespace]  # whoever asks from now on needs a later read
+            shared.value = await self.store.resources_fingerprint(namespace)
+            return shared.value
+        finally:
+            if self._reads.get(namespace) is shared:  # cancelled before the read started
+                del self._reads[namespace]
+            shared.done.set()
 
     async def _build(self, namespace: str, name: str, fingerprint: Fingerprint) -> _Entry:
         if self._group is None:

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import random
 import time
-from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Literal, Self
 
 import anyio
+import anyio.abc
 
 from corral.bus.base import Bus
 from corral.core.errors import CorralError, LeaseLostError, ModelError
@@ -69,13 +69,20 @@ class RunExecutor:
         self.observer = observer
         self.agents = AgentCache(store, settings, loading)
         self.leases = LeaseKeeper(store, lease_seconds)
+        # the journal writes in flight of every run (see FencedSink)
+        self._writes: anyio.abc.TaskGroup | None = None
 
     async def __aenter__(self) -> Self:
         await self.agents.__aenter__()
         await self.leases.__aenter__()
+        self._writes = anyio.create_task_group()
+        await self._writes.__aenter__()
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
+        writes, self._writes = self._writes, None
+        if writes is not None:  # empty by now: each run's sink waited for its writes
+            await writes.__aexit__(None, None, None)
         await self.leases.__aexit__(*exc_info)
         await self.agents.__aexit__(*exc_info)
 
@@ -83,7 +90,10 @@ class RunExecutor:
         self, record: RunRecord, lease: Lease, shutdown: anyio.Event | None = None
     ) -> Outcome:
         """Execute one claimed run until it ends, pauses, is released, or its lease is lost."""
-        async with FencedSink(self.store, lease, self.observer, self.bus) as sink:
+        if self._writes is None:
+            raise RuntimeError("RunExecutor used outside its `async with` block")
+        sink = FencedSink(self.store, lease, self.observer, self.bus, writes=self._writes)
+        async with sink:
             return await self._execute(record, lease, sink, shutdown)
 
     async def _execute(
@@ -146,15 +156,13 @@ class RunExecutor:
             await sink.emit(EventType.ERROR, **error.to_dict())
             await sink.emit(EventType.RUN_FINISH, state=RunState.DEAD_LETTER.value)
             return RunResult(state=RunState.DEAD_LETTER, error=error.to_dict())
-        async with AsyncExitStack() as stack:
-            try:
-                agent = await stack.enter_async_context(
-                    self.agents.agent(
-                        record.namespace, record.agent, output_schema=record.output_schema
-                    )
-                )
-            except CorralError as exc:
-                return await self._failed_to_start(sink, exc, events, record)
+        try:
+            agent, release = await self.agents.acquire(
+                record.namespace, record.agent, output_schema=record.output_schema
+            )
+        except CorralError as exc:
+            return await self._failed_to_start(sink, exc, events, record)
+        try:
             loop = AgentLoop(
                 agent,
                 record.id,
@@ -174,6 +182,8 @@ class RunExecutor:
                 await sink.emit(EventType.ERROR, **exc.to_dict(), retry=record.attempts + 1)
                 await self.store.release_run(lease, not_before=time.time() + self._backoff(record))
                 return "released"
+        finally:
+            release()
 
     async def _announce_released(self, lease: Lease) -> None:
         """Announce a run this lease released: its fencing token marks the release, which

@@ -57,6 +57,13 @@ LATER = frozenset(
         EventType.RUN_FINISH,
     }
 )
+# The members _when compares with, as plain names: reading an attribute of an enum class
+# costs ten times a global's, and every event of every run goes through _when.
+_APPROVALS = (EventType.APPROVAL_REQUESTED, EventType.APPROVAL_RESOLVED)
+_STEP_START = EventType.STEP_START
+_STEP_FINISH = EventType.STEP_FINISH
+_TOOL_CALL = EventType.TOOL_CALL
+_MESSAGE_CREATE = EventType.MESSAGE_CREATE
 
 
 class FencedSink:
@@ -64,10 +71,21 @@ class FencedSink:
 
     Leaving the context waits for writes still in flight (they are shielded from
     cancellation: a half-cancelled write would leave a gap in the journal).
+
+    A write in flight is a task: in ``writes``, a task group the caller keeps for
+    all its runs (the executor's), or else in a task group of the sink's own. A
+    shared group spares each run a task group of its own, which a run that never
+    writes before its final save (no tool calls) would open for nothing.
     """
 
     def __init__(
-        self, store: Store, lease: Lease, observer: Observer | None, bus: Bus | None = None
+        self,
+        store: Store,
+        lease: Lease,
+        observer: Observer | None,
+        bus: Bus | None = None,
+        *,
+        writes: anyio.abc.TaskGroup | None = None,
     ) -> None:
         self.store = store
         self.lease = lease
@@ -76,13 +94,18 @@ class FencedSink:
         self.buffer: list[Event] = []
         self.last_seq = 0
         self._approvals_in_step = False
+        self._shared = writes
+        self._own: anyio.abc.TaskGroup | None = None
         self._group: anyio.abc.TaskGroup | None = None
         self._last_write: anyio.Event | None = None
         self._error: BaseException | None = None
 
     async def __aenter__(self) -> Self:
-        self._group = anyio.create_task_group()
-        await self._group.__aenter__()
+        if self._shared is not None:
+            self._group = self._shared
+        else:
+            self._group = self._own = anyio.create_task_group()
+            await self._own.__aenter__()
         return self
 
     async def __aexit__(
@@ -91,9 +114,13 @@ class FencedSink:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        group, self._group = self._group, None
-        if group is not None:
-            await group.__aexit__(exc_type, exc, tb)
+        self._group = None
+        own, self._own = self._own, None
+        if own is not None:
+            await own.__aexit__(exc_type, exc, tb)
+        elif self._last_write is not None:  # the writes run in the shared group: wait for ours
+            with anyio.CancelScope(shield=True):
+                await self._last_write.wait()
 
     async def __call__(self, event: Event) -> None:
         self.buffer.append(event)
@@ -108,19 +135,19 @@ class FencedSink:
 
     def _when(self, event: Event) -> When:
         kind = event.type
-        if kind in (EventType.APPROVAL_REQUESTED, EventType.APPROVAL_RESOLVED):
+        if kind in _APPROVALS:
             self._approvals_in_step = True
-        elif kind is EventType.STEP_START:
+        elif kind is _STEP_START:
             self._approvals_in_step = False
-        elif kind is EventType.STEP_FINISH and self._approvals_in_step:
+        elif kind is _STEP_FINISH and self._approvals_in_step:
             # The run may end waiting for a human, with no event after this one.
             self._approvals_in_step = False
             return "now"
-        elif kind is EventType.TOOL_CALL and event.data.get("idempotent"):
+        elif kind is _TOOL_CALL and event.data.get("idempotent"):
             return "behind"
         if kind in LATER:
             return "later"
-        if kind is EventType.MESSAGE_CREATE:
+        if kind is _MESSAGE_CREATE:
             message = event.data.get("message")
             if isinstance(message, dict) and message.get("role") == "assistant":
                 return "later"

@@ -63,18 +63,19 @@ class Lane:
         self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
         self._thread.start()
 
-    async def run(self, operation: Operation[T]) -> T:
-        """Run ``operation`` in the lane and return its result (or raise its exception).
+    def run(self, operation: Operation[T]) -> asyncio.Future[T]:
+        """Queue ``operation``; await the future for its result (or its exception).
 
         Once queued, an operation runs (and commits) even if its caller is cancelled
         while waiting - as with any driver, the caller then does not learn the outcome.
+        (A future rather than a coroutine: one frame less on every operation's way.)
         """
         if self._closed:
             raise StoreError("the store is closed")
         loop = asyncio.get_running_loop()
-        job: _Job[T] = _Job(operation, loop, loop.create_future())
-        self._queue.put(job)
-        return await job.future
+        future: asyncio.Future[T] = loop.create_future()
+        self._queue.put(_Job(operation, loop, future))
+        return future
 
     def close(self) -> None:
         """Finish the queued operations, stop the thread and close the connection."""
@@ -106,10 +107,15 @@ class Lane:
             else:
                 for one in batch:
                     self._call(one)
+            # One wake-up per event loop for the whole batch, not one per operation: each
+            # call_soon_threadsafe writes to the loop's self-pipe, and the loop reads it.
+            by_loop: dict[asyncio.AbstractEventLoop, list[_Job[Any]]] = {}
             for one in batch:
+                by_loop.setdefault(one.loop, []).append(one)
+            for loop, jobs in by_loop.items():
                 # RuntimeError: the caller's event loop is closed, nobody waits
                 with contextlib.suppress(RuntimeError):
-                    one.loop.call_soon_threadsafe(_settle, one)
+                    loop.call_soon_threadsafe(_settle, jobs)
             if stop:
                 return
 
@@ -145,10 +151,11 @@ class Lane:
                 job.result, job.error = None, exc
 
 
-def _settle(job: _Job[Any]) -> None:
-    if job.future.done():
-        return
-    if job.error is not None:
-        job.future.set_exception(job.error)
-    else:
-        job.future.set_result(job.result)
+def _settle(jobs: list[_Job[Any]]) -> None:
+    for job in jobs:
+        if job.future.done():  # its caller was cancelled
+            continue
+        if job.error is not None:
+            job.future.set_exception(job.error)
+        else:
+            job.future.set_result(job.result)
