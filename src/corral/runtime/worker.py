@@ -8,8 +8,9 @@ while its run executes. NATS hands runs out in the order they were announced;
 the claim restores priority: a due run more urgent than a delivered one is
 claimed in its place (the displaced delivery comes again shortly, the urgent
 run's own delivery later finds it claimed). The store is then swept only every
-``poll_seconds``, the safety net for whatever no message announced: runs submitted while the bus was down, leases of dead workers that
-expired, runs whose retry time came. Either way the claim decides: a delivery
+``poll_seconds``, the safety net for whatever no message announced: runs
+submitted while the bus was down, leases of dead workers that expired, runs
+whose retry time came. Either way the claim decides: a delivery
 of a run someone else holds or that already ended is only acknowledged.
 
 Shutdown (``stop`` set, e.g. on SIGTERM): the worker stops claiming, gives its
