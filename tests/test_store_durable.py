@@ -117,6 +117,59 @@ async def test_submit_stores_a_queued_run_and_keys_deduplicate(store: Store) -> 
     assert await store.get_run("run_2") is None
 
 
+AGENTS = """
+apiVersion: corral/v1
+kind: ModelEndpoint
+metadata: {name: script}
+spec: {provider: scripted}
+---
+apiVersion: corral/v1
+kind: Agent
+metadata: {name: assistant}
+spec: {model: script, max_attempts: 7}
+"""
+
+
+async def test_submit_agent_run_takes_the_agents_max_attempts_and_can_claim_at_once(
+    store: Store,
+) -> None:
+    with pytest.raises(NotFoundError, match="Agent 'assistant' not found"):
+        await store.submit_agent_run(a_task("run_0"))
+    assert await store.get_run("run_0") is None
+    await store.apply(load_text(AGENTS, "agents.yaml"))
+
+    queued = await store.submit_agent_run(a_task("run_1", key="k"))
+    assert queued.created and queued.lease is None
+    assert (await store.get_run("run_1")) == queued.record
+    assert queued.record.max_attempts == 7 and queued.record.state is RunState.QUEUED
+
+    claimed = await store.submit_agent_run(a_task("run_2"), claim_for=("me", 30.0))
+    assert claimed.created and claimed.lease is not None
+    assert claimed.lease.owner == "me" and claimed.lease.token == 1
+    assert claimed.record == await store.get_run("run_2")
+    assert claimed.record.state is RunState.RUNNING and claimed.record.attempts == 1
+    assert claimed.record.lease_owner == "me" and claimed.record.max_attempts == 7
+    await store.append_events([Event("run_2", 1, EventType.RUN_START)], claimed.lease)
+    assert [r.id for r, _ in await store.claim_runs("w1", 30.0, 10)] == ["run_1"]
+
+    # A key seen before: the earlier run, not claimed; a run not due yet: not claimed.
+    again = await store.submit_agent_run(a_task("run_3", key="k"), claim_for=("me", 30.0))
+    assert not again.created and again.lease is None and again.record.id == "run_1"
+    later = await store.submit_agent_run(
+        a_task("run_4", not_before=time.time() + 60), claim_for=("me", 30.0)
+    )
+    assert later.created and later.lease is None
+    assert (await store.get_run("run_4")).state is RunState.QUEUED  # type: ignore[union-attr]
+
+
+async def test_submit_agent_run_keeps_an_agents_max_concurrent_runs(store: Store) -> None:
+    await store.apply(load_text(LIMITED % 1, "limits.yaml"))
+    first = await store.submit_agent_run(agent_task("lim_1", "limited"), claim_for=("me", 30.0))
+    second = await store.submit_agent_run(agent_task("lim_2", "limited"), claim_for=("me", 30.0))
+    assert first.lease is not None and second.lease is None  # the agent runs one at a time
+    assert (await store.get_run("lim_2")).state is RunState.QUEUED  # type: ignore[union-attr]
+
+
 SUBMIT_CHILD = """\
 import asyncio, json, sys
 from corral.core.runs import RunRecord

@@ -131,6 +131,7 @@ class RunExecutor:
                 await self._announce_released(lease)
                 return "released"
             if stop.reason == "cancelled":
+                record.cancel_requested = True  # as stored (the lease keeper read it there)
                 await sink.flush()
                 await sink.emit(EventType.RUN_FINISH, state=RunState.CANCELLED.value)
                 result = RunResult(state=RunState.CANCELLED)
@@ -223,7 +224,8 @@ class RunExecutor:
     async def _save(
         self, record: RunRecord, lease: Lease, result: RunResult, sink: FencedSink
     ) -> None:
-        """Store the run's outcome with its last events (``run.finish``), in one commit."""
+        """Store the run's outcome with its last events (``run.finish``), in one commit;
+        ``record`` is the stored run afterwards."""
         record.state = result.state
         record.output = result.output
         record.error = result.error
@@ -235,6 +237,8 @@ class RunExecutor:
         record.pending_approvals = result.pending_approvals
         if result.state.finished:
             record.finished_at = time.time()
+        if result.state is not RunState.RUNNING:  # as save_run stores it: no lease left
+            record.lease_owner = record.lease_expires_at = None
         asked = (
             {a.call_id for a in await self.store.list_approvals(run_id=record.id)}
             if result.pending_approvals

@@ -19,13 +19,12 @@ from corral.bus.base import Bus
 from corral.core.errors import NotFoundError
 from corral.core.events import Event
 from corral.core.ids import new_id
-from corral.core.runs import RunRecord, RunState
+from corral.core.runs import Lease, RunRecord, RunState
 from corral.core.settings import Settings
-from corral.resources.kinds import AgentSpec
 from corral.runtime.agents import Loading
 from corral.runtime.executor import Observer, RunExecutor
 from corral.runtime.worker import default_owner
-from corral.store.base import Store
+from corral.store.base import Store, Submitted
 
 FOLLOW_POLL_SECONDS = 0.1
 
@@ -49,12 +48,38 @@ async def submit(
     announced on ``bus`` (one due later too: a dispatching bus delivers it again
     when it is due).
     """
-    stored = await store.get_resource(namespace, "Agent", agent)
-    if stored is None:
-        raise NotFoundError(f"Agent {agent!r} not found in namespace {namespace!r}")
-    spec = stored.resource.spec
-    assert isinstance(spec, AgentSpec)
+    submitted = await _submit(
+        store,
+        agent,
+        user_input,
+        namespace=namespace,
+        session=session,
+        idempotency_key=idempotency_key,
+        priority=priority,
+        delay=delay,
+        output_schema=output_schema,
+    )
+    if submitted.created and bus is not None:
+        await bus.announce_runnable([submitted.record.id], mark="submitted")
+    return submitted.record, submitted.created
+
+
+async def _submit(
+    store: Store,
+    agent: str,
+    user_input: str,
+    *,
+    namespace: str,
+    session: str | None,
+    idempotency_key: str | None = None,
+    priority: int = 0,
+    delay: float = 0.0,
+    output_schema: dict[str, Any] | None,
+    claim_for: tuple[str, float] | None = None,
+) -> Submitted:
     if session is not None:
+        if await store.get_resource(namespace, "Agent", agent) is None:
+            raise NotFoundError(f"Agent {agent!r} not found in namespace {namespace!r}")
         await store.get_or_create_session(session, namespace, agent)
     now = time.time()
     record = RunRecord(
@@ -66,14 +91,10 @@ async def submit(
         session_id=session,
         priority=priority,
         not_before=now + delay,
-        max_attempts=spec.max_attempts,
         created_at=now,
         output_schema=output_schema,
     )
-    stored_record, created = await store.submit_run(record)
-    if created and bus is not None:
-        await bus.announce_runnable([stored_record.id], mark="submitted")
-    return stored_record, created
+    return await store.submit_agent_run(record, claim_for=claim_for)
 
 
 class LocalRunner:
@@ -121,37 +142,53 @@ class LocalRunner:
         session: str | None = None,
         output_schema: dict[str, Any] | None = None,
     ) -> RunRecord:
-        """Submit a run and see it through: until it ends or waits for approval."""
-        record, _ = await submit(
+        """Submit a run and see it through: until it ends or waits for approval.
+
+        The run is submitted already claimed by this runner (one commit for both,
+        where the store can), so no other worker can take it before it starts.
+        """
+        submitted = await _submit(
             self.store,
             agent,
             user_input,
             namespace=namespace,
             session=session,
             output_schema=output_schema,
+            claim_for=(self.owner, self.lease_seconds),
         )
-        return await self.see_through(record.id)
+        claim = (submitted.record, submitted.lease) if submitted.lease is not None else None
+        return await self._see_through(submitted.record.id, claim)
 
     async def see_through(self, run_id: str) -> RunRecord:
         """Execute the run here whenever it is runnable, or follow whoever executes it."""
+        return await self._see_through(run_id, None)
+
+    async def _see_through(self, run_id: str, claim: tuple[RunRecord, Lease] | None) -> RunRecord:
         store, observer = self.store, self.observer
         seen = 0
         while True:
-            claims = await store.claim_runs(self.owner, self.lease_seconds, 1, run_ids=[run_id])
-            if claims:
-                record, lease = claims[0]
+            if claim is None:
+                claims = await store.claim_runs(self.owner, self.lease_seconds, 1, run_ids=[run_id])
+                claim = claims[0] if claims else None
+            current: RunRecord | None = None
+            if claim is not None:
+                record, lease = claim
                 if observer is not None:
                     # The observer only gets events this process emits: catch up first,
                     # then skip what it saw live.
                     seen = await _replay_to(store, run_id, seen, observer)
-                    await self.executor.execute(record, lease)
+                    outcome = await self.executor.execute(record, lease)
                     seen = await _replay_to(store, run_id, seen, None)
                 else:
-                    await self.executor.execute(record, lease)
+                    outcome = await self.executor.execute(record, lease)
+                if outcome == "done":  # saved by the executor: the record is the stored run
+                    current = record
             elif observer is not None:
                 seen = await _replay_to(store, run_id, seen, observer)
-            current = await store.get_run(run_id)
-            assert current is not None
+            claim = None
+            if current is None:
+                current = await store.get_run(run_id)
+                assert current is not None
             if current.state.finished or current.state is RunState.WAITING_APPROVAL:
                 if observer is not None:
                     await _replay_to(store, run_id, seen, observer)

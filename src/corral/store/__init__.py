@@ -8,7 +8,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from corral.store.base import ApplyAction, ApplyOutcome, Store, StoredResource, StoreError
+from corral.store.base import (
+    ApplyAction,
+    ApplyOutcome,
+    Store,
+    StoredResource,
+    StoreError,
+    Submitted,
+)
 
 if TYPE_CHECKING:
     from corral.resources.secrets import SecretCipher
@@ -19,6 +26,7 @@ __all__ = [
     "Store",
     "StoreError",
     "StoredResource",
+    "Submitted",
     "open_store",
 ]
 

@@ -45,7 +45,7 @@ from corral.store._sql_rows import (
 )
 from corral.store._sql_statements import lost_lease
 from corral.store._sqlite_lanes import Lane, connect
-from corral.store.base import StoredResource, StoreError
+from corral.store.base import StoredResource, StoreError, Submitted
 from corral.store.schema import approvals as approvals_table
 from corral.store.schema import resources, run_events, runs
 from corral.store.schema import session_messages as messages_table
@@ -161,6 +161,54 @@ def _update_run(columns: tuple[str, ...], *, fenced: bool) -> str:
     """The statement of ``save_run`` for these columns (a handful of combinations)."""
     sql = f"UPDATE runs SET {', '.join(f'{c} = ?' for c in columns)} WHERE id = ?"
     return sql + " AND fencing_token = ?" if fenced else sql
+
+
+_AGENT_MAX_ATTEMPTS = (
+    "SELECT json_extract(spec, '$.max_attempts') FROM resources"
+    " WHERE namespace = ? AND kind = 'Agent' AND name = ?"
+)
+_RUNNABLE = (
+    f"(state = '{_QUEUED}' AND not_before <= ?) OR (state = '{_RUNNING}' AND lease_expires_at < ?)"
+)
+
+
+def _run_params(record: RunRecord) -> list[Any]:
+    values = _encode(runs, run_values(record))
+    return [values[c] for c in _RUN_COLUMNS]
+
+
+def _insert_run(conn: sqlite3.Connection, record: RunRecord, params: list[Any]) -> Row | None:
+    """Insert a new run; the stored run with the same idempotency key instead, if any."""
+    if record.idempotency_key is None:
+        conn.execute(_INSERT_RUN, params)
+        return None
+    # The unique index decides between racing submits, not a prior read;
+    # a clash on the run id alone still raises (ConflictError).
+    inserted = conn.execute(
+        f"{_INSERT_RUN} ON CONFLICT (namespace, agent, idempotency_key) DO NOTHING RETURNING id",
+        params,
+    ).fetchall()
+    if inserted:
+        return None
+    cursor = conn.execute(
+        "SELECT * FROM runs WHERE namespace = ? AND agent = ? AND idempotency_key = ?",
+        (record.namespace, record.agent, record.idempotency_key),
+    )
+    return _rows(cursor, runs)[0]
+
+
+def _claim_ids(
+    conn: sqlite3.Connection, ids: Sequence[str], owner: str, expires_at: float, now: float
+) -> list[Row]:
+    """Claim the runs of ``ids`` that are runnable at ``now``; the claimed rows."""
+    cursor = conn.execute(
+        f"UPDATE runs SET state = '{_RUNNING}', lease_owner = ?, lease_expires_at = ?,"
+        " attempts = attempts + 1, fencing_token = fencing_token + 1,"
+        " started_at = coalesce(started_at, ?)"
+        f" WHERE id IN ({', '.join('?' for _ in ids)}) AND ({_RUNNABLE}) RETURNING *",
+        (owner, expires_at, now, *ids, now, now),
+    )
+    return _rows(cursor, runs)
 
 
 def _fence(conn: sqlite3.Connection, lease: Lease) -> None:
@@ -335,33 +383,52 @@ class SqliteStore(SqlStore):
     # ----------------------------------------------------------------- tasks and leases
 
     async def submit_run(self, record: RunRecord) -> tuple[RunRecord, bool]:
-        values = _encode(runs, run_values(record))
-        params = [values[c] for c in _RUN_COLUMNS]
-        key = record.idempotency_key
-
-        def write(conn: sqlite3.Connection) -> Row | None:
-            if key is None:
-                conn.execute(_INSERT_RUN, params)
-                return None
-            # The unique index decides between racing submits, not a prior read;
-            # a clash on the run id alone still raises (ConflictError).
-            inserted = conn.execute(
-                f"{_INSERT_RUN} ON CONFLICT (namespace, agent, idempotency_key) DO NOTHING"
-                " RETURNING id",
-                params,
-            ).fetchall()
-            if inserted:
-                return None
-            cursor = conn.execute(
-                "SELECT * FROM runs WHERE namespace = ? AND agent = ? AND idempotency_key = ?",
-                (record.namespace, record.agent, key),
-            )
-            return _rows(cursor, runs)[0]
-
-        existing = await self._lane_write(f"submit run {record.id}", write)
+        params = _run_params(record)
+        existing = await self._lane_write(
+            f"submit run {record.id}", lambda conn: _insert_run(conn, record, params)
+        )
         if existing is None:
             return record, True
         return row_to_run(existing), False
+
+    async def submit_agent_run(
+        self, record: RunRecord, *, claim_for: tuple[str, float] | None = None
+    ) -> Submitted:
+        """See :meth:`Store.submit_agent_run`: the Agent's read, the insert and the claim
+        are one operation of the writer (one commit)."""
+        params = _run_params(record)
+        at = _RUN_COLUMNS.index("max_attempts")
+        now = time.time()
+        claimed: list[Row] = []
+
+        def write(conn: sqlite3.Connection) -> Row | None:
+            found = conn.execute(_AGENT_MAX_ATTEMPTS, (record.namespace, record.agent)).fetchone()
+            if found is None:
+                raise NotFoundError(
+                    f"Agent {record.agent!r} not found in namespace {record.namespace!r}"
+                )
+            if found[0] is not None:
+                record.max_attempts = params[at] = int(found[0])
+            existing = _insert_run(conn, record, params)
+            if existing is None and claim_for is not None:
+                owner, lease_seconds = claim_for
+                if conn.execute(_ANY_AGENT_LIMIT).fetchone() is None:  # else: see below
+                    claimed.extend(_claim_ids(conn, [record.id], owner, now + lease_seconds, now))
+            return existing
+
+        existing = await self._lane_write(f"submit run {record.id}", write)
+        if existing is not None:
+            return Submitted(row_to_run(existing), False)
+        if claimed:
+            row = claimed[0]
+            lease = Lease(row.id, row.lease_owner, row.fencing_token, row.lease_expires_at)
+            return Submitted(row_to_run(row), True, lease)
+        if claim_for is not None and record.not_before <= now:
+            # Agents with max_concurrent_runs: the SQLAlchemy claim counts their runs.
+            claims = await self.claim_runs(*claim_for, 1, run_ids=[record.id])
+            if claims:
+                return Submitted(claims[0][0], True, claims[0][1])
+        return Submitted(record, True)
 
     async def claim_runs(
         self,
@@ -409,16 +476,7 @@ class SqliteStore(SqlStore):
             if not candidates:
                 return []
             candidates.sort()
-            ids = [c[2] for c in candidates[:limit]]
-            cursor = conn.execute(
-                f"UPDATE runs SET state = '{_RUNNING}', lease_owner = ?, lease_expires_at = ?,"
-                " attempts = attempts + 1, fencing_token = fencing_token + 1,"
-                " started_at = coalesce(started_at, ?)"
-                f" WHERE id IN ({', '.join('?' for _ in ids)}) AND (({queued}) OR ({expired}))"
-                " RETURNING *",
-                (owner, expires_at, now, *ids, now, now),
-            )
-            return _rows(cursor, runs)
+            return _claim_ids(conn, [c[2] for c in candidates[:limit]], owner, expires_at, now)
 
         claimed = await self._lane_write("claim runs", write)
         if claimed is None:
