@@ -89,7 +89,14 @@ from corral.store._sql_statements import (
     touch_session,
 )
 from corral.store._sql_transaction import transact
-from corral.store.base import ApplyAction, ApplyOutcome, RunCounts, Store, StoredResource
+from corral.store.base import (
+    ApplyAction,
+    ApplyOutcome,
+    RunCounts,
+    Store,
+    StoredResource,
+    Submitted,
+)
 from corral.store.schema import (
     LATEST_REVISION,
     api_tokens,
@@ -420,16 +427,55 @@ class SqlStore(Store):
     async def submit_run(self, record: RunRecord) -> tuple[RunRecord, bool]:
         """See :meth:`Store.submit_run`; the record is stored as given (callers pass a
         ``queued`` one). A clash on the run id alone is a ``ConflictError``."""
-        values = run_values(record)
+        row = await self._write(f"submit run {record.id}", self._inserting(record))
+        return (record, True) if row is None else (row_to_run(row), False)
+
+    async def submit_agent_run(
+        self, record: RunRecord, *, claim_for: tuple[str, float] | None = None
+    ) -> Submitted:
+        """See :meth:`Store.submit_agent_run`: the Agent's ``max_attempts`` is read in the
+        submit's transaction (no resource read and validation of its own); the claim,
+        when asked for, is a second transaction."""
+        max_attempts = (
+            sa.select(resources.c.spec["max_attempts"].as_integer())
+            .where(
+                resources.c.namespace == record.namespace,
+                resources.c.kind == "Agent",
+                resources.c.name == record.agent,
+            )
+            .scalar_subquery()
+        )
+
+        async def write(conn: AsyncConnection) -> sa.Row[Any] | None:
+            found = (await conn.execute(sa.select(max_attempts))).scalar_one()
+            if found is None:
+                raise NotFoundError(
+                    f"Agent {record.agent!r} not found in namespace {record.namespace!r}"
+                )
+            record.max_attempts = int(found)
+            existing: sa.Row[Any] | None = await self._inserting(record)(conn)
+            return existing
+
+        row = await self._write(f"submit run {record.id}", write)
+        if row is not None:
+            return Submitted(row_to_run(row), False)
+        if claim_for is not None:
+            claims = await self.claim_runs(*claim_for, 1, run_ids=[record.id])
+            if claims:
+                return Submitted(claims[0][0], True, claims[0][1])
+        return Submitted(record, True)
+
+    def _inserting(self, record: RunRecord) -> Body[sa.Row[Any] | None]:
+        """The body of a transaction inserting a new run: ``None``, or the stored run with
+        the same idempotency key (then nothing is inserted)."""
         if record.idempotency_key is None:
-            await self._write(f"submit run {record.id}", _execute(runs.insert().values(**values)))
-            return record, True
+            return _execute(runs.insert().values(**run_values(record)))
         # The unique index decides between racing submits, not a prior read: the
         # insert skips a conflicting key (on PostgreSQL after waiting for the racing
         # transaction to commit), so nothing aborts; a clash on the run id alone
         # still raises (ConflictError).
         insert = insert_or_skip(self._dialect, runs, _IDEMPOTENCY_COLUMNS)
-        insert = insert.values(**values).returning(runs.c.id)
+        insert = insert.values(**run_values(record)).returning(runs.c.id)
         existing = sa.select(runs).where(
             runs.c.namespace == record.namespace,
             runs.c.agent == record.agent,
@@ -441,8 +487,7 @@ class SqlStore(Store):
                 return None
             return (await conn.execute(existing)).one()
 
-        row = await self._write(f"submit run {record.id}", write)
-        return (record, True) if row is None else (row_to_run(row), False)
+        return write
 
     async def claim_runs(
         self,
