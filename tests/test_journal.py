@@ -16,7 +16,7 @@ import pytest
 from corral.core.errors import LeaseLostError
 from corral.core.events import Event, EventType
 from corral.core.runs import Lease, RunRecord
-from corral.runtime.journal import FencedSink
+from corral.runtime.journal import BEHIND_AFTER_SECONDS, FencedSink
 from corral.store import Store, open_store
 
 
@@ -55,7 +55,7 @@ async def stored(store: Store) -> list[int]:
     return [e.seq for e in await store.list_events("run_1")]
 
 
-async def test_an_idempotent_call_does_not_wait_for_its_commit_and_others_do(
+async def test_an_idempotent_call_does_not_wait_and_shares_its_results_commit(
     claimed: tuple[Store, Lease],
 ) -> None:
     store, lease = claimed
@@ -65,7 +65,7 @@ async def test_an_idempotent_call_does_not_wait_for_its_commit_and_others_do(
         await sink(event(1, EventType.RUN_START))  # later: nothing written
         await sink(event(2, EventType.MESSAGE_CREATE, message={"role": "assistant"}))
         assert gated.started == 0
-        with anyio.fail_after(5):  # behind: returns while its commit is held back
+        with anyio.fail_after(5):  # behind: returns at once
             await sink(event(3, EventType.TOOL_CALL, call_id="c1", idempotent=True))
         assert await stored(store) == []
 
@@ -79,6 +79,24 @@ async def test_an_idempotent_call_does_not_wait_for_its_commit_and_others_do(
             assert await stored(store) == []  # a result waits for its commit: no next step yet
             gated.gate.set()
         assert await stored(store) == [1, 2, 3, 4, 5]  # in order, all durable
+    assert gated.started == 2  # the call went with its result: 1-4, then 5
+
+
+async def test_an_idempotent_call_still_running_is_written_behind_after_a_moment(
+    claimed: tuple[Store, Lease],
+) -> None:
+    store, lease = claimed
+    gated = GatedStore(store)
+    async with FencedSink(gated, lease, None) as sink:  # type: ignore[arg-type]
+        await sink(event(1, EventType.MESSAGE_CREATE, message={"role": "assistant"}))
+        await sink(event(2, EventType.TOOL_CALL, call_id="c1", idempotent=True))
+        await sink(event(3, EventType.TOOL_CALL, call_id="c2", idempotent=True))
+        assert await stored(store) == []
+        await anyio.sleep(BEHIND_AFTER_SECONDS * 10)  # a slow tool: the calls do not wait for it
+        assert await stored(store) == [1, 2, 3]
+        assert gated.started == 1  # both calls (and the message) in one write
+        await sink(event(4, EventType.TOOL_RESULT, call_id="c1"))
+        assert await stored(store) == [1, 2, 3, 4]
 
 
 async def test_a_refused_write_stops_the_journal_and_reaches_the_engine(
@@ -88,9 +106,11 @@ async def test_a_refused_write_stops_the_journal_and_reaches_the_engine(
     gated = GatedStore(store)
     async with FencedSink(gated, lease, None) as sink:  # type: ignore[arg-type]
         await sink(event(1, EventType.TOOL_CALL, call_id="c1", idempotent=True))
-        await sink.settle()
+        await sink.flush()
         gated.gate = anyio.Event()
-        await sink(event(2, EventType.TOOL_CALL, call_id="c2", idempotent=True))  # held back
+        await sink(event(2, EventType.TOOL_CALL, call_id="c2", idempotent=True))
+        await anyio.sleep(BEHIND_AFTER_SECONDS * 10)
+        assert gated.started == 2  # its write has started behind, and is held back
         await store.claim_runs("w2", 30.0, now=time.time() + 60)  # the lease is taken over
         gated.gate.set()
         with pytest.raises(LeaseLostError):

@@ -15,18 +15,24 @@ decides, event by event, when it must be on disk:
   message and the next *now* or *behind* write, and each of those carries the
   message with it. ``run.finish`` waits for the executor, which stores it
   together with the run's final state in one commit (:meth:`FencedSink.take`).
-- **behind** - the ``tool.call`` of a tool declared idempotent: the write (with
-  the model's message) starts at once, and the tool runs while it is in flight.
+- **behind** - the ``tool.call`` of a tool declared idempotent: the tool runs
+  at once, and the call (with the model's message) is written when the tool's
+  ``tool.result`` is (one commit for both), or :data:`BEHIND_AFTER_SECONDS`
+  after the call if the tool is still running then - the write starts, and the
+  tool goes on while it is in flight.
 
 Why *behind* is as safe as *now*: writes are committed strictly in order (each
 waits for the one before it), so the journal on disk is always a prefix of the
-events. A commit takes the same time whether the engine waits or not, so the
-window in which a crash loses the model's answer - from its arrival until its
-commit - is the same length; what runs inside the window is only a tool that may
-run again after a crash anyway (it is idempotent, and its result is not
-recorded yet). The tool's ``tool.result`` waits for every write before it, the
-run's outcome waits for all of them (:meth:`FencedSink.settle`), and a refused
-write (a lost lease) surfaces at the next write or at settle.
+events, and what runs before the call is on disk is only a tool that may run
+again after a crash anyway (it is idempotent, and its result is not recorded
+yet). The price is a longer window in which a crash loses the model's answer
+(it is asked again on resume): from its arrival until its commit, which starts
+at most :data:`BEHIND_AFTER_SECONDS` later than it would for a call written
+*now*. In return a quick tool's call and result share one commit, where the
+engine would otherwise wait for two in a row. The tool's ``tool.result`` waits
+for every write before it, the run's outcome waits for all of them
+(:meth:`FencedSink.settle`), and a refused write (a lost lease) surfaces at the
+next write or at settle.
 """
 
 from __future__ import annotations
@@ -45,6 +51,10 @@ from corral.core.runs import Lease
 from corral.store.base import Store
 
 Observer = Callable[[Event], Awaitable[None]]
+
+#: How long an idempotent tool's ``tool.call`` may wait to share its result's commit
+#: (see above): most Python and MCP tools answer well within it.
+BEHIND_AFTER_SECONDS = 0.01
 When = Literal["now", "later", "behind"]
 
 #: Events that ride along with the next write.
@@ -99,6 +109,8 @@ class FencedSink:
         self._group: anyio.abc.TaskGroup | None = None
         self._last_write: anyio.Event | None = None
         self._error: BaseException | None = None
+        self._writes_started = 0
+        self._behind_armed = False  # a deferred write of a behind call is timed
 
     async def __aenter__(self) -> Self:
         if self._shared is not None:
@@ -128,8 +140,9 @@ class FencedSink:
         when = self._when(event)
         if when == "now":
             await self.flush()
-        elif when == "behind":
-            self._write_behind()
+        elif when == "behind" and not self._behind_armed:
+            self._behind_armed = True
+            self._group_or_fail().start_soon(self._write_after, self._writes_started)
         if self.observer is not None:
             await self.observer(event)
 
@@ -166,15 +179,29 @@ class FencedSink:
         if self._error is not None:
             raise self._error
 
+    def _group_or_fail(self) -> anyio.abc.TaskGroup:
+        if self._group is None:
+            raise RuntimeError("FencedSink used outside its `async with` block")
+        return self._group
+
     def _write_behind(self) -> None:
         if self._error is not None:
             raise self._error
-        if self._group is None:
-            raise RuntimeError("FencedSink used outside its `async with` block")
+        group = self._group_or_fail()
         batch, self.buffer = self.buffer, []
         before, done = self._last_write, anyio.Event()
         self._last_write = done
-        self._group.start_soon(self._write, batch, before, done)
+        self._writes_started += 1
+        self._behind_armed = False
+        group.start_soon(self._write, batch, before, done)
+
+    async def _write_after(self, writes_started: int) -> None:
+        """Write what waits (a behind ``tool.call``) unless a write took it meanwhile."""
+        await anyio.sleep(BEHIND_AFTER_SECONDS)
+        if self._writes_started != writes_started or self._group is None:
+            return  # written with the call's result (or a later write), or the run is over
+        if self.buffer and self._error is None:
+            self._write_behind()
 
     async def _write(
         self, batch: list[Event], before: anyio.Event | None, done: anyio.Event
