@@ -107,8 +107,11 @@ class CallDeadline:
         """Charge the time spent inside the block; raise ``TimeoutError`` past the budget."""
         start = anyio.current_time()
         try:
-            with anyio.fail_after(max(self.remaining, 0.0)):
+            # anyio.fail_after, spelled out: a generator-based context manager less per wait
+            with anyio.CancelScope(deadline=start + max(self.remaining, 0.0)) as scope:
                 yield
+            if scope.cancelled_caught:  # nothing else cancels this scope: the budget is spent
+                raise TimeoutError
         finally:
             self.remaining -= anyio.current_time() - start
 
@@ -235,10 +238,21 @@ class SDKModel(Model, Generic[ClientT]):
         self.timeout_seconds = timeout_seconds
 
     async def _call(self, call: Callable[[], Awaitable[R]]) -> R:
-        """Await ``call()``: one request, one complete answer."""
-        deadline = CallDeadline(self.timeout_seconds)
-        with _converted(self.name, deadline, self.errors), deadline.waiting():
-            return await call()
+        """Await ``call()``: one request, one complete answer.
+
+        (What ``_converted`` and ``CallDeadline.waiting`` do, inline: a model call is on
+        every step's path, and this spares it three generator-based context managers.)
+        """
+        try:
+            deadline = anyio.current_time() + self.timeout_seconds
+            with anyio.CancelScope(deadline=deadline):
+                return await call()
+        except TimeoutError:
+            pass
+        except self.errors.raised as exc:
+            raise self.errors.convert(exc, self.name) from exc
+        # here: the deadline cancelled the call (or the call itself timed out)
+        raise CallDeadline(self.timeout_seconds).expired(self.name)
 
     async def _stream(
         self, open_stream: Callable[[], Awaitable[SDKStream[T]]], fold: StreamFold[T]
