@@ -136,6 +136,9 @@ class Lane:
                 job.error = exc
             return
         try:
+            if len(batch) == 1:  # alone in its transaction: no savepoint needed to undo it
+                conn.execute("COMMIT" if self._call(batch[0]) else "ROLLBACK")
+                return
             for job in batch:
                 conn.execute("SAVEPOINT op")
                 if self._call(job):
