@@ -359,8 +359,9 @@ def reading(results: dict[str, Any]) -> list[str]:
                 f"A durable row also waits for the disk: one commit (an fsync) took "
                 f"{fmt(fast, 1)}-{fmt(slow, 1)} ms during this run, against "
                 f"{fmt(floor_ms, 1)} ms for a whole model call of the floor at c=1. A durable "
-                f"run commits at least once per model call (`tool.call` before a tool runs, "
-                f"`tool.result` before the next model call); that alone would make it "
+                f"run commits at least once per model call (a step's `tool.result`, with its "
+                f"`tool.call`, before the next model call; the outcome with the last answer); "
+                f"that alone would make it "
                 f"{1 + fast / floor_ms:.2f}-{1 + slow / floor_ms:.2f}x the floor at c=1"
             )
             corral = [

@@ -168,9 +168,17 @@ class FencedSink:
 
     async def flush(self) -> None:
         """Write what waits; returns once it and every write before it are durable."""
-        if self.buffer:
+        if not self.buffer:
+            await self.settle()
+        elif self._last_write is None or self._last_write.is_set():
+            # Nothing in flight: write here, sparing a task and the wake-ups of waiting for it.
+            done = self._next_write()
+            await self._write(self._take_buffer(), None, done)
+            if self._error is not None:
+                raise self._error
+        else:
             self._write_behind()
-        await self.settle()
+            await self.settle()
 
     async def settle(self) -> None:
         """Wait for the writes in flight; ``LeaseLostError`` (or another error) if one failed."""
@@ -185,15 +193,23 @@ class FencedSink:
         return self._group
 
     def _write_behind(self) -> None:
+        group = self._group_or_fail()
+        before = self._last_write
+        done = self._next_write()
+        group.start_soon(self._write, self._take_buffer(), before, done)
+
+    def _next_write(self) -> anyio.Event:
+        """Start a write: the event it sets when done, which the next write waits for."""
         if self._error is not None:
             raise self._error
-        group = self._group_or_fail()
-        batch, self.buffer = self.buffer, []
-        before, done = self._last_write, anyio.Event()
-        self._last_write = done
+        done = self._last_write = anyio.Event()
         self._writes_started += 1
         self._behind_armed = False
-        group.start_soon(self._write, batch, before, done)
+        return done
+
+    def _take_buffer(self) -> list[Event]:
+        batch, self.buffer = self.buffer, []
+        return batch
 
     async def _write_after(self, writes_started: int) -> None:
         """Write what waits (a behind ``tool.call``) unless a write took it meanwhile."""
@@ -221,8 +237,7 @@ class FencedSink:
 
     def take(self) -> list[Event]:
         """What waits, for a caller that writes it in a transaction of its own (after settle)."""
-        batch, self.buffer = self.buffer, []
-        return batch
+        return self._take_buffer()
 
     async def announce(self) -> None:
         """Tell the bus about events the caller wrote (see :meth:`take`)."""
