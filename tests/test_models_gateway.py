@@ -179,6 +179,21 @@ async def test_retrying_model_retries_a_stream_that_fails_before_yielding() -> N
     assert inner.calls == 2
 
 
+async def test_retrying_model_retries_the_stream_of_a_model_that_only_answers_whole() -> None:
+    class WholeAnswers(StepModel):
+        """Streams the default way: one request, replayed as one delta and the response."""
+
+        stream = Model.stream
+
+    inner = WholeAnswers("a", [retryable(), "hello"])
+
+    items = await drain(RetryingModel(inner, FAST))
+
+    assert items[:-1] == [TextDelta("hello")]
+    assert isinstance(items[-1], ModelResponse) and items[-1].message.content == "hello"
+    assert inner.calls == 2
+
+
 async def test_retrying_model_never_replays_a_stream_that_already_yielded() -> None:
     inner = StepModel("a", ["hello", "hello"], fail_mid_stream=retryable("dropped"))
 
@@ -273,6 +288,21 @@ async def test_cost_comes_from_the_servers_usage(fake_openai: FakeOpenAIServer) 
     response = await model.request(HI, [], SETTINGS)
 
     assert response.cost_usd == pytest.approx((1_200 * 0.15 + 300 * 0.6) / 1e6)
+    await model.aclose()
+
+
+async def test_an_endpoint_without_prices_costs_nothing(fake_openai: FakeOpenAIServer) -> None:
+    fake_openai.add_reply(
+        FakeReply(text="a", input_tokens=1_200, output_tokens=300),
+        FakeReply(text="b", input_tokens=1_200, output_tokens=300),
+    )
+    model = build_model("primary", endpoint("openai", fake_openai.base_url), "k")
+
+    response = await model.request(HI, [], SETTINGS)
+    streamed = (await drain(model))[-1]
+
+    assert response.cost_usd == 0.0
+    assert isinstance(streamed, ModelResponse) and streamed.cost_usd == 0.0
     await model.aclose()
 
 

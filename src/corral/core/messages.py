@@ -154,6 +154,13 @@ def dump(obj: Any) -> Any:
     return _codec(type(obj)).dump(obj, mode="json")
 
 
+def dump_messages(messages: list[Message]) -> list[dict[str, Any]]:
+    """:func:`dump` for a list of messages: the same data, without pydantic inferring the
+    type of each item (a plain ``list`` has no item type to go by)."""
+    result: list[dict[str, Any]] = _codec(list[Message]).dump(messages, mode="json")
+    return result
+
+
 def load(tp: type[T], data: Any) -> T:
     """The inverse of :func:`dump` for a known type (``list[Message]`` works too)."""
     result: T = _codec(tp).load(data)

@@ -40,7 +40,15 @@ from corral.core.errors import (
     ToolErrorInfo,
 )
 from corral.core.events import Event, EventSink, EventType
-from corral.core.messages import Message, ModelResponse, TextDelta, ToolCall, Usage, dump
+from corral.core.messages import (
+    Message,
+    ModelResponse,
+    TextDelta,
+    ToolCall,
+    Usage,
+    dump,
+    dump_messages,
+)
 from corral.core.runs import PendingApproval, RunState
 from corral.engine.budget import Budget
 from corral.engine.replay import OpenStep, replay
@@ -111,16 +119,18 @@ class Emitter:
 
     async def __call__(self, type: EventType, **data: Any) -> None:
         if self._lock is None:
-            await self._send(type, data)
+            await self._sink(self._next(type, data))
         else:
             async with self._lock:
-                await self._send(type, data)
+                await self._sink(self._next(type, data))
 
-    async def _send(self, type: EventType, data: dict[str, Any]) -> None:
+    def _next(self, type: EventType, data: dict[str, Any]) -> Event:
+        """The next event: numbered and redacted. (A plain function, not a coroutine of
+        its own: every event of every run goes through here.)"""
         self._seq += 1
         if self._redact is not None:
             data = self._redact(data)
-        await self._sink(Event(self.run_id, self._seq, type, data, time.time()))
+        return Event(self.run_id, self._seq, type, data, time.time())
 
     @contextmanager
     def parallel(self) -> Iterator[None]:
@@ -170,7 +180,7 @@ class AgentLoop:
             EventType.RUN_START,
             agent=agent.name,
             input=user_input,
-            messages=dump(self.messages),
+            messages=dump_messages(self.messages),
         )
         return await self._guarded(self._drive(None, None, {}))
 

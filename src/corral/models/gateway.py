@@ -9,7 +9,8 @@ Each wrapper is a ``Model`` itself, so they compose::
 
 - :class:`RetryingModel` retries retryable :class:`~corral.core.errors.ModelError`
   with exponential backoff and full jitter, honouring the server's ``Retry-After``.
-- :class:`PricedModel` fills ``ModelResponse.cost_usd`` from the endpoint's prices.
+- :class:`PricedModel` fills ``ModelResponse.cost_usd`` from the endpoint's prices
+  (:func:`~corral.models.registry.build_model` leaves it out when there are none).
 - :class:`FallbackModel` moves on to the next model when one fails for good.
 
 A stream is retried (or falls back) only while nothing has been yielded yet: once
@@ -149,6 +150,11 @@ class RetryingModel(Model):
     def stream(
         self, messages: Sequence[Message], tools: Sequence[ToolSpec], settings: ModelSettings
     ) -> AsyncIterator[StreamItem]:
+        if type(self.inner).stream is Model.stream:
+            # The inner model streams by replaying one request (scripted, llama-cpp):
+            # replay this model's retried request the same way, one generator instead
+            # of a relay around another.
+            return super().stream(messages, tools, settings)
         return _relay(lambda: self._attempts(_open_stream, self.inner, messages, tools, settings))
 
     async def _attempts(self, call: Callable[..., Awaitable[R]], *args: Any) -> R:

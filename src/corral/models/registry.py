@@ -26,7 +26,12 @@ PROVIDERS: dict[str, str] = {
 
 
 def build_model(name: str, spec: ModelEndpointSpec, api_key: str | None) -> Model:
-    """A provider model wrapped with the endpoint's retry policy and pricing."""
+    """A provider model wrapped with the endpoint's retry policy and pricing.
+
+    An endpoint without prices gets no :class:`~corral.models.gateway.PricedModel`:
+    every response already says it cost 0.0, and the wrapper would add a generator
+    to every streamed turn for nothing.
+    """
     from corral.models.gateway import PricedModel, RetryingModel
 
     module_name = PROVIDERS.get(spec.provider)
@@ -34,7 +39,11 @@ def build_model(name: str, spec: ModelEndpointSpec, api_key: str | None) -> Mode
         raise ConfigurationError(f"model endpoint {name!r}: unknown provider {spec.provider!r}")
     module = importlib.import_module(module_name)
     model: Model = module.create(name, spec, api_key)
-    return PricedModel(RetryingModel(model, spec.retry), spec.pricing)
+    model = RetryingModel(model, spec.retry)
+    pricing = spec.pricing
+    if pricing.input_per_million == 0 and pricing.output_per_million == 0:
+        return model
+    return PricedModel(model, pricing)
 
 
 def with_fallbacks(models: Sequence[Model]) -> Model:

@@ -12,8 +12,8 @@ worker shuts down.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Literal
 
@@ -30,9 +30,22 @@ Stop = Callable[[Reason], None]
 
 @dataclass(eq=False)
 class _Held:
+    """One run's lease, renewed while the ``with`` block of :meth:`LeaseKeeper.keep` runs.
+
+    Its own context manager rather than a ``@contextmanager`` generator: every run
+    enters one, and a generator-based one costs several times as much.
+    """
+
+    keeper: LeaseKeeper
     lease: Lease
     stop: Stop
     shutdown: anyio.Event | None
+
+    def __enter__(self) -> None:
+        self.keeper._hold(self)
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.keeper._held.discard(self)
 
 
 class LeaseKeeper:
@@ -57,20 +70,20 @@ class LeaseKeeper:
             group.cancel_scope.cancel()
             await group.__aexit__(None, None, None)
 
-    @contextmanager
-    def keep(self, lease: Lease, stop: Stop, shutdown: anyio.Event | None = None) -> Iterator[None]:
+    def keep(
+        self, lease: Lease, stop: Stop, shutdown: anyio.Event | None = None
+    ) -> AbstractContextManager[None]:
         """Renew ``lease`` while the block runs; ``stop(reason)`` ends the run early."""
+        return _Held(self, lease, stop, shutdown)
+
+    def _hold(self, held: _Held) -> None:
         if self._group is None:
             raise RuntimeError("LeaseKeeper used outside its `async with` block")
-        held = _Held(lease, stop, shutdown)
         self._held.add(held)
+        shutdown = held.shutdown
         if shutdown is not None and shutdown not in self._watched:
             self._watched.add(shutdown)
             self._group.start_soon(self._stop_on, shutdown)
-        try:
-            yield
-        finally:
-            self._held.discard(held)
 
     async def _renew_forever(self) -> None:
         while True:
