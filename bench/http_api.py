@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from _common import BENCH, RESULT_MARK, run_child, spread, table
+from _common import BENCH, RESULT_MARK, freeze_heap, run_child, spread, table
 
 STEPS = 20
 ANNOUNCES = "announces.json"
@@ -129,7 +129,9 @@ def serve_child(home: Path, port: int, workers: int) -> None:
             config = uvicorn.Config(
                 app, host="127.0.0.1", port=port, log_level="warning", access_log=False
             )
-            await CorralServer(config, app.state.corral).serve()
+            server = CorralServer(config, app.state.corral)
+            freeze_heap()  # as `corral serve` does once its app is built
+            await server.serve()
         finally:
             await store.close()
             (home / ANNOUNCES).write_text(json.dumps(announced))

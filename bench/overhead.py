@@ -30,6 +30,7 @@ from _common import (
     BENCH,
     FakeServerProcess,
     emit,
+    freeze_heap,
     median,
     run_child,
     spread,
@@ -76,6 +77,7 @@ async def measure(name: str, base_url: str, calls: int, concurrency: int, tasks:
         # untimed: connection pools filled, caches warm
         warmup = max(2, concurrency)
         check(await framework.run(warmup, 1), expected_answer(calls), warmup)
+        freeze_heap()
         stats_url = base_url.removesuffix("/v1") + "/bench/stats"
         async with httpx.AsyncClient() as http:
             await http.post(stats_url)  # resets the server's counters

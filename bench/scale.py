@@ -32,6 +32,7 @@ from _common import (
     BENCH,
     FakeServerProcess,
     emit,
+    freeze_heap,
     median,
     peak_rss_mb,
     percentile,
@@ -93,6 +94,7 @@ async def measure(warm_url: str, base_url: str, runs: int, calls: int, delay: fl
             await store.apply(load_text(resources(warm), "bench.yaml"))
             await submit(store, "calculator", prompt(-1))
             await Worker(store, settings, concurrency=1).serve(anyio.Event(), until_idle=True)
+            freeze_heap()
             setup = Setup(base_url=base_url, calls=calls, concurrency=runs)
             await store.apply(load_text(resources(setup), "bench.yaml"))
             idle = current_rss_mb()

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from _common import BENCH, emit, run_child, spread, table
+from _common import BENCH, emit, freeze_heap, run_child, spread, table
 
 TARGET_PER_SECOND = 2000  # durable no-op tasks on SQLite (the target)
 DEFAULT_POSTGRES_URL = "postgresql://postgres@127.0.0.1:5432/test"
@@ -253,6 +253,7 @@ async def corral_child(args: argparse.Namespace) -> None:
             await corral_once(
                 f"sqlite:///{home / 'warm.db'}", home, warm, args.concurrency, args.submitters
             )
+            freeze_heap()
             figures |= await corral_serial(f"sqlite:///{home / 'serial.db'}", home, *shape)
             figures |= await corral_once(f"sqlite:///{home / 'corral.db'}", home, *shape)
             emit(figures)
@@ -262,6 +263,7 @@ async def corral_child(args: argparse.Namespace) -> None:
                 emit({"unsupported": why})
                 return
             await corral_once(warm_url, home, warm, args.concurrency, args.submitters)
+            freeze_heap()
             figures = await corral_once(url, home, *shape)
         async with ScratchDatabase(args.db_url) as (_, url):
             figures |= await corral_serial(url, home, *shape)
@@ -334,6 +336,7 @@ async def dbos_child(args: argparse.Namespace) -> None:
                 "bench", worker_concurrency=args.concurrency, polling_interval_sec=0.05
             )
             await dbos_queue.enqueue_and_wait(queue, min(args.tasks, 20), args.submitters)
+            freeze_heap()
             start = time.perf_counter()
             submit_seconds = await dbos_queue.enqueue_and_wait(queue, args.tasks, args.submitters)
             total = time.perf_counter() - start

@@ -48,6 +48,7 @@ def serve(
 
     async def go() -> None:
         from corral.core.settings import Settings
+        from corral.runtime.heap import freeze_startup_heap
         from corral.server.serve import serve as serve_api
 
         settings = Settings.from_env()
@@ -62,6 +63,7 @@ def serve(
                 "poll_seconds": poll_seconds,
             },
             graceful_seconds=grace_seconds + 30.0,
+            on_server=lambda _: freeze_startup_heap(),  # built, about to listen
         )
 
     run_async(go())

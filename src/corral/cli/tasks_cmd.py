@@ -397,6 +397,7 @@ def worker(
 
         from corral.bus import open_settings_bus
         from corral.cli.resources_cmd import open_cli_store
+        from corral.runtime.heap import freeze_startup_heap
         from corral.runtime.worker import Worker, default_owner
 
         stop, drained = anyio.Event(), anyio.Event()
@@ -426,6 +427,7 @@ def worker(
             )
             via = "NATS" if bus.dispatches else "the store"
             logging.getLogger("corral").info("worker %s started (runs from %s)", w.owner, via)
+            freeze_startup_heap()
             async with anyio.create_task_group() as group:
                 if metrics is not None and sock is not None:
                     from corral.server.worker_metrics import metrics_app, serve_metrics

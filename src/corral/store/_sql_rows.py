@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from pydantic import ValidationError
 
 from corral.core.errors import ConfigurationError
-from corral.core.messages import Message, Usage, dump, load, load_messages
+from corral.core.messages import Message, Usage, dump, dump_messages, load, load_messages
 from corral.core.runs import Approval, ApprovalState, PendingApproval, RunRecord, RunState
 from corral.core.sessions import Session, SessionMessage
 from corral.core.tokens import ApiToken, Role
@@ -34,7 +34,7 @@ def run_values(record: RunRecord) -> dict[str, Any]:
         "usage": dump(record.usage),
         "cost_usd": record.cost_usd,
         "steps": record.steps,
-        "messages": dump(record.messages),
+        "messages": dump_messages(record.messages),
         "pending": dump(record.pending_approvals),
         "created_at": record.created_at,
         "started_at": record.started_at,
