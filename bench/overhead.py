@@ -48,8 +48,11 @@ class Config:
     levels: tuple[int, ...] = (1, 50)
     rounds: int = 5
     calls: int = 3
-    tasks_at_1: int = 20  # tasks per measurement at concurrency 1
-    waves: int = 2  # above concurrency 1: tasks per measurement = waves x concurrency
+    # Long enough that a measurement is not one burst of start-up and tail: at c=1 a task
+    # of the floor takes ~10 ms here, and at c=50 a wave's first and last runs overlap
+    # less with the others.
+    tasks_at_1: int = 50  # tasks per measurement at concurrency 1
+    waves: int = 4  # above concurrency 1: tasks per measurement = waves x concurrency
     timeout: float = 600.0
 
     def tasks(self, level: int) -> int:
