@@ -85,8 +85,7 @@ async def test_request_translates_a_multi_step_tool_conversation(
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "What is a corral?"},
         {
-            "role": "assistant",
-            "content": None,
+            "role": "assistant",  # no "content": the calls are the whole message
             "tool_calls": [
                 {
                     "id": "call_a",
