@@ -117,17 +117,22 @@ async def test_submit_stores_a_queued_run_and_keys_deduplicate(store: Store) -> 
     assert await store.get_run("run_2") is None
 
 
-AGENTS = """
+SCRIPT_ENDPOINT = """
 apiVersion: corral/v1
 kind: ModelEndpoint
 metadata: {name: script}
 spec: {provider: scripted}
----
+"""
+
+AGENTS = (
+    SCRIPT_ENDPOINT
+    + """---
 apiVersion: corral/v1
 kind: Agent
 metadata: {name: assistant}
 spec: {model: script, max_attempts: 7}
 """
+)
 
 
 async def test_submit_agent_run_takes_the_agents_max_attempts_and_can_claim_at_once(
@@ -843,12 +848,9 @@ async def test_save_run_writes_the_last_events_with_the_outcome_or_nothing(store
         await store.save_run(record, events=[Event("run_2", 1, EventType.RUN_START)])
 
 
-LIMITED = """
-apiVersion: corral/v1
-kind: ModelEndpoint
-metadata: {name: script}
-spec: {provider: scripted}
----
+LIMITED = (
+    SCRIPT_ENDPOINT
+    + """---
 apiVersion: corral/v1
 kind: Agent
 metadata: {name: limited}
@@ -859,6 +861,7 @@ kind: Agent
 metadata: {name: free}
 spec: {model: script}
 """
+)
 
 
 def agent_task(run_id: str, agent: str, priority: int = 0) -> RunRecord:

@@ -244,14 +244,13 @@ class SDKModel(Model, Generic[ClientT]):
         every step's path, and this spares it three generator-based context managers.)
         """
         try:
-            deadline = anyio.current_time() + self.timeout_seconds
-            with anyio.CancelScope(deadline=deadline):
+            with anyio.CancelScope(deadline=anyio.current_time() + self.timeout_seconds):
                 return await call()
-        except TimeoutError:
-            pass
+        except TimeoutError:  # the call's own
+            raise CallDeadline(self.timeout_seconds).expired(self.name) from None
         except self.errors.raised as exc:
             raise self.errors.convert(exc, self.name) from exc
-        # here: the deadline cancelled the call (or the call itself timed out)
+        # reached only when the deadline cancelled the call
         raise CallDeadline(self.timeout_seconds).expired(self.name)
 
     async def _stream(

@@ -167,9 +167,10 @@ _AGENT_MAX_ATTEMPTS = (
     "SELECT json_extract(spec, '$.max_attempts') FROM resources"
     " WHERE namespace = ? AND kind = 'Agent' AND name = ?"
 )
-_RUNNABLE = (
-    f"(state = '{_QUEUED}' AND not_before <= ?) OR (state = '{_RUNNING}' AND lease_expires_at < ?)"
-)
+# Runnable at a time given twice: queued and due, or running under an expired lease.
+_DUE = f"state = '{_QUEUED}' AND not_before <= ?"
+_EXPIRED = f"state = '{_RUNNING}' AND lease_expires_at < ?"
+_RUNNABLE = f"({_DUE}) OR ({_EXPIRED})"
 
 
 def _run_params(record: RunRecord) -> list[Any]:
@@ -445,15 +446,13 @@ class SqliteStore(SqlStore):
         now = time.time() if now is None else now
         expires_at = now + lease_seconds
         marks = ", ".join("?" for _ in run_ids or ())
-        queued = f"state = '{_QUEUED}' AND not_before <= ?"
-        expired = f"state = '{_RUNNING}' AND lease_expires_at < ?"
 
         def walk(
             conn: sqlite3.Connection, where: str, params: tuple[Any, ...]
         ) -> list[tuple[Any, ...]]:
             # Two index walks (ix_runs_claim), each stopping at ``limit``.
             found: list[tuple[Any, ...]] = []
-            for runnable in (queued, expired):
+            for runnable in (_DUE, _EXPIRED):
                 found += conn.execute(
                     f"SELECT -priority, created_at, id FROM runs WHERE {runnable}{where} "
                     f"{_CLAIM_ORDER} LIMIT ?",
