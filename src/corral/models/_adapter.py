@@ -14,15 +14,15 @@ the same and is written once here:
   for every SDK; :func:`http_error` is an HTTP error answer as a ``ModelError``
   (retryable or not, with the server's ``Retry-After`` hint read by
   :func:`retry_after_seconds`).
+
+The HTTP clients the SDKs are given are made in :mod:`corral.models._http`.
 """
 
 from __future__ import annotations
 
 import email.utils
-import functools
 import json
 import math
-import ssl
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -43,17 +43,6 @@ T_contra = TypeVar("T_contra", contravariant=True)
 
 
 # --------------------------------------------------------------------------- server hints
-
-
-@functools.cache
-def shared_ssl_context() -> ssl.SSLContext:
-    """One TLS context for every model client of the process.
-
-    Building an HTTP client builds a TLS context by default (loading the CA bundle):
-    about 0.1 s of CPU, paid per run since each run makes its own clients. The
-    context holds no per-connection state, so one is shared.
-    """
-    return httpx2.create_ssl_context()
 
 
 def retry_after_seconds(headers: Mapping[str, str]) -> float | None:

@@ -39,7 +39,8 @@ from anthropic.types import Usage as AnthropicUsage
 
 from corral.core.errors import ConfigurationError, ModelError
 from corral.core.messages import Message, ModelResponse, StreamItem, ToolCall, ToolSpec, Usage
-from corral.models._adapter import SDKErrors, SDKModel, http_error, shared_ssl_context
+from corral.models._adapter import SDKErrors, SDKModel, http_error
+from corral.models._http import sdk_http_client
 from corral.models.base import Model, ModelSettings
 from corral.resources.kinds import ModelEndpointSpec
 
@@ -325,7 +326,7 @@ def create(name: str, spec: ModelEndpointSpec, api_key: str | None) -> Model:
             base_url=spec.base_url,
             timeout=spec.timeout_seconds,
             max_retries=0,
-            http_client=anthropic.DefaultAsyncHttpxClient(verify=shared_ssl_context()),
+            http_client=sdk_http_client(anthropic.DefaultAsyncHttpxClient),
         )
     except anthropic.AnthropicError as exc:
         raise ConfigurationError(f"model endpoint {name!r}: {exc}") from exc

@@ -36,7 +36,8 @@ from openai.types.completion_usage import CompletionUsage
 
 from corral.core.errors import ConfigurationError, ModelError
 from corral.core.messages import Message, ModelResponse, StreamItem, ToolCall, ToolSpec, Usage
-from corral.models._adapter import SDKErrors, SDKModel, http_error, shared_ssl_context
+from corral.models._adapter import SDKErrors, SDKModel, http_error
+from corral.models._http import sdk_http_client
 from corral.models.base import Model, ModelSettings
 from corral.resources.kinds import ModelEndpointSpec
 
@@ -288,7 +289,7 @@ def create(name: str, spec: ModelEndpointSpec, api_key: str | None) -> Model:
     common: dict[str, Any] = {
         "timeout": spec.timeout_seconds,
         "max_retries": 0,
-        "http_client": openai.DefaultAsyncHttpxClient(verify=shared_ssl_context()),
+        "http_client": sdk_http_client(openai.DefaultAsyncHttpxClient),
     }
     max_tokens_param: MaxTokensParam = "max_completion_tokens"
     try:
