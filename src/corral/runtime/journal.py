@@ -37,6 +37,7 @@ next write or at settle.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from types import TracebackType
@@ -85,7 +86,8 @@ class FencedSink:
     A write in flight is a task: in ``writes``, a task group the caller keeps for
     all its runs (the executor's), or else in a task group of the sink's own. A
     shared group spares each run a task group of its own, which a run that never
-    writes before its final save (no tool calls) would open for nothing.
+    writes before its final save (no tool calls) would open for nothing. A behind
+    call's timed write, started by a loop timer, is a task of its own.
     """
 
     def __init__(
@@ -109,8 +111,10 @@ class FencedSink:
         self._group: anyio.abc.TaskGroup | None = None
         self._last_write: anyio.Event | None = None
         self._error: BaseException | None = None
-        self._writes_started = 0
-        self._behind_armed = False  # a deferred write of a behind call is timed
+        # the timer of a behind call's deferred write (a loop timer, not a sleeping task:
+        # every idempotent tool call arms one, and most are cancelled by the call's result)
+        self._behind_timer: asyncio.TimerHandle | None = None
+        self._behind_write: asyncio.Task[None] | None = None  # (a reference keeps it alive)
 
     async def __aenter__(self) -> Self:
         if self._shared is not None:
@@ -127,12 +131,16 @@ class FencedSink:
         tb: TracebackType | None,
     ) -> None:
         self._group = None
+        if self._behind_timer is not None:
+            self._behind_timer.cancel()
+            self._behind_timer = None
         own, self._own = self._own, None
         if own is not None:
             await own.__aexit__(exc_type, exc, tb)
-        elif self._last_write is not None:  # the writes run in the shared group: wait for ours
+        if self._last_write is not None:  # a write outside our group (shared, or behind)
             with anyio.CancelScope(shield=True):
                 await self._last_write.wait()
+        self._behind_write = None
 
     async def __call__(self, event: Event) -> None:
         self.buffer.append(event)
@@ -140,9 +148,11 @@ class FencedSink:
         when = self._when(event)
         if when == "now":
             await self.flush()
-        elif when == "behind" and not self._behind_armed:
-            self._behind_armed = True
-            self._group_or_fail().start_soon(self._write_after, self._writes_started)
+        elif when == "behind" and self._behind_timer is None:
+            self._group_or_fail()
+            self._behind_timer = asyncio.get_running_loop().call_later(
+                BEHIND_AFTER_SECONDS, self._behind_due
+            )
         if self.observer is not None:
             await self.observer(event)
 
@@ -203,21 +213,28 @@ class FencedSink:
         if self._error is not None:
             raise self._error
         done = self._last_write = anyio.Event()
-        self._writes_started += 1
-        self._behind_armed = False
+        if self._behind_timer is not None:  # this write takes the behind call with it
+            self._behind_timer.cancel()
+            self._behind_timer = None
         return done
 
     def _take_buffer(self) -> list[Event]:
         batch, self.buffer = self.buffer, []
         return batch
 
-    async def _write_after(self, writes_started: int) -> None:
-        """Write what waits (a behind ``tool.call``) unless a write took it meanwhile."""
-        await anyio.sleep(BEHIND_AFTER_SECONDS)
-        if self._writes_started != writes_started or self._group is None:
-            return  # written with the call's result (or a later write), or the run is over
-        if self.buffer and self._error is None:
-            self._write_behind()
+    def _behind_due(self) -> None:
+        """The behind ``tool.call`` waited long enough for its result: write it now.
+
+        A loop callback cannot start a task in an anyio task group, so this write is
+        an asyncio task of its own: it never raises (``_write`` keeps any error for the
+        engine) and the sink's exit waits for it like any write.
+        """
+        self._behind_timer = None
+        if self._group is not None and self.buffer and self._error is None:
+            before = self._last_write
+            done = self._next_write()
+            write = self._write(self._take_buffer(), before, done)
+            self._behind_write = asyncio.get_running_loop().create_task(write)
 
     async def _write(
         self, batch: list[Event], before: anyio.Event | None, done: anyio.Event

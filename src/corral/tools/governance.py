@@ -408,10 +408,15 @@ class Toolset:
             await governed.tool.aclose()
 
 
+# built once: json.dumps with options builds an encoder per call, and every tool result
+# that is not text comes through here
+_ENCODE = json.JSONEncoder(ensure_ascii=False, default=str).encode
+
+
 def _as_text(result: Any) -> str:
     if isinstance(result, str):
         return result
-    return json.dumps(result, ensure_ascii=False, default=str)
+    return _ENCODE(result)
 
 
 def _cap(text: str, max_bytes: int) -> str:
