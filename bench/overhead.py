@@ -36,6 +36,7 @@ from _common import (
     spread,
     table,
 )
+from peers import TARGETED
 
 TARGET_RATIO = 1.5  # Corral durable run vs the floor, at c=1 and c=50 (the target)
 
@@ -197,7 +198,7 @@ def render(result: dict[str, Any]) -> str:
     for level in result["levels"]:
         lines = []
         for row in (r for r in result["rows"] if r["level"] == level):
-            target = f"<= {result['target_ratio']}x" if row["name"].startswith("corral") else ""
+            target = f"<= {result['target_ratio']}x" if row["name"] in TARGETED else ""
             if row["status"] != "ok":
                 lines.append([row["label"], row["status"], "", "", "", "", "", target])
                 continue

@@ -17,6 +17,7 @@ import scaleout
 import startup
 import throughput
 from _common import fmt, median, spread, table
+from peers import TARGETED
 
 #: a ratio to the floor this far under 1 is taken for noise (the floor does the least work)
 NOISE_RATIO = 0.9
@@ -62,7 +63,7 @@ def target_rows(results: dict[str, Any]) -> list[list[str]]:
         for level in section["levels"]:
             got, met_by, missed_by = [], [], []
             for row in section["rows"]:
-                if row["level"] == level and row["name"].startswith("corral"):
+                if row["level"] == level and row["name"] in TARGETED:
                     if row["status"] == "ok" and row["ratio"]:
                         got.append(f"{row['name']}: {spread(row['ratio'], 2, 'x')}")
                         ok = median(row["ratio"]) <= limit

@@ -10,8 +10,9 @@ from typing import Any
 import anyio
 import pytest
 
-from corral.core.errors import ConfigurationError, ToolError
+from corral.core.errors import ConfigurationError, ResourceError, ToolError
 from corral.resources.kinds import PythonToolSpec, ToolSpecModel
+from corral.resources.loader import load_text
 from corral.tools import python as python_tool
 from corral.tools.base import Tool, ToolContext
 
@@ -76,6 +77,41 @@ async def test_sync_function_runs_in_a_worker_thread(tmp_path: Path) -> None:
     assert await make("add").call({"a": 40}, context(tmp_path)) == 42
     thread_name = await make("where_am_i").call({}, context(tmp_path))
     assert thread_name != threading.current_thread().name
+
+
+async def test_an_inline_sync_function_runs_on_the_event_loop_and_fails_like_any(
+    tmp_path: Path,
+) -> None:
+    def inline(function: str) -> Tool:
+        block = PythonToolSpec(
+            function=f"corral_sample_tools:{function}", path=str(PROGRAMS), inline=True
+        )
+        return python_tool.create(function, ToolSpecModel(type="python", python=block), {})
+
+    assert await inline("where_am_i").call({}, context(tmp_path)) == (
+        threading.current_thread().name
+    )
+    assert await inline("add").call({"a": 40}, context(tmp_path)) == 42
+    with pytest.raises(ToolError) as caught:
+        await inline("add").call({"a": "forty"}, context(tmp_path))
+    assert caught.value.tool_code == "invalid_input"
+
+
+def test_inline_is_read_from_a_tool_resource() -> None:
+    text = """
+apiVersion: corral/v1
+kind: Tool
+metadata: {name: add}
+spec:
+  type: python
+  python: {function: "corral_sample_tools:add", inline: true}
+"""
+    (loaded,) = load_text(text, "tools.yaml")
+    spec = loaded.resource.spec
+    assert isinstance(spec, ToolSpecModel) and spec.python is not None
+    assert spec.python.inline is True
+    with pytest.raises(ResourceError, match="inline"):
+        load_text(text.replace("inline: true", "inline: sometimes"), "tools.yaml")
 
 
 async def test_async_function_receives_the_context(tmp_path: Path) -> None:

@@ -17,6 +17,7 @@ FRAMEWORKS: dict[str, str] = {
     "floor": "peers.bare_openai:BareOpenAI",
     "corral": "peers.corral_durable:CorralEmbedded",
     "corral-worker": "peers.corral_durable:CorralWorker",
+    "corral-inline": "peers.corral_durable:CorralInline",
     "langgraph": "peers.langgraph_react:LangGraphReact",
     "openai-agents": "peers.openai_agents_sdk:OpenAIAgentsSDK",
     "pydantic-ai": "peers.pydantic_ai_agent:PydanticAI",
@@ -28,6 +29,7 @@ REQUIRES: dict[str, tuple[str, ...]] = {
     "floor": ("openai",),
     "corral": ("corral",),
     "corral-worker": ("corral",),
+    "corral-inline": ("corral",),
     "langgraph": ("langgraph", "langchain-openai"),
     "openai-agents": ("openai-agents",),
     "pydantic-ai": ("pydantic-ai-slim",),
@@ -38,6 +40,7 @@ LABELS: dict[str, str] = {
     "floor": "openai SDK, bare loop (floor)",
     "corral": "Corral, durable: LocalRunner.run per task",
     "corral-worker": "Corral, durable: submit + 1 worker",
+    "corral-inline": "Corral, durable: LocalRunner.run, tool `inline: true`",
     "langgraph": "LangGraph create_react_agent",
     "openai-agents": "OpenAI Agents SDK (Chat Completions)",
     "pydantic-ai": "Pydantic AI (OpenAIChatModel)",
@@ -45,7 +48,11 @@ LABELS: dict[str, str] = {
 }
 
 #: the rows that persist every model response and tool result before moving on
-DURABLE = {"corral", "corral-worker", "dbos"}
+DURABLE = {"corral", "corral-worker", "corral-inline", "dbos"}
+
+#: the rows the issue's target (at most 1.5x the floor) is judged on: Corral as configured by
+#: default (corral-inline declares its tool inline, which the peers' rows do not)
+TARGETED = ("corral", "corral-worker")
 
 
 def missing(name: str) -> list[str]:
@@ -66,4 +73,13 @@ def load(name: str) -> type[Framework]:
     return found
 
 
-__all__ = ["DURABLE", "FRAMEWORKS", "LABELS", "REQUIRES", "Framework", "load", "missing"]
+__all__ = [
+    "DURABLE",
+    "FRAMEWORKS",
+    "LABELS",
+    "REQUIRES",
+    "TARGETED",
+    "Framework",
+    "load",
+    "missing",
+]

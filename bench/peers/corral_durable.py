@@ -31,8 +31,9 @@ from corral.store import open_store
 from peers._base import INSTRUCTIONS, MODEL, Framework, Setup, prompt
 
 
-def resources(setup: Setup) -> str:
-    """The ModelEndpoint, Tool and Agent of the task, as a user would write them."""
+def resources(setup: Setup, *, inline: bool = False) -> str:
+    """The ModelEndpoint, Tool and Agent of the task, as a user would write them
+    (``inline``: the ``add`` Tool runs on the event loop, not in a worker thread)."""
     return f"""
 apiVersion: corral/v1
 kind: ModelEndpoint
@@ -48,7 +49,7 @@ kind: Tool
 metadata: {{name: add}}
 spec:
   type: python
-  python: {{function: "bench_tools:add", path: "{BENCH}"}}
+  python: {{function: "bench_tools:add", path: "{BENCH}", inline: {str(inline).lower()}}}
   idempotent: true
 ---
 apiVersion: corral/v1
@@ -66,6 +67,8 @@ spec:
 class CorralEmbedded(Framework):
     """One ``LocalRunner.run`` call per task, ``concurrency`` at a time."""
 
+    inline_tool = False  # the default: a synchronous Python tool runs in a worker thread
+
     async def start(self, setup: Setup) -> None:
         await super().start(setup)
         self._tmp = tempfile.TemporaryDirectory(prefix="corral-bench-")
@@ -74,7 +77,8 @@ class CorralEmbedded(Framework):
         url = f"sqlite:///{home / 'corral.db'}"
         self.settings = Settings(home=home, db_url=url, secret_key=None)
         self.store = await open_store(url)
-        await self.store.apply(load_text(resources(setup), "bench.yaml"))
+        text = resources(setup, inline=self.inline_tool)
+        await self.store.apply(load_text(text, "bench.yaml"))
         self.runner = await LocalRunner(self.store, self.settings).__aenter__()
 
     async def run_one(self, index: int) -> str:
@@ -85,6 +89,15 @@ class CorralEmbedded(Framework):
         await self.runner.__aexit__(None, None, None)
         await self.store.close()
         self._tmp.cleanup()
+
+
+class CorralInline(CorralEmbedded):
+    """:class:`CorralEmbedded` with the ``add`` Tool declared ``inline: true``: no thread
+    hop per call. The peers' rows run the same synchronous function in a thread (LangGraph,
+    Pydantic AI, the Agents SDK), the floor calls it directly: this row shows what the
+    option buys, and is not one of the rows the issue's target is judged on."""
+
+    inline_tool = True
 
 
 class CorralWorker(CorralEmbedded):

@@ -113,6 +113,15 @@ class PythonToolSpec(Spec):
         default=None,
         description="a directory put on sys.path before importing ('./x' is relative to the YAML file)",
     )
+    inline: bool = Field(
+        default=False,
+        description=(
+            "call a synchronous function on the event loop, not in a worker thread: for quick "
+            "functions that never block (no I/O, no sleeping). It saves the thread hop per "
+            "call, but while it runs nothing else in the process runs, and its timeout "
+            "cannot interrupt it. Coroutine functions always run on the loop"
+        ),
+    )
 
     @model_validator(mode="after")
     def _import_path(self) -> PythonToolSpec:

@@ -9,7 +9,11 @@ part of the schema.
 
 Synchronous functions run in a worker thread, coroutine functions are awaited.
 A cancelled call returns at once; a synchronous function cannot be interrupted,
-so its thread is abandoned and finishes on its own.
+so its thread is abandoned and finishes on its own. With ``inline: true`` a
+synchronous function is called on the event loop instead: no thread hop (two
+thread wake-ups, ~0.1-0.3 ms a call on a small VM), for functions that return in
+microseconds and never block; nothing else in the process runs meanwhile, and
+neither a timeout nor a cancellation can stop it.
 """
 
 from __future__ import annotations
@@ -161,6 +165,7 @@ class PythonTool(Tool):
         arguments_model: type[BaseModel] | None,
         context_param: str | None,
         idempotent: bool,
+        inline: bool = False,
     ) -> None:
         self.ref = name
         self.spec = ToolSpec(model_tool_name(name), description, parameters)
@@ -169,6 +174,7 @@ class PythonTool(Tool):
         self._model = arguments_model
         self._context_param = context_param
         self._is_async = _is_coroutine_function(fn)
+        self._inline = inline
 
     def _kwargs(self, arguments: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
         if self._model is None:
@@ -191,6 +197,8 @@ class PythonTool(Tool):
         try:
             if self._is_async:
                 result = await self._fn(**kwargs)
+            elif self._inline:
+                result = self._fn(**kwargs)
             else:
                 result = await anyio.to_thread.run_sync(
                     functools.partial(self._fn, **kwargs), abandon_on_cancel=True
@@ -234,6 +242,7 @@ def create(name: str, spec: ToolSpecModel, secrets: Mapping[str, str]) -> Tool:
             arguments_model=None,
             context_param=context_param,
             idempotent=spec.idempotent,
+            inline=spec.python.inline,
         )
     model, context_param, schema = signature_schema(fn, name=name)
     return PythonTool(
@@ -244,6 +253,7 @@ def create(name: str, spec: ToolSpecModel, secrets: Mapping[str, str]) -> Tool:
         arguments_model=model,
         context_param=context_param,
         idempotent=spec.idempotent,
+        inline=spec.python.inline,
     )
 
 
