@@ -63,8 +63,7 @@ def sdk_http_client(factory: Callable[..., ClientT]) -> ClientT:
     if isinstance(pool, httpcore2.AsyncConnectionPool) and isinstance(
         backend, httpcore2.AsyncNetworkBackend
     ):
-        if not isinstance(backend, ProbeBackend):
-            pool._network_backend = ProbeBackend(backend)
+        pool._network_backend = ProbeBackend(backend)
     else:
         log.debug("model HTTP client: pool %r kept as it is", pool)
     return client

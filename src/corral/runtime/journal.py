@@ -131,9 +131,7 @@ class FencedSink:
         tb: TracebackType | None,
     ) -> None:
         self._group = None
-        if self._behind_timer is not None:
-            self._behind_timer.cancel()
-            self._behind_timer = None
+        self._disarm_behind()
         own, self._own = self._own, None
         if own is not None:
             await own.__aexit__(exc_type, exc, tb)
@@ -149,7 +147,7 @@ class FencedSink:
         if when == "now":
             await self.flush()
         elif when == "behind" and self._behind_timer is None:
-            self._group_or_fail()
+            self._group_or_fail()  # (outside its block, a timer would fire for nothing)
             self._behind_timer = asyncio.get_running_loop().call_later(
                 BEHIND_AFTER_SECONDS, self._behind_due
             )
@@ -213,10 +211,13 @@ class FencedSink:
         if self._error is not None:
             raise self._error
         done = self._last_write = anyio.Event()
-        if self._behind_timer is not None:  # this write takes the behind call with it
+        self._disarm_behind()  # this write takes a behind call with it
+        return done
+
+    def _disarm_behind(self) -> None:
+        if self._behind_timer is not None:
             self._behind_timer.cancel()
             self._behind_timer = None
-        return done
 
     def _take_buffer(self) -> list[Event]:
         batch, self.buffer = self.buffer, []

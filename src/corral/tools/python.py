@@ -225,7 +225,9 @@ def create(name: str, spec: ToolSpecModel, secrets: Mapping[str, str]) -> Tool:
     fn = load_function(spec.python.function, spec.python.path, name=name)
     doc_description, _ = _split_docstring(inspect.getdoc(fn) or "")
     description = spec.description or doc_description
+    model: type[BaseModel] | None
     if spec.parameters is not None:
+        model, parameters = None, spec.parameters
         context_param = next(
             (
                 param
@@ -234,22 +236,13 @@ def create(name: str, spec: ToolSpecModel, secrets: Mapping[str, str]) -> Tool:
             ),
             None,
         )
-        return PythonTool(
-            name,
-            fn,
-            description=description,
-            parameters=spec.parameters,
-            arguments_model=None,
-            context_param=context_param,
-            idempotent=spec.idempotent,
-            inline=spec.python.inline,
-        )
-    model, context_param, schema = signature_schema(fn, name=name)
+    else:
+        model, context_param, parameters = signature_schema(fn, name=name)
     return PythonTool(
         name,
         fn,
         description=description,
-        parameters=schema,
+        parameters=parameters,
         arguments_model=model,
         context_param=context_param,
         idempotent=spec.idempotent,
