@@ -80,6 +80,7 @@ class Worker:
         self.grace_seconds = grace_seconds
         self.retention_days = settings.run_retention_days
         self._next_prune = 0.0
+        self._next_expiry = 0.0  # (monotonic) approvals are swept at most once per poll
         self._last_claim = 0.0
         self._claim_batch = max(1, concurrency // 8)
         self._backlog = False
@@ -171,7 +172,12 @@ class Worker:
         """Expire the approvals past their deadline, and announce the runs that queued:
         a dispatching bus hands them to a worker now, not at some worker's next sweep.
         The approval's id is the mark, as for a decision (an approval is decided or
-        expires, never both)."""
+        expires, never both). At most once per ``poll_seconds``: a busy worker claims
+        many times a second, and this read nearly always finds nothing."""
+        now = time.monotonic()
+        if now < self._next_expiry:
+            return
+        self._next_expiry = now + self.poll_seconds
         for approval in await self.store.expire_approvals():
             await self.bus.announce_runnable([approval.run_id], mark=approval.id)
 
