@@ -77,7 +77,10 @@ def children() -> set[int]:
     """This process's live child processes (zombies excluded)."""
     pids: set[int] = set()
     for task in os.listdir("/proc/self/task"):
-        text = Path(f"/proc/self/task/{task}/children").read_text()
+        try:
+            text = Path(f"/proc/self/task/{task}/children").read_text()
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # the thread ended since the listing; its children moved to another thread
         pids.update(int(pid) for pid in text.split())
     return {pid for pid in pids if _state(pid) not in ("Z", None)}
 
