@@ -9,6 +9,11 @@ import json
 import time
 
 import pytest
+from openai._utils import async_maybe_transform
+from openai.types.chat.completion_create_params import (
+    CompletionCreateParamsNonStreaming,
+    CompletionCreateParamsStreaming,
+)
 
 from corral.core.errors import (
     ConfigurationError,
@@ -113,6 +118,34 @@ async def test_request_translates_a_multi_step_tool_conversation(
     assert "stream" not in sent or sent["stream"] is False
     assert fake_openai.requests[1].headers["authorization"] == "Bearer sk-test"
     await model.aclose()
+
+
+async def test_what_is_posted_is_what_the_sdks_create_would_post(
+    fake_openai: FakeOpenAIServer,
+) -> None:
+    """The adapter posts its body as it is (``client.post``), skipping the transform that
+    ``chat.completions.create`` runs over its arguments: that transform must change
+    nothing in any request the adapter sends (a new SDK whose types rename or reformat
+    a field of a chat request fails here)."""
+    fake_openai.add_reply(
+        FakeReply(tool_calls=[FakeToolCall("lookup", {"query": "corral"}, id="call_a")]),
+        FakeReply(text="A pen.", tool_calls=[FakeToolCall("clock", "{}", id="call_b")]),
+        FakeReply(text="Done."),
+    )
+    model = make(fake_openai)
+    settings = ModelSettings(temperature=0.2, max_output_tokens=64)
+    conversation = [Message.system("Be brief."), Message.user("What is a corral?")]
+    for _ in range(2):
+        answer = await model.request(conversation, [LOOKUP, CLOCK], settings)
+        conversation += [answer.message, Message.tool(answer.message.tool_calls[0], "ok")]
+    [item async for item in model.stream(conversation, [LOOKUP, CLOCK], settings)]
+    await model.aclose()
+
+    *requests, streamed = [r.json for r in fake_openai.requests]
+    assert streamed["stream"] is True and len(streamed["messages"]) == 6
+    for sent in requests:
+        assert await async_maybe_transform(sent, CompletionCreateParamsNonStreaming) == sent
+    assert await async_maybe_transform(streamed, CompletionCreateParamsStreaming) == streamed
 
 
 async def test_stream_yields_text_deltas_then_one_assembled_response(
