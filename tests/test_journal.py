@@ -55,7 +55,7 @@ async def stored(store: Store) -> list[int]:
     return [e.seq for e in await store.list_events("run_1")]
 
 
-async def test_an_idempotent_call_does_not_wait_and_shares_its_results_commit(
+async def test_an_idempotent_call_and_its_result_share_a_commit_the_engine_does_not_wait_for(
     claimed: tuple[Store, Lease],
 ) -> None:
     store, lease = claimed
@@ -65,21 +65,46 @@ async def test_an_idempotent_call_does_not_wait_and_shares_its_results_commit(
         await sink(event(1, EventType.RUN_START))  # later: nothing written
         await sink(event(2, EventType.MESSAGE_CREATE, message={"role": "assistant"}))
         assert gated.started == 0
-        with anyio.fail_after(5):  # behind: returns at once
+        with anyio.fail_after(5):  # behind, then ahead: both return at once
             await sink(event(3, EventType.TOOL_CALL, call_id="c1", idempotent=True))
-        assert await stored(store) == []
-
-        async def result_then_call_not_idempotent() -> None:
             await sink(event(4, EventType.TOOL_RESULT, call_id="c1"))
-            await sink(event(5, EventType.TOOL_CALL, call_id="c2", idempotent=False))
+        await anyio.sleep(0)  # the write has started, and is held back
+        assert gated.started == 1 and await stored(store) == []
+
+        async def call_not_idempotent() -> None:
+            await sink(event(5, EventType.MESSAGE_CREATE, message={"role": "assistant"}))
+            await sink(event(6, EventType.TOOL_CALL, call_id="c2", idempotent=False))
 
         async with anyio.create_task_group() as group:
-            group.start_soon(result_then_call_not_idempotent)
+            group.start_soon(call_not_idempotent)
             await anyio.sleep(0.2)
-            assert await stored(store) == []  # a result waits for its commit: no next step yet
+            assert await stored(store) == []  # a side effect waits for the results before it
             gated.gate.set()
-        assert await stored(store) == [1, 2, 3, 4, 5]  # in order, all durable
-    assert gated.started == 2  # the call went with its result: 1-4, then 5
+        assert await stored(store) == [1, 2, 3, 4, 5, 6]  # in order, all durable
+    assert gated.started == 2  # the call went with its result: 1-4, then 5-6
+
+
+async def test_the_result_of_a_call_that_is_not_idempotent_waits_for_its_commit(
+    claimed: tuple[Store, Lease],
+) -> None:
+    store, lease = claimed
+    gated = GatedStore(store)
+    async with FencedSink(gated, lease, None) as sink:  # type: ignore[arg-type]
+        await sink(event(1, EventType.TOOL_CALL, call_id="c1", idempotent=False))
+        assert await stored(store) == [1]  # now: on disk before the tool starts
+        gated.gate = anyio.Event()
+        returned = anyio.Event()
+
+        async def result() -> None:
+            await sink(event(2, EventType.TOOL_RESULT, call_id="c1"))
+            returned.set()
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(result)
+            await anyio.sleep(0.2)
+            assert gated.started == 2 and not returned.is_set()  # the engine waits
+            gated.gate.set()
+        assert await stored(store) == [1, 2]
 
 
 async def test_an_idempotent_call_still_running_is_written_behind_after_a_moment(
@@ -95,7 +120,8 @@ async def test_an_idempotent_call_still_running_is_written_behind_after_a_moment
         await anyio.sleep(BEHIND_AFTER_SECONDS * 10)  # a slow tool: the calls do not wait for it
         assert await stored(store) == [1, 2, 3]
         assert gated.started == 1  # both calls (and the message) in one write
-        await sink(event(4, EventType.TOOL_RESULT, call_id="c1"))
+        await sink(event(4, EventType.TOOL_RESULT, call_id="c1"))  # ahead
+        await sink.settle()
         assert await stored(store) == [1, 2, 3, 4]
 
 

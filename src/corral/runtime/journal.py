@@ -5,10 +5,10 @@ decides, event by event, when it must be on disk:
 
 - **now** - written (with everything waiting before it) before the engine goes
   on: a ``tool.call`` of a tool that is *not* idempotent (on disk before its side
-  effect starts, so a crash can never lead to a silent second call), every
-  ``tool.result`` (on disk before the next model call, so a crash never runs a
-  finished tool again nor changes what the model is asked), approvals, errors, a
-  user's ``message.create``.
+  effect starts, so a crash can never lead to a silent second call), the
+  ``tool.result`` of such a call (on disk before the next model call, so a crash
+  never runs a finished tool again nor changes what the model is asked),
+  approvals, errors, a user's ``message.create``.
 - **later** - rides with the next write: ``run.start``, ``step.start``,
   ``text.delta``, ``step.finish`` and the model's message (``message.create``
   from the assistant). The engine never acts on the outside between a model's
@@ -20,6 +20,9 @@ decides, event by event, when it must be on disk:
   ``tool.result`` is (one commit for both), or :data:`BEHIND_AFTER_SECONDS`
   after the call if the tool is still running then - the write starts, and the
   tool goes on while it is in flight.
+- **ahead** - the ``tool.result`` of an idempotent tool's call: its write starts
+  at once (with the call, when that is still waiting) and the engine goes on
+  without waiting for it: the next model call is on the wire while it commits.
 
 Why *behind* is as safe as *now*: writes are committed strictly in order (each
 waits for the one before it), so the journal on disk is always a prefix of the
@@ -29,10 +32,16 @@ yet). The price is a longer window in which a crash loses the model's answer
 (it is asked again on resume): from its arrival until its commit, which starts
 at most :data:`BEHIND_AFTER_SECONDS` later than it would for a call written
 *now*. In return a quick tool's call and result share one commit, where the
-engine would otherwise wait for two in a row. The tool's ``tool.result`` waits
-for every write before it, the run's outcome waits for all of them
-(:meth:`FencedSink.settle`), and a refused write (a lost lease) surfaces at the
-next write or at settle.
+engine would otherwise wait for two in a row.
+
+Why *ahead* is: a crash before that commit loses the result of a call that may
+run again (the same argument), and the model call in flight then, whose answer
+is lost in any case (an answer rides with a later write). The journal stays a
+prefix: every write waits for the one before it, so the model's next answer is
+never on disk without the results it was given. A *now* write waits for every
+write before it (a side effect never starts before the results it follows are
+durable), the run's outcome waits for all of them (:meth:`FencedSink.settle`),
+and a refused write (a lost lease) surfaces at the next write or at settle.
 """
 
 from __future__ import annotations
@@ -56,7 +65,7 @@ Observer = Callable[[Event], Awaitable[None]]
 #: How long an idempotent tool's ``tool.call`` may wait to share its result's commit
 #: (see above): most Python and MCP tools answer well within it.
 BEHIND_AFTER_SECONDS = 0.01
-When = Literal["now", "later", "behind"]
+When = Literal["now", "later", "behind", "ahead"]
 
 #: Events that ride along with the next write.
 LATER = frozenset(
@@ -74,6 +83,7 @@ _APPROVALS = (EventType.APPROVAL_REQUESTED, EventType.APPROVAL_RESOLVED)
 _STEP_START = EventType.STEP_START
 _STEP_FINISH = EventType.STEP_FINISH
 _TOOL_CALL = EventType.TOOL_CALL
+_TOOL_RESULT = EventType.TOOL_RESULT
 _MESSAGE_CREATE = EventType.MESSAGE_CREATE
 
 
@@ -115,6 +125,7 @@ class FencedSink:
         # every idempotent tool call arms one, and most are cancelled by the call's result)
         self._behind_timer: asyncio.TimerHandle | None = None
         self._behind_write: asyncio.Task[None] | None = None  # (a reference keeps it alive)
+        self._idempotent_calls: set[str] = set()  # ids of calls whose result is written ahead
 
     async def __aenter__(self) -> Self:
         if self._shared is not None:
@@ -146,6 +157,8 @@ class FencedSink:
         when = self._when(event)
         if when == "now":
             await self.flush()
+        elif when == "ahead":
+            self._start_write()
         elif when == "behind" and self._behind_timer is None:
             self._group_or_fail()  # (outside its block, a timer would fire for nothing)
             self._behind_timer = asyncio.get_running_loop().call_later(
@@ -165,7 +178,11 @@ class FencedSink:
             self._approvals_in_step = False
             return "now"
         elif kind is _TOOL_CALL and event.data.get("idempotent"):
+            self._idempotent_calls.add(event.data["call_id"])
             return "behind"
+        elif kind is _TOOL_RESULT and event.data.get("call_id") in self._idempotent_calls:
+            self._idempotent_calls.discard(event.data["call_id"])
+            return "ahead"
         if kind in LATER:
             return "later"
         if kind is _MESSAGE_CREATE:
@@ -185,7 +202,7 @@ class FencedSink:
             if self._error is not None:
                 raise self._error
         else:
-            self._write_behind()
+            self._start_write()
             await self.settle()
 
     async def settle(self) -> None:
@@ -200,7 +217,7 @@ class FencedSink:
             raise RuntimeError("FencedSink used outside its `async with` block")
         return self._group
 
-    def _write_behind(self) -> None:
+    def _start_write(self) -> None:
         group = self._group_or_fail()
         before = self._last_write
         done = self._next_write()
