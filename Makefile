@@ -3,6 +3,14 @@
 # source the first time, about 5 minutes on 2 cores; pip caches the wheel).
 
 PYTHON ?= python3
+
+# llama.cpp is compiled for a portable x86-64 (AVX2, FMA, F16C), not for the CPU that builds
+# it (-march=native, llama.cpp's default): on a Xeon with AVX-512 and AMX, llama-cpp-python
+# 0.3.36 built natively dies (SIGSEGV) in its first decode. Set CMAKE_ARGS to build otherwise.
+# A wheel pip cached from an earlier build is used as it is: `pip cache remove llama_cpp_python`.
+ifeq ($(shell uname -m),x86_64)
+export CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
+endif
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
