@@ -15,6 +15,7 @@ from peers._base import Framework
 #: name -> "module:Class", in the order a round runs them (the floor first)
 FRAMEWORKS: dict[str, str] = {
     "floor": "peers.bare_openai:BareOpenAI",
+    "floor-post": "peers.bare_openai:BarePost",
     "corral": "peers.corral_durable:CorralEmbedded",
     "corral-worker": "peers.corral_durable:CorralWorker",
     "corral-inline": "peers.corral_durable:CorralInline",
@@ -27,6 +28,7 @@ FRAMEWORKS: dict[str, str] = {
 #: the distributions each framework needs; when one is missing its rows say "not installed"
 REQUIRES: dict[str, tuple[str, ...]] = {
     "floor": ("openai",),
+    "floor-post": ("openai",),
     "corral": ("corral",),
     "corral-worker": ("corral",),
     "corral-inline": ("corral",),
@@ -38,6 +40,7 @@ REQUIRES: dict[str, tuple[str, ...]] = {
 
 LABELS: dict[str, str] = {
     "floor": "openai SDK, bare loop (floor)",
+    "floor-post": "openai SDK, bare loop, `client.post` (no request transform)",
     "corral": "Corral, durable: LocalRunner.run per task",
     "corral-worker": "Corral, durable: submit + 1 worker",
     "corral-inline": "Corral, durable: LocalRunner.run, tool `inline: true`",
