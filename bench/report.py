@@ -393,6 +393,8 @@ def reading(results: dict[str, Any]) -> list[str]:
             floor_ms = median(floor[0]["ms_per_call"])
             fast, slow = 1000 / max(disk), 1000 / min(disk)
             waits = 2 / (o["calls"] + 1)  # commits waited for per model call
+            low, high = (f"{1 + waits * ms / floor_ms:.2f}" for ms in (fast, slow))
+            low_high = f"{low}x" if low == high else f"{low}-{high}x"
             line = (
                 f"A durable row also waits for the disk: one commit (an fsync) took "
                 f"{fmt(fast, 1)}-{fmt(slow, 1)} ms during this run, against "
@@ -401,8 +403,7 @@ def reading(results: dict[str, Any]) -> list[str]:
                 f"and `tool.result` together) and with its outcome, but waits only for the "
                 f"first and the last: the tool is idempotent, so a step's commit runs while "
                 f"the next model call is on the wire. Those two waits alone would make it "
-                f"{1 + waits * fast / floor_ms:.2f}-{1 + waits * slow / floor_ms:.2f}x the "
-                f"floor at c=1"
+                f"{low_high} the floor at c=1"
             )
             corral = [
                 r for r in o["rows"] if r["name"] == "corral" and r["level"] == 1 and r.get("ratio")
