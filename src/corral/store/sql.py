@@ -433,9 +433,9 @@ class SqlStore(Store):
     async def submit_agent_run(
         self, record: RunRecord, *, claim_for: tuple[str, float] | None = None
     ) -> Submitted:
-        """See :meth:`Store.submit_agent_run`: the Agent's ``max_attempts`` is read in the
-        submit's transaction (no resource read and validation of its own); the claim,
-        when asked for, is a second transaction."""
+        """See :meth:`Store.submit_agent_run`: the Agent's ``max_attempts`` is read, the run
+        inserted and, when asked for, claimed in one transaction (no resource read and
+        validation of its own)."""
         max_attempts = (
             sa.select(resources.c.spec["max_attempts"].as_integer())
             .where(
@@ -446,7 +446,15 @@ class SqlStore(Store):
             .scalar_subquery()
         )
 
-        async def write(conn: AsyncConnection) -> sa.Row[Any] | None:
+        now = time.time()
+        claiming = None
+        if claim_for is not None and record.not_before <= now:
+            owner, lease_seconds = claim_for
+            claiming = self._claiming(owner, now + lease_seconds, now, 1, [record.id], False)
+
+        async def write(
+            conn: AsyncConnection,
+        ) -> tuple[sa.Row[Any] | None, list[tuple[RunRecord, Lease]]]:
             found = (await conn.execute(sa.select(max_attempts))).scalar_one()
             if found is None:
                 raise NotFoundError(
@@ -454,15 +462,16 @@ class SqlStore(Store):
                 )
             record.max_attempts = int(found)
             existing: sa.Row[Any] | None = await self._inserting(record)(conn)
-            return existing
+            if existing is not None or claiming is None:
+                return existing, []
+            return None, await claiming(conn)
 
-        row = await self._write(f"submit run {record.id}", write)
+        row, claimed = await self._write(f"submit run {record.id}", write)
         if row is not None:
             return Submitted(row_to_run(row), False)
-        if claim_for is not None:
-            claims = await self.claim_runs(*claim_for, 1, run_ids=[record.id])
-            if claims:
-                return Submitted(claims[0][0], True, claims[0][1])
+        if claimed:
+            claimed_record, lease = claimed[0]
+            return Submitted(claimed_record, True, lease)
         return Submitted(record, True)
 
     def _inserting(self, record: RunRecord) -> Body[sa.Row[Any] | None]:
@@ -506,6 +515,20 @@ class SqlStore(Store):
             return []
         now = time.time() if now is None else now
         expires_at = now + lease_seconds
+        claiming = self._claiming(owner, expires_at, now, limit, run_ids, or_higher_priority)
+        return await self._write("claim runs", claiming)
+
+    def _claiming(
+        self,
+        owner: str,
+        expires_at: float,
+        now: float,
+        limit: int,
+        run_ids: Sequence[str] | None,
+        or_higher_priority: bool,
+    ) -> Body[list[tuple[RunRecord, Lease]]]:
+        """The body of a claim (see :meth:`claim_runs`): the runs it claimed with their
+        leases, highest priority first."""
         # Two index walks (ix_runs_claim), each stopping at ``limit``, beat one OR
         # query that would sort every queued run. SKIP LOCKED lets PostgreSQL
         # claimers pass each other; on SQLite BEGIN IMMEDIATE serializes them.
@@ -532,7 +555,7 @@ class SqlStore(Store):
                 .with_for_update(skip_locked=True)
             )
 
-        async def write(conn: AsyncConnection) -> Sequence[sa.Row[Any]]:
+        async def write(conn: AsyncConnection) -> list[tuple[RunRecord, Lease]]:
             # Agents at their max_concurrent_runs are left out (store/_agent_limits.py).
             room = await admission(conn)
             fits = room.exclude_saturated() if room is not None else sa.true()
@@ -554,7 +577,7 @@ class SqlStore(Store):
             if not chosen:
                 return []
             ids = [row.id for row in chosen]
-            return (
+            claimed = (
                 await conn.execute(
                     runs.update()
                     # The guard repeats the runnable test: a row another claimer
@@ -571,11 +594,12 @@ class SqlStore(Store):
                     .returning(*runs.c)
                 )
             ).all()
+            return [
+                (row_to_run(row), Lease(row.id, owner, row.fencing_token, expires_at))
+                for row in sorted(claimed, key=_claim_key)
+            ]
 
-        rows = sorted(await self._write("claim runs", write), key=_claim_key)
-        return [
-            (row_to_run(row), Lease(row.id, owner, row.fencing_token, expires_at)) for row in rows
-        ]
+        return write
 
     async def renew_lease(self, lease: Lease, lease_seconds: float) -> tuple[Lease, bool]:
         """See :meth:`Store.renew_lease`. Also ``LeaseLostError`` when the token still
