@@ -34,9 +34,9 @@ at most :data:`BEHIND_AFTER_SECONDS` later than it would for a call written
 *now*. In return a quick tool's call and result share one commit, where the
 engine would otherwise wait for two in a row.
 
-Why *ahead* is: a crash before that commit loses the result of a call that may
-run again (the same argument), and the model call in flight then, whose answer
-is lost in any case (an answer rides with a later write). The journal stays a
+Why *ahead* is safe too: a crash before that commit loses the result of a call
+that may run again (the same argument), and the model call in flight then, whose
+answer is lost in any case (an answer rides with a later write). The journal stays a
 prefix: every write waits for the one before it, so the model's next answer is
 never on disk without the results it was given. A *now* write waits for every
 write before it (a side effect never starts before the results it follows are
