@@ -115,6 +115,17 @@ Body = Callable[[AsyncConnection], Awaitable[T]]
 """What runs inside one transaction (see :mod:`corral.store._sql_transaction`)."""
 
 _IDEMPOTENCY_COLUMNS = ("namespace", "agent", "idempotency_key")
+# The statements of the hot paths as single objects, their values passed as parameters:
+# SQLAlchemy finds a statement's compiled form by its cache key, which a statement built
+# anew per call (``insert().values(...)`` over the runs table's columns) costs to compute.
+_INSERT_RUN = runs.insert()
+_UPDATE_RUN = runs.update().where(runs.c.id == sa.bindparam("b_id"))
+_UPDATE_RUN_FENCED = _UPDATE_RUN.where(runs.c.fencing_token == sa.bindparam("b_token"))
+_AGENT_MAX_ATTEMPTS = sa.select(resources.c.spec["max_attempts"].as_integer()).where(
+    resources.c.namespace == sa.bindparam("b_namespace"),
+    resources.c.kind == "Agent",
+    resources.c.name == sa.bindparam("b_name"),
+)
 # Claim order: highest priority first, then oldest; ``ix_runs_claim`` serves it.
 _CLAIM_ORDER = (runs.c.priority.desc(), runs.c.created_at, runs.c.id)
 
@@ -347,16 +358,19 @@ class SqlStore(Store):
             del values["cancel_requested"]
         if record.state is not RunState.RUNNING:
             values.update(lease_owner=None, lease_expires_at=None)
-        statement = runs.update().where(runs.c.id == record.id).values(**values)
+        # One statement object for every save, the values as parameters (see _INSERT_RUN).
+        values["b_id"] = record.id
+        statement = _UPDATE_RUN
         if lease is not None:
             # The UPDATE checks the token and locks the row in one step: on PostgreSQL a
             # claim in flight makes it wait, then re-check the token of the claimed row.
-            statement = statement.where(runs.c.fencing_token == lease.token)
+            statement = _UPDATE_RUN_FENCED
+            values["b_token"] = lease.token
         session_id = record.session_id
         event_rows = _event_rows(events, record.id)
 
         async def write(conn: AsyncConnection) -> None:
-            result = await conn.execute(statement)
+            result = await conn.execute(statement, values)
             if result.rowcount == 0:
                 await refuse(conn, record.id, lease)
             if approvals:
@@ -436,16 +450,7 @@ class SqlStore(Store):
         """See :meth:`Store.submit_agent_run`: the Agent's ``max_attempts`` is read, the run
         inserted and, when asked for, claimed in one transaction (no resource read and
         validation of its own)."""
-        max_attempts = (
-            sa.select(resources.c.spec["max_attempts"].as_integer())
-            .where(
-                resources.c.namespace == record.namespace,
-                resources.c.kind == "Agent",
-                resources.c.name == record.agent,
-            )
-            .scalar_subquery()
-        )
-
+        the_agent = {"b_namespace": record.namespace, "b_name": record.agent}
         now = time.time()
         claiming = None
         if claim_for is not None and record.not_before <= now:
@@ -455,12 +460,13 @@ class SqlStore(Store):
         async def write(
             conn: AsyncConnection,
         ) -> tuple[sa.Row[Any] | None, list[tuple[RunRecord, Lease]]]:
-            found = (await conn.execute(sa.select(max_attempts))).scalar_one()
+            found = (await conn.execute(_AGENT_MAX_ATTEMPTS, the_agent)).first()
             if found is None:
                 raise NotFoundError(
                     f"Agent {record.agent!r} not found in namespace {record.namespace!r}"
                 )
-            record.max_attempts = int(found)
+            if found[0] is not None:
+                record.max_attempts = int(found[0])
             existing: sa.Row[Any] | None = await self._inserting(record)(conn)
             if existing is not None or claiming is None:
                 return existing, []
@@ -478,7 +484,12 @@ class SqlStore(Store):
         """The body of a transaction inserting a new run: ``None``, or the stored run with
         the same idempotency key (then nothing is inserted)."""
         if record.idempotency_key is None:
-            return _execute(runs.insert().values(**run_values(record)))
+            values = run_values(record)
+
+            async def insert_new(conn: AsyncConnection) -> None:
+                await conn.execute(_INSERT_RUN, values)
+
+            return insert_new
         # The unique index decides between racing submits, not a prior read: the
         # insert skips a conflicting key (on PostgreSQL after waiting for the racing
         # transaction to commit), so nothing aborts; a clash on the run id alone
