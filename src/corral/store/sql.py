@@ -484,12 +484,7 @@ class SqlStore(Store):
         """The body of a transaction inserting a new run: ``None``, or the stored run with
         the same idempotency key (then nothing is inserted)."""
         if record.idempotency_key is None:
-            values = run_values(record)
-
-            async def insert_new(conn: AsyncConnection) -> None:
-                await conn.execute(_INSERT_RUN, values)
-
-            return insert_new
+            return _execute(_INSERT_RUN, run_values(record))
         # The unique index decides between racing submits, not a prior read: the
         # insert skips a conflicting key (on PostgreSQL after waiting for the racing
         # transaction to commit), so nothing aborts; a clash on the run id alone
@@ -1122,11 +1117,11 @@ def _first(query: sa.Executable) -> Body[sa.Row[Any] | None]:
     return body
 
 
-def _execute(statement: sa.Executable) -> Body[None]:
-    """A body that executes ``statement``."""
+def _execute(statement: sa.Executable, parameters: dict[str, Any] | None = None) -> Body[None]:
+    """A body that executes ``statement`` (with ``parameters``)."""
 
     async def body(conn: AsyncConnection) -> None:
-        await conn.execute(statement)
+        await conn.execute(statement, parameters)
 
     return body
 
