@@ -486,6 +486,9 @@ async def test_a_write_refused_inside_parallel_tool_calls_counts_as_a_lost_lease
 
     async def claim_meanwhile() -> None:
         await cluster.wait_for_effect("late")
+        # the call is idempotent: journaled behind, up to 10 ms into it; a claim before
+        # that write would refuse the call itself, not the result this test is about
+        await cluster.wait_for_event(run_id, EventType.TOOL_CALL)
         [(_, taken)] = await cluster.store.claim_runs("other", 60, now=time.time() + 120)
         assert taken.token == lease.token + 1
 
