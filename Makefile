@@ -39,8 +39,9 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
+# pytest-xdist: one test process per core (PYTEST_XDIST_AUTO_NUM_WORKERS=N to choose).
 unit: $(STAMP)
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n auto
 
 test: lint typecheck unit
 
