@@ -130,9 +130,7 @@ async def test_the_sqlite_file_and_its_wal_and_shm_are_readable_by_their_owner_o
     try:
         async with await open_store(store_url) as store:
             await store.submit_run(RunRecord(id="run_1", namespace="default", agent="a", input="x"))
-            modes = {
-                p.name: p.stat().st_mode & 0o777 for p in path.parent.iterdir() if p.is_file()
-            }
+            modes = {p.name: p.stat().st_mode & 0o777 for p in path.parent.iterdir() if p.is_file()}
         assert {"corral.db", "corral.db-wal", "corral.db-shm"} <= set(modes)
         assert set(modes.values()) == {0o600}, modes
         # a database an older version created 0644 is tightened when it is opened
