@@ -7,6 +7,8 @@ from NATS deliveries and does not sweep the store while the test runs.
 
 from __future__ import annotations
 
+import os
+import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -20,6 +22,7 @@ from corral.core.ids import new_id
 from corral.core.runs import ApprovalState, RunRecord, RunState
 from corral.core.settings import Settings
 from corral.resources.loader import load_text
+from corral.runtime.local import submit
 from corral.runtime.worker import Worker
 from corral.store import Store, open_store
 from corral.testing.fake_openai import FakeOpenAIServer, FakeReply
@@ -232,6 +235,47 @@ async def test_a_run_whose_workers_kept_stopping_ends_at_max_attempts_with_the_l
     assert "kept stopping" in stored.error["message"]
     assert "upstream answered 503" in stored.error["message"]
     assert stored.error["cause"] == {"code": "model_error", "message": "upstream answered 503"}
+
+
+async def test_worker_shutdown_kills_a_daemon_its_exec_tool_started(
+    store: Store, settings: Settings
+) -> None:
+    probe = TESTS / "tool_programs" / "probe.py"
+    await apply(
+        store,
+        scripted("{tool_calls: [{name: daemon, arguments: {mode: daemon}}]}", "{text: done}"),
+        f"""
+apiVersion: corral/v1
+kind: Tool
+metadata: {{name: daemon}}
+spec:
+  type: exec
+  exec: {{command: ["{sys.executable}", "{probe}"]}}
+  parameters: {{type: object}}
+  timeout_seconds: 60
+---
+apiVersion: corral/v1
+kind: Agent
+metadata: {{name: helper}}
+spec: {{model: script, tools: [daemon]}}
+""",
+    )
+    run, _ = await submit(store, "helper", "start it")
+    stop = anyio.Event()
+    async with anyio.create_task_group() as group:
+        group.start_soon(Worker(store, settings, poll_seconds=0.05, grace_seconds=0).serve, stop)
+        with anyio.fail_after(20):  # the tool's program writes it once the daemon runs
+            while not (written := list(settings.workspaces.rglob("daemon.txt"))):
+                await anyio.sleep(0.02)
+            while not (text := written[0].read_text()):
+                await anyio.sleep(0.02)
+        daemon = int(text)
+        assert Path(f"/proc/{daemon}").exists() and os.getsid(daemon) == daemon
+        stop.set()
+    assert (await get(store, run)).state is RunState.QUEUED  # released for another worker
+    with anyio.fail_after(5):  # dead and reaped
+        while Path(f"/proc/{daemon}").exists():
+            await anyio.sleep(0.02)
 
 
 @pytest.mark.worker(retry_base_seconds=0.01)
