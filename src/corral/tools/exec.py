@@ -206,7 +206,7 @@ async def run_program(
         raise ToolError(
             ToolErrorCode.UNAVAILABLE, f"cannot start {argv[0]!r}: {exc.strerror or exc}"
         ) from exc
-    tree.leader = process.pid
+    tree.started(process.pid)
     out = _Capture(MAX_STDOUT_BYTES, keep_tail=False)
     err = _Capture(MAX_STDERR_BYTES, keep_tail=True)
     try:

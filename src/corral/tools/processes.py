@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util
 import os
 import secrets
 import signal
@@ -77,7 +76,7 @@ def become_subreaper() -> bool:
     if _subreaper is None:
         _subreaper = False
         if sys.platform == "linux":
-            libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+            libc = ctypes.CDLL(None, use_errno=True)  # the process's own symbols: libc's
             _subreaper = libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
     return _subreaper
 
@@ -131,9 +130,9 @@ def _send(pid: int, sig: signal.Signals) -> None:
 class ProcessTree:
     """One tool program and everything it starts; see the module docstring.
 
-    Start the program with :meth:`environment` and tell the tree its pid
-    (``leader``) when it is known; :meth:`watch` while it runs; :meth:`kill`
-    and :meth:`reap` when the call ends, whatever way.
+    Start the program with :meth:`environment` and tell the tree its pid with
+    :meth:`started` when it is known; :meth:`watch` while it runs; :meth:`kill`
+    and :meth:`reap` (or :meth:`end`) when the call ends, whatever way.
     """
 
     def __init__(self) -> None:
@@ -148,6 +147,14 @@ class ProcessTree:
         """``env`` with this tree's mark, for the leader."""
         return {**env, TREE_VARIABLE: self.token}
 
+    def started(self, pid: int) -> None:
+        """The leader was spawned as ``pid``: a member from now on, never waited for here."""
+        self.leader = pid
+        stat = _stat(pid)
+        # (it may be gone already, reaped by anyio: then its pid is no root of the tree)
+        if stat is not None and stat[0] == os.getpid():
+            self.members[pid] = stat[2]
+
     def _alive(self, pid: int) -> bool:
         stat = _stat(pid)
         return stat is not None and stat[2] == self.members.get(pid, stat[2]) and stat[1] != "Z"
@@ -157,9 +164,7 @@ class ProcessTree:
         if sys.platform != "linux":
             return []
         roots = [p for p in _children(os.getpid()) if p in self.members or _marked(p, self._marker)]
-        if self.leader is not None:
-            roots.append(self.leader)
-        roots.extend(p for p in self.members if self._alive(p))
+        roots.extend(p for p in self.members if self._alive(p))  # the leader among them
         seen: set[int] = set()
         pending = list(dict.fromkeys(roots))
         while pending:
