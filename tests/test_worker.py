@@ -158,6 +158,29 @@ async def test_approval_survives_in_the_store_and_the_approved_call_runs_once(
     assert kinds.count(EventType.APPROVAL_RESOLVED) == 1
 
 
+async def test_a_run_paused_for_approval_more_often_than_max_attempts_still_finishes(
+    backend: Backend, tmp_path: Path
+) -> None:
+    store = backend.store
+    call = "{tool_calls: [{name: note, arguments: {note: x}}]}"
+    await apply(
+        store,
+        scripted(call, call, call, call, "{text: all noted}"),
+        NOTE_TOOL,
+        agent(extra="  approval: {policy: always}\n  max_attempts: 2"),
+    )
+    run, _ = await backend.submit("helper", "note four times")
+    for _ in range(4):
+        await backend.drain()
+        assert (await get(store, run)).state is RunState.WAITING_APPROVAL
+        [approval] = await store.list_approvals(run_id=run.id, states=["pending"])
+        await backend.decide(approval.id, True, by="tester")
+    await backend.drain()
+    stored = await get(store, run)
+    assert (stored.state, stored.output, stored.error) == (RunState.SUCCEEDED, "all noted", None)
+    assert stored.attempts == 1 and effects(tmp_path) == ["x"] * 4
+
+
 async def test_rejected_call_is_told_to_the_model(backend: Backend, tmp_path: Path) -> None:
     store = backend.store
     await apply(

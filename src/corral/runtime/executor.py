@@ -279,6 +279,10 @@ class RunExecutor:
             record.finished_at = time.time()
         if result.state is not RunState.RUNNING:  # as save_run stores it: no lease left
             record.lease_owner = record.lease_expires_at = None
+        if result.state is RunState.WAITING_APPROVAL:
+            # Attempts count the tries that failed to get anywhere: a run that reached a
+            # human's decision starts over, or its approvals alone would dead-letter it.
+            record.attempts = 0
         asked = (
             {a.call_id for a in await self.store.list_approvals(run_id=record.id)}
             if result.pending_approvals
