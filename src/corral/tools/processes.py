@@ -27,7 +27,9 @@ leader itself is never waited for here: anyio waits for it. Nothing here calls
 What still escapes: a descendant that clears its environment and is orphaned
 within one look's interval of being started, and processes started outside the
 tree (by another service, ``at``, ``systemd-run``). The sandbox (a PID namespace)
-closes that.
+closes that. The price of being a subreaper: an orphan of anything else this
+process started (a ``python`` tool's own subprocess that daemonized) comes here
+too and, belonging to no tree, is not reaped until this process exits.
 
 Everything here reads ``/proc``, which is memory, not disk: it runs on the event
 loop.
