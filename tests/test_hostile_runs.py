@@ -74,6 +74,26 @@ def test_prompt_object_with_an_invalid_schema_exits_2_and_creates_no_run(tmp_pat
     assert listed.returncode == 0 and json.loads(listed.stdout) == []
 
 
+def test_prompt_object_with_an_invalid_schema_exits_2_in_remote_mode_too(
+    server: LiveServer, client: httpx.Client, tmp_path: Path
+) -> None:
+    apply(client, STRUCTURED)
+    schema = tmp_path / "schema.json"
+    schema.write_text(json.dumps(BAD_SCHEMA))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
+    env.update(CORRAL_URL=server.url, CORRAL_TOKEN=server.admin)
+    proc = subprocess.run(
+        [*CORRAL, "prompt-object", "structured", "--schema", str(schema), "2 + 3?"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "objectx" in proc.stderr and "Traceback" not in proc.stderr
+
+
 def test_prompt_object_with_an_invalid_schema_is_422_over_the_api(client: httpx.Client) -> None:
     apply(client, STRUCTURED)
     response = client.post(
