@@ -121,6 +121,26 @@ async def test_migrations_create_the_schema_in_a_fresh_database(store_url: str) 
             assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
 
 
+async def test_the_sqlite_file_and_its_wal_and_shm_are_readable_by_their_owner_only(
+    store_url: str,
+) -> None:
+    only_sqlite(store_url, "file permissions of the SQLite file")
+    path = sqlite_path(store_url)
+    previous = os.umask(0o022)  # the usual umask, which alone would make the files 0644
+    try:
+        async with await open_store(store_url) as store:
+            await store.submit_run(RunRecord(id="run_1", namespace="default", agent="a", input="x"))
+            modes = {p.name: p.stat().st_mode & 0o777 for p in path.parent.iterdir() if p.is_file()}
+        assert {"corral.db", "corral.db-wal", "corral.db-shm"} <= set(modes)
+        assert set(modes.values()) == {0o600}, modes
+        # a database an older version created 0644 is tightened when it is opened
+        path.chmod(0o644)
+        async with await open_store(store_url):
+            assert path.stat().st_mode & 0o777 == 0o600
+    finally:
+        os.umask(previous)
+
+
 async def test_migrated_schema_matches_the_table_definitions(store: Store, store_url: str) -> None:
     from alembic.autogenerate import compare_metadata
     from alembic.migration import MigrationContext

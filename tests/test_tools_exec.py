@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -14,6 +15,7 @@ from corral.core.errors import ConfigurationError, ToolError
 from corral.resources.kinds import EnvValue, ExecToolSpec, ToolSpecModel
 from corral.tools import exec as exec_tool
 from corral.tools.base import Tool, ToolContext
+from corral.tools.governance import GovernedTool, ToolPolicy
 from processes import alive
 
 PROBE = Path(__file__).parent / "tool_programs" / "probe.py"
@@ -68,7 +70,7 @@ async def test_host_environment_does_not_reach_the_program(
     env = result["env"]
     assert set(env) == {
         "PATH", "LANG", "HOME", "TMPDIR", "GREETING", "API_TOKEN",
-        "CORRAL_IDEMPOTENCY_KEY", "CORRAL_RUN_ID", "CORRAL_TOOL_CALL_ID",
+        "CORRAL_IDEMPOTENCY_KEY", "CORRAL_RUN_ID", "CORRAL_TOOL_CALL_ID", "CORRAL_PROCESS_TREE",
     }  # fmt: skip
     workspace = tmp_path.resolve()
     assert env["HOME"] == str(workspace / "home")
@@ -131,6 +133,44 @@ async def test_processes_left_behind_after_exit_are_killed(tmp_path: Path) -> No
     with anyio.fail_after(5):
         while alive(orphan):
             await anyio.sleep(0.02)
+
+
+async def daemon_of(tmp_path: Path) -> int:
+    pid = int(await wait_for(tmp_path / "daemon.txt"))
+    assert alive(pid) and os.getsid(pid) == pid  # a session of its own: killpg misses it
+    return pid
+
+
+async def gone(pid: int) -> None:
+    """Wait until ``pid`` no longer exists: dead and reaped, not a zombie."""
+    with anyio.fail_after(5):
+        while Path(f"/proc/{pid}").exists():
+            await anyio.sleep(0.02)
+
+
+async def test_a_daemon_that_left_the_group_dies_when_the_tool_times_out(tmp_path: Path) -> None:
+    tool = GovernedTool(make(), ToolPolicy(timeout_seconds=1.0))
+    with pytest.raises(ToolError) as caught:
+        await tool.execute({"mode": "daemon"}, context(tmp_path))
+    assert caught.value.tool_code == "timeout"
+    await gone(int((tmp_path / "daemon.txt").read_text()))
+
+
+async def test_a_daemon_that_left_the_group_dies_when_the_call_is_cancelled(
+    tmp_path: Path,
+) -> None:
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(make().call, {"mode": "daemon"}, context(tmp_path))
+        daemon = await daemon_of(tmp_path)
+        tg.cancel_scope.cancel()
+    await gone(daemon)
+
+
+async def test_a_daemon_left_behind_by_a_program_that_exited_dies_with_the_call(
+    tmp_path: Path,
+) -> None:
+    assert await make().call({"mode": "daemon-exit"}, context(tmp_path)) == "done"
+    await gone(int((tmp_path / "daemon.txt").read_text()))
 
 
 async def test_runaway_output_is_capped(tmp_path: Path) -> None:

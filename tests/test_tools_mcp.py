@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import subprocess
 import sys
 import time
@@ -123,7 +124,7 @@ async def test_stdio_server_tools_are_listed_with_refs_and_schemas(
 ) -> None:
     assert set(stdio_tools) == {
         "mcp:calc/add", "mcp:calc/shout", "mcp:calc/environment", "mcp:calc/divide",
-        "mcp:calc/slow",
+        "mcp:calc/slow", "mcp:calc/daemon",
     }  # fmt: skip
     add = stdio_tools["mcp:calc/add"]
     assert add.spec.name == "calc__add"
@@ -162,7 +163,20 @@ async def test_stdio_server_runs_in_a_locked_environment(
     assert env["USER"] == "" and env["LOGNAME"] == ""
     assert set(env) <= {
         "PATH", "LANG", "HOME", "TMPDIR", "MODE", "API_KEY", "USER", "LOGNAME", "SHELL", "TERM",
+        "CORRAL_PROCESS_TREE",
     }  # fmt: skip
+
+
+async def test_a_daemon_the_stdio_server_started_dies_when_the_server_is_closed(
+    tmp_path: Path,
+) -> None:
+    spec = McpServerSpec(transport="stdio", command=[sys.executable, CALC])
+    async with connected("calc", spec, {}, tmp_path) as tools:
+        daemon = await tools["mcp:calc/daemon"].call({}, context(tmp_path))
+        assert alive(daemon["result"]) and os.getsid(daemon["result"]) == daemon["result"]
+    with anyio.fail_after(5):  # dead and reaped, not a zombie
+        while Path(f"/proc/{daemon['result']}").exists():
+            await anyio.sleep(0.02)
 
 
 async def test_slow_call_times_out_and_the_session_survives(

@@ -7,6 +7,8 @@ from NATS deliveries and does not sweep the store while the test runs.
 
 from __future__ import annotations
 
+import os
+import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -15,10 +17,13 @@ import anyio
 import pytest
 
 from backends import Backend, backend_fixture, deployment_fixture
-from corral.core.events import EventType
+from corral.core.events import Event, EventType
+from corral.core.ids import new_id
 from corral.core.runs import ApprovalState, RunRecord, RunState
 from corral.core.settings import Settings
 from corral.resources.loader import load_text
+from corral.runtime.local import submit
+from corral.runtime.worker import Worker
 from corral.store import Store, open_store
 from corral.testing.fake_openai import FakeOpenAIServer, FakeReply
 from fixtures_models import fake_openai_fixture, openai_server_fixture
@@ -153,6 +158,29 @@ async def test_approval_survives_in_the_store_and_the_approved_call_runs_once(
     assert kinds.count(EventType.APPROVAL_RESOLVED) == 1
 
 
+async def test_a_run_paused_for_approval_more_often_than_max_attempts_still_finishes(
+    backend: Backend, tmp_path: Path
+) -> None:
+    store = backend.store
+    call = "{tool_calls: [{name: note, arguments: {note: x}}]}"
+    await apply(
+        store,
+        scripted(call, call, call, call, "{text: all noted}"),
+        NOTE_TOOL,
+        agent(extra="  approval: {policy: always}\n  max_attempts: 2"),
+    )
+    run, _ = await backend.submit("helper", "note four times")
+    for _ in range(4):
+        await backend.drain()
+        assert (await get(store, run)).state is RunState.WAITING_APPROVAL
+        [approval] = await store.list_approvals(run_id=run.id, states=["pending"])
+        await backend.decide(approval.id, True, by="tester")
+    await backend.drain()
+    stored = await get(store, run)
+    assert (stored.state, stored.output, stored.error) == (RunState.SUCCEEDED, "all noted", None)
+    assert stored.attempts == 1 and effects(tmp_path) == ["x"] * 4
+
+
 async def test_rejected_call_is_told_to_the_model(backend: Backend, tmp_path: Path) -> None:
     store = backend.store
     await apply(
@@ -171,6 +199,106 @@ async def test_rejected_call_is_told_to_the_model(backend: Backend, tmp_path: Pa
     assert stored.state is RunState.SUCCEEDED and effects(tmp_path) == []
     tool_message = next(m for m in stored.messages if m.role == "tool")
     assert "approval_rejected" in tool_message.content and "not today" in tool_message.content
+
+
+@pytest.mark.worker(retry_base_seconds=0.01)
+async def test_an_attempt_that_raises_is_retried_then_dead_letters_with_its_cause(
+    backend: Backend,
+) -> None:
+    store = backend.store
+    answer = "{text: '{\"sum\": 5}'}"
+    await apply(store, scripted(*[answer] * 6), NOTE_TOOL, agent(extra="  max_attempts: 3"))
+    # An output schema the engine cannot use (stored past the checks of submit and apply,
+    # as an older version did): every attempt raises at its end, in the worker.
+    run = RunRecord(
+        id=new_id("run"),
+        namespace="default",
+        agent="helper",
+        input="2 + 3?",
+        output_schema={"type": "objectx"},
+    )
+    await store.submit_run(run)
+    await backend.bus.announce_runnable([run.id], mark="submitted")
+    with anyio.fail_after(20):
+        while not (stored := await get(store, run)).state.finished:
+            await backend.drain()
+            await anyio.sleep(0.02)
+    assert stored.state is RunState.DEAD_LETTER
+    assert (stored.attempts, stored.max_attempts) == (3, 3)
+    assert stored.error is not None and stored.error["code"] == "internal_error"
+    assert "UnknownType" in stored.error["message"] and "objectx" in stored.error["message"]
+    events = await store.list_events(run.id)
+    # (each attempt failed before its first journal write: no retry error could be journaled)
+    assert [e.type for e in events] == [EventType.RUN_START, EventType.ERROR, EventType.RUN_FINISH]
+    assert events[1].data == stored.error and events[-1].data["state"] == "dead_letter"
+
+
+async def test_a_run_whose_workers_kept_stopping_ends_at_max_attempts_with_the_last_error(
+    store: Store, settings: Settings
+) -> None:
+    await apply(store, scripted("{text: never asked}"), NOTE_TOOL, agent(extra="  max_attempts: 2"))
+    run = RunRecord(id=new_id("run"), namespace="default", agent="helper", input="hi")
+    run.max_attempts = 2  # (store.submit_run takes it from the record, not the Agent)
+    await store.submit_run(run)
+    # Two workers claimed it and died (their leases expired, as of the clock passed in);
+    # the first journaled a retryable error before it did.
+    past = time.time() - 100
+    [(_, lease)] = await store.claim_runs("dead-1", 1.0, now=past)
+    error = {"code": "model_error", "message": "upstream answered 503", "retry": 2}
+    start = Event(run.id, 1, EventType.RUN_START, {"agent": "helper", "input": "hi"})
+    await store.append_events([start, Event(run.id, 2, EventType.ERROR, error)], lease)
+    assert len(await store.claim_runs("dead-2", 1.0, now=past + 10)) == 1
+
+    await Worker(store, settings, poll_seconds=0.05).serve(anyio.Event(), until_idle=True)
+
+    stored = await get(store, run)
+    assert stored.state is RunState.DEAD_LETTER
+    assert (stored.attempts, stored.max_attempts) == (2, 2)  # the burying claim is no attempt
+    assert stored.error is not None
+    assert "kept stopping" in stored.error["message"]
+    assert "upstream answered 503" in stored.error["message"]
+    assert stored.error["cause"] == {"code": "model_error", "message": "upstream answered 503"}
+
+
+async def test_worker_shutdown_kills_a_daemon_its_exec_tool_started(
+    store: Store, settings: Settings
+) -> None:
+    probe = TESTS / "tool_programs" / "probe.py"
+    await apply(
+        store,
+        scripted("{tool_calls: [{name: daemon, arguments: {mode: daemon}}]}", "{text: done}"),
+        f"""
+apiVersion: corral/v1
+kind: Tool
+metadata: {{name: daemon}}
+spec:
+  type: exec
+  exec: {{command: ["{sys.executable}", "{probe}"]}}
+  parameters: {{type: object}}
+  timeout_seconds: 60
+---
+apiVersion: corral/v1
+kind: Agent
+metadata: {{name: helper}}
+spec: {{model: script, tools: [daemon]}}
+""",
+    )
+    run, _ = await submit(store, "helper", "start it")
+    stop = anyio.Event()
+    async with anyio.create_task_group() as group:
+        group.start_soon(Worker(store, settings, poll_seconds=0.05, grace_seconds=0).serve, stop)
+        with anyio.fail_after(20):  # the tool's program writes it once the daemon runs
+            while not (written := list(settings.workspaces.rglob("daemon.txt"))):
+                await anyio.sleep(0.02)
+            while not (text := written[0].read_text()):
+                await anyio.sleep(0.02)
+        daemon = int(text)
+        assert Path(f"/proc/{daemon}").exists() and os.getsid(daemon) == daemon
+        stop.set()
+    assert (await get(store, run)).state is RunState.QUEUED  # released for another worker
+    with anyio.fail_after(5):  # dead and reaped
+        while Path(f"/proc/{daemon}").exists():
+            await anyio.sleep(0.02)
 
 
 @pytest.mark.worker(retry_base_seconds=0.01)

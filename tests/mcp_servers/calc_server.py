@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
 import sys
 from typing import Any
 
@@ -50,6 +51,15 @@ async def slow(seconds: float) -> str:
     """Sleep, then answer."""
     await anyio.sleep(seconds)
     return "awake"
+
+
+@server.tool()
+def daemon() -> int:
+    """Start a daemon (a double-forked setsid process that ignores SIGTERM); its pid."""
+    probe = os.path.join(os.path.dirname(__file__), "..", "tool_programs", "probe.py")
+    subprocess.run([sys.executable, probe], input='{"mode": "daemon-exit"}', text=True, check=True)
+    with open("daemon.txt") as f:
+        return int(f.read())
 
 
 def _require_bearer(app: Any, token: str) -> Any:

@@ -6,10 +6,13 @@ fail    write to stderr and exit with code 3
 sleep   start a grandchild, write both pids to ``pids.txt`` in the cwd, sleep
 orphan  start a sleeping grandchild holding stdout, write its pid, exit at once
 flood   write far more than the stdout cap
+daemon  fork twice: a grandchild that calls setsid(), ignores SIGTERM, closes stdio and
+        writes its pid to ``daemon.txt`` in the cwd; then sleep (``daemon-exit``: exit)
 """
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -32,10 +35,36 @@ def main() -> None:
         if mode == "sleep":
             time.sleep(60)
         print('"done"')
+    elif mode in ("daemon", "daemon-exit"):
+        daemonize()
+        if mode == "daemon":
+            time.sleep(60)
+        print('"done"')
     elif mode == "flood":
         chunk = "x" * 65536
         while True:
             sys.stdout.write(chunk)
+
+
+def daemonize() -> None:
+    """The classic double fork; returns in the original process once the daemon runs."""
+    ready_r, ready_w = os.pipe()
+    if os.fork() == 0:  # the intermediate child
+        if os.fork() == 0:  # the daemon: no parent but the reaper, no group, no stdio
+            os.setsid()
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            devnull = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(devnull, fd)
+            with open("daemon.txt", "w") as f:
+                f.write(str(os.getpid()))
+            os.write(ready_w, b"x")
+            while True:
+                time.sleep(60)
+        os._exit(0)
+    os.close(ready_w)
+    os.read(ready_r, 1)  # the daemon wrote its pid
+    os.wait()  # the intermediate child
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 API_VERSION = "corral/v1"
 NAME_PATTERN = r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$"
@@ -337,6 +337,26 @@ class AgentSpec(Spec):
         description="runs of this agent executing at once across all workers; more stay queued",
     )
     session: SessionPolicy = Field(default_factory=SessionPolicy)
+
+    @field_validator("output_schema")
+    @classmethod
+    def _valid_schema(cls, schema: dict[str, Any] | None) -> dict[str, Any] | None:
+        problem = json_schema_problem(schema) if schema is not None else None
+        if problem is not None:
+            raise ValueError(problem)
+        return schema
+
+
+def json_schema_problem(schema: dict[str, Any]) -> str | None:
+    """Why ``schema`` is not a valid JSON Schema (of the draft its ``$schema`` names,
+    else 2020-12), or ``None``: checked before a run that would use it exists."""
+    import jsonschema  # not at the top: `corral --help` never needs it
+
+    try:
+        jsonschema.validators.validator_for(schema).check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        return f"not a valid JSON Schema: {exc.message}"
+    return None
 
 
 SPEC_TYPES: dict[str, type[Spec]] = {

@@ -394,3 +394,42 @@ def _rewrite_paths(resource: Resource, base_dir: Path | None) -> Resource:
     else:
         return resource
     return resource.model_copy(update={"spec": spec})
+
+
+def unanchored_paths(loaded: Sequence[LoadedResource]) -> list[Problem]:
+    """The relative program and module paths of documents that came without a file.
+
+    Over the HTTP API there is no YAML file for ``./x`` to be relative to, and
+    anything relative would resolve against the working directory of whichever
+    worker runs the tool, failing only then. Refused: a command entry starting
+    with ``./`` or ``../``, a program path that is relative (``bin/x``; a bare
+    name is looked up on the PATH) and a relative ``python.path``.
+    """
+    problems: list[Problem] = []
+    for item in loaded:
+        for path, value in _program_paths(item.resource):
+            reason = (
+                f"{value!r} is a relative path and there is no file it could be relative "
+                "to: give an absolute path (corral apply -f resolves ./ paths against the file)"
+            )
+            problems.append((item.location(path), reason))
+    return problems
+
+
+def _program_paths(resource: Resource) -> Iterable[tuple[FieldPath, str]]:
+    """The fields of ``resource`` naming a relative program or module path, with their value."""
+    spec = resource.spec
+    command: FieldPath = ()
+    entries: list[str] = []
+    if isinstance(spec, ToolSpecModel):
+        module_path = spec.python.path if spec.python is not None else None
+        if module_path is not None and not os.path.isabs(module_path):
+            yield ("spec", "python", "path"), module_path
+        if spec.exec is not None:
+            command, entries = ("spec", "exec", "command"), spec.exec.command
+    elif isinstance(spec, McpServerSpec):
+        command, entries = ("spec", "command"), spec.command
+    for index, entry in enumerate(entries):
+        program = index == 0 and "/" in entry
+        if entry.startswith(("./", "../")) or (program and not os.path.isabs(entry)):
+            yield (*command, index), entry

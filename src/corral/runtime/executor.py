@@ -9,10 +9,11 @@ runs) and stops the run when the lease is lost or a cancellation was asked for.
 
 from __future__ import annotations
 
+import logging
 import random
 import time
 from dataclasses import dataclass
-from typing import Literal, Self
+from typing import Any, Literal, Self
 
 import anyio
 import anyio.abc
@@ -33,6 +34,8 @@ from corral.runtime.sessions import session_history
 from corral.store.base import Store
 
 Outcome = Literal["done", "released", "lost"]
+
+log = logging.getLogger(__name__)
 
 #: Retry backoff of whole runs: base * 2^(attempt-1), capped, with full jitter.
 RUN_RETRY_MAX_SECONDS = 60.0
@@ -93,8 +96,45 @@ class RunExecutor:
         if self._writes is None:
             raise RuntimeError("RunExecutor used outside its `async with` block")
         sink = FencedSink(self.store, lease, self.observer, self.bus, writes=self._writes)
-        async with sink:
-            return await self._execute(record, lease, sink, shutdown)
+        try:
+            async with sink:
+                return await self._execute(record, lease, sink, shutdown)
+        except LeaseLostError:
+            return "lost"
+        except Exception as exc:  # noqa: BLE001 - the attempt's cause, kept (cancellation passes)
+            return await self._failed_attempt(record, lease, exc)
+
+    async def _failed_attempt(self, record: RunRecord, lease: Lease, exc: Exception) -> Outcome:
+        """An attempt that raised: journal the error as the attempt's cause, then retry the
+        run with backoff, or end it in dead letter with that cause after its last attempt.
+
+        If even that cannot be written (the store is down), that error propagates and the
+        lease is left to expire (the run is tried again, the attempt counted)."""
+        log.error("run %s: attempt %d failed", record.id, record.attempts, exc_info=exc)
+        error = exc.to_dict() if isinstance(exc, CorralError) else _internal_error(exc)
+        sink = FencedSink(self.store, lease, self.observer, self.bus, writes=self._writes)
+        try:
+            async with sink:
+                events = await self.store.list_events(record.id)
+                sink.last_seq = events[-1].seq if events else 0
+                if record.attempts >= record.max_attempts:
+                    if not events:
+                        await sink.emit(EventType.RUN_START, agent=record.agent, input=record.input)
+                    await sink.emit(EventType.ERROR, **error)
+                    await sink.emit(EventType.RUN_FINISH, state=RunState.DEAD_LETTER.value)
+                    result = RunResult(state=RunState.DEAD_LETTER, error=error)
+                    await self._save(record, lease, result, sink)
+                    return "done"
+                # A journal must begin with the run.start the engine writes (it carries the
+                # conversation); before it, the cause stays in the log until the last attempt.
+                if events:
+                    await sink.emit(EventType.ERROR, **error, retry=record.attempts + 1)
+                    await sink.flush()
+                await self.store.release_run(lease, not_before=time.time() + self._backoff(record))
+        except LeaseLostError:
+            return "lost"
+        await self._announce_released(lease)
+        return "released"
 
     async def _execute(
         self, record: RunRecord, lease: Lease, sink: FencedSink, shutdown: anyio.Event | None
@@ -151,12 +191,12 @@ class RunExecutor:
             await sink.emit(EventType.RUN_FINISH, state=RunState.CANCELLED.value)
             return RunResult(state=RunState.CANCELLED)
         if record.attempts > record.max_attempts:
-            error = CorralError(
-                f"gave up after {record.max_attempts} attempts (its workers kept stopping)"
-            )
-            await sink.emit(EventType.ERROR, **error.to_dict())
+            # This claim only ends the run: it is not an attempt of its own.
+            record.attempts = record.max_attempts
+            error = _gave_up(record, events)
+            await sink.emit(EventType.ERROR, **error)
             await sink.emit(EventType.RUN_FINISH, state=RunState.DEAD_LETTER.value)
-            return RunResult(state=RunState.DEAD_LETTER, error=error.to_dict())
+            return RunResult(state=RunState.DEAD_LETTER, error=error)
         try:
             agent, release = await self.agents.acquire(
                 record.namespace, record.agent, output_schema=record.output_schema
@@ -239,6 +279,10 @@ class RunExecutor:
             record.finished_at = time.time()
         if result.state is not RunState.RUNNING:  # as save_run stores it: no lease left
             record.lease_owner = record.lease_expires_at = None
+        if result.state is RunState.WAITING_APPROVAL:
+            # Attempts count the tries that failed to get anywhere: a run that reached a
+            # human's decision starts over, or its approvals alone would dead-letter it.
+            record.attempts = 0
         asked = (
             {a.call_id for a in await self.store.list_approvals(run_id=record.id)}
             if result.pending_approvals
@@ -266,6 +310,26 @@ class RunExecutor:
             record, lease, approvals, session_messages=added, events=sink.take()
         )
         await sink.announce()
+
+
+def _internal_error(exc: Exception) -> dict[str, Any]:
+    """An unexpected exception as a run error: its type and message, no traceback."""
+    return {"code": "internal_error", "message": f"{type(exc).__name__}: {exc}"}
+
+
+def _gave_up(record: RunRecord, events: list[Event]) -> dict[str, Any]:
+    """The error of a run whose workers stopped during every attempt, with the last error
+    its journal holds (an earlier attempt's) as the cause, when there is one."""
+    message = f"gave up after {record.max_attempts} attempts (its workers kept stopping)"
+    cause = next((e.data for e in reversed(events) if e.type is EventType.ERROR), None)
+    if cause is None:
+        return {"code": CorralError.code, "message": message}
+    cause = {k: v for k, v in cause.items() if k != "retry"}
+    return {
+        "code": CorralError.code,
+        "message": f"{message}; the last error: {cause.get('message', cause)}",
+        "cause": cause,
+    }
 
 
 def _journaled_end(events: list[Event]) -> RunResult | None:

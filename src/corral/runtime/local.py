@@ -16,11 +16,12 @@ from typing import Any, Self
 import anyio
 
 from corral.bus.base import Bus
-from corral.core.errors import NotFoundError
+from corral.core.errors import NotFoundError, UserError
 from corral.core.events import Event
 from corral.core.ids import new_id
 from corral.core.runs import Lease, RunRecord, RunState
 from corral.core.settings import Settings
+from corral.resources.kinds import json_schema_problem
 from corral.runtime.agents import Loading
 from corral.runtime.executor import Observer, RunExecutor
 from corral.runtime.worker import default_owner
@@ -44,7 +45,8 @@ async def submit(
 ) -> tuple[RunRecord, bool]:
     """Queue a run of ``agent``; returns ``(run, created)`` (``False``: the key was seen before).
 
-    ``NotFoundError`` (nothing stored) when the agent does not exist. A new run is
+    ``NotFoundError`` (nothing stored) when the agent does not exist, ``UserError``
+    when ``output_schema`` is not a valid JSON Schema. A new run is
     announced on ``bus`` (one due later too: a dispatching bus delivers it again
     when it is due).
     """
@@ -77,6 +79,9 @@ async def _submit(
     output_schema: dict[str, Any] | None,
     claim_for: tuple[str, float] | None = None,
 ) -> Submitted:
+    problem = json_schema_problem(output_schema) if output_schema is not None else None
+    if problem is not None:  # before anything is stored: it could only fail the run
+        raise UserError(f"the output schema is {problem}")
     if session is not None:
         if await store.get_resource(namespace, "Agent", agent) is None:
             raise NotFoundError(f"Agent {agent!r} not found in namespace {namespace!r}")

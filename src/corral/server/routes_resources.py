@@ -2,9 +2,9 @@
 
 An apply is all or nothing, as with ``corral apply``. A document without
 ``metadata.namespace`` goes to the token's namespace; one naming another
-namespace is refused (422 at ``metadata.namespace``). Relative program paths
-(``./tool.py``) have no file to be relative to over HTTP: they stay as written
-and resolve against the server's working directory, so use absolute paths.
+namespace is refused (422 at ``metadata.namespace``). Relative program and module
+paths (``./tool.py``) have no file to be relative to over HTTP: they are refused
+(422 naming the field); ``corral apply -f`` makes them absolute before sending.
 
 Applying resources is code execution on the server (``exec`` and ``python``
 tools, MCP server commands): that is why it takes the admin role.
@@ -20,7 +20,7 @@ from fastapi import APIRouter, Path, Query, Request, Response
 
 from corral.core.errors import NotFoundError, ResourceError
 from corral.resources.kinds import KINDS, NAME_PATTERN, kind_of
-from corral.resources.loader import LoadedResource, load_text
+from corral.resources.loader import LoadedResource, load_text, unanchored_paths
 from corral.resources.secrets import redacted
 from corral.server import pagination
 from corral.server.auth import Admin, Principal, Viewer, context_of
@@ -167,8 +167,9 @@ async def _load(text: str, who: Principal, *, json_documents: bool) -> list[Load
             for item in loaded
             if item.resource.namespace != who.namespace
         ]
-        if foreign:
-            raise ResourceError(foreign)
+        refused = foreign + unanchored_paths(loaded)
+        if refused:
+            raise ResourceError(refused)
     except ResourceError as exc:
         problems = resource_problems(exc)
         if json_documents:

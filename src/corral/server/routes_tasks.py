@@ -4,13 +4,12 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-import jsonschema
 from fastapi import APIRouter, Header, Path, Query, Request, Response
 from fastapi.responses import StreamingResponse
 
 from corral.core.errors import NotFoundError
 from corral.core.runs import RunRecord, RunState
-from corral.resources.kinds import NAME_PATTERN
+from corral.resources.kinds import NAME_PATTERN, json_schema_problem
 from corral.runtime.local import submit
 from corral.server import pagination
 from corral.server.auth import Operator, Principal, Viewer, context_of
@@ -43,17 +42,14 @@ async def own_run(store: Store, run_id: str, who: Principal) -> RunRecord:
 
 def check_schema(schema: dict[str, Any] | None, field: str) -> None:
     """422 naming ``field`` unless ``schema`` is a valid JSON Schema."""
-    if schema is None:
-        return
-    try:
-        jsonschema.validators.validator_for(schema).check_schema(schema)
-    except jsonschema.SchemaError as exc:
+    problem = json_schema_problem(schema) if schema is not None else None
+    if problem is not None:
         raise ProblemError(
             422,
             "not a valid JSON Schema",
             code="invalid_request",
-            errors=[FieldProblem(field=field, reason=exc.message)],
-        ) from None
+            errors=[FieldProblem(field=field, reason=problem)],
+        )
 
 
 async def check_session(store: Store, session_id: str | None, who: Principal) -> None:

@@ -12,8 +12,9 @@ the statements lock the rows they decide on (see
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -120,9 +121,27 @@ def sqlite_file(url: sa.URL) -> str | None:
 
 
 def prepare_sqlite_path(url: sa.URL) -> None:
+    """Create the database file's directory and the file itself, readable by its owner only.
+
+    The file is created 0600 (an existing one is tightened to 0600 when it is
+    ours): it holds every run's messages and tool outputs. SQLite gives the
+    ``-wal`` and ``-shm`` files it creates later the database file's mode, so
+    they are 0600 too; sidecars left by an older version are tightened here.
+    """
     database = url.database
-    if database and database != ":memory:" and not database.startswith("file:"):
-        Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+    if not database or database == ":memory:" or database.startswith("file:"):
+        return
+    path = Path(database).expanduser()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDONLY | os.O_CREAT, 0o600)  # an empty file is an empty database
+    try:
+        with suppress(PermissionError):  # someone else's file: theirs to guard
+            os.fchmod(fd, 0o600)
+    finally:
+        os.close(fd)
+    for suffix in ("-wal", "-shm", "-journal"):
+        with suppress(FileNotFoundError, PermissionError):
+            os.chmod(f"{path}{suffix}", 0o600)
 
 
 def configure_sqlite(engine: AsyncEngine, busy_timeout_seconds: float) -> None:

@@ -6,10 +6,12 @@ what :func:`locked_environment` sets and what the Tool declares. ``HOME`` and
 ``TMPDIR`` point into the agent's workspace, the working directory is the
 workspace (or ``spec.exec.cwd`` inside it).
 
-The process group is killed when the call is cancelled (SIGTERM, then SIGKILL
-after a short grace) and, after the program exits, any process it left behind
-is killed too, so a call never leaks processes. stdout and stderr are read with
-caps, so a runaway program cannot exhaust the worker's memory.
+The program and everything it starts are one
+:class:`~corral.tools.processes.ProcessTree`, daemons that left the process
+group included. When the call is cancelled or times out the tree gets SIGTERM,
+then SIGKILL after a short grace; after the program exits, any process it left
+behind is killed too, so a call never leaks processes. stdout and stderr are
+read with caps, so a runaway program cannot exhaust the worker's memory.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from corral.core.errors import ConfigurationError, ToolError, ToolErrorCode
 from corral.resources.kinds import EnvValue, ToolSpecModel
 from corral.tools.base import Tool, ToolContext
 from corral.tools.naming import declared_spec
+from corral.tools.processes import ProcessTree
 
 __all__ = [
     "MAX_STDERR_BYTES",
@@ -143,12 +146,6 @@ class _Capture:
                 del self.data[: len(self.data) - self.limit]
 
 
-def _signal_group(pid: int, sig: signal.Signals) -> None:
-    """Send ``sig`` to the process group led by ``pid``; a vanished group is fine."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, sig)
-
-
 async def _feed(stream: anyio.abc.ByteSendStream | None, data: bytes) -> None:
     if stream is None:
         return
@@ -162,9 +159,7 @@ async def _feed(stream: anyio.abc.ByteSendStream | None, data: bytes) -> None:
 
 
 async def _drain(
-    stream: anyio.abc.ByteReceiveStream | None,
-    capture: _Capture,
-    process: anyio.abc.Process,
+    stream: anyio.abc.ByteReceiveStream | None, capture: _Capture, tree: ProcessTree
 ) -> None:
     if stream is None:
         return
@@ -172,34 +167,35 @@ async def _drain(
         async for chunk in stream:
             capture.add(chunk)
             if capture.overflow and not capture.keep_tail:
-                _signal_group(process.pid, signal.SIGKILL)
+                tree.kill()
                 return
     except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
         pass
 
 
-async def _stop(process: anyio.abc.Process) -> None:
-    """Terminate the process group of a still running program and reap it."""
+async def _stop(process: anyio.abc.Process, tree: ProcessTree) -> None:
+    """Terminate a still running program, kill whatever is left of its tree, reap it all."""
     with anyio.CancelScope(shield=True):
         if process.returncode is None:
-            _signal_group(process.pid, signal.SIGTERM)
+            tree.signal(signal.SIGTERM)
             with anyio.move_on_after(TERM_GRACE_SECONDS):
                 await process.wait()
-        # whatever is left of the group, including descendants, dies now
-        _signal_group(process.pid, signal.SIGKILL)
+        tree.kill()  # whatever is left, descendants that left the group included, dies now
         with anyio.move_on_after(5.0):
             await process.wait()
         await process.aclose()
+        await tree.reap()
 
 
 async def run_program(
     argv: list[str], stdin: bytes, *, env: Mapping[str, str], cwd: Path
 ) -> _Completed:
     """Run ``argv`` to completion in its own process group; see the module docstring."""
+    tree = ProcessTree()
     try:
         process = await anyio.open_process(
             argv,
-            env=dict(env),
+            env=tree.environment(env),
             cwd=cwd,
             start_new_session=True,
             stdin=PIPE,
@@ -210,18 +206,22 @@ async def run_program(
         raise ToolError(
             ToolErrorCode.UNAVAILABLE, f"cannot start {argv[0]!r}: {exc.strerror or exc}"
         ) from exc
+    tree.started(process.pid)
     out = _Capture(MAX_STDOUT_BYTES, keep_tail=False)
     err = _Capture(MAX_STDERR_BYTES, keep_tail=True)
     try:
         async with anyio.create_task_group() as tg:
             tg.start_soon(_feed, process.stdin, stdin)
-            tg.start_soon(_drain, process.stdout, out, process)
-            tg.start_soon(_drain, process.stderr, err, process)
-            returncode = await process.wait()
+            tg.start_soon(_drain, process.stdout, out, tree)
+            tg.start_soon(_drain, process.stderr, err, tree)
+            async with anyio.create_task_group() as watching:
+                watching.start_soon(tree.watch)
+                returncode = await process.wait()
+                watching.cancel_scope.cancel()
             # Descendants still holding our pipes would keep the readers waiting.
-            _signal_group(process.pid, signal.SIGKILL)
+            tree.kill()
     finally:
-        await _stop(process)
+        await _stop(process, tree)
     return _Completed(returncode, bytes(out.data), bytes(err.data), out.overflow)
 
 

@@ -16,7 +16,8 @@ A stdio server runs in its own process group with the same locked-down
 environment as an ``exec`` tool (:func:`corral.tools.exec.locked_environment`)
 plus its declared env; its stderr is kept (the last few KiB) to explain a
 failed start. Closing the stack closes its stdin, waits a short grace, then
-kills the process group (the SDK's shutdown sequence).
+kills the process group (the SDK's shutdown sequence), then whatever is left
+of its :class:`~corral.tools.processes.ProcessTree` (daemons that left the group).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from corral.tools.base import Tool, ToolContext
 from corral.tools.exec import declared_environment, locked_environment, resolve_program
 from corral.tools.http import auth_headers
 from corral.tools.naming import model_tool_name
+from corral.tools.processes import ProcessTree
 
 __all__ = ["McpTool", "open_server_tools"]
 
@@ -178,7 +180,8 @@ async def _open_stdio(
         workspace = Path(tempfile.mkdtemp(prefix=f"corral-mcp-{server_name}-"))
         stack.callback(shutil.rmtree, workspace, ignore_errors=True)
     await anyio.Path(workspace).mkdir(parents=True, exist_ok=True)
-    env = {**_SDK_INHERITED, **(await locked_environment(workspace, declared))}
+    tree = ProcessTree()
+    env = tree.environment({**_SDK_INHERITED, **(await locked_environment(workspace, declared))})
 
     # stderr goes to a socket we drain into a bounded tail: no file grows, no thread waits.
     ours, theirs = socket.socketpair()
@@ -193,6 +196,9 @@ async def _open_stdio(
         # registered after the task group: runs before it exits, once the server is gone
         stack.callback(task_group.cancel_scope.cancel)
         task_group.start_soon(stderr_tail.drain, stream)
+        task_group.start_soon(tree.watch)
+        # registered before the server starts: runs once the SDK has shut it down
+        stack.push_async_callback(tree.end)
         errlog = spawn_only.enter_context(theirs.makefile("w"))
         params = StdioServerParameters(
             command=program, args=spec.command[1:], env=env, cwd=workspace

@@ -1,0 +1,220 @@
+"""Bad input that used to create runs which could only fail, or resources that could only
+fail at run time: refused up front, with a clear message and a stable code."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from server_harness import LiveServer, apply
+
+CORRAL = [sys.executable, "-m", "corral"]
+BAD_SCHEMA = {"type": "objectx"}
+
+STRUCTURED = """
+apiVersion: corral/v1
+kind: ModelEndpoint
+metadata: {name: answers}
+spec:
+  provider: scripted
+  script: [{text: '{"sum": 5}'}]
+---
+apiVersion: corral/v1
+kind: Agent
+metadata: {name: structured}
+spec:
+  model: answers
+"""
+
+
+def corral(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
+    env["CORRAL_HOME"] = str(home)
+    return subprocess.run(
+        [*CORRAL, *args], capture_output=True, text=True, env=env, timeout=120, check=False
+    )
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    with LiveServer(tmp_path_factory.mktemp("home")) as live:
+        yield live
+
+
+@pytest.fixture
+def client(server: LiveServer) -> Iterator[httpx.Client]:
+    with server.client(server.admin) as c:
+        yield c
+
+
+# --------------------------------------------------------------------------- output schemas
+
+
+def test_prompt_object_with_an_invalid_schema_exits_2_and_creates_no_run(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    (tmp_path / "agent.yaml").write_text(STRUCTURED)
+    assert corral(home, "apply", "-f", str(tmp_path / "agent.yaml")).returncode == 0
+    schema = tmp_path / "schema.json"
+    schema.write_text(json.dumps(BAD_SCHEMA))
+
+    proc = corral(home, "prompt-object", "structured", "--schema", str(schema), "2 + 3?")
+
+    assert proc.returncode == 2, proc.stderr
+    assert "not a valid JSON Schema" in proc.stderr and "'objectx'" in proc.stderr
+    assert "Traceback" not in proc.stderr and "internal error" not in proc.stderr
+    listed = corral(home, "tasks", "list", "-o", "json")
+    assert listed.returncode == 0 and json.loads(listed.stdout) == []
+
+
+def test_prompt_object_with_an_invalid_schema_exits_2_in_remote_mode_too(
+    server: LiveServer, client: httpx.Client, tmp_path: Path
+) -> None:
+    apply(client, STRUCTURED)
+    schema = tmp_path / "schema.json"
+    schema.write_text(json.dumps(BAD_SCHEMA))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
+    env.update(CORRAL_URL=server.url, CORRAL_TOKEN=server.admin)
+    proc = subprocess.run(
+        [*CORRAL, "prompt-object", "structured", "--schema", str(schema), "2 + 3?"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "objectx" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_prompt_object_with_an_invalid_schema_is_422_over_the_api(client: httpx.Client) -> None:
+    apply(client, STRUCTURED)
+    response = client.post(
+        "/v1/agents/structured/prompt-object", json={"input": "2 + 3?", "schema": BAD_SCHEMA}
+    )
+    assert response.status_code == 422
+    assert response.json()["errors"][0]["field"] == "body.schema"
+    assert client.get("/v1/tasks", params={"agent": "structured"}).json()["items"] == []
+
+
+def test_an_agent_with_an_invalid_output_schema_is_refused_at_apply(
+    client: httpx.Client, tmp_path: Path
+) -> None:
+    text = STRUCTURED.replace("model: answers", f"model: answers\n  output_schema: {BAD_SCHEMA}")
+    text = text.replace("name: structured", "name: badly-typed")
+    response = client.post(
+        "/v1/resources", content=text, headers={"Content-Type": "application/yaml"}
+    )
+    assert response.status_code == 422
+    [problem] = response.json()["errors"]
+    assert problem["field"] == "spec.output_schema" and "objectx" in problem["reason"]
+    assert client.get("/v1/resources/agent/badly-typed").status_code == 404
+
+    (tmp_path / "agent.yaml").write_text(text)
+    proc = corral(tmp_path / "home", "apply", "-f", str(tmp_path / "agent.yaml"))
+    assert proc.returncode == 2 and "spec.output_schema" in proc.stderr
+
+
+# --------------------------------------------------------------------------- relative paths
+
+
+def _tool(name: str, spec: dict[str, Any]) -> dict[str, Any]:
+    return {"apiVersion": "corral/v1", "kind": "Tool", "metadata": {"name": name}, "spec": spec}
+
+
+RELATIVE = [
+    (
+        _tool("py", {"type": "python", "python": {"function": "m:f", "path": "./lib"}}),
+        "spec.python.path",
+    ),
+    (
+        _tool("py-bare", {"type": "python", "python": {"function": "m:f", "path": "lib"}}),
+        "spec.python.path",
+    ),
+    (
+        _tool("ex", {"type": "exec", "exec": {"command": ["./tool.py"]}, "parameters": {}}),
+        "spec.exec.command[0]",
+    ),
+    (
+        _tool("ex-dir", {"type": "exec", "exec": {"command": ["bin/tool"]}, "parameters": {}}),
+        "spec.exec.command[0]",
+    ),
+    (
+        _tool(
+            "ex-arg",
+            {"type": "exec", "exec": {"command": ["python3", "../x.py"]}, "parameters": {}},
+        ),
+        "spec.exec.command[1]",
+    ),
+    (
+        {
+            "apiVersion": "corral/v1",
+            "kind": "McpServer",
+            "metadata": {"name": "files"},
+            "spec": {"transport": "stdio", "command": ["./server.py", "--root", "/srv"]},
+        },
+        "spec.command[0]",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("document", "field"), RELATIVE, ids=[d["metadata"]["name"] for d, _ in RELATIVE]
+)
+def test_relative_program_paths_are_refused_over_the_api_naming_the_field(
+    client: httpx.Client, document: dict[str, Any], field: str
+) -> None:
+    response = client.post("/v1/resources", json=[document])
+    assert response.status_code == 422, response.text
+    [problem] = response.json()["errors"]
+    assert (problem["field"], problem["document"]) == (field, 0)
+    assert "relative" in problem["reason"]
+    kind, name = document["kind"].lower(), document["metadata"]["name"]
+    assert client.get(f"/v1/resources/{kind}/{name}").status_code == 404
+
+
+def test_absolute_paths_and_names_on_the_path_are_still_accepted(client: httpx.Client) -> None:
+    documents = [
+        _tool("abs", {"type": "exec", "exec": {"command": ["/bin/cat"]}, "parameters": {}}),
+        _tool("on-path", {"type": "exec", "exec": {"command": ["cat", "-"]}, "parameters": {}}),
+        _tool("py-abs", {"type": "python", "python": {"function": "m:f", "path": "/srv/lib"}}),
+    ]
+    response = client.post("/v1/resources", json=documents)
+    assert response.status_code == 200, response.text
+
+
+def test_the_cli_still_sends_paths_relative_to_the_file_as_absolute(
+    server: LiveServer, tmp_path: Path
+) -> None:
+    (tmp_path / "tools.yaml").write_text(
+        """
+apiVersion: corral/v1
+kind: Tool
+metadata: {name: rel}
+spec:
+  type: exec
+  exec: {command: [./tool.sh]}
+  parameters: {type: object}
+"""
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
+    env.update(CORRAL_URL=server.url, CORRAL_TOKEN=server.admin)
+    proc = subprocess.run(
+        [*CORRAL, "apply", "-f", str(tmp_path / "tools.yaml")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    with server.client(server.admin) as client:
+        stored = client.get("/v1/resources/tool/rel").json()
+    assert stored["spec"]["exec"]["command"] == [str(tmp_path / "tool.sh")]
