@@ -9,6 +9,7 @@ runs) and stops the run when the lease is lost or a cancellation was asked for.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import time
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from corral.core.errors import CorralError, LeaseLostError, ModelError
 from corral.core.events import Event, EventType
 from corral.core.ids import new_id
 from corral.core.messages import Message
+from corral.core.redaction import Redactor
 from corral.core.runs import Approval, ApprovalState, Lease, RunRecord, RunState
 from corral.core.settings import Settings
 from corral.engine.loop import AgentDefinition, AgentLoop, RunResult
@@ -161,8 +163,9 @@ class RunExecutor:
             agent, release = await self.agents.acquire(
                 record.namespace, record.agent, output_schema=record.output_schema
             )
-        except CorralError as exc:
+        except CorralError as exc:  # (the builder redacted it)
             return await self._failed_to_start(sink, exc, events, record)
+        sink.redactor = agent.toolset.redactor
         try:
             loop = AgentLoop(
                 agent,
@@ -225,7 +228,9 @@ class RunExecutor:
         self, record: RunRecord, lease: Lease, result: RunResult, sink: FencedSink
     ) -> None:
         """Store the run's outcome with its last events (``run.finish``), in one commit;
-        ``record`` is the stored run afterwards."""
+        ``record`` is the stored run afterwards. Everything of the outcome is redacted here
+        (the engine redacts the events)."""
+        result = _redacted(result, sink.redactor)
         record.state = result.state
         record.output = result.output
         record.error = result.error
@@ -266,6 +271,18 @@ class RunExecutor:
             record, lease, approvals, session_messages=added, events=sink.take()
         )
         await sink.announce()
+
+
+def _redacted(result: RunResult, redact: Redactor) -> RunResult:
+    if not redact:
+        return result
+    return dataclasses.replace(
+        result,
+        output=redact.data(result.output),
+        error=redact.data(result.error),
+        messages=redact.messages(result.messages),
+        pending_approvals=[redact.approval(p) for p in result.pending_approvals],
+    )
 
 
 def _journaled_end(events: list[Event]) -> RunResult | None:
