@@ -38,7 +38,15 @@ PROBE = TESTS / "tool_programs" / "probe.py"
 MODEL_KEY = 'sk-"quoted\\back-MODELKEY-7f3a9c2e'
 # A tool secret has everything that changes when text is encoded.
 TOOL_SECRET = 'tok-"q\\b\n\u00fcn\u00ef-TOOLSECRET-5b1d8e'
-SECRETS = {"CORRAL_TEST_MODEL_KEY": MODEL_KEY, "CORRAL_TEST_TOOL_SECRET": TOOL_SECRET}
+# Basic auth: the header carries base64("user:password"); a server may echo the password.
+PASSWORD = 'pa"ss\\w\u00f6rd-BASICPW-93c1'
+BASIC = f"robot:{PASSWORD}"
+SECRETS = {
+    "CORRAL_TEST_MODEL_KEY": MODEL_KEY,
+    "CORRAL_TEST_TOOL_SECRET": TOOL_SECRET,
+    "CORRAL_TEST_BASIC": BASIC,
+}
+ALL = (MODEL_KEY, TOOL_SECRET, PASSWORD)
 
 
 def traces(secret: str) -> list[str]:
@@ -54,7 +62,7 @@ def traces(secret: str) -> list[str]:
 
 
 def assert_clean(text: str, *secrets: str) -> None:
-    for secret in secrets or (MODEL_KEY, TOOL_SECRET):
+    for secret in secrets or ALL:
         for trace in traces(secret):
             assert trace not in text, f"{trace!r} leaked"
 
@@ -65,7 +73,7 @@ def assert_database_clean(server: LiveServer) -> None:
     assert files
     for path in files:
         data = path.read_bytes()
-        for secret in (MODEL_KEY, TOOL_SECRET):
+        for secret in ALL:
             for trace in traces(secret):
                 for form in {trace.encode(), json.dumps(trace)[1:-1].encode()}:
                     assert form not in data, f"{trace!r} is in {path.name}"
@@ -285,6 +293,72 @@ def test_the_arguments_of_an_approval_are_redacted(
     assert "[REDACTED:tool-token]" in approvals[0]["arguments"]
     assert "[REDACTED:tool-token]" in task["pending_approvals"][0]["arguments"]
     assert_clean(everything_about(client, task["id"], "asks-first") + json.dumps(task))
+    assert_database_clean(server)
+
+
+def test_an_mcp_server_that_prints_its_secret_and_dies_fails_the_run_redacted(
+    server: LiveServer, client: httpx.Client, fake_openai: FakeOpenAIServer
+) -> None:
+    blurts = f"""apiVersion: corral/v1
+kind: McpServer
+metadata: {{name: blurts}}
+spec:
+  transport: stdio
+  command:
+    - {sys.executable}
+    - -c
+    - "import os, sys; sys.stderr.write('my token: ' + os.environ['TOKEN']); sys.exit(1)"
+  env: {{TOKEN: {{secret: tool-token}}}}
+---
+"""
+    docs = resources("mcp-blurts", fake_openai.base_url, extra_tools=blurts)
+    apply(client, docs.replace("tools: [probe, fail_with_env]", 'tools: [probe, "mcp:blurts/*"]'))
+
+    task = prompt(client, "mcp-blurts")
+
+    assert task["state"] == "failed"
+    assert "my token: [REDACTED:tool-token]" in task["error"]["message"]
+    assert_clean(everything_about(client, task["id"], "mcp-blurts") + json.dumps(task))
+    assert_clean(json.dumps(stored_row(server, task["id"]), default=str))
+    assert_database_clean(server)
+
+
+def test_the_password_of_basic_auth_echoed_in_a_json_error_body_is_redacted(
+    server: LiveServer, client: httpx.Client, fake_openai: FakeOpenAIServer
+) -> None:
+    with FakeOpenAIServer() as target:
+        target.fail(401, message=f"wrong password {PASSWORD} for robot")
+        login = f"""apiVersion: corral/v1
+kind: Secret
+metadata: {{name: basic-creds}}
+spec: {{from_env: CORRAL_TEST_BASIC}}
+---
+apiVersion: corral/v1
+kind: Tool
+metadata: {{name: login}}
+spec:
+  type: http
+  http:
+    url: {target.base_url}/chat/completions
+    auth: {{type: basic, secret: basic-creds}}
+    allow_private: true
+  parameters: {{type: object}}
+---
+"""
+        docs = resources("basic-auth", fake_openai.base_url, extra_tools=login)
+        apply(client, docs.replace("tools: [probe, fail_with_env]", "tools: [probe, login]"))
+        fake_openai.add_reply(FakeReply(tool_calls=[FakeToolCall("login", {})]))
+        fake_openai.add_reply(FakeReply(text="could not log in"))
+
+        task = prompt(client, "basic-auth")
+
+        sent = base64.b64encode(BASIC.encode()).decode()
+        assert target.requests[-1].headers["authorization"] == f"Basic {sent}"
+    assert task["state"] == "succeeded", task["error"]
+    [error] = [m["content"] for m in task["messages"] if m["role"] == "tool"]
+    assert "HTTP 401" in error and "[REDACTED:basic-creds]" in error
+    assert_clean(everything_about(client, task["id"], "basic-auth") + json.dumps(task))
+    assert_clean(json.dumps([r.body for r in fake_openai.requests]))
     assert_database_clean(server)
 
 
