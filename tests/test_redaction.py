@@ -25,11 +25,22 @@ import httpx
 import pytest
 
 from corral.core.redaction import Redactor, install_log_redaction
+from corral.testing.fake_anthropic import FakeAnthropicServer
 from corral.testing.fake_openai import FakeOpenAIServer, FakeReply, FakeToolCall
-from fixtures_models import fake_openai_fixture, openai_server_fixture
+from fixtures_models import (
+    anthropic_server_fixture,
+    fake_anthropic_fixture,
+    fake_openai_fixture,
+    openai_server_fixture,
+)
 from server_harness import LiveServer, apply, wait_for
 
-__all__ = ["fake_openai_fixture", "openai_server_fixture"]
+__all__ = [
+    "anthropic_server_fixture",
+    "fake_anthropic_fixture",
+    "fake_openai_fixture",
+    "openai_server_fixture",
+]
 
 TESTS = Path(__file__).parent
 PROBE = TESTS / "tool_programs" / "probe.py"
@@ -46,7 +57,9 @@ SECRETS = {
     "CORRAL_TEST_TOOL_SECRET": TOOL_SECRET,
     "CORRAL_TEST_BASIC": BASIC,
 }
-ALL = (MODEL_KEY, TOOL_SECRET, PASSWORD)
+# A key no Secret names: the anthropic SDK reads it from ANTHROPIC_API_KEY itself.
+SDK_KEY = "sk-ant-SDKENVKEY-0c4f2a91d7"
+ALL = (MODEL_KEY, TOOL_SECRET, PASSWORD, SDK_KEY)
 
 
 def traces(secret: str) -> list[str]:
@@ -195,6 +208,42 @@ def test_a_provider_error_echoing_the_bearer_key_is_redacted_in_the_record_and_t
     row = stored_row(server, task["id"])
     assert "[REDACTED:model-key]" in row["error"]
     assert_clean(json.dumps(row, default=str))
+    assert_database_clean(server)
+
+
+def test_a_key_the_provider_sdk_read_from_its_environment_is_redacted_too(
+    server: LiveServer,
+    client: httpx.Client,
+    fake_anthropic: FakeAnthropicServer,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("ANTHROPIC_API_KEY", SDK_KEY)
+    apply(
+        client,
+        f"""
+apiVersion: corral/v1
+kind: ModelEndpoint
+metadata: {{name: claude-env-key}}
+spec:
+  provider: anthropic
+  model: test-model
+  base_url: {fake_anthropic.base_url}
+  retry: {{max_attempts: 1}}
+---
+apiVersion: corral/v1
+kind: Agent
+metadata: {{name: env-key}}
+spec: {{model: claude-env-key, stream: false}}
+""",
+    )
+    fake_anthropic.fail(401, message=f"invalid x-api-key: {SDK_KEY}")
+
+    task = prompt(client, "env-key")
+
+    assert SDK_KEY in " ".join(fake_anthropic.requests[-1].headers.values())  # it was sent
+    assert task["state"] == "failed"
+    assert "[REDACTED:claude-env-key-api-key]" in task["error"]["message"]
+    assert_clean(everything_about(client, task["id"], "env-key") + json.dumps(task))
     assert_database_clean(server)
 
 

@@ -148,7 +148,10 @@ class AgentBuilder:
     async def _model(self, endpoint: str) -> Model:
         spec = await self._spec("ModelEndpoint", endpoint, ModelEndpointSpec)
         api_key = await self._secret(spec.api_key.secret) if spec.api_key else None
-        return build_model(endpoint, spec, api_key)
+        model = build_model(endpoint, spec, api_key)
+        # a key the provider's SDK found in its environment is as secret as a resolved one
+        self._derived += [(f"{endpoint}-api-key", v) for v in model.credentials() if v != api_key]
+        return model
 
     async def _tools(self, agent: AgentSpec, stack: AsyncExitStack) -> list[GovernedTool]:
         tools: list[GovernedTool] = []
