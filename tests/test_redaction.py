@@ -211,6 +211,25 @@ def test_a_provider_error_echoing_the_bearer_key_is_redacted_in_the_record_and_t
     assert_database_clean(server)
 
 
+def test_a_retried_provider_error_echoing_the_key_is_redacted_in_each_attempts_error(
+    server: LiveServer, client: httpx.Client, fake_openai: FakeOpenAIServer
+) -> None:
+    docs = resources("retried-key", fake_openai.base_url) + "  max_attempts: 2\n"
+    apply(client, docs)
+    fake_openai.fail(503, times=2, message=f"upstream rejected Bearer {MODEL_KEY}")
+
+    task = prompt(client, "retried-key")
+
+    assert task["state"] == "dead_letter"
+    events = client.get(f"/v1/runs/{task['id']}/events").json()["items"]
+    errors = [e["data"] for e in events if e["type"] == "error"]
+    assert [e.get("retry") for e in errors] == [2, None]  # the worker's, then the loop's
+    assert all("[REDACTED:model-key]" in e["message"] for e in errors)
+    assert "[REDACTED:model-key]" in task["error"]["message"]
+    assert_clean(everything_about(client, task["id"], "retried-key") + json.dumps(task))
+    assert_database_clean(server)
+
+
 def test_a_key_the_provider_sdk_read_from_its_environment_is_redacted_too(
     server: LiveServer,
     client: httpx.Client,
