@@ -481,6 +481,10 @@ def test_every_form_of_a_secret_is_redacted_wherever_it_sits(secret: str) -> Non
             text = redactor.text(encode(prefix + raw).decode())
             assert "[REDACTED:s]" in text, (prefix, encode)
     assert redactor.data({secret: [secret, 1, None]}) == {"[REDACTED:s]": ["[REDACTED:s]", 1, None]}
+    # data holding text that was encoded before (a JSON body, an exception's repr)
+    for form in forms:
+        [text] = redactor.data({"event": {"texts": [f"<<{form}>>"]}})["event"]["texts"]
+        assert "[REDACTED:s]" in text and secret[-6:] not in text, form
 
 
 def test_short_values_are_not_redacted_and_encoded_forms_only_from_eight_characters() -> None:

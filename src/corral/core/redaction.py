@@ -60,11 +60,14 @@ class Redactor:
         self.longest = max(map(len, names), default=0)
         self._pattern: re.Pattern[str] | None = None
         self._overlapping: re.Pattern[str] | None = None
+        self._encoded: re.Pattern[str] | None = None
         if names:
             # longest first: at one position the longest form wins (re takes the first that matches)
-            alternation = "|".join(re.escape(f) for f in sorted(names, key=len, reverse=True))
+            alternation = _alternation(names)
             self._pattern = re.compile(alternation)
             self._overlapping = re.compile(f"(?=({alternation}))")
+            # what any form looks like once the data holding it is encoded (see data())
+            self._encoded = re.compile(_alternation({_ENCODE(f)[1:-1] for f in names} | set(names)))
 
     def __bool__(self) -> bool:
         return self._pattern is not None
@@ -88,10 +91,25 @@ class Redactor:
         return self._replace(value, found.start())
 
     def data(self, value: Any) -> Any:
-        """JSON-like data with every string in it (keys too) redacted; a copy when needed."""
+        """JSON-like data with every string in it (keys too) redacted: ``value`` itself when
+        nothing in it names a secret, else a redacted copy."""
         if self._pattern is None:
             return value
+        if isinstance(value, str):
+            return self.text(value)
+        # One C-level encoding and one scan decide whether to walk the data at all: JSON
+        # escapes each character on its own, so a string holding any form shows that form
+        # escaped in the encoding, and `_encoded` knows every form escaped.
+        try:
+            if self._encoded is not None and self._encoded.search(_ENCODE(value)) is None:
+                return value
+        except (TypeError, ValueError):  # not JSON data (a key of another type): walk it
+            pass
         return self._data(value)
+
+    def found_in(self, text: str) -> bool:
+        """Whether ``text`` holds any form of any secret."""
+        return self._pattern is not None and self._pattern.search(text) is not None
 
     def _data(self, value: Any) -> Any:
         if isinstance(value, str):
@@ -107,7 +125,9 @@ class Redactor:
         nothing to redact)."""
         if self._pattern is None or not messages:
             return messages
-        return load_messages(self._data(dump_messages(messages)))
+        dumped = dump_messages(messages)
+        redacted = self.data(dumped)
+        return messages if redacted is dumped else load_messages(redacted)
 
     def approval(self, pending: PendingApproval) -> PendingApproval:
         """A pending approval with its arguments and reason redacted."""
@@ -197,6 +217,13 @@ class RedactedError(CorralError):
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self._data)
+
+
+_ENCODE = json.JSONEncoder(ensure_ascii=False, default=str, check_circular=False).encode
+
+
+def _alternation(forms: Iterable[str]) -> str:
+    return "|".join(re.escape(f) for f in sorted(forms, key=len, reverse=True))
 
 
 def _forms(value: str) -> Iterator[str]:

@@ -377,10 +377,12 @@ class Toolset:
 
     def _redacted_text(self, result: Any) -> str:
         """The result as text, redacted: data before it is encoded (a secret with a quote in
-        it is no longer whole once encoded), then the text (what an object's ``str`` gave)."""
+        it is no longer whole once encoded), then the text (what an object's ``str`` gave).
+        Most results name no secret: one scan of the encoded text finds that out."""
+        text = _as_text(result)
         redact = self.redactor
-        if not redact:
-            return _as_text(result)
+        if not redact.found_in(text):
+            return text
         if isinstance(result, str):
             return redact.text(result)
         return redact.text(_as_text(redact.data(result)))
