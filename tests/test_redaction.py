@@ -305,6 +305,32 @@ def test_tool_secrets_with_quotes_backslashes_newlines_and_non_ascii_never_leave
     assert_database_clean(server)
 
 
+def test_a_session_summary_that_repeats_a_secret_is_stored_redacted(
+    server: LiveServer, client: httpx.Client, fake_openai: FakeOpenAIServer
+) -> None:
+    policy = (
+        "  session: {max_history_tokens: 100, compaction: summarize, keep_recent_messages: 0}\n"
+    )
+    apply(client, resources("summarizer", fake_openai.base_url) + policy)
+    fake_openai.add_reply(
+        FakeReply(text="a long answer " * 40),  # the first run: history past 100 tokens
+        FakeReply(text=f"Summary: the user's token is {TOOL_SECRET}"),  # the compaction
+        FakeReply(text="ok"),  # the second run
+    )
+
+    first = prompt(client, "summarizer", session="compacted-session")
+    second = prompt(client, "summarizer", session="compacted-session")
+
+    assert (first["state"], second["state"]) == ("succeeded", "succeeded")
+    messages = client.get(
+        "/v1/sessions/compacted-session/messages", params={"include_hidden": "true"}
+    )
+    assert messages.status_code == 200
+    assert "Summary: the user's token is [REDACTED:tool-token]" in messages.text
+    assert_clean(messages.text + everything_about(client, second["id"], "summarizer"))
+    assert_database_clean(server)
+
+
 def test_the_exception_text_of_a_python_tool_is_redacted(
     server: LiveServer, client: httpx.Client, fake_openai: FakeOpenAIServer
 ) -> None:
