@@ -265,7 +265,10 @@ class LogRedaction(logging.Filter):
         redactor = LogRedaction.redactor
         if not redactor:
             return True
-        message = redactor.text(record.getMessage())
+        try:
+            message = redactor.text(record.getMessage())
+        except Exception:  # noqa: BLE001 - bad arguments: the handler reports them as usual
+            return True
         if record.exc_info and not record.exc_text:
             record.exc_text = logging.Formatter().formatException(record.exc_info)
         if record.exc_text:
@@ -283,10 +286,12 @@ def remember(redactor: Redactor) -> None:
 
 
 def install_log_redaction() -> None:
-    """Add the :class:`LogRedaction` filter to the root logger's handlers and to the
-    handler of last resort (what prints when logging was never configured)."""
-    handlers = [*logging.getLogger().handlers, logging.lastResort]
-    for handler in handlers:
+    """Add the :class:`LogRedaction` filter to every handler configured by now (the root
+    logger's, uvicorn's) and to the handler of last resort (what prints when logging was
+    never configured)."""
+    loggers = [logging.getLogger(), *logging.root.manager.loggerDict.values()]
+    handlers = [h for lg in loggers if isinstance(lg, logging.Logger) for h in lg.handlers]
+    for handler in [*handlers, logging.lastResort]:
         if handler is None:
             continue
         if not any(isinstance(f, LogRedaction) for f in handler.filters):
