@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 
@@ -14,3 +15,12 @@ def slow_echo(text: str, seconds: float = 0.0) -> str:
     """
     time.sleep(seconds)
     return text
+
+
+def fail_with_env(variable: str) -> str:
+    """Fail with an exception whose text quotes an environment variable (a careless tool).
+
+    Args:
+        variable: The variable to quote.
+    """
+    raise KeyError(os.environ[variable])

@@ -13,6 +13,7 @@ import pytest
 from corral.core.errors import ToolError, ToolErrorCode
 from corral.core.events import Event, EventType
 from corral.core.messages import Message, ToolSpec
+from corral.core.redaction import Redactor
 from corral.core.runs import RunState
 from corral.engine.loop import AgentDefinition, AgentLoop, RunResult
 from corral.models.gateway import PricedModel
@@ -27,7 +28,7 @@ from corral.resources.kinds import (
     ScriptedTurn,
 )
 from corral.tools.base import Tool, ToolContext
-from corral.tools.governance import GovernedTool, Permissions, Redactor, ToolPolicy, Toolset
+from corral.tools.governance import GovernedTool, Permissions, ToolPolicy, Toolset
 
 ADD_SCHEMA = {
     "type": "object",

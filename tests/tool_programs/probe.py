@@ -8,8 +8,11 @@ orphan  start a sleeping grandchild holding stdout, write its pid, exit at once
 flood   write far more than the stdout cap
 daemon  fork twice: a grandchild that calls setsid(), ignores SIGTERM, closes stdio and
         writes its pid to ``daemon.txt`` in the cwd; then sleep (``daemon-exit``: exit)
+leak    print $SERVICE_TOKEN as it is, then base64, base64url and hex encoded (one per line)
+leak-stderr  write $SERVICE_TOKEN to stderr and exit with code 3
 """
 
+import base64
 import json
 import os
 import signal
@@ -40,6 +43,13 @@ def main() -> None:
         if mode == "daemon":
             time.sleep(60)
         print('"done"')
+    elif mode == "leak":
+        raw = os.environ["SERVICE_TOKEN"].encode()
+        encoded = [base64.b64encode(raw), base64.urlsafe_b64encode(raw), raw.hex().encode()]
+        sys.stdout.buffer.write(b"\n".join([raw, *encoded]))
+    elif mode == "leak-stderr":
+        sys.stderr.buffer.write(b"cannot log in with " + os.environ["SERVICE_TOKEN"].encode())
+        sys.exit(3)
     elif mode == "flood":
         chunk = "x" * 65536
         while True:

@@ -62,7 +62,9 @@ def fail(message: str, code: int = EXIT_FAILED) -> NoReturn:
 def run_async(coro: Coroutine[Any, Any, T]) -> T:
     """Run a coroutine for a command, turning Corral errors into one line and an exit code."""
     from corral.core.errors import CorralError, UserError
+    from corral.core.redaction import install_log_redaction
 
+    install_log_redaction()  # every command that runs agents logs through here
     try:
         import asyncio  # here, not at the top: `corral --help` never needs it
 

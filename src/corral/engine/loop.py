@@ -311,11 +311,17 @@ class AgentLoop:
         if not agent.stream:
             return await agent.model.request(self.messages, tools, agent.model_settings)
         final: ModelResponse | None = None
+        # a secret split across two deltas is caught by holding a few characters back
+        pieces = agent.toolset.redactor.stream() if agent.toolset.redactor else None
         async for item in agent.model.stream(self.messages, tools, agent.model_settings):
             if isinstance(item, TextDelta):
-                await self.emit(EventType.TEXT_DELTA, text=item.text)
+                text = item.text if pieces is None else pieces.feed(item.text)
+                if text:
+                    await self.emit(EventType.TEXT_DELTA, text=text)
             else:
                 final = item
+        if pieces is not None and (rest := pieces.flush()):
+            await self.emit(EventType.TEXT_DELTA, text=rest)
         if final is None:  # a provider bug, not a user error
             raise CorralError(f"model {agent.model.name!r} ended its stream without a response")
         return final

@@ -219,6 +219,8 @@ class SDKModel(Model, Generic[ClientT]):
 
     #: how the subclass's SDK exceptions become :class:`ModelError`
     errors: ClassVar[SDKErrors]
+    #: keys that are no secret (a placeholder sent to servers that want none)
+    public_keys: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, name: str, client: ClientT, model: str, *, timeout_seconds: float) -> None:
         self.name = name
@@ -273,6 +275,11 @@ class SDKModel(Model, Generic[ClientT]):
                 endpoint=self.name,
             )
         yield fold.response(self.name)
+
+    def credentials(self) -> list[str]:
+        # both SDKs keep the key they send as `api_key` (anthropic: or `auth_token`)
+        found = (getattr(self.client, "api_key", None), getattr(self.client, "auth_token", None))
+        return [v for v in found if isinstance(v, str) and v and v not in self.public_keys]
 
     async def aclose(self) -> None:
         """Close the SDK client and its connections."""

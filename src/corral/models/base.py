@@ -49,6 +49,11 @@ class Model(ABC):
             yield TextDelta(response.message.content)
         yield response
 
+    def credentials(self) -> list[str]:
+        """What this model sends to authenticate, when it found it itself (a key a provider
+        SDK read from its environment): the agent's redactor learns these too."""
+        return []
+
     async def prepare(self) -> None:  # noqa: B027 - optional hook
         """Load weights or open connections ahead of the first request (may take long)."""
 

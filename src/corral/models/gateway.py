@@ -174,6 +174,9 @@ class RetryingModel(Model):
         result: R = await self._retrying(done=1)(call, *args)
         return result
 
+    def credentials(self) -> list[str]:
+        return self.inner.credentials()
+
     async def prepare(self) -> None:
         await self.inner.prepare()
 
@@ -218,6 +221,9 @@ class PricedModel(Model):
                 yield self._priced(item) if isinstance(item, ModelResponse) else item
         finally:
             await _close(stream)
+
+    def credentials(self) -> list[str]:
+        return self.inner.credentials()
 
     async def prepare(self) -> None:
         await self.inner.prepare()

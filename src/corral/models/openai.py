@@ -223,6 +223,7 @@ class OpenAIChatModel(SDKModel[openai.AsyncOpenAI]):
     """A model behind the Chat Completions API, reached through an injected SDK client."""
 
     errors = SDK_ERRORS
+    public_keys = frozenset({PLACEHOLDER_API_KEY})
 
     def __init__(
         self,

@@ -7,7 +7,8 @@ from collections.abc import Mapping
 from contextlib import AsyncExitStack
 from typing import Any, TypeVar
 
-from corral.core.errors import ConfigurationError, NotFoundError
+from corral.core.errors import ConfigurationError, CorralError, NotFoundError
+from corral.core.redaction import Redactor, remember
 from corral.core.settings import Settings
 from corral.engine.loop import AgentDefinition
 from corral.models.base import Model, ModelSettings
@@ -26,7 +27,7 @@ from corral.resources.kinds import (
 from corral.resources.secrets import SecretResolver
 from corral.store.base import Store
 from corral.tools.base import Tool
-from corral.tools.governance import GovernedTool, Permissions, Redactor, ToolPolicy, Toolset
+from corral.tools.governance import GovernedTool, Permissions, ToolPolicy, Toolset
 from corral.tools.registry import build_tool
 
 MCP_PREFIX = "mcp:"
@@ -42,9 +43,15 @@ class AgentBuilder:
         self.namespace = namespace
         self.secrets = SecretResolver(store, settings)
         self._resolved: dict[str, str] = {}
+        #: what else a run may echo of them: the password of a basic-auth secret
+        self._derived: list[tuple[str, str]] = []
 
     async def agent_spec(self, name: str) -> AgentSpec:
         return await self._spec("Agent", name, AgentSpec)
+
+    def redactor(self) -> Redactor:
+        """A redactor of every secret resolved so far (model keys, tool and MCP secrets)."""
+        return Redactor([*self._resolved.items(), *self._derived])
 
     async def build(
         self,
@@ -53,7 +60,24 @@ class AgentBuilder:
         *,
         output_schema: dict[str, Any] | None = None,
     ) -> AgentDefinition:
-        """The live agent; models, tools and MCP sessions are closed by ``stack``."""
+        """The live agent; models, tools and MCP sessions are closed by ``stack``.
+
+        A ``CorralError`` that names a secret resolved by then (a server's stderr
+        quoted in it) is raised redacted.
+        """
+        try:
+            return await self._build(name, stack, output_schema)
+        except CorralError as exc:
+            redacted = self.redactor().error(exc)
+            if redacted is exc:
+                raise
+            raise redacted from None  # (the original, which names the secret, stays behind)
+        finally:
+            remember(self.redactor())  # for the log filter, whatever became of the build
+
+    async def _build(
+        self, name: str, stack: AsyncExitStack, output_schema: dict[str, Any] | None
+    ) -> AgentDefinition:
         spec = await self.agent_spec(name)
         models: list[Model] = []
         for endpoint in [spec.model, *spec.fallback_models]:
@@ -73,7 +97,7 @@ class AgentBuilder:
             tools,
             permissions=await self._permissions(spec),
             approval=spec.approval,
-            redactor=Redactor(self._resolved),
+            redactor=self.redactor(),
         )
         workspace = self.settings.workspaces / self.namespace / name
         workspace.mkdir(parents=True, exist_ok=True)
@@ -116,12 +140,18 @@ class AgentBuilder:
         names = [v.secret for v in env.values() if isinstance(v, EnvValue) and v.secret]
         if auth is not None:
             names.append(auth.secret)
-        return {n: await self._secret(n) for n in names}
+        resolved = {n: await self._secret(n) for n in names}
+        if auth is not None and auth.type == "basic":
+            self._derived.append((auth.secret, resolved[auth.secret].partition(":")[2]))
+        return resolved
 
     async def _model(self, endpoint: str) -> Model:
         spec = await self._spec("ModelEndpoint", endpoint, ModelEndpointSpec)
         api_key = await self._secret(spec.api_key.secret) if spec.api_key else None
-        return build_model(endpoint, spec, api_key)
+        model = build_model(endpoint, spec, api_key)
+        # a key the provider's SDK found in its environment is as secret as a resolved one
+        self._derived += [(f"{endpoint}-api-key", v) for v in model.credentials() if v != api_key]
+        return model
 
     async def _tools(self, agent: AgentSpec, stack: AsyncExitStack) -> list[GovernedTool]:
         tools: list[GovernedTool] = []

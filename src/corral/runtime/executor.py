@@ -9,6 +9,7 @@ runs) and stops the run when the lease is lost or a cancellation was asked for.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
 import time
@@ -23,6 +24,7 @@ from corral.core.errors import CorralError, LeaseLostError, ModelError
 from corral.core.events import Event, EventType
 from corral.core.ids import new_id
 from corral.core.messages import Message
+from corral.core.redaction import Redactor
 from corral.core.runs import Approval, ApprovalState, Lease, RunRecord, RunState
 from corral.core.settings import Settings
 from corral.engine.loop import AgentDefinition, AgentLoop, RunResult
@@ -102,9 +104,11 @@ class RunExecutor:
         except LeaseLostError:
             return "lost"
         except Exception as exc:  # noqa: BLE001 - the attempt's cause, kept (cancellation passes)
-            return await self._failed_attempt(record, lease, exc)
+            return await self._failed_attempt(record, lease, exc, sink.redactor)
 
-    async def _failed_attempt(self, record: RunRecord, lease: Lease, exc: Exception) -> Outcome:
+    async def _failed_attempt(
+        self, record: RunRecord, lease: Lease, exc: Exception, redactor: Redactor
+    ) -> Outcome:
         """An attempt that raised: journal the error as the attempt's cause, then retry the
         run with backoff, or end it in dead letter with that cause after its last attempt.
 
@@ -113,6 +117,7 @@ class RunExecutor:
         log.error("run %s: attempt %d failed", record.id, record.attempts, exc_info=exc)
         error = exc.to_dict() if isinstance(exc, CorralError) else _internal_error(exc)
         sink = FencedSink(self.store, lease, self.observer, self.bus, writes=self._writes)
+        sink.redactor = redactor  # what the attempt's agent resolved, if it got that far
         try:
             async with sink:
                 events = await self.store.list_events(record.id)
@@ -201,8 +206,9 @@ class RunExecutor:
             agent, release = await self.agents.acquire(
                 record.namespace, record.agent, output_schema=record.output_schema
             )
-        except CorralError as exc:
+        except CorralError as exc:  # (the builder redacted it)
             return await self._failed_to_start(sink, exc, events, record)
+        sink.redactor = agent.toolset.redactor
         try:
             loop = AgentLoop(
                 agent,
@@ -265,7 +271,9 @@ class RunExecutor:
         self, record: RunRecord, lease: Lease, result: RunResult, sink: FencedSink
     ) -> None:
         """Store the run's outcome with its last events (``run.finish``), in one commit;
-        ``record`` is the stored run afterwards."""
+        ``record`` is the stored run afterwards. Everything of the outcome is redacted here
+        (the engine redacts the events)."""
+        result = _redacted(result, sink.redactor)
         record.state = result.state
         record.output = result.output
         record.error = result.error
@@ -330,6 +338,18 @@ def _gave_up(record: RunRecord, events: list[Event]) -> dict[str, Any]:
         "message": f"{message}; the last error: {cause.get('message', cause)}",
         "cause": cause,
     }
+
+
+def _redacted(result: RunResult, redact: Redactor) -> RunResult:
+    if not redact:
+        return result
+    return dataclasses.replace(
+        result,
+        output=redact.data(result.output),
+        error=redact.data(result.error),
+        messages=redact.messages(result.messages),
+        pending_approvals=[redact.approval(p) for p in result.pending_approvals],
+    )
 
 
 def _journaled_end(events: list[Event]) -> RunResult | None:

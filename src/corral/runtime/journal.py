@@ -57,6 +57,7 @@ import anyio.abc
 
 from corral.bus.base import Bus
 from corral.core.events import Event, EventType
+from corral.core.redaction import Redactor
 from corral.core.runs import Lease
 from corral.store.base import Store
 
@@ -115,6 +116,8 @@ class FencedSink:
         self.bus = bus
         self.buffer: list[Event] = []
         self.last_seq = 0
+        #: the run's redactor, for the events of :meth:`emit` (the engine redacts its own)
+        self.redactor = Redactor()
         self._approvals_in_step = False
         self._shared = writes
         self._own: anyio.abc.TaskGroup | None = None
@@ -280,5 +283,6 @@ class FencedSink:
             await self.bus.announce_events(self.lease.run_id, self.last_seq)
 
     async def emit(self, type: EventType, **data: Any) -> None:
-        """An event from outside the loop, numbered after the last one."""
+        """An event from outside the loop, numbered after the last one, redacted."""
+        data = self.redactor.data(data)
         await self(Event(self.lease.run_id, self.last_seq + 1, type, data, time.time()))

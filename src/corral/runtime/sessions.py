@@ -66,4 +66,5 @@ async def _summarize(agent: AgentDefinition, messages: list[Message]) -> Message
     )
     request = [Message.system(_SUMMARIZE), Message.user(transcript)]
     response = await agent.model.request(request, [], ModelSettings(temperature=0))
-    return Message.user(f"{SUMMARY_PREFIX}\n{response.message.content.strip()}")
+    summary = agent.toolset.redactor.text(response.message.content.strip())
+    return Message.user(f"{SUMMARY_PREFIX}\n{summary}")

@@ -25,6 +25,7 @@ import uvicorn
 
 from corral.bus import open_settings_bus
 from corral.core.errors import ConfigurationError
+from corral.core.redaction import install_log_redaction
 from corral.core.settings import Settings
 from corral.core.tokens import Role, mint_token
 from corral.resources.secrets import SecretCipher
@@ -147,6 +148,7 @@ async def serve(
                 access_log=False,
                 timeout_graceful_shutdown=int(graceful_seconds),
             )
+            install_log_redaction()  # uvicorn's handlers exist from here on
             server = CorralServer(config, app.state.corral)
             if on_server is not None:
                 on_server(server)

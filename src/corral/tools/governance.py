@@ -11,7 +11,7 @@ In order, for one call the model asked for:
 5. the tool's circuit is closed              else ``circuit_open``
 6. the call runs under the tool's timeout,
    retried per its retry policy              ``timeout``, ``execution_failed``, ...
-7. the output is redacted and capped
+7. the output is redacted (before it is encoded as text) and capped
 
 Every failure is a :class:`~corral.core.errors.ToolErrorInfo` in the
 :class:`ToolOutcome`; nothing here raises for a failed call, so one bad call
@@ -35,6 +35,7 @@ from jsonschema.exceptions import SchemaError
 
 from corral.core.errors import ToolError, ToolErrorCode, ToolErrorInfo
 from corral.core.messages import ToolCall, ToolSpec
+from corral.core.redaction import Redactor
 from corral.resources.kinds import (
     ApprovalPolicy,
     CircuitBreakerPolicy,
@@ -176,36 +177,6 @@ def needs_approval(agent_policy: ApprovalPolicy, tool: ToolPolicy) -> bool:
     if agent_policy.policy == "by_risk":
         return _RISK_ORDER[tool.risk] >= _RISK_ORDER[agent_policy.min_risk]
     return agent_policy.policy == "always"
-
-
-class Redactor:
-    """Replaces known secret values with ``[REDACTED:name]`` in text and data."""
-
-    def __init__(self, secrets: Mapping[str, str] | None = None) -> None:
-        # Longest first, so a secret containing another is replaced whole. Values
-        # shorter than 4 characters would mangle ordinary text and are skipped.
-        pairs = [(v, k) for k, v in (secrets or {}).items() if len(v) >= 4]
-        self._pairs = sorted(pairs, key=lambda p: len(p[0]), reverse=True)
-
-    def __bool__(self) -> bool:
-        return bool(self._pairs)
-
-    def text(self, value: str) -> str:
-        for secret, name in self._pairs:
-            if secret in value:
-                value = value.replace(secret, f"[REDACTED:{name}]")
-        return value
-
-    def data(self, value: Any) -> Any:
-        if not self._pairs:
-            return value
-        if isinstance(value, str):
-            return self.text(value)
-        if isinstance(value, dict):
-            return {k: self.data(v) for k, v in value.items()}
-        if isinstance(value, list | tuple):
-            return [self.data(v) for v in value]
-        return value
 
 
 @dataclass(frozen=True)
@@ -397,11 +368,24 @@ class Toolset:
             result, attempts = await governed.execute(arguments, ctx)
         except ToolError as exc:
             info = exc.info
-            reason = self.redactor.text(info.reason)
-            error = ToolErrorInfo(info.code, reason, info.retryable, info.details)
+            redact = self.redactor
+            reason = redact.text(info.reason)
+            error = ToolErrorInfo(info.code, reason, info.retryable, redact.data(info.details))
             return ToolOutcome(call, ref, "", error, attempts, _ms_since(started))
-        output = _cap(self.redactor.text(_as_text(result)), governed.policy.max_output_bytes)
+        output = _cap(self._redacted_text(result), governed.policy.max_output_bytes)
         return ToolOutcome(call, ref, output, None, attempts, _ms_since(started))
+
+    def _redacted_text(self, result: Any) -> str:
+        """The result as text, redacted: data before it is encoded (a secret with a quote in
+        it is no longer whole once encoded), then the text (what an object's ``str`` gave).
+        Most results name no secret: one scan of the encoded text finds that out."""
+        text = _as_text(result)
+        redact = self.redactor
+        if not redact.found_in(text):
+            return text
+        if isinstance(result, str):
+            return redact.text(result)
+        return redact.text(_as_text(redact.data(result)))
 
     async def aclose(self) -> None:
         for governed in self.by_name.values():
