@@ -10,7 +10,9 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+
+from corral.core.addresses import url_problem
 
 API_VERSION = "corral/v1"
 NAME_PATTERN = r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$"
@@ -158,14 +160,31 @@ class HttpAuth(Spec):
 
 
 class HttpToolSpec(Spec):
-    url: str
-    method: Literal["POST", "PUT"] = "POST"
-    headers: dict[str, str] = Field(default_factory=dict)
-    auth: HttpAuth | None = None
+    """Where an ``http`` tool sends its calls.
+
+    ``url`` is checked when the Tool is applied (:func:`corral.core.addresses.url_problem`):
+    http or https, a host, no credentials, and unless ``allow_private`` no loopback,
+    private or metadata address in any spelling (``2130706433``, ``0x7f.1``) and no
+    ``localhost``. Names are resolved and checked again on every call.
+    """
+
+    # Declared before ``url`` so that the url's validator can read it.
     allow_private: bool = Field(
         default=False,
         description="allow loopback, link-local and private destinations (SSRF guard off)",
     )
+    url: str
+    method: Literal["POST", "PUT"] = "POST"
+    headers: dict[str, str] = Field(default_factory=dict)
+    auth: HttpAuth | None = None
+
+    @field_validator("url")
+    @classmethod
+    def _callable_url(cls, url: str, info: ValidationInfo) -> str:
+        problem = url_problem(url, allow_private=info.data.get("allow_private") is True)
+        if problem is not None:
+            raise ValueError(problem)
+        return url
 
 
 class CircuitBreakerPolicy(Spec):
