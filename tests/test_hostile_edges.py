@@ -9,6 +9,7 @@ one: ``2130706433``, ``0x7f.1`` and ``127.1`` are 127.0.0.1 to a resolver.
 from __future__ import annotations
 
 import os
+import sqlite3
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -203,3 +204,58 @@ async def test_a_bad_url_past_apply_fails_the_tools_calls_not_the_tool(
     assert caught.value.tool_code == "blocked_destination"
     assert caught.value.retryable is False
     assert requests == []
+
+
+AGENT_WITH_HOOK = """apiVersion: corral/v1
+kind: ModelEndpoint
+metadata: {name: hooker-model}
+spec:
+  provider: scripted
+  script:
+    - {tool_calls: [{name: hook, arguments: {}}]}
+    - {text: done}
+---
+apiVersion: corral/v1
+kind: Tool
+metadata: {name: hook}
+spec:
+  type: http
+  parameters: {type: object}
+  http: {url: "https://hook.example.test/x"}
+---
+apiVersion: corral/v1
+kind: Agent
+metadata: {name: hooker}
+spec:
+  model: hooker-model
+  tools: [hook]
+"""
+
+
+def test_a_stored_tool_whose_url_apply_would_refuse_fails_its_calls_not_the_agent(
+    tmp_path: Path,
+) -> None:
+    with LiveServer(tmp_path / "home", workers=1) as live, live.client(live.admin) as client:
+        applied = client.post(
+            "/v1/resources", content=AGENT_WITH_HOOK, headers={"Content-Type": "application/yaml"}
+        )
+        assert applied.status_code == 200, applied.text
+        # As an older Corral, which did not check the url when applying, stored it.
+        with sqlite3.connect(tmp_path / "home" / "corral.db") as db:
+            changed = db.execute(
+                "UPDATE resources SET spec = json_set(spec, '$.http.url', 'file:///etc/passwd')"
+                " WHERE kind = 'Tool' AND name = 'hook'"
+            ).rowcount
+        assert changed == 1
+
+        stored = client.get("/v1/resources/tool/hook")  # it still loads
+        assert stored.status_code == 200, stored.text
+        assert stored.json()["spec"]["http"]["url"] == "file:///etc/passwd"
+
+        answer = client.post("/v1/agents/hooker/prompt", json={"input": "call it"})
+        assert answer.status_code == 200, answer.text
+        assert (answer.json()["state"], answer.json()["output"]) == ("succeeded", "done")
+        events = client.get(f"/v1/runs/{answer.json()['id']}/events").json()["items"]
+        [result] = [e["data"] for e in events if e["type"] == "tool.result"]
+        assert result["error"]["code"] == "blocked_destination"
+        assert "scheme 'file' is not allowed" in result["error"]["reason"]

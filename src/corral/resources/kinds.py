@@ -18,6 +18,11 @@ API_VERSION = "corral/v1"
 NAME_PATTERN = r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$"
 _NAME_RE = re.compile(NAME_PATTERN)
 
+#: The validation context of a spec read back from the store. Checks that only an
+#: apply should make (a rule newer than the stored resource) look at it and pass: the
+#: resource keeps loading, and what it does is checked again where it is used.
+STORED: dict[str, Any] = {"stored": True}
+
 Name = Annotated[str, Field(pattern=NAME_PATTERN, description="lower case, digits, '.', '_', '-'")]
 Seconds = Annotated[float, Field(gt=0)]
 
@@ -165,7 +170,8 @@ class HttpToolSpec(Spec):
     ``url`` is checked when the Tool is applied (:func:`corral.core.addresses.url_problem`):
     http or https, a host, no credentials, and unless ``allow_private`` no loopback,
     private or metadata address in any spelling (``2130706433``, ``0x7f.1``) and no
-    ``localhost``. Names are resolved and checked again on every call.
+    ``localhost``. A stored url is not checked again when read (:data:`STORED`): every
+    call checks it, resolving names, and a bad one fails the calls, not the agent.
     """
 
     # Declared before ``url`` so that the url's validator can read it.
@@ -181,6 +187,8 @@ class HttpToolSpec(Spec):
     @field_validator("url")
     @classmethod
     def _callable_url(cls, url: str, info: ValidationInfo) -> str:
+        if info.context is not None and info.context.get("stored"):
+            return url
         problem = url_problem(url, allow_private=info.data.get("allow_private") is True)
         if problem is not None:
             raise ValueError(problem)
