@@ -251,6 +251,16 @@ def test_a_stored_tool_whose_url_apply_would_refuse_fails_its_calls_not_the_agen
         stored = client.get("/v1/resources/tool/hook")  # it still loads
         assert stored.status_code == 200, stored.text
         assert stored.json()["spec"]["http"]["url"] == "file:///etc/passwd"
+        env = {**os.environ, "CORRAL_URL": live.url, "CORRAL_TOKEN": live.admin}
+        shown = subprocess.run(
+            [sys.executable, "-m", "corral", "get", "tool", "hook", "-o", "json"],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+        )
+        assert shown.returncode == 0, shown.stdout + shown.stderr  # the remote CLI too
+        assert "file:///etc/passwd" in shown.stdout
 
         answer = client.post("/v1/agents/hooker/prompt", json={"input": "call it"})
         assert answer.status_code == 200, answer.text
