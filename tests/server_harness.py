@@ -38,6 +38,8 @@ class LiveServer:
         workers: int = 4,
         rate_limit: float = 0.0,
         rate_burst: int = 100,
+        auth_failure_rate: float = 0.0,
+        auth_failure_burst: int = 20,
         max_body_bytes: int = 1024 * 1024,
         poll_seconds: float = 0.5,
         keepalive_seconds: float = 15.0,
@@ -53,6 +55,8 @@ class LiveServer:
             secret_key=None,
             api_rate_limit=rate_limit,
             api_rate_burst=rate_burst,
+            api_auth_failure_rate=auth_failure_rate,
+            api_auth_failure_burst=auth_failure_burst,
             api_max_body_bytes=max_body_bytes,
         )
         self.workers = workers

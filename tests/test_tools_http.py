@@ -20,7 +20,7 @@ from corral.core.errors import ToolError
 from corral.resources.kinds import HttpAuth, HttpToolSpec, ToolSpecModel
 from corral.tools import http as http_tool
 from corral.tools.base import Tool, ToolContext
-from corral.tools.ssrf import blocked_reason, check_destination
+from corral.tools.ssrf import Resolver, blocked_reason, check_destination
 
 
 @dataclass
@@ -163,39 +163,58 @@ async def test_auth_profiles_send_their_header(
     assert request.headers[header] == expected
 
 
+def resolving_to(address: str) -> Resolver:
+    """A resolver that answers ``address`` for any name (a DNS record an attacker controls)."""
+
+    async def resolve(host: str, port: int) -> list[str]:
+        return [address]
+
+    return resolve
+
+
 @pytest.mark.parametrize(
-    "url",
+    "address",
     [
-        "http://169.254.169.254/latest/meta-data",
-        "http://10.0.0.1/",
-        "http://[fd00:ec2::254]/latest",
-        "http://[::ffff:169.254.169.254]/",
-        "http://100.64.0.1/",
-        "http://0.0.0.0:80/",
+        "169.254.169.254",
+        "10.0.0.1",
+        "fd00:ec2::254",
+        "::ffff:169.254.169.254",
+        "100.64.0.1",
+        "0.0.0.0",
     ],
 )
-async def test_ssrf_guard_blocks_before_any_connection(url: str, tmp_path: Path) -> None:
+async def test_ssrf_guard_blocks_a_name_resolving_to_a_private_address_before_any_connection(
+    address: str, tmp_path: Path
+) -> None:
+    # A literal private address is refused when the Tool is applied; a name is only
+    # known to be private once it is resolved, on the call.
     transport = RefusingTransport()
-    spec = ToolSpecModel(type="http", parameters={"type": "object"}, http=HttpToolSpec(url=url))
-    tool = http_tool.create("remote", spec, {}, transport=transport)
+    spec = ToolSpecModel(
+        type="http",
+        parameters={"type": "object"},
+        http=HttpToolSpec(url="http://tools.example.test/latest"),
+    )
+    tool = http_tool.create("remote", spec, {}, transport=transport, resolver=resolving_to(address))
     with pytest.raises(ToolError) as caught:
         await tool.call({}, context(tmp_path))
     assert caught.value.tool_code == "blocked_destination"
     assert caught.value.retryable is False
+    assert str(ipaddress.ip_address(address)) in caught.value.info.reason
     assert transport.requests == []
     await tool.aclose()
 
 
-async def test_localhost_is_blocked_unless_private_is_allowed(
+async def test_a_loopback_name_is_blocked_unless_private_is_allowed(
     server: Server, tmp_path: Path
 ) -> None:
-    blocked = make(server.url(host="localhost"))
+    url = server.url(host="tools.internal.test")
+    spec = ToolSpecModel(type="http", parameters={"type": "object"}, http=HttpToolSpec(url=url))
+    blocked = http_tool.create("remote", spec, {}, resolver=resolving_to("127.0.0.1"))
     with pytest.raises(ToolError) as caught:
         await blocked.call({}, context(tmp_path))
     assert caught.value.tool_code == "blocked_destination"
     assert server.requests == []
 
-    # 127.0.0.1 rather than localhost: localhost may resolve to ::1 first, where nothing listens
     allowed = make(server.url(), allow_private=True)
     try:
         await allowed.call({}, context(tmp_path))

@@ -32,6 +32,10 @@ class Settings:
                       0 turns rate limiting off)
     ``CORRAL_API_RATE_BURST`` requests a token may make at once above that rate
                       (default 100)
+    ``CORRAL_API_AUTH_FAILURE_RATE`` failed authentications per second per client
+                      address, sustained (default 1; 0 turns this limit off)
+    ``CORRAL_API_AUTH_FAILURE_BURST`` failed authentications an address may make
+                      at once above that rate (default 20)
 
     Scale-out (NATS JetStream; see docs/deploy.md):
 
@@ -55,6 +59,8 @@ class Settings:
     api_max_body_bytes: int = 1024 * 1024
     api_rate_limit: float = 50.0
     api_rate_burst: int = 100
+    api_auth_failure_rate: float = 1.0
+    api_auth_failure_burst: int = 20
     nats_url: str | None = None
     nats_prefix: str = "corral"
     nats_ack_wait_seconds: float = 30.0
@@ -91,6 +97,8 @@ class Settings:
             api_max_body_bytes=int(_number(env, "CORRAL_API_MAX_BODY_BYTES", 1024 * 1024)),
             api_rate_limit=_number(env, "CORRAL_API_RATE_LIMIT", 50.0, minimum=0),
             api_rate_burst=int(_number(env, "CORRAL_API_RATE_BURST", 100)),
+            api_auth_failure_rate=_number(env, "CORRAL_API_AUTH_FAILURE_RATE", 1.0, minimum=0),
+            api_auth_failure_burst=int(_number(env, "CORRAL_API_AUTH_FAILURE_BURST", 20)),
             nats_url=env.get("CORRAL_NATS_URL") or None,
             nats_prefix=env.get("CORRAL_NATS_PREFIX") or "corral",
             nats_ack_wait_seconds=_number(env, "CORRAL_NATS_ACK_WAIT_SECONDS", 30.0),

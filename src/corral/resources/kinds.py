@@ -10,11 +10,18 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+
+from corral.core.addresses import url_problem
 
 API_VERSION = "corral/v1"
 NAME_PATTERN = r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$"
 _NAME_RE = re.compile(NAME_PATTERN)
+
+#: The validation context of a spec read back from the store. Checks that only an
+#: apply should make (a rule newer than the stored resource) look at it and pass: the
+#: resource keeps loading, and what it does is checked again where it is used.
+STORED: dict[str, Any] = {"stored": True}
 
 Name = Annotated[str, Field(pattern=NAME_PATTERN, description="lower case, digits, '.', '_', '-'")]
 Seconds = Annotated[float, Field(gt=0)]
@@ -158,14 +165,34 @@ class HttpAuth(Spec):
 
 
 class HttpToolSpec(Spec):
-    url: str
-    method: Literal["POST", "PUT"] = "POST"
-    headers: dict[str, str] = Field(default_factory=dict)
-    auth: HttpAuth | None = None
+    """Where an ``http`` tool sends its calls.
+
+    ``url`` is checked when the Tool is applied (:func:`corral.core.addresses.url_problem`):
+    http or https, a host, no credentials, and unless ``allow_private`` no loopback,
+    private or metadata address in any spelling (``2130706433``, ``0x7f.1``) and no
+    ``localhost``. A stored url is not checked again when read (:data:`STORED`): every
+    call checks it, resolving names, and a bad one fails the calls, not the agent.
+    """
+
+    # Declared before ``url`` so that the url's validator can read it.
     allow_private: bool = Field(
         default=False,
         description="allow loopback, link-local and private destinations (SSRF guard off)",
     )
+    url: str
+    method: Literal["POST", "PUT"] = "POST"
+    headers: dict[str, str] = Field(default_factory=dict)
+    auth: HttpAuth | None = None
+
+    @field_validator("url")
+    @classmethod
+    def _callable_url(cls, url: str, info: ValidationInfo) -> str:
+        if info.context is not None and info.context.get("stored"):
+            return url
+        problem = url_problem(url, allow_private=info.data.get("allow_private") is True)
+        if problem is not None:
+            raise ValueError(problem)
+        return url
 
 
 class CircuitBreakerPolicy(Spec):

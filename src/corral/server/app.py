@@ -84,6 +84,7 @@ def create_app(
         settings=settings,
         verifier=TokenVerifier(store),
         limiter=RateLimiter(settings.api_rate_limit, settings.api_rate_burst),
+        auth_failures=RateLimiter(settings.api_auth_failure_rate, settings.api_auth_failure_burst),
         metrics=metrics,
         poll_seconds=poll_seconds,
         keepalive_seconds=keepalive_seconds,

@@ -1,4 +1,4 @@
-"""Who is calling: bearer tokens, their namespace and role, and the per-token rate limit.
+"""Who is calling: bearer tokens, their namespace and role, and the rate limits.
 
 Every ``/v1`` operation declares the least role it needs with :func:`require`:
 viewer reads, operator also submits, cancels, decides approvals, prompts and
@@ -12,6 +12,11 @@ read; revoking a token over the API drops it from this process's cache at once,
 a revocation by ``corral token revoke`` (straight to the store) takes effect
 within that time. ``last_used_at`` is written at most every
 :data:`TOUCH_SECONDS` per token, so reads never turn into a write each.
+
+Failed authentications are limited per client address
+(``CORRAL_API_AUTH_FAILURE_RATE`` and ``_BURST``): past its bucket an address
+gets 429 with ``Retry-After`` before its token is looked at, so guessing tokens
+costs no store lookup. Successful requests are limited per token only.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from corral.core.tokens import ApiToken, Role, parse_token
-from corral.server.limits import retry_after
+from corral.server.limits import address_key, retry_after
 from corral.server.problems import ProblemError
 from corral.store.base import Store
 
@@ -123,10 +128,23 @@ def require(role: Role) -> Callable[..., Awaitable[Principal]]:
         request: Request,
         credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
     ) -> Principal:
-        if credentials is None or credentials.scheme.lower() != "bearer":
-            raise _unauthenticated("send Authorization: Bearer <token>")
         context = context_of(request)
-        token = await context.verifier.verify(credentials.credentials)
+        address = address_key(request.client.host if request.client else None)
+        wait = context.auth_failures.wait(address)
+        if wait is not None:
+            raise ProblemError(
+                429,
+                "too many failed authentications from this address; slow down",
+                code="rate_limited",
+                headers={"Retry-After": retry_after(wait)},
+            )
+        try:
+            if credentials is None or credentials.scheme.lower() != "bearer":
+                raise _unauthenticated("send Authorization: Bearer <token>")
+            token = await context.verifier.verify(credentials.credentials)
+        except ProblemError:  # only 401s: a store error is not the caller's failure
+            context.auth_failures.acquire(address)
+            raise
         wait = context.limiter.acquire(token.id)
         if wait is not None:
             raise ProblemError(

@@ -29,7 +29,10 @@ class ServerContext:
     bus: Bus
     settings: Settings
     verifier: TokenVerifier
+    #: requests per token
     limiter: RateLimiter
+    #: failed authentications per client address
+    auth_failures: RateLimiter
     metrics: Metrics
     fan_out: FanOut
     #: how long a follower waits for a bus announcement before it reads the store anyway

@@ -1,25 +1,38 @@
-"""Request limits: the largest body accepted, and a rate limit per token.
+"""Request limits: the largest body accepted, a rate limit per token, and one on
+failed authentication per client address.
 
 The body limit is an ASGI middleware: a declared ``Content-Length`` above the
 limit is refused before a byte is read, and a chunked body is counted as it
-arrives and refused once it passes the limit (413 either way). The rate limit
-is a token bucket per API token, in the memory of this process: with several
-``corral serve`` processes behind a balancer each enforces it on its own share.
+arrives and refused once it passes the limit (413 either way). The rate limits
+are token buckets in the memory of this process: with several ``corral serve``
+processes behind a balancer each enforces them on its own share. Requests with a
+valid token are limited per token; failed authentications (401) are limited per
+client address (:func:`address_key`), so guessing tokens costs at most a few
+store lookups per address.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import time
 from dataclasses import dataclass
 
+from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from corral.server.problems import problem_response
 
 
-class _TooLarge(Exception):
-    """The request body passed the size limit while it was being read."""
+class _TooLarge(HTTPException):
+    """The request body passed the size limit while it was being read.
+
+    An ``HTTPException`` because FastAPI turns any other error raised while it reads
+    a body into a 400, and passes this one on to the app's handler (a 413 problem).
+    """
+
+    def __init__(self, max_bytes: int) -> None:
+        super().__init__(413, _too_large(max_bytes), headers={"Connection": "close"})
 
 
 class BodyLimitMiddleware:
@@ -46,7 +59,7 @@ class BodyLimitMiddleware:
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > self.max_bytes:
-                    raise _TooLarge
+                    raise _TooLarge(self.max_bytes)
             return message
 
         async def tracked(message: Message) -> None:
@@ -64,12 +77,13 @@ class BodyLimitMiddleware:
 
     async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
         response = problem_response(
-            413,
-            "payload_too_large",
-            f"the request body is larger than the limit of {self.max_bytes} bytes",
-            headers={"Connection": "close"},
+            413, "payload_too_large", _too_large(self.max_bytes), headers={"Connection": "close"}
         )
         await response(scope, receive, send)
+
+
+def _too_large(max_bytes: int) -> str:
+    return f"the request body is larger than the limit of {max_bytes} bytes"
 
 
 def _content_length(scope: Scope) -> int | None:
@@ -111,12 +125,23 @@ class RateLimiter:
         bucket = self._buckets.get(key)
         if bucket is None:
             bucket = self._buckets[key] = _Bucket(float(self.burst), now)
-        bucket.tokens = min(self.burst, bucket.tokens + (now - bucket.updated) * self.rate)
-        bucket.updated = now
+        self._refill(bucket, now)
         if bucket.tokens >= 1:
             bucket.tokens -= 1
             return None
         return (1 - bucket.tokens) / self.rate
+
+    def wait(self, key: str, now: float | None = None) -> float | None:
+        """Like :meth:`acquire` without taking anything: ``None`` when ``key`` may go on."""
+        bucket = self._buckets.get(key)
+        if self.rate <= 0 or bucket is None:
+            return None
+        self._refill(bucket, time.monotonic() if now is None else now)
+        return None if bucket.tokens >= 1 else (1 - bucket.tokens) / self.rate
+
+    def _refill(self, bucket: _Bucket, now: float) -> None:
+        bucket.tokens = min(self.burst, bucket.tokens + (now - bucket.updated) * self.rate)
+        bucket.updated = now
 
     def _sweep(self, now: float) -> None:
         if now < self._next_sweep:
@@ -131,3 +156,22 @@ class RateLimiter:
 def retry_after(seconds: float) -> str:
     """``Retry-After`` in whole seconds, at least 1."""
     return str(max(1, math.ceil(seconds)))
+
+
+def address_key(host: str | None) -> str:
+    """The rate-limit key of a client address: the address, or its /64 for IPv6.
+
+    One IPv6 host usually holds a whole /64, so keying by address would give it
+    billions of buckets.
+    """
+    if host is None:
+        return "unknown"
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return host
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.ipv4_mapped is not None:
+            return str(address.ipv4_mapped)
+        return str(ipaddress.IPv6Network((address, 64), strict=False))
+    return str(address)

@@ -9,15 +9,18 @@ Two sources:
   state. A standalone ``corral worker`` counts its own runs the same way and
   serves them with ``--metrics-port`` (:mod:`corral.server.worker_metrics`).
 
-Plus the HTTP layer: requests by route template and status, their duration,
-and the open event streams. ``/metrics`` needs no token, so no label carries a
-name (namespace, agent, tool, endpoint): only states, codes, routes and
-directions.
+Plus the HTTP layer: requests by method, route template and status, their
+duration, and the open event streams. ``/metrics`` needs no token, so no label
+carries a name (namespace, agent, tool, endpoint) and every label value comes
+from a fixed set, whatever a client sends: the method is one of HTTP's own or
+``other``, the route is a template of the app's or ``unmatched``, the status is
+a registered HTTP status or ``other``.
 """
 
 from __future__ import annotations
 
 import time
+from http import HTTPMethod, HTTPStatus
 
 from prometheus_client import CONTENT_TYPE_LATEST as CONTENT_TYPE_LATEST
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -28,6 +31,8 @@ from corral.core.runs import RunState
 from corral.store.base import Store
 
 _LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+_METHODS = frozenset(HTTPMethod)
+_STATUSES = frozenset(HTTPStatus)
 
 
 class Metrics:
@@ -143,8 +148,7 @@ class HttpMetricsMiddleware:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = int(message["status"])
-                route = _route_of(scope)
-                self.metrics.http_duration.labels(scope["method"], route).observe(
+                self.metrics.http_duration.labels(_method_of(scope), _route_of(scope)).observe(
                     time.perf_counter() - started
                 )
             await send(message)
@@ -152,10 +156,22 @@ class HttpMetricsMiddleware:
         try:
             await self.app(scope, receive, timed)
         finally:
-            self.metrics.http_requests.labels(scope["method"], _route_of(scope), str(status)).inc()
+            self.metrics.http_requests.labels(
+                _method_of(scope), _route_of(scope), _status_label(status)
+            ).inc()
+
+
+def _method_of(scope: Scope) -> str:
+    # Any token is a valid method on the wire (`QQQQ...`): each would be a new series.
+    method = scope["method"]
+    return method if method in _METHODS else "other"
 
 
 def _route_of(scope: Scope) -> str:
     route = scope.get("route")
     path = getattr(route, "path", None)
     return path if isinstance(path, str) else "unmatched"
+
+
+def _status_label(status: int) -> str:
+    return str(status) if status in _STATUSES else "other"

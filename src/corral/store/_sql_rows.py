@@ -17,7 +17,7 @@ from corral.core.messages import Message, Usage, dump, dump_messages, load, load
 from corral.core.runs import Approval, ApprovalState, PendingApproval, RunRecord, RunState
 from corral.core.sessions import Session, SessionMessage
 from corral.core.tokens import ApiToken, Role
-from corral.resources.kinds import API_VERSION, SPEC_TYPES, Metadata, Resource, Spec
+from corral.resources.kinds import API_VERSION, SPEC_TYPES, STORED, Metadata, Resource, Spec
 from corral.store.base import StoredResource
 
 
@@ -175,7 +175,7 @@ def row_to_stored(row: sa.Row[Any]) -> StoredResource:
     if spec_type is None:
         raise ConfigurationError(f"stored resource {row.kind}/{row.name} has an unknown kind")
     try:
-        spec = spec_type.model_validate(row.spec)
+        spec = spec_type.model_validate(row.spec, context=STORED)
         metadata = Metadata(name=row.name, namespace=row.namespace, labels=row.labels)
     except ValidationError as exc:
         raise ConfigurationError(

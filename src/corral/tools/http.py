@@ -211,19 +211,16 @@ def create(
     transport: httpx.AsyncBaseTransport | None = None,
     resolver: Resolver = system_resolver,
 ) -> Tool:
-    """Build an ``http`` Tool; configuration problems raise ``ConfigurationError`` now.
+    """Build an ``http`` Tool; a missing or malformed auth secret raises ``ConfigurationError``.
 
+    The url is not checked here: apply refused a bad one already, and every call
+    checks it again (:func:`check_destination`), so a bad url fails that tool's
+    calls (``blocked_destination``), never the agent that has the tool.
     ``transport`` and ``resolver`` are seams for tests and embedding (an
     ``httpx.MockTransport``, a fixed resolver); production uses the defaults.
     """
     if spec.http is None:
         raise ConfigurationError(f"Tool {name!r}: type 'http' needs an 'http' block")
     owner = f"Tool {name!r}"
-    try:
-        url = httpx.URL(spec.http.url)
-    except httpx.InvalidURL as exc:
-        raise ConfigurationError(f"{owner}: invalid url {spec.http.url!r}: {exc}") from exc
-    if url.scheme not in ("http", "https") or not url.host:
-        raise ConfigurationError(f"{owner}: url must be an http(s) URL with a host")
     headers = {**spec.http.headers, **auth_headers(spec.http.auth, secrets, owner=owner)}
     return HttpTool(name, spec, headers, transport=transport, resolver=resolver)

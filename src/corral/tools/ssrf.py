@@ -1,12 +1,12 @@
 """The SSRF guard for outbound tool calls.
 
-:func:`check_destination` resolves a URL's host once, refuses it when *any*
-resolved address is not a public unicast address (loopback, link-local and
-cloud metadata, private, CGNAT, unspecified, multicast, reserved, and the same
-hidden inside IPv4-mapped, 6to4, Teredo or NAT64 IPv6 addresses), and returns
-a :class:`Destination` pinned to the checked address. The caller connects to
-that address, never to the name again, so a DNS answer that changes between
-the check and the connection (DNS rebinding) cannot redirect the call.
+:func:`check_destination` checks a URL with the rules of
+:mod:`corral.core.addresses` (http or https, a host, no credentials, no blocked
+address in any spelling), resolves a name once, refuses it when *any* resolved
+address is not a public unicast address, and returns a :class:`Destination`
+pinned to the checked address. The caller connects to that address, never to the
+name again, so a DNS answer that changes between the check and the connection
+(DNS rebinding) cannot redirect the call.
 
 Nothing here opens a connection; resolution goes through a ``Resolver``
 (the system resolver in a worker thread by default).
@@ -23,6 +23,13 @@ from dataclasses import dataclass
 import anyio.to_thread
 import httpx
 
+from corral.core.addresses import (
+    SCHEMES,
+    IPAddress,
+    blocked_reason,
+    literal_address,
+    url_problem,
+)
 from corral.core.errors import ToolError, ToolErrorCode
 
 __all__ = [
@@ -34,14 +41,8 @@ __all__ = [
     "system_resolver",
 ]
 
-IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 Resolver = Callable[[str, int], Awaitable[list[str]]]
 """Resolves ``(host, port)`` to IP address strings; raises ``OSError`` when it cannot."""
-
-_DEFAULT_PORTS = {"http": 80, "https": 443}
-_NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
-_CGNAT = ipaddress.IPv4Network("100.64.0.0/10")
-_METADATA = {ipaddress.ip_address("169.254.169.254"), ipaddress.ip_address("fd00:ec2::254")}
 
 
 async def system_resolver(host: str, port: int) -> list[str]:
@@ -56,45 +57,6 @@ async def system_resolver(host: str, port: int) -> list[str]:
         if address not in addresses:
             addresses.append(address)
     return addresses
-
-
-def _embedded_ipv4(address: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
-    """The IPv4 address an IPv6 address carries (mapped, 6to4, Teredo client, NAT64)."""
-    if address.ipv4_mapped is not None:
-        return address.ipv4_mapped
-    if address.sixtofour is not None:
-        return address.sixtofour
-    if address.teredo is not None:
-        return address.teredo[1]
-    if address in _NAT64:
-        return ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
-    return None
-
-
-def blocked_reason(address: IPAddress) -> str | None:
-    """Why ``address`` may not be called without ``allow_private``, or ``None`` when it may."""
-    if address in _METADATA:
-        return "a cloud metadata address"
-    if isinstance(address, ipaddress.IPv6Address):
-        embedded = _embedded_ipv4(address)
-        if embedded is not None:
-            inner = blocked_reason(embedded)
-            if inner is not None:
-                return f"{inner} (embedded in {address})"
-    checks: list[tuple[bool, str]] = [
-        (address.is_unspecified, "unspecified"),
-        (address.is_loopback, "loopback"),
-        (address.is_link_local, "link-local"),
-        (isinstance(address, ipaddress.IPv4Address) and address in _CGNAT, "shared (CGNAT)"),
-        (address.is_multicast, "multicast"),
-        (address.is_private, "private"),
-        (address.is_reserved, "reserved"),
-        (not address.is_global, "not globally routable"),
-    ]
-    for hit, reason in checks:
-        if hit:
-            return f"a {reason} address"
-    return None
 
 
 @dataclass(frozen=True)
@@ -141,19 +103,16 @@ async def check_destination(
     ``allow_private`` turns the address check off; the URL is still pinned.
     """
     text = str(url)
-    try:
-        parsed = httpx.URL(url)
-    except httpx.InvalidURL as exc:
-        raise _blocked(text, f"not a valid URL ({exc})") from exc
-    if parsed.scheme not in _DEFAULT_PORTS:
-        raise _blocked(text, f"scheme {parsed.scheme!r} is not allowed (only http and https)")
+    problem = url_problem(text, allow_private=allow_private)
+    if problem is not None:
+        raise _blocked(text, problem)
+    parsed = httpx.URL(text)
     host = parsed.raw_host.decode("ascii")
-    if not host:
-        raise _blocked(text, "the URL has no host")
-    port = parsed.port or _DEFAULT_PORTS[parsed.scheme]
-    try:
-        addresses = [str(_parse_address(host))]
-    except ValueError:
+    port = parsed.port or SCHEMES[parsed.scheme]
+    literal = literal_address(host)  # checked by url_problem: it raises no more
+    if literal is not None:
+        addresses = [str(literal)]
+    else:
         try:
             addresses = await resolver(host, port)
         except OSError as exc:
