@@ -344,5 +344,6 @@ def get_token(token_id: str) -> Call[TokenOut]:
     return Call("GET", f"/v1/tokens/{_seg(token_id)}", _model(TokenOut))
 
 
-def revoke_token(token_id: str) -> Call[TokenOut]:
-    return Call("POST", f"/v1/tokens/{_seg(token_id)}/revoke", _model(TokenOut))
+def revoke_token(token_id: str, *, force: bool = False) -> Call[TokenOut]:
+    params: Params = [("force", True)] if force else []
+    return Call("POST", f"/v1/tokens/{_seg(token_id)}/revoke", _model(TokenOut), params)
