@@ -66,7 +66,7 @@ def test_resources_apply_list_get_delete(client: Client) -> None:
     assert listed.outcomes[0].action == "configured"
 
     agent = client.get_resource("agents", "res")
-    assert (agent.kind, agent.spec["model"], agent.status.generation) == ("Agent", "res-model", 1)
+    assert (agent.kind, agent.spec.model, agent.status.generation) == ("Agent", "res-model", 1)
     page = client.list_resources(limit=1)
     assert len(page.items) == 1 and page.next_cursor is not None
     every = [(r.kind, r.metadata.name) for r in client.iter_resources(page_size=1)]

@@ -24,7 +24,7 @@ from corral.core.events import Event, EventType
 from corral.core.messages import Message, ToolCall, Usage
 from corral.core.runs import Approval, ApprovalState, PendingApproval, RunRecord, RunState
 from corral.core.sessions import Session, SessionMessage
-from corral.resources.kinds import SPEC_TYPES, STORED, Metadata, Resource
+from corral.resources.kinds import Metadata, Resource
 from corral.store.base import ApplyAction, ApplyOutcome, StoredResource
 
 #: how often a follower asks whether the run paused for approval (its stream stays open then)
@@ -202,7 +202,7 @@ def stored(out: ResourceOut) -> StoredResource:
         apiVersion=out.apiVersion,
         kind=out.kind,
         metadata=Metadata.model_validate(out.metadata.model_dump()),
-        spec=SPEC_TYPES[out.kind].model_validate(out.spec, context=STORED),
+        spec=out.spec,
     )
     return StoredResource(
         resource, out.status.generation, out.status.created_at, out.status.updated_at

@@ -386,5 +386,7 @@ class AsyncClient:
     async def get_token(self, token_id: str) -> TokenOut:
         return await self.send(calls.get_token(token_id))
 
-    async def revoke_token(self, token_id: str) -> TokenOut:
-        return await self.send(calls.revoke_token(token_id))
+    async def revoke_token(self, token_id: str, *, force: bool = False) -> TokenOut:
+        """Revoke; ``ConflictError`` (``own_token``) for this client's own token unless
+        ``force``."""
+        return await self.send(calls.revoke_token(token_id, force=force))

@@ -19,6 +19,7 @@ import httpx
 from pydantic import BaseModel
 
 from corral.core.api import (
+    RESOURCE_OUT,
     ApplyResult,
     ApprovalOut,
     ApprovalPage,
@@ -88,6 +89,10 @@ def _model(model: type[M]) -> Callable[[httpx.Response], M]:
     return parse
 
 
+def _resource(response: httpx.Response) -> ResourceOut:
+    return RESOURCE_OUT.validate_json(response.content)
+
+
 def _nothing(response: httpx.Response) -> None:
     return None
 
@@ -147,7 +152,7 @@ def list_resources(
 
 
 def get_resource(kind: str, name: str) -> Call[ResourceOut]:
-    return Call("GET", f"/v1/resources/{_seg(kind)}/{_seg(name)}", _model(ResourceOut))
+    return Call("GET", f"/v1/resources/{_seg(kind)}/{_seg(name)}", _resource)
 
 
 def delete_resource(kind: str, name: str) -> Call[None]:
@@ -339,5 +344,6 @@ def get_token(token_id: str) -> Call[TokenOut]:
     return Call("GET", f"/v1/tokens/{_seg(token_id)}", _model(TokenOut))
 
 
-def revoke_token(token_id: str) -> Call[TokenOut]:
-    return Call("POST", f"/v1/tokens/{_seg(token_id)}/revoke", _model(TokenOut))
+def revoke_token(token_id: str, *, force: bool = False) -> Call[TokenOut]:
+    params: Params = [("force", True)] if force else []
+    return Call("POST", f"/v1/tokens/{_seg(token_id)}/revoke", _model(TokenOut), params)

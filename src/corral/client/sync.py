@@ -377,5 +377,7 @@ class Client:
     def get_token(self, token_id: str) -> TokenOut:
         return self.send(calls.get_token(token_id))
 
-    def revoke_token(self, token_id: str) -> TokenOut:
-        return self.send(calls.revoke_token(token_id))
+    def revoke_token(self, token_id: str, *, force: bool = False) -> TokenOut:
+        """Revoke; ``ConflictError`` (``own_token``) for this client's own token unless
+        ``force``."""
+        return self.send(calls.revoke_token(token_id, force=force))

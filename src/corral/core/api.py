@@ -16,14 +16,25 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic.json_schema import SkipJsonSchema
 
 from corral.core.events import Event, EventType
 from corral.core.messages import Message
 from corral.core.runs import Approval, ApprovalState, RunRecord, RunState
 from corral.core.sessions import Session, SessionMessage
 from corral.core.tokens import ApiToken, Role
-from corral.resources.kinds import NAME_PATTERN
+from corral.resources.kinds import (
+    KINDS,
+    NAME_PATTERN,
+    AgentRoleSpec,
+    AgentSpec,
+    McpServerSpec,
+    ModelEndpointSpec,
+    SecretSpec,
+    ToolPermissionSpec,
+    ToolSpecModel,
+)
 
 # The store's record types (no database driver comes with them).
 from corral.store.base import ApplyAction, ApplyOutcome, StoredResource
@@ -269,6 +280,81 @@ class EventPage(BaseModel):
 # --------------------------------------------------------------------------- resources
 
 
+#: The kinds as the API takes them in paths and queries: ``Agent``, ``agent`` or ``agents``.
+KIND_NAMES: tuple[str, ...] = tuple(
+    spelling for kind in KINDS for spelling in (kind, kind.lower(), kind.lower() + "s")
+)
+
+
+def _no_default(schema: dict[str, Any]) -> None:
+    schema.pop("default", None)  # a null default: the field is absent, never null
+
+
+class DocumentMetadata(Request):
+    name: Name
+    namespace: Name | SkipJsonSchema[None] = Field(
+        None,
+        description="Defaults to the token's namespace; another one is refused.",
+        json_schema_extra=_no_default,
+    )
+    labels: dict[str, str] = Field(default_factory=dict[str, str])
+
+
+class _Document(Request):
+    apiVersion: Literal["corral/v1"]
+    metadata: DocumentMetadata
+
+
+class ModelEndpointDocument(_Document):
+    kind: Literal["ModelEndpoint"]
+    spec: ModelEndpointSpec
+
+
+class ToolDocument(_Document):
+    kind: Literal["Tool"]
+    spec: ToolSpecModel
+
+
+class McpServerDocument(_Document):
+    kind: Literal["McpServer"]
+    spec: McpServerSpec
+
+
+class AgentDocument(_Document):
+    kind: Literal["Agent"]
+    spec: AgentSpec
+
+
+class SecretDocument(_Document):
+    kind: Literal["Secret"]
+    spec: SecretSpec
+
+
+class AgentRoleDocument(_Document):
+    kind: Literal["AgentRole"]
+    spec: AgentRoleSpec
+
+
+class ToolPermissionDocument(_Document):
+    kind: Literal["ToolPermission"]
+    spec: ToolPermissionSpec
+
+
+#: A resource document to apply: its ``spec`` is the schema of its ``kind``. Only the
+#: published schema of ``POST /v1/resources``: the server parses bodies with the resource
+#: loader (YAML too, with line numbers).
+ResourceDocument = Annotated[
+    ModelEndpointDocument
+    | ToolDocument
+    | McpServerDocument
+    | AgentDocument
+    | SecretDocument
+    | AgentRoleDocument
+    | ToolPermissionDocument,
+    Field(discriminator="kind"),
+]
+
+
 class ResourceMetadata(BaseModel):
     name: str
     namespace: str
@@ -281,28 +367,71 @@ class ResourceStatus(BaseModel):
     updated_at: Timestamp
 
 
-class ResourceOut(BaseModel):
+class _Stored(BaseModel):
     """A stored resource document (secret values shown as <redacted>)."""
 
     apiVersion: Literal["corral/v1"]
-    kind: str
     metadata: ResourceMetadata
-    spec: dict[str, Any]
     status: ResourceStatus
 
-    @staticmethod
-    def from_stored(stored: StoredResource, document: dict[str, Any]) -> ResourceOut:
-        return ResourceOut(
-            apiVersion="corral/v1",
-            kind=document["kind"],
-            metadata=ResourceMetadata(**document["metadata"]),
-            spec=document["spec"],
-            status=ResourceStatus(
-                generation=stored.generation,
-                created_at=stored.created_at,
-                updated_at=stored.updated_at,
-            ),
-        )
+
+class ModelEndpointOut(_Stored):
+    kind: Literal["ModelEndpoint"]
+    spec: ModelEndpointSpec
+
+
+class ToolOut(_Stored):
+    kind: Literal["Tool"]
+    spec: ToolSpecModel
+
+
+class McpServerOut(_Stored):
+    kind: Literal["McpServer"]
+    spec: McpServerSpec
+
+
+class AgentOut(_Stored):
+    kind: Literal["Agent"]
+    spec: AgentSpec
+
+
+class SecretOut(_Stored):
+    kind: Literal["Secret"]
+    spec: SecretSpec
+
+
+class AgentRoleOut(_Stored):
+    kind: Literal["AgentRole"]
+    spec: AgentRoleSpec
+
+
+class ToolPermissionOut(_Stored):
+    kind: Literal["ToolPermission"]
+    spec: ToolPermissionSpec
+
+
+#: A stored resource: ``spec`` has the schema of its ``kind`` (secret values <redacted>).
+ResourceOut = Annotated[
+    ModelEndpointOut
+    | ToolOut
+    | McpServerOut
+    | AgentOut
+    | SecretOut
+    | AgentRoleOut
+    | ToolPermissionOut,
+    Field(discriminator="kind"),
+]
+RESOURCE_OUT: TypeAdapter[ResourceOut] = TypeAdapter(ResourceOut)
+
+
+def resource_out(stored: StoredResource, document: dict[str, Any]) -> ResourceOut:
+    """The answer for ``stored``, shown as ``document`` (its redacted document)."""
+    status = ResourceStatus(
+        generation=stored.generation,
+        created_at=stored.created_at,
+        updated_at=stored.updated_at,
+    )
+    return RESOURCE_OUT.validate_python({**document, "status": status})
 
 
 class ResourcePage(BaseModel):

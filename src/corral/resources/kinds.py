@@ -30,7 +30,11 @@ Seconds = Annotated[float, Field(gt=0)]
 class Spec(BaseModel):
     """Base of every spec: strict about unknown fields."""
 
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    # One JSON Schema per spec, the one input must match: the API publishes the same
+    # schema for what it takes (apply) and what it answers (get, list).
+    model_config = ConfigDict(
+        extra="forbid", populate_by_name=True, json_schema_mode_override="validation"
+    )
 
 
 class SecretRef(Spec):

@@ -221,7 +221,7 @@ def _validate(
     kind = data.get("kind")
     if kind is None:
         at(("kind",), f"missing kind; kinds are {', '.join(KINDS)}")
-    elif kind not in SPEC_TYPES:
+    elif not isinstance(kind, str) or kind not in SPEC_TYPES:  # a mapping is unhashable
         hint = next((k for k in KINDS if isinstance(kind, str) and k.lower() == kind.lower()), None)
         suffix = f" (did you mean {hint!r}?)" if hint else ""
         at(("kind",), f"unknown kind {kind!r}{suffix}; kinds are {', '.join(KINDS)}")
@@ -237,7 +237,7 @@ def _validate(
 
     spec_data = data.get("spec")
     spec = None
-    if spec_data is None and kind in SPEC_TYPES:
+    if spec_data is None and isinstance(kind, str) and kind in SPEC_TYPES:
         at(("spec",), "missing spec")
     elif isinstance(kind, str) and kind in SPEC_TYPES:
         spec = _model(SPEC_TYPES[kind], spec_data, ("spec",), node, source, problems)

@@ -138,8 +138,25 @@ def create_app(
     return app
 
 
+def _not_null(schema: dict[str, Any]) -> dict[str, Any]:
+    """A parameter's schema without the ``null`` FastAPI adds for an optional one.
+
+    HTTP has no null parameter: an optional one is left out. Published as nullable,
+    clients would send ``?cursor=null`` or ``Last-Event-ID: null``, which are refused.
+    """
+    variants = schema.get("anyOf")
+    if not isinstance(variants, list):
+        return schema
+    kept = [v for v in variants if v != {"type": "null"}]
+    if len(kept) != 1:
+        return schema
+    rest = {k: v for k, v in schema.items() if k != "anyOf"}
+    return {**kept[0], **rest}
+
+
 def _openapi(app: FastAPI) -> dict[str, Any]:
-    """FastAPI's schema, with error bodies declared as ``application/problem+json``."""
+    """FastAPI's schema, with error bodies declared as ``application/problem+json``,
+    optional parameters not nullable and the apply body's document schemas."""
     if app.openapi_schema is not None:
         return app.openapi_schema
     schema = get_openapi(
@@ -150,6 +167,8 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
     )
     for path in schema.get("paths", {}).values():
         for operation in path.values():
+            for parameter in operation.get("parameters", []):
+                parameter["schema"] = _not_null(parameter["schema"])
             for response in operation.get("responses", {}).values():
                 content = response.get("content", {})
                 ref = content.get("application/json", {}).get("schema", {}).get("$ref", "")
@@ -158,5 +177,9 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
     components = schema.get("components", {}).get("schemas", {})
     for unused in ("HTTPValidationError", "ValidationError"):
         components.pop(unused, None)
+    for name, definition in routes_resources.DOCUMENT_COMPONENTS.items():
+        # The specs FastAPI published for the responses are the same models in the same
+        # (validation) mode (Spec's json_schema_mode_override): the first one stays.
+        components.setdefault(name, definition)
     app.openapi_schema = schema
     return schema

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from corral.core.api import (
     ID_PATTERN,
+    KIND_NAMES,
     AppliedResource,
     ApplyResult,
     ApprovalOut,
@@ -26,6 +27,7 @@ from corral.core.api import (
     PromptObject,
     Readiness,
     Request,
+    ResourceDocument,
     ResourceMetadata,
     ResourceOut,
     ResourcePage,
@@ -45,11 +47,13 @@ from corral.core.api import (
     TokenPage,
     ToolCallOut,
     Usage,
+    resource_out,
     surrogate_path,
 )
 
 __all__ = [
     "ID_PATTERN",
+    "KIND_NAMES",
     "AppliedResource",
     "ApplyResult",
     "ApprovalOut",
@@ -68,6 +72,7 @@ __all__ = [
     "PromptObject",
     "Readiness",
     "Request",
+    "ResourceDocument",
     "ResourceMetadata",
     "ResourceOut",
     "ResourcePage",
@@ -87,5 +92,6 @@ __all__ = [
     "TokenPage",
     "ToolCallOut",
     "Usage",
+    "resource_out",
     "surrogate_path",
 ]

@@ -25,8 +25,9 @@ Limit = Annotated[int, Query(ge=1, le=500, description="Items per page.")]
 Cursor = Annotated[
     str | None,
     Query(
+        min_length=1,
         max_length=512,
-        pattern=r"^[A-Za-z0-9_-]*$",
+        pattern=r"^[A-Za-z0-9_-]+$",
         description="`next_cursor` of the previous page.",
     ),
 ]

@@ -32,6 +32,7 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse
+from starlette.routing import Match
 
 from corral.core.errors import (
     ConflictError,
@@ -192,6 +193,28 @@ def _validation_problems(errors: Sequence[Any]) -> list[FieldProblem]:
     return found
 
 
+#: The methods a 405's ``Allow`` may name.
+HTTP_METHODS = ("DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT")
+
+
+def allowed_methods(request: Request) -> list[str]:
+    """Every method some route serves at the request's path, sorted.
+
+    FastAPI makes one route per operation, and the 405 Starlette raises names only
+    the methods of the first route whose path matched (``/v1/tasks`` answered
+    ``Allow: POST`` though it serves GET too). So each method is asked of every
+    route, through ``matches``, the one interface every kind of route has.
+    """
+    return [
+        method
+        for method in HTTP_METHODS
+        if any(
+            route.matches({**request.scope, "method": method})[0] is Match.FULL
+            for route in request.app.router.routes
+        )
+    ]
+
+
 def install(app: FastAPI) -> None:
     """Render every error of ``app`` as a problem."""
 
@@ -212,9 +235,14 @@ def install(app: FastAPI) -> None:
         assert isinstance(exc, StarletteHTTPException)
         code = STATUS_CODES.get(exc.status_code, "error")
         detail = exc.detail if isinstance(exc.detail, str) else _phrase(exc.status_code)
+        headers = dict(exc.headers or {})
         if exc.status_code == 404 and detail == "Not Found":
             detail = f"no route {request.url.path!r}"
-        return problem_response(exc.status_code, code, detail, headers=exc.headers)
+        elif exc.status_code == 405:
+            allowed = allowed_methods(request)
+            headers["Allow"] = ", ".join(allowed)
+            detail = f"{request.method} is not allowed here; allowed: {', '.join(allowed)}"
+        return problem_response(exc.status_code, code, detail, headers=headers)
 
     async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
         # Starlette re-raises after this response, so the server logs the traceback;

@@ -17,6 +17,7 @@ from typing import Annotated, Any
 
 import anyio
 from fastapi import APIRouter, Path, Query, Request, Response
+from pydantic import TypeAdapter
 
 from corral.core.errors import NotFoundError, ResourceError
 from corral.resources.kinds import KINDS, NAME_PATTERN, kind_of
@@ -25,10 +26,13 @@ from corral.resources.secrets import redacted
 from corral.server import pagination
 from corral.server.auth import Admin, Principal, Viewer, context_of
 from corral.server.models import (
+    KIND_NAMES,
     AppliedResource,
     ApplyResult,
+    ResourceDocument,
     ResourceOut,
     ResourcePage,
+    resource_out,
     surrogate_path,
 )
 from corral.server.problems import FieldProblem, ProblemError, resource_problems, responses
@@ -39,63 +43,45 @@ router = APIRouter(prefix="/v1", tags=["resources"])
 YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml", "text/x-yaml")
 JSON_TYPE = "application/json"
 
-_KIND_DOC = f"One of {', '.join(KINDS)} (any case; plurals work)."
-KindParam = Annotated[str, Path(max_length=63, description=_KIND_DOC)]
+_KIND_DOC = f"One of {', '.join(KINDS)}, also in lower case and plural (`agent`, `agents`)."
+_KIND_ENUM = {"enum": list(KIND_NAMES)}
+KindParam = Annotated[str, Path(description=_KIND_DOC, json_schema_extra=_KIND_ENUM)]
 NameParam = Annotated[str, Path(pattern=NAME_PATTERN, description="The resource's name.")]
 
-_DOCUMENT_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "required": ["apiVersion", "kind", "metadata", "spec"],
-    "properties": {
-        "apiVersion": {"type": "string", "enum": ["corral/v1"]},
-        "kind": {"type": "string", "enum": list(KINDS)},
-        "metadata": {
-            "type": "object",
-            "required": ["name"],
-            "properties": {
-                "name": {"type": "string", "pattern": NAME_PATTERN},
-                "namespace": {"type": "string", "pattern": NAME_PATTERN},
-                "labels": {"type": "object", "additionalProperties": {"type": "string"}},
-            },
-        },
-        "spec": {"type": "object"},
-    },
-}
+#: Where the schemas of the documents an apply takes are published (see ``app._openapi``).
+_REF = "#/components/schemas/{model}"
+_DOCUMENTS = TypeAdapter(ResourceDocument | list[ResourceDocument]).json_schema(ref_template=_REF)
+#: The component schemas the apply body refers to: a document of each kind, its spec.
+DOCUMENT_COMPONENTS: dict[str, Any] = _DOCUMENTS.pop("$defs")
 
 _APPLY_BODY: dict[str, Any] = {
     "requestBody": {
         "required": True,
         "description": "Resource documents: multi-document YAML, or JSON (one document or a "
-        "list of them).",
+        "list of them). Each document's `spec` has the schema of its `kind`.",
         "content": {
             "application/yaml": {"schema": {"type": "string"}},
-            JSON_TYPE: {
-                "schema": {
-                    "oneOf": [
-                        _DOCUMENT_SCHEMA,
-                        {"type": "array", "items": _DOCUMENT_SCHEMA},
-                    ]
-                }
-            },
+            JSON_TYPE: {"schema": _DOCUMENTS},
         },
     }
 }
 
 
-def _kind(text: str) -> str:
-    try:
-        return kind_of(text)
-    except ValueError as exc:
+def _kind(text: str, where: str) -> str:
+    """The canonical kind of ``text``, one of :data:`KIND_NAMES` (422 otherwise)."""
+    if text not in KIND_NAMES:
+        reason = f"unknown kind {text!r}; kinds are {', '.join(KINDS)}"
         raise ProblemError(
             422,
-            str(exc),
+            reason,
             code="invalid_request",
-            errors=[FieldProblem(field="path.kind", reason=str(exc))],
-        ) from None
+            errors=[FieldProblem(field=where, reason=reason)],
+        )
+    return kind_of(text)
 
 
 def _out(stored: StoredResource) -> ResourceOut:
-    return ResourceOut.from_stored(stored, redacted(stored.resource.to_document()))
+    return resource_out(stored, redacted(stored.resource.to_document()))
 
 
 @router.post(
@@ -201,17 +187,20 @@ def _json_problem(problem: FieldProblem) -> FieldProblem:
 
 
 @router.get(
-    "/resources", response_model=ResourcePage, summary="List resources", responses=responses()
+    "/resources",
+    response_model=ResourcePage,
+    summary="List resources",
+    responses=responses(),
 )
 async def list_resources(
     who: Viewer,
     request: Request,
-    kind: Annotated[str | None, Query(max_length=63, description=_KIND_DOC)] = None,
+    kind: Annotated[str | None, Query(description=_KIND_DOC, json_schema_extra=_KIND_ENUM)] = None,
     limit: pagination.Limit = 100,
     cursor: pagination.Cursor = None,
 ) -> ResourcePage:
     """The namespace's resources, by kind and name."""
-    canonical = _kind(kind) if kind is not None else None
+    canonical = _kind(kind, "query.kind") if kind is not None else None
     stored = await context_of(request).store.list_resources(who.namespace, canonical)
     page, next_cursor = pagination.page_after(
         stored, lambda s: (s.resource.kind, s.resource.name), cursor, limit, (str, str)
@@ -228,7 +217,7 @@ async def list_resources(
 async def get_resource(
     kind: KindParam, name: NameParam, who: Viewer, request: Request
 ) -> ResourceOut:
-    canonical = _kind(kind)
+    canonical = _kind(kind, "path.kind")
     stored = await context_of(request).store.get_resource(who.namespace, canonical, name)
     if stored is None:
         raise NotFoundError(f"{canonical} {name!r} not found")
@@ -246,5 +235,5 @@ async def delete_resource(
     kind: KindParam, name: NameParam, who: Admin, request: Request
 ) -> Response:
     """Refused (409) while another resource references it."""
-    await context_of(request).store.delete_resource(who.namespace, _kind(kind), name)
+    await context_of(request).store.delete_resource(who.namespace, _kind(kind, "path.kind"), name)
     return Response(status_code=204)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Path, Request, Response
+from fastapi import APIRouter, Path, Query, Request, Response
 
 from corral.core.errors import NotFoundError
 from corral.core.tokens import ApiToken, mint_token
@@ -16,7 +16,7 @@ from corral.server import pagination
 from corral.server.auth import Admin, Principal, context_of
 from corral.server.context import ServerContext
 from corral.server.models import ID_PATTERN, CreateToken, TokenCreated, TokenOut, TokenPage
-from corral.server.problems import responses
+from corral.server.problems import ProblemError, responses
 
 router = APIRouter(prefix="/v1", tags=["tokens"])
 
@@ -79,12 +79,28 @@ async def get_token(token_id: TokenId, who: Admin, request: Request) -> TokenOut
     "/tokens/{token_id}/revoke",
     response_model=TokenOut,
     summary="Revoke a token",
-    responses=responses(404),
+    responses=responses(404, 409),
 )
-async def revoke_token(token_id: TokenId, who: Admin, request: Request) -> TokenOut:
-    """The token stops working at once on this server (within seconds on others)."""
+async def revoke_token(
+    token_id: TokenId,
+    who: Admin,
+    request: Request,
+    force: Annotated[bool, Query(description="Revoke the token of this very request too.")] = False,
+) -> TokenOut:
+    """The token stops working at once on this server (within seconds on others).
+
+    Revoking the token that makes the request is refused (409 `own_token`) unless
+    `force=true`: it may be the namespace's last admin token, and then only
+    `corral token create` on a machine that reaches the store can make another."""
     context = context_of(request)
     await _own(context, token_id, who)
+    if token_id == who.token.id and not force:
+        raise ProblemError(
+            409,
+            "this is the token of this request; revoking it could lock the namespace out "
+            "(pass force=true to revoke it anyway)",
+            code="own_token",
+        )
     revoked = await context.store.revoke_token(token_id)
     context.verifier.forget(token_id)
     return TokenOut.from_token(revoked)
