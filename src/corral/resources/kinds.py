@@ -305,9 +305,25 @@ class SessionPolicy(Spec):
     keep_recent_messages: int = Field(default=6, ge=0)
 
 
+class NamedToolChoice(Spec):
+    """Make the model call this one tool (its name in the Agent's ``tools``, or an ``mcp:`` ref)."""
+
+    name: str = Field(min_length=1)
+
+
+ToolChoice = Literal["auto", "required", "none"] | NamedToolChoice
+
+
 class ModelSettingsSpec(Spec):
     temperature: float | None = Field(default=None, ge=0, le=2)
     max_output_tokens: int | None = Field(default=None, ge=1)
+    tool_choice: ToolChoice | None = Field(
+        default=None,
+        description=(
+            "whether the model may (auto), must (required) or must not (none) call a tool, or "
+            "must call the one named ({name: ...}); unset: the provider's default, nothing sent"
+        ),
+    )
 
 
 class AgentSpec(Spec):
