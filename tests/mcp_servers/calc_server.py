@@ -1,8 +1,8 @@
 """A small MCP server for the tests, written with the SDK.
 
-python calc_server.py            serve over stdio
-python calc_server.py http TOKEN serve streamable HTTP on 127.0.0.1 (a free port,
-                                 printed on stdout) and demand ``Bearer TOKEN``
+python calc_server.py                 serve over stdio
+python calc_server.py http TOKEN [PORT] serve streamable HTTP on 127.0.0.1 (PORT, or a free
+                                        port; printed on stdout) and demand ``Bearer TOKEN``
 """
 
 from __future__ import annotations
@@ -15,8 +15,25 @@ from typing import Any
 import anyio
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from mcp_types import Tool, ToolExecution
 
-server = MCPServer("calc")
+#: tools this server declares as needing task-augmented execution (MCP tasks, 2025-11-25)
+TASK_ONLY = {"long_job"}
+
+
+class CalcServer(MCPServer):
+    """The SDK's server, declaring ``execution.taskSupport: required`` for :data:`TASK_ONLY`."""
+
+    async def list_tools(self) -> list[Tool]:
+        tools = await super().list_tools()
+        required = ToolExecution(task_support="required")
+        return [
+            t.model_copy(update={"execution": required}) if t.name in TASK_ONLY else t
+            for t in tools
+        ]
+
+
+server = CalcServer("calc")
 
 
 @server.tool()
@@ -52,6 +69,18 @@ async def slow(seconds: float) -> str:
     return "awake"
 
 
+@server.tool(structured_output=False)
+def pid() -> str:
+    """The server's process id (a test kills the process by it)."""
+    return str(os.getpid())
+
+
+@server.tool(structured_output=False)
+def long_job() -> str:
+    """A job that only runs as an MCP task (a plain call is what a client must not make)."""
+    return "a task-only tool ran without a task"
+
+
 def _require_bearer(app: Any, token: str) -> Any:
     async def guarded(scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http":
@@ -65,11 +94,12 @@ def _require_bearer(app: Any, token: str) -> Any:
     return guarded
 
 
-def serve_http(token: str) -> None:
+def serve_http(token: str, port: int = 0) -> None:
     import uvicorn
 
     sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a restart takes the same port
+    sock.bind(("127.0.0.1", port))
     sock.listen(64)  # connections made before uvicorn is up wait in the backlog, not refused
     print(sock.getsockname()[1], flush=True)
     app = _require_bearer(server.streamable_http_app(), token)
@@ -79,6 +109,6 @@ def serve_http(token: str) -> None:
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "http":
-        serve_http(sys.argv[2])
+        serve_http(sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else 0)
     else:
         server.run()
