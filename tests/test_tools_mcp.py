@@ -321,18 +321,19 @@ async def test_a_call_in_flight_when_the_server_dies_runs_again_only_if_idempote
         assert await tools["mcp:calc/add"].call({"a": 1, "b": 2}, ctx) == {"result": 3}
 
 
-def start_http_server(port: int = 0) -> tuple[subprocess.Popen[str], int]:
+def start_http_server(port: int = 0, mode: str = "http") -> tuple[subprocess.Popen[str], int]:
     process = subprocess.Popen(
-        [sys.executable, CALC, "http", TOKEN, str(port)], stdout=subprocess.PIPE, text=True
+        [sys.executable, CALC, mode, TOKEN, str(port)], stdout=subprocess.PIPE, text=True
     )
     assert process.stdout is not None
     return process, int(process.stdout.readline())
 
 
+@pytest.mark.parametrize("mode", ["http", "http400"], ids=["404", "400"])
 async def test_a_restarted_http_server_gets_a_new_session_for_the_next_call(
-    tmp_path: Path,
+    tmp_path: Path, mode: str
 ) -> None:
-    process, port = start_http_server()
+    process, port = start_http_server(mode=mode)
     spec = McpServerSpec(
         transport="streamable-http",
         url=f"http://127.0.0.1:{port}/mcp",
@@ -344,8 +345,8 @@ async def test_a_restarted_http_server_gets_a_new_session_for_the_next_call(
             assert await tools["mcp:calc-http/add"].call({"a": 1, "b": 2}, ctx) == {"result": 3}
             process.kill()
             process.wait(10)
-            process, _ = start_http_server(port)
-            # the new server answers the old session id with 404: the call never ran there,
+            process, _ = start_http_server(port, mode)
+            # the new server refuses the old session id: the call never ran there,
             # so it is made on a new session although the tool is not idempotent
             assert await tools["mcp:calc-http/add"].call({"a": 2, "b": 2}, ctx) == {"result": 4}
     finally:
@@ -370,11 +371,15 @@ async def test_a_server_that_cannot_be_reopened_fails_fast_until_the_backoff_pas
             process.kill()
             process.wait(10)
             errors = []
+            started = time.monotonic()
             for _ in range(3):
                 with pytest.raises(ToolError) as caught:
                     await tools["mcp:calc-http/add"].call({"a": 1, "b": 2}, ctx)
                 errors.append(caught.value)
             assert all(e.tool_code == "unavailable" and e.retryable for e in errors)
+            # no call waited for a connect attempt of its own beyond the first reopen
+            assert time.monotonic() - started < spec.init_timeout_seconds
+            assert "failed to start" in errors[-1].info.reason
             process, _ = start_http_server(port)
             with anyio.fail_after(40):  # the backoff, at most REOPEN_MAX_BACKOFF_SECONDS
                 while True:

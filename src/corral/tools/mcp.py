@@ -79,6 +79,7 @@ _SDK_INHERITED = {"LOGNAME": "", "USER": "", "SHELL": "/bin/sh", "TERM": "dumb"}
 REOPEN_BACKOFF_SECONDS = 0.5
 REOPEN_MAX_BACKOFF_SECONDS = 30.0
 _SESSION_HEADER = "mcp-session-id"
+_REFUSAL_MAX_BYTES = 4096
 
 
 class _StderrTail:
@@ -505,10 +506,11 @@ async def _refuses_session(response: httpx2.Response) -> bool:
         return False
     if response.status_code == 404:
         return True
-    if response.status_code != 400:
-        return False
+    length = response.headers.get("content-length", "")
+    if response.status_code != 400 or not length.isdigit() or int(length) > _REFUSAL_MAX_BYTES:
+        return False  # only a short error body is worth reading (a server's word against us)
     body = await response.aread()  # kept: the SDK reads it again
-    return b"session" in body[:2000].lower()
+    return b"session" in body.lower()
 
 
 async def _open_http(
