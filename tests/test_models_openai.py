@@ -20,11 +20,13 @@ from corral.core.errors import (
     ModelConnectionError,
     ModelError,
     ModelTimeoutError,
+    ResourceError,
 )
 from corral.core.messages import Message, ModelResponse, StreamItem, TextDelta, ToolCall
 from corral.models import openai as openai_provider
 from corral.models.base import Model, ModelSettings, NamedTool, ToolChoice
 from corral.models.registry import build_model
+from corral.resources.loader import load_text
 from corral.testing.fake_openai import FakeOpenAIServer, FakeReply, FakeToolCall, ToolLoop
 from fixtures_models import (  # noqa: F401 - fixtures
     CLOCK,
@@ -526,18 +528,27 @@ async def test_other_servers_get_max_tokens_and_an_empty_content_by_default(
 def test_the_endpoint_dialect_follows_the_base_url(
     provider: str, base_url: str | None, expected: tuple[str, str]
 ) -> None:
-    dialect = openai_provider.Dialect.of("e", endpoint(provider, base_url))
+    dialect = openai_provider.Dialect.of(endpoint(provider, base_url))
     assert (dialect.max_tokens_param, dialect.tool_call_content) == expected
 
 
-async def test_options_override_the_dialect(fake_openai: FakeOpenAIServer) -> None:
+def test_options_override_the_dialect() -> None:
     spec = endpoint(
         "openai", "https://api.openai.com/v1", max_tokens_param="max_tokens",
         tool_call_content="empty",
     )  # fmt: skip
-    assert openai_provider.Dialect.of("e", spec) == openai_provider.Dialect("max_tokens", "empty")
-    with pytest.raises(ConfigurationError, match=r"options.max_tokens_param must be one of"):
-        openai_provider.create("e", endpoint("openai", None, max_tokens_param="both"), "k")
+    assert openai_provider.Dialect.of(spec) == openai_provider.Dialect("max_tokens", "empty")
+
+
+def test_an_unknown_dialect_option_is_refused_at_apply() -> None:
+    document = """
+apiVersion: corral/v1
+kind: ModelEndpoint
+metadata: {name: e}
+spec: {provider: openai, model: m, options: {max_tokens_param: both}}
+"""
+    with pytest.raises(ResourceError, match=r"options.max_tokens_param must be one of"):
+        load_text(document, "e.yaml")
 
 
 @pytest.mark.parametrize(

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, get_args
+from typing import Any
 from urllib.parse import urlsplit
 
 import openai
@@ -47,15 +47,13 @@ from corral.core.messages import Message, ModelResponse, StreamItem, ToolCall, T
 from corral.models._adapter import SDKErrors, SDKModel, cut_short, http_error
 from corral.models._http import sdk_http_client
 from corral.models.base import Model, ModelSettings, NamedTool, ToolChoice
-from corral.resources.kinds import ModelEndpointSpec
+from corral.resources.kinds import MaxTokensParam, ModelEndpointSpec, ToolCallContent
 
 DEFAULT_AZURE_API_VERSION = "2024-10-21"
 DEFAULT_OLLAMA_BASE_URL = "http://localhost:11434/v1"
 #: sent to servers that need no key; the SDK insists on some value
 PLACEHOLDER_API_KEY = "not-needed"
 
-MaxTokensParam = Literal["max_completion_tokens", "max_tokens"]
-ToolCallContent = Literal["omit", "empty"]
 OPENAI_API_HOST = "api.openai.com"
 
 
@@ -72,7 +70,7 @@ class Dialect:
     tool_call_content: ToolCallContent = "omit"
 
     @staticmethod
-    def of(name: str, spec: ModelEndpointSpec) -> Dialect:
+    def of(spec: ModelEndpointSpec) -> Dialect:
         """The OpenAI API's ways for it (and Azure), the common ways of other servers for
         any other ``base_url`` and for Ollama; ``options`` override either field."""
         host = urlsplit(spec.base_url).hostname if spec.base_url else OPENAI_API_HOST
@@ -80,21 +78,11 @@ class Dialect:
             spec.provider == "openai" and host == OPENAI_API_HOST
         )
         default = Dialect() if official else Dialect("max_tokens", "empty")
-        chosen = {
-            "max_tokens_param": spec.options.get("max_tokens_param", default.max_tokens_param),
-            "tool_call_content": spec.options.get("tool_call_content", default.tool_call_content),
-        }
-        allowed = {
-            "max_tokens_param": get_args(MaxTokensParam),
-            "tool_call_content": get_args(ToolCallContent),
-        }
-        for key, value in chosen.items():
-            if value not in allowed[key]:
-                raise ConfigurationError(
-                    f"model endpoint {name!r}: options.{key} must be one of "
-                    f"{', '.join(allowed[key])}, not {value!r}"
-                )
-        return Dialect(chosen["max_tokens_param"], chosen["tool_call_content"])
+        # the values were checked when the endpoint was applied (ModelEndpointSpec)
+        return Dialect(
+            spec.options.get("max_tokens_param", default.max_tokens_param),
+            spec.options.get("tool_call_content", default.tool_call_content),
+        )
 
 
 # --------------------------------------------------------------------------- errors
@@ -381,7 +369,7 @@ def create(name: str, spec: ModelEndpointSpec, api_key: str | None) -> Model:
         "max_retries": 0,
         "http_client": sdk_http_client(openai.DefaultAsyncHttpxClient),
     }
-    dialect = Dialect.of(name, spec)
+    dialect = Dialect.of(spec)
     try:
         client: openai.AsyncOpenAI
         if spec.provider == "azure-openai":
