@@ -25,7 +25,7 @@ import pytest_asyncio
 from corral.core.errors import ConfigurationError, ToolError
 from corral.resources.kinds import EnvValue, HttpAuth, McpServerSpec
 from corral.tools.base import Tool, ToolContext
-from corral.tools.mcp import open_server_tools
+from corral.tools.mcp import McpTool, open_server_tools
 from processes import alive
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -259,6 +259,20 @@ async def wait_dead(pid: int) -> None:
             await anyio.sleep(0.01)
 
 
+async def kill_server(tool: Tool) -> None:
+    """Kill the stdio server behind ``tool`` and wait until its connection noticed.
+
+    (A call made in the instant between the two goes out on the dead session and is
+    treated as cut off in flight, which is the other test's case.)
+    """
+    assert isinstance(tool, McpTool)
+    pid = int(await tool.call({}, context(Path("."))))
+    kill(pid)
+    await wait_dead(pid)
+    with anyio.fail_after(10):
+        await tool.connection.wait_lost()
+
+
 def stdio_spec(*, idempotent: bool = False) -> McpServerSpec:
     return McpServerSpec(transport="stdio", command=[sys.executable, CALC], idempotent=idempotent)
 
@@ -269,9 +283,7 @@ async def test_tools_that_need_mcp_tasks_are_not_offered_and_logged_once(
     with caplog.at_level(logging.WARNING, logger="corral.tools.mcp"):
         async with connected("calc", stdio_spec(), {}, tmp_path) as tools:
             assert "mcp:calc/long_job" not in tools and "mcp:calc/add" in tools
-            pid = int(await tools["mcp:calc/pid"].call({}, context(tmp_path)))
-            kill(pid)  # a new session lists the tools again: no second line
-            await wait_dead(pid)
+            await kill_server(tools["mcp:calc/pid"])  # a new session lists the tools again
             await tools["mcp:calc/add"].call({"a": 1, "b": 1}, context(tmp_path))
     lines = [r.getMessage() for r in caplog.records if "MCP task" in r.getMessage()]
     assert len(lines) == 1 and "long_job" in lines[0], lines
@@ -283,8 +295,7 @@ async def test_a_stdio_server_that_died_is_started_again_for_the_next_call(
     async with connected("calc", stdio_spec(), {}, tmp_path) as tools:
         ctx = context(tmp_path)
         first = int(await tools["mcp:calc/pid"].call({}, ctx))
-        kill(first)
-        await wait_dead(first)
+        await kill_server(tools["mcp:calc/pid"])
         # not idempotent: it may run again only because its call never reached the dead server
         assert await tools["mcp:calc/add"].call({"a": 2, "b": 3}, ctx) == {"result": 5}
         second = int(await tools["mcp:calc/pid"].call({}, ctx))

@@ -162,13 +162,14 @@ class McpTool(Tool):
         self.idempotent = spec.idempotent
         self.server_name = server_name
         self.tool_name = tool.name
-        self._connection = connection
+        #: the server's connection, shared by all its tools
+        self.connection = connection
         self._timeout = spec.call_timeout_seconds
 
     async def call(self, arguments: dict[str, Any], ctx: ToolContext) -> Any:
         server, tool = self.server_name, self.tool_name
         try:
-            result = await self._connection.call(
+            result = await self.connection.call(
                 tool, arguments, read_timeout=self._timeout, idempotent=self.idempotent
             )
         except MCPError as exc:
@@ -361,6 +362,11 @@ class McpConnection:
         if closed:
             session.mark_lost()
         return session.lost.is_set()
+
+    async def wait_lost(self) -> None:
+        """Return once the latest session is lost (at once if it is already, or none opened)."""
+        if self._session is not None:
+            await self._session.lost.wait()
 
     def close(self) -> None:
         """Let the sessions close (each in its own task); no new one opens."""
