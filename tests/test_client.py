@@ -306,7 +306,7 @@ class _Cut:
         end = 0
         seen = 0
         for message in messages:
-            if message.startswith(b"id: "):
+            if b"\nid: " in b"\n" + message:  # an event (the first also has retry:)
                 if seen == self.events:  # event N+1: deliver half of it
                     return buffer[: end + len(message) // 2]
                 seen += 1

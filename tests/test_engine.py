@@ -290,6 +290,29 @@ async def test_retryable_tool_errors_are_retried(tmp_path: Path) -> None:
     assert (result["output"], result["attempts"], result["error"]) == ("ok", 2, None)
 
 
+async def test_attempts_count_the_tries_of_a_call_that_failed(tmp_path: Path) -> None:
+    def down() -> str:
+        raise ToolError(ToolErrorCode.UNAVAILABLE, "try later", retryable=True)
+
+    def wrong() -> str:
+        raise ToolError(ToolErrorCode.EXECUTION_FAILED, "no")
+
+    policy = ToolPolicy(
+        retry=RetryPolicy(max_attempts=3, initial_backoff_seconds=0.0),
+        breaker=CircuitBreakerPolicy(failure_threshold=2, reset_seconds=60),
+    )
+    h = Harness(
+        [turn("", ("down", {}), ("wrong", {})), turn("", ("down", {})), turn("gave up")],
+        [FunctionTool("down", down), FunctionTool("wrong", wrong)],
+        tmp_path,
+        policy=policy,
+    )
+    await h.run()
+    results = sorted((r["error"]["code"], r["attempts"]) for r in h.of(EventType.TOOL_RESULT))
+    # retried until the breaker opened (2 failures); failed once; never ran (circuit open)
+    assert results == [("circuit_open", 0), ("execution_failed", 1), ("unavailable", 2)]
+
+
 async def test_tool_timeout_is_a_structured_error(tmp_path: Path) -> None:
     async def hang() -> str:
         await anyio.sleep(30)

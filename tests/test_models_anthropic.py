@@ -18,7 +18,7 @@ from corral.core.errors import (
 )
 from corral.core.messages import Message, ModelResponse, StreamItem, TextDelta, ToolCall
 from corral.models import anthropic as anthropic_provider
-from corral.models.base import Model, ModelSettings
+from corral.models.base import Model, ModelSettings, NamedTool, ToolChoice
 from corral.models.registry import build_model
 from corral.resources.kinds import Pricing
 from corral.testing.fake_anthropic import FakeAnthropicServer, FakeReply, FakeToolCall, ToolLoop
@@ -375,3 +375,26 @@ def test_invalid_tool_arguments_are_sent_as_an_empty_object() -> None:
     assert messages[1]["content"] == [
         {"type": "tool_use", "id": "toolu_x", "name": "lookup", "input": {}}
     ]
+
+
+@pytest.mark.parametrize(
+    ("choice", "wire"),
+    [
+        ("auto", {"type": "auto"}),
+        ("required", {"type": "any"}),
+        ("none", {"type": "none"}),
+        (NamedTool("lookup"), {"type": "tool", "name": "lookup"}),
+    ],
+)
+async def test_tool_choice_is_mapped_to_the_messages_api(
+    fake_anthropic: FakeAnthropicServer, choice: ToolChoice, wire: object
+) -> None:
+    fake_anthropic.add_reply(FakeReply(text="ok"), FakeReply(text="ok"))
+    model = make(fake_anthropic)
+
+    await model.request([Message.user("hi")], [LOOKUP], ModelSettings(tool_choice=choice))
+    await model.request([Message.user("hi")], [LOOKUP], SETTINGS)
+
+    assert fake_anthropic.requests[0].json["tool_choice"] == wire
+    assert "tool_choice" not in fake_anthropic.requests[1].json
+    await model.aclose()

@@ -14,7 +14,7 @@ import pytest
 
 from corral.core.errors import ConfigurationError, ModelError
 from corral.core.messages import Message, ToolCall, ToolSpec
-from corral.models.base import Model, ModelSettings
+from corral.models.base import Model, ModelSettings, NamedTool
 from corral.models.llama_cpp import create, offered_tools, render_chatml, unload_all
 from corral.resources.kinds import ModelEndpointSpec
 
@@ -156,6 +156,21 @@ async def test_smollm2_answers_in_text_when_it_picks_no_tool(smollm2: Model) -> 
     assert response.message.tool_calls == ()
     assert response.message.content.strip()
     assert response.finish_reason == "stop"
+
+
+@pytest.mark.slow
+@needs_llama_cpp
+async def test_tool_choice_forces_or_forbids_a_call(smollm2: Model) -> None:
+    hello = [Message.system(INSTRUCTIONS), Message.user("Say hello to Ana.")]
+    forced = await smollm2.request(
+        hello, [ADD, WORD_COUNT], ModelSettings(tool_choice=NamedTool("word-count"))
+    )
+    assert [c.name for c in forced.message.tool_calls] == ["word-count"]
+    required = await smollm2.request(hello, [ADD], ModelSettings(tool_choice="required"))
+    assert [c.name for c in required.message.tool_calls] == ["add"]
+    question = [Message.system(INSTRUCTIONS), Message.user("What is 17 plus 25?")]
+    none = await smollm2.request(question, [ADD], ModelSettings(tool_choice="none"))
+    assert none.message.tool_calls == () and none.message.content
 
 
 @pytest.mark.slow

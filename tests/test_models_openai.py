@@ -20,11 +20,13 @@ from corral.core.errors import (
     ModelConnectionError,
     ModelError,
     ModelTimeoutError,
+    ResourceError,
 )
 from corral.core.messages import Message, ModelResponse, StreamItem, TextDelta, ToolCall
 from corral.models import openai as openai_provider
-from corral.models.base import Model, ModelSettings
+from corral.models.base import Model, ModelSettings, NamedTool, ToolChoice
 from corral.models.registry import build_model
+from corral.resources.loader import load_text
 from corral.testing.fake_openai import FakeOpenAIServer, FakeReply, FakeToolCall, ToolLoop
 from fixtures_models import (  # noqa: F401 - fixtures
     CLOCK,
@@ -38,9 +40,14 @@ from fixtures_models import (  # noqa: F401 - fixtures
 SETTINGS = ModelSettings()
 
 
+#: the fake server stands in for the OpenAI API: its ways, not another server's
+OPENAI_API_WAYS = {"max_tokens_param": "max_completion_tokens", "tool_call_content": "omit"}
+
+
 def make(server: FakeOpenAIServer, **kw: object) -> Model:
     """The bare provider model (no retries, no pricing)."""
-    return openai_provider.create("primary", endpoint("openai", server.base_url, **kw), "sk-test")  # type: ignore[arg-type]
+    spec = endpoint("openai", server.base_url, **{**OPENAI_API_WAYS, **kw})  # type: ignore[arg-type]
+    return openai_provider.create("primary", spec, "sk-test")
 
 
 async def collect(model: Model, messages: list[Message]) -> list[StreamItem]:
@@ -480,4 +487,98 @@ async def test_running_out_of_script_is_a_non_retryable_error(
         await model.request([Message.user("hi")], [], SETTINGS)
 
     assert not caught.value.retryable
+    await model.aclose()
+
+
+async def test_other_servers_get_max_tokens_and_an_empty_content_by_default(
+    fake_openai: FakeOpenAIServer,
+) -> None:
+    # llama.cpp's server ignores max_completion_tokens and answers 500 to an assistant
+    # message with tool calls and no content
+    fake_openai.add_reply(FakeReply(text="ok"))
+    model = openai_provider.create("local", endpoint("openai", fake_openai.base_url), None)
+    call = ToolCall("call_1", "lookup", "{}")
+    conversation = [Message.user("hi"), Message.assistant("", (call,)), Message.tool(call, "x")]
+
+    await model.request(conversation, [LOOKUP], ModelSettings(max_output_tokens=5))
+
+    sent = fake_openai.requests[0].json
+    assert sent["max_tokens"] == 5 and "max_completion_tokens" not in sent
+    assert sent["messages"][1] == {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "lookup", "arguments": "{}"}}
+        ],
+    }
+    await model.aclose()
+
+
+@pytest.mark.parametrize(
+    ("provider", "base_url", "expected"),
+    [
+        ("openai", None, ("max_completion_tokens", "omit")),
+        ("openai", "https://api.openai.com/v1", ("max_completion_tokens", "omit")),
+        ("azure-openai", "https://x.openai.azure.com", ("max_completion_tokens", "omit")),
+        ("openai", "http://127.0.0.1:8000/v1", ("max_tokens", "empty")),
+        ("openai", "https://api.openai.com.example.net/v1", ("max_tokens", "empty")),
+        ("ollama", None, ("max_tokens", "empty")),
+    ],
+)
+def test_the_endpoint_dialect_follows_the_base_url(
+    provider: str, base_url: str | None, expected: tuple[str, str]
+) -> None:
+    dialect = openai_provider.Dialect.of(endpoint(provider, base_url))
+    assert (dialect.max_tokens_param, dialect.tool_call_content) == expected
+
+
+def test_options_override_the_dialect() -> None:
+    spec = endpoint(
+        "openai", "https://api.openai.com/v1", max_tokens_param="max_tokens",
+        tool_call_content="empty",
+    )  # fmt: skip
+    assert openai_provider.Dialect.of(spec) == openai_provider.Dialect("max_tokens", "empty")
+
+
+def test_an_unknown_dialect_option_is_refused_at_apply() -> None:
+    document = """
+apiVersion: corral/v1
+kind: ModelEndpoint
+metadata: {name: e}
+spec: {provider: openai, model: m, options: {max_tokens_param: both}}
+"""
+    with pytest.raises(ResourceError, match=r"options.max_tokens_param must be one of"):
+        load_text(document, "e.yaml")
+
+
+@pytest.mark.parametrize(
+    ("choice", "wire"),
+    [
+        ("auto", "auto"),
+        ("required", "required"),
+        ("none", "none"),
+        (NamedTool("lookup"), {"type": "function", "function": {"name": "lookup"}}),
+    ],
+)
+async def test_tool_choice_reaches_the_wire(
+    fake_openai: FakeOpenAIServer, choice: ToolChoice, wire: object
+) -> None:
+    fake_openai.add_reply(FakeReply(text="ok"), FakeReply(text="ok"))
+    model = make(fake_openai)
+
+    await model.request([Message.user("hi")], [LOOKUP], ModelSettings(tool_choice=choice))
+    await model.request([Message.user("hi")], [], ModelSettings(tool_choice=choice))
+
+    assert fake_openai.requests[0].json["tool_choice"] == wire
+    assert "tool_choice" not in fake_openai.requests[1].json  # no tools, nothing to choose
+    await model.aclose()
+
+
+async def test_no_tool_choice_is_sent_unless_the_agent_sets_one(
+    fake_openai: FakeOpenAIServer,
+) -> None:
+    fake_openai.add_reply(FakeReply(text="ok"))
+    model = make(fake_openai)
+    await model.request([Message.user("hi")], [LOOKUP], SETTINGS)
+    assert "tool_choice" not in fake_openai.requests[0].json
     await model.aclose()

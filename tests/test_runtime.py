@@ -308,3 +308,38 @@ spec:
     assert record.state is RunState.FAILED
     assert record.error is not None and "stuck" in record.error["message"]
     assert (await store.get_run(record.id)) is not None
+
+
+async def test_the_agents_tool_choice_goes_out_with_the_model_facing_name(
+    env: tuple[Store, Settings], fake_openai: FakeOpenAIServer
+) -> None:
+    store, settings = env
+    fake_openai.add_reply(FakeReply(text="no call needed"))
+    mcp = f"""
+apiVersion: corral/v1
+kind: McpServer
+metadata: {{name: calc}}
+spec: {{transport: stdio, command: ["{sys.executable}", "{CALC_MCP}"]}}
+"""
+    await apply(
+        store,
+        endpoint("fake", fake_openai.base_url),
+        ADD_TOOL,
+        mcp,
+        agent(
+            "fake",
+            tools='[add, "mcp:calc/shout"]',
+            extra="  model_settings: {tool_choice: {name: 'mcp:calc/shout'}}",
+        ),
+    )
+    record = await run_agent(store, settings, "helper", "shout hi")
+
+    assert record.state is RunState.SUCCEEDED, record.error
+    sent = fake_openai.requests[0].json
+    assert sent["tool_choice"] == {"type": "function", "function": {"name": "calc__shout"}}
+
+    await apply(store, agent("fake", extra="  model_settings: {tool_choice: {name: nope}}"))
+    record = await run_agent(store, settings, "helper", "hi")
+    assert record.state is RunState.FAILED
+    assert record.error is not None
+    assert "tool_choice names 'nope', which is not one of its tools" in record.error["message"]

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -23,7 +25,7 @@ import pytest_asyncio
 from corral.core.errors import ConfigurationError, ToolError
 from corral.resources.kinds import EnvValue, HttpAuth, McpServerSpec
 from corral.tools.base import Tool, ToolContext
-from corral.tools.mcp import open_server_tools
+from corral.tools.mcp import McpTool, open_server_tools
 from processes import alive
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -123,9 +125,14 @@ async def test_stdio_server_tools_are_listed_with_refs_and_schemas(
     stdio_tools: dict[str, Tool],
 ) -> None:
     assert set(stdio_tools) == {
-        "mcp:calc/add", "mcp:calc/shout", "mcp:calc/environment", "mcp:calc/divide",
-        "mcp:calc/slow", "mcp:calc/daemon",
-    }  # fmt: skip
+        "mcp:calc/add",
+        "mcp:calc/shout",
+        "mcp:calc/environment",
+        "mcp:calc/divide",
+        "mcp:calc/slow",
+        "mcp:calc/pid",
+        "mcp:calc/daemon",
+    }  # fmt: skip  (not long_job: it runs only as an MCP task)
     add = stdio_tools["mcp:calc/add"]
     assert add.spec.name == "calc__add"
     assert add.spec.description == "Add two integers."
@@ -251,3 +258,162 @@ async def test_missing_program_and_secret_are_configuration_errors() -> None:
                 env={"K": EnvValue(secret="absent")},
             )
             await open_server_tools("nope", spec, {}, stack)
+
+
+# --------------------------------------------------------------------------- lost sessions
+
+
+def kill(pid: int) -> None:
+    os.kill(pid, signal.SIGKILL)
+
+
+async def wait_dead(pid: int) -> None:
+    with anyio.fail_after(10):
+        while alive(pid):
+            await anyio.sleep(0.01)
+
+
+async def kill_server(tool: Tool) -> None:
+    """Kill the stdio server behind ``tool`` and wait until its connection noticed.
+
+    (A call made in the instant between the two goes out on the dead session and is
+    treated as cut off in flight, which is the other test's case.)
+    """
+    assert isinstance(tool, McpTool)
+    pid = int(await tool.call({}, context(Path("."))))
+    kill(pid)
+    await wait_dead(pid)
+    with anyio.fail_after(10):
+        await tool.connection.wait_lost()
+
+
+def stdio_spec(*, idempotent: bool = False) -> McpServerSpec:
+    return McpServerSpec(transport="stdio", command=[sys.executable, CALC], idempotent=idempotent)
+
+
+async def test_tools_that_need_mcp_tasks_are_not_offered_and_logged_once(
+    caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="corral.tools.mcp"):
+        async with connected("calc", stdio_spec(), {}, tmp_path) as tools:
+            assert "mcp:calc/long_job" not in tools and "mcp:calc/add" in tools
+            await kill_server(tools["mcp:calc/pid"])  # a new session lists the tools again
+            await tools["mcp:calc/add"].call({"a": 1, "b": 1}, context(tmp_path))
+    lines = [r.getMessage() for r in caplog.records if "MCP task" in r.getMessage()]
+    assert len(lines) == 1 and "long_job" in lines[0], lines
+
+
+async def test_a_stdio_server_that_died_is_started_again_for_the_next_call(
+    tmp_path: Path,
+) -> None:
+    async with connected("calc", stdio_spec(), {}, tmp_path) as tools:
+        ctx = context(tmp_path)
+        first = int(await tools["mcp:calc/pid"].call({}, ctx))
+        await kill_server(tools["mcp:calc/pid"])
+        # not idempotent: it may run again only because its call never reached the dead server
+        assert await tools["mcp:calc/add"].call({"a": 2, "b": 3}, ctx) == {"result": 5}
+        second = int(await tools["mcp:calc/pid"].call({}, ctx))
+        assert second != first and alive(second)
+
+
+@pytest.mark.parametrize("idempotent", [False, True])
+async def test_a_call_in_flight_when_the_server_dies_runs_again_only_if_idempotent(
+    tmp_path: Path, idempotent: bool
+) -> None:
+    async with connected("calc", stdio_spec(idempotent=idempotent), {}, tmp_path) as tools:
+        ctx = context(tmp_path)
+        pid = int(await tools["mcp:calc/pid"].call({}, ctx))
+        outcome: list[object] = []
+
+        async def slow_call() -> None:
+            try:
+                outcome.append(await tools["mcp:calc/slow"].call({"seconds": 0.5}, ctx))
+            except ToolError as exc:
+                outcome.append(exc)
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(slow_call)
+            await anyio.sleep(0.2)  # the call is in the server now
+            kill(pid)
+        if idempotent:
+            assert outcome == ["awake"]
+        else:
+            [error] = outcome
+            assert isinstance(error, ToolError)
+            assert error.tool_code == "unavailable" and error.retryable is True
+            assert "may or may not have run" in error.info.reason
+        # either way the next call gets a new session
+        assert await tools["mcp:calc/add"].call({"a": 1, "b": 2}, ctx) == {"result": 3}
+
+
+def start_http_server(port: int = 0, mode: str = "http") -> tuple[subprocess.Popen[str], int]:
+    process = subprocess.Popen(
+        [sys.executable, CALC, mode, TOKEN, str(port)], stdout=subprocess.PIPE, text=True
+    )
+    assert process.stdout is not None
+    return process, int(process.stdout.readline())
+
+
+@pytest.mark.parametrize("mode", ["http", "http400"], ids=["404", "400"])
+async def test_a_restarted_http_server_gets_a_new_session_for_the_next_call(
+    tmp_path: Path, mode: str
+) -> None:
+    process, port = start_http_server(mode=mode)
+    spec = McpServerSpec(
+        transport="streamable-http",
+        url=f"http://127.0.0.1:{port}/mcp",
+        auth=HttpAuth(type="bearer", secret="mcp-token"),
+    )
+    try:
+        async with connected("calc-http", spec, {"mcp-token": TOKEN}) as tools:
+            ctx = context(tmp_path)
+            assert await tools["mcp:calc-http/add"].call({"a": 1, "b": 2}, ctx) == {"result": 3}
+            process.kill()
+            process.wait(10)
+            process, _ = start_http_server(port, mode)
+            # the new server refuses the old session id: the call never ran there,
+            # so it is made on a new session although the tool is not idempotent
+            assert await tools["mcp:calc-http/add"].call({"a": 2, "b": 2}, ctx) == {"result": 4}
+    finally:
+        process.kill()
+        process.wait(10)
+
+
+async def test_a_server_that_cannot_be_reopened_fails_fast_until_the_backoff_passed(
+    tmp_path: Path,
+) -> None:
+    process, port = start_http_server()
+    spec = McpServerSpec(
+        transport="streamable-http",
+        url=f"http://127.0.0.1:{port}/mcp",
+        auth=HttpAuth(type="bearer", secret="mcp-token"),
+        init_timeout_seconds=2,
+    )
+    try:
+        async with connected("calc-http", spec, {"mcp-token": TOKEN}) as tools:
+            ctx = context(tmp_path)
+            await tools["mcp:calc-http/add"].call({"a": 1, "b": 2}, ctx)
+            process.kill()
+            process.wait(10)
+            errors = []
+            started = time.monotonic()
+            for _ in range(3):
+                with pytest.raises(ToolError) as caught:
+                    await tools["mcp:calc-http/add"].call({"a": 1, "b": 2}, ctx)
+                errors.append(caught.value)
+            assert all(e.tool_code == "unavailable" and e.retryable for e in errors)
+            # no call waited for a connect attempt of its own beyond the first reopen
+            assert time.monotonic() - started < spec.init_timeout_seconds
+            assert "failed to start" in errors[-1].info.reason
+            process, _ = start_http_server(port)
+            with anyio.fail_after(40):  # the backoff, at most REOPEN_MAX_BACKOFF_SECONDS
+                while True:
+                    try:
+                        result = await tools["mcp:calc-http/add"].call({"a": 3, "b": 4}, ctx)
+                        break
+                    except ToolError:
+                        await anyio.sleep(0.1)
+            assert result == {"result": 7}
+    finally:
+        process.kill()
+        process.wait(10)

@@ -188,6 +188,18 @@ class StreamFold(Protocol[T_contra]):
         """The whole answer."""
         ...
 
+    def cut_short(self, endpoint: str) -> ModelError:
+        """The error for a stream that ended before it was complete (see :func:`cut_short`)."""
+        ...
+
+
+def cut_short(endpoint: str) -> ModelConnectionError:
+    """A stream that ended before its final item: the connection most likely dropped."""
+    return ModelConnectionError(
+        f"model endpoint {endpoint!r}: the stream ended before the answer was complete",
+        endpoint=endpoint,
+    )
+
 
 @contextmanager
 def _converted(endpoint: str, deadline: CallDeadline, errors: SDKErrors) -> Iterator[None]:
@@ -270,10 +282,7 @@ class SDKModel(Model, Generic[ClientT]):
             finally:
                 await items.close()
         if not fold.complete:
-            raise ModelConnectionError(
-                f"model endpoint {self.name!r}: the stream ended before the answer was complete",
-                endpoint=self.name,
-            )
+            raise fold.cut_short(self.name)
         yield fold.response(self.name)
 
     def credentials(self) -> list[str]:

@@ -31,6 +31,7 @@ from anthropic.types import (
     RawMessageStopEvent,
     RawMessageStreamEvent,
     TextBlock,
+    ToolChoiceParam,
     ToolParam,
     ToolUseBlock,
 )
@@ -39,9 +40,9 @@ from anthropic.types import Usage as AnthropicUsage
 
 from corral.core.errors import ConfigurationError, ModelError
 from corral.core.messages import Message, ModelResponse, StreamItem, ToolCall, ToolSpec, Usage
-from corral.models._adapter import SDKErrors, SDKModel, http_error
+from corral.models._adapter import SDKErrors, SDKModel, cut_short, http_error
 from corral.models._http import sdk_http_client
-from corral.models.base import Model, ModelSettings
+from corral.models.base import Model, ModelSettings, NamedTool, ToolChoice
 from corral.resources.kinds import ModelEndpointSpec
 
 DEFAULT_MAX_TOKENS = 4096
@@ -163,6 +164,17 @@ def to_anthropic_tools(tools: Sequence[ToolSpec]) -> list[ToolParam]:
     ]
 
 
+def to_anthropic_tool_choice(choice: ToolChoice) -> ToolChoiceParam:
+    """A tool choice in the Messages API's terms (``required`` is its ``any``)."""
+    if isinstance(choice, NamedTool):
+        return {"type": "tool", "name": choice.name}
+    if choice == "required":
+        return {"type": "any"}
+    if choice == "none":
+        return {"type": "none"}
+    return {"type": "auto"}
+
+
 def _usage(usage: AnthropicUsage) -> Usage:
     # cached prompt tokens are reported apart from input_tokens; they are still input
     cached = (usage.cache_creation_input_tokens or 0) + (usage.cache_read_input_tokens or 0)
@@ -248,6 +260,9 @@ class _StreamState:
             self.stopped = True
         return ""
 
+    def cut_short(self, endpoint: str) -> ModelError:
+        return cut_short(endpoint)
+
     def response(self, endpoint: str) -> ModelResponse:
         calls = tuple(
             ToolCall(call.id, call.name, "".join(call.json) or "{}")
@@ -283,6 +298,8 @@ class AnthropicModel(SDKModel[anthropic.AsyncAnthropic]):
             params["system"] = system
         if tools:
             params["tools"] = to_anthropic_tools(tools)
+            if settings.tool_choice is not None:
+                params["tool_choice"] = to_anthropic_tool_choice(settings.tool_choice)
         if settings.temperature is not None:
             # this SDK version has no typed argument for it; the API still takes it
             params["extra_body"] = {"temperature": settings.temperature}

@@ -12,8 +12,21 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 from corral.core.messages import Message, ModelResponse, StreamItem, TextDelta, ToolSpec
+
+
+@dataclass(frozen=True)
+class NamedTool:
+    """A tool choice that makes the model call this tool (by the name the model sees)."""
+
+    name: str
+
+
+#: ``auto``, ``required``, ``none``, or the one tool the model must call; ``None`` sends
+#: nothing (the provider's default)
+ToolChoice = Literal["auto", "required", "none"] | NamedTool | None
 
 
 @dataclass(frozen=True)
@@ -22,6 +35,7 @@ class ModelSettings:
 
     temperature: float | None = None
     max_output_tokens: int | None = None
+    tool_choice: ToolChoice = None
 
 
 class Model(ABC):

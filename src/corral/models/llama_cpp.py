@@ -62,9 +62,13 @@ How tool calling works (the decision, measured on SmolLM2-135M, llama-cpp-python
     ``max_steps``. Set ``max_tool_rounds`` higher (or ``null`` for no limit) for a
     model that knows when to stop.
 
+    The Agent's ``model_settings.tool_choice`` applies: ``none`` offers no tools,
+    ``required`` leaves ``message:`` out of the decision grammar, a named tool skips the
+    decision step.
+
     Any other ``chat_format`` is handed to llama-cpp-python's ``create_chat_completion``
-    with OpenAI-style messages, tools and ``tool_choice="auto"``; which of them can call
-    tools is that format's business.
+    with OpenAI-style messages, tools and the Agent's ``tool_choice`` (``auto`` when it
+    sets none); which of them can call tools is that format's business.
 """
 
 from __future__ import annotations
@@ -85,7 +89,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from corral.core.errors import ConfigurationError, ModelError
 from corral.core.ids import new_id
 from corral.core.messages import Message, ModelResponse, ToolCall, ToolSpec, Usage
-from corral.models.base import Model, ModelSettings
+from corral.models.base import Model, ModelSettings, NamedTool
 from corral.resources.kinds import ModelEndpointSpec
 
 DEFAULT_CHAT_FORMAT = "chatml-function-calling"
@@ -384,6 +388,8 @@ class LlamaCppModel(Model):
     ) -> ModelResponse:
         """One model turn: a single tool call or a text answer."""
         offered = offered_tools(messages, tools, self.options.max_tool_rounds)
+        if settings.tool_choice == "none":
+            offered = ()
         cancelled = threading.Event()
         work = partial(self._work, list(messages), list(offered), settings, cancelled)
         try:
@@ -449,18 +455,23 @@ class LlamaCppModel(Model):
         counter = _Counter(cancelled)
         if tools:
             prompt = render_chatml(messages, tools)
-            names = " | ".join(_gbnf_literal(f"functions.{t.name}:") for t in tools)
-            choice = counter.add(
-                llama.create_completion(
-                    prompt,
-                    # the choice is always greedy: sampling it makes tool use a dice roll
-                    **{**common, "temperature": 0.0, "max_tokens": 64},
-                    grammar=LlamaGrammar.from_string(
-                        f'root ::= functions | "message:"\nfunctions ::= {names}\n', verbose=False
-                    ),
+            forced = settings.tool_choice
+            if isinstance(forced, NamedTool):
+                picked = f"functions.{forced.name}:"
+            else:
+                names = " | ".join(_gbnf_literal(f"functions.{t.name}:") for t in tools)
+                root = "functions" if forced == "required" else 'functions | "message:"'
+                choice = counter.add(
+                    llama.create_completion(
+                        prompt,
+                        # the choice is always greedy: sampling it makes tool use a dice roll
+                        **{**common, "temperature": 0.0, "max_tokens": 64},
+                        grammar=LlamaGrammar.from_string(
+                            f"root ::= {root}\nfunctions ::= {names}\n", verbose=False
+                        ),
+                    )
                 )
-            )
-            picked = str(choice["text"]).strip()
+                picked = str(choice["text"]).strip()
             tool = next((t for t in tools if f"functions.{t.name}:" == picked), None)
             if tool is not None:
                 choice = counter.add(
@@ -493,7 +504,12 @@ class LlamaCppModel(Model):
         kwargs: dict[str, Any] = {"messages": [_openai_message(m) for m in messages]}
         if tools:
             kwargs["tools"] = [_openai_tool(t) for t in tools]
-            kwargs["tool_choice"] = "auto"
+            wanted = settings.tool_choice or "auto"
+            kwargs["tool_choice"] = (
+                {"type": "function", "function": {"name": wanted.name}}
+                if isinstance(wanted, NamedTool)
+                else wanted
+            )
         counter = _Counter()
         choice = counter.add(llama.create_chat_completion(**kwargs, **self._sampling(settings)))
         message: dict[str, Any] = choice.get("message") or {}

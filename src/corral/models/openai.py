@@ -4,6 +4,13 @@ One adapter serves all three; they differ only in how the SDK client is built
 (:func:`create`). Any other OpenAI-compatible server (vLLM, llama.cpp server)
 is the ``openai`` provider with a ``base_url``.
 
+Such servers take a few things differently from the OpenAI API (a
+:class:`Dialect`, chosen by ``base_url`` and overridable per endpoint in
+``options``): the output cap goes out as ``max_tokens`` (``max_completion_tokens``
+is OpenAI's newer name, which they ignore), and an assistant message with tool
+calls carries ``content: ""`` (llama.cpp's server answers 500 without it, and
+refuses ``null``).
+
 The SDK's own retries are off: retrying is the gateway's job
 (:class:`~corral.models.gateway.RetryingModel`). Every SDK and transport
 exception is converted, by :mod:`corral.models._adapter` (the same way for
@@ -22,7 +29,8 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
+from urllib.parse import urlsplit
 
 import openai
 from openai.types.chat import (
@@ -36,17 +44,45 @@ from openai.types.completion_usage import CompletionUsage
 
 from corral.core.errors import ConfigurationError, ModelError
 from corral.core.messages import Message, ModelResponse, StreamItem, ToolCall, ToolSpec, Usage
-from corral.models._adapter import SDKErrors, SDKModel, http_error
+from corral.models._adapter import SDKErrors, SDKModel, cut_short, http_error
 from corral.models._http import sdk_http_client
-from corral.models.base import Model, ModelSettings
-from corral.resources.kinds import ModelEndpointSpec
+from corral.models.base import Model, ModelSettings, NamedTool, ToolChoice
+from corral.resources.kinds import MaxTokensParam, ModelEndpointSpec, ToolCallContent
 
 DEFAULT_AZURE_API_VERSION = "2024-10-21"
 DEFAULT_OLLAMA_BASE_URL = "http://localhost:11434/v1"
 #: sent to servers that need no key; the SDK insists on some value
 PLACEHOLDER_API_KEY = "not-needed"
 
-MaxTokensParam = Literal["max_completion_tokens", "max_tokens"]
+OPENAI_API_HOST = "api.openai.com"
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """How one endpoint takes what OpenAI-compatible servers disagree on.
+
+    ``max_tokens_param``: the name the output cap goes out under.
+    ``tool_call_content``: an assistant message with tool calls and no text leaves
+    ``content`` out (``omit``, as the OpenAI API allows) or sends ``""`` (``empty``).
+    """
+
+    max_tokens_param: MaxTokensParam = "max_completion_tokens"
+    tool_call_content: ToolCallContent = "omit"
+
+    @staticmethod
+    def of(spec: ModelEndpointSpec) -> Dialect:
+        """The OpenAI API's ways for it (and Azure), the common ways of other servers for
+        any other ``base_url`` and for Ollama; ``options`` override either field."""
+        host = urlsplit(spec.base_url).hostname if spec.base_url else OPENAI_API_HOST
+        official = spec.provider == "azure-openai" or (
+            spec.provider == "openai" and host == OPENAI_API_HOST
+        )
+        default = Dialect() if official else Dialect("max_tokens", "empty")
+        # the values were checked when the endpoint was applied (ModelEndpointSpec)
+        return Dialect(
+            spec.options.get("max_tokens_param", default.max_tokens_param),
+            spec.options.get("tool_call_content", default.tool_call_content),
+        )
 
 
 # --------------------------------------------------------------------------- errors
@@ -77,8 +113,10 @@ SDK_ERRORS = SDKErrors(
 # --------------------------------------------------------------------------- translation
 
 
-def to_openai_messages(messages: Sequence[Message]) -> list[ChatCompletionMessageParam]:
-    """Corral messages as Chat Completions messages."""
+def to_openai_messages(
+    messages: Sequence[Message], tool_call_content: ToolCallContent = "omit"
+) -> list[ChatCompletionMessageParam]:
+    """Corral messages as Chat Completions messages (see :class:`Dialect`)."""
     out: list[ChatCompletionMessageParam] = []
     for message in messages:
         if message.role == "system":
@@ -102,7 +140,7 @@ def to_openai_messages(messages: Sequence[Message]) -> list[ChatCompletionMessag
                 }
                 for call in message.tool_calls
             ]
-            if message.content:
+            if message.content or tool_call_content == "empty":
                 out.append({"role": "assistant", "content": message.content, "tool_calls": calls})
             else:
                 # No "content": null: the API lets a message with tool calls leave it out.
@@ -125,6 +163,13 @@ def to_openai_tools(tools: Sequence[ToolSpec]) -> list[ChatCompletionFunctionToo
         }
         for tool in tools
     ]
+
+
+def to_openai_tool_choice(choice: ToolChoice) -> Any:
+    """A tool choice as Chat Completions takes it (``None``: send nothing)."""
+    if isinstance(choice, NamedTool):
+        return {"type": "function", "function": {"name": choice.name}}
+    return choice
 
 
 def _usage(usage: CompletionUsage | None) -> Usage:
@@ -163,6 +208,8 @@ class _PartialCall:
 class _StreamState:
     """What the chunks of one streamed answer add up to."""
 
+    tools_offered: bool = False
+    chunks: int = 0
     text: list[str] = field(default_factory=list[str])
     calls: dict[int, _PartialCall] = field(default_factory=dict[int, _PartialCall])
     usage: CompletionUsage | None = None
@@ -176,6 +223,7 @@ class _StreamState:
 
     def add(self, chunk: ChatCompletionChunk) -> str:
         """Fold one chunk in; return its new text."""
+        self.chunks += 1
         self.model = chunk.model or self.model
         if chunk.usage is not None:
             self.usage = chunk.usage
@@ -197,6 +245,19 @@ class _StreamState:
                         call.arguments.append(piece.function.arguments)
         self.text.append(text)
         return text
+
+    def cut_short(self, endpoint: str) -> ModelError:
+        if self.chunks or not self.tools_offered:
+            return cut_short(endpoint)
+        # A 200 with an empty stream is an answer, not a dropped connection: llama.cpp's
+        # server sends it when its chat format cannot stream the tool call it chose.
+        return ModelError(
+            f"model endpoint {endpoint!r}: the server answered a streamed request with tools "
+            "with an empty stream: it cannot stream tool calls (llama.cpp's "
+            "chatml-function-calling cannot with tool_choice auto); set 'stream: false' on "
+            "the Agent, or name the tool in its model_settings.tool_choice",
+            endpoint=endpoint,
+        )
 
     def response(self, endpoint: str) -> ModelResponse:
         calls = tuple(
@@ -232,24 +293,26 @@ class OpenAIChatModel(SDKModel[openai.AsyncOpenAI]):
         model: str,
         *,
         timeout_seconds: float,
-        max_tokens_param: MaxTokensParam = "max_completion_tokens",
+        dialect: Dialect | None = None,
     ) -> None:
         super().__init__(name, client, model, timeout_seconds=timeout_seconds)
-        self.max_tokens_param = max_tokens_param
+        self.dialect = dialect or Dialect()
 
     def _params(
         self, messages: Sequence[Message], tools: Sequence[ToolSpec], settings: ModelSettings
     ) -> dict[str, Any]:
         params: dict[str, Any] = {
             "model": self.model,
-            "messages": to_openai_messages(messages),
+            "messages": to_openai_messages(messages, self.dialect.tool_call_content),
         }
         if tools:
             params["tools"] = to_openai_tools(tools)
+            if settings.tool_choice is not None:
+                params["tool_choice"] = to_openai_tool_choice(settings.tool_choice)
         if settings.temperature is not None:
             params["temperature"] = settings.temperature
         if settings.max_output_tokens is not None:
-            params[self.max_tokens_param] = settings.max_output_tokens
+            params[self.dialect.max_tokens_param] = settings.max_output_tokens
         return params
 
     # Both calls post the request as ``chat.completions.create`` does (same path, same
@@ -288,7 +351,7 @@ class OpenAIChatModel(SDKModel[openai.AsyncOpenAI]):
                 stream=True,
                 stream_cls=openai.AsyncStream[ChatCompletionChunk],
             ),
-            _StreamState(),
+            _StreamState(tools_offered=bool(tools)),
         )
 
 
@@ -307,7 +370,7 @@ def create(name: str, spec: ModelEndpointSpec, api_key: str | None) -> Model:
         "max_retries": 0,
         "http_client": sdk_http_client(openai.DefaultAsyncHttpxClient),
     }
-    max_tokens_param: MaxTokensParam = "max_completion_tokens"
+    dialect = Dialect.of(spec)
     try:
         client: openai.AsyncOpenAI
         if spec.provider == "azure-openai":
@@ -319,7 +382,6 @@ def create(name: str, spec: ModelEndpointSpec, api_key: str | None) -> Model:
                 **common,
             )
         elif spec.provider == "ollama":
-            max_tokens_param = "max_tokens"
             client = openai.AsyncOpenAI(
                 api_key=api_key or PLACEHOLDER_API_KEY,
                 base_url=spec.base_url or DEFAULT_OLLAMA_BASE_URL,
@@ -336,5 +398,5 @@ def create(name: str, spec: ModelEndpointSpec, api_key: str | None) -> Model:
         client,
         spec.model,
         timeout_seconds=spec.timeout_seconds,
-        max_tokens_param=max_tokens_param,
+        dialect=dialect,
     )

@@ -8,7 +8,7 @@ so a typo never silently does nothing.
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
@@ -52,6 +52,14 @@ class Metadata(Spec):
 # --------------------------------------------------------------------------- ModelEndpoint
 
 Provider = Literal["openai", "anthropic", "azure-openai", "ollama", "llama-cpp", "scripted"]
+#: ``options`` of the Chat Completions providers where OpenAI-compatible servers disagree
+#: (see :class:`corral.models.openai.Dialect`)
+MaxTokensParam = Literal["max_completion_tokens", "max_tokens"]
+ToolCallContent = Literal["omit", "empty"]
+_CHAT_COMPLETIONS_OPTIONS = {
+    "max_tokens_param": get_args(MaxTokensParam),
+    "tool_call_content": get_args(ToolCallContent),
+}
 
 
 class RetryPolicy(Spec):
@@ -109,6 +117,10 @@ class ModelEndpointSpec(Spec):
             raise ValueError("provider 'azure-openai' needs 'base_url' (the resource endpoint)")
         if self.provider != "scripted" and self.script:
             raise ValueError("'script' is only for provider 'scripted'")
+        if self.provider in ("openai", "azure-openai", "ollama"):
+            for key, allowed in _CHAT_COMPLETIONS_OPTIONS.items():
+                if key in self.options and self.options[key] not in allowed:
+                    raise ValueError(f"options.{key} must be one of {', '.join(allowed)}")
         return self
 
 
@@ -336,9 +348,25 @@ class SessionPolicy(Spec):
     keep_recent_messages: int = Field(default=6, ge=0)
 
 
+class NamedToolChoice(Spec):
+    """Make the model call this one tool (its name in the Agent's ``tools``, or an ``mcp:`` ref)."""
+
+    name: str = Field(min_length=1)
+
+
+ToolChoice = Literal["auto", "required", "none"] | NamedToolChoice
+
+
 class ModelSettingsSpec(Spec):
     temperature: float | None = Field(default=None, ge=0, le=2)
     max_output_tokens: int | None = Field(default=None, ge=1)
+    tool_choice: ToolChoice | None = Field(
+        default=None,
+        description=(
+            "whether the model may (auto), must (required) or must not (none) call a tool, or "
+            "must call the one named ({name: ...}); unset: the provider's default, nothing sent"
+        ),
+    )
 
 
 class AgentSpec(Spec):

@@ -10,8 +10,9 @@ any change builds a fresh agent for the runs that start from then on. The old
 one is closed when its last run ends.
 
 Sharing is what a user expects of the parts: one connection pool per model
-endpoint, one circuit breaker per tool across runs, one MCP session per server,
-one copy of a local model in memory.
+endpoint, one circuit breaker per tool across runs, one MCP session per server
+(opened anew by the next call when it is lost, without a rebuild: see
+:mod:`corral.tools.mcp`), one copy of a local model in memory.
 """
 
 from __future__ import annotations

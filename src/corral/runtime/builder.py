@@ -11,7 +11,7 @@ from corral.core.errors import ConfigurationError, CorralError, NotFoundError
 from corral.core.redaction import Redactor, remember
 from corral.core.settings import Settings
 from corral.engine.loop import AgentDefinition
-from corral.models.base import Model, ModelSettings
+from corral.models.base import Model, ModelSettings, NamedTool, ToolChoice
 from corral.models.registry import build_model, with_fallbacks
 from corral.resources.kinds import (
     AgentRoleSpec,
@@ -20,10 +20,12 @@ from corral.resources.kinds import (
     HttpAuth,
     McpServerSpec,
     ModelEndpointSpec,
+    NamedToolChoice,
     Spec,
     ToolPermissionSpec,
     ToolSpecModel,
 )
+from corral.resources.kinds import ToolChoice as ToolChoiceSpec
 from corral.resources.secrets import SecretResolver
 from corral.store.base import Store
 from corral.tools.base import Tool
@@ -32,6 +34,22 @@ from corral.tools.registry import build_tool
 
 MCP_PREFIX = "mcp:"
 S = TypeVar("S", bound=Spec)
+
+
+def _tool_choice(
+    agent: str, choice: ToolChoiceSpec | None, tools: list[GovernedTool]
+) -> ToolChoice:
+    """The Agent's tool choice for the models; a named tool becomes the name the model sees."""
+    if not isinstance(choice, NamedToolChoice):
+        return choice
+    for governed in tools:
+        if choice.name in (governed.tool.ref, governed.spec.name):
+            return NamedTool(governed.spec.name)
+    known = ", ".join(t.tool.ref for t in tools) or "none"
+    raise ConfigurationError(
+        f"agent {agent!r}: model_settings.tool_choice names {choice.name!r}, which is not one "
+        f"of its tools ({known})"
+    )
 
 
 class AgentBuilder:
@@ -111,6 +129,7 @@ class AgentBuilder:
             model_settings=ModelSettings(
                 temperature=spec.model_settings.temperature,
                 max_output_tokens=spec.model_settings.max_output_tokens,
+                tool_choice=_tool_choice(name, spec.model_settings.tool_choice, tools),
             ),
             output_schema=output_schema if output_schema is not None else spec.output_schema,
             output_retries=spec.output_retries,

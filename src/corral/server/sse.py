@@ -8,8 +8,13 @@ Each event goes out as::
 
 The ``id`` is the event's sequence number, so a client that reconnects with
 ``Last-Event-ID: 7`` (browsers do it by themselves) gets exactly the events
-after 7: none missed, none twice. A comment line (``: keep-alive``) goes out
-when nothing else did for a while, so proxies keep the connection open. The
+after 7: none missed, none twice. The first message also carries ``retry:``
+(how long a client waits before it reconnects): a block of its own, with no
+data, is an event with empty data to some parsers (the ``openai`` SDK's then
+fails decoding it as JSON). A comment line (``: keep-alive``) goes out when
+nothing else did for a while, so proxies keep the connection open; it is not
+followed by a blank line, for the same reason (a blank line ends a message,
+and after an ``id`` those parsers dispatch even a message without fields). The
 stream ends with an ``end`` event (``data: {"state": ...}``) once the run has
 finished; a run waiting for approval keeps its stream open. When the server
 shuts down, open streams end without ``end``: the client reconnects (to
@@ -74,24 +79,25 @@ async def event_stream(context: ServerContext, run_id: str, after: int) -> Async
     )
     context.metrics.event_streams.inc()
     try:
-        yield f"retry: {RETRY_MS}\n\n"
+        first = f"retry: {RETRY_MS}\n"  # goes out with the first message (see above)
         last_sent = time.monotonic()
         final: str | None = None
         async for batch in follower.batches():
             if batch:
-                yield "".join(_formatted(event) for event in batch)
+                yield first + "".join(_formatted(event) for event in batch)
+                first = ""
                 last_sent = time.monotonic()
                 final = next(
                     (str(e.data.get("state")) for e in batch if e.type is EventType.RUN_FINISH),
                     final,
                 )
             elif time.monotonic() - last_sent >= context.keepalive_seconds:
-                yield ": keep-alive\n\n"
+                yield ": keep-alive\n"
                 last_sent = time.monotonic()
         if follower.ended:
             if final is None and follower.record is not None:
                 final = follower.record.state.value
             # state null: the run was deleted while followed
-            yield f"event: end\ndata: {json.dumps({'state': final})}\n\n"
+            yield f"{first}event: end\ndata: {json.dumps({'state': final})}\n\n"
     finally:
         context.metrics.event_streams.dec()

@@ -179,6 +179,13 @@ def needs_approval(agent_policy: ApprovalPolicy, tool: ToolPolicy) -> bool:
     return agent_policy.policy == "always"
 
 
+@dataclass
+class Attempts:
+    """How many times one call's tool ran, retries included (0: it never started)."""
+
+    count: int = 0
+
+
 @dataclass(frozen=True)
 class ToolOutcome:
     """What came of one tool call: the text the model sees, or an error."""
@@ -253,8 +260,12 @@ class GovernedTool:
             raise ToolError(ToolErrorCode.INVALID_INPUT, reasons)
         return arguments
 
-    async def execute(self, arguments: dict[str, Any], ctx: ToolContext) -> tuple[Any, int]:
-        """Run the call under timeout and retry policy; returns (result, attempts)."""
+    async def execute(
+        self, arguments: dict[str, Any], ctx: ToolContext, attempts: Attempts | None = None
+    ) -> Any:
+        """Run the call under timeout and retry policy; ``attempts`` counts the tries,
+        whether the call ends in a result or an error."""
+        attempts = attempts if attempts is not None else Attempts()
         if not self.breaker.allow():
             raise ToolError(
                 ToolErrorCode.CIRCUIT_OPEN,
@@ -263,9 +274,9 @@ class GovernedTool:
                 retryable=True,
             )
         retry = self.policy.retry
-        attempt = 0
         while True:
-            attempt += 1
+            attempts.count += 1
+            attempt = attempts.count
             try:
                 result = await self._attempt(arguments, ctx)
             except ToolError as exc:
@@ -285,7 +296,7 @@ class GovernedTool:
                 await anyio.sleep(delay)
                 continue
             self.breaker.record(True)
-            return result, attempt
+            return result
 
     async def _attempt(self, arguments: dict[str, Any], ctx: ToolContext) -> Any:
         try:
@@ -348,7 +359,7 @@ class Toolset:
         started = time.perf_counter()
         governed = self.by_name.get(call.name)
         ref = governed.tool.ref if governed else call.name
-        attempts = 0
+        attempts = Attempts()
         try:
             if governed is None:
                 known = ", ".join(sorted(self.by_name)) or "none"
@@ -365,15 +376,15 @@ class Toolset:
                 )
             if on_start is not None:
                 await on_start()
-            result, attempts = await governed.execute(arguments, ctx)
+            result = await governed.execute(arguments, ctx, attempts)
         except ToolError as exc:
             info = exc.info
             redact = self.redactor
             reason = redact.text(info.reason)
             error = ToolErrorInfo(info.code, reason, info.retryable, redact.data(info.details))
-            return ToolOutcome(call, ref, "", error, attempts, _ms_since(started))
+            return ToolOutcome(call, ref, "", error, attempts.count, _ms_since(started))
         output = _cap(self._redacted_text(result), governed.policy.max_output_bytes)
-        return ToolOutcome(call, ref, output, None, attempts, _ms_since(started))
+        return ToolOutcome(call, ref, output, None, attempts.count, _ms_since(started))
 
     def _redacted_text(self, result: Any) -> str:
         """The result as text, redacted: data before it is encoded (a secret with a quote in

@@ -3,14 +3,27 @@
 :func:`open_server_tools` connects to one ``McpServer`` with the official
 ``mcp`` SDK, performs the handshake and lists its tools, all within
 ``init_timeout_seconds``, and returns one :class:`McpTool` per server tool
-(``ref = "mcp:SERVER/TOOL"``). The connection lives in the caller's
-``AsyncExitStack``.
+(``ref = "mcp:SERVER/TOOL"``). Tools the server marks as needing task-augmented
+execution (``execution.taskSupport: required``, MCP tasks) are left out, with a
+log line: a plain call of one always fails. The connection lives in the
+caller's ``AsyncExitStack``.
 
 **One task rule.** The SDK's transports and session run anyio task groups and
 cancel scopes; they must be entered and exited by the same task. The caller
 must therefore open *and* close the exit stack in one task (for example the
 worker task that owns the agent's tools); calling the tools from other tasks is
-fine.
+fine. Inside, each session is opened and closed by a task of its own
+(:class:`McpConnection`), in a task group that lives in the caller's stack.
+
+**Lost sessions.** A stdio server whose process ends (its stdout closes), or a
+streamable-HTTP server that no longer knows the session (it answers 404, or 400
+naming the session, to a request carrying the session id: it restarted), has
+lost its session. The next call opens a new one (one open at a time; after a
+failed open, calls fail fast as ``unavailable`` until a backoff with jitter has
+passed). A call whose session was lost while it was in flight may or may not
+have run: it is made again on the new session only when the tool is idempotent
+or the server refused the session (so the call never ran); otherwise it fails
+as ``unavailable``, retryable.
 
 A stdio server runs in its own process group with the same locked-down
 environment as an ``exec`` tool (:func:`corral.tools.exec.locked_environment`)
@@ -23,12 +36,16 @@ of its :class:`~corral.tools.processes.ProcessTree` (daemons that left the group
 from __future__ import annotations
 
 import contextlib
+import logging
+import random
 import shutil
 import socket
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from types import TracebackType
+from typing import Any, Self
 
 import anyio
 import anyio.abc
@@ -49,7 +66,9 @@ from corral.tools.http import auth_headers
 from corral.tools.naming import model_tool_name
 from corral.tools.processes import ProcessTree
 
-__all__ = ["McpTool", "open_server_tools"]
+__all__ = ["McpConnection", "McpTool", "open_server_tools"]
+
+log = logging.getLogger(__name__)
 
 #: how much of a stdio server's stderr is kept for error messages
 STDERR_TAIL_BYTES = 8192
@@ -58,6 +77,11 @@ _REASON_STDERR_CHARS = 2000
 # The SDK adds these host variables to every stdio server's environment; they
 # are overridden with neutral values so nothing of the host leaks.
 _SDK_INHERITED = {"LOGNAME": "", "USER": "", "SHELL": "/bin/sh", "TERM": "dumb"}
+#: backoff between failed re-opens of a lost session (full jitter)
+REOPEN_BACKOFF_SECONDS = 0.5
+REOPEN_MAX_BACKOFF_SECONDS = 30.0
+_SESSION_HEADER = "mcp-session-id"
+_REFUSAL_MAX_BYTES = 4096
 
 
 class _StderrTail:
@@ -115,6 +139,16 @@ def _call_error(server: str, tool: str, exc: MCPError) -> ToolError:
     return ToolError(ToolErrorCode.EXECUTION_FAILED, exc.message, details=details)
 
 
+def _lost_error(server: str, tool: str) -> ToolError:
+    return ToolError(
+        ToolErrorCode.UNAVAILABLE,
+        f"MCP server {server!r} lost its session during the call, which may or may not have "
+        "run (the tool is not idempotent, so it was not made again)",
+        retryable=True,
+        details={"server": server, "tool": tool},
+    )
+
+
 class McpTool(Tool):
     """One tool of a connected MCP server; valid while the server's exit stack is open."""
 
@@ -122,7 +156,7 @@ class McpTool(Tool):
         self,
         server_name: str,
         tool: mcp_types.Tool,
-        session: ClientSession,
+        connection: McpConnection,
         spec: McpServerSpec,
     ) -> None:
         self.ref = f"mcp:{server_name}/{tool.name}"
@@ -130,14 +164,15 @@ class McpTool(Tool):
         self.idempotent = spec.idempotent
         self.server_name = server_name
         self.tool_name = tool.name
-        self._session = session
+        #: the server's connection, shared by all its tools
+        self.connection = connection
         self._timeout = spec.call_timeout_seconds
 
     async def call(self, arguments: dict[str, Any], ctx: ToolContext) -> Any:
         server, tool = self.server_name, self.tool_name
         try:
-            result = await self._session.call_tool(
-                tool, arguments, read_timeout_seconds=self._timeout
+            result = await self.connection.call(
+                tool, arguments, read_timeout=self._timeout, idempotent=self.idempotent
             )
         except MCPError as exc:
             raise _call_error(server, tool, exc) from exc
@@ -165,20 +200,285 @@ class McpTool(Tool):
         return _result_value(result)
 
 
+# --------------------------------------------------------------------------- sessions
+
+
+@dataclass(eq=False)
+class _Session:
+    """One open session of a server, held by a task of its own until ``close`` is set."""
+
+    client: ClientSession | None = None
+    tools: list[mcp_types.Tool] = field(default_factory=list[mcp_types.Tool])
+    lost: anyio.Event = field(default_factory=anyio.Event)
+    close: anyio.Event = field(default_factory=anyio.Event)
+    #: the server no longer knew the session: what it answered never ran
+    refused: bool = False
+
+    def mark_lost(self, *, refused: bool = False) -> None:
+        """The session cannot be used any more; its task closes it."""
+        self.refused = self.refused or refused
+        self.lost.set()
+        self.close.set()
+
+
+@dataclass(eq=False)
+class _Opening:
+    """One attempt to open a session, awaited by every call that needs it."""
+
+    done: anyio.Event = field(default_factory=anyio.Event)
+    session: _Session | None = None
+    error: Exception | None = None
+
+
+class _WatchedReads:
+    """The transport's read stream, reporting its end (a stdio server's process ended)."""
+
+    def __init__(self, inner: Any, on_end: Callable[[], None]) -> None:
+        self._inner = inner
+        self._on_end = on_end
+
+    @property
+    def last_context(self) -> Any:  # the SDK reads it when the stream has one
+        return getattr(self._inner, "last_context", None)
+
+    async def receive(self) -> Any:
+        try:
+            return await self._inner.receive()
+        except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
+            self._on_end()
+            raise
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+    def __aiter__(self) -> Self:
+        return self
+
+    async def __anext__(self) -> Any:
+        try:
+            return await self.receive()
+        except anyio.EndOfStream:
+            raise StopAsyncIteration from None
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_val: BaseException | None,
+        exc_tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+
+def _needs_tasks(tool: mcp_types.Tool) -> bool:
+    return tool.execution is not None and tool.execution.task_support == "required"
+
+
+class McpConnection:
+    """The session with one MCP server, opened again when it is lost (see the module docstring).
+
+    Every session is opened and closed by a task of its own in ``group``, so a
+    call from any task may cause a new one without owning it.
+    """
+
+    def __init__(
+        self,
+        server_name: str,
+        spec: McpServerSpec,
+        secrets: Mapping[str, str],
+        workspace: Path,
+        group: anyio.abc.TaskGroup,
+    ) -> None:
+        self.server_name = server_name
+        self.spec = spec
+        self._secrets = secrets
+        self._workspace = workspace
+        self._group = group
+        self._session: _Session | None = None
+        self._opening: _Opening | None = None
+        self._failures = 0
+        self._retry_at = 0.0
+        self._last_error: Exception | None = None
+        self._closing = False
+        self._skips_logged = False
+
+    async def session(self) -> _Session:
+        """The live session: the current one, or a new one if it was lost.
+
+        Raises the open's error (``ToolError(unavailable)``, ``ConfigurationError``);
+        after a failed open, the same error until the backoff has passed.
+        """
+        current = self._session
+        if current is not None and not current.lost.is_set():
+            return current
+        if self._closing:
+            raise self._unavailable("is closing")
+        opening = self._opening
+        if opening is None:
+            if self._last_error is not None and anyio.current_time() < self._retry_at:
+                raise self._last_error
+            opening = self._opening = _Opening()
+            if current is not None:
+                log.info("MCP server %r lost its session; opening a new one", self.server_name)
+            self._group.start_soon(self._hold, opening)
+        await opening.done.wait()
+        if opening.session is None:
+            assert opening.error is not None
+            raise opening.error
+        return opening.session
+
+    async def call(
+        self, tool: str, arguments: dict[str, Any], *, read_timeout: float, idempotent: bool
+    ) -> mcp_types.CallToolResult:
+        """Call ``tool``; once more on a new session when the one it used was lost and the
+        call either never ran there (refused) or may run twice (idempotent)."""
+        session = await self.session()
+        try:
+            return await self._call(session, tool, arguments, read_timeout)
+        except (MCPError, anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
+            if not self._lost(session, exc):
+                raise
+            if not (session.refused or idempotent):
+                raise _lost_error(self.server_name, tool) from exc
+        session = await self.session()
+        try:
+            return await self._call(session, tool, arguments, read_timeout)
+        except (MCPError, anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
+            if not self._lost(session, exc):
+                raise
+            raise self._unavailable("lost its session again") from exc
+
+    @staticmethod
+    async def _call(
+        session: _Session, tool: str, arguments: dict[str, Any], read_timeout: float
+    ) -> mcp_types.CallToolResult:
+        assert session.client is not None
+        return await session.client.call_tool(tool, arguments, read_timeout_seconds=read_timeout)
+
+    @staticmethod
+    def _lost(session: _Session, exc: Exception) -> bool:
+        """Whether ``exc`` means the session is gone (and mark it so)."""
+        closed = not isinstance(exc, MCPError) or exc.code == mcp_types.CONNECTION_CLOSED
+        if closed:
+            session.mark_lost()
+        return session.lost.is_set()
+
+    async def wait_lost(self) -> None:
+        """Return once the latest session is lost (at once if it is already, or none opened)."""
+        if self._session is not None:
+            await self._session.lost.wait()
+
+    def close(self) -> None:
+        """Let the sessions close (each in its own task); no new one opens."""
+        self._closing = True
+        if self._session is not None:
+            self._session.close.set()
+
+    def _unavailable(self, what: str) -> ToolError:
+        return ToolError(
+            ToolErrorCode.UNAVAILABLE,
+            f"MCP server {self.server_name!r} {what}",
+            retryable=True,
+            details={"server": self.server_name},
+        )
+
+    # ----------------------------------------------------------------- the session's task
+
+    async def _hold(self, opening: _Opening) -> None:
+        """Open a session, hand it over, and close it once it is lost or closed."""
+        session = _Session()
+        stderr_tail = _StderrTail()
+        try:
+            async with contextlib.AsyncExitStack() as inner:
+                read, write = await self._transport(inner, session, stderr_tail)
+                client = await inner.enter_async_context(ClientSession(read, write))
+                with anyio.fail_after(self.spec.init_timeout_seconds):
+                    await client.initialize()
+                    listed = await _list_tools(client)
+                session.client = client
+                session.tools = self._offered(listed)
+                self._opened(opening, session)
+                await session.close.wait()
+        except Exception as exc:  # noqa: BLE001 - the SDK boundary; cancellation passes
+            if opening.done.is_set():  # it broke while held: the next call opens another
+                log.debug("MCP server %r: session ended: %r", self.server_name, exc)
+                session.mark_lost()
+                return
+            self._failed(opening, self._start_error(exc, stderr_tail.text()))
+        finally:
+            if not opening.done.is_set():  # cancelled while opening
+                self._failed(opening, self._unavailable("was closed while it was opening"))
+
+    async def _transport(
+        self,
+        inner: contextlib.AsyncExitStack,
+        session: _Session,
+        stderr_tail: _StderrTail,
+    ) -> tuple[Any, Any]:
+        name, spec, secrets = self.server_name, self.spec, self._secrets
+        if spec.transport == "stdio":
+            read, write = await _open_stdio(
+                inner, name, spec, secrets, self._workspace, stderr_tail
+            )
+            return _WatchedReads(read, session.mark_lost), write
+        return await _open_http(
+            inner, name, spec, secrets, on_refused=lambda: session.mark_lost(refused=True)
+        )
+
+    def _offered(self, listed: list[mcp_types.Tool]) -> list[mcp_types.Tool]:
+        skipped = [t.name for t in listed if _needs_tasks(t)]
+        if skipped and not self._skips_logged:
+            self._skips_logged = True
+            log.warning(
+                "MCP server %r: not offering %s: the server runs them only as MCP tasks "
+                "(execution.taskSupport: required), which Corral does not support",
+                self.server_name,
+                ", ".join(skipped),
+            )
+        return [t for t in listed if not _needs_tasks(t)]
+
+    def _opened(self, opening: _Opening, session: _Session) -> None:
+        self._session = opening.session = session
+        self._opening = None
+        self._failures = 0
+        self._last_error = None
+        if self._closing:
+            session.close.set()
+        opening.done.set()
+
+    def _failed(self, opening: _Opening, error: Exception) -> None:
+        self._opening = None
+        self._failures += 1
+        ceiling = min(
+            REOPEN_MAX_BACKOFF_SECONDS, REOPEN_BACKOFF_SECONDS * 2 ** (self._failures - 1)
+        )
+        self._retry_at = anyio.current_time() + random.uniform(0, ceiling)
+        if self._session is not None and not isinstance(error, ToolError):
+            # a lost session's server that can no longer start: a tool error to the model
+            error = self._unavailable(f"cannot be reopened: {error}")
+        self._last_error = opening.error = error
+        opening.done.set()
+
+    def _start_error(self, exc: Exception, stderr: str) -> Exception:
+        cause = _unwrap(exc)
+        if isinstance(cause, ConfigurationError | ToolError):
+            return cause
+        return _start_error(self.server_name, self.spec, cause, stderr)
+
+
 async def _open_stdio(
     stack: contextlib.AsyncExitStack,
     server_name: str,
     spec: McpServerSpec,
     secrets: Mapping[str, str],
-    workspace: Path | None,
+    workspace: Path,
     stderr_tail: _StderrTail,
 ) -> tuple[Any, Any]:
     owner = f"McpServer {server_name!r}"
     program = resolve_program(spec.command[0], owner=owner)
     declared = declared_environment(spec.env, secrets, owner=owner)
-    if workspace is None:
-        workspace = Path(tempfile.mkdtemp(prefix=f"corral-mcp-{server_name}-"))
-        stack.callback(shutil.rmtree, workspace, ignore_errors=True)
     await anyio.Path(workspace).mkdir(parents=True, exist_ok=True)
     tree = ProcessTree()
     env = tree.environment({**_SDK_INHERITED, **(await locked_environment(workspace, declared))})
@@ -209,15 +509,38 @@ async def _open_stdio(
             raise ConfigurationError(f"{owner}: cannot start {program!r}: {exc}") from exc
 
 
+async def _refuses_session(response: httpx2.Response) -> bool:
+    """Whether the server answered a request of a session it no longer knows.
+
+    The MCP spec says 404; some servers answer 400 naming the session.
+    """
+    if _SESSION_HEADER not in response.request.headers:
+        return False
+    if response.status_code == 404:
+        return True
+    length = response.headers.get("content-length", "")
+    if response.status_code != 400 or not length.isdigit() or int(length) > _REFUSAL_MAX_BYTES:
+        return False  # only a short error body is worth reading (a server's word against us)
+    body = await response.aread()  # kept: the SDK reads it again
+    return b"session" in body.lower()
+
+
 async def _open_http(
     stack: contextlib.AsyncExitStack,
     server_name: str,
     spec: McpServerSpec,
     secrets: Mapping[str, str],
+    *,
+    on_refused: Callable[[], None],
 ) -> tuple[Any, Any]:
     owner = f"McpServer {server_name!r}"
     assert spec.url is not None
     headers = {**spec.headers, **auth_headers(spec.auth, secrets, owner=owner)}
+
+    async def watch(response: httpx2.Response) -> None:
+        if await _refuses_session(response):
+            on_refused()
+
     client = httpx2.AsyncClient(
         headers=headers,
         timeout=httpx2.Timeout(
@@ -227,6 +550,7 @@ async def _open_http(
         ),
         trust_env=False,
         follow_redirects=False,
+        event_hooks={"response": [watch]},
     )
     await stack.enter_async_context(client)
     return await stack.enter_async_context(streamable_http_client(spec.url, http_client=client))
@@ -295,25 +619,20 @@ async def open_server_tools(
     ``stack`` must be closed by the task that called this function (see the
     module docstring).
     """
-    stderr_tail = _StderrTail()
-    try:
-        async with contextlib.AsyncExitStack() as inner:
-            if spec.transport == "stdio":
-                read, write = await _open_stdio(
-                    inner, server_name, spec, secrets, workspace, stderr_tail
-                )
-            else:
-                read, write = await _open_http(inner, server_name, spec, secrets)
-            session = await inner.enter_async_context(ClientSession(read, write))
-            with anyio.fail_after(spec.init_timeout_seconds):
-                await session.initialize()
-                listed = await _list_tools(session)
+    if workspace is None:
+        workspace = Path(tempfile.mkdtemp(prefix=f"corral-mcp-{server_name}-"))
+        stack.callback(shutil.rmtree, workspace, ignore_errors=True)
+    error: ConfigurationError | ToolError | None = None
+    async with contextlib.AsyncExitStack() as inner:
+        group = await inner.enter_async_context(anyio.create_task_group())
+        connection = McpConnection(server_name, spec, secrets, workspace, group)
+        inner.callback(connection.close)  # runs before the group exits: its sessions close
+        try:
+            session = await connection.session()
+        except (ConfigurationError, ToolError) as exc:
+            error = exc  # raised once the group has exited (else it comes wrapped in a group)
+        else:
             await stack.enter_async_context(inner.pop_all())
-    except (ConfigurationError, ToolError):
-        raise
-    except Exception as exc:  # converted at the SDK boundary; cancellation passes
-        cause = _unwrap(exc)
-        if isinstance(cause, ConfigurationError | ToolError):
-            raise cause from exc
-        raise _start_error(server_name, spec, cause, stderr_tail.text()) from exc
-    return [McpTool(server_name, tool, session, spec) for tool in listed]
+    if error is not None:
+        raise error
+    return [McpTool(server_name, tool, connection, spec) for tool in session.tools]
