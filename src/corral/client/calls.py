@@ -38,6 +38,7 @@ from corral.core.api import (
     TokenOut,
     TokenPage,
 )
+from corral.resources.kinds import STORED
 
 T = TypeVar("T")
 T_co = TypeVar("T_co", covariant=True)
@@ -82,15 +83,17 @@ class Submitted(NamedTuple):
     created: bool
 
 
+# An answer holds what the server stored: apply-only checks (e.g. an http tool's url, made
+# stricter since it was stored) are not run on it again (the STORED validation context).
 def _model(model: type[M]) -> Callable[[httpx.Response], M]:
     def parse(response: httpx.Response) -> M:
-        return model.model_validate_json(response.content)
+        return model.model_validate_json(response.content, context=STORED)
 
     return parse
 
 
 def _resource(response: httpx.Response) -> ResourceOut:
-    return RESOURCE_OUT.validate_json(response.content)
+    return RESOURCE_OUT.validate_json(response.content, context=STORED)
 
 
 def _nothing(response: httpx.Response) -> None:

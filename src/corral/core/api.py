@@ -27,6 +27,7 @@ from corral.core.tokens import ApiToken, Role
 from corral.resources.kinds import (
     KINDS,
     NAME_PATTERN,
+    STORED,
     AgentRoleSpec,
     AgentSpec,
     McpServerSpec,
@@ -431,7 +432,8 @@ def resource_out(stored: StoredResource, document: dict[str, Any]) -> ResourceOu
         created_at=stored.created_at,
         updated_at=stored.updated_at,
     )
-    return RESOURCE_OUT.validate_python({**document, "status": status})
+    # a stored spec is not checked again against rules apply has made stricter since
+    return RESOURCE_OUT.validate_python({**document, "status": status}, context=STORED)
 
 
 class ResourcePage(BaseModel):
