@@ -9,7 +9,6 @@ runs) and stops the run when the lease is lost or a cancellation was asked for.
 
 from __future__ import annotations
 
-import random
 import time
 from dataclasses import dataclass
 from typing import Literal, Self
@@ -27,6 +26,7 @@ from corral.core.settings import Settings
 from corral.engine.loop import AgentDefinition, AgentLoop, RunResult
 from corral.engine.replay import replay
 from corral.runtime.agents import AgentCache, Loading
+from corral.runtime.health import WorkerHealth, jittered_backoff
 from corral.runtime.journal import FencedSink, Observer
 from corral.runtime.leases import LeaseKeeper, Reason
 from corral.runtime.sessions import session_history
@@ -60,6 +60,7 @@ class RunExecutor:
         loading: Loading | None = None,
         retry_base_seconds: float = 1.0,
         bus: Bus | None = None,
+        health: WorkerHealth | None = None,
     ) -> None:
         self.store = store
         self.bus = bus
@@ -68,7 +69,7 @@ class RunExecutor:
         self.retry_base_seconds = retry_base_seconds
         self.observer = observer
         self.agents = AgentCache(store, settings, loading)
-        self.leases = LeaseKeeper(store, lease_seconds)
+        self.leases = LeaseKeeper(store, lease_seconds, health)
         # the journal writes in flight of every run (see FencedSink)
         self._writes: anyio.abc.TaskGroup | None = None
 
@@ -193,8 +194,7 @@ class RunExecutor:
             await self.bus.announce_runnable([lease.run_id], mark=f"released:{lease.token}")
 
     def _backoff(self, record: RunRecord) -> float:
-        ceiling = self.retry_base_seconds * 2 ** (record.attempts - 1)
-        return random.uniform(0, min(RUN_RETRY_MAX_SECONDS, ceiling))
+        return jittered_backoff(record.attempts, self.retry_base_seconds, RUN_RETRY_MAX_SECONDS)
 
     async def _decisions(self, run_id: str) -> dict[str, tuple[bool, str | None]]:
         decided: dict[str, tuple[bool, str | None]] = {}
