@@ -24,15 +24,18 @@ import anyio
 import httpx
 import pytest
 
-from corral.core.runs import RunState
+from corral.core.runs import Lease, RunRecord, RunState
+from corral.core.settings import Settings
 from corral.resources.loader import load_text
+from corral.resources.secrets import SecretCipher
 from corral.runtime.local import submit as submit_run
 from corral.store import Store, open_store
-from corral.store.sql import BUSY_TIMEOUT_SECONDS
+from corral.store.base import StoreError
+from corral.store.sql import BUSY_TIMEOUT_SECONDS, SqlStore
 from databases import PostgresServer
 from postgres_cluster import PrivateCluster
-from server_harness import apply, echo_turn, resources, wait_for
-from test_server_shutdown import ServeProcess
+from server_harness import LiveServer, apply, echo_turn, resources, wait_for
+from test_server_shutdown import ServeProcess, in_flight
 from test_worker_metrics import free_port
 
 #: holds SQLite's write lock from its own process until a line arrives on stdin
@@ -56,6 +59,118 @@ def sample(text: str, name: str, **labels: str) -> float | None:
         if match:
             return float(match.group(1))
     return None
+
+
+def idempotent(yaml_text: str) -> str:
+    """The resources with their ``echo`` tool declared idempotent.
+
+    A run whose journal write fails with the store is resumed by a later claim; a
+    non-idempotent call cut off then waits for a human by design (see
+    ``interrupted_calls``), an idempotent one simply runs again.
+    """
+    return yaml_text.replace(
+        "  timeout_seconds: 60\n", "  timeout_seconds: 60\n  idempotent: true\n"
+    )
+
+
+# --------------------------------------------------------------------------- a store that fails
+
+#: while set, the claims and submits of a :class:`FailingStore` fail as a locked database's do
+STORE_DOWN = threading.Event()
+
+
+class FailingStore(SqlStore):
+    """A real store whose claims fail while ``STORE_DOWN`` is set, or always with a bug
+    (``crash``): what the worker and the API see of a store in trouble."""
+
+    crash = False
+
+    async def claim_runs(self, *args: Any, **kwargs: Any) -> list[tuple[RunRecord, Lease]]:
+        if self.crash:
+            raise RuntimeError("a bug in the claim")
+        if STORE_DOWN.is_set():
+            raise StoreError("cannot claim runs: the database stayed locked (/srv/secret.db)")
+        return await super().claim_runs(*args, **kwargs)
+
+    async def submit_agent_run(self, *args: Any, **kwargs: Any) -> Any:
+        if STORE_DOWN.is_set():
+            raise StoreError("cannot submit a run: the database stayed locked (/srv/secret.db)")
+        return await super().submit_agent_run(*args, **kwargs)
+
+
+class CrashingStore(FailingStore):
+    crash = True
+
+
+async def open_failing(settings: Settings) -> FailingStore:
+    store = await FailingStore.open(settings.db_url, cipher=SecretCipher.from_settings(settings))
+    assert isinstance(store, FailingStore)
+    return store
+
+
+async def open_crashing(settings: Settings) -> CrashingStore:
+    store = await CrashingStore.open(settings.db_url, cipher=SecretCipher.from_settings(settings))
+    assert isinstance(store, CrashingStore)
+    return store
+
+
+def test_while_claims_fail_serve_is_unready_and_submits_answer_503_then_it_recovers(
+    tmp_path: Path,
+) -> None:
+    STORE_DOWN.set()
+    try:
+        with LiveServer(tmp_path, workers=2, open_store_with=open_failing) as server:
+            client = server.client(server.admin)
+            apply(client, resources("flaky", [echo_turn("hi"), "{text: done}"]))
+
+            def readiness() -> httpx.Response | None:
+                answer = client.get("/readyz")
+                return answer if answer.status_code == 503 else None
+
+            unready = wait_for(readiness, message="/readyz 503")
+            assert unready.json() == {
+                "status": "not_ready",
+                "detail": unready.json()["detail"],
+            }
+            assert "cannot claim runs: store_error" in unready.json()["detail"]
+            assert "secret" not in unready.text  # the driver's words stay in the log
+            refused = client.post("/v1/tasks", json={"agent": "flaky", "input": "x"})
+            assert refused.status_code == 503
+            assert refused.json()["code"] == "store_unavailable"
+            assert refused.headers["Retry-After"] == "1"
+            assert "secret" not in refused.text
+            assert client.get("/healthz").status_code == 200  # alive, only not ready
+
+            STORE_DOWN.clear()
+            wait_for(lambda: client.get("/readyz").status_code == 200, message="ready again")
+            run_id = client.post("/v1/tasks", json={"agent": "flaky", "input": "x"}).json()["id"]
+            wait_for(
+                lambda: client.get(f"/v1/tasks/{run_id}").json()["state"] == "succeeded",
+                message="the run to succeed",
+            )
+            metrics = client.get("/metrics").text
+            assert (sample(metrics, "corral_worker_errors_total", operation="claim") or 0) >= 1
+            for operation in ("sweep", "renew", "approvals", "retention"):  # a fixed set, at 0
+                assert sample(metrics, "corral_worker_errors_total", operation=operation) == 0
+    finally:
+        STORE_DOWN.clear()
+
+
+def test_a_crashed_embedded_worker_fails_readiness_and_the_api_keeps_serving(
+    tmp_path: Path,
+) -> None:
+    with LiveServer(tmp_path, workers=2, open_store_with=open_crashing) as server:
+        client = server.client(server.admin)
+
+        def readiness() -> httpx.Response | None:
+            answer = client.get("/readyz")
+            return answer if answer.status_code == 503 else None
+
+        detail = wait_for(readiness, message="/readyz 503").json()["detail"]
+        assert detail == "the worker stopped on an unexpected error (RuntimeError); see the log"
+        assert client.get("/healthz").status_code == 200
+        assert client.get("/v1/tasks").status_code == 200
+        assert client.get("/readyz").status_code == 503  # for good: nothing restarts it
 
 
 @pytest.fixture
@@ -84,8 +199,12 @@ def test_a_write_lock_held_past_the_busy_timeout_makes_serve_unready_then_it_rec
 ) -> None:
     client = serve.client()
     apply(client, resources("locked", [echo_turn("hi"), "{text: done}"]))
+    apply(client, idempotent(resources("inflight", [echo_turn("slow", 3.0), "{text: done}"])))
     ready = httpx.get(f"{serve.url}/readyz")
     assert ready.status_code == 200, ready.text
+    # A run in its tool call when the lock comes: its lease renewals fail meanwhile.
+    inflight = client.post("/v1/tasks", json={"agent": "inflight", "input": "x"}).json()["id"]
+    wait_for(lambda: in_flight(client, inflight), message="the tool call to start")
 
     locker = subprocess.Popen(
         [sys.executable, "-c", LOCKER, str(serve.home / "corral.db")],
@@ -97,21 +216,22 @@ def test_a_write_lock_held_past_the_busy_timeout_makes_serve_unready_then_it_rec
         assert locker.stdout is not None and locker.stdin is not None
         assert locker.stdout.readline().strip() == "locked"
         locked_at = time.monotonic()
-        body = {"agent": "locked", "input": "x", "idempotency_key": uuid.uuid4().hex}
-        submit = Submit(client, body)
-        submit.start()
 
         # The worker's claim waits out the busy timeout, fails, and readiness says so.
         def unready() -> str | None:
             answer = httpx.get(f"{serve.url}/readyz", timeout=5)
             return answer.json()["detail"] if answer.status_code == 503 else None
 
-        # (Twice the busy timeout when the submit took the lock queue first and failed alone.)
+        # (Twice the busy timeout when a lease renewal took the writer's queue first.)
         detail = wait_for(unready, timeout=2 * BUSY_TIMEOUT_SECONDS + 20, message="/readyz 503")
         assert "cannot claim runs: store_error" in detail
         assert serve.proc.poll() is None
         held = time.monotonic() - locked_at
         assert held >= BUSY_TIMEOUT_SECONDS  # the lock outlasted the busy timeout
+        # A run submitted while the database is still locked: it waits for the lock.
+        body = {"agent": "locked", "input": "x", "idempotency_key": uuid.uuid4().hex}
+        submit = Submit(client, body)
+        submit.start()
         locker.stdin.write("release\n")
         locker.stdin.flush()
         assert locker.stdout.readline().strip() == "released"
@@ -121,19 +241,15 @@ def test_a_write_lock_held_past_the_busy_timeout_makes_serve_unready_then_it_rec
 
     submit.join(120)
     answer = submit.response
-    assert answer is not None
-    if answer.status_code == 503:  # it shared the claim's failed transaction: say so, retry
-        assert answer.json()["code"] == "store_unavailable"
-        assert answer.headers["Retry-After"] == "1"
-        answer = client.post("/v1/tasks", json=body)
-    assert answer.status_code == 201, answer.text
+    assert answer is not None and answer.status_code == 201, answer
     run_id = answer.json()["id"]
 
-    def state() -> str | None:
-        found = client.get(f"/v1/tasks/{run_id}").json()["state"]
+    def ended(run: str) -> str | None:
+        found = client.get(f"/v1/tasks/{run}").json()["state"]
         return found if found in ("succeeded", "failed", "dead_letter") else None
 
-    assert wait_for(state, timeout=30, message="the run to end") == "succeeded"
+    assert wait_for(lambda: ended(run_id), timeout=30, message="the run to end") == "succeeded"
+    assert wait_for(lambda: ended(inflight), timeout=30, message="the run to end") == "succeeded"
     wait_for(lambda: httpx.get(f"{serve.url}/readyz").status_code == 200, message="ready again")
     metrics = httpx.get(f"{serve.url}/metrics").text
     assert (sample(metrics, "corral_worker_errors_total", operation="claim") or 0) >= 1
@@ -150,7 +266,8 @@ def test_a_write_lock_held_past_the_busy_timeout_makes_serve_unready_then_it_rec
 
 #: a run of agent ``pg``: one tool call of ``seconds``, then an answer (tried up to 10 times)
 def pg_resources(seconds: float) -> str:
-    return resources("pg", [echo_turn("hi", seconds), "{text: done}"], extra="  max_attempts: 10\n")
+    turns = [echo_turn("hi", seconds), "{text: done}"]
+    return idempotent(resources("pg", turns, extra="  max_attempts: 10\n"))
 
 
 class WorkerProcess:

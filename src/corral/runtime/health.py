@@ -152,7 +152,9 @@ class WorkerHealth:
 
     def crash(self, exc: BaseException) -> None:
         """The worker's loop ended on an unexpected error: it takes no more work."""
-        self.crashed = f"{type(exc).__name__}"
+        while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+            exc = exc.exceptions[0]  # a task group's: the error itself says more
+        self.crashed = type(exc).__name__
         log.error("worker %s stopped on an unexpected error", self.owner, exc_info=exc)
 
     def problem(self) -> str | None:
