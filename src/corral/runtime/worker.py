@@ -194,7 +194,7 @@ class Worker:
 
     def _next_look(self) -> float:
         """How long to wait for a wake-up before looking for work again."""
-        if not self.health.due("claim"):  # backing off: wake-ups do not shorten it
+        if not self.health.due("claim"):  # backing off (a wake-up finds the claim not due)
             return max(self.poll_seconds, self.health.wait_seconds("claim"))
         free = self._free()
         if self._backlog and self.active and 0 < free < self._claim_batch:
@@ -203,6 +203,7 @@ class Worker:
 
     async def _upkeep_forever(self) -> None:
         while True:
+            self._next_expiry = 0.0  # this loop's own pace is the limit here
             await self._upkeep()
             await anyio.sleep(self.poll_seconds)
 
@@ -215,8 +216,9 @@ class Worker:
         """Expire the approvals past their deadline, and announce the runs that queued:
         a dispatching bus hands them to a worker now, not at some worker's next sweep.
         The approval's id is the mark, as for a decision (an approval is decided or
-        expires, never both). At most once per ``poll_seconds``: a busy worker claims
-        many times a second, and this read nearly always finds nothing."""
+        expires, never both). At most once per ``poll_seconds``: with ``until_idle``
+        upkeep comes before every claim, many a second, and this write nearly always
+        finds nothing."""
         now = time.monotonic()
         if now < self._next_expiry or not self.health.due("approvals"):
             return
