@@ -1,10 +1,13 @@
 """Workers outlive their store: a locked SQLite file, terminated PostgreSQL backends, a
 PostgreSQL server that stops and restarts.
 
-Each test runs the real programs - ``corral serve`` or ``corral worker`` in a
-subprocess - against a real database, breaks the database from outside, and
-checks that the worker said so (readiness 503 naming the failing operation,
-the error counter) and then finished every run without being restarted.
+The end-to-end tests run the real programs - ``corral serve`` or ``corral
+worker`` in a subprocess - against a real database, break the database from
+outside, and check that the worker said so (readiness 503 naming the failing
+operation, the error counter) and then finished every run without being
+restarted. Faster ones inject a store that fails on cue through the server's
+``open_store_with`` seam (a subclass of the real store), and drive the lease
+keeper with one whose renewals fail.
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ from corral.core.runs import Lease, RunRecord, RunState
 from corral.core.settings import Settings
 from corral.resources.loader import load_text
 from corral.resources.secrets import SecretCipher
+from corral.runtime.health import WorkerHealth
+from corral.runtime.leases import LeaseKeeper
 from corral.runtime.local import submit as submit_run
 from corral.store import Store, open_store
 from corral.store.base import StoreError
@@ -36,6 +41,7 @@ from databases import PostgresServer
 from postgres_cluster import PrivateCluster
 from server_harness import LiveServer, apply, echo_turn, resources, wait_for
 from test_server_shutdown import ServeProcess, in_flight
+from test_store_durable import a_task
 from test_worker_metrics import free_port
 
 #: holds SQLite's write lock from its own process until a line arrives on stdin
@@ -96,6 +102,51 @@ class FailingStore(SqlStore):
         if STORE_DOWN.is_set():
             raise StoreError("cannot submit a run: the database stayed locked (/srv/secret.db)")
         return await super().submit_agent_run(*args, **kwargs)
+
+
+class RenewalsFail(SqlStore):
+    """A real store whose lease renewals fail while ``failing`` is set."""
+
+    failing = False
+
+    async def renew_lease(self, lease: Lease, lease_seconds: float) -> tuple[Lease, bool]:
+        if self.failing:
+            raise StoreError("cannot renew the lease: the database stayed locked")
+        return await super().renew_lease(lease, lease_seconds)
+
+
+async def test_failed_renewals_stop_no_run_until_the_lease_is_really_lost(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'corral.db'}"
+    store = await RenewalsFail.open(url, cipher=SecretCipher(key=SecretCipher.generate_key()))
+    assert isinstance(store, RenewalsFail)
+    counted: list[str] = []
+    health = WorkerHealth("w1", on_error=counted.append)
+    stopped: list[str] = []
+    try:
+        await store.submit_run(a_task("run_1"))
+        [(_, lease)] = await store.claim_runs("w1", 0.6)
+        async with LeaseKeeper(store, 0.6, health) as keeper:
+            with keeper.keep(lease, stopped.append), anyio.fail_after(20):
+                store.failing = True  # rounds fail, past the lease's expiry too
+                while len(counted) < 4:
+                    await anyio.sleep(0.01)
+                assert "renew" in health.failing and stopped == []
+                store.failing = False
+                while "renew" in health.failing:  # renewed again: still its lease
+                    await anyio.sleep(0.01)
+                assert stopped == []
+                # Lost for real: it expired while renewals failed and another worker took it.
+                store.failing = True
+                while len(counted) < 6:
+                    await anyio.sleep(0.01)
+                [(_, taken)] = await store.claim_runs("w2", 30.0, now=time.time() + 5)
+                store.failing = False
+                while not stopped:
+                    await anyio.sleep(0.01)
+        assert stopped == ["lost"] and taken.token == lease.token + 1
+        assert set(counted) == {"renew"}
+    finally:
+        await store.close()
 
 
 class CrashingStore(FailingStore):
