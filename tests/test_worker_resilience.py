@@ -34,6 +34,7 @@ from corral.resources.secrets import SecretCipher
 from corral.runtime.health import WorkerHealth
 from corral.runtime.leases import LeaseKeeper
 from corral.runtime.local import submit as submit_run
+from corral.runtime.worker import RETRY_DELIVERY_SECONDS
 from corral.store import Store, open_store
 from corral.store.base import StoreError
 from corral.store.sql import BUSY_TIMEOUT_SECONDS, SqlStore
@@ -42,6 +43,7 @@ from postgres_cluster import PrivateCluster
 from server_harness import LiveServer, apply, echo_turn, resources, wait_for
 from test_server_shutdown import ServeProcess, in_flight
 from test_store_durable import a_task
+from test_worker_dispatch import DispatchingBus, FakeDelivery, quick_agent, running, until
 from test_worker_metrics import free_port
 
 #: holds SQLite's write lock from its own process until a line arrives on stdin
@@ -146,6 +148,42 @@ async def test_failed_renewals_stop_no_run_until_the_lease_is_really_lost(tmp_pa
         assert stopped == ["lost"] and taken.token == lease.token + 1
         assert set(counted) == {"renew"}
     finally:
+        await store.close()
+
+
+async def test_a_dispatched_worker_whose_delivered_claims_fail_is_unready_until_one_works(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CORRAL_TEST_SIDE_EFFECTS", str(tmp_path / "effects.txt"))
+    settings = Settings(
+        home=tmp_path, db_url=f"sqlite:///{tmp_path / 'corral.db'}", secret_key=None
+    )
+    store = await open_failing(settings)
+    bus = DispatchingBus()
+    try:
+        await quick_agent(store)
+        async with running(store, settings, bus) as worker:
+            run, _ = await submit_run(store, "helper", "hi")
+            STORE_DOWN.set()
+            refused = FakeDelivery(run.id)
+            bus.deliver(refused)
+            await until(lambda: bool(refused.settled))
+            [(what, delay)] = refused.settled
+            assert what == "nak" and delay >= RETRY_DELIVERY_SECONDS  # again, backing off
+            problem = worker.health.problem()
+            assert problem is not None and "cannot claim runs: store_error" in problem
+
+            STORE_DOWN.clear()
+            again = FakeDelivery(run.id, attempt=2)
+            bus.deliver(again)
+            await until(lambda: bool(again.settled))
+        assert again.settled == [("ack", 0.0)]
+        assert worker.health.problem() is None
+        stored = await store.get_run(run.id)
+        assert stored is not None and stored.state is RunState.SUCCEEDED
+        assert (tmp_path / "effects.txt").read_text() == "hi\n"  # its tool ran, once
+    finally:
+        STORE_DOWN.clear()
         await store.close()
 
 
