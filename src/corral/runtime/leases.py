@@ -33,6 +33,8 @@ from corral.runtime.health import WorkerHealth, jittered_backoff
 from corral.store.base import Store
 
 Reason = Literal["lost", "cancelled", "shutdown"]
+#: after a round with a failed renewal, the next comes after a jittered backoff from this
+RENEW_RETRY_BASE_SECONDS = 0.25
 Stop = Callable[[Reason], None]
 
 
@@ -102,7 +104,9 @@ class LeaseKeeper:
         every = self.lease_seconds / 3
         while True:
             if self._failed_rounds:  # try again sooner, backing off, never later than usual
-                await anyio.sleep(min(every, jittered_backoff(self._failed_rounds, 0.25, every)))
+                await anyio.sleep(
+                    jittered_backoff(self._failed_rounds, RENEW_RETRY_BASE_SECONDS, every)
+                )
             else:
                 await anyio.sleep(every)
             self._round_failed = False
