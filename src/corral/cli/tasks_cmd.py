@@ -424,6 +424,7 @@ def worker(
                 owner=owner,
                 bus=bus,
                 observer=metrics.observe if metrics is not None else None,
+                on_error=metrics.count_worker_error if metrics is not None else None,
             )
             via = "NATS" if bus.dispatches else "the store"
             logging.getLogger("corral").info("worker %s started (runs from %s)", w.owner, via)
@@ -433,7 +434,9 @@ def worker(
                     from corral.server.worker_metrics import metrics_app, serve_metrics
 
                     # Served until the worker has drained, not only until the signal.
-                    group.start_soon(serve_metrics, metrics_app(metrics, store), sock, drained)
+                    group.start_soon(
+                        serve_metrics, metrics_app(metrics, store, w.health), sock, drained
+                    )
                     logging.getLogger("corral").info(
                         "metrics on http://%s:%d/metrics", metrics_host, sock.getsockname()[1]
                     )

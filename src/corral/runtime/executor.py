@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import random
 import time
 from dataclasses import dataclass
 from typing import Any, Literal, Self
@@ -30,6 +29,7 @@ from corral.core.settings import Settings
 from corral.engine.loop import AgentDefinition, AgentLoop, RunResult
 from corral.engine.replay import replay
 from corral.runtime.agents import AgentCache, Loading
+from corral.runtime.health import TRANSIENT, WorkerHealth, jittered_backoff
 from corral.runtime.journal import FencedSink, Observer
 from corral.runtime.leases import LeaseKeeper, Reason
 from corral.runtime.sessions import session_history
@@ -65,6 +65,7 @@ class RunExecutor:
         loading: Loading | None = None,
         retry_base_seconds: float = 1.0,
         bus: Bus | None = None,
+        health: WorkerHealth | None = None,
     ) -> None:
         self.store = store
         self.bus = bus
@@ -73,7 +74,7 @@ class RunExecutor:
         self.retry_base_seconds = retry_base_seconds
         self.observer = observer
         self.agents = AgentCache(store, settings, loading)
-        self.leases = LeaseKeeper(store, lease_seconds)
+        self.leases = LeaseKeeper(store, lease_seconds, health)
         # the journal writes in flight of every run (see FencedSink)
         self._writes: anyio.abc.TaskGroup | None = None
 
@@ -103,6 +104,8 @@ class RunExecutor:
                 return await self._execute(record, lease, sink, shutdown)
         except LeaseLostError:
             return "lost"
+        except TRANSIENT:  # the store or bus failed, not the run: the worker outlives it
+            raise
         except Exception as exc:  # noqa: BLE001 - the attempt's cause, kept (cancellation passes)
             return await self._failed_attempt(record, lease, exc, sink.redactor)
 
@@ -239,8 +242,7 @@ class RunExecutor:
             await self.bus.announce_runnable([lease.run_id], mark=f"released:{lease.token}")
 
     def _backoff(self, record: RunRecord) -> float:
-        ceiling = self.retry_base_seconds * 2 ** (record.attempts - 1)
-        return random.uniform(0, min(RUN_RETRY_MAX_SECONDS, ceiling))
+        return jittered_backoff(record.attempts, self.retry_base_seconds, RUN_RETRY_MAX_SECONDS)
 
     async def _decisions(self, run_id: str) -> dict[str, tuple[bool, str | None]]:
         decided: dict[str, tuple[bool, str | None]] = {}

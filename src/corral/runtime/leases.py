@@ -8,6 +8,13 @@ work. So one :class:`LeaseKeeper` per executor renews every lease it holds in
 rounds, and stops a run (through the callback it registered) when its lease is
 lost or a cancellation was asked for. It also stops every run at once when the
 worker shuts down.
+
+A renewal that fails for a passing reason (a locked or restarting store) stops
+nothing: the lease may still be valid, and if it is not, fencing refuses the
+run's next write once another worker claimed it. The failure is reported to the
+worker's health (logged, counted), and the next round comes sooner, after a
+jittered backoff, until renewals work again. Only a lease the store says is
+lost (or a run it no longer has) stops the run.
 """
 
 from __future__ import annotations
@@ -20,11 +27,14 @@ from typing import Literal
 import anyio
 import anyio.abc
 
-from corral.core.errors import CorralError, LeaseLostError
+from corral.core.errors import CorralError, LeaseLostError, NotFoundError
 from corral.core.runs import Lease
+from corral.runtime.health import WorkerHealth, jittered_backoff
 from corral.store.base import Store
 
 Reason = Literal["lost", "cancelled", "shutdown"]
+#: after a round with a failed renewal, the next comes after a jittered backoff from this
+RENEW_RETRY_BASE_SECONDS = 0.25
 Stop = Callable[[Reason], None]
 
 
@@ -51,9 +61,14 @@ class _Held:
 class LeaseKeeper:
     """Renews the leases of registered runs every ``lease_seconds / 3``; use it as an async context."""
 
-    def __init__(self, store: Store, lease_seconds: float) -> None:
+    def __init__(
+        self, store: Store, lease_seconds: float, health: WorkerHealth | None = None
+    ) -> None:
         self.store = store
         self.lease_seconds = lease_seconds
+        self.health = health
+        self._failed_rounds = 0  # rounds in a row in which a renewal failed
+        self._round_failed = False
         self._held: set[_Held] = set()
         self._watched: set[anyio.Event] = set()
         self._group: anyio.abc.TaskGroup | None = None
@@ -86,26 +101,38 @@ class LeaseKeeper:
             self._group.start_soon(self._stop_on, shutdown)
 
     async def _renew_forever(self) -> None:
+        every = self.lease_seconds / 3
         while True:
-            await anyio.sleep(self.lease_seconds / 3)
+            if self._failed_rounds:  # try again sooner, backing off, never later than usual
+                await anyio.sleep(
+                    jittered_backoff(self._failed_rounds, RENEW_RETRY_BASE_SECONDS, every)
+                )
+            else:
+                await anyio.sleep(every)
+            self._round_failed = False
             # Concurrently: one renewal waiting on a busy database must not make the
             # others late.
             async with anyio.create_task_group() as group:
                 for held in list(self._held):
                     group.start_soon(self._renew, held)
+            self._failed_rounds = self._failed_rounds + 1 if self._round_failed else 0
 
     async def _renew(self, held: _Held) -> None:
         if held not in self._held:  # its run ended meanwhile
             return
         try:
             _, cancel = await self.store.renew_lease(held.lease, self.lease_seconds)
-        except LeaseLostError:
+        except (LeaseLostError, NotFoundError):
             held.stop("lost")
             return
-        except CorralError:
-            # A store that stumbles once is tried again next round; the lease has
-            # two more rounds before it expires.
+        except CorralError as exc:
+            # The lease may still be valid: the run goes on, the renewal is tried again.
+            self._round_failed = True
+            if self.health is not None:
+                self.health.failed("renew", exc)
             return
+        if self.health is not None:
+            self.health.succeeded("renew")
         if cancel:
             held.stop("cancelled")
 

@@ -16,6 +16,12 @@ of a run someone else holds or that already ended is only acknowledged.
 Shutdown (``stop`` set, e.g. on SIGTERM): the worker stops claiming, gives its
 in-flight runs ``grace_seconds`` to finish, then interrupts them and releases
 their leases so another worker resumes them at once from their journals.
+
+Failures (:mod:`corral.runtime.health`): a store or bus error in a claim, the
+sweep, a lease renewal, the expiry of approvals or the retention prune is
+logged, counted and tried again after a jittered backoff; the worker stays up
+and reports itself not ready (``health.problem()``) while it cannot claim. An
+unexpected error that ends its loop is logged and leaves it not ready for good.
 """
 
 from __future__ import annotations
@@ -34,7 +40,8 @@ from corral.core.ids import new_id
 from corral.core.runs import Lease, RunRecord, RunState
 from corral.core.settings import Settings
 from corral.runtime.executor import Observer, Outcome, RunExecutor
-from corral.store.base import Store, StoreError
+from corral.runtime.health import TRANSIENT, Operation, WorkerHealth
+from corral.store.base import Store
 
 log = logging.getLogger(__name__)
 
@@ -70,10 +77,13 @@ class Worker:
         owner: str | None = None,
         bus: Bus | None = None,
         observer: Observer | None = None,
+        on_error: Callable[[Operation], None] | None = None,
     ) -> None:
         self.store = store
         self.bus = bus or LocalBus()
         self.owner = owner or default_owner()
+        #: failing operations and readiness; ``on_error`` counts each failure (metrics)
+        self.health = WorkerHealth(self.owner, on_error=on_error)
         self.concurrency = concurrency
         self.lease_seconds = lease_seconds
         self.poll_seconds = poll_seconds
@@ -91,6 +101,7 @@ class Worker:
             retry_base_seconds=retry_base_seconds,
             bus=self.bus,
             observer=observer,  # sees every event of the runs this worker executes (metrics)
+            health=self.health,
         )
         self.active: dict[str, Lease] = {}
         self._reserved = 0  # slots of deliveries whose claim is under way
@@ -109,16 +120,35 @@ class Worker:
         self._wake.set()
 
     async def serve(self, stop: anyio.Event, *, until_idle: bool = False) -> None:
-        """Claim and execute runs until ``stop`` is set (or, with ``until_idle``, none are left)."""
+        """Claim and execute runs until ``stop`` is set (or, with ``until_idle``, none are left).
+
+        Store and bus failures do not end it (they are retried); any other exception
+        does, after ``health`` recorded it (the worker is then not ready).
+        """
+        try:
+            await self._serve(stop, until_idle)
+        except Exception as exc:
+            self.health.crash(exc)
+            raise
+
+    async def _serve(self, stop: anyio.Event, until_idle: bool) -> None:
         async with self.executor, anyio.create_task_group() as group:
-            if self.bus.dispatches and not until_idle:
-                await self._serve_dispatched(stop, group)
-            while not stop.is_set():
-                claimed = await self._claim(group)
-                if until_idle and not claimed and not self.active:
-                    break
-                if not claimed:
-                    await self._idle_wait(stop)
+            async with anyio.create_task_group() as background:
+                # Upkeep in a task of its own: a store stuck on it must not hold up claims
+                # (with ``until_idle`` it goes before each claim, so a drain sees its effect).
+                if not until_idle:
+                    background.start_soon(self._upkeep_forever)
+                if self.bus.dispatches and not until_idle:
+                    await self._serve_dispatched(stop, group)
+                while not stop.is_set():
+                    if until_idle:
+                        await self._upkeep()
+                    claimed = await self._claim(group, "claim")
+                    if until_idle and not claimed and not self.active and self.health.due("claim"):
+                        break
+                    if not claimed:
+                        await self._idle_wait(stop)
+                background.cancel_scope.cancel()
             await self._drain()
         if self.bus.dispatches:
             log.info(
@@ -140,14 +170,15 @@ class Worker:
             await _first_of(stop.wait, self._wake.wait, lambda: self.bus.wait_runnable(look))
         self._wake = anyio.Event()
 
-    async def _claim(self, group: anyio.abc.TaskGroup) -> int:
-        await self._expire_approvals()
-        await self._prune()
+    async def _claim(self, group: anyio.abc.TaskGroup, operation: Operation) -> int:
+        """Claim what the free slots can take from the store; 0 when that failed (backing off)."""
         free = self._free()
-        if free <= 0 or self._coalescing(free):
+        if free <= 0 or self._coalescing(free) or not self.health.due(operation):
             return 0
         self._last_claim = time.monotonic()
-        claims = await self.store.claim_runs(self.owner, self.lease_seconds, free)
+        claims: list[tuple[RunRecord, Lease]] = []
+        with self.health.attempt(operation):
+            claims = await self.store.claim_runs(self.owner, self.lease_seconds, free)
         for record, lease in claims:
             self.active[record.id] = lease
             group.start_soon(self._execute, record, lease)
@@ -163,31 +194,50 @@ class Worker:
 
     def _next_look(self) -> float:
         """How long to wait for a wake-up before looking for work again."""
+        if not self.health.due("claim"):  # backing off (a wake-up finds the claim not due)
+            return max(self.poll_seconds, self.health.wait_seconds("claim"))
         free = self._free()
         if self._backlog and self.active and 0 < free < self._claim_batch:
             return min(self.poll_seconds, CLAIM_COALESCE_SECONDS)
         return self.poll_seconds
 
+    async def _upkeep_forever(self) -> None:
+        while True:
+            self._next_expiry = 0.0  # this loop's own pace is the limit here
+            await self._upkeep()
+            await anyio.sleep(self.poll_seconds)
+
+    async def _upkeep(self) -> None:
+        """Expire approvals and apply the retention setting, each when it is due."""
+        await self._expire_approvals()
+        await self._prune()
+
     async def _expire_approvals(self) -> None:
         """Expire the approvals past their deadline, and announce the runs that queued:
         a dispatching bus hands them to a worker now, not at some worker's next sweep.
         The approval's id is the mark, as for a decision (an approval is decided or
-        expires, never both). At most once per ``poll_seconds``: a busy worker claims
-        many times a second, and this read nearly always finds nothing."""
+        expires, never both). At most once per ``poll_seconds``: with ``until_idle``
+        upkeep comes before every claim, many a second, and this write nearly always
+        finds nothing."""
         now = time.monotonic()
-        if now < self._next_expiry:
+        if now < self._next_expiry or not self.health.due("approvals"):
             return
         self._next_expiry = now + self.poll_seconds
-        for approval in await self.store.expire_approvals():
-            await self.bus.announce_runnable([approval.run_id], mark=approval.id)
+        with self.health.attempt("approvals"):
+            for approval in await self.store.expire_approvals():
+                await self.bus.announce_runnable([approval.run_id], mark=approval.id)
 
     async def _prune(self) -> None:
         """Apply the retention setting, at most every PRUNE_INTERVAL_SECONDS."""
         now = time.time()
         if self.retention_days is None or now < self._next_prune:
             return
-        self._next_prune = now + PRUNE_INTERVAL_SECONDS
-        pruned = await self.store.prune_runs(finished_before=now - self.retention_days * 86400)
+        if not self.health.due("retention"):
+            return
+        pruned = 0
+        with self.health.attempt("retention"):
+            pruned = await self.store.prune_runs(finished_before=now - self.retention_days * 86400)
+            self._next_prune = now + PRUNE_INTERVAL_SECONDS  # else again after the backoff
         if pruned:
             log.info("pruned %d finished runs older than %g days", pruned, self.retention_days)
 
@@ -197,8 +247,11 @@ class Worker:
             outcome = await self.executor.execute(record, lease, self._shutdown)
             log.info("run %s: %s", record.id, outcome)
             return outcome
+        except TRANSIENT as exc:
+            # The lease is left to expire: another worker (or this one) resumes the run.
+            log.warning("run %s stopped: %s (its lease will expire)", record.id, exc.message)
+            return None
         except Exception:
-            # The lease is left to expire: another worker (or this one) tries again.
             log.exception("run %s failed in the worker", record.id)
             return None
         finally:
@@ -220,16 +273,10 @@ class Worker:
         async with anyio.create_task_group() as loops:
             loops.start_soon(self._take_deliveries, stop, group)
             while not stop.is_set():
-                try:
-                    if self._bus_quiet:
-                        await self._claim(group)
-                    else:
-                        await self._expire_approvals()
-                        await self._prune()
-                except StoreError as exc:  # the store is down: the next sweep tries again
-                    log.warning("store sweep failed: %s", exc)
+                if self._bus_quiet:
+                    await self._claim(group, "sweep")
                 self.sweeps += 1
-                with anyio.move_on_after(self.poll_seconds):
+                with anyio.move_on_after(max(self.poll_seconds, self.health.wait_seconds("sweep"))):
                     await stop.wait()
             loops.cancel_scope.cancel()
 
@@ -268,11 +315,12 @@ class Worker:
                     run_ids=list(by_run),
                     or_higher_priority=True,
                 )
-            except StoreError as exc:
-                log.warning("%d delivered runs: claim failed (%s)", len(by_run), exc)
+            except TRANSIENT as exc:
+                delay = self.health.failed("claim", exc)
                 for delivery in deliveries:
-                    await _later(delivery, RETRY_DELIVERY_SECONDS)
+                    await _later(delivery, max(delay, RETRY_DELIVERY_SECONDS))
                 return
+            self.health.succeeded("claim")
             used: set[int] = set()
             for record, lease in claims:  # highest priority first
                 self.active[record.id] = lease
@@ -309,9 +357,9 @@ class Worker:
         """A delivered run this worker could not claim: the store says what it needs."""
         try:
             record = await self.store.get_run(delivery.run_id)
-        except StoreError as exc:
-            log.warning("run %s: read failed (%s)", delivery.run_id, exc)
-            await _later(delivery, RETRY_DELIVERY_SECONDS)
+        except TRANSIENT as exc:
+            delay = self.health.failed("claim", exc)
+            await _later(delivery, max(delay, RETRY_DELIVERY_SECONDS))
             return
         now = time.time()
         if record is None or record.state not in (RunState.QUEUED, RunState.RUNNING):

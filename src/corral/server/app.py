@@ -12,6 +12,10 @@ when a signal arrives): event streams end, prompt requests answer 202, readiness
 turns 503 and the worker stops claiming and drains - in-flight runs get its
 grace period to finish, then are released for another worker. The lifespan
 returns once the worker has drained.
+
+Readiness also fails while the embedded worker cannot claim runs (its store
+errors are retried with backoff) and after its loop ended on an unexpected
+error, which is logged and never ends the server silently.
 """
 
 from __future__ import annotations
@@ -101,9 +105,11 @@ def create_app(
                     concurrency=workers,
                     bus=bus,
                     observer=metrics.observe,
+                    on_error=metrics.count_worker_error,
                     **(worker_options or {}),
                 )
-                group.start_soon(worker.serve, context.stopping)
+                context.worker_health = worker.health
+                group.start_soon(_serve_worker, worker, context.stopping)
             yield
             # Normally begun already, when the server began to shut down.
             context.begin_shutdown()
@@ -152,6 +158,15 @@ def _not_null(schema: dict[str, Any]) -> dict[str, Any]:
         return schema
     rest = {k: v for k, v in schema.items() if k != "anyOf"}
     return {**kept[0], **rest}
+
+
+async def _serve_worker(worker: Worker, stop: anyio.Event) -> None:
+    """The embedded worker until ``stop``; if its loop crashes, the API goes on serving
+    (the crash is logged and readiness fails: see ``Worker.health``)."""
+    try:
+        await worker.serve(stop)
+    except Exception:  # noqa: BLE001 - recorded by worker.health.crash, which logged it
+        return
 
 
 def _openapi(app: FastAPI) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from corral.bus.base import Bus
 from corral.core.settings import Settings
 from corral.runtime.fanout import FanOut
 from corral.runtime.follow import Stop
+from corral.runtime.health import WorkerHealth
 from corral.server.auth import TokenVerifier
 from corral.server.limits import RateLimiter
 from corral.server.metrics import Metrics
@@ -45,6 +46,8 @@ class ServerContext:
     stopping: anyio.Event = field(init=False)
     #: ends the waits of event streams and prompt requests when shutdown begins
     followers_stop: Stop = field(default_factory=Stop)
+    #: the embedded worker's health (readiness fails while it cannot claim); None without one
+    worker_health: WorkerHealth | None = None
 
     def begin_shutdown(self) -> None:
         """Shutdown begins: streams and prompt waits end, the worker drains, readiness fails."""

@@ -6,7 +6,8 @@ Two sources:
   already due) - the whole deployment's, whoever executes the runs.
 - *The events of the runs this process executes* (its embedded workers): model
   latency, tokens, cost, tool calls and tool errors by code, finished runs by
-  state. A standalone ``corral worker`` counts its own runs the same way and
+  state; and the workers' store and bus errors by operation (claim, sweep,
+  renew, approvals, retention: a fixed set). A standalone ``corral worker`` counts its own runs the same way and
   serves them with ``--metrics-port`` (:mod:`corral.server.worker_metrics`).
 
 Plus the HTTP layer: requests by method, route template and status, their
@@ -28,6 +29,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from corral.core.events import Event, EventType
 from corral.core.runs import RunState
+from corral.runtime.health import OPERATIONS, Operation
 from corral.store.base import Store
 
 _LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
@@ -88,6 +90,14 @@ class Metrics:
             registry=r,
         )
         self.event_streams = Gauge("corral_event_streams", "Open SSE event streams.", registry=r)
+        self.worker_errors = Counter(
+            "corral_worker_errors",
+            "Store and bus errors of the workers' recurring operations (each retried).",
+            ["operation"],
+            registry=r,
+        )
+        for operation in OPERATIONS:  # every series exists from the start, at 0
+            self.worker_errors.labels(operation)
         self._step_started: dict[str, float] = {}
 
     async def observe(self, event: Event) -> None:
@@ -113,6 +123,10 @@ class Metrics:
         elif event.type is EventType.RUN_FINISH:
             self._step_started.pop(event.run_id, None)
             self.runs_finished.labels(str(data.get("state", "unknown"))).inc()
+
+    def count_worker_error(self, operation: Operation) -> None:
+        """One failure of a worker's ``operation`` (the worker's ``on_error``)."""
+        self.worker_errors.labels(operation).inc()
 
     async def render(self, store: Store) -> bytes:
         """The exposition text, with the store's figures read now."""

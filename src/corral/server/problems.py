@@ -10,7 +10,7 @@ field paths of a rejected request (``body.agent``, ``query.limit``,
     NotFoundError                 404 not_found
     ConflictError                 409 conflict
     other UserError               400 bad_input
-    StoreError                    503 store_unavailable (details only in the server log)
+    StoreError                    503 store_unavailable (Retry-After; details only in the log)
     other CorralError             500 its own code, its message
     anything else                 500 internal_error    (traceback only in the server log)
 
@@ -112,6 +112,10 @@ class ProblemError(Exception):
         self.headers = dict(headers or {})
 
 
+#: ``Retry-After`` of a 503 ``store_unavailable``
+STORE_RETRY_AFTER_SECONDS = 1
+
+
 def problem_response(
     status: int,
     code: str,
@@ -173,8 +177,13 @@ def from_corral_error(exc: CorralError) -> JSONResponse:
     if isinstance(exc, StoreError):
         # Driver messages may name files and statements: they stay in the server log.
         log.error("store error: %s", exc.message)
+        # Nothing was stored: a client may send the same request again (with an
+        # idempotency key for a submit), after the store's passing trouble.
         return problem_response(
-            503, "store_unavailable", "the store could not complete the operation; try again"
+            503,
+            "store_unavailable",
+            "the store could not complete the operation; try again",
+            headers={"Retry-After": str(STORE_RETRY_AFTER_SECONDS)},
         )
     log.error("%s: %s", type(exc).__name__, exc.message)
     return problem_response(500, exc.code, exc.message)

@@ -24,14 +24,22 @@ async def healthz() -> Health:
     response_model=Readiness,
     summary="Readiness",
     responses={
-        503: {"model": Readiness, "description": "Shutting down, or the store is unreachable."}
+        503: {
+            "model": Readiness,
+            "description": "Shutting down, the store is unreachable, or the embedded worker "
+            "cannot claim runs (`detail` says which).",
+        }
     },
 )
 async def readyz(request: Request) -> JSONResponse:
-    """200 when the store answers and the server is not shutting down."""
+    """200 when the store answers, the embedded worker (if any) can claim runs, and the
+    server is not shutting down."""
     context = context_of(request)
     if context.stopping.is_set():
         return _readiness(503, "not_ready", "shutting down")
+    problem = context.worker_health.problem() if context.worker_health is not None else None
+    if problem is not None:
+        return _readiness(503, "not_ready", problem)
     try:
         await context.store.get_run("run_readiness_probe")
     except StoreError:

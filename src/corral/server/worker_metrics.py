@@ -3,9 +3,11 @@
 The API server counts only the runs its embedded workers execute; a
 ``corral worker`` process on another machine reports its runs here instead:
 ``GET /metrics`` (the same families as the server's, less the HTTP ones, which
-stay at zero) and ``GET /healthz``. The store's figures (runs by state, queue
-depth) are the whole deployment's, read at scrape time. No token: like the
-server's ``/metrics``, no label carries a name.
+stay at zero) and ``GET /healthz`` (also at ``/readyz``), which answers 503 with
+the reason while the worker cannot claim runs, as the server's ``/readyz`` does.
+The store's figures (runs by state, queue depth) are the whole deployment's,
+read at scrape time. No token: like the server's ``/metrics``, no label carries
+a name.
 """
 
 from __future__ import annotations
@@ -22,20 +24,30 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from corral.core.errors import UserError
+from corral.runtime.health import WorkerHealth
 from corral.server.metrics import CONTENT_TYPE_LATEST, Metrics
 from corral.store.base import Store
 
 
-def metrics_app(metrics: Metrics, store: Store) -> Starlette:
-    """The two routes of a worker's metrics endpoint."""
+def metrics_app(metrics: Metrics, store: Store, health: WorkerHealth) -> Starlette:
+    """The routes of a worker's metrics endpoint."""
 
     async def scrape(request: Request) -> Response:
         return Response(await metrics.render(store), media_type=CONTENT_TYPE_LATEST)
 
     async def healthz(request: Request) -> Response:
-        return JSONResponse({"status": "ok"})
+        problem = health.problem()
+        if problem is None:
+            return JSONResponse({"status": "ok"})
+        return JSONResponse({"status": "not_ready", "detail": problem}, status_code=503)
 
-    return Starlette(routes=[Route("/metrics", scrape), Route("/healthz", healthz)])
+    return Starlette(
+        routes=[
+            Route("/metrics", scrape),
+            Route("/healthz", healthz),
+            Route("/readyz", healthz),
+        ]
+    )
 
 
 def listen(host: str, port: int) -> socket.socket:

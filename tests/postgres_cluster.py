@@ -1,0 +1,95 @@
+"""A private PostgreSQL cluster for a test that stops and restarts the server itself.
+
+The machine's shared server (``databases.py``) serves every engineer's tests and
+must never be restarted, so a test that restarts PostgreSQL makes its own
+cluster: ``initdb`` into a temporary directory, ``pg_ctl start`` on a free port
+(Unix socket in that directory too), ``pg_ctl stop`` / ``restart`` as the test
+asks, and everything removed afterwards. ``initdb`` refuses to run as root, so
+as root every command runs as the ``postgres`` user (``runuser``). The binaries
+come from ``CORRAL_TEST_PG_BIN`` or the newest ``/usr/lib/postgresql/*/bin``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+
+
+def _bin_dir() -> Path | None:
+    configured = os.environ.get("CORRAL_TEST_PG_BIN")
+    if configured:
+        return Path(configured)
+    found = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"), key=lambda p: p.parts[-3])
+    return found[-1].parent if found else None
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+class PrivateCluster:
+    """A PostgreSQL cluster of one test: trust auth, user ``postgres``, fsync off."""
+
+    def __init__(self) -> None:
+        bin_dir = _bin_dir()
+        if bin_dir is None or not (bin_dir / "initdb").exists():
+            pytest.skip("no PostgreSQL server binaries (initdb) here: set CORRAL_TEST_PG_BIN")
+        self.bin = bin_dir
+        self.as_user: list[str] = []
+        # Not under pytest's tmp_path: that is root's alone, the postgres user cannot enter it.
+        self.dir = Path(tempfile.mkdtemp(prefix="corral-pg-"))
+        if os.geteuid() == 0:
+            self.as_user = ["runuser", "-u", "postgres", "--"]
+            shutil.chown(self.dir, "postgres")
+        self.data = self.dir / "data"
+        self.port = _free_port()
+        self._run("initdb", "-D", str(self.data), "-A", "trust", "-U", "postgres", "--no-sync")
+
+    def url(self, database: str = "postgres") -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/{database}"
+
+    def _run(self, program: str, *args: str) -> None:
+        subprocess.run(
+            [*self.as_user, str(self.bin / program), *args],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
+
+    def _ctl(self, action: str, *extra: str) -> None:
+        options = f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 -c fsync=off"
+        self._run(
+            "pg_ctl",
+            action,
+            "-D",
+            str(self.data),
+            "-w",
+            "-l",
+            str(self.dir / "log"),
+            *extra,
+            *(["-o", options] if action != "stop" else []),
+        )
+
+    def start(self) -> None:
+        self._ctl("start")
+
+    def stop(self) -> None:
+        """A fast shutdown: sessions are ended, the server process exits."""
+        self._ctl("stop", "-m", "fast")
+
+    def restart(self) -> None:
+        self._ctl("restart", "-m", "fast")
+
+    def remove(self) -> None:
+        with contextlib.suppress(subprocess.CalledProcessError):  # not running
+            self._ctl("stop", "-m", "immediate")
+        shutil.rmtree(self.dir, ignore_errors=True)
