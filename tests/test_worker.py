@@ -285,7 +285,7 @@ spec: {{model: fake}}
     await backend.drain()
     second = fake_openai.requests[1].json["messages"]
     assert [m["content"] for m in second] == ["I am Ada.", "Hello Ada.", "Who am I?"]
-    stored = await store.session_messages("s1")
+    stored = await store.session_messages("default", "s1")
     assert [m.message.content for m in stored] == [
         "I am Ada.",
         "Hello Ada.",
@@ -365,7 +365,7 @@ spec:
         assert "Turing" in sent[0]
     else:
         assert sent == ["How is the weather?", "It is sunny.", "What is my cat called?"]
-    everything = await store.session_messages("s", include_hidden=True)
+    everything = await store.session_messages("default", "s", include_hidden=True)
     hidden = [m.message.content for m in everything if m.hidden]
     assert "My name is Ada and my cat is called Turing." in hidden  # kept for audit
 

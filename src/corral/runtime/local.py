@@ -16,10 +16,10 @@ from typing import Any, Self
 import anyio
 
 from corral.bus.base import Bus
-from corral.core.errors import NotFoundError
 from corral.core.events import Event
 from corral.core.ids import new_id
 from corral.core.runs import Lease, RunRecord, RunState
+from corral.core.sessions import check_session_id
 from corral.core.settings import Settings
 from corral.runtime.agents import Loading
 from corral.runtime.executor import Observer, RunExecutor
@@ -44,7 +44,8 @@ async def submit(
 ) -> tuple[RunRecord, bool]:
     """Queue a run of ``agent``; returns ``(run, created)`` (``False``: the key was seen before).
 
-    ``NotFoundError`` (nothing stored) when the agent does not exist. A new run is
+    ``NotFoundError`` (nothing stored) when the agent does not exist, ``InvalidSessionIdError``
+    for a session id that breaks the rule of ``core/sessions.py``. A new run is
     announced on ``bus`` (one due later too: a dispatching bus delivers it again
     when it is due).
     """
@@ -77,10 +78,8 @@ async def _submit(
     output_schema: dict[str, Any] | None,
     claim_for: tuple[str, float] | None = None,
 ) -> Submitted:
-    if session is not None:
-        if await store.get_resource(namespace, "Agent", agent) is None:
-            raise NotFoundError(f"Agent {agent!r} not found in namespace {namespace!r}")
-        await store.get_or_create_session(session, namespace, agent)
+    if session is not None:  # opened by the store with the run (submit_agent_run)
+        check_session_id(session)
     now = time.time()
     record = RunRecord(
         id=new_id("run"),
