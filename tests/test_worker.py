@@ -13,6 +13,7 @@ from pathlib import Path
 
 import anyio
 import pytest
+import sqlalchemy as sa
 
 from backends import Backend, backend_fixture, deployment_fixture
 from corral.core.events import EventType
@@ -21,6 +22,7 @@ from corral.core.settings import Settings
 from corral.resources.loader import load_text
 from corral.store import Store, open_store
 from corral.testing.fake_openai import FakeOpenAIServer, FakeReply
+from databases import on_database
 from fixtures_models import fake_openai_fixture, openai_server_fixture
 from nats_servers import nats_prefix_fixture, nats_server_url_fixture
 
@@ -391,3 +393,32 @@ async def test_a_more_urgent_run_overtakes_a_backlog(backend: Backend, tmp_path:
     # before it.
     assert order.index(urgent.id) <= 1, order
     assert effects(tmp_path) == ["x"] * 5
+
+
+async def test_a_run_whose_session_is_gone_fails_cleanly(
+    backend: Backend, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The store refuses to delete a session under an unfinished run; a session removed
+    behind its back (or before that rule) fails the run with a clear error."""
+    store = backend.store
+    await apply(
+        store,
+        scripted("{tool_calls: [{name: note, arguments: {note: x}}]}", "{text: ok}"),
+        NOTE_TOOL,
+        agent(extra="  approval: {policy: always}"),
+    )
+    run, _ = await backend.submit("helper", "go", session="s-gone")
+    await backend.drain()
+    [approval] = await store.list_approvals(run_id=run.id)
+    await on_database(
+        backend.deployment.db_url,
+        lambda conn: conn.execute(sa.text("DELETE FROM sessions WHERE id = 's-gone'")),
+    )
+    await backend.decide(approval.id, True)
+    caplog.clear()
+    await backend.drain()
+    stored = await get(store, run)
+    assert (stored.state, stored.attempts) == (RunState.FAILED, 2)
+    assert stored.error is not None and stored.error["code"] == "not_found"
+    assert "session 's-gone' of namespace 'default' no longer exists" in stored.error["message"]
+    assert [r.getMessage() for r in caplog.records if r.exc_info] == []  # no traceback
