@@ -233,3 +233,10 @@ def test_probing_another_namespaces_session_id_is_404(server: LiveServer) -> Non
             assert NS not in response.text
         probe = prober.get("/v1/sessions/private-id/messages")
         assert probe.status_code == 404
+        # Using the id tells it nothing either (it was a 409 "taken"): it opens its own.
+        apply(prober, resources("prober", ["{text: mine}"]))
+        body = {"agent": "prober", "input": "x", "session": "private-id", "delay_seconds": 3600}
+        assert prober.post("/v1/tasks", json=body).status_code == 201
+        assert prober.get("/v1/sessions/private-id").json()["namespace"] == "delta"
+    with server.client(server.mint(NS, Role.VIEWER)) as viewer:
+        assert viewer.get("/v1/sessions/private-id").json()["agent"] == "helper"
