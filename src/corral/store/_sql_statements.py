@@ -17,6 +17,19 @@ from corral.core.runs import ApprovalState, Lease, RunState
 from corral.store.schema import approvals, runs, session_messages, sessions
 
 
+def _insert(dialect: str, table: sa.Table) -> Any:
+    """The dialect's own ``INSERT`` construct for ``table`` (it renders ``ON CONFLICT``)."""
+    if dialect == "sqlite":
+        from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+        return sqlite_insert(table)
+    if dialect == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+        return pg_insert(table)
+    raise ConfigurationError(f"the SQL store does not support the {dialect!r} dialect")
+
+
 def insert_or_skip(dialect: str, table: sa.Table, conflict_columns: Sequence[str]) -> sa.Insert:
     """``INSERT ... ON CONFLICT (conflict_columns) DO NOTHING`` for ``table``.
 
@@ -24,15 +37,10 @@ def insert_or_skip(dialect: str, table: sa.Table, conflict_columns: Sequence[str
     renders it lives in each dialect's module. Conflicts on any other unique
     index (the primary key) still raise.
     """
-    if dialect == "sqlite":
-        from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-
-        return sqlite_insert(table).on_conflict_do_nothing(index_elements=list(conflict_columns))
-    if dialect == "postgresql":
-        from sqlalchemy.dialects.postgresql import insert as pg_insert
-
-        return pg_insert(table).on_conflict_do_nothing(index_elements=list(conflict_columns))
-    raise ConfigurationError(f"the SQL store does not support the {dialect!r} dialect")
+    insert: sa.Insert = _insert(dialect, table).on_conflict_do_nothing(
+        index_elements=list(conflict_columns)
+    )
+    return insert
 
 
 async def check_fence(conn: AsyncConnection, lease: Lease) -> None:
@@ -143,13 +151,18 @@ async def open_session(
     """The session's row, created when absent and locked (PostgreSQL) until the transaction
     ends, so that a delete cannot slip in before the caller's writes; ``ConflictError``
     when the session belongs to another agent."""
-    await conn.execute(
-        insert_or_skip(dialect, sessions, ("namespace", "id")).values(
-            namespace=namespace, id=session_id, agent=agent, created_at=now, updated_at=now
-        )
+    # An upsert, not insert-or-skip then select: it locks the row it finds in the same
+    # step, so a delete cannot remove it in between (on PostgreSQL a racing delete makes
+    # it wait, then insert the session anew).
+    insert = _insert(dialect, sessions).values(
+        namespace=namespace, id=session_id, agent=agent, created_at=now, updated_at=now
     )
-    query = sa.select(sessions).where(session_key(namespace, session_id)).with_for_update()
-    row = (await conn.execute(query)).one()
+    upsert = insert.on_conflict_do_update(
+        # (a no-op update: it only takes the row's lock; opening a session is not using it)
+        index_elements=["namespace", "id"],
+        set_={"updated_at": sessions.c.updated_at},
+    ).returning(*sessions.c)
+    row: sa.Row[Any] = (await conn.execute(upsert)).one()
     if row.agent != agent:
         raise ConflictError(f"session {session_id!r} belongs to agent {row.agent!r}")
     return row

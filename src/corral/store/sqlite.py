@@ -232,14 +232,11 @@ def _refuse(conn: sqlite3.Connection, run_id: str, lease: Lease | None) -> None:
 
 def _open_session(conn: sqlite3.Connection, record: RunRecord, now: float) -> None:
     """The run's session, created when absent (see ``open_session``, which this mirrors)."""
-    conn.execute(
-        "INSERT INTO sessions (namespace, id, agent, created_at, updated_at)"
-        " VALUES (?, ?, ?, ?, ?) ON CONFLICT (namespace, id) DO NOTHING",
-        (record.namespace, record.session_id, record.agent, now, now),
-    )
     found = conn.execute(
-        "SELECT agent FROM sessions WHERE namespace = ? AND id = ?",
-        (record.namespace, record.session_id),
+        "INSERT INTO sessions (namespace, id, agent, created_at, updated_at)"
+        " VALUES (?, ?, ?, ?, ?) ON CONFLICT (namespace, id)"
+        " DO UPDATE SET updated_at = sessions.updated_at RETURNING agent",
+        (record.namespace, record.session_id, record.agent, now, now),
     ).fetchone()
     if found[0] != record.agent:
         raise ConflictError(f"session {record.session_id!r} belongs to agent {found[0]!r}")
