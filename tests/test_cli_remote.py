@@ -24,6 +24,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from corral.core.sessions import SESSION_ID_RULE
 from test_cli_run import CALC
 
 CORRAL = [sys.executable, "-m", "corral"]
@@ -296,3 +297,65 @@ def test_an_unreachable_server_fails_with_its_url(tmp_path: Path) -> None:
     proc = Mode("remote", env)("tasks", "list")
     assert proc.returncode == 1
     assert f"cannot reach the Corral API at {url}" in proc.stderr
+
+
+def test_session_ids_are_held_to_one_rule_by_the_cli_and_the_api(
+    modes: tuple[Mode, Mode, Path], tmp_path: Path
+) -> None:
+    embedded, remote, _ = modes
+    keeper = tmp_path / "keeper.yaml"
+    keeper.write_text(agent("keeper", ["{text: kept}"]))
+    (tmp_path / "calc.yaml").write_text(CALC)  # the add tool
+    assert both(modes, "apply", "-f", str(tmp_path / "calc.yaml"), "-f", str(keeper))[1] == 0
+    api = httpx.Client(
+        base_url=remote.env["CORRAL_URL"],
+        headers={"Authorization": f"Bearer {remote.env['CORRAL_TOKEN']}"},
+    )
+    with api:
+        for bad in ("bad/id", "x" * 100, "tab\there", ""):
+            for args in (
+                ["submit", "keeper", "hi", "--session", bad],
+                ["run", "keeper", "hi", "--session", bad],
+                ["sessions", "show", bad],
+                ["sessions", "delete", bad],
+            ):
+                for mode in (embedded, remote):
+                    refused = mode(*args)
+                    assert (refused.returncode, refused.stderr.splitlines()) == (
+                        2,
+                        [f"error: invalid session id: {SESSION_ID_RULE}"],
+                    ), f"{mode.name}: corral {' '.join(args)}"
+            # The API refuses the same ids with the same reason, in a body and in a path.
+            submitted = api.post(
+                "/v1/tasks", json={"agent": "keeper", "input": "hi", "session": bad}
+            )
+            assert submitted.status_code == 422
+            assert [(e["field"], e["reason"]) for e in submitted.json()["errors"]] == [
+                ("body.session", SESSION_ID_RULE)
+            ]
+            if bad.isalnum():  # (a slash or nothing makes another route; httpx refuses a tab)
+                read = api.get(f"/v1/sessions/{bad}")
+                assert read.status_code == 422
+                assert [(e["field"], e["reason"]) for e in read.json()["errors"]] == [
+                    ("path.session_id", SESSION_ID_RULE)
+                ]
+        assert embedded("sessions", "list").stdout == ""  # nothing was stored on the way
+
+
+def test_a_session_with_an_unfinished_run_cannot_be_deleted(
+    modes: tuple[Mode, Mode, Path], tmp_path: Path
+) -> None:
+    keeper = tmp_path / "busy.yaml"
+    keeper.write_text(agent("busy", ["{text: later}"]))
+    (tmp_path / "calc.yaml").write_text(CALC)  # the add tool
+    assert both(modes, "apply", "-f", str(tmp_path / "calc.yaml"), "-f", str(keeper))[1] == 0
+    for mode in modes[:2]:
+        queued = mode("submit", "busy", "later", "--delay", "3600", "--session", "s-busy")
+        run_id = queued.stdout.strip()
+        refused = mode("sessions", "delete", "s-busy")
+        assert refused.returncode == 2, refused.stderr
+        [line] = refused.stderr.splitlines()
+        assert f"its run {run_id} is queued" in line
+        assert "s-busy" in mode("sessions", "list").stdout  # nothing deleted
+        assert mode("tasks", "cancel", run_id).returncode == 0
+        assert mode("sessions", "delete", "s-busy").returncode == 0

@@ -402,6 +402,29 @@ def test_sessions_over_the_api(client: httpx.Client) -> None:
     assert client.get("/v1/sessions/s-api-1").status_code == 404
 
 
+def test_a_session_is_not_deleted_while_a_run_of_it_is_unfinished(client: httpx.Client) -> None:
+    apply(client, resources("busy", [echo_turn("zzz", 5.0), "{text: done}", "{text: later}"]))
+    running = client.post("/v1/tasks", json={"agent": "busy", "input": "x", "session": "s-busy"})
+    run_id = running.json()["id"]
+    wait_for(lambda: task(client, run_id)["state"] == "running", message="the run to start")
+    refused = client.delete("/v1/sessions/s-busy")
+    assert (refused.status_code, refused.json()["code"]) == (409, "conflict")
+    assert f"its run {run_id} is running" in refused.json()["detail"]
+    wait_for(lambda: task(client, run_id)["state"] == "succeeded", message="the run to end")
+    # The run kept its session: its turn was stored there.
+    texts = [
+        m["message"]["content"] for m in client.get("/v1/sessions/s-busy/messages").json()["items"]
+    ]
+    assert texts[0] == "x" and texts[-1] == "done"
+
+    body = {"agent": "busy", "input": "y", "session": "s-busy", "delay_seconds": 3600}
+    queued = client.post("/v1/tasks", json=body).json()["id"]
+    refused = client.delete("/v1/sessions/s-busy")
+    assert refused.status_code == 409 and f"its run {queued} is queued" in refused.text
+    assert client.post(f"/v1/tasks/{queued}/cancel").json()["state"] == "cancelled"
+    assert client.delete("/v1/sessions/s-busy").status_code == 204
+
+
 def test_tokens_over_the_api(server: LiveServer, client: httpx.Client) -> None:
     created = client.post("/v1/tokens", json={"role": "viewer", "name": "dashboard"})
     assert created.status_code == 201

@@ -105,7 +105,9 @@ def fresh_objects(admin: httpx.Client, n: int) -> dict[str, str]:
     queued = admin.post(
         "/v1/tasks", json={"agent": "helper", "input": "x", "delay_seconds": 3600}
     ).json()["id"]
-    waiting_run(session=f"sess-{n}")
+    # A session can only be deleted once its runs are finished: cancel the one it has.
+    in_session = waiting_run(session=f"sess-{n}")
+    assert admin.post(f"/v1/tasks/{in_session}/cancel").json()["state"] == "cancelled"
     return {
         "kind": "secret",
         "resource": f"doomed-{n}",
@@ -197,15 +199,44 @@ def test_no_token_is_401_everywhere(server: LiveServer) -> None:
             assert response.headers["www-authenticate"].startswith("Bearer")
 
 
-def test_a_session_id_taken_in_another_namespace_is_409_without_details(
-    server: LiveServer,
-) -> None:
+def test_the_same_session_id_in_two_namespaces_is_two_sessions(server: LiveServer) -> None:
     with server.client(server.mint(NS, Role.ADMIN)) as admin:
-        admin.post("/v1/agents/helper/prompt", json={"input": "x", "session": "shared-id"})
+        first = admin.post("/v1/agents/helper/prompt", json={"input": "x", "session": "shared"})
+        assert first.json()["session_id"] == "shared"
     with server.client(server.mint("gamma", Role.ADMIN)) as other:
-        apply(other, resources("helper", ["{text: hi}"]))
-        response = other.post(
-            "/v1/agents/helper/prompt", json={"input": "x", "session": "shared-id"}
-        )
-        assert response.status_code == 409
-        assert NS not in response.text
+        apply(other, resources("chatter", ["{text: hi}"]))
+        # Neither taken (409) nor the other namespace's: a session of gamma's own.
+        response = other.post("/v1/agents/chatter/prompt", json={"input": "y", "session": "shared"})
+        assert response.status_code == 200, response.text
+        assert (response.json()["state"], response.json()["output"]) == ("succeeded", "hi")
+        mine = other.get("/v1/sessions/shared").json()
+        assert (mine["agent"], mine["namespace"]) == ("chatter", "gamma")
+        texts = [
+            m["message"]["content"]
+            for m in other.get("/v1/sessions/shared/messages").json()["items"]
+        ]
+        assert texts == ["y", "hi"]
+    with server.client(server.mint(NS, Role.ADMIN)) as admin:
+        theirs = admin.get("/v1/sessions/shared").json()
+        assert (theirs["agent"], theirs["namespace"]) == ("helper", NS)
+        assert admin.get("/v1/sessions/shared/messages").json()["items"] == []
+
+
+def test_probing_another_namespaces_session_id_is_404(server: LiveServer) -> None:
+    with server.client(server.mint(NS, Role.ADMIN)) as admin:
+        admin.post("/v1/agents/helper/prompt", json={"input": "x", "session": "private-id"})
+        assert admin.get("/v1/sessions/private-id").status_code == 200
+    with server.client(server.mint("delta", Role.ADMIN)) as prober:
+        for method in ("GET", "DELETE"):
+            response = prober.request(method, "/v1/sessions/private-id")
+            assert (response.status_code, response.json()["code"]) == (404, "not_found")
+            assert NS not in response.text
+        probe = prober.get("/v1/sessions/private-id/messages")
+        assert probe.status_code == 404
+        # Using the id tells it nothing either (it was a 409 "taken"): it opens its own.
+        apply(prober, resources("prober", ["{text: mine}"]))
+        body = {"agent": "prober", "input": "x", "session": "private-id", "delay_seconds": 3600}
+        assert prober.post("/v1/tasks", json=body).status_code == 201
+        assert prober.get("/v1/sessions/private-id").json()["namespace"] == "delta"
+    with server.client(server.mint(NS, Role.VIEWER)) as viewer:
+        assert viewer.get("/v1/sessions/private-id").json()["agent"] == "helper"

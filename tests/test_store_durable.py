@@ -342,7 +342,7 @@ async def test_an_expired_lease_is_reclaimed_and_the_old_holder_is_fenced_off(
 ) -> None:
     now = time.time()
     await store.submit_run(a_task("run_1"))
-    session = await store.get_or_create_session("ses_1", "default", "assistant")
+    session = await store.get_or_create_session("default", "ses_1", "assistant")
     record, old = await claim_one(store, "w1", now=now)
     assert old.token == 1
     await store.append_events([Event("run_1", 1, EventType.RUN_START, ts=1.0)], lease=old)
@@ -360,7 +360,9 @@ async def test_an_expired_lease_is_reclaimed_and_the_old_holder_is_fenced_off(
     with pytest.raises(LeaseLostError):
         await store.release_run(old, not_before=now + 999)
     with pytest.raises(LeaseLostError):
-        await store.append_session_messages(session.id, [Message.user("stale")], lease=old)
+        await store.append_session_messages(
+            "default", session.id, [Message.user("stale")], lease=old
+        )
     with pytest.raises(LeaseLostError):
         await store.renew_lease(old, 30.0)
 
@@ -368,12 +370,12 @@ async def test_an_expired_lease_is_reclaimed_and_the_old_holder_is_fenced_off(
     assert await store.get_run("run_1") == reclaimed
     assert [e.seq for e in await store.list_events("run_1")] == [1]
     assert await store.list_approvals() == []
-    assert await store.session_messages(session.id, include_hidden=True) == []
+    assert await store.session_messages("default", session.id, include_hidden=True) == []
 
     # The new holder writes freely.
     await other_store.append_events([Event("run_1", 2, EventType.RUN_FINISH)], lease=new)
     [stored] = await other_store.append_session_messages(
-        session.id, [Message.assistant("fresh")], lease=new
+        "default", session.id, [Message.assistant("fresh")], lease=new
     )
     assert stored.run_id == "run_1"
     reclaimed.state, reclaimed.output = RunState.SUCCEEDED, "fresh"
@@ -658,123 +660,6 @@ async def test_list_runs_filters_by_state(store: Store) -> None:
     assert [r.id for r in waiting] == ["run_1"]
     both = await store.list_runs("default", states=[RunState.WAITING_APPROVAL, RunState.QUEUED])
     assert [r.id for r in both] == ["run_2", "run_1"]
-
-
-# --------------------------------------------------------------------------- sessions
-
-
-async def test_sessions_are_created_once_under_a_race(store: Store, other_store: Store) -> None:
-    opened = await asyncio.gather(
-        *(
-            (store if i % 2 else other_store).get_or_create_session("ses_1", "default", "assistant")
-            for i in range(20)
-        )
-    )
-    assert len({(s.id, s.created_at) for s in opened}) == 1
-    assert await store.get_session("ses_1") == opened[0]
-    assert await store.get_session("ses_ghost") is None
-    with pytest.raises(ConflictError, match="assistant"):
-        await store.get_or_create_session("ses_1", "default", "other")
-
-
-async def test_session_messages_append_in_order_and_list_by_recency(store: Store) -> None:
-    await store.get_or_create_session("ses_a", "default", "assistant")
-    await store.get_or_create_session("ses_b", "default", "helper")
-    await store.get_or_create_session("ses_c", "team", "assistant")
-    first = await store.append_session_messages(
-        "ses_a", [Message.user("hi"), Message.assistant("hello")], run_id="run_1"
-    )
-    assert [(m.seq, m.run_id) for m in first] == [(1, "run_1"), (2, "run_1")]
-    await store.append_session_messages("ses_b", [Message.user("x")])
-    await store.append_session_messages("ses_a", [Message.user("again")])
-    assert await store.append_session_messages("ses_a", []) == []
-    stored = await store.session_messages("ses_a")
-    assert [(m.seq, m.message.content) for m in stored] == [(1, "hi"), (2, "hello"), (3, "again")]
-    assert stored[:2] == first
-
-    assert [s.id for s in await store.list_sessions("default")] == ["ses_a", "ses_b"]
-    assert [s.id for s in await store.list_sessions("default", "helper")] == ["ses_b"]
-    with pytest.raises(NotFoundError):
-        await store.append_session_messages("ses_ghost", [Message.user("x")])
-
-
-async def test_concurrent_appends_get_distinct_consecutive_seqs(
-    store: Store, other_store: Store
-) -> None:
-    await store.get_or_create_session("ses_1", "default", "assistant")
-    await asyncio.gather(
-        *(
-            (store if i % 2 else other_store).append_session_messages(
-                "ses_1", [Message.user(f"{i}a"), Message.user(f"{i}b")]
-            )
-            for i in range(20)
-        )
-    )
-    stored = await store.session_messages("ses_1")
-    assert [m.seq for m in stored] == list(range(1, 41))
-    for a, b in zip(stored[::2], stored[1::2], strict=True):  # each batch stays together
-        assert (a.message.content[:-1], a.message.content[-1], b.message.content[-1]) == (
-            b.message.content[:-1],
-            "a",
-            "b",
-        )
-
-
-async def test_compaction_hides_originals_and_places_the_summary_first(store: Store) -> None:
-    await store.get_or_create_session("ses_1", "default", "assistant")
-    await store.append_session_messages("ses_1", [Message.user(f"m{i}") for i in range(1, 6)])
-
-    await store.compact_session("ses_1", 3, Message.system("summary of m1-m3"))
-    visible = await store.session_messages("ses_1")
-    assert [(m.seq, m.message.content, m.summary) for m in visible] == [
-        (6, "summary of m1-m3", True),
-        (4, "m4", False),
-        (5, "m5", False),
-    ]
-    everything = await store.session_messages("ses_1", include_hidden=True)
-    assert [(m.message.content, m.hidden) for m in everything] == [
-        ("m1", True),
-        ("m2", True),
-        ("m3", True),
-        ("summary of m1-m3", False),
-        ("m4", False),
-        ("m5", False),
-    ]
-
-    # A later compaction up to m4 also hides the earlier summary, which sits before m4.
-    await store.append_session_messages("ses_1", [Message.user("m7")])
-    await store.compact_session("ses_1", 4, Message.system("summary of m1-m4"))
-    visible = await store.session_messages("ses_1")
-    assert [m.message.content for m in visible] == ["summary of m1-m4", "m5", "m7"]
-    assert [m.seq for m in visible] == [8, 5, 7]
-
-    # Compacting everything (even past the end) keeps the summary before what comes next.
-    await store.compact_session("ses_1", 1000, Message.system("all of it"))
-    await store.append_session_messages("ses_1", [Message.user("next")])
-    assert [m.message.content for m in await store.session_messages("ses_1")] == [
-        "all of it",
-        "next",
-    ]
-    # Without a summary, compaction only hides; naming a summary's seq cuts right after it.
-    await store.compact_session("ses_1", 9, None)
-    assert [m.message.content for m in await store.session_messages("ses_1")] == ["next"]
-    assert len(await store.session_messages("ses_1", include_hidden=True)) == 10
-    with pytest.raises(NotFoundError):
-        await store.compact_session("ses_ghost", 1, None)
-
-
-async def test_deleting_a_session_deletes_its_messages(store: Store, store_url: str) -> None:
-    await store.get_or_create_session("ses_1", "default", "assistant")
-    await store.get_or_create_session("ses_2", "default", "assistant")
-    await store.append_session_messages("ses_1", [Message.user("a"), Message.user("b")])
-    await store.append_session_messages("ses_2", [Message.user("c")])
-    await store.delete_session("ses_1")
-    assert await store.get_session("ses_1") is None
-    assert await store.session_messages("ses_1", include_hidden=True) == []
-    with pytest.raises(NotFoundError):
-        await store.delete_session("ses_1")
-    rows = await rows_of(store_url, "SELECT session_id, COUNT(*) FROM session_messages GROUP BY 1")
-    assert rows == [("ses_2", 1)]
 
 
 # --------------------------------------------------------------------------- migration

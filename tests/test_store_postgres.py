@@ -128,7 +128,7 @@ async def test_fenced_writes_wait_for_a_claim_in_flight_then_are_refused(
     store: Store, admin: asyncpg.Connection
 ) -> None:
     await store.submit_run(a_task("run_1"))
-    session = await store.get_or_create_session("ses_1", "default", "assistant")
+    session = await store.get_or_create_session("default", "ses_1", "assistant")
     record, lease = await claim_one(store, "w1")
     tx = admin.transaction()
     await tx.start()
@@ -144,7 +144,7 @@ async def test_fenced_writes_wait_for_a_claim_in_flight_then_are_refused(
             store.save_run(record, lease=lease),
             store.renew_lease(lease, 30.0),
             store.release_run(lease),
-            store.append_session_messages(session.id, [Message.user("x")], lease=lease),
+            store.append_session_messages("default", session.id, [Message.user("x")], lease=lease),
         )
     ]
     await asyncio.sleep(0.5)
@@ -153,7 +153,7 @@ async def test_fenced_writes_wait_for_a_claim_in_flight_then_are_refused(
     results = await asyncio.gather(*writes, return_exceptions=True)
     assert all(isinstance(r, LeaseLostError) for r in results), results
     assert await store.list_events("run_1") == []
-    assert await store.session_messages(session.id) == []
+    assert await store.session_messages("default", session.id) == []
     stored = await store.get_run("run_1")
     assert stored is not None
     assert (stored.state, stored.lease_owner, stored.fencing_token) == (RunState.RUNNING, "w2", 2)
@@ -213,7 +213,7 @@ async def test_a_connection_terminated_inside_a_transaction_is_retried_once_and_
     store: Store, admin: asyncpg.Connection
 ) -> None:
     await store.submit_run(a_task("run_1"))
-    session = await store.get_or_create_session("ses_1", "default", "assistant")
+    session = await store.get_or_create_session("default", "ses_1", "assistant")
     record, lease = await claim_one(store)
     await store.append_events([Event("run_1", 1, EventType.RUN_START)], lease=lease)
     record.state, record.output, record.session_id = RunState.SUCCEEDED, "done", session.id
@@ -235,7 +235,9 @@ async def test_a_connection_terminated_inside_a_transaction_is_retried_once_and_
         await tx.commit()
         await asyncio.wait_for(pending, 10.0)
     assert [e.seq for e in await store.list_events("run_1")] == [1, 2]
-    assert [m.message.content for m in await store.session_messages(session.id)] == ["done"]
+    assert [m.message.content for m in await store.session_messages("default", session.id)] == [
+        "done"
+    ]
     stored = await store.get_run("run_1")
     assert stored is not None and (stored.state, stored.output) == (RunState.SUCCEEDED, "done")
 
@@ -309,14 +311,16 @@ async def test_a_commit_whose_answer_is_lost_is_not_applied_twice(
         store = await SqlStore.open(target.set(port=port).render_as_string(False), cipher=cipher)
         try:
             await store.submit_run(a_task("run_1"))
-            session = await store.get_or_create_session("ses_1", "default", "assistant")
+            session = await store.get_or_create_session("default", "ses_1", "assistant")
             record, lease = await claim_one(store)
 
             cutter.armed = True
             await store.append_events([Event("run_1", 1, EventType.RUN_START)], lease=lease)
             cutter.armed = True
             messages = [Message.user("hi"), Message.assistant("hello")]
-            appended = await store.append_session_messages(session.id, messages, lease=lease)
+            appended = await store.append_session_messages(
+                "default", session.id, messages, lease=lease
+            )
             cutter.armed = True
             record.state, record.session_id = RunState.SUCCEEDED, session.id
             await store.save_run(record, lease=lease, session_messages=[Message.user("bye")])
@@ -328,7 +332,7 @@ async def test_a_commit_whose_answer_is_lost_is_not_applied_twice(
     async with await SqlStore.open(url, cipher=cipher) as direct:
         assert [e.seq for e in await direct.list_events("run_1")] == [1]
         assert [m.seq for m in appended] == [1, 2]
-        stored = await direct.session_messages("ses_1")
+        stored = await direct.session_messages("default", "ses_1")
         assert [(m.seq, m.message.content) for m in stored] == [(1, "hi"), (2, "hello"), (3, "bye")]
         saved = await direct.get_run("run_1")
         assert saved is not None and saved.state is RunState.SUCCEEDED

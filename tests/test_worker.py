@@ -15,6 +15,7 @@ from pathlib import Path
 
 import anyio
 import pytest
+import sqlalchemy as sa
 
 from backends import Backend, backend_fixture, deployment_fixture
 from corral.core.events import Event, EventType
@@ -26,6 +27,7 @@ from corral.runtime.local import submit
 from corral.runtime.worker import Worker
 from corral.store import Store, open_store
 from corral.testing.fake_openai import FakeOpenAIServer, FakeReply
+from databases import on_database
 from fixtures_models import fake_openai_fixture, openai_server_fixture
 from nats_servers import nats_prefix_fixture, nats_server_url_fixture
 
@@ -413,7 +415,7 @@ spec: {{model: fake}}
     await backend.drain()
     second = fake_openai.requests[1].json["messages"]
     assert [m["content"] for m in second] == ["I am Ada.", "Hello Ada.", "Who am I?"]
-    stored = await store.session_messages("s1")
+    stored = await store.session_messages("default", "s1")
     assert [m.message.content for m in stored] == [
         "I am Ada.",
         "Hello Ada.",
@@ -493,7 +495,7 @@ spec:
         assert "Turing" in sent[0]
     else:
         assert sent == ["How is the weather?", "It is sunny.", "What is my cat called?"]
-    everything = await store.session_messages("s", include_hidden=True)
+    everything = await store.session_messages("default", "s", include_hidden=True)
     hidden = [m.message.content for m in everything if m.hidden]
     assert "My name is Ada and my cat is called Turing." in hidden  # kept for audit
 
@@ -519,3 +521,32 @@ async def test_a_more_urgent_run_overtakes_a_backlog(backend: Backend, tmp_path:
     # before it.
     assert order.index(urgent.id) <= 1, order
     assert effects(tmp_path) == ["x"] * 5
+
+
+async def test_a_run_whose_session_is_gone_fails_cleanly(
+    backend: Backend, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The store refuses to delete a session under an unfinished run; a session removed
+    behind its back (or before that rule) fails the run with a clear error."""
+    store = backend.store
+    await apply(
+        store,
+        scripted("{tool_calls: [{name: note, arguments: {note: x}}]}", "{text: ok}"),
+        NOTE_TOOL,
+        agent(extra="  approval: {policy: always}"),
+    )
+    run, _ = await backend.submit("helper", "go", session="s-gone")
+    await backend.drain()
+    [approval] = await store.list_approvals(run_id=run.id)
+    await on_database(
+        backend.deployment.db_url,
+        lambda conn: conn.execute(sa.text("DELETE FROM sessions WHERE id = 's-gone'")),
+    )
+    await backend.decide(approval.id, True)
+    caplog.clear()
+    await backend.drain()
+    stored = await get(store, run)
+    assert (stored.state, stored.attempts) == (RunState.FAILED, 2)
+    assert stored.error is not None and stored.error["code"] == "not_found"
+    assert "session 's-gone' of namespace 'default' no longer exists" in stored.error["message"]
+    assert [r.getMessage() for r in caplog.records if r.exc_info] == []  # no traceback

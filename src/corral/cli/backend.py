@@ -133,12 +133,13 @@ class Backend(ABC):
 
     @abstractmethod
     async def session_messages(
-        self, session_id: str, *, include_hidden: bool
+        self, namespace: str, session_id: str, *, include_hidden: bool
     ) -> list[SessionMessage]:
         """The messages; ``NotFoundError`` when there is no such session."""
 
     @abstractmethod
-    async def delete_session(self, session_id: str) -> None: ...
+    async def delete_session(self, namespace: str, session_id: str) -> None:
+        """Delete a session; ``ConflictError`` naming the run while one of it is unfinished."""
 
 
 class EmbeddedBackend(Backend):
@@ -269,16 +270,18 @@ class EmbeddedBackend(Backend):
         return await self.store.list_sessions(namespace)
 
     async def session_messages(
-        self, session_id: str, *, include_hidden: bool
+        self, namespace: str, session_id: str, *, include_hidden: bool
     ) -> list[SessionMessage]:
         from corral.core.errors import NotFoundError
 
-        if await self.store.get_session(session_id) is None:
-            raise NotFoundError(f"session {session_id!r} not found")
-        return await self.store.session_messages(session_id, include_hidden=include_hidden)
+        if await self.store.get_session(namespace, session_id) is None:
+            raise NotFoundError(f"session {session_id!r} not found in namespace {namespace!r}")
+        return await self.store.session_messages(
+            namespace, session_id, include_hidden=include_hidden
+        )
 
-    async def delete_session(self, session_id: str) -> None:
-        await self.store.delete_session(session_id)
+    async def delete_session(self, namespace: str, session_id: str) -> None:
+        await self.store.delete_session(namespace, session_id)
 
 
 @asynccontextmanager

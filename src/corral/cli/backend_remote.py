@@ -180,7 +180,7 @@ class RemoteBackend(Backend):
         ]
 
     async def session_messages(
-        self, session_id: str, *, include_hidden: bool
+        self, namespace: str, session_id: str, *, include_hidden: bool
     ) -> list[SessionMessage]:
         return [
             SessionMessage(m.seq, message(m.message), m.run_id, m.hidden, m.summary, m.created_at)
@@ -189,7 +189,7 @@ class RemoteBackend(Backend):
             )
         ]
 
-    async def delete_session(self, session_id: str) -> None:
+    async def delete_session(self, namespace: str, session_id: str) -> None:
         await self.client.delete_session(session_id)
 
 

@@ -59,6 +59,18 @@ def fail(message: str, code: int = EXIT_FAILED) -> NoReturn:
     raise typer.Exit(code)
 
 
+def session_id_option(value: str | None) -> str | None:
+    """A typer callback: the session id, checked by the API's rule (exit 2 otherwise)."""
+    from corral.core.sessions import InvalidSessionIdError, check_session_id
+
+    if value is None:
+        return None
+    try:
+        return check_session_id(value)
+    except InvalidSessionIdError as exc:
+        fail(exc.message, EXIT_BAD_INPUT)
+
+
 def run_async(coro: Coroutine[Any, Any, T]) -> T:
     """Run a coroutine for a command, turning Corral errors into one line and an exit code."""
     from corral.core.errors import CorralError, UserError

@@ -17,6 +17,7 @@ from corral.cli.main import (
     EXIT_WAITING_APPROVAL,
     fail,
     run_async,
+    session_id_option,
 )
 
 NAMESPACE = typer.Option("default", "-n", "--namespace", help="Namespace of the agent.")
@@ -38,7 +39,10 @@ def run(
     namespace: str = NAMESPACE,
     output: str = typer.Option("text", "-o", "--output", help="text, or json: the run record."),
     session: str | None = typer.Option(
-        None, "--session", help="Carry the conversation of this session (created if new)."
+        None,
+        "--session",
+        help="Carry the conversation of this session (created if new).",
+        callback=session_id_option,
     ),
 ) -> None:
     """Run an agent on a prompt, streaming what it does.
@@ -83,7 +87,10 @@ def chat(
     agent: str = typer.Argument(..., help="The agent to chat with."),
     namespace: str = NAMESPACE,
     session: str | None = typer.Option(
-        None, "--session", help="Continue this session (default: a new one)."
+        None,
+        "--session",
+        help="Continue this session (default: a new one).",
+        callback=session_id_option,
     ),
 ) -> None:
     """Talk to an agent turn by turn in a session (Ctrl-D or /exit to leave)."""

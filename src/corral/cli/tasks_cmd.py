@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from corral.cli.main import EXIT_BAD_INPUT, fail, run_async
+from corral.cli.main import EXIT_BAD_INPUT, fail, run_async, session_id_option
 
 if TYPE_CHECKING:
     from corral.core.runs import RunRecord
@@ -36,7 +36,9 @@ def register(app: typer.Typer) -> None:
 def submit(
     agent: str = typer.Argument(..., help="The agent to run."),
     prompt: str = typer.Argument(..., help="The prompt."),
-    session: str | None = typer.Option(None, "--session", help="Carry a conversation (an id)."),
+    session: str | None = typer.Option(
+        None, "--session", help="Carry a conversation (an id).", callback=session_id_option
+    ),
     idempotency_key: str | None = typer.Option(
         None, "--idempotency-key", help="Submitting the same key again returns the same task."
     ),
@@ -268,10 +270,14 @@ def sessions_list(namespace: str = NAMESPACE) -> None:
         typer.echo(f"{s.id}\t{s.agent}")
 
 
+SESSION_ID = typer.Argument(..., help="The session's id.", callback=session_id_option)
+
+
 @sessions_app.command("show")
 def sessions_show(
-    session_id: str = typer.Argument(...),
+    session_id: str = SESSION_ID,
     all_messages: bool = typer.Option(False, "--all", help="Include compacted messages."),
+    namespace: str = NAMESPACE,
 ) -> None:
     """A session's messages."""
 
@@ -279,7 +285,9 @@ def sessions_show(
         from corral.cli.backend import open_backend
 
         async with open_backend() as backend:
-            return await backend.session_messages(session_id, include_hidden=all_messages)
+            return await backend.session_messages(
+                namespace, session_id, include_hidden=all_messages
+            )
 
     for m in run_async(go()):
         flags = " (compacted)" if m.hidden else " (summary)" if m.summary else ""
@@ -287,14 +295,14 @@ def sessions_show(
 
 
 @sessions_app.command("delete")
-def sessions_delete(session_id: str = typer.Argument(...)) -> None:
-    """Delete a session and its messages."""
+def sessions_delete(session_id: str = SESSION_ID, namespace: str = NAMESPACE) -> None:
+    """Delete a session and its messages (refused while a run of it is unfinished)."""
 
     async def go() -> None:
         from corral.cli.backend import open_backend
 
         async with open_backend() as backend:
-            await backend.delete_session(session_id)
+            await backend.delete_session(namespace, session_id)
 
     run_async(go())
     typer.echo(f"session/{session_id} deleted")

@@ -16,13 +16,20 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter, WithJsonSchema
 from pydantic.json_schema import SkipJsonSchema
 
 from corral.core.events import Event, EventType
 from corral.core.messages import Message
 from corral.core.runs import Approval, ApprovalState, RunRecord, RunState
-from corral.core.sessions import Session, SessionMessage
+from corral.core.sessions import (
+    SESSION_ID_PATTERN,
+    SESSION_ID_RULE,
+    InvalidSessionIdError,
+    Session,
+    SessionMessage,
+    check_session_id,
+)
 from corral.core.tokens import ApiToken, Role
 from corral.resources.kinds import (
     KINDS,
@@ -80,6 +87,22 @@ Text = Annotated[str, Field(pattern=r"^[^\x00]*$")]
 ID_PATTERN = r"^[A-Za-z0-9._:-]+$"
 Id = Annotated[str, Field(min_length=1, max_length=64, pattern=ID_PATTERN)]
 Timestamp = Annotated[float, Field(description="Seconds since the epoch (UTC).")]
+
+
+def _session_id(value: str) -> str:
+    try:
+        return check_session_id(value)
+    except InvalidSessionIdError:
+        raise ValueError(SESSION_ID_RULE) from None
+
+
+#: A session id, checked by the rule the CLI applies too (core/sessions.py): the schema
+#: publishes it, the validator alone enforces it, so both refuse with the same reason.
+SessionId = Annotated[
+    str,
+    AfterValidator(_session_id),
+    WithJsonSchema({"type": "string", "pattern": SESSION_ID_PATTERN, "maxLength": 64}),
+]
 
 
 class Request(BaseModel):
@@ -238,7 +261,7 @@ class SubmitTask(Request):
 
     agent: Name
     input: Annotated[Text, Field(description="The prompt.")]
-    session: Id | None = Field(
+    session: SessionId | None = Field(
         None, description="Carry the conversation of this session (created if new)."
     )
     idempotency_key: Annotated[Text, Field(min_length=1, max_length=255)] | None = Field(
@@ -575,7 +598,7 @@ class Prompt(Request):
     """Ask an agent and wait for the answer."""
 
     input: Annotated[Text, Field(description="The prompt.")]
-    session: Id | None = Field(None, description="Carry the conversation of this session.")
+    session: SessionId | None = Field(None, description="Carry the conversation of this session.")
     timeout_seconds: float = Field(
         60.0,
         gt=0,

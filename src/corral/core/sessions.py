@@ -2,10 +2,30 @@
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass, field
 
+from corral.core.errors import UserError
 from corral.core.messages import Message
+
+#: Session ids are chosen by clients; the API and the CLI hold them to this one rule.
+SESSION_ID_PATTERN = r"^[A-Za-z0-9._:-]{1,64}$"
+SESSION_ID_RULE = "a session id is 1 to 64 characters: letters, digits, '.', '_', ':' or '-'"
+_SESSION_ID = re.compile(SESSION_ID_PATTERN)
+
+
+class InvalidSessionIdError(UserError):
+    """A session id breaks :data:`SESSION_ID_RULE`."""
+
+    code = "invalid_session_id"
+
+
+def check_session_id(session_id: str) -> str:
+    """``session_id`` when it follows the rule; ``InvalidSessionIdError`` otherwise."""
+    if not _SESSION_ID.fullmatch(session_id):
+        raise InvalidSessionIdError(f"invalid session id: {SESSION_ID_RULE}")
+    return session_id
 
 
 @dataclass

@@ -32,7 +32,7 @@ from corral.runtime.agents import AgentCache, Loading
 from corral.runtime.health import TRANSIENT, WorkerHealth, jittered_backoff
 from corral.runtime.journal import FencedSink, Observer
 from corral.runtime.leases import LeaseKeeper, Reason
-from corral.runtime.sessions import session_history
+from corral.runtime.sessions import missing_session, session_history
 from corral.store.base import Store
 
 Outcome = Literal["done", "released", "lost"]
@@ -205,6 +205,9 @@ class RunExecutor:
             await sink.emit(EventType.ERROR, **error)
             await sink.emit(EventType.RUN_FINISH, state=RunState.DEAD_LETTER.value)
             return RunResult(state=RunState.DEAD_LETTER, error=error)
+        gone = await missing_session(self.store, record)
+        if gone is not None:
+            return await self._failed_to_start(sink, gone, events, record)
         try:
             agent, release = await self.agents.acquire(
                 record.namespace, record.agent, output_schema=record.output_schema
@@ -258,7 +261,7 @@ class RunExecutor:
     async def _history(self, record: RunRecord, agent: AgentDefinition) -> list[Message]:
         if record.session_id is None:
             return []
-        return await session_history(self.store, record.session_id, agent)
+        return await session_history(self.store, record.namespace, record.session_id, agent)
 
     async def _failed_to_start(
         self, sink: FencedSink, exc: CorralError, events: list[Event], record: RunRecord

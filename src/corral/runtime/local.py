@@ -16,10 +16,11 @@ from typing import Any, Self
 import anyio
 
 from corral.bus.base import Bus
-from corral.core.errors import NotFoundError, UserError
+from corral.core.errors import UserError
 from corral.core.events import Event
 from corral.core.ids import new_id
 from corral.core.runs import Lease, RunRecord, RunState
+from corral.core.sessions import check_session_id
 from corral.core.settings import Settings
 from corral.resources.kinds import json_schema_problem
 from corral.runtime.agents import Loading
@@ -46,7 +47,8 @@ async def submit(
     """Queue a run of ``agent``; returns ``(run, created)`` (``False``: the key was seen before).
 
     ``NotFoundError`` (nothing stored) when the agent does not exist, ``UserError``
-    when ``output_schema`` is not a valid JSON Schema. A new run is
+    when ``output_schema`` is not a valid JSON Schema, ``InvalidSessionIdError`` for a
+    session id that breaks the rule of ``core/sessions.py``. A new run is
     announced on ``bus`` (one due later too: a dispatching bus delivers it again
     when it is due).
     """
@@ -82,10 +84,8 @@ async def _submit(
     problem = json_schema_problem(output_schema) if output_schema is not None else None
     if problem is not None:  # before anything is stored: it could only fail the run
         raise UserError(f"the output schema is {problem}")
-    if session is not None:
-        if await store.get_resource(namespace, "Agent", agent) is None:
-            raise NotFoundError(f"Agent {agent!r} not found in namespace {namespace!r}")
-        await store.get_or_create_session(session, namespace, agent)
+    if session is not None:  # opened by the store with the run (submit_agent_run)
+        check_session_id(session)
     now = time.time()
     record = RunRecord(
         id=new_id("run"),

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import logging
 
+from corral.core.errors import NotFoundError
 from corral.core.messages import Message
+from corral.core.runs import RunRecord
 from corral.core.sessions import SessionMessage
 from corral.engine.loop import AgentDefinition
 from corral.models.base import ModelSettings
@@ -31,9 +33,11 @@ def estimate_tokens(messages: list[Message]) -> int:
     )
 
 
-async def session_history(store: Store, session_id: str, agent: AgentDefinition) -> list[Message]:
+async def session_history(
+    store: Store, namespace: str, session_id: str, agent: AgentDefinition
+) -> list[Message]:
     """The messages to send before a new input, compacting the session first if needed."""
-    stored = await store.session_messages(session_id)
+    stored = await store.session_messages(namespace, session_id)
     messages = [m.message for m in stored]
     policy = agent.session_policy
     if estimate_tokens(messages) <= policy.max_history_tokens:
@@ -45,9 +49,25 @@ async def session_history(store: Store, session_id: str, agent: AgentDefinition)
     summary: Message | None = None
     if policy.compaction == "summarize":
         summary = await _summarize(agent, [m.message for m in old])
-    await store.compact_session(session_id, old[-1].seq, summary)
+    await store.compact_session(namespace, session_id, old[-1].seq, summary)
     log.info("session %s: compacted %d messages (%s)", session_id, cut, policy.compaction)
-    return [m.message for m in await store.session_messages(session_id)]
+    return [m.message for m in await store.session_messages(namespace, session_id)]
+
+
+async def missing_session(store: Store, record: RunRecord) -> NotFoundError | None:
+    """The error of a run whose session is gone, or ``None`` (also for a run without one).
+
+    The store refuses to delete a session while a run of it is unfinished; a store
+    changed by other means, or runs queued before that rule, can still lack it.
+    """
+    if record.session_id is None:
+        return None
+    if await store.get_session(record.namespace, record.session_id) is not None:
+        return None
+    return NotFoundError(
+        f"session {record.session_id!r} of namespace {record.namespace!r} no longer exists; "
+        "the run cannot continue its conversation"
+    )
 
 
 def _cut_index(stored: list[SessionMessage], keep_recent: int) -> int:

@@ -198,6 +198,8 @@ def _validation_problems(errors: Sequence[Any]) -> list[FieldProblem]:
             reason = "required field is missing"
         elif error.get("type") == "extra_forbidden":
             reason = "unknown field"
+        elif error.get("type") == "value_error":  # our own validators: their words alone
+            reason = str(error.get("ctx", {}).get("error", reason))
         found.append(FieldProblem(field=format_path(loc) or None, reason=reason))
     return found
 

@@ -14,7 +14,7 @@ from corral.server.auth import Operator, Principal, context_of
 from corral.server.context import ServerContext
 from corral.server.models import Prompt, PromptObject, Task
 from corral.server.problems import FieldProblem, ProblemError, responses
-from corral.server.routes_tasks import check_schema, check_session
+from corral.server.routes_tasks import check_schema
 
 router = APIRouter(prefix="/v1", tags=["agents"])
 
@@ -84,7 +84,6 @@ async def _ask(
     schema: dict[str, Any] | None,
     response: Response,
 ) -> Task:
-    await check_session(context.store, body.session, who)
     record, _ = await submit(
         context.store,
         agent,

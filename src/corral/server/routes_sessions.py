@@ -13,7 +13,7 @@ from corral.server import pagination
 from corral.server.auth import Operator, Principal, Viewer, context_of
 from corral.server.context import ServerContext
 from corral.server.models import (
-    ID_PATTERN,
+    SessionId,
     SessionMessageOut,
     SessionMessagePage,
     SessionOut,
@@ -23,12 +23,13 @@ from corral.server.problems import responses
 
 router = APIRouter(prefix="/v1", tags=["sessions"])
 
-SessionId = Annotated[str, Path(max_length=64, pattern=ID_PATTERN, description="The session.")]
+SessionIdPath = Annotated[SessionId, Path(description="The session.")]
 
 
 async def _own(context: ServerContext, session_id: str, who: Principal) -> Session:
-    session = await context.store.get_session(session_id)
-    if session is None or session.namespace != who.namespace:
+    """The session of this id in the caller's namespace (sessions are namespaced)."""
+    session = await context.store.get_session(who.namespace, session_id)
+    if session is None:
         raise NotFoundError(f"session {session_id!r} not found")
     return session
 
@@ -57,7 +58,7 @@ async def list_sessions(
     summary="Get a session",
     responses=responses(404),
 )
-async def get_session(session_id: SessionId, who: Viewer, request: Request) -> SessionOut:
+async def get_session(session_id: SessionIdPath, who: Viewer, request: Request) -> SessionOut:
     return SessionOut.from_session(await _own(context_of(request), session_id, who))
 
 
@@ -68,7 +69,7 @@ async def get_session(session_id: SessionId, who: Viewer, request: Request) -> S
     responses=responses(404),
 )
 async def session_messages(
-    session_id: SessionId,
+    session_id: SessionIdPath,
     who: Viewer,
     request: Request,
     include_hidden: Annotated[
@@ -81,7 +82,9 @@ async def session_messages(
     messages it left visible)."""
     context = context_of(request)
     await _own(context, session_id, who)
-    messages = await context.store.session_messages(session_id, include_hidden=include_hidden)
+    messages = await context.store.session_messages(
+        who.namespace, session_id, include_hidden=include_hidden
+    )
     # The order is by position, not seq (a summary is placed early): the cursor is an offset.
     start = int(pagination.decode(cursor, (int,))[0]) if cursor is not None else 0
     page = messages[start : start + limit]
@@ -97,11 +100,10 @@ async def session_messages(
     status_code=204,
     response_class=Response,
     summary="Delete a session",
-    responses=responses(404),
+    responses=responses(404, 409),
 )
-async def delete_session(session_id: SessionId, who: Operator, request: Request) -> Response:
-    """Delete a session and its messages (its runs stay)."""
-    context = context_of(request)
-    await _own(context, session_id, who)
-    await context.store.delete_session(session_id)
+async def delete_session(session_id: SessionIdPath, who: Operator, request: Request) -> Response:
+    """Delete a session and its messages (its finished runs stay). 409 naming the run
+    while a run of the session is queued, running or waiting for approval."""
+    await context_of(request).store.delete_session(who.namespace, session_id)
     return Response(status_code=204)

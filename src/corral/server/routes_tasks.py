@@ -52,19 +52,6 @@ def check_schema(schema: dict[str, Any] | None, field: str) -> None:
         )
 
 
-async def check_session(store: Store, session_id: str | None, who: Principal) -> None:
-    """409 when the session id is taken in another namespace (without naming it).
-
-    Session ids are global and chosen by clients; this tells the caller no more
-    than that the id is taken, and nothing about the session.
-    """
-    if session_id is None:
-        return
-    existing = await store.get_session(session_id)
-    if existing is not None and existing.namespace != who.namespace:
-        raise ProblemError(409, f"session id {session_id!r} is taken; choose another")
-
-
 @router.post(
     "/tasks",
     status_code=201,
@@ -83,7 +70,6 @@ async def submit_task(
     returns the first task (200) instead of creating one (201)."""
     context = context_of(request)
     check_schema(body.output_schema, "body.output_schema")
-    await check_session(context.store, body.session, who)
     try:
         record, created = await submit(
             context.store,

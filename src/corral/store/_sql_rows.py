@@ -137,10 +137,11 @@ def row_to_session(row: sa.Row[Any]) -> Session:
 
 
 def session_message_values(
-    session_id: str, message: SessionMessage, position: float
+    namespace: str, session_id: str, message: SessionMessage, position: float
 ) -> dict[str, Any]:
     """Every column of ``session_messages`` for ``message``, placed at ``position``."""
     return {
+        "namespace": namespace,
         "session_id": session_id,
         "seq": message.seq,
         "position": position,

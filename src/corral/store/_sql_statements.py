@@ -7,13 +7,27 @@ runs whose approvals are all settled, insert-or-skip, session bookkeeping.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from corral.core.errors import ConfigurationError, LeaseLostError, NotFoundError
+from corral.core.errors import ConfigurationError, ConflictError, LeaseLostError, NotFoundError
 from corral.core.runs import ApprovalState, Lease, RunState
 from corral.store.schema import approvals, runs, session_messages, sessions
+
+
+def _insert(dialect: str, table: sa.Table) -> Any:
+    """The dialect's own ``INSERT`` construct for ``table`` (it renders ``ON CONFLICT``)."""
+    if dialect == "sqlite":
+        from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+        return sqlite_insert(table)
+    if dialect == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+        return pg_insert(table)
+    raise ConfigurationError(f"the SQL store does not support the {dialect!r} dialect")
 
 
 def insert_or_skip(dialect: str, table: sa.Table, conflict_columns: Sequence[str]) -> sa.Insert:
@@ -23,15 +37,10 @@ def insert_or_skip(dialect: str, table: sa.Table, conflict_columns: Sequence[str
     renders it lives in each dialect's module. Conflicts on any other unique
     index (the primary key) still raise.
     """
-    if dialect == "sqlite":
-        from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-
-        return sqlite_insert(table).on_conflict_do_nothing(index_elements=list(conflict_columns))
-    if dialect == "postgresql":
-        from sqlalchemy.dialects.postgresql import insert as pg_insert
-
-        return pg_insert(table).on_conflict_do_nothing(index_elements=list(conflict_columns))
-    raise ConfigurationError(f"the SQL store does not support the {dialect!r} dialect")
+    insert: sa.Insert = _insert(dialect, table).on_conflict_do_nothing(
+        index_elements=list(conflict_columns)
+    )
+    return insert
 
 
 async def check_fence(conn: AsyncConnection, lease: Lease) -> None:
@@ -105,22 +114,81 @@ async def requeue_settled_runs(conn: AsyncConnection, run_ids: Sequence[str], no
     )
 
 
-async def touch_session(conn: AsyncConnection, session_id: str, now: float) -> None:
+def session_key(namespace: str, session_id: str) -> sa.ColumnElement[bool]:
+    """The ``sessions`` row of one session (sessions are keyed by namespace and id)."""
+    return sa.and_(sessions.c.namespace == namespace, sessions.c.id == session_id)
+
+
+def in_session(namespace: str, session_id: str) -> sa.ColumnElement[bool]:
+    """The ``session_messages`` rows of one session."""
+    return sa.and_(
+        session_messages.c.namespace == namespace, session_messages.c.session_id == session_id
+    )
+
+
+async def touch_session(conn: AsyncConnection, namespace: str, session_id: str, now: float) -> None:
     """Mark a session updated (which also write-locks its row); ``NotFoundError`` if absent."""
     result = await conn.execute(
-        sessions.update().where(sessions.c.id == session_id).values(updated_at=now)
+        sessions.update().where(session_key(namespace, session_id)).values(updated_at=now)
     )
     if result.rowcount == 0:
         raise NotFoundError(f"session {session_id!r} not found")
 
 
-async def last_seq(conn: AsyncConnection, session_id: str) -> int:
+async def last_seq(conn: AsyncConnection, namespace: str, session_id: str) -> int:
     """The highest message seq of a session, 0 when it has none."""
     top = (
         await conn.execute(
-            sa.select(sa.func.max(session_messages.c.seq)).where(
-                session_messages.c.session_id == session_id
-            )
+            sa.select(sa.func.max(session_messages.c.seq)).where(in_session(namespace, session_id))
         )
     ).scalar()
     return int(top or 0)
+
+
+async def open_session(
+    conn: AsyncConnection, dialect: str, namespace: str, session_id: str, agent: str, now: float
+) -> sa.Row[Any]:
+    """The session's row, created when absent and locked (PostgreSQL) until the transaction
+    ends, so that a delete cannot slip in before the caller's writes; ``ConflictError``
+    when the session belongs to another agent."""
+    # An upsert, not insert-or-skip then select: it locks the row it finds in the same
+    # step, so a delete cannot remove it in between (on PostgreSQL a racing delete makes
+    # it wait, then insert the session anew).
+    insert = _insert(dialect, sessions).values(
+        namespace=namespace, id=session_id, agent=agent, created_at=now, updated_at=now
+    )
+    upsert = insert.on_conflict_do_update(
+        # (a no-op update: it only takes the row's lock; opening a session is not using it)
+        index_elements=["namespace", "id"],
+        set_={"updated_at": sessions.c.updated_at},
+    ).returning(*sessions.c)
+    row: sa.Row[Any] = (await conn.execute(upsert)).one()
+    if row.agent != agent:
+        raise ConflictError(f"session {session_id!r} belongs to agent {row.agent!r}")
+    return row
+
+
+#: The states of a run that still needs its session (a session cannot be deleted under it).
+UNFINISHED = tuple(s.value for s in RunState if not s.finished)
+
+
+def unfinished_run_of_session(namespace: str, session_id: str) -> sa.Select[tuple[str, str]]:
+    """The oldest run of a session that is not finished (its id and state), if any."""
+    return (
+        sa.select(runs.c.id, runs.c.state)
+        .where(
+            runs.c.state.in_(UNFINISHED),
+            runs.c.namespace == namespace,
+            runs.c.session_id == session_id,
+        )
+        .order_by(runs.c.created_at, runs.c.id)
+        .limit(1)
+    )
+
+
+def session_in_use(session_id: str, run_id: str, state: str) -> ConflictError:
+    """The error of deleting a session that a run still needs."""
+    return ConflictError(
+        f"cannot delete session {session_id!r}: its run {run_id} is {state}; "
+        "wait for it to finish or cancel it first"
+    )

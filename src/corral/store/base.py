@@ -166,8 +166,8 @@ class Store(ABC):
         When ``record.state`` is no longer ``running`` the lease columns are
         cleared. ``approvals`` are inserted in the same transaction (a run that
         goes to ``waiting_approval`` stores its pending approvals atomically), and so are
-        ``session_messages``, appended to ``record.session_id`` (a finished run and its
-        session never disagree). ``cancel_requested`` is only ever raised by a save, never
+        ``session_messages``, appended to the session ``record.session_id`` of the run's
+        namespace (a finished run and its session never disagree). ``cancel_requested`` is only ever raised by a save, never
         cleared (the flag belongs to ``request_cancel``).
         The lease columns of ``record`` itself are ignored: only claims,
         renewals and releases change them.
@@ -216,7 +216,9 @@ class Store(ABC):
         """Queue a run of a stored Agent: ``submit_run`` with the Agent's ``max_attempts``.
 
         ``NotFoundError`` (nothing stored) when the record's namespace has no such
-        Agent; ``record.max_attempts`` is set from it. With
+        Agent; ``record.max_attempts`` is set from it. The run's session, when it has
+        one, is opened (created if new; ``ConflictError`` when it belongs to another
+        agent). With
         ``claim_for=(owner, lease_seconds)`` a new run that is due is
         also claimed for ``owner`` (``corral run`` executes the run it submits):
         :attr:`Submitted.lease` is set then, and the record is the claimed one.
@@ -232,6 +234,8 @@ class Store(ABC):
         spec = stored.resource.spec
         assert isinstance(spec, AgentSpec)
         record.max_attempts = spec.max_attempts
+        if record.session_id is not None:
+            await self.get_or_create_session(record.namespace, record.session_id, record.agent)
         stored_record, created = await self.submit_run(record)
         if not (created and claim_for):
             return Submitted(stored_record, created)
@@ -341,14 +345,15 @@ class Store(ABC):
     # ----------------------------------------------------------------- sessions
 
     @abstractmethod
-    async def get_or_create_session(self, session_id: str, namespace: str, agent: str) -> Session:
-        """The session with this id, created when absent (race-free).
+    async def get_or_create_session(self, namespace: str, session_id: str, agent: str) -> Session:
+        """The session with this id in ``namespace``, created when absent (race-free).
 
-        ``ConflictError`` when it exists for another namespace or agent.
+        Sessions are namespaced: the same id in two namespaces is two sessions.
+        ``ConflictError`` when it exists for another agent.
         """
 
     @abstractmethod
-    async def get_session(self, session_id: str) -> Session | None:
+    async def get_session(self, namespace: str, session_id: str) -> Session | None:
         """One session, or ``None``."""
 
     @abstractmethod
@@ -356,12 +361,19 @@ class Store(ABC):
         """Sessions of a namespace, most recently updated first."""
 
     @abstractmethod
-    async def delete_session(self, session_id: str) -> None:
-        """Delete a session and its messages; ``NotFoundError`` if absent."""
+    async def delete_session(self, namespace: str, session_id: str) -> None:
+        """Delete a session and its messages; ``NotFoundError`` if absent.
+
+        ``ConflictError`` naming the run (and nothing deleted) while a run of the
+        session is not finished (queued, running or waiting for approval); the check
+        and the delete are one transaction, and a submit opens its session in the
+        transaction that stores its run, so no run is ever left without its session.
+        """
 
     @abstractmethod
     async def append_session_messages(
         self,
+        namespace: str,
         session_id: str,
         messages: Sequence[Message],
         run_id: str | None = None,
@@ -371,13 +383,13 @@ class Store(ABC):
 
     @abstractmethod
     async def session_messages(
-        self, session_id: str, *, include_hidden: bool = False
+        self, namespace: str, session_id: str, *, include_hidden: bool = False
     ) -> list[SessionMessage]:
         """The session's messages in order; hidden (compacted) ones only when asked."""
 
     @abstractmethod
     async def compact_session(
-        self, session_id: str, up_to_seq: int, summary: Message | None
+        self, namespace: str, session_id: str, up_to_seq: int, summary: Message | None
     ) -> None:
         """Hide every visible message with ``seq <= up_to_seq`` and, when given, store
         ``summary`` as a visible summary message placed before the remaining ones -

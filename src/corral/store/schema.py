@@ -11,7 +11,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import JSONB
 
-LATEST_REVISION = "0003"
+LATEST_REVISION = "0004"
 """The head of ``migrations/versions``; a store at this revision opens without alembic."""
 
 metadata = sa.MetaData(
@@ -121,11 +121,12 @@ approvals = sa.Table(
     sa.Index("ix_approvals_state_expires_at", "state", "expires_at"),
 )
 
+# Sessions are namespaced (0004): the same id in two namespaces is two sessions.
 sessions = sa.Table(
     "sessions",
     metadata,
+    sa.Column("namespace", sa.String(63), primary_key=True),
     sa.Column("id", sa.String(64), primary_key=True),
-    sa.Column("namespace", sa.String(63), nullable=False),
     sa.Column("agent", sa.String(63), nullable=False),
     sa.Column("created_at", sa.Double, nullable=False),
     sa.Column("updated_at", sa.Double, nullable=False),
@@ -135,12 +136,8 @@ sessions = sa.Table(
 session_messages = sa.Table(
     "session_messages",
     metadata,
-    sa.Column(
-        "session_id",
-        sa.String(64),
-        sa.ForeignKey("sessions.id", ondelete="CASCADE"),
-        primary_key=True,
-    ),
+    sa.Column("namespace", sa.String(63), primary_key=True),
+    sa.Column("session_id", sa.String(64), primary_key=True),
     # ``seq`` numbers messages as appended; ``position`` orders them. An ordinary
     # message has position == seq; a compaction summary gets a position between
     # the last message it hides and the first one it leaves visible.
@@ -151,7 +148,15 @@ session_messages = sa.Table(
     sa.Column("hidden", sa.Boolean, nullable=False),
     sa.Column("summary", sa.Boolean, nullable=False),
     sa.Column("created_at", sa.Double, nullable=False),
-    sa.Index("ix_session_messages_session_id_position", "session_id", "position"),
+    sa.ForeignKeyConstraint(
+        ["namespace", "session_id"],
+        ["sessions.namespace", "sessions.id"],
+        name="fk_session_messages_namespace_sessions",
+        ondelete="CASCADE",
+    ),
+    sa.Index(
+        "ix_session_messages_namespace_session_id_position", "namespace", "session_id", "position"
+    ),
 )
 
 api_tokens = sa.Table(

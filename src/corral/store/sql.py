@@ -81,12 +81,17 @@ from corral.store._sql_rows import (
 )
 from corral.store._sql_statements import (
     check_fence,
+    in_session,
     insert_or_skip,
     last_seq,
     lock_runs,
+    open_session,
     refuse,
     requeue_settled_runs,
+    session_in_use,
+    session_key,
     touch_session,
+    unfinished_run_of_session,
 )
 from corral.store._sql_transaction import transact
 from corral.store.base import (
@@ -366,7 +371,7 @@ class SqlStore(Store):
             # claim in flight makes it wait, then re-check the token of the claimed row.
             statement = _UPDATE_RUN_FENCED
             values["b_token"] = lease.token
-        session_id = record.session_id
+        namespace, session_id = record.namespace, record.session_id
         event_rows = _event_rows(events, record.id)
 
         async def write(conn: AsyncConnection) -> None:
@@ -378,7 +383,9 @@ class SqlStore(Store):
                     approvals_table.insert(), [approval_values(a) for a in approvals]
                 )
             if session_messages and session_id is not None:
-                await _append_to_session(conn, session_id, session_messages, record.id, time.time())
+                await _append_to_session(
+                    conn, namespace, session_id, session_messages, record.id, time.time()
+                )
             if event_rows:
                 await conn.execute(run_events.insert(), event_rows)
 
@@ -447,9 +454,9 @@ class SqlStore(Store):
     async def submit_agent_run(
         self, record: RunRecord, *, claim_for: tuple[str, float] | None = None
     ) -> Submitted:
-        """See :meth:`Store.submit_agent_run`: the Agent's ``max_attempts`` is read, the run
-        inserted and, when asked for, claimed in one transaction (no resource read and
-        validation of its own)."""
+        """See :meth:`Store.submit_agent_run`: the Agent's ``max_attempts`` is read, the
+        session opened, the run inserted and, when asked for, claimed in one transaction
+        (no resource read and validation of its own)."""
         the_agent = {"b_namespace": record.namespace, "b_name": record.agent}
         now = time.time()
         claiming = None
@@ -467,6 +474,10 @@ class SqlStore(Store):
                 )
             if found[0] is not None:
                 record.max_attempts = int(found[0])
+            if record.session_id is not None:  # opened (and locked) with its run: see delete
+                await open_session(
+                    conn, self._dialect, record.namespace, record.session_id, record.agent, now
+                )
             existing: sa.Row[Any] | None = await self._inserting(record)(conn)
             if existing is not None or claiming is None:
                 return existing, []
@@ -813,30 +824,24 @@ class SqlStore(Store):
 
     # ----------------------------------------------------------------- sessions
 
-    async def get_or_create_session(self, session_id: str, namespace: str, agent: str) -> Session:
-        query = sa.select(sessions).where(sessions.c.id == session_id)
+    async def get_or_create_session(self, namespace: str, session_id: str, agent: str) -> Session:
         action = f"open session {session_id}"
-        row = await self._read(action, _first(query))
+        row = await self._read(
+            action, _first(sa.select(sessions).where(session_key(namespace, session_id)))
+        )
         if row is None:
             now = time.time()
-            insert = insert_or_skip(self._dialect, sessions, ("id",)).values(
-                id=session_id, namespace=namespace, agent=agent, created_at=now, updated_at=now
-            )
 
             async def write(conn: AsyncConnection) -> sa.Row[Any]:
-                await conn.execute(insert)  # a racing create wins; its row is read back
-                return (await conn.execute(query)).one()
+                return await open_session(conn, self._dialect, namespace, session_id, agent, now)
 
             row = await self._write(action, write)
-        if (row.namespace, row.agent) != (namespace, agent):
-            raise ConflictError(
-                f"session {session_id!r} belongs to agent {row.agent!r} "
-                f"in namespace {row.namespace!r}"
-            )
+        elif row.agent != agent:
+            raise ConflictError(f"session {session_id!r} belongs to agent {row.agent!r}")
         return row_to_session(row)
 
-    async def get_session(self, session_id: str) -> Session | None:
-        query = sa.select(sessions).where(sessions.c.id == session_id)
+    async def get_session(self, namespace: str, session_id: str) -> Session | None:
+        query = sa.select(sessions).where(session_key(namespace, session_id))
         row = await self._read(f"read session {session_id}", _first(query))
         return row_to_session(row) if row is not None else None
 
@@ -882,17 +887,26 @@ class SqlStore(Store):
 
         return await self._write("prune runs", write)
 
-    async def delete_session(self, session_id: str) -> None:
-        delete = sessions.delete().where(sessions.c.id == session_id)
+    async def delete_session(self, namespace: str, session_id: str) -> None:
+        """See :meth:`Store.delete_session`: the check for unfinished runs and the delete
+        are one transaction."""
+        delete = sessions.delete().where(session_key(namespace, session_id))
+        unfinished = unfinished_run_of_session(namespace, session_id)
 
         async def write(conn: AsyncConnection) -> None:
+            # Deleting first locks the row (PostgreSQL): a submit holding it (open_session)
+            # has committed its run by the time the check below reads the runs.
             if (await conn.execute(delete)).rowcount == 0:
                 raise NotFoundError(f"session {session_id!r} not found")
+            run = (await conn.execute(unfinished)).first()
+            if run is not None:  # raising rolls the delete back
+                raise session_in_use(session_id, run.id, run.state)
 
         await self._write(f"delete session {session_id}", write)
 
     async def append_session_messages(
         self,
+        namespace: str,
         session_id: str,
         messages: Sequence[Message],
         run_id: str | None = None,
@@ -910,17 +924,17 @@ class SqlStore(Store):
         async def write(conn: AsyncConnection) -> list[SessionMessage]:
             if lease is not None:
                 await check_fence(conn, lease)
-            return await _append_to_session(conn, session_id, messages, run_id, now)
+            return await _append_to_session(conn, namespace, session_id, messages, run_id, now)
 
         return await self._write(f"append to session {session_id}", write)
 
     async def session_messages(
-        self, session_id: str, *, include_hidden: bool = False
+        self, namespace: str, session_id: str, *, include_hidden: bool = False
     ) -> list[SessionMessage]:
         """See :meth:`Store.session_messages`: ordered by position (a summary sits before
         the messages it left visible); an unknown session has no messages."""
         table = session_messages
-        query = sa.select(table).where(table.c.session_id == session_id)
+        query = sa.select(table).where(in_session(namespace, session_id))
         if not include_hidden:
             query = query.where(table.c.hidden == sa.false())
         query = query.order_by(table.c.position, table.c.seq)
@@ -928,7 +942,7 @@ class SqlStore(Store):
         return [row_to_session_message(row) for row in rows]
 
     async def compact_session(
-        self, session_id: str, up_to_seq: int, summary: Message | None
+        self, namespace: str, session_id: str, up_to_seq: int, summary: Message | None
     ) -> None:
         """See :meth:`Store.compact_session`. ``up_to_seq`` names the last message to
         hide *in session order*: every visible message placed at or before it is
@@ -936,27 +950,27 @@ class SqlStore(Store):
         summary (a high seq placed early) goes with what it summarised. A seq that is
         not in the session cuts at that number. ``NotFoundError`` when absent."""
         table = session_messages
-        in_session = table.c.session_id == session_id
+        messages_of = in_session(namespace, session_id)
         now = time.time()
 
         async def write(conn: AsyncConnection) -> None:
-            await touch_session(conn, session_id, now)
+            await touch_session(conn, namespace, session_id, now)
             # The cut is where message ``up_to_seq`` sits in the session's order, so
             # an earlier summary (a high seq placed early) is hidden with what it
             # summarised. Ordinary messages sit at position == seq.
             found = (
                 await conn.execute(
-                    sa.select(table.c.position).where(in_session, table.c.seq == up_to_seq)
+                    sa.select(table.c.position).where(messages_of, table.c.seq == up_to_seq)
                 )
             ).scalar()
             cut = float(up_to_seq) if found is None else float(found)
-            visible = sa.and_(in_session, table.c.hidden == sa.false())
+            visible = sa.and_(messages_of, table.c.hidden == sa.false())
             await conn.execute(
                 table.update().where(visible, table.c.position <= cut).values(hidden=True)
             )
             if summary is None:
                 return
-            top = await last_seq(conn, session_id)
+            top = await last_seq(conn, namespace, session_id)
             following = (
                 await conn.execute(
                     sa.select(sa.func.min(table.c.position)).where(visible, table.c.position > cut)
@@ -969,7 +983,7 @@ class SqlStore(Store):
             stored = SessionMessage(top + 1, summary, summary=True, created_at=now)
             await conn.execute(
                 table.insert().values(
-                    **session_message_values(session_id, stored, (low + high) / 2)
+                    **session_message_values(namespace, session_id, stored, (low + high) / 2)
                 )
             )
 
@@ -1170,20 +1184,21 @@ async def _fetch_resource(
 
 async def _append_to_session(
     conn: AsyncConnection,
+    namespace: str,
     session_id: str,
     messages: Sequence[Message],
     run_id: str | None,
     now: float,
 ) -> list[SessionMessage]:
     # Touching the session first also locks it (PostgreSQL) for the seq below.
-    await touch_session(conn, session_id, now)
-    top = await last_seq(conn, session_id)
+    await touch_session(conn, namespace, session_id, now)
+    top = await last_seq(conn, namespace, session_id)
     stored = [
         SessionMessage(top + i, message, run_id, created_at=now)
         for i, message in enumerate(messages, start=1)
     ]
     await conn.execute(
         session_messages.insert(),
-        [session_message_values(session_id, m, float(m.seq)) for m in stored],
+        [session_message_values(namespace, session_id, m, float(m.seq)) for m in stored],
     )
     return stored

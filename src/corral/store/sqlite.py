@@ -230,18 +230,35 @@ def _refuse(conn: sqlite3.Connection, run_id: str, lease: Lease | None) -> None:
         raise lost_lease(lease, found[0])
 
 
+def _open_session(conn: sqlite3.Connection, record: RunRecord, now: float) -> None:
+    """The run's session, created when absent (see ``open_session``, which this mirrors)."""
+    found = conn.execute(
+        "INSERT INTO sessions (namespace, id, agent, created_at, updated_at)"
+        " VALUES (?, ?, ?, ?, ?) ON CONFLICT (namespace, id)"
+        " DO UPDATE SET updated_at = sessions.updated_at RETURNING agent",
+        (record.namespace, record.session_id, record.agent, now, now),
+    ).fetchone()
+    if found[0] != record.agent:
+        raise ConflictError(f"session {record.session_id!r} belongs to agent {found[0]!r}")
+
+
 def _append_to_session(
     conn: sqlite3.Connection,
+    namespace: str,
     session_id: str,
     messages: Sequence[Message],
     run_id: str | None,
     now: float,
 ) -> list[SessionMessage]:
-    touched = conn.execute("UPDATE sessions SET updated_at = ? WHERE id = ?", (now, session_id))
+    touched = conn.execute(
+        "UPDATE sessions SET updated_at = ? WHERE namespace = ? AND id = ?",
+        (now, namespace, session_id),
+    )
     if touched.rowcount == 0:
         raise NotFoundError(f"session {session_id!r} not found")
     top = conn.execute(
-        "SELECT max(seq) FROM session_messages WHERE session_id = ?", (session_id,)
+        "SELECT max(seq) FROM session_messages WHERE namespace = ? AND session_id = ?",
+        (namespace, session_id),
     ).fetchone()[0]
     top = int(top or 0)
     stored = [
@@ -249,7 +266,8 @@ def _append_to_session(
         for i, message in enumerate(messages, start=1)
     ]
     rows = [
-        _encode(messages_table, session_message_values(session_id, m, float(m.seq))) for m in stored
+        _encode(messages_table, session_message_values(namespace, session_id, m, float(m.seq)))
+        for m in stored
     ]
     conn.executemany(_INSERT_MESSAGE, [[r[c] for c in _MESSAGE_COLUMNS] for r in rows])
     return stored
@@ -368,7 +386,9 @@ class SqliteStore(SqlStore):
                     _INSERT_APPROVAL, [[r[c] for c in _APPROVAL_COLUMNS] for r in approval_rows]
                 )
             if session_messages and record.session_id is not None:
-                _append_to_session(conn, record.session_id, session_messages, record.id, now)
+                _append_to_session(
+                    conn, record.namespace, record.session_id, session_messages, record.id, now
+                )
             if event_rows:
                 conn.executemany(_INSERT_EVENT, event_rows)
 
@@ -395,8 +415,8 @@ class SqliteStore(SqlStore):
     async def submit_agent_run(
         self, record: RunRecord, *, claim_for: tuple[str, float] | None = None
     ) -> Submitted:
-        """See :meth:`Store.submit_agent_run`: the Agent's read, the insert and the claim
-        are one operation of the writer (one commit)."""
+        """See :meth:`Store.submit_agent_run`: the Agent's read, opening the session, the
+        insert and the claim are one operation of the writer (one commit)."""
         params = _run_params(record)
         at = _RUN_COLUMNS.index("max_attempts")
         now = time.time()
@@ -410,6 +430,8 @@ class SqliteStore(SqlStore):
                 )
             if found[0] is not None:
                 record.max_attempts = params[at] = int(found[0])
+            if record.session_id is not None:
+                _open_session(conn, record, now)
             existing = _insert_run(conn, record, params)
             if existing is None and claim_for is not None:
                 owner, lease_seconds = claim_for
@@ -604,15 +626,15 @@ class SqliteStore(SqlStore):
     # ----------------------------------------------------------------- sessions
 
     async def session_messages(
-        self, session_id: str, *, include_hidden: bool = False
+        self, namespace: str, session_id: str, *, include_hidden: bool = False
     ) -> list[SessionMessage]:
-        sql = "SELECT * FROM session_messages WHERE session_id = ?"
+        sql = "SELECT * FROM session_messages WHERE namespace = ? AND session_id = ?"
         if not include_hidden:
             sql += " AND hidden = 0"
         sql += " ORDER BY position, seq"
 
         def read(conn: sqlite3.Connection) -> list[Row]:
-            return _rows(conn.execute(sql, (session_id,)), messages_table)
+            return _rows(conn.execute(sql, (namespace, session_id)), messages_table)
 
         rows = await self._lane_read(f"read session {session_id}", read)
         return [row_to_session_message(row) for row in rows]
