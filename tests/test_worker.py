@@ -546,7 +546,8 @@ async def test_a_run_whose_session_is_gone_fails_cleanly(
     caplog.clear()
     await backend.drain()
     stored = await get(store, run)
-    assert (stored.state, stored.attempts) == (RunState.FAILED, 2)
+    # the resume after the approval is the first attempt since the pause (attempts restart)
+    assert (stored.state, stored.attempts) == (RunState.FAILED, 1)
     assert stored.error is not None and stored.error["code"] == "not_found"
     assert "session 's-gone' of namespace 'default' no longer exists" in stored.error["message"]
     assert [r.getMessage() for r in caplog.records if r.exc_info] == []  # no traceback
