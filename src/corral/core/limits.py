@@ -74,33 +74,40 @@ class DocumentLimits:
         return json.loads(text)
 
     def check_json_depth(self, text: str, source: str | None = None) -> None:
-        """Refuse JSON text nested deeper than ``max_depth``, in one pass without recursion.
+        """Refuse JSON text nested deeper than ``max_depth`` (see :func:`json_too_deep_at`)."""
+        position = json_too_deep_at(text, self.max_depth)
+        if position is not None:
+            line = text.count("\n", 0, position) + 1
+            raise self.refuse(
+                "max_depth", f"nested deeper than {self.max_depth} levels", Location(source, line)
+            )
 
-        Text that is not JSON passes through to the parser, which says what is wrong.
-        """
-        depth = 0
-        in_string = False
-        escaped_at = -1  # the position of a character a backslash escapes
-        for match in _JSON_STRUCTURE.finditer(text):
-            position = match.start()
-            if position == escaped_at:
-                continue
-            char = match.group()
-            if in_string:
-                if char == "\\":
-                    escaped_at = position + 1
-                elif char == '"':
-                    in_string = False
+
+def json_too_deep_at(text: str, max_depth: int) -> int | None:
+    """Where JSON text first nests deeper than ``max_depth`` (an index), else ``None``.
+
+    One pass without recursion; brackets inside strings do not count. Text that
+    is not JSON passes (the parser then says what is wrong with it).
+    """
+    depth = 0
+    in_string = False
+    escaped_at = -1  # the position of a character a backslash escapes
+    for match in _JSON_STRUCTURE.finditer(text):
+        position = match.start()
+        if position == escaped_at:
+            continue
+        char = match.group()
+        if in_string:
+            if char == "\\":
+                escaped_at = position + 1
             elif char == '"':
-                in_string = True
-            elif char in "[{":
-                depth += 1
-                if depth > self.max_depth:
-                    line = text.count("\n", 0, position) + 1
-                    raise self.refuse(
-                        "max_depth",
-                        f"nested deeper than {self.max_depth} levels",
-                        Location(source, line),
-                    )
-            elif char in "]}":
-                depth -= 1
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            if depth > max_depth:
+                return position
+        elif char in "]}":
+            depth -= 1
+    return None
