@@ -59,10 +59,8 @@ def alias_bomb(levels: int) -> str:
 
 def nested(depth: int, *, flow: bool) -> str:
     """A ModelEndpoint whose ``options`` nest ``depth`` lists deep (flow or block style)."""
-    if flow:
-        value = " " + "[" * depth + "]" * depth
-    else:
-        value = "\n      " + "- " * depth + "1\n"  # block lists, in compact notation
+    # block style: lists in compact notation ("- - - 1"), so 1,000 levels stay small
+    value = " " + "[" * depth + "]" * depth if flow else "\n      " + "- " * depth + "1\n"
     return (
         "apiVersion: corral/v1\nkind: ModelEndpoint\nmetadata: {name: deep}\n"
         f"spec:\n  provider: scripted\n  options:\n    x:{value}"
