@@ -187,6 +187,14 @@ def test_a_recursive_alias_is_invalid_yaml_not_500(admin: httpx.Client) -> None:
     assert "alias" in problem["errors"][0]["reason"]
 
 
+def test_deep_json_bodies_of_other_endpoints_are_4xx_not_500(admin: httpx.Client) -> None:
+    # (a guard: FastAPI parses these bodies itself and already refuses them)
+    for path, field in (("/v1/tasks", '"agent": "x", "input"'), ("/v1/agents/x/prompt", '"input"')):
+        body = "{" + field + ": " + "[" * 100_000 + "]" * 100_000 + "}"
+        response = admin.post(path, content=body, headers={"Content-Type": "application/json"})
+        assert response.status_code in (400, 422), response.text
+
+
 # --------------------------------------------------------------------------- documents through the CLI
 
 
