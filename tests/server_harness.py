@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 
 import httpx
 
+from corral.core.limits import DocumentLimits
 from corral.core.settings import Settings
 from corral.core.tokens import Role, mint_token
 from corral.server.serve import ADMIN_TOKEN_FILE, CorralServer, serve
@@ -45,6 +46,7 @@ class LiveServer:
         keepalive_seconds: float = 15.0,
         open_store_with: Callable[[Settings], Awaitable[Store]] | None = None,
         max_prompt_seconds: float | None = None,
+        document_limits: DocumentLimits | None = None,
     ) -> None:
         self.home = home
         self.max_prompt_seconds = max_prompt_seconds
@@ -58,6 +60,7 @@ class LiveServer:
             api_auth_failure_rate=auth_failure_rate,
             api_auth_failure_burst=auth_failure_burst,
             api_max_body_bytes=max_body_bytes,
+            document_limits=document_limits or DocumentLimits(),
         )
         self.workers = workers
         self.poll_seconds = poll_seconds

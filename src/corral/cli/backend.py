@@ -154,7 +154,12 @@ class EmbeddedBackend(Backend):
 
         from corral.resources.loader import load_paths
 
-        loaded = await asyncio.to_thread(load_paths, list(paths), default_namespace=namespace)
+        loaded = await asyncio.to_thread(
+            load_paths,
+            list(paths),
+            default_namespace=namespace,
+            limits=self.settings.document_limits,
+        )
         return await self.store.apply(loaded)
 
     async def list_resources(self, namespace: str, kind: str | None) -> list[StoredResource]:

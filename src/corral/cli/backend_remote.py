@@ -42,9 +42,13 @@ class RemoteBackend(Backend):
     # ----------------------------------------------------------------------- resources
 
     async def apply(self, paths: Sequence[Path], namespace: str) -> list[ApplyOutcome]:
+        from corral.core.settings import Settings
         from corral.resources.loader import load_paths
 
-        loaded = await asyncio.to_thread(load_paths, list(paths), default_namespace=namespace)
+        limits = Settings.from_env().document_limits
+        loaded = await asyncio.to_thread(
+            load_paths, list(paths), default_namespace=namespace, limits=limits
+        )
         if not loaded:
             return []
         result = await self.client.apply([item.resource.to_document() for item in loaded])

@@ -50,13 +50,17 @@ def _root(
 
 
 def fail(message: str, code: int = EXIT_FAILED) -> NoReturn:
-    """Print one error line and exit."""
+    """Print one error line and exit (inside a command: click turns the Exit into the code)."""
+    _print_error(message)
+    raise typer.Exit(code)
+
+
+def _print_error(message: str) -> None:
     from rich.console import Console
 
     Console(stderr=True, highlight=False, soft_wrap=True).print(
         f"[bold red]error:[/] {message}", markup=True
     )
-    raise typer.Exit(code)
 
 
 def session_id_option(value: str | None) -> str | None:
@@ -112,8 +116,13 @@ def _register_commands() -> None:
     token_cmd.register(app)
 
 
+#: how much of an unexpected exception's text the one error line keeps
+_INTERNAL_TEXT_CHARS = 300
+
+
 def main() -> None:
-    """Console-script entry point."""
+    """Console-script entry point: one line and exit 1 for an unexpected error (a traceback
+    only with ``--debug``)."""
     _register_commands()
     try:
         app()
@@ -122,4 +131,11 @@ def main() -> None:
     except Exception as exc:
         if _State.debug or "--debug" in sys.argv:
             raise
-        fail(f"internal error: {type(exc).__name__}: {exc} (run with --debug for details)")
+        # Out here click no longer turns typer.Exit into an exit code: exit directly.
+        text = " ".join(str(exc).split())
+        if len(text) > _INTERNAL_TEXT_CHARS:
+            text = text[:_INTERNAL_TEXT_CHARS] + "…"
+        _print_error(
+            _escape(f"internal error: {type(exc).__name__}: {text} (run with --debug for details)")
+        )
+        sys.exit(EXIT_FAILED)

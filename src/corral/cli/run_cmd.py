@@ -180,12 +180,19 @@ def _spinner(console: Any) -> Any:
 
 
 def _read_schema(path: Path) -> dict[str, Any]:
+    from corral.core.errors import CorralError
+    from corral.core.settings import Settings
+
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as exc:
         fail(f"cannot read schema {path}: {exc.strerror}", EXIT_BAD_INPUT)
+    except UnicodeDecodeError:
+        fail(f"cannot read schema {path}: not UTF-8 text", EXIT_BAD_INPUT)
     try:
-        doc = json.loads(text)
+        doc = Settings.from_env().document_limits.loads_json(text, str(path))
+    except CorralError as exc:  # too complex, or a limit's variable is not a number
+        fail(exc.message, EXIT_BAD_INPUT)
     except json.JSONDecodeError as exc:
         fail(f"{path}:{exc.lineno}: not valid JSON: {exc.msg}", EXIT_BAD_INPUT)
     if not isinstance(doc, dict):

@@ -7,6 +7,7 @@ converted at the adapter boundary and never travel further up.
     CorralError
     ├── UserError                  bad input from a person: CLI exit code 2
     │   ├── ResourceError          an invalid resource document (file, line, field)
+    │   ├── DocumentTooComplexError a YAML/JSON document over a parsing limit (``limit``)
     │   ├── NotFoundError          a named object does not exist
     │   ├── ConflictError          the operation contradicts stored state
     │   └── AuthError              the HTTP API refused the token (401) or its role (403)
@@ -82,6 +83,28 @@ class ResourceError(UserError):
         self.problems = problems
         lines = [f"{loc}: {reason}" if str(loc) else reason for loc, reason in problems]
         super().__init__("\n".join(lines))
+
+
+class DocumentTooComplexError(UserError):
+    """A YAML or JSON document passed a parsing limit (size, depth, nodes, aliases).
+
+    Raised while the document is parsed, before it is expanded: ``limit`` names
+    the setting (``max_depth``), ``location`` says where parsing stopped.
+    """
+
+    code = "document_too_complex"
+
+    def __init__(self, limit: str, reason: str, location: Location | None = None) -> None:
+        self.limit = limit
+        self.reason = reason
+        self.location = location or Location()
+        where = str(self.location)
+        super().__init__(f"{where}: {reason}" if where else reason)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = super().to_dict()
+        data["limit"] = self.limit
+        return data
 
 
 class NotFoundError(UserError):

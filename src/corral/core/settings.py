@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from corral.core.errors import ConfigurationError
+from corral.core.limits import LIMIT_VARIABLES, DocumentLimits
 
 
 @dataclass(frozen=True)
@@ -23,6 +24,15 @@ class Settings:
                       key file created in ``CORRAL_HOME`` with mode 0600)
     ``CORRAL_RUN_RETENTION_DAYS`` when set, workers delete finished runs (their
                       events and approvals) older than this, every few minutes
+
+    Limits of the YAML and JSON documents read (``corral apply``, ``POST /v1/resources``,
+    tool-call arguments; see :mod:`corral.core.limits`):
+
+    ``CORRAL_MAX_DOCUMENT_BYTES`` the largest file or body (default 1 MiB)
+    ``CORRAL_MAX_DOCUMENT_DEPTH`` the deepest nesting of lists and mappings (default 64)
+    ``CORRAL_MAX_DOCUMENT_NODES`` values in one file or body, aliases expanded
+                      (default 100,000)
+    ``CORRAL_MAX_DOCUMENT_ALIASES`` YAML alias uses in one file or body (default 1,000)
 
     The HTTP API (``corral serve``):
 
@@ -65,6 +75,7 @@ class Settings:
     nats_prefix: str = "corral"
     nats_ack_wait_seconds: float = 30.0
     nats_max_deliver: int = 5
+    document_limits: DocumentLimits = field(default_factory=DocumentLimits)
 
     @property
     def workspaces(self) -> Path:
@@ -103,6 +114,12 @@ class Settings:
             nats_prefix=env.get("CORRAL_NATS_PREFIX") or "corral",
             nats_ack_wait_seconds=_number(env, "CORRAL_NATS_ACK_WAIT_SECONDS", 30.0),
             nats_max_deliver=int(_number(env, "CORRAL_NATS_MAX_DELIVER", 5, minimum=2)),
+            document_limits=DocumentLimits(
+                **{
+                    limit: int(_number(env, variable, getattr(DocumentLimits, limit)))
+                    for limit, variable in LIMIT_VARIABLES.items()
+                }
+            ),
         )
 
 

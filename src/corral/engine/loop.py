@@ -293,17 +293,20 @@ class AgentLoop:
         step = self.budget.start_step()
         await self.emit(EventType.STEP_START, step=step)
         response = await self._model_turn()
-        self.messages.append(response.message)
+        # arguments over their tool's cap are cut here, before the journal and the
+        # conversation keep them (so a replay sees what the live run saw)
+        message = self.agent.toolset.bound(response.message)
+        self.messages.append(message)
         await self.emit(
             EventType.MESSAGE_CREATE,
             step=step,
-            message=dump(response.message),
+            message=dump(message),
             endpoint=response.endpoint,
             usage=dump(response.usage),
             cost_usd=response.cost_usd,
         )
         self.budget.charge(response)
-        return response.message
+        return message
 
     async def _model_turn(self) -> ModelResponse:
         agent = self.agent

@@ -25,6 +25,8 @@ STORED: dict[str, Any] = {"stored": True}
 
 Name = Annotated[str, Field(pattern=NAME_PATTERN, description="lower case, digits, '.', '_', '-'")]
 Seconds = Annotated[float, Field(gt=0)]
+#: the default cap on one tool call's arguments (JSON text, in bytes)
+MAX_INPUT_BYTES = 64 * 1024
 
 
 class Spec(BaseModel):
@@ -234,6 +236,11 @@ class ToolSpecModel(Spec):
     retry: RetryPolicy = Field(default_factory=lambda: RetryPolicy(max_attempts=1))
     circuit_breaker: CircuitBreakerPolicy = Field(default_factory=CircuitBreakerPolicy)
     max_output_bytes: int = Field(default=65536, ge=64)
+    max_input_bytes: int = Field(
+        default=MAX_INPUT_BYTES,
+        ge=64,
+        description="larger call arguments are refused (invalid_input) and not kept whole",
+    )
 
     @model_validator(mode="after")
     def _matching_block(self) -> ToolSpecModel:
@@ -266,6 +273,11 @@ class McpServerSpec(Spec):
     approval: ToolApproval = "inherit"
     idempotent: bool = False
     max_output_bytes: int = Field(default=65536, ge=64)
+    max_input_bytes: int = Field(
+        default=MAX_INPUT_BYTES,
+        ge=64,
+        description="larger call arguments are refused (invalid_input) and not kept whole",
+    )
 
     @model_validator(mode="after")
     def _transport_needs(self) -> McpServerSpec:

@@ -5,6 +5,11 @@ the documents are then validated per kind with pydantic, and each validation
 error is mapped back along its ``loc`` to the line of the offending field. All
 problems of all documents are collected and raised as one
 :class:`~corral.core.errors.ResourceError`, so a user fixes a file in one pass.
+
+The composer is bounded (:class:`_BoundedLoader`): size, depth, nodes with
+aliases expanded and alias uses are counted as the node tree is built, and the
+first limit passed stops parsing with a
+:class:`~corral.core.errors.DocumentTooComplexError`.
 """
 
 from __future__ import annotations
@@ -14,12 +19,13 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import yaml
 from pydantic import BaseModel, ValidationError
 
 from corral.core.errors import Location, ResourceError
+from corral.core.limits import DocumentLimits
 from corral.resources.kinds import (
     API_VERSION,
     KINDS,
@@ -75,25 +81,35 @@ class LoadedResource:
         return Location(self.file, self.line_of(path), format_path(path) or None)
 
 
-def load_path(path: Path, *, default_namespace: str = "default") -> list[LoadedResource]:
+def load_path(
+    path: Path, *, default_namespace: str = "default", limits: DocumentLimits | None = None
+) -> list[LoadedResource]:
     """Load one YAML file, or every ``*.yaml``/``*.yml`` below a directory (sorted, recursive)."""
-    return load_paths([path], default_namespace=default_namespace)
+    return load_paths([path], default_namespace=default_namespace, limits=limits)
 
 
 def load_paths(
-    paths: Sequence[Path], *, default_namespace: str = "default"
+    paths: Sequence[Path],
+    *,
+    default_namespace: str = "default",
+    limits: DocumentLimits | None = None,
 ) -> list[LoadedResource]:
-    """Load several files or directories as one batch; raise one ResourceError for all problems."""
+    """Load several files or directories as one batch; raise one ResourceError for all problems.
+
+    A file over one of ``limits`` raises ``DocumentTooComplexError`` at once.
+    """
+    limits = limits or DocumentLimits()
     loaded: list[LoadedResource] = []
     problems: list[Problem] = []
     for path in paths:
         for file in _yaml_files(path, problems):
             try:
+                limits.check_size(file.stat().st_size, str(file))  # before reading it
                 text = file.read_text(encoding="utf-8")
             except (OSError, UnicodeDecodeError) as exc:
                 problems.append((Location(str(file)), f"cannot read file: {exc}"))
                 continue
-            _load_into(text, str(file), file.parent, default_namespace, loaded, problems)
+            _load_into(text, str(file), file.parent, default_namespace, limits, loaded, problems)
     problems.extend(_duplicates(loaded))
     if problems:
         raise ResourceError(problems)
@@ -106,17 +122,21 @@ def load_text(
     *,
     base_dir: Path | None = None,
     default_namespace: str = "default",
+    limits: DocumentLimits | None = None,
 ) -> list[LoadedResource]:
     """Load the YAML documents of ``text``; ``source`` names it in messages.
 
     Relative program paths (``./tool.py``) are resolved against ``base_dir``
     when given, else against the directory of ``source`` when it is a file.
+    Text over one of ``limits`` raises ``DocumentTooComplexError``.
     """
+    limits = limits or DocumentLimits()
+    limits.check_size(len(text.encode("utf-8", "surrogatepass")), source)
     if base_dir is None and source is not None and Path(source).is_file():
         base_dir = Path(source).parent
     loaded: list[LoadedResource] = []
     problems: list[Problem] = []
-    _load_into(text, source, base_dir, default_namespace, loaded, problems)
+    _load_into(text, source, base_dir, default_namespace, limits, loaded, problems)
     problems.extend(_duplicates(loaded))
     if problems:
         raise ResourceError(problems)
@@ -146,10 +166,11 @@ def _load_into(
     source: str | None,
     base_dir: Path | None,
     default_namespace: str,
+    limits: DocumentLimits,
     loaded: list[LoadedResource],
     problems: list[Problem],
 ) -> None:
-    loader = yaml.SafeLoader(text)
+    loader = _BoundedLoader(text, limits, source)
     try:
         while loader.check_node():
             node = loader.get_node()
@@ -170,6 +191,74 @@ def _load_into(
         problems.append((Location(source), f"invalid YAML: {exc}"))
     finally:
         loader.dispose()
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """PyYAML's safe loader with a composer that counts as it builds the node tree.
+
+    An alias is the node it names (PyYAML shares it, so the tree stays small), but
+    everything after composing walks it as a tree: validation, storage, the API's
+    answers. So an alias counts as the whole subtree it names, in nodes and in
+    depth, and the count stops at the limit long before any expansion happens.
+    """
+
+    def __init__(self, text: str, limits: DocumentLimits, source: str | None) -> None:
+        super().__init__(text)
+        self.limits = limits
+        self.source = source
+        self.nodes = 0
+        self.aliases = 0
+        self.depth = 0
+        self.reach = 0  # the deepest level reached in the branch being composed
+        # (nodes, height) of each anchored node of the current document, by id
+        self.anchored: dict[int, tuple[int, int]] = {}
+
+    def compose_document(self) -> yaml.Node | None:
+        self.anchored = {}  # anchors do not cross documents
+        node: yaml.Node | None = super().compose_document()
+        return node
+
+    def compose_node(self, parent: yaml.Node | None, index: int) -> yaml.Node | None:
+        event: yaml.Event = self.peek_event()  # type: ignore[no-untyped-call]
+        if isinstance(event, yaml.AliasEvent):
+            node: yaml.Node | None = super().compose_node(parent, index)
+            self.aliases += 1
+            if self.aliases > self.limits.max_aliases:
+                self._refuse("max_aliases", f"more than {self.limits.max_aliases} aliases", event)
+            if id(node) not in self.anchored:  # its anchor's node is still being composed
+                raise yaml.composer.ComposerError(
+                    problem="an alias cannot refer to a node that contains it",
+                    problem_mark=cast(yaml.error.Mark, event.start_mark),
+                )
+            nodes, height = self.anchored[id(node)]
+            self._count(nodes, self.depth + 1 + height, event)
+            return node
+        self.depth += 1
+        before, reach_before, self.reach = self.nodes, self.reach, self.depth
+        self._count(1, self.depth, event)
+        try:
+            node = super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
+        if getattr(event, "anchor", None) is not None and node is not None:
+            self.anchored[id(node)] = (self.nodes - before, self.reach - self.depth - 1)
+        self.reach = max(self.reach, reach_before)
+        return node
+
+    def _count(self, nodes: int, depth: int, event: yaml.Event) -> None:
+        self.nodes += nodes
+        self.reach = max(self.reach, depth)
+        limits = self.limits
+        if depth > limits.max_depth:
+            self._refuse("max_depth", f"nested deeper than {limits.max_depth} levels", event)
+        if self.nodes > limits.max_nodes:
+            self._refuse(
+                "max_nodes", f"more than {limits.max_nodes} values (aliases expanded)", event
+            )
+
+    def _refuse(self, limit: str, reason: str, event: yaml.Event) -> None:
+        line = event.start_mark.line + 1 if event.start_mark is not None else None
+        raise self.limits.refuse(limit, reason, Location(self.source, line))
 
 
 def _syntax_problem(exc: yaml.MarkedYAMLError, source: str | None) -> Problem:

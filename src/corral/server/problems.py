@@ -7,6 +7,7 @@ field paths of a rejected request (``body.agent``, ``query.limit``,
 (:mod:`corral.core.errors`):
 
     ResourceError                 422 invalid_resource  (field path and line of each problem)
+    DocumentTooComplexError       422 document_too_complex (the limit named in detail and reason)
     NotFoundError                 404 not_found
     ConflictError                 409 conflict
     other UserError               400 bad_input
@@ -37,6 +38,7 @@ from starlette.routing import Match
 from corral.core.errors import (
     ConflictError,
     CorralError,
+    DocumentTooComplexError,
     NotFoundError,
     ResourceError,
     UserError,
@@ -163,8 +165,23 @@ def resource_problems(exc: ResourceError) -> list[FieldProblem]:
     ]
 
 
+def too_complex(exc: DocumentTooComplexError, *, document: int | None = None) -> ProblemError:
+    """422 ``document_too_complex``: the limit and where parsing stopped (line, or the
+    index of the document in a JSON body)."""
+    line = exc.location.line if document is None else None
+    return ProblemError(
+        422,
+        exc.message,
+        code=exc.code,
+        errors=[FieldProblem(field="body", reason=exc.reason, line=line, document=document)],
+    )
+
+
 def from_corral_error(exc: CorralError) -> JSONResponse:
     """The response for an error the library raised on purpose."""
+    if isinstance(exc, DocumentTooComplexError):
+        problem = too_complex(exc)
+        return problem_response(422, problem.code, problem.detail, problem.errors)
     if isinstance(exc, ResourceError):
         detail = "the resource documents are invalid; nothing was applied"
         return problem_response(422, exc.code, detail, resource_problems(exc))

@@ -19,7 +19,8 @@ import anyio
 from fastapi import APIRouter, Path, Query, Request, Response
 from pydantic import TypeAdapter
 
-from corral.core.errors import NotFoundError, ResourceError
+from corral.core.errors import DocumentTooComplexError, NotFoundError, ResourceError
+from corral.core.limits import DocumentLimits
 from corral.resources.kinds import KINDS, NAME_PATTERN, kind_of
 from corral.resources.loader import LoadedResource, load_text, unanchored_paths
 from corral.resources.secrets import redacted
@@ -35,7 +36,13 @@ from corral.server.models import (
     resource_out,
     surrogate_path,
 )
-from corral.server.problems import FieldProblem, ProblemError, resource_problems, responses
+from corral.server.problems import (
+    FieldProblem,
+    ProblemError,
+    resource_problems,
+    responses,
+    too_complex,
+)
 from corral.store.base import StoredResource
 
 router = APIRouter(prefix="/v1", tags=["resources"])
@@ -99,10 +106,13 @@ async def apply_resources(who: Admin, request: Request) -> ApplyResult:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
         raise ProblemError(400, "the body is not UTF-8 text", code="bad_request") from None
+    limits = context_of(request).settings.document_limits
     if media in YAML_TYPES:
-        loaded = await _load(text, who, json_documents=False)
+        loaded = await _load(text, who, limits, json_documents=False)
     elif media == JSON_TYPE or media.endswith("+json"):
-        loaded = await _load(_json_as_yaml(text), who, json_documents=True)
+        # (parsing a large body is CPU work: off the event loop, as YAML's is)
+        as_yaml = await anyio.to_thread.run_sync(_json_as_yaml, text, limits)
+        loaded = await _load(as_yaml, who, limits, json_documents=True)
     else:
         raise ProblemError(
             415,
@@ -120,10 +130,12 @@ async def apply_resources(who: Admin, request: Request) -> ApplyResult:
     return ApplyResult(outcomes=[AppliedResource.from_outcome(o) for o in outcomes])
 
 
-def _json_as_yaml(text: str) -> str:
+def _json_as_yaml(text: str, limits: DocumentLimits) -> str:
     """JSON documents as YAML text with document ``i`` on line ``2 i + 1`` (see ``_load``)."""
     try:
-        value = json.loads(text)
+        value = limits.loads_json(text)
+    except DocumentTooComplexError as exc:
+        raise too_complex(exc) from None
     except ValueError as exc:
         raise ProblemError(400, f"invalid JSON: {exc}", code="invalid_json") from None
     documents = value if isinstance(value, list) else [value]
@@ -135,11 +147,13 @@ def _json_as_yaml(text: str) -> str:
     return "\n---\n".join(json.dumps(doc) for doc in documents)
 
 
-async def _load(text: str, who: Principal, *, json_documents: bool) -> list[LoadedResource]:
+async def _load(
+    text: str, who: Principal, limits: DocumentLimits, *, json_documents: bool
+) -> list[LoadedResource]:
     try:
         # YAML parsing of a large body is CPU work: off the event loop.
         loaded = await anyio.to_thread.run_sync(
-            lambda: load_text(text, None, default_namespace=who.namespace)
+            lambda: load_text(text, None, default_namespace=who.namespace, limits=limits)
         )
         for item in loaded:  # YAML escapes ("\\ud800") can make them too
             where = surrogate_path(item.resource.to_document())
@@ -156,6 +170,11 @@ async def _load(text: str, who: Principal, *, json_documents: bool) -> list[Load
         refused = foreign + unanchored_paths(loaded)
         if refused:
             raise ResourceError(refused)
+    except DocumentTooComplexError as exc:
+        line = exc.location.line
+        if json_documents and line is not None:
+            raise too_complex(exc, document=(line - 1) // 2) from None
+        raise too_complex(exc) from None
     except ResourceError as exc:
         problems = resource_problems(exc)
         if json_documents:

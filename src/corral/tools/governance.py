@@ -4,7 +4,8 @@ In order, for one call the model asked for:
 
 1. the tool exists for this agent            else ``unsupported_tool``
 2. the agent's roles permit it (fail closed) else ``permission_denied``
-3. the arguments are a JSON object that
+3. the arguments are at most the tool's
+   ``max_input_bytes``, a JSON object that
    matches the tool's JSON Schema            else ``invalid_input`` (the model may correct itself)
 4. no human approval is needed, or it was
    given                                     else ``approval_required`` (the run pauses)
@@ -12,6 +13,10 @@ In order, for one call the model asked for:
 6. the call runs under the tool's timeout,
    retried per its retry policy              ``timeout``, ``execution_failed``, ...
 7. the output is redacted (before it is encoded as text) and capped
+
+Arguments over the size cap (or nested too deep) are not kept: the engine
+replaces them in the model's message by a short marker (:meth:`Toolset.bound`)
+before the message is journaled or sent again, and the marker fails check 3.
 
 Every failure is a :class:`~corral.core.errors.ToolErrorInfo` in the
 :class:`ToolOutcome`; nothing here raises for a failed call, so one bad call
@@ -26,7 +31,7 @@ import logging
 import random
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import anyio
@@ -34,9 +39,11 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
 from corral.core.errors import ToolError, ToolErrorCode, ToolErrorInfo
-from corral.core.messages import ToolCall, ToolSpec
+from corral.core.limits import DocumentLimits, json_too_deep_at
+from corral.core.messages import Message, ToolCall, ToolSpec
 from corral.core.redaction import Redactor
 from corral.resources.kinds import (
+    MAX_INPUT_BYTES,
     ApprovalPolicy,
     CircuitBreakerPolicy,
     McpServerSpec,
@@ -66,6 +73,7 @@ class ToolPolicy:
     retry: RetryPolicy = field(default_factory=lambda: RetryPolicy(max_attempts=1))
     breaker: CircuitBreakerPolicy = field(default_factory=CircuitBreakerPolicy)
     max_output_bytes: int = 65536
+    max_input_bytes: int = MAX_INPUT_BYTES
 
     @staticmethod
     def of_tool(spec: ToolSpecModel) -> ToolPolicy:
@@ -76,6 +84,7 @@ class ToolPolicy:
             spec.retry,
             spec.circuit_breaker,
             spec.max_output_bytes,
+            spec.max_input_bytes,
         )
 
     @staticmethod
@@ -85,6 +94,7 @@ class ToolPolicy:
             spec.approval,
             spec.call_timeout_seconds,
             max_output_bytes=spec.max_output_bytes,
+            max_input_bytes=spec.max_input_bytes,
         )
 
 
@@ -243,6 +253,9 @@ class GovernedTool:
 
     def validate(self, call: ToolCall) -> dict[str, Any]:
         """The call's arguments as a dict, or ``invalid_input`` naming every problem."""
+        too_large = input_problem(call, self.policy.max_input_bytes)
+        if too_large is not None:
+            raise ToolError(ToolErrorCode.INVALID_INPUT, too_large)
         try:
             arguments = call.parsed_arguments()
         except ValueError as exc:
@@ -251,6 +264,8 @@ class GovernedTool:
             ) from exc
         if not isinstance(arguments, dict):
             raise ToolError(ToolErrorCode.INVALID_INPUT, "arguments must be a JSON object")
+        if CUT_ARGUMENTS in arguments:  # arguments Toolset.bound replaced
+            raise ToolError(ToolErrorCode.INVALID_INPUT, str(arguments[CUT_ARGUMENTS]))
         assert self._validator is not None
         problems = sorted(self._validator.iter_errors(arguments), key=lambda e: list(e.path))
         if problems:
@@ -339,6 +354,28 @@ class Toolset:
         tool = self.by_name.get(model_name)
         return tool.tool.ref if tool else model_name
 
+    def bound(self, message: Message) -> Message:
+        """The model's message as the run keeps it: each call's arguments over its tool's
+        ``max_input_bytes`` (or nested too deep) replaced by a marker naming the problem.
+
+        The run journals, stores and sends back this message, never the original, so
+        the conversation is the same when replayed; the marked call fails with
+        ``invalid_input``, and the model sees why and a glimpse of what it sent.
+        """
+        calls = tuple(self._bound_call(call) for call in message.tool_calls)
+        if all(new is old for new, old in zip(calls, message.tool_calls, strict=True)):
+            return message
+        return replace(message, tool_calls=calls)
+
+    def _bound_call(self, call: ToolCall) -> ToolCall:
+        governed = self.by_name.get(call.name)
+        cap = governed.policy.max_input_bytes if governed else MAX_INPUT_BYTES
+        problem = input_problem(call, cap)
+        if problem is None:
+            return call
+        marker = {CUT_ARGUMENTS: problem, "start": call.arguments[:_CUT_GLIMPSE_CHARS]}
+        return replace(call, arguments=json.dumps(marker, ensure_ascii=False))
+
     def is_idempotent(self, model_name: str) -> bool:
         tool = self.by_name.get(model_name)
         return tool is not None and tool.tool.idempotent
@@ -401,6 +438,29 @@ class Toolset:
     async def aclose(self) -> None:
         for governed in self.by_name.values():
             await governed.tool.aclose()
+
+
+#: the key of the marker that replaces arguments over the cap (see Toolset.bound)
+CUT_ARGUMENTS = "corral_arguments_not_kept"
+_CUT_GLIMPSE_CHARS = 200
+#: how deep a call's arguments may nest (parsers and schema checks recurse per level)
+MAX_ARGUMENT_DEPTH = DocumentLimits.max_depth
+
+
+def input_problem(call: ToolCall, max_bytes: int) -> str | None:
+    """Why the call's arguments cannot be taken (too large, nested too deep), or ``None``."""
+    size = len(call.arguments.encode("utf-8", "surrogatepass"))
+    if size > max_bytes:
+        return (
+            f"the arguments are {size} bytes, more than this tool accepts ({max_bytes}, its "
+            "max_input_bytes); they were not run and not kept: send less, in smaller calls"
+        )
+    if json_too_deep_at(call.arguments, MAX_ARGUMENT_DEPTH) is not None:
+        return (
+            f"the arguments are nested deeper than {MAX_ARGUMENT_DEPTH} levels; they were "
+            "not run and not kept"
+        )
+    return None
 
 
 # built once: json.dumps with options builds an encoder per call, and every tool result
