@@ -22,7 +22,6 @@ where the helpers the provider adapters share live.
 
 from __future__ import annotations
 
-import random
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import replace
@@ -31,6 +30,7 @@ from typing import Any, TypeVar
 import anyio
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
 
+from corral.core.backoff import jittered_backoff
 from corral.core.errors import ModelError
 from corral.core.messages import Message, ModelResponse, StreamItem, ToolSpec
 from corral.models._adapter import retry_after_seconds
@@ -125,8 +125,10 @@ class RetryingModel(Model):
         """The wait after ``failed_attempts`` failures: Retry-After, else full jitter."""
         if isinstance(exc, ModelError) and exc.retry_after is not None:
             return min(exc.retry_after, MAX_RETRY_AFTER_SECONDS)
-        ceiling = self.policy.initial_backoff_seconds * 2 ** (failed_attempts - 1)
-        return random.uniform(0, min(ceiling, self.policy.max_backoff_seconds))
+        policy = self.policy
+        return jittered_backoff(
+            failed_attempts, policy.initial_backoff_seconds, policy.max_backoff_seconds
+        )
 
     def _retrying(self, done: int = 0) -> AsyncRetrying:
         """The policy's attempts after ``done`` already failed."""

@@ -19,6 +19,7 @@ import anyio
 import anyio.abc
 
 from corral.bus.base import Bus
+from corral.core.backoff import jittered_backoff
 from corral.core.errors import CorralError, LeaseLostError, ModelError
 from corral.core.events import Event, EventType
 from corral.core.ids import new_id
@@ -29,7 +30,7 @@ from corral.core.settings import Settings
 from corral.engine.loop import AgentDefinition, AgentLoop, RunResult
 from corral.engine.replay import replay
 from corral.runtime.agents import AgentCache, Loading
-from corral.runtime.health import TRANSIENT, WorkerHealth, jittered_backoff
+from corral.runtime.health import TRANSIENT, WorkerHealth
 from corral.runtime.journal import FencedSink, Observer
 from corral.runtime.leases import LeaseKeeper, Reason
 from corral.runtime.sessions import missing_session, session_history

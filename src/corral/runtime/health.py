@@ -20,13 +20,13 @@ reason names the operation and the error's code, not the driver's message
 from __future__ import annotations
 
 import logging
-import random
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Literal
 
+from corral.core.backoff import jittered_backoff
 from corral.core.errors import BusError, CorralError
 from corral.store.base import StoreError
 
@@ -50,13 +50,6 @@ _WHAT: dict[Operation, str] = {
 BACKOFF_BASE_SECONDS = 0.5
 BACKOFF_MAX_SECONDS = 30.0
 LOG_EVERY_SECONDS = 30.0
-
-
-def jittered_backoff(attempt: int, base: float, cap: float) -> float:
-    """Seconds to wait before try ``attempt + 1``: uniform in ``[0, min(cap, base * 2^(attempt-1))]``
-    (full jitter: workers that failed together do not retry together)."""
-    ceiling = base * 2 ** min(max(attempt - 1, 0), 62)
-    return random.uniform(0, min(cap, ceiling))
 
 
 @dataclass

@@ -27,9 +27,10 @@ from typing import Literal
 import anyio
 import anyio.abc
 
+from corral.core.backoff import jittered_backoff
 from corral.core.errors import CorralError, LeaseLostError, NotFoundError
 from corral.core.runs import Lease
-from corral.runtime.health import WorkerHealth, jittered_backoff
+from corral.runtime.health import WorkerHealth
 from corral.store.base import Store
 
 Reason = Literal["lost", "cancelled", "shutdown"]

@@ -28,7 +28,6 @@ from __future__ import annotations
 import fnmatch
 import json
 import logging
-import random
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -38,6 +37,7 @@ import anyio
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
+from corral.core.backoff import jittered_backoff
 from corral.core.errors import ToolError, ToolErrorCode, ToolErrorInfo
 from corral.core.limits import DocumentLimits, json_too_deep_at
 from corral.core.messages import Message, ToolCall, ToolSpec
@@ -301,14 +301,11 @@ class GovernedTool:
                     self.breaker.release()
                 if not exc.retryable or attempt >= retry.max_attempts or not self.breaker.allow():
                     raise
-                delay = random.uniform(
-                    0,
-                    min(
-                        retry.max_backoff_seconds,
-                        retry.initial_backoff_seconds * 2 ** (attempt - 1),
-                    ),
+                await anyio.sleep(
+                    jittered_backoff(
+                        attempt, retry.initial_backoff_seconds, retry.max_backoff_seconds
+                    )
                 )
-                await anyio.sleep(delay)
                 continue
             self.breaker.record(True)
             return result

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import random
 import shutil
 import socket
 import tempfile
@@ -57,6 +56,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 from pydantic import ValidationError
 
+from corral.core.backoff import jittered_backoff
 from corral.core.errors import ConfigurationError, ToolError, ToolErrorCode
 from corral.core.messages import ToolSpec
 from corral.resources.kinds import McpServerSpec
@@ -451,10 +451,9 @@ class McpConnection:
     def _failed(self, opening: _Opening, error: Exception) -> None:
         self._opening = None
         self._failures += 1
-        ceiling = min(
-            REOPEN_MAX_BACKOFF_SECONDS, REOPEN_BACKOFF_SECONDS * 2 ** (self._failures - 1)
+        self._retry_at = anyio.current_time() + jittered_backoff(
+            self._failures, REOPEN_BACKOFF_SECONDS, REOPEN_MAX_BACKOFF_SECONDS
         )
-        self._retry_at = anyio.current_time() + random.uniform(0, ceiling)
         if self._session is not None and not isinstance(error, ToolError):
             # a lost session's server that can no longer start: a tool error to the model
             error = self._unavailable(f"cannot be reopened: {error}")
