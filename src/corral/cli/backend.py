@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from corral.core.runs import Approval, RunRecord
     from corral.core.sessions import Session, SessionMessage
     from corral.core.settings import Settings
+    from corral.resources.loader import LoadedResource
     from corral.store.base import ApplyOutcome, Store, StoredResource
 
 URL_ENV = "CORRAL_URL"
@@ -53,6 +54,20 @@ def require_local(command: str) -> None:
             f"unset {URL_ENV} to run it on a machine that reaches the store",
             EXIT_BAD_INPUT,
         )
+
+
+async def load_files(
+    paths: Sequence[Path], namespace: str, settings: Settings
+) -> list[LoadedResource]:
+    """The documents of YAML files or directories, within the settings' document limits
+    (in a thread: parsing is CPU work); what both backends' ``apply`` sends on."""
+    import asyncio
+
+    from corral.resources.loader import load_paths
+
+    return await asyncio.to_thread(
+        load_paths, list(paths), default_namespace=namespace, limits=settings.document_limits
+    )
 
 
 class Backend(ABC):
@@ -150,17 +165,7 @@ class EmbeddedBackend(Backend):
         self.settings = settings
 
     async def apply(self, paths: Sequence[Path], namespace: str) -> list[ApplyOutcome]:
-        import asyncio
-
-        from corral.resources.loader import load_paths
-
-        loaded = await asyncio.to_thread(
-            load_paths,
-            list(paths),
-            default_namespace=namespace,
-            limits=self.settings.document_limits,
-        )
-        return await self.store.apply(loaded)
+        return await self.store.apply(await load_files(paths, namespace, self.settings))
 
     async def list_resources(self, namespace: str, kind: str | None) -> list[StoredResource]:
         return await self.store.list_resources(namespace, kind)

@@ -9,14 +9,13 @@ this machine, which the server must see at the same place.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import anyio
 
-from corral.cli.backend import Backend, Show
+from corral.cli.backend import Backend, Show, load_files
 from corral.client import AsyncClient
 from corral.core.api import ApprovalOut, EventOut, MessageOut, ResourceOut, Task, TaskDetail
 from corral.core.errors import NotFoundError
@@ -43,12 +42,8 @@ class RemoteBackend(Backend):
 
     async def apply(self, paths: Sequence[Path], namespace: str) -> list[ApplyOutcome]:
         from corral.core.settings import Settings
-        from corral.resources.loader import load_paths
 
-        limits = Settings.from_env().document_limits
-        loaded = await asyncio.to_thread(
-            load_paths, list(paths), default_namespace=namespace, limits=limits
-        )
+        loaded = await load_files(paths, namespace, Settings.from_env())
         if not loaded:
             return []
         result = await self.client.apply([item.resource.to_document() for item in loaded])

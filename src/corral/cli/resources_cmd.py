@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -73,19 +73,6 @@ class Applied:
     def agents(self) -> list[str]:
         """The names of the agents in the batch."""
         return [o.name for o in self.outcomes if o.kind == "Agent"]
-
-
-async def apply_paths(store: Store, paths: Sequence[Path], namespace: str = "default") -> Applied:
-    """Load YAML files or directories and apply them as one batch.
-
-    Documents without ``metadata.namespace`` go to ``namespace``.
-    """
-    import asyncio  # not at the top: `corral --help` never needs it
-
-    from corral.resources.loader import load_paths
-
-    loaded = await asyncio.to_thread(load_paths, list(paths), default_namespace=namespace)
-    return Applied(await store.apply(loaded))
 
 
 def _kind(text: str) -> str:
