@@ -13,7 +13,6 @@ keeper with one whose renewals fail.
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
 import threading
@@ -44,7 +43,7 @@ from server_harness import LiveServer, apply, echo_turn, resources, wait_for
 from test_server_shutdown import ServeProcess, in_flight
 from test_store_durable import a_task
 from test_worker_dispatch import DispatchingBus, FakeDelivery, quick_agent, running, until
-from test_worker_metrics import free_port
+from test_worker_metrics import free_port, sample
 
 #: holds SQLite's write lock from its own process until a line arrives on stdin
 LOCKER = """
@@ -56,17 +55,6 @@ sys.stdin.readline()
 conn.execute("ROLLBACK")
 print("released", flush=True)
 """
-
-
-def sample(text: str, name: str, **labels: str) -> float | None:
-    """The value of one sample in Prometheus exposition text, ``None`` when absent."""
-    wanted = ",".join(f'{k}="{v}"' for k, v in labels.items())
-    pattern = rf"^{re.escape(name)}" + (rf"\{{{re.escape(wanted)}\}}" if labels else "")
-    for line in text.splitlines():
-        match = re.match(pattern + r" (\S+)$", line)
-        if match:
-            return float(match.group(1))
-    return None
 
 
 def idempotent(yaml_text: str) -> str:
