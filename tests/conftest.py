@@ -1,11 +1,15 @@
-"""Fixtures shared by every test module: the PostgreSQL server of the store tests."""
+"""Fixtures shared by every test module: the PostgreSQL server of the store tests, and
+``env``, a SQLite store with its settings in the test's own directory."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
 
+from corral.core.settings import Settings
+from corral.store import Store, open_store
 from databases import PostgresServer, postgres_skipped, postgres_url
 
 
@@ -42,3 +46,16 @@ def postgres() -> Iterator[PostgresServer]:
         )
     yield server
     server.close()
+
+
+@pytest.fixture
+async def env(tmp_path: Path) -> AsyncIterator[tuple[Store, Settings]]:
+    """A SQLite store in ``tmp_path`` and the settings of that home (no secret key)."""
+    settings = Settings(
+        home=tmp_path, db_url=f"sqlite:///{tmp_path / 'corral.db'}", secret_key=None
+    )
+    store = await open_store(settings.db_url)
+    try:
+        yield store, settings
+    finally:
+        await store.close()

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import anyio
@@ -21,7 +20,7 @@ from corral.core.settings import Settings
 from corral.resources.loader import load_text
 from corral.runtime.agents import AgentCache
 from corral.runtime.local import LocalRunner
-from corral.store import Store, open_store
+from corral.store import Store
 
 CALC_MCP = Path(__file__).parent / "mcp_servers" / "calc_server.py"
 
@@ -57,16 +56,6 @@ spec: {{transport: stdio, command: [{command}], init_timeout_seconds: 10}}
 
 
 CALC = mcp_server(f'"{sys.executable}", "{CALC_MCP}"')
-
-
-@pytest.fixture
-async def env(tmp_path: Path) -> AsyncIterator[tuple[Store, Settings]]:
-    settings = Settings(home=tmp_path, db_url=f"sqlite:///{tmp_path / 'c.db'}", secret_key=None)
-    store = await open_store(settings.db_url)
-    try:
-        yield store, settings
-    finally:
-        await store.close()
 
 
 async def apply(store: Store, *docs: str) -> None:

@@ -16,7 +16,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -30,7 +30,7 @@ from corral.core.settings import Settings
 from corral.engine.replay import replay
 from corral.resources.loader import load_text
 from corral.runtime.local import run_agent
-from corral.store import Store, open_store
+from corral.store import Store
 from corral.testing.fake_openai import FakeOpenAIServer, FakeReply, FakeToolCall
 from fixtures_models import fake_openai_fixture, openai_server_fixture
 from server_harness import LiveServer
@@ -343,22 +343,10 @@ spec:
 {ECHO_TOOL}"""
 
 
-@pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[tuple[Store, Settings]]:
-    settings = Settings(
-        home=tmp_path, db_url=f"sqlite:///{tmp_path / 'corral.db'}", secret_key=None
-    )
-    opened = await open_store(settings.db_url)
-    try:
-        yield opened, settings
-    finally:
-        await opened.close()
-
-
 async def test_a_2mb_tool_argument_is_invalid_input_journaled_once_cut_and_the_run_goes_on(
-    store: tuple[Store, Settings], fake_openai: FakeOpenAIServer
+    env: tuple[Store, Settings], fake_openai: FakeOpenAIServer
 ) -> None:
-    db, settings = store
+    db, settings = env
     huge = "A" * (2 * 1024 * 1024)
     fake_openai.add_reply(
         FakeReply(tool_calls=[FakeToolCall("echo", {"text": huge}, "call_huge")]),
@@ -396,9 +384,9 @@ async def test_a_2mb_tool_argument_is_invalid_input_journaled_once_cut_and_the_r
 
 
 async def test_a_tool_argument_cap_is_set_per_tool(
-    store: tuple[Store, Settings], fake_openai: FakeOpenAIServer
+    env: tuple[Store, Settings], fake_openai: FakeOpenAIServer
 ) -> None:
-    db, settings = store
+    db, settings = env
     fake_openai.add_reply(
         FakeReply(tool_calls=[FakeToolCall("echo", {"text": "x" * 200})]),
         FakeReply(text="done"),
@@ -414,9 +402,9 @@ async def test_a_tool_argument_cap_is_set_per_tool(
 
 
 async def test_tool_arguments_nested_too_deep_are_invalid_input_not_a_crash(
-    store: tuple[Store, Settings], fake_openai: FakeOpenAIServer
+    env: tuple[Store, Settings], fake_openai: FakeOpenAIServer
 ) -> None:
-    db, settings = store
+    db, settings = env
     deep = '{"text": ' + "[" * 5000 + "]" * 5000 + "}"
     fake_openai.add_reply(
         FakeReply(tool_calls=[FakeToolCall("echo", deep)]),

@@ -20,7 +20,7 @@ import importlib.util
 import socket
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
@@ -33,7 +33,7 @@ from corral.core.settings import Settings
 from corral.models.llama_cpp import default_model_path
 from corral.resources.loader import load_text
 from corral.runtime.local import run_agent
-from corral.store import Store, open_store
+from corral.store import Store
 
 TESTS = Path(__file__).parent
 
@@ -95,18 +95,6 @@ def llama_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         process.wait(timeout=20)
 
 
-@pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[tuple[Store, Settings]]:
-    settings = Settings(
-        home=tmp_path, db_url=f"sqlite:///{tmp_path / 'corral.db'}", secret_key=None
-    )
-    opened = await open_store(settings.db_url)
-    try:
-        yield opened, settings
-    finally:
-        await opened.close()
-
-
 def documents(base_url: str, *, stream: bool, model_settings: str, tools: str = "[add]") -> str:
     return f"""
 apiVersion: corral/v1
@@ -140,8 +128,8 @@ spec:
 """
 
 
-async def run(store: tuple[Store, Settings], text: str, prompt: str) -> RunRecord:
-    db, settings = store
+async def run(env: tuple[Store, Settings], text: str, prompt: str) -> RunRecord:
+    db, settings = env
     await db.apply(load_text(text, "agents.yaml"))
     with anyio.fail_after(180):
         return await run_agent(db, settings, "helper", prompt)
@@ -161,30 +149,30 @@ async def model_turns(db: Store, record: RunRecord) -> int:
     ("stream", "choice"), [(False, "auto"), (True, "{name: add}")], ids=["request", "stream"]
 )
 async def test_a_tool_calling_agent_runs_through_the_llama_cpp_server(
-    llama_server: str, store: tuple[Store, Settings], stream: bool, choice: str
+    llama_server: str, env: tuple[Store, Settings], stream: bool, choice: str
 ) -> None:
     text = documents(
         llama_server, stream=stream, model_settings=f"{{temperature: 0, tool_choice: {choice}}}"
     )
-    record = await run(store, text, "What is 17 plus 25? Use the add tool.")
+    record = await run(env, text, "What is 17 plus 25? Use the add tool.")
 
     # the server called the tool with the question's numbers ...
-    assert (await tool_results(store[0], record))[0] == "42", record.error
+    assert (await tool_results(env[0], record))[0] == "42", record.error
     # ... and took the conversation back with the assistant's tool call in it (a 500
     # without a content); this server drops tool results from its prompt, so SmolLM2
     # calls add again and the run ends at its step limit
-    assert await model_turns(store[0], record) == 2
+    assert await model_turns(env[0], record) == 2
     assert record.state is RunState.FAILED
     assert record.error is not None and record.error["code"] == "budget_exceeded", record.error
 
 
 async def test_a_streamed_tool_choice_the_server_cannot_stream_fails_saying_so(
-    llama_server: str, store: tuple[Store, Settings]
+    llama_server: str, env: tuple[Store, Settings]
 ) -> None:
     text = documents(
         llama_server, stream=True, model_settings="{temperature: 0, tool_choice: auto}"
     )
-    record = await run(store, text, "What is 17 plus 25? Use the add tool.")
+    record = await run(env, text, "What is 17 plus 25? Use the add tool.")
 
     assert record.state is RunState.FAILED
     assert record.error is not None
@@ -194,12 +182,12 @@ async def test_a_streamed_tool_choice_the_server_cannot_stream_fails_saying_so(
 
 
 async def test_the_output_cap_reaches_the_server(
-    llama_server: str, store: tuple[Store, Settings]
+    llama_server: str, env: tuple[Store, Settings]
 ) -> None:
     text = documents(
         llama_server, stream=False, model_settings="{max_output_tokens: 5}", tools="[]"
     )
-    record = await run(store, text, "Tell me a long story about a dragon.")
+    record = await run(env, text, "Tell me a long story about a dragon.")
 
     assert record.state is RunState.SUCCEEDED, record.error
     assert 0 < record.usage.output_tokens <= 5

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -19,7 +18,7 @@ from corral.core.runs import RunRecord, RunState
 from corral.core.settings import Settings
 from corral.resources.loader import load_text
 from corral.runtime.local import run_agent
-from corral.store import Store, open_store
+from corral.store import Store
 from corral.testing.fake_openai import FakeOpenAIServer, FakeReply, FakeToolCall
 from fixtures_models import fake_openai_fixture, openai_server_fixture
 
@@ -66,18 +65,6 @@ spec:
   instructions: Use tools for arithmetic.
   tools: {tools}
 {extra}"""
-
-
-@pytest.fixture
-async def env(tmp_path: Path) -> AsyncIterator[tuple[Store, Settings]]:
-    settings = Settings(
-        home=tmp_path, db_url=f"sqlite:///{tmp_path / 'corral.db'}", secret_key=None
-    )
-    store = await open_store(settings.db_url)
-    try:
-        yield store, settings
-    finally:
-        await store.close()
 
 
 async def apply(store: Store, *docs: str) -> None:
