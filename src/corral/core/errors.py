@@ -315,3 +315,11 @@ class ApiConnectionError(ApiError):
     def __init__(self, message: str, *, url: str) -> None:
         super().__init__(message)
         self.url = url
+
+
+def sole_error(exc: BaseException) -> BaseException:
+    """The one error inside a task group's exception group (at any depth), else ``exc``:
+    the error itself says more than the group that carried it."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc

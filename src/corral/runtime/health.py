@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from corral.core.backoff import jittered_backoff
-from corral.core.errors import BusError, CorralError
+from corral.core.errors import BusError, CorralError, sole_error
 from corral.store.base import StoreError
 
 log = logging.getLogger(__name__)
@@ -145,8 +145,7 @@ class WorkerHealth:
 
     def crash(self, exc: BaseException) -> None:
         """The worker's loop ended on an unexpected error: it takes no more work."""
-        while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
-            exc = exc.exceptions[0]  # a task group's: the error itself says more
+        exc = sole_error(exc)  # a task group's group of one: the error itself says more
         self.crashed = type(exc).__name__
         log.error("worker %s stopped on an unexpected error", self.owner, exc_info=exc)
 

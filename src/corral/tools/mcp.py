@@ -57,7 +57,7 @@ from mcp.shared.exceptions import MCPError
 from pydantic import ValidationError
 
 from corral.core.backoff import jittered_backoff
-from corral.core.errors import ConfigurationError, ToolError, ToolErrorCode
+from corral.core.errors import ConfigurationError, ToolError, ToolErrorCode, sole_error
 from corral.core.messages import ToolSpec
 from corral.resources.kinds import McpServerSpec
 from corral.tools.base import Tool, ToolContext
@@ -461,7 +461,7 @@ class McpConnection:
         opening.done.set()
 
     def _start_error(self, exc: Exception, stderr: str) -> Exception:
-        cause = _unwrap(exc)
+        cause = sole_error(exc)
         if isinstance(cause, ConfigurationError | ToolError):
             return cause
         return _start_error(self.server_name, self.spec, cause, stderr)
@@ -566,12 +566,6 @@ async def _list_tools(session: ClientSession) -> list[mcp_types.Tool]:
         if not cursor:
             break
     return tools
-
-
-def _unwrap(exc: BaseException) -> BaseException:
-    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
-        exc = exc.exceptions[0]
-    return exc
 
 
 def _start_error(
