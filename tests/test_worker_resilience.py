@@ -452,6 +452,11 @@ async def test_a_worker_outlives_its_postgresql_backends_being_terminated(
                     if answer is not None and answer.status_code == 503:
                         break
                     await anyio.sleep(0.05)
+            # Its metrics are scraped meanwhile: the store's gauges say they are stale.
+            down = httpx.get(f"{worker.url}/metrics", timeout=30)
+            assert down.status_code == 200
+            assert sample(down.text, "corral_store_up") == 0
+            assert (sample(down.text, "corral_worker_errors_total", operation="claim") or 0) >= 1
         finally:
             await postgres.admin(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS true')
         assert terminated > 0
@@ -463,6 +468,7 @@ async def test_a_worker_outlives_its_postgresql_backends_being_terminated(
         await worker.wait_health(200)
         errors = sample(worker.metrics(), "corral_worker_errors_total", operation="claim")
         assert errors is not None and errors >= 1
+        assert sample(worker.metrics(), "corral_store_up") == 1
     finally:
         stderr = worker.stop() if worker is not None else ""
         await store.close()

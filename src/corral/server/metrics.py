@@ -30,7 +30,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from corral.core.events import Event, EventType
 from corral.core.runs import RunState
 from corral.runtime.health import OPERATIONS, Operation
-from corral.store.base import Store
+from corral.store.base import Store, StoreError
 
 _LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 _METHODS = frozenset(HTTPMethod)
@@ -46,6 +46,12 @@ class Metrics:
         self.runs = Gauge("corral_runs", "Runs in the store, by state.", ["state"], registry=r)
         self.queue_depth = Gauge(
             "corral_queue_depth", "Queued runs that are due (claimable now).", registry=r
+        )
+        self.store_up = Gauge(
+            "corral_store_up",
+            "1 if the store answered this scrape's counts (0: corral_runs and "
+            "corral_queue_depth are the last figures read).",
+            registry=r,
         )
         self.model_latency = Histogram(
             "corral_model_latency_seconds",
@@ -129,8 +135,16 @@ class Metrics:
         self.worker_errors.labels(operation).inc()
 
     async def render(self, store: Store) -> bytes:
-        """The exposition text, with the store's figures read now."""
-        counts = await store.count_runs(now=time.time())
+        """The exposition text, with the store's figures read now.
+
+        A store that does not answer fails no scrape (the worker's error counters matter
+        most then): its gauges keep their last figures and ``corral_store_up`` is 0."""
+        try:
+            counts = await store.count_runs(now=time.time())
+        except StoreError:
+            self.store_up.set(0)
+            return generate_latest(self.registry)
+        self.store_up.set(1)
         totals = dict.fromkeys(RunState, 0)
         for (_, state), count in counts.by_state.items():
             totals[state] += count
