@@ -218,3 +218,67 @@ spec:
     with server.client(server.admin) as client:
         stored = client.get("/v1/resources/tool/rel").json()
     assert stored["spec"]["exec"]["command"] == [str(tmp_path / "tool.sh")]
+
+
+# --------------------------------------------------------------------------- header secrets
+
+# a key pasted with its line break, or with a non-ASCII character: no HTTP header can carry it
+UNSENDABLE_KEYS = ["sk-pasted-with-newline\n", "sk-ключ-1234567890", "tok\r\nX-Injected: 1"]
+
+
+def _header_secret_documents(base_url: str, value: str) -> str:
+    return f"""
+apiVersion: corral/v1
+kind: Secret
+metadata: {{name: pasted-key}}
+spec: {{value: {json.dumps(value)}}}
+---
+apiVersion: corral/v1
+kind: ModelEndpoint
+metadata: {{name: keyed}}
+spec:
+  provider: openai
+  model: m
+  base_url: {base_url}
+  api_key: {{secret: pasted-key}}
+---
+apiVersion: corral/v1
+kind: Tool
+metadata: {{name: keyed-http}}
+spec:
+  type: http
+  description: posts somewhere
+  http:
+    url: {base_url}/hook
+    allow_private: true
+    auth: {{type: api-key, header: X-Key, secret: pasted-key}}
+  parameters: {{type: object}}
+---
+apiVersion: corral/v1
+kind: Agent
+metadata: {{name: keyed-model}}
+spec: {{model: keyed}}
+---
+apiVersion: corral/v1
+kind: Agent
+metadata: {{name: keyed-tool}}
+spec: {{model: answers, tools: [keyed-http]}}
+"""
+
+
+@pytest.mark.parametrize("value", UNSENDABLE_KEYS, ids=["newline", "non-ascii", "crlf"])
+@pytest.mark.parametrize("agent", ["keyed-model", "keyed-tool"])
+def test_a_secret_no_header_can_carry_fails_the_run_once_with_a_clear_configuration_error(
+    client: httpx.Client, value: str, agent: str
+) -> None:
+    """Not an ``internal_error`` retried to ``dead_letter``; the reason names the secret only."""
+    apply(client, STRUCTURED + "---" + _header_secret_documents("http://127.0.0.1:9/v1", value))
+    response = client.post("/v1/agents/" + agent + "/prompt", json={"input": "hi"})
+    assert response.status_code == 200, response.text
+    task = response.json()
+    assert task["state"] == "failed", task
+    assert task["attempts"] == 1, task
+    error = task["error"]
+    assert error["code"] == "configuration_error", error
+    assert "'pasted-key' cannot be sent in an HTTP header" in error["message"]
+    assert value.strip() not in json.dumps(task) and "ключ" not in json.dumps(task)
