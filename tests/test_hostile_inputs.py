@@ -195,6 +195,19 @@ def test_deep_json_bodies_of_other_endpoints_are_4xx_not_500(admin: httpx.Client
         assert response.status_code in (400, 422), response.text
 
 
+def test_a_control_character_the_yaml_reader_refuses_is_422_naming_its_line_not_500(
+    admin: httpx.Client,
+) -> None:
+    text = "apiVersion: corral/v1\nkind: Secret\nmetadata: {name: nul}\nspec: {value: a\x00b}\n"
+    response = post_yaml(admin, text)
+    assert response.status_code == 422, response.text
+    problem = response.json()
+    assert problem["code"] == "invalid_resource"
+    assert problem["errors"][0]["line"] == 4
+    assert "#x0000 is not allowed" in problem["errors"][0]["reason"]
+    assert_nothing_stored(admin)
+
+
 # --------------------------------------------------------------------------- documents through the CLI
 
 

@@ -282,3 +282,73 @@ def test_a_secret_no_header_can_carry_fails_the_run_once_with_a_clear_configurat
     assert error["code"] == "configuration_error", error
     assert "'pasted-key' cannot be sent in an HTTP header" in error["message"]
     assert value.strip() not in json.dumps(task) and "ключ" not in json.dumps(task)
+
+
+# --------------------------------------------------------------------------- numbers
+
+
+def post_yaml(client: httpx.Client, text: str) -> httpx.Response:
+    return client.post(
+        "/v1/resources", content=text.encode(), headers={"Content-Type": "application/yaml"}
+    )
+
+
+def post_json(client: httpx.Client, text: str) -> httpx.Response:
+    return client.post(
+        "/v1/resources", content=text.encode(), headers={"Content-Type": "application/json"}
+    )
+
+
+UNSTORABLE_NUMBERS = [
+    ("yaml", "max_cost_usd: .inf", "spec.limits.max_cost_usd", "finite"),
+    ("yaml", "max_steps: 0x" + "f" * 5000, "spec.limits.max_steps", "between"),
+    ("yaml", "max_steps: 99999999999999999999999", "spec.limits.max_steps", "between"),
+    ("json", '"max_cost_usd": Infinity', "spec.limits.max_cost_usd", "finite"),
+    ("json", '"max_cost_usd": 1e999', "spec.limits.max_cost_usd", "finite"),
+]
+
+
+@pytest.mark.parametrize(("syntax", "limit", "field", "reason"), UNSTORABLE_NUMBERS)
+def test_a_number_no_store_keeps_is_422_and_every_run_still_runs(
+    client: httpx.Client, syntax: str, limit: str, field: str, reason: str
+) -> None:
+    """An infinite limit, once stored, made SQLite's JSON functions fail every worker's claim
+    (runs of every namespace stayed queued); a 6,000-digit one answered 503."""
+    agent = (
+        "apiVersion: corral/v1\nkind: ModelEndpoint\nmetadata: {name: canned}\n"
+        "spec: {provider: scripted, script: [{text: fine}]}\n"
+    )
+    if syntax == "yaml":
+        response = post_yaml(
+            client,
+            agent + "---\napiVersion: corral/v1\nkind: Agent\nmetadata: {name: numbers}\n"
+            f"spec: {{model: canned, limits: {{{limit}}}}}\n",
+        )
+    else:
+        body = (
+            '[{"apiVersion": "corral/v1", "kind": "ModelEndpoint", "metadata": {"name": "canned"},'
+            ' "spec": {"provider": "scripted", "script": [{"text": "fine"}]}},'
+            ' {"apiVersion": "corral/v1", "kind": "Agent", "metadata": {"name": "numbers"},'
+            f' "spec": {{"model": "canned", "limits": {{{limit}}}}}}}]'
+        )
+        response = post_json(client, body)
+    assert response.status_code == 422, response.text
+    problem = response.json()
+    assert problem["code"] == "invalid_resource"
+    assert [e["field"] for e in problem["errors"]] == [field]
+    assert reason in problem["errors"][0]["reason"]
+    assert client.get("/v1/resources/Agent/numbers").status_code == 404
+    # what the refusal protects: an agent applied next runs
+    response = post_yaml(
+        client,
+        agent + "---\napiVersion: corral/v1\nkind: Agent\nmetadata: {name: plain}\n"
+        "spec: {model: canned}\n",
+    )
+    assert response.status_code == 200, response.text
+    try:
+        answer = client.post("/v1/agents/plain/prompt", json={"input": "hi", "timeout_seconds": 30})
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["state"] == "succeeded", answer.text
+    finally:
+        client.delete("/v1/resources/Agent/plain")
+        client.delete("/v1/resources/ModelEndpoint/canned")
