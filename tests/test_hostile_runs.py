@@ -3,13 +3,15 @@ fail at run time: refused up front, with a clear message and a stable code."""
 
 from __future__ import annotations
 
+import http.server
 import json
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import httpx
 import pytest
@@ -352,3 +354,56 @@ def test_a_number_no_store_keeps_is_422_and_every_run_still_runs(
     finally:
         client.delete("/v1/resources/Agent/plain")
         client.delete("/v1/resources/ModelEndpoint/canned")
+
+
+# --------------------------------------------------------------------------- remote $ref
+
+
+class _Counting(http.server.BaseHTTPRequestHandler):
+    hits: ClassVar[list[str]] = []
+
+    def do_GET(self) -> None:
+        self.hits.append(self.path)
+        body = b'{"type": "object"}'
+        self.send_response(200)
+        self.send_header("Content-Type", "application/schema+json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def schema_host() -> Iterator[tuple[str, list[str]]]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Counting)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    _Counting.hits = []
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/schema.json", _Counting.hits
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_remote_ref_in_an_output_schema_is_never_fetched(
+    client: httpx.Client, schema_host: tuple[str, list[str]]
+) -> None:
+    """jsonschema fetched it with urllib while validating: any operator made the worker GET
+    any address (cloud metadata included), and the run died as an internal error."""
+    url, hits = schema_host
+    apply(client, STRUCTURED)
+    response = client.post(
+        "/v1/agents/structured/prompt-object",
+        json={"input": "sum", "schema": {"$ref": url}, "timeout_seconds": 30},
+    )
+    assert response.status_code == 200, response.text
+    task = response.json()
+    assert hits == []
+    assert task["state"] == "failed", task
+    assert task["error"]["code"] != "internal_error", task
+    # the model was told why its answer could not be checked
+    events = client.get(f"/v1/runs/{task['id']}/events").text
+    assert "remote references are not fetched" in events
