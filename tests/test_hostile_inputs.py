@@ -195,6 +195,19 @@ def test_deep_json_bodies_of_other_endpoints_are_4xx_not_500(admin: httpx.Client
         assert response.status_code in (400, 422), response.text
 
 
+def test_a_control_character_the_yaml_reader_refuses_is_422_naming_its_line_not_500(
+    admin: httpx.Client,
+) -> None:
+    text = "apiVersion: corral/v1\nkind: Secret\nmetadata: {name: nul}\nspec: {value: a\x00b}\n"
+    response = post_yaml(admin, text)
+    assert response.status_code == 422, response.text
+    problem = response.json()
+    assert problem["code"] == "invalid_resource"
+    assert problem["errors"][0]["line"] == 4
+    assert "#x0000 is not allowed" in problem["errors"][0]["reason"]
+    assert_nothing_stored(admin)
+
+
 # --------------------------------------------------------------------------- documents through the CLI
 
 
@@ -224,6 +237,34 @@ def assert_one_line(result: subprocess.CompletedProcess[str], code: int, *needle
     assert len(lines) == 1, result.stderr
     for needle in needles:
         assert needle in lines[0]
+
+
+def test_an_argument_that_is_not_utf8_exits_2_with_one_line(tmp_path: Path) -> None:
+    # a byte that is not UTF-8 reaches Python as a lone surrogate, which no store encodes
+    assert_one_line(corral(tmp_path, "logs", "run_\udcff"), 2, "argument 2 is not UTF-8 text")
+
+
+def test_cli_numbers_out_of_the_apis_range_exit_2_and_create_nothing(tmp_path: Path) -> None:
+    """The local CLI took what the API refuses (a priority of 10**11) or ignored it (a limit)."""
+    file = tmp_path / "agent.yaml"
+    file.write_text(
+        "apiVersion: corral/v1\nkind: ModelEndpoint\nmetadata: {name: canned}\n"
+        "spec: {provider: scripted, script: [{text: fine}]}\n---\n"
+        "apiVersion: corral/v1\nkind: Agent\nmetadata: {name: a}\nspec: {model: canned}\n"
+    )
+    assert corral(tmp_path, "apply", "-f", str(file)).returncode == 0
+    for args in (
+        ("submit", "a", "hi", "--priority", "99999999999"),
+        ("submit", "a", "hi", "--delay", "1e12"),
+        ("tasks", "list", "--limit", "0"),
+        ("tasks", "list", "--limit", "501"),
+    ):
+        result = corral(tmp_path, *args)
+        assert result.returncode == 2, (args, result.stdout, result.stderr)
+        assert "Traceback" not in result.stderr
+    listed = corral(tmp_path, "tasks", "list", "-o", "json")
+    assert listed.returncode == 0, listed.stderr
+    assert json.loads(listed.stdout) == []
 
 
 def test_corral_apply_refuses_an_alias_bomb_quickly_with_one_line(tmp_path: Path) -> None:

@@ -124,6 +124,11 @@ def main() -> None:
     """Console-script entry point: one line and exit 1 for an unexpected error (a traceback
     only with ``--debug``)."""
     _register_commands()
+    for index, argument in enumerate(sys.argv[1:], 1):
+        # bytes that are not UTF-8 arrive as lone surrogates, which no store or API takes
+        if any("\udc80" <= char <= "\udcff" for char in argument):
+            _print_error(f"argument {index} is not UTF-8 text")
+            sys.exit(EXIT_BAD_INPUT)
     try:
         app()
     except SystemExit:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from corral.cli.main import EXIT_BAD_INPUT, fail, run_async, session_id_option
+from corral.core.api import MAX_DELAY_SECONDS, MAX_PAGE_ITEMS, MAX_PRIORITY
 
 if TYPE_CHECKING:
     from corral.core.runs import RunRecord
@@ -42,8 +43,12 @@ def submit(
     idempotency_key: str | None = typer.Option(
         None, "--idempotency-key", help="Submitting the same key again returns the same task."
     ),
-    priority: int = typer.Option(0, "--priority", help="Higher runs first."),
-    delay: float = typer.Option(0.0, "--delay", help="Seconds before the task may start."),
+    priority: int = typer.Option(
+        0, "--priority", min=-MAX_PRIORITY, max=MAX_PRIORITY, help="Higher runs first."
+    ),
+    delay: float = typer.Option(
+        0.0, "--delay", min=0.0, max=MAX_DELAY_SECONDS, help="Seconds before the task may start."
+    ),
     namespace: str = NAMESPACE,
 ) -> None:
     """Queue a run for a worker and print its task id."""
@@ -78,7 +83,7 @@ def tasks_list(
     namespace: str = NAMESPACE,
     agent: str | None = typer.Option(None, "--agent", help="Only this agent's tasks."),
     state: list[str] = typer.Option([], "--state", help="Only tasks in these states."),
-    limit: int = typer.Option(50, "--limit"),
+    limit: int = typer.Option(50, "--limit", min=1, max=MAX_PAGE_ITEMS),
     output: str = typer.Option("table", "-o", "--output", help="table, or json."),
 ) -> None:
     """The newest tasks, newest first."""

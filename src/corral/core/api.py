@@ -256,6 +256,13 @@ class TaskPage(BaseModel):
     next_cursor: str | None
 
 
+#: the bounds of a task's priority and delay (the API's and the CLI's, one rule)
+MAX_PRIORITY = 1_000_000
+MAX_DELAY_SECONDS = 366 * 86400
+#: items per page of a list
+MAX_PAGE_ITEMS = 500
+
+
 class SubmitTask(Request):
     """A run to queue."""
 
@@ -267,8 +274,10 @@ class SubmitTask(Request):
     idempotency_key: Annotated[Text, Field(min_length=1, max_length=255)] | None = Field(
         None, description="Submitting the same key again (same agent) returns the same task."
     )
-    priority: int = Field(0, ge=-1_000_000, le=1_000_000, description="Higher runs first.")
-    delay_seconds: float = Field(0.0, ge=0, le=366 * 86400, description="Wait before it may start.")
+    priority: int = Field(0, ge=-MAX_PRIORITY, le=MAX_PRIORITY, description="Higher runs first.")
+    delay_seconds: float = Field(
+        0.0, ge=0, le=MAX_DELAY_SECONDS, description="Wait before it may start."
+    )
     output_schema: JsonObject | None = Field(
         None, description="A JSON Schema the answer must match (over the agent's own)."
     )

@@ -6,7 +6,7 @@ import json
 import re
 from typing import Any
 
-from jsonschema import Draft202012Validator
+from corral.core.schemas import Unresolvable, local_validator, unresolvable_reason
 
 _FENCE = re.compile(r"```(?:json)?\s*(.*?)```", re.DOTALL)
 
@@ -26,7 +26,10 @@ def parse_output(text: str, schema: dict[str, Any]) -> Any:
         value = json.loads(candidate)
     except json.JSONDecodeError as exc:
         raise ValueError(f"the answer is not valid JSON ({exc.msg} at position {exc.pos})") from exc
-    errors = sorted(Draft202012Validator(schema).iter_errors(value), key=lambda e: list(e.path))
+    try:
+        errors = sorted(local_validator(schema).iter_errors(value), key=lambda e: list(e.path))
+    except Unresolvable as exc:
+        raise ValueError(unresolvable_reason(exc)) from None
     if errors:
         raise ValueError(
             "the answer does not match the schema: "

@@ -14,6 +14,7 @@ first limit passed stops parsing with a
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections.abc import Iterable, Sequence
@@ -170,7 +171,14 @@ def _load_into(
     loaded: list[LoadedResource],
     problems: list[Problem],
 ) -> None:
-    loader = _BoundedLoader(text, limits, source)
+    try:
+        # the reader refuses some characters (NUL, other C0 controls) as it is built
+        loader = _BoundedLoader(text, limits, source)
+    except yaml.reader.ReaderError as exc:
+        line = text.count("\n", 0, exc.position) + 1
+        reason = f"invalid YAML: the character #x{exc.character:04x} is not allowed"
+        problems.append((Location(source, line), reason))
+        return
     try:
         while loader.check_node():
             node = loader.get_node()
@@ -331,9 +339,32 @@ def _validate(
     elif isinstance(kind, str) and kind in SPEC_TYPES:
         spec = _model(SPEC_TYPES[kind], spec_data, ("spec",), node, source, problems)
 
+    if spec is not None:
+        for path, reason in _unstorable_numbers(spec.model_dump(), ("spec",)):
+            at(path, reason)
     if problems or meta is None or spec is None or not isinstance(kind, str):
         return None
     return Resource(apiVersion=API_VERSION, kind=kind, metadata=meta, spec=spec)
+
+
+#: the largest integer every store keeps exactly (SQLite's and JSON readers' 64-bit integers)
+_MAX_STORED_INT = 2**63 - 1
+
+
+def _unstorable_numbers(value: Any, path: FieldPath) -> Iterable[tuple[FieldPath, str]]:
+    """Numbers no JSON store keeps: infinities and NaN (``.inf``, JSON's ``Infinity``, which
+    SQLite's JSON functions call malformed, so one stored Agent stopped every worker's claims)
+    and integers past 64 bits."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield from _unstorable_numbers(item, (*path, str(key)))
+    elif isinstance(value, list | tuple):
+        for index, item in enumerate(value):
+            yield from _unstorable_numbers(item, (*path, index))
+    elif isinstance(value, float) and not math.isfinite(value):
+        yield path, "Input should be a finite number"
+    elif isinstance(value, int) and not isinstance(value, bool) and abs(value) > _MAX_STORED_INT:
+        yield path, f"Input should be between -{_MAX_STORED_INT} and {_MAX_STORED_INT}"
 
 
 def _model(

@@ -25,6 +25,27 @@ from corral.resources.kinds import Resource, SecretSpec
 REDACTED = "<redacted>"
 
 
+def header_secret(value: str, *, owner: str, secret: str) -> str:
+    """``value`` if an HTTP header may carry it, else a ``ConfigurationError`` naming ``secret``.
+
+    A header holds visible ASCII, spaces and tabs only: a key with a newline or a non-ASCII
+    character cannot be sent, and would otherwise fail every request deep in the HTTP client
+    (an internal error, retried as if the next attempt could succeed). The value is not shown.
+    """
+    for index, char in enumerate(value):
+        if not (" " <= char <= "~" or char == "\t"):
+            raise ConfigurationError(
+                f"{owner}: secret {secret!r} cannot be sent in an HTTP header (character "
+                f"{index + 1} is {_describe(char)}; only visible ASCII, spaces and tabs are)"
+            )
+    return value
+
+
+def _describe(char: str) -> str:
+    # never the character itself when it is printable: it is part of a secret
+    return "a control character" if char < " " or char == "\x7f" else "not ASCII"
+
+
 class SecretCipher:
     """Encrypts and decrypts secret values; the key is loaded (or created) on first use."""
 

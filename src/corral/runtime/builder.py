@@ -26,7 +26,7 @@ from corral.resources.kinds import (
     ToolSpecModel,
 )
 from corral.resources.kinds import ToolChoice as ToolChoiceSpec
-from corral.resources.secrets import SecretResolver
+from corral.resources.secrets import SecretResolver, header_secret
 from corral.store.base import Store
 from corral.tools.base import Tool
 from corral.tools.governance import GovernedTool, Permissions, ToolPolicy, Toolset
@@ -166,7 +166,13 @@ class AgentBuilder:
 
     async def _model(self, endpoint: str) -> Model:
         spec = await self._spec("ModelEndpoint", endpoint, ModelEndpointSpec)
-        api_key = await self._secret(spec.api_key.secret) if spec.api_key else None
+        api_key = None
+        if spec.api_key:
+            api_key = header_secret(
+                await self._secret(spec.api_key.secret),
+                owner=f"model endpoint {endpoint!r}",
+                secret=spec.api_key.secret,
+            )
         model = build_model(endpoint, spec, api_key)
         # a key the provider's SDK found in its environment is as secret as a resolved one
         self._derived += [(f"{endpoint}-api-key", v) for v in model.credentials() if v != api_key]

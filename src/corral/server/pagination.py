@@ -17,11 +17,12 @@ from typing import Annotated, Any, TypeVar
 
 from fastapi import Query
 
+from corral.core.api import MAX_PAGE_ITEMS
 from corral.server.problems import FieldProblem, ProblemError
 
 T = TypeVar("T")
 
-Limit = Annotated[int, Query(ge=1, le=500, description="Items per page.")]
+Limit = Annotated[int, Query(ge=1, le=MAX_PAGE_ITEMS, description="Items per page.")]
 Cursor = Annotated[
     str | None,
     Query(

@@ -42,6 +42,7 @@ from corral.core.errors import ToolError, ToolErrorCode, ToolErrorInfo
 from corral.core.limits import DocumentLimits, json_too_deep_at
 from corral.core.messages import Message, ToolCall, ToolSpec
 from corral.core.redaction import Redactor
+from corral.core.schemas import Unresolvable, local_validator, unresolvable_reason
 from corral.resources.kinds import (
     MAX_INPUT_BYTES,
     ApprovalPolicy,
@@ -238,9 +239,7 @@ class GovernedTool:
         self.policy = policy
         self.breaker = CircuitBreaker(policy.breaker)
         try:
-            self._validator: Draft202012Validator | None = Draft202012Validator(
-                tool.spec.parameters
-            )
+            self._validator: Draft202012Validator | None = local_validator(tool.spec.parameters)
             self._validator.check_schema(tool.spec.parameters)
         except SchemaError as exc:
             raise ToolError(
@@ -267,7 +266,13 @@ class GovernedTool:
         if CUT_ARGUMENTS in arguments:  # arguments Toolset.bound replaced
             raise ToolError(ToolErrorCode.INVALID_INPUT, str(arguments[CUT_ARGUMENTS]))
         assert self._validator is not None
-        problems = sorted(self._validator.iter_errors(arguments), key=lambda e: list(e.path))
+        try:
+            problems = sorted(self._validator.iter_errors(arguments), key=lambda e: list(e.path))
+        except Unresolvable as exc:
+            raise ToolError(
+                ToolErrorCode.UNSUPPORTED_TOOL,
+                f"tool {self.tool.ref!r}: {unresolvable_reason(exc)}",
+            ) from None
         if problems:
             reasons = "; ".join(
                 f"{'/'.join(str(p) for p in e.path) or '(root)'}: {e.message}" for e in problems

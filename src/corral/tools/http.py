@@ -23,6 +23,7 @@ import httpx
 
 from corral.core.errors import ConfigurationError, ToolError, ToolErrorCode
 from corral.resources.kinds import HttpAuth, ToolSpecModel
+from corral.resources.secrets import header_secret
 from corral.tools.base import Tool, ToolContext
 from corral.tools.naming import declared_spec
 from corral.tools.ssrf import Resolver, check_destination, system_resolver
@@ -45,9 +46,9 @@ def auth_headers(
     if value is None:
         raise ConfigurationError(f"{owner}: auth secret {auth.secret!r} is not available")
     if auth.type == "bearer":
-        return {"Authorization": f"Bearer {value}"}
+        return {"Authorization": f"Bearer {header_secret(value, owner=owner, secret=auth.secret)}"}
     if auth.type == "api-key":
-        return {auth.header: value}
+        return {auth.header: header_secret(value, owner=owner, secret=auth.secret)}
     if ":" not in value:
         raise ConfigurationError(
             f"{owner}: basic auth secret {auth.secret!r} must hold 'user:password'"
