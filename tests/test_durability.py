@@ -377,6 +377,11 @@ async def test_sigkill_during_a_model_call_does_not_repeat_the_journaled_one(
         return cluster.model.calls >= 2 or None
 
     await eventually(second_request, "the second model request")
+    # The idempotent call's result is committed "ahead": its commit (carrying the call and
+    # the model's first answer) may still be in flight while the second request is out, and a
+    # crash before it lands rightly asks again (README, "Journal and replay"). What is tested
+    # here is a kill once it is durable.
+    await cluster.wait_for_event(run_id, EventType.TOOL_RESULT)
     a.signal(signal.SIGKILL)
     assert await a.exited() == -signal.SIGKILL
 
