@@ -6,11 +6,13 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from corral.core.settings import Settings
 from corral.store import Store, open_store
 from databases import PostgresServer, postgres_skipped, postgres_url
+from server_harness import LiveServer
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -59,3 +61,18 @@ async def env(tmp_path: Path) -> AsyncIterator[tuple[Store, Settings]]:
         yield store, settings
     finally:
         await store.close()
+
+
+# A module's own ``server`` fixture (other settings, resources) takes the place of this one.
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    """A real ``corral serve`` with default settings, shared by a module's tests."""
+    with LiveServer(tmp_path_factory.mktemp("home")) as live:
+        yield live
+
+
+@pytest.fixture
+def client(server: LiveServer) -> Iterator[httpx.Client]:
+    """An HTTP client of ``server`` with its admin token."""
+    with server.client(server.admin) as c:
+        yield c

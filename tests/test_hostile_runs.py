@@ -45,18 +45,6 @@ def corral(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    with LiveServer(tmp_path_factory.mktemp("home")) as live:
-        yield live
-
-
-@pytest.fixture
-def client(server: LiveServer) -> Iterator[httpx.Client]:
-    with server.client(server.admin) as c:
-        yield c
-
-
 # --------------------------------------------------------------------------- output schemas
 
 

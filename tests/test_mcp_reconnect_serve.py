@@ -13,30 +13,16 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 
 from processes import alive
-from server_harness import LiveServer, apply, wait_for
+from server_harness import apply, wait_for
 
 CALC = Path(__file__).parent / "mcp_servers" / "calc_server.py"
 TOKEN = "reconnect-token"
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    with LiveServer(tmp_path_factory.mktemp("home")) as live:
-        yield live
-
-
-@pytest.fixture
-def client(server: LiveServer) -> Iterator[httpx.Client]:
-    with server.client(server.admin) as c:
-        yield c
 
 
 def resources(agent: str, mcp_spec: str) -> str:

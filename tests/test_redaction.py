@@ -116,12 +116,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
                 os.environ[name] = value
 
 
-@pytest.fixture
-def client(server: LiveServer) -> Iterator[httpx.Client]:
-    with server.client(server.admin) as c:
-        yield c
-
-
 def resources(agent: str, base_url: str, *, stream: bool = False, extra_tools: str = "") -> str:
     """Both secrets, a model endpoint keyed with one, the probe tool given the other."""
     return f"""

@@ -7,28 +7,14 @@ module; each test applies its own agent, so runs never mix.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import anyio
 import httpx
-import pytest
 
 from server_harness import LiveServer, apply, echo_turn, resources, sse_messages, wait_for
 
 SSE = {"Accept": "text/event-stream"}
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    with LiveServer(tmp_path_factory.mktemp("home")) as live:
-        yield live
-
-
-@pytest.fixture
-def client(server: LiveServer) -> Iterator[httpx.Client]:
-    with server.client(server.admin) as c:
-        yield c
 
 
 def follow(client: httpx.Client, run_id: str, **headers: str) -> list[dict[str, str]]:
