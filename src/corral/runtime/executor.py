@@ -176,8 +176,9 @@ class RunExecutor:
                 return "released"
             if stop.reason == "shutdown":
                 await sink.flush()
-                # Stopping the worker did not fail the run: the attempt is given back.
-                await self.store.release_run(lease, refund_attempt=True)
+                # Stopping the worker did not fail the run: the attempt is given back
+                # (an exhausted claim counted none, so has none to give back).
+                await self.store.release_run(lease, refund_attempt=not lease.exhausted)
                 await self._announce_released(lease)
                 return "released"
             if stop.reason == "cancelled":
