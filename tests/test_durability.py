@@ -524,10 +524,11 @@ async def test_sigterm_drains_releases_the_run_and_another_worker_resumes_it(
     released = await cluster.run(run_id)
     assert released.state is RunState.QUEUED
     assert (released.lease_owner, released.lease_expires_at) == (None, None)
+    assert released.attempts == 0  # a shutdown is no failed attempt: a's is given back
 
     cluster.start_worker("b")
     record = await cluster.wait_for_state(run_id, RunState.SUCCEEDED)
-    assert record.output == "resumed" and record.attempts == 2
+    assert record.output == "resumed" and record.attempts == 1
     assert cluster.invocations() == ["long", "long"]
     assert list(cluster.effects().values()) == ["long"]
     assert cluster.model.calls == 2

@@ -470,6 +470,49 @@ async def test_release_with_not_before_delays_the_next_claim(store: Store) -> No
         await store.release_run(lease)
 
 
+async def test_a_shutdown_release_gives_the_claims_attempt_back(store: Store) -> None:
+    task = a_task("run_1")
+    task.max_attempts = 2
+    await store.submit_run(task)
+    for _ in range(5):  # rolling restarts during one long run, more than max_attempts
+        record, lease = await claim_one(store)
+        assert (record.attempts, lease.exhausted) == (1, False)
+        await store.release_run(lease, refund_attempt=True)
+        released = await store.get_run("run_1")
+        assert released is not None
+        assert (released.state, released.attempts) == (RunState.QUEUED, 0)
+    # a retry with backoff counts its attempt: the next claim is the last one, and runs
+    _, lease = await claim_one(store)
+    await store.release_run(lease)
+    record, lease = await claim_one(store)
+    assert (record.attempts, lease.exhausted) == (2, False)
+    # never below 0: a run whose attempts restarted (an approval) under this lease
+    record.attempts = 0
+    await store.save_run(record, lease=lease)
+    await store.release_run(lease, refund_attempt=True)
+    released = await store.get_run("run_1")
+    assert released is not None and released.attempts == 0
+
+
+async def test_the_claim_that_only_ends_a_run_counts_no_attempt(store: Store) -> None:
+    task = a_task("run_1")
+    task.max_attempts = 2
+    await store.submit_run(task)
+    now = time.time()
+    # Its workers die: each lease (30 s) expires unreleased.
+    first, first_lease = await claim_one(store, now=now)
+    last, last_lease = await claim_one(store, "w2", now=now + 31)
+    assert (first.attempts, first_lease.exhausted) == (1, False)
+    assert (last.attempts, last_lease.exhausted) == (2, False)  # the last attempt still runs
+    for owner, at in (("w3", now + 62), ("w4", now + 93)):
+        # a claim that only ends the run, and its worker dies right after it too
+        record, lease = await claim_one(store, owner, now=at)
+        stored = await store.get_run("run_1")
+        assert stored is not None
+        assert (stored.state, stored.lease_owner, stored.attempts) == (RunState.RUNNING, owner, 2)
+        assert (record.attempts, lease.exhausted) == (2, True)
+
+
 async def test_releasing_a_run_already_saved_as_finished_changes_nothing(store: Store) -> None:
     await store.submit_run(a_task("run_1"))
     record, lease = await claim_one(store)

@@ -23,6 +23,7 @@ from corral.core.ids import new_id
 from corral.core.runs import ApprovalState, RunRecord, RunState
 from corral.core.settings import Settings
 from corral.resources.loader import load_text
+from corral.runtime.executor import RunExecutor
 from corral.runtime.local import submit
 from corral.runtime.worker import Worker
 from corral.store import Store, open_store
@@ -260,6 +261,28 @@ async def test_a_run_whose_workers_kept_stopping_ends_at_max_attempts_with_the_l
     assert "kept stopping" in stored.error["message"]
     assert "upstream answered 503" in stored.error["message"]
     assert stored.error["cause"] == {"code": "model_error", "message": "upstream answered 503"}
+
+
+async def test_a_run_its_workers_released_on_shutdown_more_often_than_max_attempts_finishes(
+    backend: Backend,
+) -> None:
+    store = backend.store
+    await apply(store, scripted("{text: done}"), NOTE_TOOL, agent(extra="  max_attempts: 2"))
+    run = RunRecord(id=new_id("run"), namespace="default", agent="helper", input="hi")
+    run.max_attempts = 2  # (store.submit_run takes it from the record, not the Agent)
+    await store.submit_run(run)
+    # Rolling restarts: each worker that claims it is told to shut down and releases it.
+    stopping = anyio.Event()
+    stopping.set()
+    async with RunExecutor(store, backend.settings) as executor:  # no bus: nothing announced
+        for _ in range(5):
+            [(record, lease)] = await store.claim_runs("restarting", 30.0, run_ids=[run.id])
+            assert await executor.execute(record, lease, stopping) == "released"
+            assert (await get(store, run)).attempts == 0  # a shutdown is no failed attempt
+    await backend.bus.announce_runnable([run.id], mark="submitted")
+    await backend.drain()
+    stored = await get(store, run)
+    assert (stored.state, stored.output, stored.attempts) == (RunState.SUCCEEDED, "done", 1)
 
 
 async def test_worker_shutdown_kills_a_daemon_its_exec_tool_started(

@@ -87,12 +87,16 @@ class Lease:
     ``token`` is the run's fencing token at claim time: every write made under
     the lease carries it, and the store refuses the write once another claim
     has bumped the token (:class:`~corral.core.errors.LeaseLostError`).
+
+    ``exhausted``: the run had used all its ``max_attempts`` before this claim (its
+    workers kept dying), so the claim counted no attempt and only ends the run.
     """
 
     run_id: str
     owner: str
     token: int
     expires_at: float
+    exhausted: bool = False
 
 
 class ApprovalState(StrEnum):

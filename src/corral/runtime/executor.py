@@ -176,7 +176,9 @@ class RunExecutor:
                 return "released"
             if stop.reason == "shutdown":
                 await sink.flush()
-                await self.store.release_run(lease)
+                # Stopping the worker did not fail the run: the attempt is given back
+                # (an exhausted claim counted none, so has none to give back).
+                await self.store.release_run(lease, refund_attempt=not lease.exhausted)
                 await self._announce_released(lease)
                 return "released"
             if stop.reason == "cancelled":
@@ -199,9 +201,9 @@ class RunExecutor:
         if record.cancel_requested:  # asked while it was queued between two attempts
             await sink.emit(EventType.RUN_FINISH, state=RunState.CANCELLED.value)
             return RunResult(state=RunState.CANCELLED)
-        if record.attempts > record.max_attempts:
-            # This claim only ends the run: it is not an attempt of its own.
-            record.attempts = record.max_attempts
+        if lease.exhausted:
+            # This claim only ends the run: it is not an attempt of its own (the store
+            # counted none).
             error = _gave_up(record, events)
             await sink.emit(EventType.ERROR, **error)
             await sink.emit(EventType.RUN_FINISH, state=RunState.DEAD_LETTER.value)

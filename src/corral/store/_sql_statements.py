@@ -90,6 +90,27 @@ async def refuse(conn: AsyncConnection, run_id: str, lease: Lease | None) -> Non
         raise lost_lease(lease, token)
 
 
+#: The ``attempts`` a claim stores: one more, but never past ``max_attempts``; a claim
+#: of a run that has used them all (its workers kept dying) only ends it (``Lease.exhausted``).
+CLAIMED_ATTEMPTS = sa.case(
+    (runs.c.attempts < runs.c.max_attempts, runs.c.attempts + 1), else_=runs.c.attempts
+)
+#: Whether a claim of the row finds its attempts used up (read before the claim's UPDATE).
+EXHAUSTED = runs.c.attempts >= runs.c.max_attempts
+#: The ``attempts`` a release that gives its attempt back stores (a worker's shutdown
+#: did not fail the run): one less, never below 0.
+REFUNDED_ATTEMPTS = sa.case((runs.c.attempts > 0, runs.c.attempts - 1), else_=0)
+
+
+def sqlite_text(expression: sa.ColumnElement[Any]) -> str:
+    """``expression`` as SQLite SQL text with its constants inlined (the SQLite fast
+    path writes its statements as text but shares these rules)."""
+    from sqlalchemy.dialects import sqlite
+
+    compiled = expression.compile(dialect=sqlite.dialect(), compile_kwargs={"literal_binds": True})
+    return str(compiled)
+
+
 def lost_lease(lease: Lease, token: int) -> LeaseLostError:
     """The error of a write refused because a newer claim bumped the fencing token."""
     return LeaseLostError(

@@ -269,8 +269,10 @@ class Store(ABC):
         Runnable: ``queued`` with ``not_before <= now``, or ``running`` with a lease
         that expired before ``now`` (its worker died or stalled). Each claim sets
         state ``running``, the owner, ``lease_expires_at = now + lease_seconds``,
-        increments ``attempts`` and the fencing token, and sets ``started_at`` if
-        unset. Two concurrent claimers never get the same run.
+        increments ``attempts`` (never past ``max_attempts``: a run that has used them
+        all gets a lease with ``exhausted`` set, for its claimer to end it) and the
+        fencing token, and sets ``started_at`` if unset. Two concurrent claimers never
+        get the same run.
         """
 
     @abstractmethod
@@ -281,10 +283,14 @@ class Store(ABC):
         """
 
     @abstractmethod
-    async def release_run(self, lease: Lease, *, not_before: float = 0.0) -> None:
+    async def release_run(
+        self, lease: Lease, *, not_before: float = 0.0, refund_attempt: bool = False
+    ) -> None:
         """Give a claimed run back: state ``queued``, lease cleared, runnable from ``not_before``.
 
         Fenced like ``save_run``. Used on shutdown and for retries with backoff.
+        ``refund_attempt`` (a worker's shutdown, not a failure) takes back the attempt
+        the claim counted, in the same write (never below 0).
         """
 
     @abstractmethod

@@ -80,6 +80,9 @@ from corral.store._sql_rows import (
     token_values,
 )
 from corral.store._sql_statements import (
+    CLAIMED_ATTEMPTS,
+    EXHAUSTED,
+    REFUNDED_ATTEMPTS,
     check_fence,
     in_session,
     insert_or_skip,
@@ -526,8 +529,8 @@ class SqlStore(Store):
         or_higher_priority: bool = False,
     ) -> list[tuple[RunRecord, Lease]]:
         """See :meth:`Store.claim_runs`. A ``running`` run without a lease expiry (one the
-        local runtime runs in-process) is never claimable. ``attempts`` is counted,
-        not enforced: the claimer compares it with ``max_attempts``."""
+        local runtime runs in-process) is never claimable. ``attempts`` is counted up to
+        ``max_attempts``, not enforced: the claimer ends a run whose lease is ``exhausted``."""
         if limit <= 0 or (run_ids is not None and not run_ids):
             return []
         now = time.time() if now is None else now
@@ -565,6 +568,7 @@ class SqlStore(Store):
                     runs.c.namespace,
                     runs.c.agent,
                     runs.c.state,
+                    EXHAUSTED.label("exhausted"),
                 )
                 .where(runnable)
                 .order_by(*_CLAIM_ORDER)
@@ -604,15 +608,21 @@ class SqlStore(Store):
                         state=RunState.RUNNING.value,
                         lease_owner=owner,
                         lease_expires_at=expires_at,
-                        attempts=runs.c.attempts + 1,
+                        attempts=CLAIMED_ATTEMPTS,
                         fencing_token=runs.c.fencing_token + 1,
                         started_at=sa.func.coalesce(runs.c.started_at, now),
                     )
                     .returning(*runs.c)
                 )
             ).all()
+            # The rows are locked (PostgreSQL) or the writer alone (SQLite) since the
+            # SELECT, so its attempts are those the UPDATE saw.
+            exhausted = {row.id for row in chosen if row.exhausted}
             return [
-                (row_to_run(row), Lease(row.id, owner, row.fencing_token, expires_at))
+                (
+                    row_to_run(row),
+                    Lease(row.id, owner, row.fencing_token, expires_at, row.id in exhausted),
+                )
                 for row in sorted(claimed, key=_claim_key)
             ]
 
@@ -647,7 +657,9 @@ class SqlStore(Store):
         cancel = await self._write(f"renew the lease on run {lease.run_id}", write)
         return Lease(lease.run_id, lease.owner, lease.token, expires_at), cancel
 
-    async def release_run(self, lease: Lease, *, not_before: float = 0.0) -> None:
+    async def release_run(
+        self, lease: Lease, *, not_before: float = 0.0, refund_attempt: bool = False
+    ) -> None:
         """See :meth:`Store.release_run`. When the token matches but the run is no longer
         ``running`` (already saved as finished or waiting), nothing changes: releasing
         must never re-queue a finished run. ``NotFoundError`` when the run is absent."""
@@ -663,6 +675,7 @@ class SqlStore(Store):
                 lease_owner=None,
                 lease_expires_at=None,
                 not_before=not_before,
+                attempts=REFUNDED_ATTEMPTS if refund_attempt else runs.c.attempts,
             )
         )
 

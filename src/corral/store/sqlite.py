@@ -43,7 +43,13 @@ from corral.store._sql_rows import (
     run_values,
     session_message_values,
 )
-from corral.store._sql_statements import lost_lease
+from corral.store._sql_statements import (
+    CLAIMED_ATTEMPTS,
+    EXHAUSTED,
+    REFUNDED_ATTEMPTS,
+    lost_lease,
+    sqlite_text,
+)
 from corral.store._sqlite_lanes import Lane, connect
 from corral.store.base import StoredResource, StoreError, Submitted
 from corral.store.schema import approvals as approvals_table
@@ -198,13 +204,18 @@ def _insert_run(conn: sqlite3.Connection, record: RunRecord, params: list[Any]) 
     return _rows(cursor, runs)[0]
 
 
+_CLAIMED_ATTEMPTS = sqlite_text(CLAIMED_ATTEMPTS)
+_EXHAUSTED = sqlite_text(EXHAUSTED)
+_REFUNDED_ATTEMPTS = sqlite_text(REFUNDED_ATTEMPTS)
+
+
 def _claim_ids(
     conn: sqlite3.Connection, ids: Sequence[str], owner: str, expires_at: float, now: float
 ) -> list[Row]:
     """Claim the runs of ``ids`` that are runnable at ``now``; the claimed rows."""
     cursor = conn.execute(
         f"UPDATE runs SET state = '{_RUNNING}', lease_owner = ?, lease_expires_at = ?,"
-        " attempts = attempts + 1, fencing_token = fencing_token + 1,"
+        f" attempts = {_CLAIMED_ATTEMPTS}, fencing_token = fencing_token + 1,"
         " started_at = coalesce(started_at, ?)"
         f" WHERE id IN ({', '.join('?' for _ in ids)}) AND ({_RUNNABLE}) RETURNING *",
         (owner, expires_at, now, *ids, now, now),
@@ -476,7 +487,8 @@ class SqliteStore(SqlStore):
             found: list[tuple[Any, ...]] = []
             for runnable in (_DUE, _EXPIRED):
                 found += conn.execute(
-                    f"SELECT -priority, created_at, id FROM runs WHERE {runnable}{where} "
+                    f"SELECT -priority, created_at, id, {_EXHAUSTED} FROM runs"
+                    f" WHERE {runnable}{where} "
                     f"{_CLAIM_ORDER} LIMIT ?",
                     (now, *params, limit),
                 ).fetchall()
@@ -497,8 +509,12 @@ class SqliteStore(SqlStore):
             if not candidates:
                 return []
             candidates.sort()
-            return _claim_ids(conn, [c[2] for c in candidates[:limit]], owner, expires_at, now)
+            chosen = candidates[:limit]
+            # BEGIN IMMEDIATE: the attempts read above are those the UPDATE sees.
+            exhausted.update(c[2] for c in chosen if c[3])
+            return _claim_ids(conn, [c[2] for c in chosen], owner, expires_at, now)
 
+        exhausted: set[str] = set()
         claimed = await self._lane_write("claim runs", write)
         if claimed is None:
             return await super().claim_runs(
@@ -511,7 +527,10 @@ class SqliteStore(SqlStore):
             )
         claimed.sort(key=lambda row: (-row.priority, row.created_at, row.id))
         return [
-            (row_to_run(row), Lease(row.id, owner, row.fencing_token, expires_at))
+            (
+                row_to_run(row),
+                Lease(row.id, owner, row.fencing_token, expires_at, row.id in exhausted),
+            )
             for row in claimed
         ]
 
@@ -535,11 +554,15 @@ class SqliteStore(SqlStore):
         cancel = await self._lane_write(f"renew the lease on run {lease.run_id}", write)
         return Lease(lease.run_id, lease.owner, lease.token, expires_at), cancel
 
-    async def release_run(self, lease: Lease, *, not_before: float = 0.0) -> None:
+    async def release_run(
+        self, lease: Lease, *, not_before: float = 0.0, refund_attempt: bool = False
+    ) -> None:
+        attempts = _REFUNDED_ATTEMPTS if refund_attempt else "attempts"
+
         def write(conn: sqlite3.Connection) -> None:
             cursor = conn.execute(
                 f"UPDATE runs SET state = '{_QUEUED}', lease_owner = NULL,"
-                " lease_expires_at = NULL, not_before = ?"
+                f" lease_expires_at = NULL, not_before = ?, attempts = {attempts}"
                 f" WHERE id = ? AND fencing_token = ? AND state = '{_RUNNING}'",
                 (not_before, lease.run_id, lease.token),
             )
