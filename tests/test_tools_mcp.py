@@ -316,6 +316,21 @@ async def test_a_stdio_server_that_died_is_started_again_for_the_next_call(
         assert second != first and alive(second)
 
 
+async def test_a_call_right_after_the_server_died_runs_on_a_new_one_before_eof_is_seen(
+    tmp_path: Path,
+) -> None:
+    """The server is dead before the call: the call cannot have reached it, so even a tool
+    that is not idempotent runs on a new server, whether or not its stdout's end was read."""
+    async with connected("calc", stdio_spec(), {}, tmp_path) as tools:
+        ctx = context(tmp_path)
+        first = int(await tools["mcp:calc/pid"].call({}, ctx))
+        kill(first)
+        await wait_dead(first)  # dead and reaped; the connection may not have noticed yet
+        assert await tools["mcp:calc/add"].call({"a": 2, "b": 3}, ctx) == {"result": 5}
+        second = int(await tools["mcp:calc/pid"].call({}, ctx))
+        assert second != first and alive(second)
+
+
 @pytest.mark.parametrize("idempotent", [False, True])
 async def test_a_call_in_flight_when_the_server_dies_runs_again_only_if_idempotent(
     tmp_path: Path, idempotent: bool

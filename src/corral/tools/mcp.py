@@ -213,6 +213,8 @@ class _Session:
     close: anyio.Event = field(default_factory=anyio.Event)
     #: the server no longer knew the session: what it answered never ran
     refused: bool = False
+    #: whether the server's process still runs (stdio; an HTTP server cannot be seen)
+    running: Callable[[], bool] = lambda: True
 
     def mark_lost(self, *, refused: bool = False) -> None:
         """The session cannot be used any more; its task closes it."""
@@ -335,6 +337,9 @@ class McpConnection:
         """Call ``tool``; once more on a new session when the one it used was lost and the
         call either never ran there (refused) or may run twice (idempotent)."""
         session = await self.session()
+        if not session.running():  # it died before this call: nothing of it can have run
+            session.mark_lost(refused=True)
+            session = await self.session()
         try:
             return await self._call(session, tool, arguments, read_timeout)
         except (MCPError, anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
@@ -419,9 +424,10 @@ class McpConnection:
     ) -> tuple[Any, Any]:
         name, spec, secrets = self.server_name, self.spec, self._secrets
         if spec.transport == "stdio":
-            read, write = await _open_stdio(
+            read, write, tree = await _open_stdio(
                 inner, name, spec, secrets, self._workspace, stderr_tail
             )
+            session.running = tree.running
             return _WatchedReads(read, session.mark_lost), write
         return await _open_http(
             inner, name, spec, secrets, on_refused=lambda: session.mark_lost(refused=True)
@@ -474,7 +480,7 @@ async def _open_stdio(
     secrets: Mapping[str, str],
     workspace: Path,
     stderr_tail: _StderrTail,
-) -> tuple[Any, Any]:
+) -> tuple[Any, Any, ProcessTree]:
     owner = f"McpServer {server_name!r}"
     program = resolve_program(spec.command[0], owner=owner)
     declared = declared_environment(spec.env, secrets, owner=owner)
@@ -503,9 +509,10 @@ async def _open_stdio(
             command=program, args=spec.command[1:], env=env, cwd=workspace
         )
         try:
-            return await stack.enter_async_context(stdio_client(params, errlog=errlog))
+            read, write = await stack.enter_async_context(stdio_client(params, errlog=errlog))
         except OSError as exc:
             raise ConfigurationError(f"{owner}: cannot start {program!r}: {exc}") from exc
+    return read, write, tree
 
 
 async def _refuses_session(response: httpx2.Response) -> bool:

@@ -181,6 +181,10 @@ class ProcessTree:
                 pending.extend(_children(pid))
         return [p for p in seen if self._alive(p)]
 
+    def running(self) -> bool:
+        """Whether a member of the tree still runs (always ``True`` where it cannot tell)."""
+        return sys.platform != "linux" or bool(self.look())
+
     async def watch(self, every: float = WATCH_SECONDS) -> None:
         """Look at the tree every ``every`` seconds until cancelled."""
         while True:
