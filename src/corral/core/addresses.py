@@ -18,6 +18,7 @@ again after resolving the host (:mod:`corral.tools.ssrf`):
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import re
 
@@ -83,10 +84,8 @@ def literal_address(host: str) -> IPAddress | None:
     address (``999.0.0.1``, ``1.2.3.4.5``, ``08.0.0.1``): a resolver would not
     look it up as a name either.
     """
-    try:
+    with contextlib.suppress(ValueError):  # not an address as written: maybe a numeric form
         return ipaddress.ip_address(host.removeprefix("[").removesuffix("]").split("%", 1)[0])
-    except ValueError:
-        pass
     parts = host.removesuffix(".").split(".")
     if not _NUMBER.fullmatch(parts[-1]):
         return None

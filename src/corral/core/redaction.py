@@ -21,6 +21,7 @@ callers skip it.
 from __future__ import annotations
 
 import base64
+import contextlib
 import dataclasses
 import json
 import logging
@@ -100,11 +101,9 @@ class Redactor:
         # One C-level encoding and one scan decide whether to walk the data at all: JSON
         # escapes each character on its own, so a string holding any form shows that form
         # escaped in the encoding, and `_encoded` knows every form escaped.
-        try:
+        with contextlib.suppress(TypeError, ValueError):  # not JSON data: walk it below
             if self._encoded is not None and self._encoded.search(_ENCODE(value)) is None:
                 return value
-        except (TypeError, ValueError):  # not JSON data (a key of another type): walk it
-            pass
         return self._data(value)
 
     def found_in(self, text: str) -> bool:
