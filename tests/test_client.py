@@ -16,9 +16,9 @@ from typing import Any
 import httpx
 import pytest
 
+from corral.api import EventOut
 from corral.client import AsyncClient, Client
 from corral.client.calls import Call
-from corral.core.api import EventOut
 from corral.core.errors import (
     ApiConnectionError,
     AuthError,

@@ -17,8 +17,8 @@ import httpx
 import jsonschema
 import pytest
 
+from corral.api import KIND_NAMES, AgentOut, ResourceOut
 from corral.client import Client
-from corral.core.api import KIND_NAMES, AgentOut, ResourceOut
 from corral.core.errors import ConflictError
 from corral.core.tokens import Role, parse_token
 from corral.resources.kinds import KINDS, SPEC_TYPES

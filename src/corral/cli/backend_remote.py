@@ -15,9 +15,9 @@ from typing import Any
 
 import anyio
 
+from corral.api import ApprovalOut, EventOut, MessageOut, ResourceOut, Task, TaskDetail
 from corral.cli.backend import Backend, Show, load_files
 from corral.client import AsyncClient
-from corral.core.api import ApprovalOut, EventOut, MessageOut, ResourceOut, Task, TaskDetail
 from corral.core.errors import NotFoundError
 from corral.core.events import Event, EventType
 from corral.core.messages import Message, ToolCall, Usage

@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
+from corral.api import MAX_DELAY_SECONDS, MAX_PAGE_ITEMS, MAX_PRIORITY
 from corral.cli.main import EXIT_BAD_INPUT, fail, run_async, session_id_option
-from corral.core.api import MAX_DELAY_SECONDS, MAX_PAGE_ITEMS, MAX_PRIORITY
 
 if TYPE_CHECKING:
     from corral.core.runs import RunRecord

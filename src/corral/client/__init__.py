@@ -9,7 +9,7 @@
             print(event.seq, event.type)
         print(corral.get_task(task.id).output)
 
-Bodies are the pydantic models of :mod:`corral.core.api`, the same ones the
+Bodies are the pydantic models of :mod:`corral.api`, the same ones the
 server answers with; errors are the library's (:mod:`corral.core.errors`).
 The URL and token default to ``CORRAL_URL`` and ``CORRAL_TOKEN``.
 """

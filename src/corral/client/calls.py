@@ -2,7 +2,7 @@
 
 Each function here returns a :class:`Call`: the method, path, parameters and
 body of one request, and the function that turns its response into a model of
-:mod:`corral.core.api`. :class:`~corral.client.Client` and
+:mod:`corral.api`. :class:`~corral.client.Client` and
 :class:`~corral.client.AsyncClient` only send calls, so the two cannot disagree
 about a path, a parameter or a body: the API's knowledge lives here once, and
 neither sync nor async I/O does.
@@ -18,7 +18,7 @@ from urllib.parse import quote
 import httpx
 from pydantic import BaseModel
 
-from corral.core.api import (
+from corral.api import (
     RESOURCE_OUT,
     ApplyResult,
     ApprovalOut,

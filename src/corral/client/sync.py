@@ -9,9 +9,7 @@ from typing import Any, Self, TypeVar
 
 import httpx
 
-from corral.client import calls, wire
-from corral.client.calls import Call, Documents, Page, Submitted
-from corral.core.api import (
+from corral.api import (
     ApplyResult,
     ApprovalOut,
     ApprovalPage,
@@ -32,6 +30,8 @@ from corral.core.api import (
     TokenOut,
     TokenPage,
 )
+from corral.client import calls, wire
+from corral.client.calls import Call, Documents, Page, Submitted
 from corral.core.errors import ApiError
 
 T = TypeVar("T")

@@ -24,7 +24,7 @@ from typing import Any
 
 import httpx
 
-from corral.core.api import EventOut
+from corral.api import EventOut
 from corral.core.errors import (
     ApiConnectionError,
     ApiError,

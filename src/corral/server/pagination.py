@@ -17,7 +17,7 @@ from typing import Annotated, Any, TypeVar
 
 from fastapi import Query
 
-from corral.core.api import MAX_PAGE_ITEMS
+from corral.api import MAX_PAGE_ITEMS
 from corral.server.problems import FieldProblem, ProblemError
 
 T = TypeVar("T")

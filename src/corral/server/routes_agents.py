@@ -7,12 +7,12 @@ from typing import Annotated, Any
 import anyio
 from fastapi import APIRouter, Path, Request, Response
 
+from corral.api import Prompt, PromptObject, Task
 from corral.resources.kinds import NAME_PATTERN, AgentSpec
 from corral.runtime.follow import RunFollower, Until
 from corral.runtime.local import submit
 from corral.server.auth import Operator, Principal, context_of
 from corral.server.context import ServerContext
-from corral.server.models import Prompt, PromptObject, Task
 from corral.server.problems import FieldProblem, ProblemError, responses
 from corral.server.routes_tasks import check_schema
 

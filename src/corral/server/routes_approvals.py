@@ -6,12 +6,12 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path, Query, Request
 
+from corral.api import ID_PATTERN, ApprovalOut, ApprovalPage, Decision
 from corral.core.errors import NotFoundError
 from corral.core.runs import Approval, ApprovalState
 from corral.server import pagination
 from corral.server.auth import Operator, Principal, Viewer, context_of
 from corral.server.context import ServerContext
-from corral.server.models import ID_PATTERN, ApprovalOut, ApprovalPage, Decision
 from corral.server.problems import responses
 
 router = APIRouter(prefix="/v1", tags=["approvals"])

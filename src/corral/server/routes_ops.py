@@ -5,9 +5,9 @@ from __future__ import annotations
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
+from corral.api import Health, Readiness
 from corral.server.auth import context_of
 from corral.server.metrics import CONTENT_TYPE_LATEST
-from corral.server.models import Health, Readiness
 from corral.store.base import StoreError
 
 router = APIRouter(tags=["operations"])

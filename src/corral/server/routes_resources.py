@@ -19,14 +19,7 @@ import anyio
 from fastapi import APIRouter, Path, Query, Request, Response
 from pydantic import TypeAdapter
 
-from corral.core.errors import DocumentTooComplexError, NotFoundError, ResourceError
-from corral.core.limits import DocumentLimits
-from corral.resources.kinds import KINDS, NAME_PATTERN, kind_of
-from corral.resources.loader import LoadedResource, load_text, unanchored_paths
-from corral.resources.secrets import redacted
-from corral.server import pagination
-from corral.server.auth import Admin, Principal, Viewer, context_of
-from corral.server.models import (
+from corral.api import (
     KIND_NAMES,
     AppliedResource,
     ApplyResult,
@@ -36,6 +29,13 @@ from corral.server.models import (
     resource_out,
     surrogate_path,
 )
+from corral.core.errors import DocumentTooComplexError, NotFoundError, ResourceError
+from corral.core.limits import DocumentLimits
+from corral.resources.kinds import KINDS, NAME_PATTERN, kind_of
+from corral.resources.loader import LoadedResource, load_text, unanchored_paths
+from corral.resources.secrets import redacted
+from corral.server import pagination
+from corral.server.auth import Admin, Principal, Viewer, context_of
 from corral.server.problems import (
     FieldProblem,
     ProblemError,

@@ -6,19 +6,19 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path, Query, Request, Response
 
-from corral.core.errors import NotFoundError
-from corral.core.sessions import Session
-from corral.resources.kinds import NAME_PATTERN
-from corral.server import pagination
-from corral.server.auth import Operator, Principal, Viewer, context_of
-from corral.server.context import ServerContext
-from corral.server.models import (
+from corral.api import (
     SessionId,
     SessionMessageOut,
     SessionMessagePage,
     SessionOut,
     SessionPage,
 )
+from corral.core.errors import NotFoundError
+from corral.core.sessions import Session
+from corral.resources.kinds import NAME_PATTERN
+from corral.server import pagination
+from corral.server.auth import Operator, Principal, Viewer, context_of
+from corral.server.context import ServerContext
 from corral.server.problems import responses
 
 router = APIRouter(prefix="/v1", tags=["sessions"])

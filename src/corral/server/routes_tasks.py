@@ -7,13 +7,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Header, Path, Query, Request, Response
 from fastapi.responses import StreamingResponse
 
-from corral.core.errors import NotFoundError
-from corral.core.runs import RunRecord, RunState
-from corral.resources.kinds import NAME_PATTERN, json_schema_problem
-from corral.runtime.local import submit
-from corral.server import pagination
-from corral.server.auth import Operator, Principal, Viewer, context_of
-from corral.server.models import (
+from corral.api import (
     ID_PATTERN,
     EventOut,
     EventPage,
@@ -22,6 +16,12 @@ from corral.server.models import (
     TaskDetail,
     TaskPage,
 )
+from corral.core.errors import NotFoundError
+from corral.core.runs import RunRecord, RunState
+from corral.resources.kinds import NAME_PATTERN, json_schema_problem
+from corral.runtime.local import submit
+from corral.server import pagination
+from corral.server.auth import Operator, Principal, Viewer, context_of
 from corral.server.problems import FieldProblem, ProblemError, responses
 from corral.server.sse import MEDIA_TYPE, event_stream
 from corral.store.base import Store

@@ -10,12 +10,12 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path, Query, Request, Response
 
+from corral.api import ID_PATTERN, CreateToken, TokenCreated, TokenOut, TokenPage
 from corral.core.errors import NotFoundError
 from corral.core.tokens import ApiToken, mint_token
 from corral.server import pagination
 from corral.server.auth import Admin, Principal, context_of
 from corral.server.context import ServerContext
-from corral.server.models import ID_PATTERN, CreateToken, TokenCreated, TokenOut, TokenPage
 from corral.server.problems import ProblemError, responses
 
 router = APIRouter(prefix="/v1", tags=["tokens"])

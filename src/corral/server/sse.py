@@ -28,10 +28,10 @@ import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator
 
+from corral.api import EventOut
 from corral.core.events import Event, EventType
 from corral.runtime.follow import RunFollower, Until
 from corral.server.context import ServerContext
-from corral.server.models import EventOut
 
 MEDIA_TYPE = "text/event-stream"
 #: how long a reconnecting EventSource waits before it tries again (``retry:``, ms)
