@@ -1,0 +1,127 @@
+"""Tasks (durable runs of an agent) and their events."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Self
+
+from pydantic import BaseModel, Field
+
+from corral.api.common import (
+    FromRecord,
+    JsonObject,
+    MessageOut,
+    Name,
+    Request,
+    SessionId,
+    Text,
+    Timestamp,
+)
+from corral.core.events import Event, EventType
+from corral.core.runs import RunRecord, RunState
+
+#: the bounds of a task's priority and delay (the API's and the CLI's, one rule)
+MAX_PRIORITY = 1_000_000
+MAX_DELAY_SECONDS = 366 * 86400
+
+
+class Usage(FromRecord):
+    input_tokens: int
+    output_tokens: int
+    requests: int
+
+
+class PendingApprovalOut(FromRecord):
+    call_id: str
+    tool: str
+    arguments: str
+    reason: str
+    requested_at: Timestamp
+    expires_at: Timestamp | None = None
+
+
+class Task(FromRecord):
+    """A task: one durable run of one agent."""
+
+    id: str
+    namespace: str
+    agent: str
+    input: str
+    state: RunState
+    output: Any = Field(None, description="The answer: text, or JSON with an output schema.")
+    error: dict[str, Any] | None = Field(
+        None, description="Why the run failed: {code, message, ...}."
+    )
+    usage: Usage
+    cost_usd: float
+    steps: int
+    created_at: Timestamp
+    started_at: Timestamp | None = None
+    finished_at: Timestamp | None = None
+    idempotency_key: str | None = None
+    session_id: str | None = None
+    priority: int
+    not_before: Timestamp
+    attempts: int
+    max_attempts: int
+    cancel_requested: bool
+    lease_owner: str | None = Field(None, description="The worker executing the run now.")
+    lease_expires_at: Timestamp | None = None
+    pending_approvals: list[PendingApprovalOut]
+    output_schema: dict[str, Any] | None = None
+
+    @classmethod
+    def from_record(cls, record: RunRecord) -> Self:
+        return cls.model_validate(record)
+
+
+class TaskDetail(Task):
+    """A task with its conversation."""
+
+    messages: list[MessageOut]
+
+
+class TaskPage(BaseModel):
+    items: list[Task]
+    next_cursor: str | None
+
+
+class SubmitTask(Request):
+    """A run to queue."""
+
+    agent: Name
+    input: Annotated[Text, Field(description="The prompt.")]
+    session: SessionId | None = Field(
+        None, description="Carry the conversation of this session (created if new)."
+    )
+    idempotency_key: Annotated[Text, Field(min_length=1, max_length=255)] | None = Field(
+        None, description="Submitting the same key again (same agent) returns the same task."
+    )
+    priority: int = Field(0, ge=-MAX_PRIORITY, le=MAX_PRIORITY, description="Higher runs first.")
+    delay_seconds: float = Field(
+        0.0, ge=0, le=MAX_DELAY_SECONDS, description="Wait before it may start."
+    )
+    output_schema: JsonObject | None = Field(
+        None, description="A JSON Schema the answer must match (over the agent's own)."
+    )
+
+
+class EventOut(FromRecord):
+    """One event of a run; ``seq`` numbers a run's events from 1 without gaps."""
+
+    run_id: str
+    seq: int
+    type: EventType
+    ts: Timestamp
+    data: dict[str, Any]
+
+    @classmethod
+    def from_event(cls, event: Event) -> Self:
+        return cls.model_validate(event)
+
+
+class EventPage(BaseModel):
+    items: list[EventOut]
+    next_cursor: str | None = Field(
+        description="Where the next page starts; null once the run has finished and every "
+        "event was listed. A run still going returns a cursor even with no new events."
+    )
