@@ -43,10 +43,10 @@ from corral.server import (
     routes_tasks,
     routes_tokens,
 )
-from corral.server.auth import TokenVerifier
 from corral.server.context import ServerContext
 from corral.server.limits import BodyLimitMiddleware, RateLimiter
 from corral.server.metrics import HttpMetricsMiddleware, Metrics
+from corral.server.verifier import TokenVerifier
 from corral.store.base import Store
 
 _DESCRIPTION = """The HTTP API of Corral, a self-hosted runtime for LLM agents.

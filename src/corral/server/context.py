@@ -1,19 +1,23 @@
-"""What every route of the server shares: the store, the bus, settings, and the server's own parts."""
+"""What every route of the server shares: the store, the bus, settings, and the server's own parts.
+
+A route reaches it with :func:`context_of`.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 import anyio
+from fastapi import Request
 
 from corral.bus.base import Bus
 from corral.core.settings import Settings
 from corral.runtime.fanout import FanOut
 from corral.runtime.follow import Stop
 from corral.runtime.health import WorkerHealth
-from corral.server.auth import TokenVerifier
 from corral.server.limits import RateLimiter
 from corral.server.metrics import Metrics
+from corral.server.verifier import TokenVerifier
 from corral.store.base import Store
 
 
@@ -53,3 +57,9 @@ class ServerContext:
         """Shutdown begins: streams and prompt waits end, the worker drains, readiness fails."""
         self.stopping.set()
         self.followers_stop.set()
+
+
+def context_of(request: Request) -> ServerContext:
+    """The server's shared state (store, bus, settings, ...)."""
+    context: ServerContext = request.app.state.corral
+    return context

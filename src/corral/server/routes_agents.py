@@ -11,8 +11,8 @@ from corral.api import Prompt, PromptObject, Task
 from corral.resources.kinds import NAME_PATTERN, AgentSpec
 from corral.runtime.follow import RunFollower, Until
 from corral.runtime.local import submit
-from corral.server.auth import Operator, Principal, context_of
-from corral.server.context import ServerContext
+from corral.server.auth import Operator, Principal
+from corral.server.context import ServerContext, context_of
 from corral.server.problems import FieldProblem, ProblemError, responses
 from corral.server.routes_tasks import check_schema
 

@@ -10,8 +10,8 @@ from corral.api import ID_PATTERN, ApprovalOut, ApprovalPage, Decision
 from corral.core.errors import NotFoundError
 from corral.core.runs import Approval, ApprovalState
 from corral.server import pagination
-from corral.server.auth import Operator, Principal, Viewer, context_of
-from corral.server.context import ServerContext
+from corral.server.auth import Operator, Principal, Viewer
+from corral.server.context import ServerContext, context_of
 from corral.server.problems import responses
 
 router = APIRouter(prefix="/v1", tags=["approvals"])

@@ -6,7 +6,7 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
 from corral.api import Health, Readiness
-from corral.server.auth import context_of
+from corral.server.context import context_of
 from corral.server.metrics import CONTENT_TYPE_LATEST
 from corral.store.base import StoreError
 

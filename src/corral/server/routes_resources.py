@@ -35,7 +35,8 @@ from corral.resources.kinds import KINDS, NAME_PATTERN, kind_of
 from corral.resources.loader import LoadedResource, load_text, unanchored_paths
 from corral.resources.secrets import redacted
 from corral.server import pagination
-from corral.server.auth import Admin, Principal, Viewer, context_of
+from corral.server.auth import Admin, Principal, Viewer
+from corral.server.context import context_of
 from corral.server.problems import (
     FieldProblem,
     ProblemError,

@@ -17,8 +17,8 @@ from corral.core.errors import NotFoundError
 from corral.core.sessions import Session
 from corral.resources.kinds import NAME_PATTERN
 from corral.server import pagination
-from corral.server.auth import Operator, Principal, Viewer, context_of
-from corral.server.context import ServerContext
+from corral.server.auth import Operator, Principal, Viewer
+from corral.server.context import ServerContext, context_of
 from corral.server.problems import responses
 
 router = APIRouter(prefix="/v1", tags=["sessions"])

@@ -21,7 +21,8 @@ from corral.core.runs import RunRecord, RunState
 from corral.resources.kinds import NAME_PATTERN, json_schema_problem
 from corral.runtime.local import submit
 from corral.server import pagination
-from corral.server.auth import Operator, Principal, Viewer, context_of
+from corral.server.auth import Operator, Principal, Viewer
+from corral.server.context import context_of
 from corral.server.problems import FieldProblem, ProblemError, responses
 from corral.server.sse import MEDIA_TYPE, event_stream
 from corral.store.base import Store

@@ -14,8 +14,8 @@ from corral.api import ID_PATTERN, CreateToken, TokenCreated, TokenOut, TokenPag
 from corral.core.errors import NotFoundError
 from corral.core.tokens import ApiToken, mint_token
 from corral.server import pagination
-from corral.server.auth import Admin, Principal, context_of
-from corral.server.context import ServerContext
+from corral.server.auth import Admin, Principal
+from corral.server.context import ServerContext, context_of
 from corral.server.problems import ProblemError, responses
 
 router = APIRouter(prefix="/v1", tags=["tokens"])
