@@ -32,9 +32,11 @@ demo: $(STAMP)
 	$(BIN)/corral apply -f examples/
 	$(BIN)/corral run assistant "What is 17 plus 25? Use the add tool."
 
+# lint-imports: the import contracts in pyproject.toml ([tool.importlinter]): layers, no cycles
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench
 	$(BIN)/ruff format --check src tests bench
+	$(BIN)/lint-imports
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
@@ -62,4 +64,4 @@ bench: $(BENCH_STAMP)
 	$(BENCH_VENV)/bin/python bench/run.py --write-docs $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) .corral-demo .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) .corral-demo .mypy_cache .ruff_cache .pytest_cache .import_linter_cache
