@@ -3,8 +3,9 @@
 ``corral.server`` answers with these models (they are what /openapi.json
 describes) and ``corral.client`` parses its answers into the same ones, so the
 two cannot drift apart. The package is plain pydantic over the library's
-records: importing it pulls in neither FastAPI nor httpx. One module per area
-of the API (as the server's ``routes_*``), all re-exported here.
+records: importing it pulls in neither FastAPI nor a database driver (the
+``api-plain`` import contract). One module per area of the API (as the
+server's ``routes_*``), all re-exported here.
 
 Requests forbid unknown fields. Responses are built from the library's records
 by pydantic (``from_attributes``): a record's fields are defined once, in the
