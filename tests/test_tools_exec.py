@@ -100,7 +100,7 @@ async def test_non_zero_exit_is_execution_failed_with_stderr(tmp_path: Path) -> 
     with pytest.raises(ToolError) as caught:
         await make().call({"mode": "fail"}, context(tmp_path))
     error = caught.value
-    assert error.tool_code == "execution_failed"
+    assert error.code == "execution_failed"
     assert error.retryable is False
     assert "exited with code 3" in error.info.reason
     assert "disk on fire" in error.info.reason
@@ -152,7 +152,7 @@ async def test_a_daemon_that_left_the_group_dies_when_the_tool_times_out(tmp_pat
     tool = GovernedTool(make(), ToolPolicy(timeout_seconds=1.0))
     with pytest.raises(ToolError) as caught:
         await tool.execute({"mode": "daemon"}, context(tmp_path))
-    assert caught.value.tool_code == "timeout"
+    assert caught.value.code == "timeout"
     await gone(int((tmp_path / "daemon.txt").read_text()))
 
 
@@ -176,7 +176,7 @@ async def test_a_daemon_left_behind_by_a_program_that_exited_dies_with_the_call(
 async def test_runaway_output_is_capped(tmp_path: Path) -> None:
     with pytest.raises(ToolError) as caught:
         await make().call({"mode": "flood"}, context(tmp_path))
-    assert caught.value.tool_code == "output_too_large"
+    assert caught.value.code == "output_too_large"
 
 
 def test_configuration_problems_are_found_at_create() -> None:

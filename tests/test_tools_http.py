@@ -197,7 +197,7 @@ async def test_ssrf_guard_blocks_a_name_resolving_to_a_private_address_before_an
     tool = http_tool.create("remote", spec, {}, transport=transport, resolver=resolving_to(address))
     with pytest.raises(ToolError) as caught:
         await tool.call({}, context(tmp_path))
-    assert caught.value.tool_code == "blocked_destination"
+    assert caught.value.code == "blocked_destination"
     assert caught.value.retryable is False
     assert str(ipaddress.ip_address(address)) in caught.value.info.reason
     assert transport.requests == []
@@ -212,7 +212,7 @@ async def test_a_loopback_name_is_blocked_unless_private_is_allowed(
     blocked = http_tool.create("remote", spec, {}, resolver=resolving_to("127.0.0.1"))
     with pytest.raises(ToolError) as caught:
         await blocked.call({}, context(tmp_path))
-    assert caught.value.tool_code == "blocked_destination"
+    assert caught.value.code == "blocked_destination"
     assert server.requests == []
 
     allowed = make(server.url(), allow_private=True)
@@ -247,7 +247,7 @@ async def test_a_name_with_any_private_address_is_blocked() -> None:
 
     with pytest.raises(ToolError) as caught:
         await check_destination("https://api.example.test/v1", resolver=resolver)
-    assert caught.value.tool_code == "blocked_destination"
+    assert caught.value.code == "blocked_destination"
     assert "10.1.2.3" in caught.value.info.reason
 
 
@@ -265,7 +265,7 @@ async def test_public_address_is_pinned_with_host_and_sni() -> None:
 async def test_non_http_schemes_are_blocked(url: str) -> None:
     with pytest.raises(ToolError) as caught:
         await check_destination(url, allow_private=True)
-    assert caught.value.tool_code == "blocked_destination"
+    assert caught.value.code == "blocked_destination"
 
 
 @pytest.mark.parametrize(
@@ -307,7 +307,7 @@ async def test_error_statuses_map_to_tool_errors(
     finally:
         await tool.aclose()
     error = caught.value
-    assert error.tool_code == "execution_failed"
+    assert error.code == "execution_failed"
     assert error.retryable is retryable
     assert error.info.details["status_code"] == status
     assert f"status {status} body" in error.info.reason
@@ -344,5 +344,5 @@ async def test_connection_refused_is_retryable_unavailable(tmp_path: Path) -> No
             await tool.call({}, context(tmp_path))
     finally:
         await tool.aclose()
-    assert caught.value.tool_code == "unavailable"
+    assert caught.value.code == "unavailable"
     assert caught.value.retryable is True

@@ -153,7 +153,7 @@ async def test_is_error_result_becomes_execution_failed(
 ) -> None:
     with pytest.raises(ToolError) as caught:
         await stdio_tools["mcp:calc/divide"].call({"a": 1, "b": 0}, context(tmp_path))
-    assert caught.value.tool_code == "execution_failed"
+    assert caught.value.code == "execution_failed"
     assert caught.value.retryable is False
     assert "division by zero is not allowed" in caught.value.info.reason
 
@@ -191,7 +191,7 @@ async def test_slow_call_times_out_and_the_session_survives(
 ) -> None:
     with pytest.raises(ToolError) as caught:
         await stdio_tools["mcp:calc/slow"].call({"seconds": 5}, context(tmp_path))
-    assert caught.value.tool_code == "timeout"
+    assert caught.value.code == "timeout"
     assert caught.value.retryable is True
     assert await stdio_tools["mcp:calc/slow"].call({"seconds": 0}, context(tmp_path)) == "awake"
 
@@ -218,7 +218,7 @@ async def test_streamable_http_server_refuses_a_wrong_token(http_server: str) ->
     with pytest.raises(ToolError) as caught:
         async with connected("calc-http", spec, {"mcp-token": "wrong"}):
             pass
-    assert caught.value.tool_code == "unavailable"
+    assert caught.value.code == "unavailable"
     assert time.monotonic() - started < 5
 
 
@@ -235,7 +235,7 @@ async def test_server_hanging_on_initialize_fails_cleanly(tmp_path: Path) -> Non
             await open_server_tools("stuck", spec, {}, stack, workspace=tmp_path)
     elapsed = time.monotonic() - started
     error = caught.value
-    assert error.tool_code == "unavailable"
+    assert error.code == "unavailable"
     assert "within 1.0s" in error.info.reason
     assert "starting up, please wait" in error.info.reason  # the server's stderr
     # the init timeout, plus the SDK's 2 s grace between closing stdin and SIGTERM
@@ -355,7 +355,7 @@ async def test_a_call_in_flight_when_the_server_dies_runs_again_only_if_idempote
         else:
             [error] = outcome
             assert isinstance(error, ToolError)
-            assert error.tool_code == "unavailable" and error.retryable is True
+            assert error.code == "unavailable" and error.retryable is True
             assert "may or may not have run" in error.info.reason
         # either way the next call gets a new session
         assert await tools["mcp:calc/add"].call({"a": 1, "b": 2}, ctx) == {"result": 3}
@@ -416,7 +416,7 @@ async def test_a_server_that_cannot_be_reopened_fails_fast_until_the_backoff_pas
                 with pytest.raises(ToolError) as caught:
                     await tools["mcp:calc-http/add"].call({"a": 1, "b": 2}, ctx)
                 errors.append(caught.value)
-            assert all(e.tool_code == "unavailable" and e.retryable for e in errors)
+            assert all(e.code == "unavailable" and e.retryable for e in errors)
             # no call waited for a connect attempt of its own beyond the first reopen
             assert time.monotonic() - started < spec.init_timeout_seconds
             assert "failed to start" in errors[-1].info.reason

@@ -94,7 +94,7 @@ async def test_an_inline_sync_function_runs_on_the_event_loop_and_fails_like_any
     assert await inline("add").call({"a": 40}, context(tmp_path)) == 42
     with pytest.raises(ToolError) as caught:
         await inline("add").call({"a": "forty"}, context(tmp_path))
-    assert caught.value.tool_code == "invalid_input"
+    assert caught.value.code == "invalid_input"
 
 
 def test_inline_is_read_from_a_tool_resource() -> None:
@@ -133,7 +133,7 @@ async def test_explicit_parameters_pass_arguments_through(tmp_path: Path) -> Non
 async def test_function_exception_becomes_execution_failed(tmp_path: Path) -> None:
     with pytest.raises(ToolError) as caught:
         await make("explode").call({"reason": "boom"}, context(tmp_path))
-    assert caught.value.tool_code == "execution_failed"
+    assert caught.value.code == "execution_failed"
     assert caught.value.info.reason == "ValueError: boom"
     assert caught.value.retryable is False
 
@@ -141,7 +141,7 @@ async def test_function_exception_becomes_execution_failed(tmp_path: Path) -> No
 async def test_arguments_that_do_not_fit_the_signature_are_invalid_input(tmp_path: Path) -> None:
     with pytest.raises(ToolError) as caught:
         await make("add").call({"a": "not a number"}, context(tmp_path))
-    assert caught.value.tool_code == "invalid_input"
+    assert caught.value.code == "invalid_input"
 
 
 async def test_cancelling_a_blocking_function_returns_promptly(tmp_path: Path) -> None:
