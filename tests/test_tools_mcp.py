@@ -2,12 +2,13 @@
 
 The connected servers are module fixtures: each is opened and closed by one
 owner task, as :func:`corral.tools.mcp.open_server_tools` requires, while the
-tests call the tools from their own tasks.
+tests call the tools from their own tasks. What every kind does (invalid input, timeouts,
+cancellation, the output cap, failures, the idempotency key) is in
+``tests/conformance/test_tool_kinds.py``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import os
@@ -26,12 +27,11 @@ from corral.core.errors import ConfigurationError, ToolError
 from corral.resources.kinds import EnvValue, HttpAuth, McpServerSpec
 from corral.tools.base import Tool, ToolContext
 from corral.tools.mcp import McpTool, open_server_tools
+from mcp_clients import CALC, SERVERS, connected
 from processes import alive
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
-SERVERS = Path(__file__).parent / "mcp_servers"
-CALC = str(SERVERS / "calc_server.py")
 TOKEN = "mcp-test-token"
 
 
@@ -44,35 +44,6 @@ def context(tmp_path: Path) -> ToolContext:
         idempotency_key="run-5:1:call-1",
         workspace=tmp_path,
     )
-
-
-@contextlib.asynccontextmanager
-async def connected(
-    name: str, spec: McpServerSpec, secrets: dict[str, str], workspace: Path | None = None
-) -> AsyncIterator[dict[str, Tool]]:
-    """Open the server in an owner task that also closes it; yield its tools by ref."""
-    ready: asyncio.Future[list[Tool]] = asyncio.get_running_loop().create_future()
-    stop = asyncio.Event()
-
-    async def owner() -> None:
-        try:
-            async with contextlib.AsyncExitStack() as stack:
-                tools = await open_server_tools(name, spec, secrets, stack, workspace=workspace)
-                ready.set_result(tools)
-                await stop.wait()
-        except BaseException as exc:
-            if not ready.done():
-                ready.set_exception(exc)
-            raise
-
-    task = asyncio.get_running_loop().create_task(owner())
-    try:
-        tools = await ready
-        yield {tool.ref: tool for tool in tools}
-    finally:
-        stop.set()
-        with anyio.fail_after(10):
-            await task
 
 
 @pytest.fixture(scope="module")
@@ -132,6 +103,9 @@ async def test_stdio_server_tools_are_listed_with_refs_and_schemas(
         "mcp:calc/slow",
         "mcp:calc/pid",
         "mcp:calc/daemon",
+        "mcp:calc/echo",
+        "mcp:calc/flood",
+        "mcp:calc/fail",
     }  # fmt: skip  (not long_job: it runs only as an MCP task)
     add = stdio_tools["mcp:calc/add"]
     assert add.spec.name == "calc__add"
@@ -148,14 +122,15 @@ async def test_stdio_call_returns_structured_or_text_content(
     assert await stdio_tools["mcp:calc/shout"].call({"text": "hi"}, ctx) == "HI"
 
 
-async def test_is_error_result_becomes_execution_failed(
+async def test_a_call_tells_the_server_its_idempotency_key_run_and_call_in_its_meta(
     stdio_tools: dict[str, Tool], tmp_path: Path
 ) -> None:
-    with pytest.raises(ToolError) as caught:
-        await stdio_tools["mcp:calc/divide"].call({"a": 1, "b": 0}, context(tmp_path))
-    assert caught.value.code == "execution_failed"
-    assert caught.value.retryable is False
-    assert "division by zero is not allowed" in caught.value.info.reason
+    result = await stdio_tools["mcp:calc/echo"].call({"text": "hi"}, context(tmp_path))
+    assert result["meta"] == {
+        "corral/idempotency_key": "run-5:1:call-1",
+        "corral/run_id": "run-5",
+        "corral/tool_call_id": "call-1",
+    }
 
 
 async def test_stdio_server_runs_in_a_locked_environment(
