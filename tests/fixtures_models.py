@@ -2,21 +2,25 @@
 
 A test module imports the fixtures it uses by their ``*_fixture`` names (the
 fixture names are ``fake_openai``, ``fake_anthropic``, ...). Each fake server
-runs once per test module and is reset before every test.
+runs once per test module and is reset before every test; :class:`FakeServers`
+starts them on demand for a module that tests several providers.
 """
 
 from __future__ import annotations
 
 import socket
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
 from corral.core.messages import ToolSpec
 from corral.resources.kinds import ModelEndpointSpec, Pricing, RetryPolicy
+from corral.testing._fake_http import FakeModelServer
 from corral.testing.fake_anthropic import FakeAnthropicServer
 from corral.testing.fake_openai import FakeOpenAIServer
+
+S = TypeVar("S", bound=FakeModelServer)
 
 LOOKUP = ToolSpec(
     "lookup",
@@ -84,3 +88,35 @@ def closed_port_url() -> str:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     return f"http://127.0.0.1:{port}/v1"
+
+
+class FakeServers:
+    """The fake servers of one test module, each started on first use and reset for each
+    test: one per wire protocol and role (``primary``, ``backup`` for fallbacks)."""
+
+    def __init__(self) -> None:
+        self._running: dict[tuple[type[FakeModelServer], str], FakeModelServer] = {}
+
+    def get(self, kind: type[S], role: str = "primary") -> S:
+        """The running server of this kind and role, reset."""
+        server = self._running.get((kind, role))
+        if server is None:
+            server = self._running[kind, role] = kind()
+            server.start()
+        server.reset()
+        assert isinstance(server, kind)
+        return server
+
+    def stop(self) -> None:
+        for server in self._running.values():
+            server.stop()
+        self._running.clear()
+
+
+@pytest.fixture(scope="module", name="fake_servers")
+def fake_servers_fixture() -> Iterator[FakeServers]:
+    servers = FakeServers()
+    try:
+        yield servers
+    finally:
+        servers.stop()

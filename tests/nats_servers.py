@@ -21,13 +21,17 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import AsyncExitStack
 from pathlib import Path
+from typing import Any
 
 import nats
 import nats.errors
 import nats.js.errors
 import pytest
+
+from corral.bus.nats import NatsBus
 
 DEFAULT_URL = "nats://127.0.0.1:4222"
 #: where the binary is when it is not on PATH (Debian's package)
@@ -94,6 +98,24 @@ async def nats_prefix_fixture(nats_server_url: str) -> AsyncIterator[str]:
     prefix = new_prefix()
     yield prefix
     await delete_streams(nats_server_url, prefix)
+
+
+#: opens a bus on the test's prefix (keyword arguments: NatsBus.connect's options)
+OpenBus = Callable[..., Awaitable[NatsBus]]
+
+
+@pytest.fixture(name="connect")
+async def connect_fixture(nats_server_url: str, nats_prefix: str) -> AsyncIterator[OpenBus]:
+    """Opens buses on the test's prefix, each with a connection of its own; closes them."""
+    async with AsyncExitStack() as stack:
+
+        async def open_one(**options: Any) -> NatsBus:
+            options.setdefault("prefix", nats_prefix)
+            bus = await NatsBus.connect(nats_server_url, **options)
+            stack.push_async_callback(bus.close)
+            return bus
+
+        yield open_one
 
 
 async def delete_streams(url: str, prefix: str) -> None:

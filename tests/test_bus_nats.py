@@ -1,5 +1,6 @@
 """The NATS JetStream bus against a real NATS server: dispatch, redelivery, dead letters,
-event fan-out across connections, and a server restart.
+and a server restart (what every bus does, wake-ups and event fan-out across connections, is
+in ``tests/conformance/test_buses.py``).
 
 Each test has a subject and stream prefix of its own on the shared server
 (``nats_prefix``); the restart test runs a server of its own (``private_nats``).
@@ -8,9 +9,7 @@ Each test has a subject and stream prefix of its own on the shared server
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import AsyncExitStack
-from typing import Any
+from collections.abc import Awaitable, Callable
 
 import anyio
 import nats
@@ -22,29 +21,20 @@ from corral.bus.nats import NatsBus
 from corral.core.errors import BusError, ConfigurationError
 from nats_servers import (
     NatsServerProcess,
+    OpenBus,
+    connect_fixture,
     free_port,
     nats_prefix_fixture,
     nats_server_url_fixture,
     private_nats_fixture,
 )
 
-__all__ = ["nats_prefix_fixture", "nats_server_url_fixture", "private_nats_fixture"]
-
-OpenBus = Callable[..., Awaitable[NatsBus]]
-
-
-@pytest.fixture
-async def connect(nats_server_url: str, nats_prefix: str) -> AsyncIterator[OpenBus]:
-    """Opens buses on the test's prefix, each with a connection of its own; closes them."""
-    async with AsyncExitStack() as stack:
-
-        async def open_one(**options: Any) -> NatsBus:
-            options.setdefault("prefix", nats_prefix)
-            bus = await NatsBus.connect(nats_server_url, **options)
-            stack.push_async_callback(bus.close)
-            return bus
-
-        yield open_one
+__all__ = [
+    "connect_fixture",
+    "nats_prefix_fixture",
+    "nats_server_url_fixture",
+    "private_nats_fixture",
+]
 
 
 async def take(bus: NatsBus, seconds: float = 5.0, limit: int = 10) -> list[Delivery]:
@@ -208,53 +198,6 @@ async def test_a_malformed_dispatch_is_terminated_not_handed_out(
         await client.close()
     assert await take(bus, 1.0) == []
     assert await take(bus, 1.5) == []  # not delivered again either
-
-
-# --------------------------------------------------------------------------- wake-ups and events
-
-
-async def test_wait_runnable_wakes_on_an_announcement_from_another_connection(
-    connect: OpenBus,
-) -> None:
-    waiter, announcer = await connect(), await connect()
-    await waiter.wait_runnable(0.01)  # subscribes
-    started = time.monotonic()
-    async with anyio.create_task_group() as group:
-        group.start_soon(waiter.wait_runnable, 10.0)
-        await anyio.sleep(0.1)
-        await announcer.announce_runnable(["run_x"])
-    assert time.monotonic() - started < 5
-    started = time.monotonic()
-    await waiter.wait_runnable(0.2)  # nothing new: returns at the timeout
-    assert time.monotonic() - started >= 0.15
-
-
-async def test_events_fan_out_to_watchers_on_other_connections_and_in_this_process(
-    connect: OpenBus,
-) -> None:
-    worker, api_one, api_two = await connect(), await connect(), await connect()
-    async with (
-        api_one.watch_events("run_1") as first,
-        api_one.watch_events("run_1") as first_again,
-        api_two.watch_events("run_1") as second,
-        api_two.watch_events("run_2") as unrelated,
-        worker.watch_events("run_1") as local,
-    ):
-        await worker.announce_events("run_1", 7)
-        for watch in (first, first_again, second, local):
-            assert await watch.wait(5) is True
-        assert await unrelated.wait(0.3) is False
-        assert await first.wait(0.1) is False  # consumed
-
-    # The last watch of a run unsubscribed: announcing again reaches nobody, and is fine.
-    await worker.announce_events("run_1", 8)
-
-
-async def test_a_run_id_that_is_not_a_subject_token_still_fans_out(connect: OpenBus) -> None:
-    one, two = await connect(), await connect()
-    async with two.watch_events("odd.id *>") as watch:
-        await one.announce_events("odd.id *>", 1)
-        assert await watch.wait(5) is True
 
 
 # --------------------------------------------------------------------------- a NATS restart

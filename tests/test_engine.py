@@ -214,7 +214,7 @@ def test_permissions_deny_wins_over_allow() -> None:
     perms.check("add")
     with pytest.raises(ToolError) as denied:
         perms.check("mcp:shell/run")
-    assert denied.value.tool_code == "permission_denied"
+    assert denied.value.code == "permission_denied"
 
 
 async def test_approval_required_pauses_the_run_after_the_other_calls(tmp_path: Path) -> None:

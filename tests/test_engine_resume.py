@@ -87,7 +87,11 @@ async def test_interrupted_non_idempotent_call_waits_for_a_human(tmp_path: Path)
     assert result.state is RunState.WAITING_APPROVAL
     assert tool.calls == []  # never silently run twice
     [pending] = result.pending_approvals
-    assert "interrupted" in pending.reason and pending.call_id == "call_1_1"
+    assert pending.call_id == "call_1_1"
+    assert pending.reason == (
+        "the call to 'add' was interrupted (its worker stopped) and its outcome is unknown; "
+        "the tool is not idempotent, so running it again needs a human's approval"
+    )
 
     # A human approves: it runs exactly once and the run completes.
     approved = await AgentLoop(h.agent, "run_test", h.sink).resume(
@@ -118,7 +122,11 @@ async def test_agent_may_fail_runs_with_interrupted_calls(tmp_path: Path) -> Non
     h.agent.interrupted_calls = "fail"
     result = await resume(h, journal, THREE_STEPS)
     assert result.state is RunState.FAILED
-    assert result.error is not None and "interrupted" in result.error["message"]
+    assert result.error == {
+        "code": "error",
+        "message": "the call to 'add' was interrupted (its worker stopped) and its outcome is "
+        "unknown; the agent fails such runs",
+    }
 
 
 def approval_harness(tmp_path: Path) -> tuple[Harness, FunctionTool, FunctionTool]:

@@ -167,7 +167,7 @@ async def test_the_call_time_guard_reads_numeric_spellings_itself(url: str) -> N
     resolver = RecordingResolver()
     with pytest.raises(ToolError) as caught:
         await check_destination(url, resolver=resolver)
-    assert caught.value.tool_code == "blocked_destination"
+    assert caught.value.code == "blocked_destination"
     assert resolver.asked == []
 
 
@@ -201,7 +201,7 @@ async def test_a_bad_url_past_apply_fails_the_tools_calls_not_the_tool(
             await tool.call({}, context)
     finally:
         await tool.aclose()
-    assert caught.value.tool_code == "blocked_destination"
+    assert caught.value.code == "blocked_destination"
     assert caught.value.retryable is False
     assert requests == []
 

@@ -1,8 +1,8 @@
-"""Retries, pricing and fallbacks around models.
+"""Retries, pricing and fallbacks around models, around a small scripted :class:`Model`
+for the timing and streaming rules that need exact control.
 
-The wrappers are tested two ways: against the fake OpenAI server through the
-registry (the way the engine gets its models), and around a small scripted
-:class:`Model` for the timing and streaming rules that need exact control.
+The wrappers around each provider, built by the registry as the engine gets its models
+and run against the provider's fake server, are in ``tests/conformance/test_providers.py``.
 """
 
 from __future__ import annotations
@@ -31,14 +31,7 @@ from corral.models.gateway import (
     RetryingModel,
     retry_after_seconds,
 )
-from corral.models.registry import build_model, with_fallbacks
 from corral.resources.kinds import Pricing, RetryPolicy
-from corral.testing.fake_openai import FakeOpenAIServer, FakeReply
-from fixtures_models import (  # noqa: F401 - fixtures
-    endpoint,
-    fake_openai_fixture,
-    openai_server_fixture,
-)
 
 SETTINGS = ModelSettings()
 HI = [Message.user("hi")]
@@ -216,50 +209,6 @@ async def test_cancellation_during_a_retry_wait_is_not_swallowed() -> None:
     assert inner.calls == 1
 
 
-async def test_cancelling_a_slow_call_is_cancellation_not_a_model_timeout(
-    fake_openai: FakeOpenAIServer,
-) -> None:
-    fake_openai.delay(2.0)
-    fake_openai.add_reply(FakeReply(text="late"))
-    model = build_model("primary", endpoint("openai", fake_openai.base_url, max_attempts=3), "k")
-
-    with anyio.move_on_after(0.2) as scope:
-        await model.request(HI, [], SETTINGS)
-
-    assert scope.cancelled_caught
-    assert fake_openai.calls == 1
-    await model.aclose()
-
-
-async def test_rate_limited_endpoint_is_retried_through_the_registry(
-    fake_openai: FakeOpenAIServer,
-) -> None:
-    fake_openai.fail(429, times=2, retry_after="0.05")
-    fake_openai.add_reply(FakeReply(text="third time lucky"))
-    model = build_model("primary", endpoint("openai", fake_openai.base_url, max_attempts=3), "k")
-
-    items = [item async for item in model.stream(HI, [], SETTINGS)]
-
-    final = items[-1]
-    assert isinstance(final, ModelResponse)
-    assert final.message.content == "third time lucky"
-    assert fake_openai.calls == 3
-    await model.aclose()
-
-
-async def test_timeouts_are_retried(fake_openai: FakeOpenAIServer) -> None:
-    fake_openai.delay(2.0, times=1)
-    fake_openai.add_reply(FakeReply(text="slow, dropped"), FakeReply(text="fast"))
-    spec = endpoint("openai", fake_openai.base_url, max_attempts=2, timeout=0.3)
-    model = build_model("primary", spec, "k")
-
-    response = await model.request(HI, [], SETTINGS)
-
-    assert response.message.content == "fast"
-    assert fake_openai.calls == 2
-    await model.aclose()
-
-
 # --------------------------------------------------------------------------- PricedModel
 
 
@@ -276,80 +225,7 @@ async def test_priced_model_fills_cost_for_requests_and_streams() -> None:
     assert streamed.cost_usd == pytest.approx(expected)
 
 
-async def test_cost_comes_from_the_servers_usage(fake_openai: FakeOpenAIServer) -> None:
-    fake_openai.add_reply(FakeReply(text="a", input_tokens=1_200, output_tokens=300))
-    spec = endpoint(
-        "openai",
-        fake_openai.base_url,
-        pricing=Pricing(input_per_million=0.15, output_per_million=0.6),
-    )
-    model = build_model("primary", spec, "k")
-
-    response = await model.request(HI, [], SETTINGS)
-
-    assert response.cost_usd == pytest.approx((1_200 * 0.15 + 300 * 0.6) / 1e6)
-    await model.aclose()
-
-
-async def test_an_endpoint_without_prices_costs_nothing(fake_openai: FakeOpenAIServer) -> None:
-    fake_openai.add_reply(
-        FakeReply(text="a", input_tokens=1_200, output_tokens=300),
-        FakeReply(text="b", input_tokens=1_200, output_tokens=300),
-    )
-    model = build_model("primary", endpoint("openai", fake_openai.base_url), "k")
-
-    response = await model.request(HI, [], SETTINGS)
-    streamed = (await drain(model))[-1]
-
-    assert response.cost_usd == 0.0
-    assert isinstance(streamed, ModelResponse) and streamed.cost_usd == 0.0
-    await model.aclose()
-
-
 # --------------------------------------------------------------------------- FallbackModel
-
-
-async def test_failing_endpoint_falls_back_to_the_second_after_its_retries(
-    fake_openai: FakeOpenAIServer,
-) -> None:
-    fake_openai.fail(500, times=None)
-    with FakeOpenAIServer() as backup:
-        backup.add_reply(FakeReply(text="from the backup"))
-        primary = build_model(
-            "primary", endpoint("openai", fake_openai.base_url, max_attempts=2), "k"
-        )
-        secondary = build_model("secondary", endpoint("openai", backup.base_url), "k")
-        model = with_fallbacks([primary, secondary])
-
-        response = await model.request(HI, [], SETTINGS)
-
-        assert response.message.content == "from the backup"
-        assert response.endpoint == "secondary"
-        assert fake_openai.calls == 2  # the primary's own retries came first
-        assert backup.calls == 1
-        await model.aclose()
-
-
-async def test_fallback_stream_uses_the_next_endpoint_before_the_first_item(
-    fake_openai: FakeOpenAIServer,
-) -> None:
-    fake_openai.fail(503, times=None)
-    async with FakeOpenAIServer() as backup:
-        backup.add_reply(FakeReply(text="streamed by the backup"))
-        model = FallbackModel(
-            [
-                build_model("primary", endpoint("openai", fake_openai.base_url), "k"),
-                build_model("secondary", endpoint("openai", backup.base_url), "k"),
-            ]
-        )
-
-        items = [item async for item in model.stream(HI, [], SETTINGS)]
-
-        text = "".join(i.text for i in items if isinstance(i, TextDelta))
-        assert text == "streamed by the backup"
-        final = items[-1]
-        assert isinstance(final, ModelResponse) and final.endpoint == "secondary"
-        await model.aclose()
 
 
 async def test_fallback_error_names_every_endpoints_failure() -> None:

@@ -1,12 +1,12 @@
-"""The ``openai``, ``azure-openai`` and ``ollama`` providers against the fake server.
+"""The ``openai``, ``azure-openai`` and ``ollama`` providers against the fake server: what
+goes over the wire (Chat Completions, Azure's deployment paths, the dialects of other servers).
 
-Every test goes through the real ``openai`` SDK and real HTTP on 127.0.0.1.
+Every test goes through the real ``openai`` SDK and real HTTP on 127.0.0.1. What every
+provider does (tool calls, streaming, retries, fallbacks, timeouts, errors) is in the
+provider suite, ``tests/conformance/test_providers.py``.
 """
 
 from __future__ import annotations
-
-import json
-import time
 
 import pytest
 from openai._utils import async_maybe_transform
@@ -15,23 +15,15 @@ from openai.types.chat.completion_create_params import (
     CompletionCreateParamsStreaming,
 )
 
-from corral.core.errors import (
-    ConfigurationError,
-    ModelConnectionError,
-    ModelError,
-    ModelTimeoutError,
-    ResourceError,
-)
-from corral.core.messages import Message, ModelResponse, StreamItem, TextDelta, ToolCall
+from corral.core.errors import ConfigurationError, ResourceError
+from corral.core.messages import Message, ModelResponse, StreamItem, ToolCall
 from corral.models import openai as openai_provider
 from corral.models.base import Model, ModelSettings, NamedTool, ToolChoice
-from corral.models.registry import build_model
 from corral.resources.loader import load_text
-from corral.testing.fake_openai import FakeOpenAIServer, FakeReply, FakeToolCall, ToolLoop
+from corral.testing.fake_openai import FakeOpenAIServer, FakeReply, FakeToolCall
 from fixtures_models import (  # noqa: F401 - fixtures
     CLOCK,
     LOOKUP,
-    closed_port_url,
     endpoint,
     fake_openai_fixture,
     openai_server_fixture,
@@ -54,43 +46,30 @@ async def collect(model: Model, messages: list[Message]) -> list[StreamItem]:
     return [item async for item in model.stream(messages, [LOOKUP, CLOCK], SETTINGS)]
 
 
-async def test_request_translates_a_multi_step_tool_conversation(
+async def test_a_multi_step_tool_conversation_goes_out_as_chat_completions(
     fake_openai: FakeOpenAIServer,
 ) -> None:
+    """What is sent; what comes back is the provider suite's (tests/conformance)."""
     fake_openai.add_reply(
         FakeReply(
             tool_calls=[
                 FakeToolCall("lookup", {"query": "corral"}, id="call_a"),
                 FakeToolCall("clock", "{}", id="call_b"),
-            ],
-            input_tokens=30,
-            output_tokens=7,
+            ]
         ),
-        FakeReply(text="A corral is a pen.", input_tokens=50, output_tokens=9),
+        FakeReply(text="A corral is a pen."),
     )
     model = make(fake_openai)
     conversation = [Message.system("Be brief."), Message.user("What is a corral?")]
 
     first = await model.request(conversation, [LOOKUP, CLOCK], SETTINGS)
-
-    assert first.message.tool_calls == (
-        ToolCall("call_a", "lookup", '{"query": "corral"}'),
-        ToolCall("call_b", "clock", "{}"),
-    )
-    assert first.finish_reason == "tool_calls"
-    assert first.usage.input_tokens == 30 and first.usage.output_tokens == 7
-    assert first.usage.requests == 1
-    assert (first.endpoint, first.model) == ("primary", "test-model")
-
     conversation += [
         first.message,
         Message.tool(first.message.tool_calls[0], "a pen for livestock"),
         Message.tool(first.message.tool_calls[1], "boom", is_error=True),
     ]
-    second = await model.request(conversation, [LOOKUP, CLOCK], SETTINGS)
+    await model.request(conversation, [LOOKUP, CLOCK], SETTINGS)
 
-    assert second.message == Message.assistant("A corral is a pen.")
-    assert second.finish_reason == "stop"
     sent = fake_openai.requests[1].json
     assert sent["model"] == "test-model"
     assert sent["messages"] == [
@@ -155,42 +134,17 @@ async def test_what_is_posted_is_what_the_sdks_create_would_post(
     assert await async_maybe_transform(streamed, CompletionCreateParamsStreaming) == streamed
 
 
-async def test_stream_yields_text_deltas_then_one_assembled_response(
+async def test_a_stream_asks_for_the_usage_in_its_last_chunk(
     fake_openai: FakeOpenAIServer,
 ) -> None:
-    fake_openai.add_reply(
-        FakeReply(
-            text="Let me look.",
-            tool_calls=[
-                FakeToolCall("lookup", {"query": "pen"}, id="call_1"),
-                FakeToolCall("clock", {}, id="call_2"),
-            ],
-            input_tokens=12,
-            output_tokens=34,
-        )
-    )
+    fake_openai.add_reply(FakeReply(text="Let me look.", input_tokens=12, output_tokens=34))
     model = make(fake_openai)
 
     items = await collect(model, [Message.user("hi")])
 
-    deltas = [item for item in items if isinstance(item, TextDelta)]
-    assert len(deltas) > 1, "the fake server streams text in several pieces"
-    assert "".join(d.text for d in deltas) == "Let me look."
-    assert isinstance(items[-1], ModelResponse)
-    assert all(isinstance(item, TextDelta) for item in items[:-1])
     final = items[-1]
-    assert final.message.content == "Let me look."
-    # each call's arguments arrived in two pieces and are reassembled by index
-    assert final.message.tool_calls == (
-        ToolCall("call_1", "lookup", '{"query": "pen"}'),
-        ToolCall("call_2", "clock", "{}"),
-    )
-    assert (final.usage.input_tokens, final.usage.output_tokens, final.usage.requests) == (
-        12,
-        34,
-        1,
-    )
-    assert final.finish_reason == "tool_calls"
+    assert isinstance(final, ModelResponse)
+    assert (final.usage.input_tokens, final.usage.output_tokens) == (12, 34)
     sent = fake_openai.requests[0].json
     assert sent["stream"] is True
     assert sent["stream_options"] == {"include_usage": True}
@@ -209,164 +163,6 @@ async def test_settings_reach_the_wire(fake_openai: FakeOpenAIServer) -> None:
     assert sent["temperature"] == 0.2
     assert sent["max_completion_tokens"] == 77
     assert "tools" not in sent
-    await model.aclose()
-
-
-async def test_rate_limit_is_retried_after_the_servers_retry_after(
-    fake_openai: FakeOpenAIServer,
-) -> None:
-    fake_openai.fail(429, times=1, retry_after="0.1")
-    fake_openai.add_reply(FakeReply(text="finally"))
-    # backoff is zero: any wait comes from the Retry-After header
-    model = build_model("primary", endpoint("openai", fake_openai.base_url, max_attempts=3), "k")
-
-    started = time.monotonic()
-    response = await model.request([Message.user("hi")], [], SETTINGS)
-
-    assert response.message.content == "finally"
-    assert fake_openai.calls == 2
-    assert time.monotonic() - started >= 0.1
-    await model.aclose()
-
-
-async def test_rate_limit_error_carries_status_and_retry_after(
-    fake_openai: FakeOpenAIServer,
-) -> None:
-    fake_openai.fail(429, retry_after="7")
-    model = make(fake_openai)
-
-    with pytest.raises(ModelError) as caught:
-        await model.request([Message.user("hi")], [], SETTINGS)
-
-    error = caught.value
-    assert (error.retryable, error.status_code, error.retry_after) == (True, 429, 7.0)
-    assert error.endpoint == "primary"
-    assert type(error) is ModelError
-    await model.aclose()
-
-
-@pytest.mark.parametrize(
-    ("status", "retryable"), [(500, True), (503, True), (400, False), (401, False)]
-)
-async def test_status_errors_are_retryable_only_for_server_failures(
-    fake_openai: FakeOpenAIServer, status: int, retryable: bool
-) -> None:
-    fake_openai.fail(status)
-    model = make(fake_openai)
-
-    with pytest.raises(ModelError) as caught:
-        await model.request([Message.user("hi")], [], SETTINGS)
-
-    assert caught.value.status_code == status
-    assert caught.value.retryable is retryable
-    await model.aclose()
-
-
-async def test_bad_request_is_not_retried(fake_openai: FakeOpenAIServer) -> None:
-    fake_openai.fail(400, times=None)
-    model = build_model("primary", endpoint("openai", fake_openai.base_url, max_attempts=5), "k")
-
-    with pytest.raises(ModelError) as caught:
-        await model.request([Message.user("hi")], [], SETTINGS)
-
-    assert caught.value.status_code == 400
-    assert fake_openai.calls == 1
-    await model.aclose()
-
-
-async def test_stream_that_fails_before_any_chunk_raises_model_error(
-    fake_openai: FakeOpenAIServer,
-) -> None:
-    fake_openai.fail(503)
-    model = make(fake_openai)
-
-    with pytest.raises(ModelError) as caught:
-        await collect(model, [Message.user("hi")])
-
-    assert caught.value.retryable and caught.value.status_code == 503
-    await model.aclose()
-
-
-async def test_slow_server_times_out_within_the_timeout(fake_openai: FakeOpenAIServer) -> None:
-    fake_openai.delay(5.0)
-    model = make(fake_openai, timeout=0.3)
-
-    started = time.monotonic()
-    with pytest.raises(ModelTimeoutError) as caught:
-        await model.request([Message.user("hi")], [], SETTINGS)
-
-    assert time.monotonic() - started < 1.5
-    assert caught.value.retryable
-    assert caught.value.endpoint == "primary"
-    await model.aclose()
-
-
-async def test_trickling_stream_cannot_outlast_the_whole_call_deadline(
-    fake_openai: FakeOpenAIServer,
-) -> None:
-    # every chunk comes well within the read timeout, the whole answer does not
-    fake_openai.delay(0.0, chunk_delay=0.15)
-    fake_openai.add_reply(FakeReply(text="a long answer that arrives slowly"))
-    model = make(fake_openai, timeout=0.5)
-
-    started = time.monotonic()
-    seen: list[StreamItem] = []
-    with pytest.raises(ModelTimeoutError):
-        async for item in model.stream([Message.user("hi")], [], SETTINGS):
-            seen.append(item)
-
-    assert time.monotonic() - started < 1.0
-    assert seen and all(isinstance(item, TextDelta) for item in seen)
-    await model.aclose()
-
-
-async def test_trickling_body_cannot_outlast_the_whole_call_deadline(
-    fake_openai: FakeOpenAIServer,
-) -> None:
-    fake_openai.delay(0.0, chunk_delay=0.2)
-    fake_openai.add_reply(FakeReply(text="slow"))
-    model = make(fake_openai, timeout=0.4)
-
-    started = time.monotonic()
-    with pytest.raises(ModelTimeoutError):
-        await model.request([Message.user("hi")], [], SETTINGS)
-
-    assert time.monotonic() - started < 0.9
-    await model.aclose()
-
-
-async def test_stream_cut_short_is_an_error_not_a_shorter_answer(
-    fake_openai: FakeOpenAIServer,
-) -> None:
-    fake_openai.truncate(3)
-    fake_openai.add_reply(FakeReply(text="an answer that never finishes"))
-    model = make(fake_openai)
-
-    with pytest.raises(ModelConnectionError, match="before the answer was complete"):
-        await collect(model, [Message.user("hi")])
-
-    await model.aclose()
-
-
-async def test_body_cut_short_is_a_retryable_model_error(fake_openai: FakeOpenAIServer) -> None:
-    fake_openai.truncate(2)
-    fake_openai.add_reply(FakeReply(text="an answer that never finishes"))
-    model = make(fake_openai)
-
-    with pytest.raises(ModelError, match="malformed") as caught:
-        await model.request([Message.user("hi")], [], SETTINGS)
-
-    assert caught.value.retryable
-    await model.aclose()
-
-
-async def test_unreachable_server_is_a_retryable_connection_error() -> None:
-    model = openai_provider.create("primary", endpoint("openai", closed_port_url()), "k")
-
-    with pytest.raises(ModelConnectionError) as caught:
-        await model.request([Message.user("hi")], [], SETTINGS)
-
-    assert caught.value.retryable
     await model.aclose()
 
 
@@ -455,39 +251,6 @@ def test_missing_key_for_the_hosted_api_is_a_configuration_error(
 
     with pytest.raises(ConfigurationError, match="primary"):
         openai_provider.create("primary", endpoint("openai", None), None)
-
-
-async def test_tool_loop_mode_drives_an_agent_loop_to_its_final_answer(
-    fake_openai: FakeOpenAIServer,
-) -> None:
-    fake_openai.tool_loop = ToolLoop(tool_name="lookup", calls=3, arguments={"query": "x"})
-    model = make(fake_openai)
-    conversation = [Message.user("go")]
-
-    for _ in range(10):
-        response = await model.request(conversation, [LOOKUP], SETTINGS)
-        conversation.append(response.message)
-        if not response.message.tool_calls:
-            break
-        for call in response.message.tool_calls:
-            assert json.loads(call.arguments) == {"query": "x"}
-            conversation.append(Message.tool(call, "result"))
-
-    assert conversation[-1].content == "done after 3 tool results"
-    assert fake_openai.calls == 4
-    await model.aclose()
-
-
-async def test_running_out_of_script_is_a_non_retryable_error(
-    fake_openai: FakeOpenAIServer,
-) -> None:
-    model = make(fake_openai)
-
-    with pytest.raises(ModelError, match="no scripted reply") as caught:
-        await model.request([Message.user("hi")], [], SETTINGS)
-
-    assert not caught.value.retryable
-    await model.aclose()
 
 
 async def test_other_servers_get_max_tokens_and_an_empty_content_by_default(

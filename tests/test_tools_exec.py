@@ -1,4 +1,8 @@
-"""The ``exec`` tool kind, with a real program: locked environment, errors, cancellation."""
+"""The ``exec`` tool kind, with a real program: locked environment, errors, process trees.
+
+What every kind does (invalid input, timeouts, cancellation, the output cap, failures, the
+idempotency key) is in ``tests/conformance/test_tool_kinds.py``.
+"""
 
 from __future__ import annotations
 
@@ -79,7 +83,6 @@ async def test_host_environment_does_not_reach_the_program(
     assert env["PATH"] == exec_tool.SAFE_PATH
     assert env["LANG"] == "C.UTF-8"
     assert env["API_TOKEN"] == "s3cr3t" and env["GREETING"] == "hi"
-    assert env["CORRAL_IDEMPOTENCY_KEY"] == "run-7:2:call-3"
     assert env["CORRAL_RUN_ID"] == "run-7" and env["CORRAL_TOOL_CALL_ID"] == "call-3"
     assert result["cwd"] == str(workspace)
     assert result["arguments"] == {"mode": "echo", "n": 1}
@@ -96,15 +99,15 @@ async def test_plain_text_output_is_returned_as_text(tmp_path: Path) -> None:
     assert await make().call({"mode": "text"}, context(tmp_path)) == "hello from probe"
 
 
-async def test_non_zero_exit_is_execution_failed_with_stderr(tmp_path: Path) -> None:
+async def test_a_failed_programs_error_details_carry_its_exit_code_and_stderr(
+    tmp_path: Path,
+) -> None:
     with pytest.raises(ToolError) as caught:
         await make().call({"mode": "fail"}, context(tmp_path))
-    error = caught.value
-    assert error.tool_code == "execution_failed"
-    assert error.retryable is False
-    assert "exited with code 3" in error.info.reason
-    assert "disk on fire" in error.info.reason
-    assert error.info.details["exit_code"] == 3
+    assert caught.value.info.details == {
+        "exit_code": 3,
+        "stderr": "something went wrong: disk on fire",
+    }
 
 
 async def test_cancellation_kills_the_whole_process_group(tmp_path: Path) -> None:
@@ -152,7 +155,7 @@ async def test_a_daemon_that_left_the_group_dies_when_the_tool_times_out(tmp_pat
     tool = GovernedTool(make(), ToolPolicy(timeout_seconds=1.0))
     with pytest.raises(ToolError) as caught:
         await tool.execute({"mode": "daemon"}, context(tmp_path))
-    assert caught.value.tool_code == "timeout"
+    assert caught.value.code == "timeout"
     await gone(int((tmp_path / "daemon.txt").read_text()))
 
 
@@ -176,7 +179,7 @@ async def test_a_daemon_left_behind_by_a_program_that_exited_dies_with_the_call(
 async def test_runaway_output_is_capped(tmp_path: Path) -> None:
     with pytest.raises(ToolError) as caught:
         await make().call({"mode": "flood"}, context(tmp_path))
-    assert caught.value.tool_code == "output_too_large"
+    assert caught.value.code == "output_too_large"
 
 
 def test_configuration_problems_are_found_at_create() -> None:

@@ -1,15 +1,15 @@
-"""The ``http`` tool kind and the SSRF guard, against a real server on 127.0.0.1."""
+"""The ``http`` tool kind and the SSRF guard, against a real server on 127.0.0.1.
+
+What every kind does (invalid input, timeouts, cancellation, the output cap, failures, the
+idempotency key) is in ``tests/conformance/test_tool_kinds.py``.
+"""
 
 from __future__ import annotations
 
 import base64
 import ipaddress
-import json
 import socket
-import threading
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -21,70 +21,13 @@ from corral.resources.kinds import HttpAuth, HttpToolSpec, ToolSpecModel
 from corral.tools import http as http_tool
 from corral.tools.base import Tool, ToolContext
 from corral.tools.ssrf import Resolver, blocked_reason, check_destination
-
-
-@dataclass
-class Recorded:
-    method: str
-    path: str
-    headers: dict[str, str]
-    body: Any
-
-
-@dataclass
-class Server:
-    port: int
-    requests: list[Recorded] = field(default_factory=list)
-
-    def url(self, path: str = "/echo", host: str = "127.0.0.1") -> str:
-        return f"http://{host}:{self.port}{path}"
-
-
-def _handler(server: Server) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        def _answer(self) -> None:
-            length = int(self.headers.get("Content-Length", "0"))
-            body = json.loads(self.rfile.read(length) or b"null")
-            server.requests.append(Recorded(self.command, self.path, dict(self.headers), body))
-            if self.path.startswith("/status/"):
-                status = int(self.path.rsplit("/", 1)[1])
-                self.send_response(status)
-                if status == 429:
-                    self.send_header("Retry-After", "3")
-                if status == 302:
-                    self.send_header("Location", "http://169.254.169.254/latest/meta-data")
-                payload = f"status {status} body".encode()
-                ctype = "text/plain"
-            elif self.path == "/text":
-                self.send_response(200)
-                payload, ctype = b"plain answer", "text/plain; charset=utf-8"
-            else:
-                self.send_response(200)
-                payload = json.dumps({"headers": dict(self.headers), "body": body}).encode()
-                ctype = "application/json"
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(payload)))
-            self.end_headers()
-            self.wfile.write(payload)
-
-        do_POST = do_PUT = _answer
-
-        def log_message(self, format: str, *args: Any) -> None:
-            pass
-
-    return Handler
+from http_endpoints import Server, serving
 
 
 @pytest.fixture
 def server() -> Iterator[Server]:
-    state = Server(port=0)
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler(state))
-    state.port = httpd.server_address[1]
-    thread = threading.Thread(target=httpd.serve_forever, args=(0.02,), daemon=True)
-    thread.start()
-    yield state
-    httpd.shutdown()
-    httpd.server_close()
+    with serving() as state:
+        yield state
 
 
 def context(tmp_path: Path) -> ToolContext:
@@ -118,9 +61,7 @@ class RefusingTransport(httpx.AsyncBaseTransport):
         raise httpx.ConnectError("the test transport never connects", request=request)
 
 
-async def test_call_posts_json_with_idempotency_and_run_headers(
-    server: Server, tmp_path: Path
-) -> None:
+async def test_call_posts_json_with_run_headers(server: Server, tmp_path: Path) -> None:
     tool = make(server.url(), allow_private=True, headers={"X-Team": "blue"})
     try:
         result = await tool.call({"city": "Oslo", "days": 3}, context(tmp_path))
@@ -129,7 +70,6 @@ async def test_call_posts_json_with_idempotency_and_run_headers(
     assert result["body"] == {"city": "Oslo", "days": 3}
     [request] = server.requests
     assert request.method == "POST"
-    assert request.headers["Idempotency-Key"] == "run-9:1:call-4"
     assert request.headers["X-Corral-Run-Id"] == "run-9"
     assert request.headers["X-Corral-Tool-Call-Id"] == "call-4"
     assert request.headers["X-Team"] == "blue"
@@ -197,7 +137,7 @@ async def test_ssrf_guard_blocks_a_name_resolving_to_a_private_address_before_an
     tool = http_tool.create("remote", spec, {}, transport=transport, resolver=resolving_to(address))
     with pytest.raises(ToolError) as caught:
         await tool.call({}, context(tmp_path))
-    assert caught.value.tool_code == "blocked_destination"
+    assert caught.value.code == "blocked_destination"
     assert caught.value.retryable is False
     assert str(ipaddress.ip_address(address)) in caught.value.info.reason
     assert transport.requests == []
@@ -212,7 +152,7 @@ async def test_a_loopback_name_is_blocked_unless_private_is_allowed(
     blocked = http_tool.create("remote", spec, {}, resolver=resolving_to("127.0.0.1"))
     with pytest.raises(ToolError) as caught:
         await blocked.call({}, context(tmp_path))
-    assert caught.value.tool_code == "blocked_destination"
+    assert caught.value.code == "blocked_destination"
     assert server.requests == []
 
     allowed = make(server.url(), allow_private=True)
@@ -247,7 +187,7 @@ async def test_a_name_with_any_private_address_is_blocked() -> None:
 
     with pytest.raises(ToolError) as caught:
         await check_destination("https://api.example.test/v1", resolver=resolver)
-    assert caught.value.tool_code == "blocked_destination"
+    assert caught.value.code == "blocked_destination"
     assert "10.1.2.3" in caught.value.info.reason
 
 
@@ -265,7 +205,7 @@ async def test_public_address_is_pinned_with_host_and_sni() -> None:
 async def test_non_http_schemes_are_blocked(url: str) -> None:
     with pytest.raises(ToolError) as caught:
         await check_destination(url, allow_private=True)
-    assert caught.value.tool_code == "blocked_destination"
+    assert caught.value.code == "blocked_destination"
 
 
 @pytest.mark.parametrize(
@@ -307,7 +247,7 @@ async def test_error_statuses_map_to_tool_errors(
     finally:
         await tool.aclose()
     error = caught.value
-    assert error.tool_code == "execution_failed"
+    assert error.code == "execution_failed"
     assert error.retryable is retryable
     assert error.info.details["status_code"] == status
     assert f"status {status} body" in error.info.reason
@@ -344,5 +284,5 @@ async def test_connection_refused_is_retryable_unavailable(tmp_path: Path) -> No
             await tool.call({}, context(tmp_path))
     finally:
         await tool.aclose()
-    assert caught.value.tool_code == "unavailable"
+    assert caught.value.code == "unavailable"
     assert caught.value.retryable is True

@@ -2,12 +2,13 @@
 
 The connected servers are module fixtures: each is opened and closed by one
 owner task, as :func:`corral.tools.mcp.open_server_tools` requires, while the
-tests call the tools from their own tasks.
+tests call the tools from their own tasks. What every kind does (invalid input, timeouts,
+cancellation, the output cap, failures, the idempotency key) is in
+``tests/conformance/test_tool_kinds.py``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import os
@@ -26,12 +27,11 @@ from corral.core.errors import ConfigurationError, ToolError
 from corral.resources.kinds import EnvValue, HttpAuth, McpServerSpec
 from corral.tools.base import Tool, ToolContext
 from corral.tools.mcp import McpTool, open_server_tools
+from mcp_clients import CALC, SERVERS, connected
 from processes import alive
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
-SERVERS = Path(__file__).parent / "mcp_servers"
-CALC = str(SERVERS / "calc_server.py")
 TOKEN = "mcp-test-token"
 
 
@@ -44,35 +44,6 @@ def context(tmp_path: Path) -> ToolContext:
         idempotency_key="run-5:1:call-1",
         workspace=tmp_path,
     )
-
-
-@contextlib.asynccontextmanager
-async def connected(
-    name: str, spec: McpServerSpec, secrets: dict[str, str], workspace: Path | None = None
-) -> AsyncIterator[dict[str, Tool]]:
-    """Open the server in an owner task that also closes it; yield its tools by ref."""
-    ready: asyncio.Future[list[Tool]] = asyncio.get_running_loop().create_future()
-    stop = asyncio.Event()
-
-    async def owner() -> None:
-        try:
-            async with contextlib.AsyncExitStack() as stack:
-                tools = await open_server_tools(name, spec, secrets, stack, workspace=workspace)
-                ready.set_result(tools)
-                await stop.wait()
-        except BaseException as exc:
-            if not ready.done():
-                ready.set_exception(exc)
-            raise
-
-    task = asyncio.get_running_loop().create_task(owner())
-    try:
-        tools = await ready
-        yield {tool.ref: tool for tool in tools}
-    finally:
-        stop.set()
-        with anyio.fail_after(10):
-            await task
 
 
 @pytest.fixture(scope="module")
@@ -132,6 +103,9 @@ async def test_stdio_server_tools_are_listed_with_refs_and_schemas(
         "mcp:calc/slow",
         "mcp:calc/pid",
         "mcp:calc/daemon",
+        "mcp:calc/echo",
+        "mcp:calc/flood",
+        "mcp:calc/fail",
     }  # fmt: skip  (not long_job: it runs only as an MCP task)
     add = stdio_tools["mcp:calc/add"]
     assert add.spec.name == "calc__add"
@@ -148,14 +122,15 @@ async def test_stdio_call_returns_structured_or_text_content(
     assert await stdio_tools["mcp:calc/shout"].call({"text": "hi"}, ctx) == "HI"
 
 
-async def test_is_error_result_becomes_execution_failed(
+async def test_a_call_tells_the_server_its_idempotency_key_run_and_call_in_its_meta(
     stdio_tools: dict[str, Tool], tmp_path: Path
 ) -> None:
-    with pytest.raises(ToolError) as caught:
-        await stdio_tools["mcp:calc/divide"].call({"a": 1, "b": 0}, context(tmp_path))
-    assert caught.value.tool_code == "execution_failed"
-    assert caught.value.retryable is False
-    assert "division by zero is not allowed" in caught.value.info.reason
+    result = await stdio_tools["mcp:calc/echo"].call({"text": "hi"}, context(tmp_path))
+    assert result["meta"] == {
+        "corral/idempotency_key": "run-5:1:call-1",
+        "corral/run_id": "run-5",
+        "corral/tool_call_id": "call-1",
+    }
 
 
 async def test_stdio_server_runs_in_a_locked_environment(
@@ -191,7 +166,7 @@ async def test_slow_call_times_out_and_the_session_survives(
 ) -> None:
     with pytest.raises(ToolError) as caught:
         await stdio_tools["mcp:calc/slow"].call({"seconds": 5}, context(tmp_path))
-    assert caught.value.tool_code == "timeout"
+    assert caught.value.code == "timeout"
     assert caught.value.retryable is True
     assert await stdio_tools["mcp:calc/slow"].call({"seconds": 0}, context(tmp_path)) == "awake"
 
@@ -218,7 +193,7 @@ async def test_streamable_http_server_refuses_a_wrong_token(http_server: str) ->
     with pytest.raises(ToolError) as caught:
         async with connected("calc-http", spec, {"mcp-token": "wrong"}):
             pass
-    assert caught.value.tool_code == "unavailable"
+    assert caught.value.code == "unavailable"
     assert time.monotonic() - started < 5
 
 
@@ -235,7 +210,7 @@ async def test_server_hanging_on_initialize_fails_cleanly(tmp_path: Path) -> Non
             await open_server_tools("stuck", spec, {}, stack, workspace=tmp_path)
     elapsed = time.monotonic() - started
     error = caught.value
-    assert error.tool_code == "unavailable"
+    assert error.code == "unavailable"
     assert "within 1.0s" in error.info.reason
     assert "starting up, please wait" in error.info.reason  # the server's stderr
     # the init timeout, plus the SDK's 2 s grace between closing stdin and SIGTERM
@@ -355,7 +330,7 @@ async def test_a_call_in_flight_when_the_server_dies_runs_again_only_if_idempote
         else:
             [error] = outcome
             assert isinstance(error, ToolError)
-            assert error.tool_code == "unavailable" and error.retryable is True
+            assert error.code == "unavailable" and error.retryable is True
             assert "may or may not have run" in error.info.reason
         # either way the next call gets a new session
         assert await tools["mcp:calc/add"].call({"a": 1, "b": 2}, ctx) == {"result": 3}
@@ -416,7 +391,7 @@ async def test_a_server_that_cannot_be_reopened_fails_fast_until_the_backoff_pas
                 with pytest.raises(ToolError) as caught:
                     await tools["mcp:calc-http/add"].call({"a": 1, "b": 2}, ctx)
                 errors.append(caught.value)
-            assert all(e.tool_code == "unavailable" and e.retryable for e in errors)
+            assert all(e.code == "unavailable" and e.retryable for e in errors)
             # no call waited for a connect attempt of its own beyond the first reopen
             assert time.monotonic() - started < spec.init_timeout_seconds
             assert "failed to start" in errors[-1].info.reason

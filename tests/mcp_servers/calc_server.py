@@ -16,7 +16,7 @@ import sys
 from typing import Any
 
 import anyio
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import Tool, ToolExecution
 
@@ -70,6 +70,25 @@ async def slow(seconds: float) -> str:
     """Sleep, then answer."""
     await anyio.sleep(seconds)
     return "awake"
+
+
+@server.tool()
+def echo(text: str, ctx: Context) -> dict[str, Any]:
+    """The text, and what the request's ``_meta`` said of the call."""
+    meta = ctx.request_context.meta or {}
+    return {"text": text, "meta": {k: v for k, v in meta.items() if k.startswith("corral/")}}
+
+
+@server.tool(structured_output=False)
+def flood(size: int) -> str:
+    """``size`` bytes of output."""
+    return "x" * size
+
+
+@server.tool()
+def fail(reason: str) -> None:
+    """Always fails, saying ``reason``."""
+    raise ToolError(reason)
 
 
 @server.tool()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 
 import anyio
 from pydantic import BaseModel
@@ -48,10 +47,27 @@ def explode(reason: str) -> None:
     raise ValueError(reason)
 
 
+#: set by a test to let every blocked :func:`slow` call end at once
+released = threading.Event()
+#: set by :func:`slow` when a call ends
+finished = threading.Event()
+
+
 def slow(seconds: float) -> str:
-    """Block the calling thread."""
-    time.sleep(seconds)
+    """Block the calling thread for ``seconds``, or until a test sets :data:`released`."""
+    released.wait(seconds)
+    finished.set()
     return "finished"
+
+
+def echo(text: str, ctx: ToolContext) -> dict[str, str]:
+    """The text, and the idempotency key of the call."""
+    return {"text": text, "idempotency_key": ctx.idempotency_key}
+
+
+def flood(size: int) -> str:
+    """``size`` bytes of output."""
+    return "x" * size
 
 
 def loose(**kwargs: object) -> dict[str, object]:

@@ -1,11 +1,14 @@
-"""An ``exec`` tool program for the tests: what it does depends on the ``mode`` argument.
+"""An ``exec`` tool program for the tests: what it does depends on its mode, the first
+command-line argument or else the ``mode`` argument of the call.
 
 echo    print {"arguments", "env", "cwd"} as JSON
 text    print plain text
-fail    write to stderr and exit with code 3
-sleep   start a grandchild, write both pids to ``pids.txt`` in the cwd, sleep
+fail    write "something went wrong: " and the ``reason`` argument (default "disk on fire")
+        to stderr and exit with code 3
+sleep   start a grandchild, write both pids to ``pids.txt`` in the cwd, sleep (``seconds``,
+        default 60)
 orphan  start a sleeping grandchild holding stdout, write its pid, exit at once
-flood   write far more than the stdout cap
+flood   write ``size`` bytes of "x"; without a size, far more than the stdout cap
 daemon  fork twice: a grandchild that calls setsid(), ignores SIGTERM, closes stdio and
         writes its pid to ``daemon.txt`` in the cwd; then sleep (``daemon-exit``: exit)
 leak    print $SERVICE_TOKEN as it is, then base64, base64url and hex encoded (one per line)
@@ -23,20 +26,21 @@ import time
 
 def main() -> None:
     arguments = json.load(sys.stdin)
-    mode = arguments.get("mode", "echo")
+    mode = sys.argv[1] if len(sys.argv) > 1 else arguments.get("mode", "echo")
     if mode == "echo":
         json.dump({"arguments": arguments, "env": dict(os.environ), "cwd": os.getcwd()}, sys.stdout)
     elif mode == "text":
         print("hello from probe")
     elif mode == "fail":
-        print("something went wrong: disk on fire", file=sys.stderr)
+        reason = arguments.get("reason", "disk on fire")
+        print(f"something went wrong: {reason}", file=sys.stderr)
         sys.exit(3)
     elif mode in ("sleep", "orphan"):
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
         with open("pids.txt", "w") as f:
             f.write(f"{os.getpid()} {child.pid}")
         if mode == "sleep":
-            time.sleep(60)
+            time.sleep(arguments.get("seconds", 60))
         print('"done"')
     elif mode in ("daemon", "daemon-exit"):
         daemonize()
@@ -50,6 +54,8 @@ def main() -> None:
     elif mode == "leak-stderr":
         sys.stderr.buffer.write(b"cannot log in with " + os.environ["SERVICE_TOKEN"].encode())
         sys.exit(3)
+    elif mode == "flood" and "size" in arguments:
+        sys.stdout.write("x" * arguments["size"])
     elif mode == "flood":
         chunk = "x" * 65536
         while True:

@@ -246,6 +246,8 @@ class EmbeddedBackend(Backend):
     async def follow(self, run_id: str, show: Show, *, follow: bool) -> RunRecord:
         import anyio
 
+        from corral.core.runs import RunState
+
         after = 0
         while True:
             for event in await self.store.list_events(run_id, after):
@@ -253,7 +255,7 @@ class EmbeddedBackend(Backend):
                 await show(event)
             record = await self.store.get_run(run_id)
             assert record is not None
-            if not follow or record.state.finished or record.state.value == "waiting_approval":
+            if not follow or record.state.finished or record.state is RunState.WAITING_APPROVAL:
                 for event in await self.store.list_events(run_id, after):  # written just before
                     after = event.seq
                     await show(event)

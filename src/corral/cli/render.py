@@ -14,7 +14,7 @@ from rich.markup import escape
 
 from corral.core.events import Event, EventType
 from corral.core.messages import dump
-from corral.core.runs import RunRecord
+from corral.core.runs import RunRecord, RunState
 
 _PREVIEW = 300
 
@@ -93,7 +93,9 @@ class EventPrinter:
         )
         if record.cost_usd:
             summary += f" · ${record.cost_usd:.6f}"
-        colour = {"succeeded": "green", "waiting_approval": "yellow"}.get(record.state.value, "red")
+        colour = {RunState.SUCCEEDED: "green", RunState.WAITING_APPROVAL: "yellow"}.get(
+            record.state, "red"
+        )
         self.err.print(f"[{colour}]{summary}[/] [dim]{record.id}[/]")
 
 

@@ -6,7 +6,7 @@ import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -19,6 +19,9 @@ from corral.cli.main import (
     run_async,
     session_id_option,
 )
+
+if TYPE_CHECKING:
+    from corral.core.runs import RunState
 
 NAMESPACE = typer.Option("default", "-n", "--namespace", help="Namespace of the agent.")
 
@@ -60,7 +63,7 @@ def run(
     record = run_async(
         _run(agent, prompt, file, namespace, output == "json", None, session=session)
     )
-    raise typer.Exit(_exit_code(record.state.value))
+    raise typer.Exit(_exit_code(record.state))
 
 
 def prompt_object(
@@ -76,11 +79,13 @@ def prompt_object(
     if schema is not None:
         schema_doc = _read_schema(schema)
     record = run_async(_run(agent, prompt, [], namespace, True, schema_doc, structured=True))
-    if record.state.value == "succeeded":
+    from corral.core.runs import RunState  # here, not at the top: `corral --help` never needs it
+
+    if record.state is RunState.SUCCEEDED:
         typer.echo(json.dumps(record.output, indent=2, ensure_ascii=False))
     elif record.error:
         fail(str(record.error.get("message", record.error)), EXIT_FAILED)
-    raise typer.Exit(_exit_code(record.state.value))
+    raise typer.Exit(_exit_code(record.state))
 
 
 def chat(
@@ -97,6 +102,7 @@ def chat(
     from rich.console import Console
 
     from corral.core.ids import new_id
+    from corral.core.runs import RunState
 
     console = Console(stderr=True)
     session = session or new_id("chat")
@@ -112,7 +118,7 @@ def chat(
         if not line.strip():
             continue
         record = run_async(_run(agent, line, [], namespace, False, None, session=session))
-        if record.state.value == "waiting_approval":
+        if record.state is RunState.WAITING_APPROVAL:
             console.print("[yellow]the run waits for approval; the chat cannot go on[/]")
             raise typer.Exit(EXIT_WAITING_APPROVAL)
 
@@ -200,5 +206,8 @@ def _read_schema(path: Path) -> dict[str, Any]:
     return doc
 
 
-def _exit_code(state: str) -> int:
-    return {"succeeded": EXIT_OK, "waiting_approval": EXIT_WAITING_APPROVAL}.get(state, EXIT_FAILED)
+def _exit_code(state: RunState) -> int:
+    from corral.core.runs import RunState
+
+    exits = {RunState.SUCCEEDED: EXIT_OK, RunState.WAITING_APPROVAL: EXIT_WAITING_APPROVAL}
+    return exits.get(state, EXIT_FAILED)

@@ -10,19 +10,26 @@ converted at the adapter boundary and never travel further up.
     │   ├── DocumentTooComplexError a YAML/JSON document over a parsing limit (``limit``)
     │   ├── NotFoundError          a named object does not exist
     │   ├── ConflictError          the operation contradicts stored state
-    │   └── AuthError              the HTTP API refused the token (401) or its role (403)
+    │   ├── AuthError              the HTTP API refused the token (401) or its role (403)
+    │   └── InvalidSessionIdError  a session id breaks the one rule (core/sessions.py)
     ├── ConfigurationError         a stored resource cannot be turned into a live object
     ├── ModelError                 a model call failed (``retryable``, ``status_code``)
     │   ├── ModelTimeoutError
-    │   └── ModelConnectionError
+    │   ├── ModelConnectionError
+    │   └── AllModelsFailedError   every model of a fallback chain failed (models/gateway.py)
     ├── ToolError                  a tool call failed (``code``, ``reason``, ``retryable``)
     ├── BudgetExceededError        a run passed one of its limits
     ├── LeaseLostError             a worker's lease on a run was taken over (fencing)
+    ├── StoreError                 the database could not complete an operation (store/base.py)
     ├── BusError                   the message bus (NATS) cannot be reached or set up
     ├── OutputValidationError      structured output stayed invalid after repairs
+    ├── RedactedError              an error that named a secret, redacted (core/redaction.py)
     └── ApiError                   an HTTP API call failed (``status``, ``code``): the client
         ├── RateLimitedError       429: wait ``retry_after`` seconds
         └── ApiConnectionError     the API's URL could not be reached
+
+Classes defined in other modules say where; ``tests/test_errors.py`` checks this
+drawing against the classes.
 
 Cancellation (``asyncio.CancelledError``) is a ``BaseException`` and is never
 caught by handlers written against ``CorralError`` or ``Exception``.
@@ -201,9 +208,11 @@ class ToolErrorInfo:
 
 
 class ToolError(CorralError):
-    """A tool call failed with a stable ``code``, a human ``reason`` and a ``retryable`` flag."""
+    """A tool call failed with a stable ``code``, a human ``reason`` and a ``retryable`` flag.
 
-    code = "tool_error"
+    ``code`` is the :class:`ToolErrorCode` (``timeout``, ``invalid_input``, ...), the
+    same as ``to_dict()["code"]`` and ``info.code``.
+    """
 
     def __init__(
         self,
@@ -215,10 +224,7 @@ class ToolError(CorralError):
     ) -> None:
         super().__init__(f"{code}: {reason}")
         self.info = ToolErrorInfo(str(code), reason, retryable, dict(details or {}))
-
-    @property
-    def tool_code(self) -> str:
-        return self.info.code
+        self.code = self.info.code
 
     @property
     def retryable(self) -> bool:

@@ -406,12 +406,12 @@ class AgentLoop:
 
     async def _interrupted(self, step: int, call: ToolCall) -> PendingApproval:
         ref = self.agent.toolset.ref_of(call.name)
-        reason = (
-            f"the call to {ref!r} was interrupted (its worker stopped) and its outcome is "
-            "unknown; the tool is not idempotent, so running it again needs a human's approval"
+        what = (
+            f"the call to {ref!r} was interrupted (its worker stopped) and its outcome is unknown"
         )
         if self.agent.interrupted_calls == "fail":
-            raise CorralError(reason.split("; the tool")[0] + "; the agent fails such runs")
+            raise CorralError(f"{what}; the agent fails such runs")
+        reason = f"{what}; the tool is not idempotent, so running it again needs a human's approval"
         approval = self._pending(call, reason)
         await self.emit(EventType.APPROVAL_REQUESTED, step=step, **dump(approval))
         return approval

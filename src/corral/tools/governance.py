@@ -300,7 +300,7 @@ class GovernedTool:
             try:
                 result = await self._attempt(arguments, ctx)
             except ToolError as exc:
-                if exc.tool_code in _BREAKER_CODES:
+                if exc.code in _BREAKER_CODES:
                     self.breaker.record(False)
                 else:
                     self.breaker.release()

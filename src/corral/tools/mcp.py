@@ -3,7 +3,9 @@
 :func:`open_server_tools` connects to one ``McpServer`` with the official
 ``mcp`` SDK, performs the handshake and lists its tools, all within
 ``init_timeout_seconds``, and returns one :class:`McpTool` per server tool
-(``ref = "mcp:SERVER/TOOL"``). Tools the server marks as needing task-augmented
+(``ref = "mcp:SERVER/TOOL"``). Each call's ``_meta`` tells the server its idempotency key,
+run and call (``corral/idempotency_key``, ``corral/run_id``, ``corral/tool_call_id``), as an
+``http`` tool's headers do. Tools the server marks as needing task-augmented
 execution (``execution.taskSupport: required``, MCP tasks) are left out, with a
 log line: a plain call of one always fails. The connection lives in the
 caller's ``AsyncExitStack``.
@@ -44,7 +46,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Self, cast
 
 import anyio
 import anyio.abc
@@ -149,6 +151,18 @@ def _lost_error(server: str, tool: str) -> ToolError:
     )
 
 
+def _call_meta(ctx: ToolContext) -> mcp_types.RequestParamsMeta:
+    """What a server learns of each call, in its request's ``_meta`` (an ``http`` tool's
+    headers, an ``exec`` tool's environment): the idempotency key, the run and the call."""
+    meta = {
+        "corral/idempotency_key": ctx.idempotency_key,
+        "corral/run_id": ctx.run_id,
+        "corral/tool_call_id": ctx.call_id,
+    }
+    # an open map (PEP 728 extra items), which mypy does not know yet
+    return cast(mcp_types.RequestParamsMeta, meta)
+
+
 class McpTool(Tool):
     """One tool of a connected MCP server; valid while the server's exit stack is open."""
 
@@ -172,7 +186,11 @@ class McpTool(Tool):
         server, tool = self.server_name, self.tool_name
         try:
             result = await self.connection.call(
-                tool, arguments, read_timeout=self._timeout, idempotent=self.idempotent
+                tool,
+                arguments,
+                _call_meta(ctx),
+                read_timeout=self._timeout,
+                idempotent=self.idempotent,
             )
         except MCPError as exc:
             raise _call_error(server, tool, exc) from exc
@@ -332,7 +350,13 @@ class McpConnection:
         return opening.session
 
     async def call(
-        self, tool: str, arguments: dict[str, Any], *, read_timeout: float, idempotent: bool
+        self,
+        tool: str,
+        arguments: dict[str, Any],
+        meta: mcp_types.RequestParamsMeta,
+        *,
+        read_timeout: float,
+        idempotent: bool,
     ) -> mcp_types.CallToolResult:
         """Call ``tool``; once more on a new session when the one it used was lost and the
         call either never ran there (refused) or may run twice (idempotent)."""
@@ -341,7 +365,7 @@ class McpConnection:
             session.mark_lost(refused=True)
             session = await self.session()
         try:
-            return await self._call(session, tool, arguments, read_timeout)
+            return await self._call(session, tool, arguments, meta, read_timeout)
         except (MCPError, anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
             if not self._lost(session, exc):
                 raise
@@ -349,7 +373,7 @@ class McpConnection:
                 raise _lost_error(self.server_name, tool) from exc
         session = await self.session()
         try:
-            return await self._call(session, tool, arguments, read_timeout)
+            return await self._call(session, tool, arguments, meta, read_timeout)
         except (MCPError, anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
             if not self._lost(session, exc):
                 raise
@@ -357,10 +381,16 @@ class McpConnection:
 
     @staticmethod
     async def _call(
-        session: _Session, tool: str, arguments: dict[str, Any], read_timeout: float
+        session: _Session,
+        tool: str,
+        arguments: dict[str, Any],
+        meta: mcp_types.RequestParamsMeta,
+        read_timeout: float,
     ) -> mcp_types.CallToolResult:
         assert session.client is not None
-        return await session.client.call_tool(tool, arguments, read_timeout_seconds=read_timeout)
+        return await session.client.call_tool(
+            tool, arguments, read_timeout_seconds=read_timeout, meta=meta
+        )
 
     @staticmethod
     def _lost(session: _Session, exc: Exception) -> bool:
