@@ -26,7 +26,7 @@ from corral.resources.loader import load_text
 from corral.resources.secrets import SecretCipher
 from corral.store import Store, open_store
 from corral.store.schema import LATEST_REVISION
-from corral.store.sql import MIGRATIONS_DIR, SqlStore
+from corral.store.sql import MIGRATIONS_DIR
 from databases import on_database, rows_of
 from test_store import (  # noqa: F401 - fixtures
     SRC,
@@ -735,7 +735,7 @@ async def test_a_0001_database_with_a_run_upgrades_cleanly(
 
     await on_database(store_url, at_0001_with_a_run)
 
-    store = await SqlStore.open(store_url, cipher=cipher)
+    store = await open_store(store_url, cipher=cipher)
     try:
         old = await store.get_run("run_old")
         assert old is not None

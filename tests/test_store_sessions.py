@@ -17,9 +17,9 @@ from corral.core.messages import Message
 from corral.core.runs import RunRecord, RunState
 from corral.resources.loader import load_text
 from corral.resources.secrets import SecretCipher
-from corral.store import Store
+from corral.store import Store, open_store
 from corral.store.schema import LATEST_REVISION
-from corral.store.sql import MIGRATIONS_DIR, SqlStore
+from corral.store.sql import MIGRATIONS_DIR
 from databases import on_database, rows_of
 from test_store import (  # noqa: F401 - fixtures
     cipher_fixture,
@@ -320,7 +320,7 @@ async def test_sessions_stored_at_0003_are_kept_in_their_namespace_by_the_upgrad
 
     await on_database(store_url, at_0003_with_sessions)
 
-    store = await SqlStore.open(store_url, cipher=cipher)
+    store = await open_store(store_url, cipher=cipher)
     try:
         kept = await store.get_session("default", "ses_a")
         assert kept is not None

@@ -28,13 +28,19 @@ from typing import Any, TypeVar
 import anyio
 import sqlalchemy as sa
 
-from corral.core.errors import ConflictError, LeaseLostError, NotFoundError
+from corral.core.errors import ConfigurationError, ConflictError, LeaseLostError, NotFoundError
 from corral.core.events import Event, EventType
 from corral.core.messages import Message
 from corral.core.runs import Approval, ApprovalState, Lease, RunRecord, RunState
 from corral.core.sessions import SessionMessage
-from corral.store._sql_engine import cause
-from corral.store._sql_rows import (
+from corral.store._sqlite_lanes import Lane, connect
+from corral.store.base import StoredResource, StoreError, Submitted
+from corral.store.schema import approvals as approvals_table
+from corral.store.schema import resources, run_events, runs
+from corral.store.schema import session_messages as messages_table
+from corral.store.sql import SqlStore
+from corral.store.sql.database import cause, sqlite_file
+from corral.store.sql.rows import (
     approval_values,
     row_to_approval,
     row_to_run,
@@ -43,25 +49,19 @@ from corral.store._sql_rows import (
     run_values,
     session_message_values,
 )
-from corral.store._sql_statements import (
+from corral.store.sql.statements import (
     CLAIMED_ATTEMPTS,
     EXHAUSTED,
     REFUNDED_ATTEMPTS,
     lost_lease,
     sqlite_text,
 )
-from corral.store._sqlite_lanes import Lane, connect
-from corral.store.base import StoredResource, StoreError, Submitted
-from corral.store.schema import approvals as approvals_table
-from corral.store.schema import resources, run_events, runs
-from corral.store.schema import session_messages as messages_table
-from corral.store.sql import SqlStore
 
 T = TypeVar("T")
 Row = Any  # a SimpleNamespace with the table's columns as attributes, JSON decoded
 
 #: Whether any stored agent has ``max_concurrent_runs`` (then claims take the SQLAlchemy
-#: path, which counts running runs per agent: store/_agent_limits.py).
+#: path, which counts running runs per agent: store/sql/agent_limits.py).
 _ANY_AGENT_LIMIT = (
     "SELECT 1 FROM resources WHERE kind = 'Agent'"
     " AND json_extract(spec, '$.max_concurrent_runs') IS NOT NULL LIMIT 1"
@@ -287,13 +287,18 @@ def _append_to_session(
 class SqliteStore(SqlStore):
     """A :class:`SqlStore` on a SQLite file with the hot path on raw connections.
 
-    Create it with :meth:`SqlStore.open` (which picks it for ``sqlite:///`` files).
+    Create it with :meth:`open`, or :func:`corral.store.open_store`, which picks it
+    for ``sqlite:///`` files unless the settings turn the fast path off.
     """
 
     _writer_lane: Lane
     _reader_lane: Lane
 
-    async def _start(self, path: str, busy_timeout_seconds: float) -> None:
+    async def _start(self, url: sa.URL, busy_timeout_seconds: float) -> None:
+        path = sqlite_file(url)
+        if path is None:
+            raise ConfigurationError(f"the SQLite fast path needs a database file, not {url}")
+
         def open_lanes() -> tuple[Lane, Lane]:
             writer = connect(path, busy_timeout_seconds)
             reader = connect(path, busy_timeout_seconds)

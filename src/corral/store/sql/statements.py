@@ -13,8 +13,11 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from corral.core.errors import ConfigurationError, ConflictError, LeaseLostError, NotFoundError
+from corral.core.messages import Message
 from corral.core.runs import ApprovalState, Lease, RunState
+from corral.core.sessions import SessionMessage
 from corral.store.schema import approvals, runs, session_messages, sessions
+from corral.store.sql.rows import session_message_values
 
 
 def _insert(dialect: str, table: sa.Table) -> Any:
@@ -213,3 +216,26 @@ def session_in_use(session_id: str, run_id: str, state: str) -> ConflictError:
         f"cannot delete session {session_id!r}: its run {run_id} is {state}; "
         "wait for it to finish or cancel it first"
     )
+
+
+async def append_to_session(
+    conn: AsyncConnection,
+    namespace: str,
+    session_id: str,
+    messages: Sequence[Message],
+    run_id: str | None,
+    now: float,
+) -> list[SessionMessage]:
+    """Append ``messages`` to a session after its last seq; ``NotFoundError`` if absent."""
+    # Touching the session first also locks it (PostgreSQL) for the seq below.
+    await touch_session(conn, namespace, session_id, now)
+    top = await last_seq(conn, namespace, session_id)
+    stored = [
+        SessionMessage(top + i, message, run_id, created_at=now)
+        for i, message in enumerate(messages, start=1)
+    ]
+    await conn.execute(
+        session_messages.insert(),
+        [session_message_values(namespace, session_id, m, float(m.seq)) for m in stored],
+    )
+    return stored

@@ -1,5 +1,5 @@
-"""Rows <-> records for the SQL store: resources, runs, approvals, sessions, session messages,
-API tokens.
+"""Rows <-> records for the SQL store: resources, runs, run events, approvals, sessions,
+session messages, API tokens.
 
 Messages, usage and pending approvals go through the one serializer of
 :mod:`corral.core.messages` (``dump``/``load``), as JSON columns.
@@ -7,12 +7,14 @@ Messages, usage and pending approvals go through the one serializer of
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import sqlalchemy as sa
 from pydantic import ValidationError
 
-from corral.core.errors import ConfigurationError
+from corral.core.errors import ConfigurationError, ConflictError
+from corral.core.events import Event
 from corral.core.messages import Message, Usage, dump, dump_messages, load, load_messages
 from corral.core.runs import Approval, ApprovalState, PendingApproval, RunRecord, RunState
 from corral.core.sessions import Session, SessionMessage
@@ -83,6 +85,16 @@ def row_to_run(row: sa.Row[Any]) -> RunRecord:
         fencing_token=row.fencing_token,
         output_schema=row.output_schema,
     )
+
+
+def event_values(events: Sequence[Event], run_id: str | None = None) -> list[dict[str, Any]]:
+    """Rows of ``run_events``; with ``run_id``, events of another run are a ``ConflictError``."""
+    if run_id is not None and any(e.run_id != run_id for e in events):
+        raise ConflictError(f"events of another run cannot be saved with run {run_id!r}")
+    return [
+        {"run_id": e.run_id, "seq": e.seq, "type": str(e.type), "ts": e.ts, "data": e.data}
+        for e in events
+    ]
 
 
 def approval_values(approval: Approval) -> dict[str, Any]:
