@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 import anyio
 import sqlalchemy as sa
 
-from corral.core.errors import ConfigurationError, ConflictError, LeaseLostError, NotFoundError
+from corral.core.errors import ConfigurationError, ConflictError
 from corral.core.events import Event, EventType
 from corral.core.messages import Message
 from corral.core.runs import Approval, ApprovalState, Lease, RunRecord, RunState
@@ -49,11 +49,22 @@ from corral.store.sql.rows import (
     run_values,
     session_message_values,
 )
+from corral.store.sql.rules import (
+    agent_not_found,
+    check_events_saved_with,
+    check_events_under,
+    check_session_agent,
+    judge_token,
+    no_longer_running,
+    numbered,
+    saved_run_values,
+    session_not_found,
+)
 from corral.store.sql.statements import (
     CLAIMED_ATTEMPTS,
     EXHAUSTED,
     REFUNDED_ATTEMPTS,
-    lost_lease,
+    requeue_settled,
     sqlite_text,
 )
 
@@ -223,22 +234,11 @@ def _claim_ids(
     return _rows(cursor, runs)
 
 
-def _fence(conn: sqlite3.Connection, lease: Lease) -> None:
-    """Raise unless ``lease`` still holds its run (see ``check_fence``)."""
-    found = conn.execute("SELECT fencing_token FROM runs WHERE id = ?", (lease.run_id,)).fetchone()
-    if found is None:
-        raise NotFoundError(f"run {lease.run_id!r} not found")
-    if found[0] != lease.token:
-        raise lost_lease(lease, found[0])
-
-
 def _refuse(conn: sqlite3.Connection, run_id: str, lease: Lease | None) -> None:
-    """Explain why a write to ``run_id`` matched no row (see ``refuse``)."""
+    """Raise unless run ``run_id`` exists and ``lease`` (when given) still holds it: the
+    fencing check before a write, and why a fenced write matched no row (see ``refuse``)."""
     found = conn.execute("SELECT fencing_token FROM runs WHERE id = ?", (run_id,)).fetchone()
-    if found is None:
-        raise NotFoundError(f"run {run_id!r} not found")
-    if lease is not None and found[0] != lease.token:
-        raise lost_lease(lease, found[0])
+    judge_token(run_id, None if found is None else found[0], lease)
 
 
 def _open_session(conn: sqlite3.Connection, record: RunRecord, now: float) -> None:
@@ -249,8 +249,7 @@ def _open_session(conn: sqlite3.Connection, record: RunRecord, now: float) -> No
         " DO UPDATE SET updated_at = sessions.updated_at RETURNING agent",
         (record.namespace, record.session_id, record.agent, now, now),
     ).fetchone()
-    if found[0] != record.agent:
-        raise ConflictError(f"session {record.session_id!r} belongs to agent {found[0]!r}")
+    check_session_agent(str(record.session_id), found[0], record.agent)
 
 
 def _append_to_session(
@@ -266,16 +265,13 @@ def _append_to_session(
         (now, namespace, session_id),
     )
     if touched.rowcount == 0:
-        raise NotFoundError(f"session {session_id!r} not found")
+        raise session_not_found(session_id)
     top = conn.execute(
         "SELECT max(seq) FROM session_messages WHERE namespace = ? AND session_id = ?",
         (namespace, session_id),
     ).fetchone()[0]
     top = int(top or 0)
-    stored = [
-        SessionMessage(top + i, message, run_id, created_at=now)
-        for i, message in enumerate(messages, start=1)
-    ]
+    stored = numbered(messages, top, run_id, now)
     rows = [
         _encode(messages_table, session_message_values(namespace, session_id, m, float(m.seq)))
         for m in stored
@@ -373,24 +369,13 @@ class SqliteStore(SqlStore):
         session_messages: Sequence[Message] = (),
         events: Sequence[Event] = (),
     ) -> None:
-        if lease is not None and lease.run_id != record.id:
-            raise ConflictError(f"cannot save run {record.id!r} under a lease on {lease.run_id!r}")
-        values = run_values(record)
-        for column in ("id", "lease_owner", "lease_expires_at", "fencing_token"):
-            del values[column]
-        # The flag belongs to request_cancel: a save can only raise it.
-        if not record.cancel_requested:
-            del values["cancel_requested"]
-        if record.state is not RunState.RUNNING:
-            values.update(lease_owner=None, lease_expires_at=None)
-        encoded = _encode(runs, values)
+        encoded = _encode(runs, saved_run_values(record, lease))
         sql = _update_run(tuple(encoded), fenced=lease is not None)
         params: list[Any] = [*encoded.values(), record.id]
         if lease is not None:
             params.append(lease.token)
         approval_rows = [_encode(approvals_table, approval_values(a)) for a in approvals]
-        if events and {e.run_id for e in events} != {record.id}:
-            raise ConflictError(f"events of another run cannot be saved with run {record.id!r}")
+        check_events_saved_with(events, record.id)
         event_rows = _event_rows(events)
         now = time.time()
 
@@ -441,9 +426,7 @@ class SqliteStore(SqlStore):
         def write(conn: sqlite3.Connection) -> Row | None:
             found = conn.execute(_AGENT_MAX_ATTEMPTS, (record.namespace, record.agent)).fetchone()
             if found is None:
-                raise NotFoundError(
-                    f"Agent {record.agent!r} not found in namespace {record.namespace!r}"
-                )
+                raise agent_not_found(record)
             if found[0] is not None:
                 record.max_attempts = params[at] = int(found[0])
             if record.session_id is not None:
@@ -551,9 +534,7 @@ class SqliteStore(SqlStore):
             ).fetchone()
             if found is None:
                 _refuse(conn, lease.run_id, lease)
-                raise LeaseLostError(
-                    f"run {lease.run_id!r} is no longer running under the lease of {lease.owner!r}"
-                )
+                raise no_longer_running(lease)
             return bool(found[0])
 
         cancel = await self._lane_write(f"renew the lease on run {lease.run_id}", write)
@@ -634,15 +615,8 @@ class SqliteStore(SqlStore):
             )
             rows = _rows(cursor, approvals_table)
             run_ids = sorted({r.run_id for r in rows})
-            if run_ids:
-                conn.execute(
-                    f"UPDATE runs SET state = '{_QUEUED}', not_before = ?"
-                    f" WHERE id IN ({', '.join('?' for _ in run_ids)})"
-                    f" AND state = '{RunState.WAITING_APPROVAL.value}'"
-                    " AND NOT EXISTS (SELECT 1 FROM approvals"
-                    f" WHERE approvals.run_id = runs.id AND approvals.state = '{_PENDING}')",
-                    (now, *run_ids),
-                )
+            if run_ids:  # rare enough to compile the shared statement here
+                conn.execute(sqlite_text(requeue_settled(run_ids, now)))
             return rows
 
         expired = [
@@ -672,15 +646,12 @@ class SqliteStore(SqlStore):
     async def append_events(self, events: Sequence[Event], lease: Lease | None = None) -> None:
         if not events:
             return
-        if lease is not None and {e.run_id for e in events} != {lease.run_id}:
-            raise ConflictError(
-                f"events of another run cannot be written under a lease on {lease.run_id!r}"
-            )
+        check_events_under(events, lease)
         rows = _event_rows(events)
 
         def write(conn: sqlite3.Connection) -> None:
             if lease is not None:
-                _fence(conn, lease)
+                _refuse(conn, lease.run_id, lease)
             conn.executemany(_INSERT_EVENT, rows)
 
         await self._lane_write("append run events", write)

@@ -18,13 +18,13 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from corral.core.errors import LeaseLostError, NotFoundError
 from corral.core.runs import Lease, RunRecord, RunState
 from corral.store.base import Submitted
 from corral.store.schema import resources, runs
 from corral.store.sql.agent_limits import admission, admitted
 from corral.store.sql.engine import Body, SqlEngine, execute
 from corral.store.sql.rows import row_to_run, run_values
+from corral.store.sql.rules import agent_not_found, no_longer_running
 from corral.store.sql.statements import (
     CLAIMED_ATTEMPTS,
     EXHAUSTED,
@@ -78,9 +78,7 @@ class SqlClaims(SqlEngine):
         ) -> tuple[sa.Row[Any] | None, list[tuple[RunRecord, Lease]]]:
             found = (await conn.execute(_AGENT_MAX_ATTEMPTS, the_agent)).first()
             if found is None:
-                raise NotFoundError(
-                    f"Agent {record.agent!r} not found in namespace {record.namespace!r}"
-                )
+                raise agent_not_found(record)
             if found[0] is not None:
                 record.max_attempts = int(found[0])
             if record.session_id is not None:  # opened (and locked) with its run: see delete
@@ -255,9 +253,7 @@ class SqlClaims(SqlEngine):
             row = (await conn.execute(renew)).first()
             if row is None:
                 await refuse(conn, lease.run_id, lease)
-                raise LeaseLostError(
-                    f"run {lease.run_id!r} is no longer running under the lease of {lease.owner!r}"
-                )
+                raise no_longer_running(lease)
             return bool(row.cancel_requested)
 
         cancel = await self._write(f"renew the lease on run {lease.run_id}", write)

@@ -15,13 +15,14 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from corral.core.errors import ConflictError, NotFoundError
+from corral.core.errors import NotFoundError
 from corral.core.events import Event, EventType
 from corral.core.runs import Lease
 from corral.core.tokens import ApiToken
 from corral.store.schema import api_tokens, run_events
 from corral.store.sql.engine import SqlEngine, execute, fetch_all, fetch_first
 from corral.store.sql.rows import event_values, row_to_token, token_values
+from corral.store.sql.rules import check_events_under
 from corral.store.sql.statements import check_fence, lock_runs
 
 
@@ -33,10 +34,7 @@ class SqlEventsTokens(SqlEngine):
         ``ConflictError``."""
         if not events:
             return
-        if lease is not None and any(e.run_id != lease.run_id for e in events):
-            raise ConflictError(
-                f"events of another run cannot be written under a lease on {lease.run_id!r}"
-            )
+        check_events_under(events, lease)
         rows = event_values(events)
         run_ids = sorted({e.run_id for e in events})
 

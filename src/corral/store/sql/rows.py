@@ -13,7 +13,7 @@ from typing import Any
 import sqlalchemy as sa
 from pydantic import ValidationError
 
-from corral.core.errors import ConfigurationError, ConflictError
+from corral.core.errors import ConfigurationError
 from corral.core.events import Event
 from corral.core.messages import Message, Usage, dump, dump_messages, load, load_messages
 from corral.core.runs import Approval, ApprovalState, PendingApproval, RunRecord, RunState
@@ -87,10 +87,8 @@ def row_to_run(row: sa.Row[Any]) -> RunRecord:
     )
 
 
-def event_values(events: Sequence[Event], run_id: str | None = None) -> list[dict[str, Any]]:
-    """Rows of ``run_events``; with ``run_id``, events of another run are a ``ConflictError``."""
-    if run_id is not None and any(e.run_id != run_id for e in events):
-        raise ConflictError(f"events of another run cannot be saved with run {run_id!r}")
+def event_values(events: Sequence[Event]) -> list[dict[str, Any]]:
+    """Rows of ``run_events`` for ``events``."""
     return [
         {"run_id": e.run_id, "seq": e.seq, "type": str(e.type), "ts": e.ts, "data": e.data}
         for e in events

@@ -14,7 +14,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from corral.core.errors import ConflictError, NotFoundError
+from corral.core.errors import NotFoundError
 from corral.core.events import Event
 from corral.core.messages import Message
 from corral.core.runs import Approval, ApprovalState, Lease, RunRecord, RunState
@@ -23,6 +23,7 @@ from corral.store.schema import approvals as approvals_table
 from corral.store.schema import run_events, runs
 from corral.store.sql.engine import SqlEngine, execute, fetch_all, fetch_first
 from corral.store.sql.rows import approval_values, event_values, row_to_run, run_values
+from corral.store.sql.rules import check_events_saved_with, saved_run_values
 from corral.store.sql.statements import append_to_session, refuse
 
 # One statement object for every save, the values passed as parameters: SQLAlchemy finds a
@@ -50,17 +51,7 @@ class SqlRuns(SqlEngine):
         """See :meth:`Store.save_run`. Also: ``cancel_requested`` is only ever raised by a
         save, never cleared (the flag belongs to :meth:`request_cancel`); a lease on
         another run is a ``ConflictError``."""
-        if lease is not None and lease.run_id != record.id:
-            raise ConflictError(f"cannot save run {record.id!r} under a lease on {lease.run_id!r}")
-        values = run_values(record)
-        for column in ("id", "lease_owner", "lease_expires_at", "fencing_token"):
-            del values[column]
-        # The flag belongs to request_cancel: a worker saving the record it claimed
-        # before the request must not clear it, so a save can only raise it.
-        if not record.cancel_requested:
-            del values["cancel_requested"]
-        if record.state is not RunState.RUNNING:
-            values.update(lease_owner=None, lease_expires_at=None)
+        values = saved_run_values(record, lease)
         # One statement object for every save, the values as parameters (see _UPDATE_RUN).
         values["b_id"] = record.id
         statement = _UPDATE_RUN
@@ -70,7 +61,8 @@ class SqlRuns(SqlEngine):
             statement = _UPDATE_RUN_FENCED
             values["b_token"] = lease.token
         namespace, session_id = record.namespace, record.session_id
-        event_rows = event_values(events, record.id)
+        check_events_saved_with(events, record.id)
+        event_rows = event_values(events)
 
         async def write(conn: AsyncConnection) -> None:
             result = await conn.execute(statement, values)

@@ -15,13 +15,13 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from corral.core.errors import ConflictError, NotFoundError
 from corral.core.messages import Message
 from corral.core.runs import Lease
 from corral.core.sessions import Session, SessionMessage
 from corral.store.schema import session_messages, sessions
 from corral.store.sql.engine import SqlEngine, fetch_all, fetch_first
 from corral.store.sql.rows import row_to_session, row_to_session_message, session_message_values
+from corral.store.sql.rules import check_session_agent, session_not_found
 from corral.store.sql.statements import (
     append_to_session,
     check_fence,
@@ -50,8 +50,8 @@ class SqlSessions(SqlEngine):
                 return await open_session(conn, self._dialect, namespace, session_id, agent, now)
 
             row = await self._write(action, write)
-        elif row.agent != agent:
-            raise ConflictError(f"session {session_id!r} belongs to agent {row.agent!r}")
+        else:
+            check_session_agent(session_id, row.agent, agent)
         return row_to_session(row)
 
     async def get_session(self, namespace: str, session_id: str) -> Session | None:
@@ -77,7 +77,7 @@ class SqlSessions(SqlEngine):
             # Deleting first locks the row (PostgreSQL): a submit holding it (open_session)
             # has committed its run by the time the check below reads the runs.
             if (await conn.execute(delete)).rowcount == 0:
-                raise NotFoundError(f"session {session_id!r} not found")
+                raise session_not_found(session_id)
             run = (await conn.execute(unfinished)).first()
             if run is not None:  # raising rolls the delete back
                 raise session_in_use(session_id, run.id, run.state)
