@@ -144,10 +144,6 @@ class Store(ABC):
     # ----------------------------------------------------------------- runs
 
     @abstractmethod
-    async def create_run(self, record: RunRecord) -> None:
-        """Store a new run; ``ConflictError`` when its id exists."""
-
-    @abstractmethod
     async def save_run(
         self,
         record: RunRecord,
@@ -355,17 +351,6 @@ class Store(ABC):
         and the delete are one transaction, and a submit opens its session in the
         transaction that stores its run, so no run is ever left without its session.
         """
-
-    @abstractmethod
-    async def append_session_messages(
-        self,
-        namespace: str,
-        session_id: str,
-        messages: Sequence[Message],
-        run_id: str | None = None,
-        lease: Lease | None = None,
-    ) -> list[SessionMessage]:
-        """Append messages (fenced by ``lease`` when given, as in ``save_run``)."""
 
     @abstractmethod
     async def session_messages(

@@ -23,7 +23,7 @@ import sqlite3
 import time
 from collections.abc import Callable, Coroutine, Iterable, Sequence
 from types import SimpleNamespace
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 import sqlalchemy as sa
@@ -69,7 +69,15 @@ from corral.store.sql.statements import (
 )
 
 T = TypeVar("T")
-Row = Any  # a SimpleNamespace with the table's columns as attributes, JSON decoded
+
+
+class DecodedRow(SimpleNamespace):
+    """A row of the fast path: the table's columns as attributes, JSON columns decoded."""
+
+    if TYPE_CHECKING:  # any column, as SQLAlchemy types a Row's attributes
+
+        def __getattr__(self, name: str) -> Any: ...
+
 
 #: Whether any stored agent has ``max_concurrent_runs`` (then claims take the SQLAlchemy
 #: path, which counts running runs per agent: store/sql/agent_limits.py).
@@ -144,7 +152,7 @@ def _load(text: str) -> Any:
     return json.loads(text)
 
 
-def _rows(cursor: sqlite3.Cursor, table: sa.Table) -> list[Row]:
+def _rows(cursor: sqlite3.Cursor, table: sa.Table) -> list[DecodedRow]:
     names = [d[0] for d in cursor.description]
     json_columns = [n for n in names if n in _TYPES[table.name][0]]
     rows = []
@@ -153,7 +161,7 @@ def _rows(cursor: sqlite3.Cursor, table: sa.Table) -> list[Row]:
         for name in json_columns:
             if row[name] is not None:
                 row[name] = _load(row[name])
-        rows.append(SimpleNamespace(**row))
+        rows.append(DecodedRow(**row))
     return rows
 
 
@@ -195,7 +203,9 @@ def _run_params(record: RunRecord) -> list[Any]:
     return [values[c] for c in _RUN_COLUMNS]
 
 
-def _insert_run(conn: sqlite3.Connection, record: RunRecord, params: list[Any]) -> Row | None:
+def _insert_run(
+    conn: sqlite3.Connection, record: RunRecord, params: list[Any]
+) -> DecodedRow | None:
     """Insert a new run; the stored run with the same idempotency key instead, if any."""
     if record.idempotency_key is None:
         conn.execute(_INSERT_RUN, params)
@@ -222,7 +232,7 @@ _REFUNDED_ATTEMPTS = sqlite_text(REFUNDED_ATTEMPTS)
 
 def _claim_ids(
     conn: sqlite3.Connection, ids: Sequence[str], owner: str, expires_at: float, now: float
-) -> list[Row]:
+) -> list[DecodedRow]:
     """Claim the runs of ``ids`` that are runnable at ``now``; the claimed rows."""
     cursor = conn.execute(
         f"UPDATE runs SET state = '{_RUNNING}', lease_owner = ?, lease_expires_at = ?,"
@@ -338,7 +348,7 @@ class SqliteStore(SqlStore):
     # ----------------------------------------------------------------- resources
 
     async def get_resource(self, namespace: str, kind: str, name: str) -> StoredResource | None:
-        def read(conn: sqlite3.Connection) -> list[Row]:
+        def read(conn: sqlite3.Connection) -> list[DecodedRow]:
             cursor = conn.execute(
                 "SELECT * FROM resources WHERE namespace = ? AND kind = ? AND name = ?",
                 (namespace, kind, name),
@@ -396,7 +406,7 @@ class SqliteStore(SqlStore):
         await self._lane_write(f"save run {record.id}", write)
 
     async def get_run(self, run_id: str) -> RunRecord | None:
-        def read(conn: sqlite3.Connection) -> list[Row]:
+        def read(conn: sqlite3.Connection) -> list[DecodedRow]:
             return _rows(conn.execute("SELECT * FROM runs WHERE id = ?", (run_id,)), runs)
 
         found = await self._lane_read(f"read run {run_id}", read)
@@ -421,9 +431,9 @@ class SqliteStore(SqlStore):
         params = _run_params(record)
         at = _RUN_COLUMNS.index("max_attempts")
         now = time.time()
-        claimed: list[Row] = []
+        claimed: list[DecodedRow] = []
 
-        def write(conn: sqlite3.Connection) -> Row | None:
+        def write(conn: sqlite3.Connection) -> DecodedRow | None:
             found = conn.execute(_AGENT_MAX_ATTEMPTS, (record.namespace, record.agent)).fetchone()
             if found is None:
                 raise agent_not_found(record)
@@ -482,7 +492,7 @@ class SqliteStore(SqlStore):
                 ).fetchall()
             return found
 
-        def write(conn: sqlite3.Connection) -> list[Row] | None:
+        def write(conn: sqlite3.Connection) -> list[DecodedRow] | None:
             if conn.execute(_ANY_AGENT_LIMIT).fetchone() is not None:
                 return None  # limited agents: the SQLAlchemy claim counts their runs
             if run_ids is None:
@@ -584,7 +594,7 @@ class SqliteStore(SqlStore):
             sql += " WHERE " + " AND ".join(where)
         sql += " ORDER BY requested_at, id"
 
-        def read(conn: sqlite3.Connection) -> list[Row]:
+        def read(conn: sqlite3.Connection) -> list[DecodedRow]:
             return _rows(conn.execute(sql, params), approvals_table)
 
         return [row_to_approval(row) for row in await self._lane_read("list approvals", read)]
@@ -602,12 +612,12 @@ class SqliteStore(SqlStore):
                 is not None
             )
 
-        # Workers sweep before every claim: a read first keeps the writer free when
-        # nothing is due (an approval that falls due meanwhile goes at the next sweep).
+        # Every worker sweeps once per poll interval and nearly always finds nothing due:
+        # a read first keeps the writer free then (what falls due meanwhile goes next sweep).
         if not await self._lane_read("expire approvals", any_due):
             return []
 
-        def write(conn: sqlite3.Connection) -> list[Row]:
+        def write(conn: sqlite3.Connection) -> list[DecodedRow]:
             cursor = conn.execute(
                 f"UPDATE approvals SET state = '{ApprovalState.EXPIRED.value}', decided_at = ?"
                 f" WHERE {due[0]} RETURNING *",
@@ -635,7 +645,7 @@ class SqliteStore(SqlStore):
             sql += " AND hidden = 0"
         sql += " ORDER BY position, seq"
 
-        def read(conn: sqlite3.Connection) -> list[Row]:
+        def read(conn: sqlite3.Connection) -> list[DecodedRow]:
             return _rows(conn.execute(sql, (namespace, session_id)), messages_table)
 
         rows = await self._lane_read(f"read session {session_id}", read)

@@ -21,8 +21,8 @@ from corral.core.runs import Approval, ApprovalState, Lease, RunRecord, RunState
 from corral.store.base import RunCounts
 from corral.store.schema import approvals as approvals_table
 from corral.store.schema import run_events, runs
-from corral.store.sql.engine import SqlEngine, execute, fetch_all, fetch_first
-from corral.store.sql.rows import approval_values, event_values, row_to_run, run_values
+from corral.store.sql.engine import SqlEngine, fetch_all, fetch_first
+from corral.store.sql.rows import approval_values, event_values, row_to_run
 from corral.store.sql.rules import check_events_saved_with, saved_run_values
 from corral.store.sql.statements import append_to_session, refuse
 
@@ -35,10 +35,6 @@ _UPDATE_RUN_FENCED = _UPDATE_RUN.where(runs.c.fencing_token == sa.bindparam("b_t
 
 class SqlRuns(SqlEngine):
     """The run operations of :class:`~corral.store.sql.SqlStore` (claims aside)."""
-
-    async def create_run(self, record: RunRecord) -> None:
-        insert = runs.insert().values(**run_values(record))
-        await self._write(f"create run {record.id}", execute(insert))
 
     async def save_run(
         self,

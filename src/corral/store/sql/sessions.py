@@ -9,22 +9,18 @@ visible); compacting hides messages, it never deletes them.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from corral.core.messages import Message
-from corral.core.runs import Lease
 from corral.core.sessions import Session, SessionMessage
 from corral.store.schema import session_messages, sessions
 from corral.store.sql.engine import SqlEngine, fetch_all, fetch_first
 from corral.store.sql.rows import row_to_session, row_to_session_message, session_message_values
 from corral.store.sql.rules import check_session_agent, session_not_found
 from corral.store.sql.statements import (
-    append_to_session,
-    check_fence,
     in_session,
     last_seq,
     open_session,
@@ -83,30 +79,6 @@ class SqlSessions(SqlEngine):
                 raise session_in_use(session_id, run.id, run.state)
 
         await self._write(f"delete session {session_id}", write)
-
-    async def append_session_messages(
-        self,
-        namespace: str,
-        session_id: str,
-        messages: Sequence[Message],
-        run_id: str | None = None,
-        lease: Lease | None = None,
-    ) -> list[SessionMessage]:
-        """See :meth:`Store.append_session_messages`. ``run_id`` defaults to the lease's
-        run; seqs continue from the session's last one; ``NotFoundError`` when the
-        session is absent."""
-        if not messages:
-            return []
-        if run_id is None and lease is not None:
-            run_id = lease.run_id
-        now = time.time()
-
-        async def write(conn: AsyncConnection) -> list[SessionMessage]:
-            if lease is not None:
-                await check_fence(conn, lease)
-            return await append_to_session(conn, namespace, session_id, messages, run_id, now)
-
-        return await self._write(f"append to session {session_id}", write)
 
     async def session_messages(
         self, namespace: str, session_id: str, *, include_hidden: bool = False
