@@ -251,15 +251,15 @@ def _refuse(conn: sqlite3.Connection, run_id: str, lease: Lease | None) -> None:
     judge_token(run_id, None if found is None else found[0], lease)
 
 
-def _open_session(conn: sqlite3.Connection, record: RunRecord, now: float) -> None:
+def _open_session(conn: sqlite3.Connection, record: RunRecord, session_id: str, now: float) -> None:
     """The run's session, created when absent (see ``open_session``, which this mirrors)."""
     found = conn.execute(
         "INSERT INTO sessions (namespace, id, agent, created_at, updated_at)"
         " VALUES (?, ?, ?, ?, ?) ON CONFLICT (namespace, id)"
         " DO UPDATE SET updated_at = sessions.updated_at RETURNING agent",
-        (record.namespace, record.session_id, record.agent, now, now),
+        (record.namespace, session_id, record.agent, now, now),
     ).fetchone()
-    check_session_agent(str(record.session_id), found[0], record.agent)
+    check_session_agent(session_id, found[0], record.agent)
 
 
 def _append_to_session(
@@ -440,7 +440,7 @@ class SqliteStore(SqlStore):
             if found[0] is not None:
                 record.max_attempts = params[at] = int(found[0])
             if record.session_id is not None:
-                _open_session(conn, record, now)
+                _open_session(conn, record, record.session_id, now)
             existing = _insert_run(conn, record, params)
             if existing is None and claim_for is not None:
                 owner, lease_seconds = claim_for
