@@ -28,9 +28,8 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.pool import NullPool
 
 from corral.resources.secrets import SecretCipher
-from corral.store._sql_engine import async_url
 from corral.store.schema import metadata
-from corral.store.sql import SqlStore
+from corral.store.sql import SqlStore, async_url
 
 T = TypeVar("T")
 

@@ -10,6 +10,7 @@ from corral.cli.tasks_cmd import parse_duration
 from corral.core.events import Event, EventType
 from corral.core.runs import RunRecord, RunState
 from corral.store import Store
+from store_helpers import create_run
 from test_store import cipher_fixture, store_fixture, store_url_fixture  # noqa: F401 - fixtures
 
 
@@ -18,7 +19,7 @@ async def add_run(store: Store, run_id: str, state: RunState, finished_ago: floa
     record = RunRecord(id=run_id, namespace="default", agent="a", input="x", state=state)
     if finished_ago is not None:
         record.finished_at = now - finished_ago
-    await store.create_run(record)
+    await create_run(store, record)
     await store.append_events([Event(run_id, 1, EventType.RUN_START, {"input": "x"})])
 
 

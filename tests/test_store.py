@@ -25,7 +25,9 @@ from corral.resources.secrets import REDACTED, SecretCipher, SecretResolver, red
 from corral.store import ApplyAction, Store, StoredResource, StoreError, open_store
 from corral.store.schema import LATEST_REVISION, metadata
 from corral.store.sql import MIGRATIONS_DIR, SqlStore
+from corral.store.sqlite import SqliteStore
 from databases import PostgresServer, on_database, rows_of
+from store_helpers import create_run
 
 SRC = Path(__file__).parent.parent / "src"
 
@@ -422,7 +424,7 @@ def a_run(run_id: str, agent: str = "assistant", created_at: float = 1000.0) -> 
 
 async def test_runs_round_trip_every_field(store: Store) -> None:
     record = a_run("run_1")
-    await store.create_run(record)
+    await create_run(store, record)
     assert await store.get_run("run_1") == record
 
     call = ToolCall("c1", "add", '{"a": 1}')
@@ -443,16 +445,16 @@ async def test_runs_round_trip_every_field(store: Store) -> None:
 async def test_create_run_twice_conflicts_and_saving_an_unknown_run_is_not_found(
     store: Store,
 ) -> None:
-    await store.create_run(a_run("run_1"))
+    await create_run(store, a_run("run_1"))
     with pytest.raises(ConflictError):
-        await store.create_run(a_run("run_1"))
+        await create_run(store, a_run("run_1"))
     with pytest.raises(NotFoundError, match="run_2"):
         await store.save_run(a_run("run_2"))
 
 
 async def test_list_runs_newest_first_filtered_and_limited(store: Store) -> None:
     for i, agent in enumerate(["a", "b", "a", "a"]):
-        await store.create_run(a_run(f"run_{i}", agent, created_at=1000.0 + i))
+        await create_run(store, a_run(f"run_{i}", agent, created_at=1000.0 + i))
     assert [r.id for r in await store.list_runs("default")] == ["run_3", "run_2", "run_1", "run_0"]
     assert [r.id for r in await store.list_runs("default", "a", limit=2)] == ["run_3", "run_2"]
     assert await store.list_runs("other") == []
@@ -462,7 +464,7 @@ async def test_list_runs_newest_first_filtered_and_limited(store: Store) -> None
 
 
 async def test_events_are_listed_in_order_from_a_cursor(store: Store) -> None:
-    await store.create_run(a_run("run_1"))
+    await create_run(store, a_run("run_1"))
     events = [
         Event("run_1", 1, EventType.RUN_START, {"agent": "assistant"}, ts=1.0),
         Event("run_1", 2, EventType.TEXT_DELTA, {"text": "hé"}, ts=2.0),
@@ -477,7 +479,7 @@ async def test_events_are_listed_in_order_from_a_cursor(store: Store) -> None:
 
 
 async def test_a_duplicate_event_stores_nothing_of_its_batch(store: Store) -> None:
-    await store.create_run(a_run("run_1"))
+    await create_run(store, a_run("run_1"))
     await store.append_events([Event("run_1", 1, EventType.RUN_START)])
     with pytest.raises(ConflictError):
         await store.append_events(
@@ -498,7 +500,9 @@ async def test_a_locked_database_is_a_store_error_and_changes_nothing(
     store_url: str, cipher: SecretCipher
 ) -> None:
     only_sqlite(store_url, "the busy timeout of a database file locked by another writer")
-    store = await SqlStore.open(store_url, cipher=cipher, busy_timeout_seconds=0.2)
+    # The store open_store would pick for this variant, with a short busy timeout.
+    store_class = SqliteStore if Settings.from_env().sqlite_fast_path else SqlStore
+    store = await store_class.open(store_url, cipher=cipher, busy_timeout_seconds=0.2)
     try:
         blocker = sqlite3.connect(sqlite_path(store_url), isolation_level=None)
         blocker.execute("BEGIN IMMEDIATE")

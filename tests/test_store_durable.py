@@ -26,8 +26,9 @@ from corral.resources.loader import load_text
 from corral.resources.secrets import SecretCipher
 from corral.store import Store, open_store
 from corral.store.schema import LATEST_REVISION
-from corral.store.sql import MIGRATIONS_DIR, SqlStore
+from corral.store.sql import MIGRATIONS_DIR
 from databases import on_database, rows_of
+from store_helpers import append_session_messages, create_run
 from test_store import (  # noqa: F401 - fixtures
     SRC,
     a_run,
@@ -330,7 +331,7 @@ async def test_a_claim_of_given_runs_lets_more_urgent_runs_go_first(store: Store
 async def test_unleased_running_runs_are_never_claimed(store: Store) -> None:
     running = a_run("run_local")
     running.state = RunState.RUNNING  # as the local runtime stores it: no lease at all
-    await store.create_run(running)
+    await create_run(store, running)
     assert await store.claim_runs("w", 30.0, now=time.time() + 10_000) == []
 
 
@@ -360,8 +361,8 @@ async def test_an_expired_lease_is_reclaimed_and_the_old_holder_is_fenced_off(
     with pytest.raises(LeaseLostError):
         await store.release_run(old, not_before=now + 999)
     with pytest.raises(LeaseLostError):
-        await store.append_session_messages(
-            "default", session.id, [Message.user("stale")], lease=old
+        await append_session_messages(
+            store, "default", session.id, [Message.user("stale")], lease=old
         )
     with pytest.raises(LeaseLostError):
         await store.renew_lease(old, 30.0)
@@ -374,8 +375,8 @@ async def test_an_expired_lease_is_reclaimed_and_the_old_holder_is_fenced_off(
 
     # The new holder writes freely.
     await other_store.append_events([Event("run_1", 2, EventType.RUN_FINISH)], lease=new)
-    [stored] = await other_store.append_session_messages(
-        "default", session.id, [Message.assistant("fresh")], lease=new
+    [stored] = await append_session_messages(
+        other_store, "default", session.id, [Message.assistant("fresh")], lease=new
     )
     assert stored.run_id == "run_1"
     reclaimed.state, reclaimed.output = RunState.SUCCEEDED, "fresh"
@@ -410,7 +411,7 @@ async def test_expiry_alone_does_not_refuse_a_fenced_write(store: Store) -> None
 
 async def test_fenced_writes_check_the_lease_belongs_to_the_run(store: Store) -> None:
     await store.submit_run(a_task("run_1"))
-    await store.create_run(a_run("run_2"))
+    await create_run(store, a_run("run_2"))
     _, lease = await claim_one(store)
     with pytest.raises(ConflictError):
         await store.append_events([Event("run_2", 1, EventType.RUN_START)], lease=lease)
@@ -533,7 +534,7 @@ async def test_request_cancel_by_state(store: Store) -> None:
 
     done = a_run("done")
     done.state = RunState.FAILED
-    await store.create_run(done)
+    await create_run(store, done)
     assert await store.request_cancel("done") == done
     with pytest.raises(NotFoundError, match="ghost"):
         await store.request_cancel("ghost")
@@ -735,7 +736,7 @@ async def test_a_0001_database_with_a_run_upgrades_cleanly(
 
     await on_database(store_url, at_0001_with_a_run)
 
-    store = await SqlStore.open(store_url, cipher=cipher)
+    store = await open_store(store_url, cipher=cipher)
     try:
         old = await store.get_run("run_old")
         assert old is not None

@@ -9,7 +9,8 @@ import anyio
 from corral.core.errors import ConflictError, LeaseLostError
 from corral.core.events import Event, EventType
 from corral.core.runs import Lease, RunRecord, RunState
-from corral.resources.secrets import SecretCipher
+from corral.core.settings import Settings
+from corral.store import open_store
 from corral.store.sql import SqlStore
 from corral.store.sqlite import SqliteStore
 
@@ -18,10 +19,24 @@ def task(run_id: str) -> RunRecord:
     return RunRecord(id=run_id, namespace="default", agent="a", input="hi", state=RunState.QUEUED)
 
 
+def settings(tmp_path: Path, environ: dict[str, str]) -> Settings:
+    return Settings.from_env({"CORRAL_HOME": str(tmp_path), **environ})
+
+
+async def test_a_sqlite_file_takes_the_fast_path_unless_the_settings_turn_it_off(
+    tmp_path: Path,
+) -> None:
+    url = f"sqlite:///{tmp_path / 'c.db'}"
+    async with await open_store(url, settings=settings(tmp_path, {})) as fast:
+        assert isinstance(fast, SqliteStore)
+    off = settings(tmp_path, {"CORRAL_SQLITE_FAST_PATH": "0"})
+    assert not off.sqlite_fast_path
+    async with await open_store(url, settings=off) as plain:
+        assert type(plain) is SqlStore
+
+
 async def test_a_failing_write_in_a_batch_leaves_the_others_committed(tmp_path: Path) -> None:
-    store = await SqlStore.open(
-        f"sqlite:///{tmp_path / 'c.db'}", cipher=SecretCipher(key=SecretCipher.generate_key())
-    )
+    store = await open_store(f"sqlite:///{tmp_path / 'c.db'}", settings=settings(tmp_path, {}))
     try:
         assert isinstance(store, SqliteStore)
         for i in range(20):

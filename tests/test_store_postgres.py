@@ -29,6 +29,7 @@ from corral.store import Store, StoreError, open_store
 from corral.store.schema import LATEST_REVISION
 from corral.store.sql import SqlStore
 from databases import PostgresServer, eventually, rows_of
+from store_helpers import append_session_messages
 from test_store import cipher_fixture  # noqa: F401 - fixtures
 from test_store_durable import a_task, child_env, claim_one
 
@@ -144,7 +145,7 @@ async def test_fenced_writes_wait_for_a_claim_in_flight_then_are_refused(
             store.save_run(record, lease=lease),
             store.renew_lease(lease, 30.0),
             store.release_run(lease),
-            store.append_session_messages("default", session.id, [Message.user("x")], lease=lease),
+            append_session_messages(store, "default", session.id, [Message.user("x")], lease=lease),
         )
     ]
     await asyncio.sleep(0.5)
@@ -318,8 +319,8 @@ async def test_a_commit_whose_answer_is_lost_is_not_applied_twice(
             await store.append_events([Event("run_1", 1, EventType.RUN_START)], lease=lease)
             cutter.armed = True
             messages = [Message.user("hi"), Message.assistant("hello")]
-            appended = await store.append_session_messages(
-                "default", session.id, messages, lease=lease
+            appended = await append_session_messages(
+                store, "default", session.id, messages, lease=lease
             )
             cutter.armed = True
             record.state, record.session_id = RunState.SUCCEEDED, session.id

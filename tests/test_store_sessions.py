@@ -17,10 +17,11 @@ from corral.core.messages import Message
 from corral.core.runs import RunRecord, RunState
 from corral.resources.loader import load_text
 from corral.resources.secrets import SecretCipher
-from corral.store import Store
+from corral.store import Store, open_store
 from corral.store.schema import LATEST_REVISION
-from corral.store.sql import MIGRATIONS_DIR, SqlStore
+from corral.store.sql import MIGRATIONS_DIR
 from databases import on_database, rows_of
+from store_helpers import append_session_messages
 from test_store import (  # noqa: F401 - fixtures
     cipher_fixture,
     sqlite_path,
@@ -83,13 +84,13 @@ async def test_session_messages_append_in_order_and_list_by_recency(store: Store
     await store.get_or_create_session("default", "ses_a", "assistant")
     await store.get_or_create_session("default", "ses_b", "helper")
     await store.get_or_create_session("team", "ses_c", "assistant")
-    first = await store.append_session_messages(
-        "default", "ses_a", [Message.user("hi"), Message.assistant("hello")], run_id="run_1"
+    first = await append_session_messages(
+        store, "default", "ses_a", [Message.user("hi"), Message.assistant("hello")], run_id="run_1"
     )
     assert [(m.seq, m.run_id) for m in first] == [(1, "run_1"), (2, "run_1")]
-    await store.append_session_messages("default", "ses_b", [Message.user("x")])
-    await store.append_session_messages("default", "ses_a", [Message.user("again")])
-    assert await store.append_session_messages("default", "ses_a", []) == []
+    await append_session_messages(store, "default", "ses_b", [Message.user("x")])
+    await append_session_messages(store, "default", "ses_a", [Message.user("again")])
+    assert await append_session_messages(store, "default", "ses_a", []) == []
     stored = await store.session_messages("default", "ses_a")
     assert [(m.seq, m.message.content) for m in stored] == [(1, "hi"), (2, "hello"), (3, "again")]
     assert stored[:2] == first
@@ -97,7 +98,7 @@ async def test_session_messages_append_in_order_and_list_by_recency(store: Store
     assert [s.id for s in await store.list_sessions("default")] == ["ses_a", "ses_b"]
     assert [s.id for s in await store.list_sessions("default", "helper")] == ["ses_b"]
     with pytest.raises(NotFoundError):
-        await store.append_session_messages("default", "ses_ghost", [Message.user("x")])
+        await append_session_messages(store, "default", "ses_ghost", [Message.user("x")])
 
 
 async def test_concurrent_appends_get_distinct_consecutive_seqs(
@@ -106,8 +107,11 @@ async def test_concurrent_appends_get_distinct_consecutive_seqs(
     await store.get_or_create_session("default", "ses_1", "assistant")
     await asyncio.gather(
         *(
-            (store if i % 2 else other_store).append_session_messages(
-                "default", "ses_1", [Message.user(f"{i}a"), Message.user(f"{i}b")]
+            append_session_messages(
+                store if i % 2 else other_store,
+                "default",
+                "ses_1",
+                [Message.user(f"{i}a"), Message.user(f"{i}b")],
             )
             for i in range(20)
         )
@@ -124,8 +128,8 @@ async def test_concurrent_appends_get_distinct_consecutive_seqs(
 
 async def test_compaction_hides_originals_and_places_the_summary_first(store: Store) -> None:
     await store.get_or_create_session("default", "ses_1", "assistant")
-    await store.append_session_messages(
-        "default", "ses_1", [Message.user(f"m{i}") for i in range(1, 6)]
+    await append_session_messages(
+        store, "default", "ses_1", [Message.user(f"m{i}") for i in range(1, 6)]
     )
 
     await store.compact_session("default", "ses_1", 3, Message.system("summary of m1-m3"))
@@ -146,7 +150,7 @@ async def test_compaction_hides_originals_and_places_the_summary_first(store: St
     ]
 
     # A later compaction up to m4 also hides the earlier summary, which sits before m4.
-    await store.append_session_messages("default", "ses_1", [Message.user("m7")])
+    await append_session_messages(store, "default", "ses_1", [Message.user("m7")])
     await store.compact_session("default", "ses_1", 4, Message.system("summary of m1-m4"))
     visible = await store.session_messages("default", "ses_1")
     assert [m.message.content for m in visible] == ["summary of m1-m4", "m5", "m7"]
@@ -154,7 +158,7 @@ async def test_compaction_hides_originals_and_places_the_summary_first(store: St
 
     # Compacting everything (even past the end) keeps the summary before what comes next.
     await store.compact_session("default", "ses_1", 1000, Message.system("all of it"))
-    await store.append_session_messages("default", "ses_1", [Message.user("next")])
+    await append_session_messages(store, "default", "ses_1", [Message.user("next")])
     assert [m.message.content for m in await store.session_messages("default", "ses_1")] == [
         "all of it",
         "next",
@@ -170,8 +174,8 @@ async def test_compaction_hides_originals_and_places_the_summary_first(store: St
 async def test_deleting_a_session_deletes_its_messages(store: Store, store_url: str) -> None:
     await store.get_or_create_session("default", "ses_1", "assistant")
     await store.get_or_create_session("default", "ses_2", "assistant")
-    await store.append_session_messages("default", "ses_1", [Message.user("a"), Message.user("b")])
-    await store.append_session_messages("default", "ses_2", [Message.user("c")])
+    await append_session_messages(store, "default", "ses_1", [Message.user("a"), Message.user("b")])
+    await append_session_messages(store, "default", "ses_2", [Message.user("c")])
     await store.delete_session("default", "ses_1")
     assert await store.get_session("default", "ses_1") is None
     assert await store.session_messages("default", "ses_1", include_hidden=True) == []
@@ -190,14 +194,14 @@ async def test_the_same_session_id_in_two_namespaces_is_two_sessions(store: Stor
         "team",
         "helper",
     )
-    await store.append_session_messages("default", "ses_1", [Message.user("mine")])
-    await store.append_session_messages("team", "ses_1", [Message.user("theirs")])
+    await append_session_messages(store, "default", "ses_1", [Message.user("mine")])
+    await append_session_messages(store, "team", "ses_1", [Message.user("theirs")])
     assert [m.message.content for m in await store.session_messages("default", "ses_1")] == ["mine"]
     assert [m.message.content for m in await store.session_messages("team", "ses_1")] == ["theirs"]
     assert await store.get_session("elsewhere", "ses_1") is None
     assert await store.session_messages("elsewhere", "ses_1") == []
     with pytest.raises(NotFoundError):
-        await store.append_session_messages("elsewhere", "ses_1", [Message.user("x")])
+        await append_session_messages(store, "elsewhere", "ses_1", [Message.user("x")])
     with pytest.raises(NotFoundError):
         await store.delete_session("elsewhere", "ses_1")
 
@@ -320,7 +324,7 @@ async def test_sessions_stored_at_0003_are_kept_in_their_namespace_by_the_upgrad
 
     await on_database(store_url, at_0003_with_sessions)
 
-    store = await SqlStore.open(store_url, cipher=cipher)
+    store = await open_store(store_url, cipher=cipher)
     try:
         kept = await store.get_session("default", "ses_a")
         assert kept is not None
@@ -335,7 +339,7 @@ async def test_sessions_stored_at_0003_are_kept_in_their_namespace_by_the_upgrad
         assert other.message.content == "other"
         # Namespaced from now on: the id of another namespace's session is free here.
         await store.get_or_create_session("team", "ses_a", "helper")
-        await store.append_session_messages("default", "ses_a", [Message.user("third")])
+        await append_session_messages(store, "default", "ses_a", [Message.user("third")])
         assert len(await store.session_messages("default", "ses_a")) == 2
     finally:
         await store.close()

@@ -11,6 +11,7 @@ from corral.core.errors import ConflictError, NotFoundError
 from corral.core.runs import RunRecord, RunState
 from corral.core.tokens import Role, mint_token, parse_token
 from corral.store import Store
+from store_helpers import create_run
 from test_store import cipher_fixture, store_fixture, store_url_fixture
 
 __all__ = ["cipher_fixture", "store_fixture", "store_url_fixture"]
@@ -62,8 +63,8 @@ async def test_runs_page_by_keyset_without_gaps_or_repeats(store: Store) -> None
     # Three runs share a timestamp: the id breaks the tie, so a page boundary between
     # them neither skips nor repeats one.
     for run_id, created_at in [("run_a", 1.0), ("run_b", 2.0), ("run_c", 2.0), ("run_d", 2.0)]:
-        await store.create_run(run(run_id, created_at))
-    await store.create_run(run("run_e", 3.0, RunState.SUCCEEDED))
+        await create_run(store, run(run_id, created_at))
+    await create_run(store, run("run_e", 3.0, RunState.SUCCEEDED))
     seen: list[str] = []
     before: tuple[float, str] | None = None
     while True:
@@ -79,11 +80,11 @@ async def test_runs_page_by_keyset_without_gaps_or_repeats(store: Store) -> None
 
 async def test_run_counts_by_state_and_the_due_queue(store: Store) -> None:
     now = time.time()
-    await store.create_run(run("run_due", now))
+    await create_run(store, run("run_due", now))
     later = run("run_later", now)
     later.not_before = now + 3600
-    await store.create_run(later)
-    await store.create_run(run("run_done", now, RunState.SUCCEEDED))
+    await create_run(store, later)
+    await create_run(store, run("run_done", now, RunState.SUCCEEDED))
     counts = await store.count_runs(now=now)
     assert counts.by_state == {
         ("default", RunState.QUEUED): 2,

@@ -47,11 +47,10 @@ def register(app: typer.Typer) -> None:
 async def open_cli_store() -> AsyncIterator[tuple[Store, Settings]]:
     """The store of this environment (``CORRAL_HOME``, ``CORRAL_DB_URL``) and its settings."""
     from corral.core.settings import Settings
-    from corral.resources.secrets import SecretCipher
     from corral.store import open_store
 
     settings = Settings.from_env()
-    store = await open_store(settings.db_url, cipher=SecretCipher.from_settings(settings))
+    store = await open_store(settings.db_url, settings=settings)
     try:
         yield store, settings
     finally:

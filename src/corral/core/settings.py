@@ -20,6 +20,9 @@ class Settings:
                       ``postgresql://user:password@host:5432/db`` for PostgreSQL)
     ``CORRAL_DB_POOL_SIZE`` PostgreSQL connections each process keeps open
                       (default 10; as many again are opened for bursts)
+    ``CORRAL_SQLITE_FAST_PATH`` ``0`` keeps a SQLite file on the SQLAlchemy statements
+                      (the ones PostgreSQL uses) instead of the raw-``sqlite3``
+                      group-commit path (default ``1``)
     ``CORRAL_SECRET_KEY`` the key encrypting inline secret values (default: a
                       key file created in ``CORRAL_HOME`` with mode 0600)
     ``CORRAL_RUN_RETENTION_DAYS`` when set, workers delete finished runs (their
@@ -64,6 +67,7 @@ class Settings:
     secret_key: str | None
     run_retention_days: float | None = None
     db_pool_size: int = 10
+    sqlite_fast_path: bool = True
     api_host: str = "127.0.0.1"
     api_port: int = 8080
     api_max_body_bytes: int = 1024 * 1024
@@ -103,6 +107,7 @@ class Settings:
             secret_key=env.get("CORRAL_SECRET_KEY"),
             run_retention_days=retention_days,
             db_pool_size=int(_number(env, "CORRAL_DB_POOL_SIZE", 10)),
+            sqlite_fast_path=env.get("CORRAL_SQLITE_FAST_PATH", "1") != "0",
             api_host=env.get("CORRAL_API_HOST") or "127.0.0.1",
             api_port=int(_number(env, "CORRAL_API_PORT", 8080, minimum=0)),
             api_max_body_bytes=int(_number(env, "CORRAL_API_MAX_BODY_BYTES", 1024 * 1024)),

@@ -28,7 +28,6 @@ from corral.core.errors import ConfigurationError
 from corral.core.redaction import install_log_redaction
 from corral.core.settings import Settings
 from corral.core.tokens import Role, mint_token
-from corral.resources.secrets import SecretCipher
 from corral.server.app import create_app
 from corral.server.context import ServerContext
 from corral.store import Store, open_store
@@ -100,7 +99,7 @@ def _write_secret(path: Path, text: str) -> Path:
 
 
 async def _open(settings: Settings) -> Store:
-    return await open_store(settings.db_url, cipher=SecretCipher.from_settings(settings))
+    return await open_store(settings.db_url, settings=settings)
 
 
 async def serve(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from corral.core.settings import Settings
 from corral.store.base import (
     ApplyAction,
     ApplyOutcome,
@@ -31,20 +32,30 @@ __all__ = [
 ]
 
 
-async def open_store(url: str, *, cipher: SecretCipher | None = None) -> Store:
+async def open_store(
+    url: str, *, settings: Settings | None = None, cipher: SecretCipher | None = None
+) -> Store:
     """Open the store at ``url`` (``sqlite:///path`` or ``postgresql://...``), migrated.
 
-    ``cipher`` encrypts Secret values; by default it comes from the
-    environment (``CORRAL_SECRET_KEY``, else ``$CORRAL_HOME/secret.key``,
-    created only when a secret value is first stored). The PostgreSQL pool
-    size comes from ``CORRAL_DB_POOL_SIZE``.
+    ``settings`` (by default read from the environment) give the PostgreSQL pool
+    size and whether a SQLite file takes the fast path
+    (:class:`~corral.store.sqlite.SqliteStore`, on by default) or the SQLAlchemy
+    statements PostgreSQL uses. ``cipher`` encrypts Secret values; by default it
+    comes from the settings (``CORRAL_SECRET_KEY``, else ``$CORRAL_HOME/secret.key``,
+    created only when a secret value is first stored).
     """
-    from corral.core.settings import Settings
-    from corral.store.sql import SqlStore
+    from corral.store.sql import SqlStore, async_url
+    from corral.store.sql.database import sqlite_file
 
-    settings = Settings.from_env()
+    if settings is None:
+        settings = Settings.from_env()
     if cipher is None:
         from corral.resources.secrets import SecretCipher
 
         cipher = SecretCipher.from_settings(settings)
-    return await SqlStore.open(url, cipher=cipher, pool_size=settings.db_pool_size)
+    store_class = SqlStore
+    if settings.sqlite_fast_path and sqlite_file(async_url(url)) is not None:
+        from corral.store.sqlite import SqliteStore
+
+        store_class = SqliteStore
+    return await store_class.open(url, cipher=cipher, pool_size=settings.db_pool_size)

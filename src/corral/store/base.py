@@ -18,13 +18,13 @@ from enum import StrEnum
 from types import TracebackType
 from typing import Self
 
-from corral.core.errors import CorralError, NotFoundError
+from corral.core.errors import CorralError
 from corral.core.events import Event
 from corral.core.messages import Message
 from corral.core.runs import Approval, Lease, RunRecord, RunState
 from corral.core.sessions import Session, SessionMessage
 from corral.core.tokens import ApiToken
-from corral.resources.kinds import AgentSpec, Resource
+from corral.resources.kinds import Resource
 from corral.resources.loader import LoadedResource
 
 
@@ -144,10 +144,6 @@ class Store(ABC):
     # ----------------------------------------------------------------- runs
 
     @abstractmethod
-    async def create_run(self, record: RunRecord) -> None:
-        """Store a new run; ``ConflictError`` when its id exists."""
-
-    @abstractmethod
     async def save_run(
         self,
         record: RunRecord,
@@ -210,6 +206,7 @@ class Store(ABC):
         decides, not a read-then-write).
         """
 
+    @abstractmethod
     async def submit_agent_run(
         self, record: RunRecord, *, claim_for: tuple[str, float] | None = None
     ) -> Submitted:
@@ -218,33 +215,12 @@ class Store(ABC):
         ``NotFoundError`` (nothing stored) when the record's namespace has no such
         Agent; ``record.max_attempts`` is set from it. The run's session, when it has
         one, is opened (created if new; ``ConflictError`` when it belongs to another
-        agent). With
-        ``claim_for=(owner, lease_seconds)`` a new run that is due is
+        agent). With ``claim_for=(owner, lease_seconds)`` a new run that is due is
         also claimed for ``owner`` (``corral run`` executes the run it submits):
         :attr:`Submitted.lease` is set then, and the record is the claimed one.
-
-        This generic version reads, submits and claims in turn; a store that can
-        does all of it in one transaction (one commit where there would be two).
+        A store reads the Agent, opens the session, stores the run and claims it in
+        one transaction where it can (one commit where there would be two).
         """
-        stored = await self.get_resource(record.namespace, "Agent", record.agent)
-        if stored is None:
-            raise NotFoundError(
-                f"Agent {record.agent!r} not found in namespace {record.namespace!r}"
-            )
-        spec = stored.resource.spec
-        assert isinstance(spec, AgentSpec)
-        record.max_attempts = spec.max_attempts
-        if record.session_id is not None:
-            await self.get_or_create_session(record.namespace, record.session_id, record.agent)
-        stored_record, created = await self.submit_run(record)
-        if not (created and claim_for):
-            return Submitted(stored_record, created)
-        owner, lease_seconds = claim_for
-        claims = await self.claim_runs(owner, lease_seconds, 1, run_ids=[record.id])
-        if not claims:  # not due yet, or its Agent is at max_concurrent_runs
-            return Submitted(stored_record, created)
-        claimed, lease = claims[0]
-        return Submitted(claimed, created, lease)
 
     @abstractmethod
     async def claim_runs(
@@ -375,17 +351,6 @@ class Store(ABC):
         and the delete are one transaction, and a submit opens its session in the
         transaction that stores its run, so no run is ever left without its session.
         """
-
-    @abstractmethod
-    async def append_session_messages(
-        self,
-        namespace: str,
-        session_id: str,
-        messages: Sequence[Message],
-        run_id: str | None = None,
-        lease: Lease | None = None,
-    ) -> list[SessionMessage]:
-        """Append messages (fenced by ``lease`` when given, as in ``save_run``)."""
 
     @abstractmethod
     async def session_messages(

@@ -23,18 +23,24 @@ import sqlite3
 import time
 from collections.abc import Callable, Coroutine, Iterable, Sequence
 from types import SimpleNamespace
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 import sqlalchemy as sa
 
-from corral.core.errors import ConflictError, LeaseLostError, NotFoundError
+from corral.core.errors import ConfigurationError, ConflictError
 from corral.core.events import Event, EventType
 from corral.core.messages import Message
 from corral.core.runs import Approval, ApprovalState, Lease, RunRecord, RunState
 from corral.core.sessions import SessionMessage
-from corral.store._sql_engine import cause
-from corral.store._sql_rows import (
+from corral.store._sqlite_lanes import Lane, connect
+from corral.store.base import StoredResource, StoreError, Submitted
+from corral.store.schema import approvals as approvals_table
+from corral.store.schema import resources, run_events, runs
+from corral.store.schema import session_messages as messages_table
+from corral.store.sql import SqlStore
+from corral.store.sql.database import cause, sqlite_file
+from corral.store.sql.rows import (
     approval_values,
     row_to_approval,
     row_to_run,
@@ -43,25 +49,38 @@ from corral.store._sql_rows import (
     run_values,
     session_message_values,
 )
-from corral.store._sql_statements import (
+from corral.store.sql.rules import (
+    agent_not_found,
+    check_events_saved_with,
+    check_events_under,
+    check_session_agent,
+    judge_token,
+    no_longer_running,
+    numbered,
+    saved_run_values,
+    session_not_found,
+)
+from corral.store.sql.statements import (
     CLAIMED_ATTEMPTS,
     EXHAUSTED,
     REFUNDED_ATTEMPTS,
-    lost_lease,
+    requeue_settled,
     sqlite_text,
 )
-from corral.store._sqlite_lanes import Lane, connect
-from corral.store.base import StoredResource, StoreError, Submitted
-from corral.store.schema import approvals as approvals_table
-from corral.store.schema import resources, run_events, runs
-from corral.store.schema import session_messages as messages_table
-from corral.store.sql import SqlStore
 
 T = TypeVar("T")
-Row = Any  # a SimpleNamespace with the table's columns as attributes, JSON decoded
+
+
+class DecodedRow(SimpleNamespace):
+    """A row of the fast path: the table's columns as attributes, JSON columns decoded."""
+
+    if TYPE_CHECKING:  # any column, as SQLAlchemy types a Row's attributes
+
+        def __getattr__(self, name: str) -> Any: ...
+
 
 #: Whether any stored agent has ``max_concurrent_runs`` (then claims take the SQLAlchemy
-#: path, which counts running runs per agent: store/_agent_limits.py).
+#: path, which counts running runs per agent: store/sql/agent_limits.py).
 _ANY_AGENT_LIMIT = (
     "SELECT 1 FROM resources WHERE kind = 'Agent'"
     " AND json_extract(spec, '$.max_concurrent_runs') IS NOT NULL LIMIT 1"
@@ -133,7 +152,7 @@ def _load(text: str) -> Any:
     return json.loads(text)
 
 
-def _rows(cursor: sqlite3.Cursor, table: sa.Table) -> list[Row]:
+def _rows(cursor: sqlite3.Cursor, table: sa.Table) -> list[DecodedRow]:
     names = [d[0] for d in cursor.description]
     json_columns = [n for n in names if n in _TYPES[table.name][0]]
     rows = []
@@ -142,7 +161,7 @@ def _rows(cursor: sqlite3.Cursor, table: sa.Table) -> list[Row]:
         for name in json_columns:
             if row[name] is not None:
                 row[name] = _load(row[name])
-        rows.append(SimpleNamespace(**row))
+        rows.append(DecodedRow(**row))
     return rows
 
 
@@ -184,7 +203,9 @@ def _run_params(record: RunRecord) -> list[Any]:
     return [values[c] for c in _RUN_COLUMNS]
 
 
-def _insert_run(conn: sqlite3.Connection, record: RunRecord, params: list[Any]) -> Row | None:
+def _insert_run(
+    conn: sqlite3.Connection, record: RunRecord, params: list[Any]
+) -> DecodedRow | None:
     """Insert a new run; the stored run with the same idempotency key instead, if any."""
     if record.idempotency_key is None:
         conn.execute(_INSERT_RUN, params)
@@ -211,7 +232,7 @@ _REFUNDED_ATTEMPTS = sqlite_text(REFUNDED_ATTEMPTS)
 
 def _claim_ids(
     conn: sqlite3.Connection, ids: Sequence[str], owner: str, expires_at: float, now: float
-) -> list[Row]:
+) -> list[DecodedRow]:
     """Claim the runs of ``ids`` that are runnable at ``now``; the claimed rows."""
     cursor = conn.execute(
         f"UPDATE runs SET state = '{_RUNNING}', lease_owner = ?, lease_expires_at = ?,"
@@ -223,34 +244,22 @@ def _claim_ids(
     return _rows(cursor, runs)
 
 
-def _fence(conn: sqlite3.Connection, lease: Lease) -> None:
-    """Raise unless ``lease`` still holds its run (see ``check_fence``)."""
-    found = conn.execute("SELECT fencing_token FROM runs WHERE id = ?", (lease.run_id,)).fetchone()
-    if found is None:
-        raise NotFoundError(f"run {lease.run_id!r} not found")
-    if found[0] != lease.token:
-        raise lost_lease(lease, found[0])
-
-
 def _refuse(conn: sqlite3.Connection, run_id: str, lease: Lease | None) -> None:
-    """Explain why a write to ``run_id`` matched no row (see ``refuse``)."""
+    """Raise unless run ``run_id`` exists and ``lease`` (when given) still holds it: the
+    fencing check before a write, and why a fenced write matched no row (see ``refuse``)."""
     found = conn.execute("SELECT fencing_token FROM runs WHERE id = ?", (run_id,)).fetchone()
-    if found is None:
-        raise NotFoundError(f"run {run_id!r} not found")
-    if lease is not None and found[0] != lease.token:
-        raise lost_lease(lease, found[0])
+    judge_token(run_id, None if found is None else found[0], lease)
 
 
-def _open_session(conn: sqlite3.Connection, record: RunRecord, now: float) -> None:
+def _open_session(conn: sqlite3.Connection, record: RunRecord, session_id: str, now: float) -> None:
     """The run's session, created when absent (see ``open_session``, which this mirrors)."""
     found = conn.execute(
         "INSERT INTO sessions (namespace, id, agent, created_at, updated_at)"
         " VALUES (?, ?, ?, ?, ?) ON CONFLICT (namespace, id)"
         " DO UPDATE SET updated_at = sessions.updated_at RETURNING agent",
-        (record.namespace, record.session_id, record.agent, now, now),
+        (record.namespace, session_id, record.agent, now, now),
     ).fetchone()
-    if found[0] != record.agent:
-        raise ConflictError(f"session {record.session_id!r} belongs to agent {found[0]!r}")
+    check_session_agent(session_id, found[0], record.agent)
 
 
 def _append_to_session(
@@ -266,16 +275,13 @@ def _append_to_session(
         (now, namespace, session_id),
     )
     if touched.rowcount == 0:
-        raise NotFoundError(f"session {session_id!r} not found")
+        raise session_not_found(session_id)
     top = conn.execute(
         "SELECT max(seq) FROM session_messages WHERE namespace = ? AND session_id = ?",
         (namespace, session_id),
     ).fetchone()[0]
     top = int(top or 0)
-    stored = [
-        SessionMessage(top + i, message, run_id, created_at=now)
-        for i, message in enumerate(messages, start=1)
-    ]
+    stored = numbered(messages, top, run_id, now)
     rows = [
         _encode(messages_table, session_message_values(namespace, session_id, m, float(m.seq)))
         for m in stored
@@ -287,13 +293,18 @@ def _append_to_session(
 class SqliteStore(SqlStore):
     """A :class:`SqlStore` on a SQLite file with the hot path on raw connections.
 
-    Create it with :meth:`SqlStore.open` (which picks it for ``sqlite:///`` files).
+    Create it with :meth:`open`, or :func:`corral.store.open_store`, which picks it
+    for ``sqlite:///`` files unless the settings turn the fast path off.
     """
 
     _writer_lane: Lane
     _reader_lane: Lane
 
-    async def _start(self, path: str, busy_timeout_seconds: float) -> None:
+    async def _start(self, url: sa.URL, busy_timeout_seconds: float) -> None:
+        path = sqlite_file(url)
+        if path is None:
+            raise ConfigurationError(f"the SQLite fast path needs a database file, not {url}")
+
         def open_lanes() -> tuple[Lane, Lane]:
             writer = connect(path, busy_timeout_seconds)
             reader = connect(path, busy_timeout_seconds)
@@ -337,7 +348,7 @@ class SqliteStore(SqlStore):
     # ----------------------------------------------------------------- resources
 
     async def get_resource(self, namespace: str, kind: str, name: str) -> StoredResource | None:
-        def read(conn: sqlite3.Connection) -> list[Row]:
+        def read(conn: sqlite3.Connection) -> list[DecodedRow]:
             cursor = conn.execute(
                 "SELECT * FROM resources WHERE namespace = ? AND kind = ? AND name = ?",
                 (namespace, kind, name),
@@ -368,24 +379,13 @@ class SqliteStore(SqlStore):
         session_messages: Sequence[Message] = (),
         events: Sequence[Event] = (),
     ) -> None:
-        if lease is not None and lease.run_id != record.id:
-            raise ConflictError(f"cannot save run {record.id!r} under a lease on {lease.run_id!r}")
-        values = run_values(record)
-        for column in ("id", "lease_owner", "lease_expires_at", "fencing_token"):
-            del values[column]
-        # The flag belongs to request_cancel: a save can only raise it.
-        if not record.cancel_requested:
-            del values["cancel_requested"]
-        if record.state is not RunState.RUNNING:
-            values.update(lease_owner=None, lease_expires_at=None)
-        encoded = _encode(runs, values)
+        encoded = _encode(runs, saved_run_values(record, lease))
         sql = _update_run(tuple(encoded), fenced=lease is not None)
         params: list[Any] = [*encoded.values(), record.id]
         if lease is not None:
             params.append(lease.token)
         approval_rows = [_encode(approvals_table, approval_values(a)) for a in approvals]
-        if events and {e.run_id for e in events} != {record.id}:
-            raise ConflictError(f"events of another run cannot be saved with run {record.id!r}")
+        check_events_saved_with(events, record.id)
         event_rows = _event_rows(events)
         now = time.time()
 
@@ -406,7 +406,7 @@ class SqliteStore(SqlStore):
         await self._lane_write(f"save run {record.id}", write)
 
     async def get_run(self, run_id: str) -> RunRecord | None:
-        def read(conn: sqlite3.Connection) -> list[Row]:
+        def read(conn: sqlite3.Connection) -> list[DecodedRow]:
             return _rows(conn.execute("SELECT * FROM runs WHERE id = ?", (run_id,)), runs)
 
         found = await self._lane_read(f"read run {run_id}", read)
@@ -431,18 +431,16 @@ class SqliteStore(SqlStore):
         params = _run_params(record)
         at = _RUN_COLUMNS.index("max_attempts")
         now = time.time()
-        claimed: list[Row] = []
+        claimed: list[DecodedRow] = []
 
-        def write(conn: sqlite3.Connection) -> Row | None:
+        def write(conn: sqlite3.Connection) -> DecodedRow | None:
             found = conn.execute(_AGENT_MAX_ATTEMPTS, (record.namespace, record.agent)).fetchone()
             if found is None:
-                raise NotFoundError(
-                    f"Agent {record.agent!r} not found in namespace {record.namespace!r}"
-                )
+                raise agent_not_found(record)
             if found[0] is not None:
                 record.max_attempts = params[at] = int(found[0])
             if record.session_id is not None:
-                _open_session(conn, record, now)
+                _open_session(conn, record, record.session_id, now)
             existing = _insert_run(conn, record, params)
             if existing is None and claim_for is not None:
                 owner, lease_seconds = claim_for
@@ -494,7 +492,7 @@ class SqliteStore(SqlStore):
                 ).fetchall()
             return found
 
-        def write(conn: sqlite3.Connection) -> list[Row] | None:
+        def write(conn: sqlite3.Connection) -> list[DecodedRow] | None:
             if conn.execute(_ANY_AGENT_LIMIT).fetchone() is not None:
                 return None  # limited agents: the SQLAlchemy claim counts their runs
             if run_ids is None:
@@ -546,9 +544,7 @@ class SqliteStore(SqlStore):
             ).fetchone()
             if found is None:
                 _refuse(conn, lease.run_id, lease)
-                raise LeaseLostError(
-                    f"run {lease.run_id!r} is no longer running under the lease of {lease.owner!r}"
-                )
+                raise no_longer_running(lease)
             return bool(found[0])
 
         cancel = await self._lane_write(f"renew the lease on run {lease.run_id}", write)
@@ -598,7 +594,7 @@ class SqliteStore(SqlStore):
             sql += " WHERE " + " AND ".join(where)
         sql += " ORDER BY requested_at, id"
 
-        def read(conn: sqlite3.Connection) -> list[Row]:
+        def read(conn: sqlite3.Connection) -> list[DecodedRow]:
             return _rows(conn.execute(sql, params), approvals_table)
 
         return [row_to_approval(row) for row in await self._lane_read("list approvals", read)]
@@ -616,12 +612,12 @@ class SqliteStore(SqlStore):
                 is not None
             )
 
-        # Workers sweep before every claim: a read first keeps the writer free when
-        # nothing is due (an approval that falls due meanwhile goes at the next sweep).
+        # Every worker sweeps once per poll interval and nearly always finds nothing due:
+        # a read first keeps the writer free then (what falls due meanwhile goes next sweep).
         if not await self._lane_read("expire approvals", any_due):
             return []
 
-        def write(conn: sqlite3.Connection) -> list[Row]:
+        def write(conn: sqlite3.Connection) -> list[DecodedRow]:
             cursor = conn.execute(
                 f"UPDATE approvals SET state = '{ApprovalState.EXPIRED.value}', decided_at = ?"
                 f" WHERE {due[0]} RETURNING *",
@@ -629,15 +625,8 @@ class SqliteStore(SqlStore):
             )
             rows = _rows(cursor, approvals_table)
             run_ids = sorted({r.run_id for r in rows})
-            if run_ids:
-                conn.execute(
-                    f"UPDATE runs SET state = '{_QUEUED}', not_before = ?"
-                    f" WHERE id IN ({', '.join('?' for _ in run_ids)})"
-                    f" AND state = '{RunState.WAITING_APPROVAL.value}'"
-                    " AND NOT EXISTS (SELECT 1 FROM approvals"
-                    f" WHERE approvals.run_id = runs.id AND approvals.state = '{_PENDING}')",
-                    (now, *run_ids),
-                )
+            if run_ids:  # rare enough to compile the shared statement here
+                conn.execute(sqlite_text(requeue_settled(run_ids, now)))
             return rows
 
         expired = [
@@ -656,7 +645,7 @@ class SqliteStore(SqlStore):
             sql += " AND hidden = 0"
         sql += " ORDER BY position, seq"
 
-        def read(conn: sqlite3.Connection) -> list[Row]:
+        def read(conn: sqlite3.Connection) -> list[DecodedRow]:
             return _rows(conn.execute(sql, (namespace, session_id)), messages_table)
 
         rows = await self._lane_read(f"read session {session_id}", read)
@@ -667,15 +656,12 @@ class SqliteStore(SqlStore):
     async def append_events(self, events: Sequence[Event], lease: Lease | None = None) -> None:
         if not events:
             return
-        if lease is not None and {e.run_id for e in events} != {lease.run_id}:
-            raise ConflictError(
-                f"events of another run cannot be written under a lease on {lease.run_id!r}"
-            )
+        check_events_under(events, lease)
         rows = _event_rows(events)
 
         def write(conn: sqlite3.Connection) -> None:
             if lease is not None:
-                _fence(conn, lease)
+                _refuse(conn, lease.run_id, lease)
             conn.executemany(_INSERT_EVENT, rows)
 
         await self._lane_write("append run events", write)

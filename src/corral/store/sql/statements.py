@@ -12,9 +12,13 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from corral.core.errors import ConfigurationError, ConflictError, LeaseLostError, NotFoundError
+from corral.core.errors import ConfigurationError, ConflictError
+from corral.core.messages import Message
 from corral.core.runs import ApprovalState, Lease, RunState
+from corral.core.sessions import SessionMessage
 from corral.store.schema import approvals, runs, session_messages, sessions
+from corral.store.sql.rows import session_message_values
+from corral.store.sql.rules import check_session_agent, judge_token, numbered, session_not_found
 
 
 def _insert(dialect: str, table: sa.Table) -> Any:
@@ -58,10 +62,7 @@ async def check_fence(conn: AsyncConnection, lease: Lease) -> None:
             sa.select(runs.c.fencing_token).where(runs.c.id == lease.run_id).with_for_update()
         )
     ).scalar()
-    if token is None:
-        raise NotFoundError(f"run {lease.run_id!r} not found")
-    if token != lease.token:
-        raise lost_lease(lease, token)
+    judge_token(lease.run_id, token, lease)
 
 
 async def lock_runs(conn: AsyncConnection, run_ids: Sequence[str]) -> None:
@@ -84,10 +85,7 @@ async def refuse(conn: AsyncConnection, run_id: str, lease: Lease | None) -> Non
     token = (
         await conn.execute(sa.select(runs.c.fencing_token).where(runs.c.id == run_id))
     ).scalar()
-    if token is None:
-        raise NotFoundError(f"run {run_id!r} not found")
-    if lease is not None and token != lease.token:
-        raise lost_lease(lease, token)
+    judge_token(run_id, token, lease)
 
 
 #: The ``attempts`` a claim stores: one more, but never past ``max_attempts``; a claim
@@ -102,29 +100,22 @@ EXHAUSTED = runs.c.attempts >= runs.c.max_attempts
 REFUNDED_ATTEMPTS = sa.case((runs.c.attempts > 0, runs.c.attempts - 1), else_=0)
 
 
-def sqlite_text(expression: sa.ColumnElement[Any]) -> str:
-    """``expression`` as SQLite SQL text with its constants inlined (the SQLite fast
-    path writes its statements as text but shares these rules)."""
+def sqlite_text(expression: sa.ClauseElement) -> str:
+    """``expression`` (or a whole statement) as SQLite SQL text with its constants
+    inlined (the SQLite fast path writes its statements as text but shares these rules)."""
     from sqlalchemy.dialects import sqlite
 
     compiled = expression.compile(dialect=sqlite.dialect(), compile_kwargs={"literal_binds": True})
     return str(compiled)
 
 
-def lost_lease(lease: Lease, token: int) -> LeaseLostError:
-    """The error of a write refused because a newer claim bumped the fencing token."""
-    return LeaseLostError(
-        f"run {lease.run_id!r} was claimed again (fencing token {token}) after "
-        f"{lease.owner!r} leased it with token {lease.token}; the write was refused"
-    )
-
-
-async def requeue_settled_runs(conn: AsyncConnection, run_ids: Sequence[str], now: float) -> None:
-    """Queue each ``waiting_approval`` run of ``run_ids`` that has no pending approval left."""
+def requeue_settled(run_ids: Sequence[str], now: float) -> sa.Update:
+    """Queue each ``waiting_approval`` run of ``run_ids`` that has no pending approval left
+    (the SQLite fast path runs this statement too, compiled by :func:`sqlite_text`)."""
     pending = sa.exists().where(
         approvals.c.run_id == runs.c.id, approvals.c.state == ApprovalState.PENDING.value
     )
-    await conn.execute(
+    return (
         runs.update()
         .where(
             runs.c.id.in_(list(run_ids)),
@@ -133,6 +124,11 @@ async def requeue_settled_runs(conn: AsyncConnection, run_ids: Sequence[str], no
         )
         .values(state=RunState.QUEUED.value, not_before=now)
     )
+
+
+async def requeue_settled_runs(conn: AsyncConnection, run_ids: Sequence[str], now: float) -> None:
+    """Run :func:`requeue_settled` in the caller's transaction."""
+    await conn.execute(requeue_settled(run_ids, now))
 
 
 def session_key(namespace: str, session_id: str) -> sa.ColumnElement[bool]:
@@ -153,7 +149,7 @@ async def touch_session(conn: AsyncConnection, namespace: str, session_id: str, 
         sessions.update().where(session_key(namespace, session_id)).values(updated_at=now)
     )
     if result.rowcount == 0:
-        raise NotFoundError(f"session {session_id!r} not found")
+        raise session_not_found(session_id)
 
 
 async def last_seq(conn: AsyncConnection, namespace: str, session_id: str) -> int:
@@ -184,8 +180,7 @@ async def open_session(
         set_={"updated_at": sessions.c.updated_at},
     ).returning(*sessions.c)
     row: sa.Row[Any] = (await conn.execute(upsert)).one()
-    if row.agent != agent:
-        raise ConflictError(f"session {session_id!r} belongs to agent {row.agent!r}")
+    check_session_agent(session_id, row.agent, agent)
     return row
 
 
@@ -213,3 +208,23 @@ def session_in_use(session_id: str, run_id: str, state: str) -> ConflictError:
         f"cannot delete session {session_id!r}: its run {run_id} is {state}; "
         "wait for it to finish or cancel it first"
     )
+
+
+async def append_to_session(
+    conn: AsyncConnection,
+    namespace: str,
+    session_id: str,
+    messages: Sequence[Message],
+    run_id: str | None,
+    now: float,
+) -> list[SessionMessage]:
+    """Append ``messages`` to a session after its last seq; ``NotFoundError`` if absent."""
+    # Touching the session first also locks it (PostgreSQL) for the seq below.
+    await touch_session(conn, namespace, session_id, now)
+    top = await last_seq(conn, namespace, session_id)
+    stored = numbered(messages, top, run_id, now)
+    await conn.execute(
+        session_messages.insert(),
+        [session_message_values(namespace, session_id, m, float(m.seq)) for m in stored],
+    )
+    return stored

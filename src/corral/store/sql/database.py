@@ -7,7 +7,7 @@ the sqlite3 module) emits ``BEGIN``, and connections carrying the
 :data:`WRITE` execution option begin with ``BEGIN IMMEDIATE``. PostgreSQL
 connections (asyncpg) come from a bounded pool and run at ``READ COMMITTED``:
 the statements lock the rows they decide on (see
-:mod:`corral.store._sql_statements`).
+:mod:`corral.store.sql.statements`).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from corral.core.errors import ConfigurationError, ConflictError
 from corral.store.base import StoreError
 from corral.store.schema import LATEST_REVISION
 
-MIGRATIONS_DIR = Path(__file__).parent / "migrations"
+MIGRATIONS_DIR = Path(__file__).parent.parent / "migrations"
 BUSY_TIMEOUT_SECONDS = 30.0
 DEFAULT_POOL_SIZE = 10
 """PostgreSQL connections a store keeps open (``CORRAL_DB_POOL_SIZE``)."""
@@ -57,7 +57,7 @@ def pool_options(url: sa.URL, pool_size: int) -> dict[str, Any]:
     As many connections again as ``pool_size`` may be opened for bursts.
     Connections are not pinged before use (``pool_pre_ping`` would cost a
     round trip per operation): one that died while idle fails its operation
-    before COMMIT, which :mod:`corral.store._sql_transaction` runs again on a
+    before COMMIT, which :mod:`corral.store.sql.transaction` runs again on a
     fresh connection, and that first failure invalidates the whole pool. The
     application name lets an operator (and the tests) find the store's
     sessions in ``pg_stat_activity``.

@@ -47,8 +47,8 @@ from tenacity import (
     wait_random,
 )
 
-from corral.store._sql_engine import db_errors
 from corral.store.base import StoreError
+from corral.store.sql.database import db_errors
 
 T = TypeVar("T")
 

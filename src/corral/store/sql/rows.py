@@ -1,5 +1,5 @@
-"""Rows <-> records for the SQL store: resources, runs, approvals, sessions, session messages,
-API tokens.
+"""Rows <-> records for the SQL store: resources, runs, run events, approvals, sessions,
+session messages, API tokens.
 
 Messages, usage and pending approvals go through the one serializer of
 :mod:`corral.core.messages` (``dump``/``load``), as JSON columns.
@@ -7,18 +7,26 @@ Messages, usage and pending approvals go through the one serializer of
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
-import sqlalchemy as sa
 from pydantic import ValidationError
 
 from corral.core.errors import ConfigurationError
+from corral.core.events import Event
 from corral.core.messages import Message, Usage, dump, dump_messages, load, load_messages
 from corral.core.runs import Approval, ApprovalState, PendingApproval, RunRecord, RunState
 from corral.core.sessions import Session, SessionMessage
 from corral.core.tokens import ApiToken, Role
 from corral.resources.kinds import API_VERSION, SPEC_TYPES, STORED, Metadata, Resource, Spec
 from corral.store.base import StoredResource
+
+
+class Columns(Protocol):
+    """A row read by either SQL path, its columns as attributes: a SQLAlchemy ``Row``, or
+    a row of the SQLite fast path (:class:`corral.store.sqlite.DecodedRow`)."""
+
+    def __getattr__(self, name: str) -> Any: ...
 
 
 def run_values(record: RunRecord) -> dict[str, Any]:
@@ -53,7 +61,7 @@ def run_values(record: RunRecord) -> dict[str, Any]:
     }
 
 
-def row_to_run(row: sa.Row[Any]) -> RunRecord:
+def row_to_run(row: Columns) -> RunRecord:
     """A run record from a full ``runs`` row."""
     return RunRecord(
         id=row.id,
@@ -85,6 +93,14 @@ def row_to_run(row: sa.Row[Any]) -> RunRecord:
     )
 
 
+def event_values(events: Sequence[Event]) -> list[dict[str, Any]]:
+    """Rows of ``run_events`` for ``events``."""
+    return [
+        {"run_id": e.run_id, "seq": e.seq, "type": str(e.type), "ts": e.ts, "data": e.data}
+        for e in events
+    ]
+
+
 def approval_values(approval: Approval) -> dict[str, Any]:
     """Every column of ``approvals`` for ``approval``."""
     return {
@@ -105,7 +121,7 @@ def approval_values(approval: Approval) -> dict[str, Any]:
     }
 
 
-def row_to_approval(row: sa.Row[Any]) -> Approval:
+def row_to_approval(row: Columns) -> Approval:
     """An approval from a full ``approvals`` row."""
     return Approval(
         id=row.id,
@@ -125,7 +141,7 @@ def row_to_approval(row: sa.Row[Any]) -> Approval:
     )
 
 
-def row_to_session(row: sa.Row[Any]) -> Session:
+def row_to_session(row: Columns) -> Session:
     """A session from a full ``sessions`` row."""
     return Session(
         id=row.id,
@@ -153,7 +169,7 @@ def session_message_values(
     }
 
 
-def row_to_session_message(row: sa.Row[Any]) -> SessionMessage:
+def row_to_session_message(row: Columns) -> SessionMessage:
     """A session message from a full ``session_messages`` row."""
     return SessionMessage(
         seq=row.seq,
@@ -170,7 +186,7 @@ def spec_json(spec: Spec) -> dict[str, Any]:
     return spec.model_dump(mode="json")
 
 
-def row_to_stored(row: sa.Row[Any]) -> StoredResource:
+def row_to_stored(row: Columns) -> StoredResource:
     """A stored resource from a ``resources`` row; ``ConfigurationError`` if it no longer validates."""
     spec_type = SPEC_TYPES.get(row.kind)
     if spec_type is None:
@@ -201,7 +217,7 @@ def token_values(token: ApiToken) -> dict[str, Any]:
     }
 
 
-def row_to_token(row: sa.Row[Any]) -> ApiToken:
+def row_to_token(row: Columns) -> ApiToken:
     """An API token from a full ``api_tokens`` row."""
     return ApiToken(
         id=row.id,

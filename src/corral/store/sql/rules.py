@@ -1,0 +1,109 @@
+"""The rules of the store that do not depend on a SQL dialect or driver, said once.
+
+Both the SQLAlchemy parts of :class:`~corral.store.sql.SqlStore` and the SQLite
+fast path (:mod:`corral.store.sqlite`) decide with these: what a save writes to
+a run's row, whose events a write may carry, what a fencing token found in the
+database means for a lease, how appended session messages are numbered, and
+the errors each rule raises.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from corral.core.errors import ConflictError, LeaseLostError, NotFoundError
+from corral.core.events import Event
+from corral.core.messages import Message
+from corral.core.runs import Lease, RunRecord, RunState
+from corral.core.sessions import SessionMessage
+from corral.store.sql.rows import run_values
+
+#: Columns a save never writes: the run's key, and the lease columns that only
+#: claims, renewals and releases change.
+_NOT_SAVED = ("id", "lease_owner", "lease_expires_at", "fencing_token")
+
+
+def saved_run_values(record: RunRecord, lease: Lease | None) -> dict[str, Any]:
+    """The columns ``save_run`` writes for ``record`` (under ``lease``, when given).
+
+    A lease on another run is a ``ConflictError``. ``cancel_requested`` is only
+    written when set: the flag belongs to ``request_cancel``, and a worker saving
+    the record it claimed before the request must not clear it. A run that is no
+    longer ``running`` has its lease cleared.
+    """
+    if lease is not None and lease.run_id != record.id:
+        raise ConflictError(f"cannot save run {record.id!r} under a lease on {lease.run_id!r}")
+    values = run_values(record)
+    for column in _NOT_SAVED:
+        del values[column]
+    if not record.cancel_requested:
+        del values["cancel_requested"]
+    if record.state is not RunState.RUNNING:
+        values.update(lease_owner=None, lease_expires_at=None)
+    return values
+
+
+def check_events_saved_with(events: Sequence[Event], run_id: str) -> None:
+    """``ConflictError`` unless every event belongs to run ``run_id`` (saved with it)."""
+    if any(e.run_id != run_id for e in events):
+        raise ConflictError(f"events of another run cannot be saved with run {run_id!r}")
+
+
+def check_events_under(events: Sequence[Event], lease: Lease | None) -> None:
+    """``ConflictError`` when ``lease`` is given and an event belongs to another run."""
+    if lease is not None and any(e.run_id != lease.run_id for e in events):
+        raise ConflictError(
+            f"events of another run cannot be written under a lease on {lease.run_id!r}"
+        )
+
+
+def judge_token(run_id: str, token: int | None, lease: Lease | None) -> None:
+    """What the fencing token of run ``run_id`` as read (``None``: no such run) means for a
+    write under ``lease``: ``NotFoundError``, ``LeaseLostError``, or nothing when it may go on."""
+    if token is None:
+        raise NotFoundError(f"run {run_id!r} not found")
+    if lease is not None and token != lease.token:
+        raise lost_lease(lease, token)
+
+
+def lost_lease(lease: Lease, token: int) -> LeaseLostError:
+    """The error of a write refused because a newer claim bumped the fencing token."""
+    return LeaseLostError(
+        f"run {lease.run_id!r} was claimed again (fencing token {token}) after "
+        f"{lease.owner!r} leased it with token {lease.token}; the write was refused"
+    )
+
+
+def no_longer_running(lease: Lease) -> LeaseLostError:
+    """The error of renewing a lease whose token still matches on a run no longer running
+    (its holder saved it into another state, which ended the lease)."""
+    return LeaseLostError(
+        f"run {lease.run_id!r} is no longer running under the lease of {lease.owner!r}"
+    )
+
+
+def agent_not_found(record: RunRecord) -> NotFoundError:
+    """The error of submitting a run of an Agent its namespace does not have."""
+    return NotFoundError(f"Agent {record.agent!r} not found in namespace {record.namespace!r}")
+
+
+def session_not_found(session_id: str) -> NotFoundError:
+    """The error of writing to a session that does not exist."""
+    return NotFoundError(f"session {session_id!r} not found")
+
+
+def check_session_agent(session_id: str, owner: str, agent: str) -> None:
+    """``ConflictError`` when the session (owned by agent ``owner``) is used for ``agent``."""
+    if owner != agent:
+        raise ConflictError(f"session {session_id!r} belongs to agent {owner!r}")
+
+
+def numbered(
+    messages: Sequence[Message], last_seq: int, run_id: str | None, now: float
+) -> list[SessionMessage]:
+    """``messages`` as appended after seq ``last_seq`` of their session (0: none yet)."""
+    return [
+        SessionMessage(last_seq + i, message, run_id, created_at=now)
+        for i, message in enumerate(messages, start=1)
+    ]

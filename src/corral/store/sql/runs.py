@@ -1,0 +1,209 @@
+"""Runs in the SQL store: save, read, list and count them, cancel one, prune finished ones.
+
+Submitting, claiming and the leases of runs-as-tasks are in
+:mod:`corral.store.sql.claims`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from contextlib import nullcontext
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from corral.core.errors import NotFoundError
+from corral.core.events import Event
+from corral.core.messages import Message
+from corral.core.runs import Approval, ApprovalState, Lease, RunRecord, RunState
+from corral.store.base import RunCounts
+from corral.store.schema import approvals as approvals_table
+from corral.store.schema import run_events, runs
+from corral.store.sql.engine import SqlEngine, fetch_all, fetch_first
+from corral.store.sql.rows import approval_values, event_values, row_to_run
+from corral.store.sql.rules import check_events_saved_with, saved_run_values
+from corral.store.sql.statements import append_to_session, refuse
+
+# One statement object for every save, the values passed as parameters: SQLAlchemy finds a
+# statement's compiled form by its cache key, which a statement built anew per call
+# (``update().values(...)`` over the runs table's columns) costs to compute.
+_UPDATE_RUN = runs.update().where(runs.c.id == sa.bindparam("b_id"))
+_UPDATE_RUN_FENCED = _UPDATE_RUN.where(runs.c.fencing_token == sa.bindparam("b_token"))
+
+
+class SqlRuns(SqlEngine):
+    """The run operations of :class:`~corral.store.sql.SqlStore` (claims aside)."""
+
+    async def save_run(
+        self,
+        record: RunRecord,
+        lease: Lease | None = None,
+        approvals: Sequence[Approval] = (),
+        session_messages: Sequence[Message] = (),
+        events: Sequence[Event] = (),
+    ) -> None:
+        """See :meth:`Store.save_run`. Also: ``cancel_requested`` is only ever raised by a
+        save, never cleared (the flag belongs to :meth:`request_cancel`); a lease on
+        another run is a ``ConflictError``."""
+        values = saved_run_values(record, lease)
+        # One statement object for every save, the values as parameters (see _UPDATE_RUN).
+        values["b_id"] = record.id
+        statement = _UPDATE_RUN
+        if lease is not None:
+            # The UPDATE checks the token and locks the row in one step: on PostgreSQL a
+            # claim in flight makes it wait, then re-check the token of the claimed row.
+            statement = _UPDATE_RUN_FENCED
+            values["b_token"] = lease.token
+        namespace, session_id = record.namespace, record.session_id
+        check_events_saved_with(events, record.id)
+        event_rows = event_values(events)
+
+        async def write(conn: AsyncConnection) -> None:
+            result = await conn.execute(statement, values)
+            if result.rowcount == 0:
+                await refuse(conn, record.id, lease)
+            if approvals:
+                await conn.execute(
+                    approvals_table.insert(), [approval_values(a) for a in approvals]
+                )
+            if session_messages and session_id is not None:
+                await append_to_session(
+                    conn, namespace, session_id, session_messages, record.id, time.time()
+                )
+            if event_rows:
+                await conn.execute(run_events.insert(), event_rows)
+
+        # Events saved with the run take their turn after the run's pending appends.
+        async with self._run_turns.turn(record.id) if event_rows else nullcontext():
+            await self._write(f"save run {record.id}", write)
+
+    async def get_run(self, run_id: str) -> RunRecord | None:
+        query = sa.select(runs).where(runs.c.id == run_id)
+        row = await self._read(f"read run {run_id}", fetch_first(query))
+        return row_to_run(row) if row is not None else None
+
+    async def list_runs(
+        self,
+        namespace: str,
+        agent: str | None = None,
+        limit: int = 50,
+        states: Sequence[RunState] | None = None,
+        *,
+        before: tuple[float, str] | None = None,
+    ) -> list[RunRecord]:
+        query = sa.select(runs).where(runs.c.namespace == namespace)
+        if agent is not None:
+            query = query.where(runs.c.agent == agent)
+        if states is not None:
+            query = query.where(runs.c.state.in_([RunState(s).value for s in states]))
+        if before is not None:
+            created_at, run_id = before
+            query = query.where(
+                sa.or_(
+                    runs.c.created_at < created_at,
+                    sa.and_(runs.c.created_at == created_at, runs.c.id < run_id),
+                )
+            )
+        query = query.order_by(runs.c.created_at.desc(), runs.c.id.desc()).limit(limit)
+        rows = await self._read("list runs", fetch_all(query))
+        return [row_to_run(row) for row in rows]
+
+    async def count_runs(self, *, now: float | None = None) -> RunCounts:
+        now = time.time() if now is None else now
+        by_state = sa.select(
+            runs.c.namespace, runs.c.state, sa.func.count().label("runs")
+        ).group_by(runs.c.namespace, runs.c.state)
+        due = sa.select(sa.func.count()).where(
+            runs.c.state == RunState.QUEUED.value, runs.c.not_before <= now
+        )
+
+        async def read(conn: AsyncConnection) -> tuple[Sequence[sa.Row[Any]], int]:
+            rows = (await conn.execute(by_state)).all()
+            return rows, (await conn.execute(due)).scalar_one()
+
+        rows, due_count = await self._read("count runs", read)
+        return RunCounts(
+            by_state={(row.namespace, RunState(row.state)): int(row.runs) for row in rows},
+            due=int(due_count),
+        )
+
+    async def request_cancel(self, run_id: str) -> RunRecord:
+        """See :meth:`Store.request_cancel`. A run cancelled at once gets
+        ``finished_at`` and ``cancel_requested``; its pending approvals expire with
+        ``decision_reason = "run cancelled"``."""
+        now = time.time()
+
+        async def write(conn: AsyncConnection) -> sa.Row[Any]:
+            row = (
+                await conn.execute(sa.select(runs).where(runs.c.id == run_id).with_for_update())
+            ).first()
+            if row is None:
+                raise NotFoundError(f"run {run_id!r} not found")
+            state = RunState(row.state)
+            if state.finished:
+                return row
+            if state is RunState.RUNNING:
+                values: dict[str, Any] = {"cancel_requested": True}
+            else:
+                values = {
+                    "state": RunState.CANCELLED.value,
+                    "cancel_requested": True,
+                    "finished_at": now,
+                    "lease_owner": None,
+                    "lease_expires_at": None,
+                }
+                await conn.execute(
+                    approvals_table.update()
+                    .where(
+                        approvals_table.c.run_id == run_id,
+                        approvals_table.c.state == ApprovalState.PENDING.value,
+                    )
+                    .values(
+                        state=ApprovalState.EXPIRED.value,
+                        decided_at=now,
+                        decision_reason="run cancelled",
+                    )
+                )
+            return (
+                await conn.execute(
+                    runs.update().where(runs.c.id == run_id).values(**values).returning(*runs.c)
+                )
+            ).one()
+
+        return row_to_run(await self._write(f"cancel run {run_id}", write))
+
+    async def prune_runs(
+        self,
+        *,
+        finished_before: float | None = None,
+        keep_last: int | None = None,
+        namespace: str | None = None,
+    ) -> int:
+        finished = runs.c.state.in_([s.value for s in RunState if s.finished])
+        scope = finished if namespace is None else sa.and_(finished, runs.c.namespace == namespace)
+        doomed: list[sa.ColumnElement[bool]] = []
+        if finished_before is not None:
+            doomed.append(runs.c.finished_at < finished_before)
+        if keep_last is not None:
+            rank = (
+                sa.select(
+                    runs.c.id,
+                    sa.func.row_number()
+                    .over(partition_by=runs.c.namespace, order_by=runs.c.finished_at.desc())
+                    .label("rank"),
+                )
+                .where(scope)
+                .subquery()
+            )
+            doomed.append(runs.c.id.in_(sa.select(rank.c.id).where(rank.c.rank > keep_last)))
+        if not doomed:
+            return 0
+        # events and approvals go with their run (ON DELETE CASCADE)
+        delete = runs.delete().where(scope, sa.or_(*doomed))
+
+        async def write(conn: AsyncConnection) -> int:
+            return int((await conn.execute(delete)).rowcount)
+
+        return await self._write("prune runs", write)
