@@ -36,7 +36,7 @@ import pytest
 from corral.bus import Bus, open_bus
 from corral.core.runs import Approval, RunRecord, RunState
 from corral.core.settings import Settings
-from corral.runtime.local import submit
+from corral.runtime.operations import submit
 from corral.runtime.worker import Worker
 from corral.store import Store, open_store
 from databases import PostgresServer

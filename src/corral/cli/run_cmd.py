@@ -6,11 +6,11 @@ import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
-from corral.cli.main import (
+from corral.cli.common import (
     EXIT_BAD_INPUT,
     EXIT_FAILED,
     EXIT_OK,
@@ -19,6 +19,10 @@ from corral.cli.main import (
     run_async,
     session_id_option,
 )
+
+if TYPE_CHECKING:
+    from corral.api import TaskDetail
+    from corral.core.runs import RunState
 
 NAMESPACE = typer.Option("default", "-n", "--namespace", help="Namespace of the agent.")
 
@@ -60,7 +64,7 @@ def run(
     record = run_async(
         _run(agent, prompt, file, namespace, output == "json", None, session=session)
     )
-    raise typer.Exit(_exit_code(record.state.value))
+    raise typer.Exit(_exit_code(record.state))
 
 
 def prompt_object(
@@ -76,11 +80,13 @@ def prompt_object(
     if schema is not None:
         schema_doc = _read_schema(schema)
     record = run_async(_run(agent, prompt, [], namespace, True, schema_doc, structured=True))
-    if record.state.value == "succeeded":
+    from corral.core.runs import RunState  # here, not at the top: `corral --help` never needs it
+
+    if record.state is RunState.SUCCEEDED:
         typer.echo(json.dumps(record.output, indent=2, ensure_ascii=False))
     elif record.error:
         fail(str(record.error.get("message", record.error)), EXIT_FAILED)
-    raise typer.Exit(_exit_code(record.state.value))
+    raise typer.Exit(_exit_code(record.state))
 
 
 def chat(
@@ -97,6 +103,7 @@ def chat(
     from rich.console import Console
 
     from corral.core.ids import new_id
+    from corral.core.runs import RunState
 
     console = Console(stderr=True)
     session = session or new_id("chat")
@@ -112,7 +119,7 @@ def chat(
         if not line.strip():
             continue
         record = run_async(_run(agent, line, [], namespace, False, None, session=session))
-        if record.state.value == "waiting_approval":
+        if record.state is RunState.WAITING_APPROVAL:
             console.print("[yellow]the run waits for approval; the chat cannot go on[/]")
             raise typer.Exit(EXIT_WAITING_APPROVAL)
 
@@ -127,11 +134,11 @@ async def _run(
     *,
     structured: bool = False,
     session: str | None = None,
-) -> Any:
+) -> TaskDetail:
     from rich.console import Console
 
-    from corral.cli.backend import open_backend
-    from corral.cli.render import EventPrinter, record_json
+    from corral.cli.connect import open_backend
+    from corral.cli.render import EventPrinter, body_json
     from corral.cli.resources_cmd import Applied
 
     err = Console(stderr=True, highlight=False)
@@ -163,7 +170,7 @@ async def _run(
     if printer is not None:
         printer.finish(record)
     elif not structured:
-        out.print(record_json(record), markup=False)
+        out.print(body_json(record), markup=False)
     return record
 
 
@@ -200,5 +207,8 @@ def _read_schema(path: Path) -> dict[str, Any]:
     return doc
 
 
-def _exit_code(state: str) -> int:
-    return {"succeeded": EXIT_OK, "waiting_approval": EXIT_WAITING_APPROVAL}.get(state, EXIT_FAILED)
+def _exit_code(state: RunState) -> int:
+    from corral.core.runs import RunState
+
+    exits = {RunState.SUCCEEDED: EXIT_OK, RunState.WAITING_APPROVAL: EXIT_WAITING_APPROVAL}
+    return exits.get(state, EXIT_FAILED)
