@@ -151,7 +151,7 @@ async def decide(
     approval_id: str,
     approved: bool,
     *,
-    by: str,
+    by: str | None = None,
     reason: str | None = None,
     namespace: str | None = None,
 ) -> Approval:
