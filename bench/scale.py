@@ -78,7 +78,7 @@ async def measure(warm_url: str, base_url: str, runs: int, calls: int, delay: fl
     from corral.core.runs import RunState
     from corral.core.settings import Settings
     from corral.resources.loader import load_text
-    from corral.runtime.local import submit
+    from corral.runtime.operations import submit
     from corral.runtime.worker import Worker
     from corral.store import open_store
 

@@ -265,7 +265,7 @@ async def drive(args: argparse.Namespace) -> dict[str, Any]:
     """One configuration: the backlog, its drain by the workers, then the overhead runs."""
     from corral.bus.nats import NatsBus
     from corral.resources.loader import load_text
-    from corral.runtime.local import submit
+    from corral.runtime.operations import submit
     from corral.store import open_store
 
     deadline = time.monotonic() + args.within

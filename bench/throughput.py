@@ -108,7 +108,7 @@ async def corral_once(
     """
     import anyio
 
-    from corral.runtime.local import submit
+    from corral.runtime.operations import submit
     from corral.runtime.worker import Worker
 
     store, settings = await _fresh_store(url, home)
@@ -144,7 +144,7 @@ async def corral_serial(
     after the last submit: the two halves' rates apart (and their sum)."""
     import anyio
 
-    from corral.runtime.local import submit
+    from corral.runtime.operations import submit
     from corral.runtime.worker import Worker
 
     store, settings = await _fresh_store(url, home)
@@ -196,7 +196,7 @@ async def store_only(url: str, tasks: int, concurrency: int) -> float:
 
     from corral.core.events import Event, EventType
     from corral.core.runs import Lease, RunRecord, RunState
-    from corral.runtime.local import submit
+    from corral.runtime.operations import submit
 
     store, _ = await _fresh_store(url, Path(url.removeprefix("sqlite:///")).parent)
     kinds = [

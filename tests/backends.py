@@ -36,7 +36,7 @@ import pytest
 from corral.bus import Bus, open_bus
 from corral.core.runs import Approval, RunRecord, RunState
 from corral.core.settings import Settings
-from corral.runtime.local import submit
+from corral.runtime import operations
 from corral.runtime.worker import Worker
 from corral.store import Store, open_store
 from databases import PostgresServer
@@ -134,15 +134,15 @@ class Backend:
 
     async def submit(self, agent: str, user_input: str, **options: Any) -> tuple[RunRecord, bool]:
         """Queue a run and announce it, as the API and ``corral submit`` do."""
-        return await submit(self.store, agent, user_input, bus=self.bus, **options)
+        return await operations.submit(self.store, agent, user_input, bus=self.bus, **options)
 
     async def decide(
         self, approval_id: str, approved: bool, *, by: str | None = None, reason: str | None = None
     ) -> Approval:
         """Decide an approval and announce its run, as the API and the CLI do."""
-        decided = await self.store.decide_approval(approval_id, approved, by=by, reason=reason)
-        await self.bus.announce_runnable([decided.run_id], mark=decided.id)
-        return decided
+        return await operations.decide(
+            self.store, self.bus, approval_id, approved, by=by, reason=reason
+        )
 
     async def drain(self) -> Worker:
         """Execute what can run now; returns when every run is finished or waits for a human.

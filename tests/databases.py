@@ -159,6 +159,16 @@ async def rows_of(url: str, sql: str, **params: Any) -> list[tuple[Any, ...]]:
     return await on_database(url, query)
 
 
+async def delete_run(url: str, run_id: str) -> None:
+    """Delete a run with its events and approvals behind the store's back (another process)."""
+
+    def delete(conn: sa.Connection) -> None:
+        for table, column in (("run_events", "run_id"), ("approvals", "run_id"), ("runs", "id")):
+            conn.execute(sa.text(f"DELETE FROM {table} WHERE {column} = :id"), {"id": run_id})
+
+    await on_database(url, delete)
+
+
 async def eventually(check: Callable[[], Awaitable[bool]], timeout: float = 10.0) -> None:
     """Wait until ``check()`` holds; fail after ``timeout`` seconds."""
     deadline = asyncio.get_running_loop().time() + timeout

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from backends import NO_SWEEP, Deployment, deployment_fixture
-from databases import in_thread, rows_of
+from databases import delete_run, in_thread, rows_of
 from nats_servers import nats_prefix_fixture, nats_server_url_fixture
 from test_cli_run import CALC
 
@@ -161,3 +161,35 @@ def test_sessions_carry_runs_and_can_be_listed_shown_and_deleted(
     assert "[user] What is 2 + 3?" in shown and "[assistant] 2 + 3 = 5" in shown
     corral(deployment, "sessions", "delete", "s1", check=0)
     assert corral(deployment, "sessions", "show", "s1").returncode == 2
+
+
+def test_following_a_run_deleted_meanwhile_fails_as_not_found(
+    deployment: Deployment, tmp_path: Path
+) -> None:
+    apply(
+        deployment,
+        tmp_path,
+        CALC.replace("tools: [add]", "tools: [add]\n  approval: {policy: always}"),
+    )
+    waiting = corral(deployment, "run", "calc", "What is 2 + 3?", "-o", "json", check=3)
+    run_id = json.loads(waiting.stdout)["id"]
+    [approval] = json.loads(corral(deployment, "approvals", "list", "-o", "json").stdout)
+    corral(deployment, "approvals", "approve", approval["id"], check=0)  # queued: no worker here
+
+    follower = subprocess.Popen(
+        [*CORRAL, "logs", run_id, "--follow"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**deployment.environment(), "PYTHONUNBUFFERED": "1"},
+    )
+    try:
+        assert follower.stdout is not None
+        for line in follower.stdout:  # the events so far: it follows the queued run now
+            if "waits for approval" in line:
+                break
+        in_thread(lambda: delete_run(deployment.db_url, run_id))
+        _, stderr = follower.communicate(timeout=60)
+    finally:
+        follower.kill()
+    assert (follower.returncode, stderr.splitlines()) == (2, [f"error: task '{run_id}' not found"])

@@ -35,7 +35,7 @@ from corral.core.runs import RunRecord, RunState
 from corral.core.settings import Settings
 from corral.resources.loader import load_text
 from corral.runtime.executor import RunExecutor
-from corral.runtime.local import submit as submit_run
+from corral.runtime.operations import submit as submit_run
 from corral.store import Store, open_store
 from corral.testing.fake_openai import FakeOpenAIServer, FakeReply, FakeToolCall, RecordedRequest
 from durable_tools import ENV_DIR

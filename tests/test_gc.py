@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from corral.cli.tasks_cmd import parse_duration
+from corral.cli.worker_cmd import parse_duration
 from corral.core.events import Event, EventType
 from corral.core.runs import RunRecord, RunState
 from corral.store import Store

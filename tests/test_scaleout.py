@@ -37,7 +37,7 @@ from corral.bus.nats import NatsBus
 from corral.core.events import EventType
 from corral.core.runs import RunState
 from corral.resources.loader import load_text
-from corral.runtime.local import submit as submit_run
+from corral.runtime.operations import submit as submit_run
 from corral.store import open_store
 from corral.testing.fake_openai import FakeOpenAIServer, FakeReply
 from databases import PostgresServer

@@ -24,7 +24,7 @@ from corral.core.runs import ApprovalState, RunRecord, RunState
 from corral.core.settings import Settings
 from corral.resources.loader import load_text
 from corral.runtime.executor import RunExecutor
-from corral.runtime.local import submit
+from corral.runtime.operations import submit
 from corral.runtime.worker import Worker
 from corral.store import Store, open_store
 from corral.testing.fake_openai import FakeOpenAIServer, FakeReply

@@ -24,7 +24,7 @@ from corral.bus.base import Delivery
 from corral.bus.local import LocalBus
 from corral.core.runs import RunState
 from corral.core.settings import Settings
-from corral.runtime.local import submit
+from corral.runtime.operations import submit
 from corral.runtime.worker import Worker
 from corral.store import Store
 from durable_tools import ENV_DIR

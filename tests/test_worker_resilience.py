@@ -32,7 +32,7 @@ from corral.resources.loader import load_text
 from corral.resources.secrets import SecretCipher
 from corral.runtime.health import WorkerHealth
 from corral.runtime.leases import LeaseKeeper
-from corral.runtime.local import submit as submit_run
+from corral.runtime.operations import submit as submit_run
 from corral.runtime.worker import RETRY_DELIVERY_SECONDS
 from corral.store import Store, open_store
 from corral.store.base import StoreError

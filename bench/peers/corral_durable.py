@@ -27,7 +27,8 @@ from _common import BENCH
 from corral.core.runs import RunRecord, RunState
 from corral.core.settings import Settings
 from corral.resources.loader import load_text
-from corral.runtime.local import LocalRunner, submit
+from corral.runtime.local import LocalRunner
+from corral.runtime.operations import submit
 from corral.runtime.worker import Worker
 from corral.store import open_store
 from peers._base import INSTRUCTIONS, MODEL, Framework, Setup, prompt

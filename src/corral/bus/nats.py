@@ -198,7 +198,7 @@ class NatsBus(Bus):
                 # Bounded at first, so a wrong URL fails the start; unbounded below.
                 max_reconnect_attempts=connect_attempts,
                 error_cb=_on_error,
-                disconnected_cb=_logged(logging.WARNING, "bus: disconnected from NATS"),
+                disconnected_cb=bus._on_disconnected,
                 reconnected_cb=bus._on_reconnected,
                 closed_cb=_logged(logging.DEBUG, "bus: NATS connection closed"),
             )
@@ -275,6 +275,10 @@ class NatsBus(Bus):
             log.info("bus: cannot set the streams up again yet (%s)", _describe(exc))
             return
         self._reconnected = False
+
+    async def _on_disconnected(self) -> None:
+        if not self._closed:  # closing disconnects too: a CLI command is no cause for a warning
+            log.warning("bus: disconnected from NATS")
 
     async def _on_reconnected(self) -> None:
         log.warning("bus: reconnected to NATS")

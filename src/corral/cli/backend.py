@@ -1,59 +1,46 @@
 """Where the CLI's commands get their data: the store here, or a Corral server.
 
 Every command that reads or changes state calls a :class:`Backend` and renders
-the library's own records (``RunRecord``, ``StoredResource``, ``Approval``...),
-so its output and exit codes do not depend on where the data came from.
-:func:`open_backend` chooses once per command:
+the API's bodies (``Task``, ``ApprovalOut``, ``ResourceOut``... of
+:mod:`corral.api`), so its output and exit codes do not depend on where the
+data came from:
 
-- ``CORRAL_URL`` unset: :class:`EmbeddedBackend`, the store of ``CORRAL_HOME`` /
-  ``CORRAL_DB_URL``; ``corral run`` executes the agent in this process.
-- ``CORRAL_URL`` set (with ``CORRAL_TOKEN``): :class:`~corral.cli.backend_remote.RemoteBackend`
-  over the HTTP API; runs execute on the server's workers. The token decides the
-  namespace there, so ``-n`` must name the token's namespace (or be left out).
+- :class:`EmbeddedBackend`, the store of ``CORRAL_HOME`` / ``CORRAL_DB_URL``: the
+  operations of :mod:`corral.runtime.operations`, their records turned into API
+  bodies as the server does; ``corral run`` executes the agent in this process.
+- :class:`~corral.cli.backend_remote.RemoteBackend` (``CORRAL_URL``): the client;
+  runs execute on the server's workers.
 
-Commands that work on the store itself (``worker``, ``gc``, ``serve``, ``token``)
-have no remote mode: with ``CORRAL_URL`` set they stop with exit code 2
-(:func:`require_local`) instead of quietly using a local store.
+:func:`corral.cli.connect.open_backend` chooses once per command.
 """
 
 from __future__ import annotations
 
-import os
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from corral.cli.main import EXIT_BAD_INPUT, fail
-
 if TYPE_CHECKING:
+    from corral.api import (
+        AppliedResource,
+        ApprovalOut,
+        EventOut,
+        ResourceOut,
+        SessionMessageOut,
+        SessionOut,
+        Task,
+        TaskDetail,
+    )
+    from corral.bus.base import Bus
     from corral.core.events import Event
-    from corral.core.runs import Approval, RunRecord
-    from corral.core.sessions import Session, SessionMessage
     from corral.core.settings import Settings
     from corral.resources.loader import LoadedResource
-    from corral.store.base import ApplyOutcome, Store, StoredResource
-
-URL_ENV = "CORRAL_URL"
+    from corral.store.base import Store, StoredResource
 
 #: Receives each event of a followed run, in order.
-Show = Callable[["Event"], Awaitable[None]]
-
-
-def remote_url() -> str | None:
-    """The API URL when the CLI runs in remote mode."""
-    return os.environ.get(URL_ENV) or None
-
-
-def require_local(command: str) -> None:
-    """Stop (exit 2) when ``command``, which works on the store, is asked for in remote mode."""
-    if remote_url() is not None:
-        fail(
-            f"'corral {command}' works on the store directly and has no remote mode; "
-            f"unset {URL_ENV} to run it on a machine that reaches the store",
-            EXIT_BAD_INPUT,
-        )
+Show = Callable[["EventOut"], Awaitable[None]]
 
 
 async def load_files(
@@ -71,19 +58,19 @@ async def load_files(
 
 
 class Backend(ABC):
-    """What the commands need from Corral; the contract is the store's (see ``store/base.py``)."""
+    """What the commands need from Corral; the contract is the API's (``corral.client``)."""
 
     # ----------------------------------------------------------------------- resources
 
     @abstractmethod
-    async def apply(self, paths: Sequence[Path], namespace: str) -> list[ApplyOutcome]:
+    async def apply(self, paths: Sequence[Path], namespace: str) -> list[AppliedResource]:
         """Load YAML files or directories (errors with file and line) and apply them at once."""
 
     @abstractmethod
-    async def list_resources(self, namespace: str, kind: str | None) -> list[StoredResource]: ...
+    async def list_resources(self, namespace: str, kind: str | None) -> list[ResourceOut]: ...
 
     @abstractmethod
-    async def get_resource(self, namespace: str, kind: str, name: str) -> StoredResource | None: ...
+    async def get_resource(self, namespace: str, kind: str, name: str) -> ResourceOut | None: ...
 
     @abstractmethod
     async def delete_resource(self, namespace: str, kind: str, name: str) -> None: ...
@@ -101,7 +88,7 @@ class Backend(ABC):
         idempotency_key: str | None = None,
         priority: int = 0,
         delay: float = 0.0,
-    ) -> tuple[RunRecord, bool]:
+    ) -> tuple[Task, bool]:
         """Queue a run; ``False`` when the idempotency key was seen (the first run)."""
 
     @abstractmethod
@@ -115,41 +102,45 @@ class Backend(ABC):
         output_schema: dict[str, Any] | None,
         show: Show | None,
         loading: Any,
-    ) -> RunRecord:
+    ) -> TaskDetail:
         """Submit a run and see it through until it ends or waits for approval."""
 
     @abstractmethod
     async def list_runs(
         self, namespace: str, agent: str | None, limit: int, states: list[str] | None
-    ) -> list[RunRecord]: ...
+    ) -> list[Task]: ...
 
     @abstractmethod
-    async def get_run(self, run_id: str) -> RunRecord | None: ...
+    async def get_run(self, run_id: str) -> TaskDetail:
+        """The run; ``NotFoundError`` when there is none."""
 
     @abstractmethod
-    async def cancel(self, run_id: str) -> RunRecord: ...
+    async def cancel(self, run_id: str) -> Task: ...
 
     @abstractmethod
-    async def follow(self, run_id: str, show: Show, *, follow: bool) -> RunRecord:
-        """Hand each event to ``show``; with ``follow`` until the run ends or pauses."""
+    async def follow(self, run_id: str, show: Show, *, follow: bool) -> TaskDetail:
+        """Hand each event to ``show``; with ``follow`` until the run ends or pauses.
+        ``NotFoundError`` when the run does not exist (or is deleted meanwhile)."""
 
     # ----------------------------------------------------------------------- approvals
 
     @abstractmethod
-    async def list_approvals(self, namespace: str, states: list[str] | None) -> list[Approval]: ...
+    async def list_approvals(
+        self, namespace: str, states: list[str] | None
+    ) -> list[ApprovalOut]: ...
 
     @abstractmethod
-    async def decide(self, approval_id: str, approved: bool, reason: str | None) -> Approval: ...
+    async def decide(self, approval_id: str, approved: bool, reason: str | None) -> ApprovalOut: ...
 
     # ----------------------------------------------------------------------- sessions
 
     @abstractmethod
-    async def list_sessions(self, namespace: str) -> list[Session]: ...
+    async def list_sessions(self, namespace: str) -> list[SessionOut]: ...
 
     @abstractmethod
     async def session_messages(
         self, namespace: str, session_id: str, *, include_hidden: bool
-    ) -> list[SessionMessage]:
+    ) -> list[SessionMessageOut]:
         """The messages; ``NotFoundError`` when there is no such session."""
 
     @abstractmethod
@@ -164,14 +155,27 @@ class EmbeddedBackend(Backend):
         self.store = store
         self.settings = settings
 
-    async def apply(self, paths: Sequence[Path], namespace: str) -> list[ApplyOutcome]:
-        return await self.store.apply(await load_files(paths, namespace, self.settings))
+    @asynccontextmanager
+    async def _bus(self) -> AsyncIterator[Bus]:
+        """The bus of the settings (NATS when ``CORRAL_NATS_URL`` is set: workers and
+        followers elsewhere hear of what this command does), for one operation."""
+        from corral.bus import open_settings_bus
 
-    async def list_resources(self, namespace: str, kind: str | None) -> list[StoredResource]:
-        return await self.store.list_resources(namespace, kind)
+        async with await open_settings_bus(self.settings) as bus:
+            yield bus
 
-    async def get_resource(self, namespace: str, kind: str, name: str) -> StoredResource | None:
-        return await self.store.get_resource(namespace, kind, name)
+    async def apply(self, paths: Sequence[Path], namespace: str) -> list[AppliedResource]:
+        from corral.api import AppliedResource
+
+        outcomes = await self.store.apply(await load_files(paths, namespace, self.settings))
+        return [AppliedResource.from_outcome(o) for o in outcomes]
+
+    async def list_resources(self, namespace: str, kind: str | None) -> list[ResourceOut]:
+        return [_resource(s) for s in await self.store.list_resources(namespace, kind)]
+
+    async def get_resource(self, namespace: str, kind: str, name: str) -> ResourceOut | None:
+        stored = await self.store.get_resource(namespace, kind, name)
+        return _resource(stored) if stored is not None else None
 
     async def delete_resource(self, namespace: str, kind: str, name: str) -> None:
         await self.store.delete_resource(namespace, kind, name)
@@ -186,13 +190,12 @@ class EmbeddedBackend(Backend):
         idempotency_key: str | None = None,
         priority: int = 0,
         delay: float = 0.0,
-    ) -> tuple[RunRecord, bool]:
-        from corral.bus import open_settings_bus
-        from corral.runtime.local import submit
+    ) -> tuple[Task, bool]:
+        from corral.api import Task
+        from corral.runtime import operations
 
-        # The bus of the settings (NATS when CORRAL_NATS_URL is set) wakes a worker now.
-        async with await open_settings_bus(self.settings) as bus:
-            return await submit(
+        async with self._bus() as bus:  # wakes a worker now
+            record, created = await operations.submit(
                 self.store,
                 agent,
                 prompt,
@@ -203,6 +206,7 @@ class EmbeddedBackend(Backend):
                 delay=delay,
                 bus=bus,
             )
+        return Task.from_record(record), created
 
     async def run(
         self,
@@ -214,99 +218,113 @@ class EmbeddedBackend(Backend):
         output_schema: dict[str, Any] | None,
         show: Show | None,
         loading: Any,
-    ) -> RunRecord:
+    ) -> TaskDetail:
+        from corral.api import TaskDetail
         from corral.runtime.local import run_agent
 
-        return await run_agent(
-            self.store,
-            self.settings,
-            agent,
-            prompt,
-            namespace=namespace,
-            session=session,
-            output_schema=output_schema,
-            observer=show,
-            loading=loading,
-        )
+        async with self._bus() as bus:
+            record = await run_agent(
+                self.store,
+                self.settings,
+                agent,
+                prompt,
+                namespace=namespace,
+                session=session,
+                output_schema=output_schema,
+                observer=_observer(show) if show is not None else None,
+                loading=loading,
+                bus=bus,
+            )
+        return TaskDetail.from_record(record)
 
     async def list_runs(
         self, namespace: str, agent: str | None, limit: int, states: list[str] | None
-    ) -> list[RunRecord]:
+    ) -> list[Task]:
+        from corral.api import Task
         from corral.core.runs import RunState
 
         chosen = [RunState(s) for s in states] if states else None
-        return await self.store.list_runs(namespace, agent, limit, chosen)
+        return [
+            Task.from_record(r) for r in await self.store.list_runs(namespace, agent, limit, chosen)
+        ]
 
-    async def get_run(self, run_id: str) -> RunRecord | None:
-        return await self.store.get_run(run_id)
+    async def get_run(self, run_id: str) -> TaskDetail:
+        from corral.api import TaskDetail
+        from corral.runtime import operations
 
-    async def cancel(self, run_id: str) -> RunRecord:
-        return await self.store.request_cancel(run_id)
+        return TaskDetail.from_record(await operations.get_run(self.store, run_id))
 
-    async def follow(self, run_id: str, show: Show, *, follow: bool) -> RunRecord:
-        import anyio
+    async def cancel(self, run_id: str) -> Task:
+        from corral.api import Task
+        from corral.runtime import operations
 
-        from corral.core.runs import RunState
+        return Task.from_record(await operations.cancel(self.store, run_id))
 
-        after = 0
-        while True:
-            for event in await self.store.list_events(run_id, after):
-                after = event.seq
-                await show(event)
-            record = await self.store.get_run(run_id)
-            assert record is not None
-            if not follow or record.state.finished or record.state is RunState.WAITING_APPROVAL:
-                for event in await self.store.list_events(run_id, after):  # written just before
-                    after = event.seq
-                    await show(event)
-                return record
-            await anyio.sleep(0.2)
+    async def follow(self, run_id: str, show: Show, *, follow: bool) -> TaskDetail:
+        from corral.api import TaskDetail
+        from corral.runtime import operations
 
-    async def list_approvals(self, namespace: str, states: list[str] | None) -> list[Approval]:
-        return await self.store.list_approvals(namespace, states=states)
+        async with self._bus() as bus:
+            record = await operations.follow_run(
+                self.store, bus, run_id, _observer(show), follow=follow
+            )
+        return TaskDetail.from_record(record)
 
-    async def decide(self, approval_id: str, approved: bool, reason: str | None) -> Approval:
+    async def list_approvals(self, namespace: str, states: list[str] | None) -> list[ApprovalOut]:
+        from corral.api import ApprovalOut
+
+        return [
+            ApprovalOut.from_approval(a)
+            for a in await self.store.list_approvals(namespace, states=states)
+        ]
+
+    async def decide(self, approval_id: str, approved: bool, reason: str | None) -> ApprovalOut:
         import getpass
 
-        from corral.bus import open_settings_bus
+        from corral.api import ApprovalOut
+        from corral.runtime import operations
 
-        decided = await self.store.decide_approval(
-            approval_id, approved, by=getpass.getuser(), reason=reason
-        )
-        if self.settings.nats_url:  # wake a worker now (the decision may have queued the run)
-            async with await open_settings_bus(self.settings) as bus:
-                await bus.announce_runnable([decided.run_id], mark=decided.id)
-        return decided
+        async with self._bus() as bus:
+            decided = await operations.decide(
+                self.store, bus, approval_id, approved, by=getpass.getuser(), reason=reason
+            )
+        return ApprovalOut.from_approval(decided)
 
-    async def list_sessions(self, namespace: str) -> list[Session]:
-        return await self.store.list_sessions(namespace)
+    async def list_sessions(self, namespace: str) -> list[SessionOut]:
+        from corral.api import SessionOut
+
+        return [SessionOut.from_session(s) for s in await self.store.list_sessions(namespace)]
 
     async def session_messages(
         self, namespace: str, session_id: str, *, include_hidden: bool
-    ) -> list[SessionMessage]:
+    ) -> list[SessionMessageOut]:
+        from corral.api import SessionMessageOut
         from corral.core.errors import NotFoundError
 
         if await self.store.get_session(namespace, session_id) is None:
             raise NotFoundError(f"session {session_id!r} not found in namespace {namespace!r}")
-        return await self.store.session_messages(
+        messages = await self.store.session_messages(
             namespace, session_id, include_hidden=include_hidden
         )
+        return [SessionMessageOut.from_stored(m) for m in messages]
 
     async def delete_session(self, namespace: str, session_id: str) -> None:
         await self.store.delete_session(namespace, session_id)
 
 
-@asynccontextmanager
-async def open_backend() -> AsyncIterator[Backend]:
-    """The backend of this environment: a server when ``CORRAL_URL`` is set, else the store."""
-    if remote_url() is not None:
-        from corral.cli.backend_remote import RemoteBackend
-        from corral.client import AsyncClient
+def _resource(stored: StoredResource) -> ResourceOut:
+    """A stored resource as the API shows it (secret values redacted)."""
+    from corral.api import resource_out
+    from corral.resources.secrets import redacted
 
-        async with AsyncClient() as client:
-            yield RemoteBackend(client)
-        return
-    from corral.cli.resources_cmd import open_cli_store
+    return resource_out(stored, redacted(stored.resource.to_document()))
 
-    async with open_cli_store() as (store, settings):
-        yield EmbeddedBackend(store, settings)
+
+def _observer(show: Show) -> Callable[[Event], Awaitable[None]]:
+    """The runtime's events handed to ``show`` as the API's."""
+    from corral.api import EventOut
+
+    async def observe(event: Event) -> None:
+        await show(EventOut.from_event(event))
+
+    return observe

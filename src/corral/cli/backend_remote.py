@@ -1,10 +1,10 @@
 """The CLI's remote mode: :class:`RemoteBackend` over the HTTP API (``CORRAL_URL``).
 
-The API's bodies become the library's records here, so the commands render
-them exactly as they render the store's. Files are loaded here, as in embedded
-mode (the same file/line errors, relative paths made absolute against the file),
-and the server receives the loaded documents: program paths then name files on
-this machine, which the server must see at the same place.
+The API's bodies are what the commands render, in both modes. Files are loaded
+here, as in embedded mode (the same file/line errors, relative paths made
+absolute against the file), and the server receives the loaded documents:
+program paths then name files on this machine, which the server must see at
+the same place.
 """
 
 from __future__ import annotations
@@ -15,16 +15,20 @@ from typing import Any
 
 import anyio
 
-from corral.api import ApprovalOut, EventOut, MessageOut, ResourceOut, Task, TaskDetail
+from corral.api import (
+    AppliedResource,
+    ApprovalOut,
+    EventOut,
+    ResourceOut,
+    SessionMessageOut,
+    SessionOut,
+    Task,
+    TaskDetail,
+)
 from corral.cli.backend import Backend, Show, load_files
 from corral.client import AsyncClient
 from corral.core.errors import NotFoundError
-from corral.core.events import Event, EventType
-from corral.core.messages import Message, ToolCall, Usage
-from corral.core.runs import Approval, ApprovalState, PendingApproval, RunRecord, RunState
-from corral.core.sessions import Session, SessionMessage
-from corral.resources.kinds import Metadata, Resource
-from corral.store.base import ApplyAction, ApplyOutcome, StoredResource
+from corral.core.runs import RunState
 
 #: how often a follower asks whether the run paused for approval (its stream stays open then)
 PAUSE_CHECK_SECONDS = 0.25
@@ -40,24 +44,21 @@ class RemoteBackend(Backend):
 
     # ----------------------------------------------------------------------- resources
 
-    async def apply(self, paths: Sequence[Path], namespace: str) -> list[ApplyOutcome]:
+    async def apply(self, paths: Sequence[Path], namespace: str) -> list[AppliedResource]:
         from corral.core.settings import Settings
 
         loaded = await load_files(paths, namespace, Settings.from_env())
         if not loaded:
             return []
         result = await self.client.apply([item.resource.to_document() for item in loaded])
-        return [
-            ApplyOutcome(o.namespace, o.kind, o.name, ApplyAction(o.action), o.generation)
-            for o in result.outcomes
-        ]
+        return result.outcomes
 
-    async def list_resources(self, namespace: str, kind: str | None) -> list[StoredResource]:
-        return [stored(r) async for r in self.client.iter_resources(kind, page_size=PAGE)]
+    async def list_resources(self, namespace: str, kind: str | None) -> list[ResourceOut]:
+        return [r async for r in self.client.iter_resources(kind, page_size=PAGE)]
 
-    async def get_resource(self, namespace: str, kind: str, name: str) -> StoredResource | None:
+    async def get_resource(self, namespace: str, kind: str, name: str) -> ResourceOut | None:
         try:
-            return stored(await self.client.get_resource(kind, name))
+            return await self.client.get_resource(kind, name)
         except NotFoundError:
             return None
 
@@ -76,7 +77,7 @@ class RemoteBackend(Backend):
         idempotency_key: str | None = None,
         priority: int = 0,
         delay: float = 0.0,
-    ) -> tuple[RunRecord, bool]:
+    ) -> tuple[Task, bool]:
         task, created = await self.client.submit(
             agent,
             prompt,
@@ -85,7 +86,7 @@ class RemoteBackend(Backend):
             priority=priority,
             delay_seconds=delay,
         )
-        return run_record(task), created
+        return task, created
 
     async def run(
         self,
@@ -97,92 +98,95 @@ class RemoteBackend(Backend):
         output_schema: dict[str, Any] | None,
         show: Show | None,
         loading: Any,
-    ) -> RunRecord:
+    ) -> TaskDetail:
         submitted = await self.client.submit(
             agent, prompt, session=session, output_schema=output_schema
         )
 
-        async def ignore(event: Event) -> None:
+        async def ignore(event: EventOut) -> None:
             return None
 
         return await self.follow(submitted.task.id, show or ignore, follow=True)
 
     async def list_runs(
         self, namespace: str, agent: str | None, limit: int, states: list[str] | None
-    ) -> list[RunRecord]:
-        found: list[RunRecord] = []
+    ) -> list[Task]:
+        found: list[Task] = []
         async for task in self.client.iter_tasks(
             state=states, agent=agent, page_size=min(limit, PAGE)
         ):
-            found.append(run_record(task))
+            found.append(task)
             if len(found) >= limit:
                 break
         return found
 
-    async def get_run(self, run_id: str) -> RunRecord | None:
-        try:
-            return run_record(await self.client.get_task(run_id))
-        except NotFoundError:
-            return None
+    async def get_run(self, run_id: str) -> TaskDetail:
+        return await self.client.get_task(run_id)
 
-    async def cancel(self, run_id: str) -> RunRecord:
-        return run_record(await self.client.cancel_task(run_id))
+    async def cancel(self, run_id: str) -> Task:
+        return await self.client.cancel_task(run_id)
 
-    async def follow(self, run_id: str, show: Show, *, follow: bool) -> RunRecord:
-        """The events over SSE; a run that pauses for approval keeps its stream open, so
-        a watcher ends the stream once the run's state says it waits."""
-        last = 0
-        if follow:
-            async with anyio.create_task_group() as group:
-
-                async def until_paused() -> None:
-                    while True:
-                        await anyio.sleep(PAUSE_CHECK_SECONDS)
-                        task = await self.client.get_task(run_id)
-                        if task.state is RunState.WAITING_APPROVAL:
-                            group.cancel_scope.cancel()
-                            return
-
-                group.start_soon(until_paused)
-                async for event in self.client.follow(run_id):
-                    last = event.seq
-                    await show(as_event(event))
-                group.cancel_scope.cancel()
-        # the stored events after the last one shown (all of them without --follow)
+    async def follow(self, run_id: str, show: Show, *, follow: bool) -> TaskDetail:
+        last = await self._stream(run_id, show) if follow else 0
+        # the stored events after the last one shown (all of them without --follow); a run
+        # that is gone is a NotFoundError here
         cursor: str | None = None
         while True:
             page = await self.client.events(run_id, after=last, cursor=cursor, limit=PAGE)
             for event in page.items:
                 last = event.seq
-                await show(as_event(event))
+                await show(event)
             if page.next_cursor is None or not page.items:
                 break
             cursor = page.next_cursor
-        return run_record(await self.client.get_task(run_id))
+        return await self.client.get_task(run_id)
+
+    async def _stream(self, run_id: str, show: Show) -> int:
+        """Show the events over SSE until the stream ends or the run waits for approval
+        (its stream stays open then: a watcher ends it); returns the last seq shown."""
+        last = 0
+        async with anyio.create_task_group() as group:
+            group.start_soon(self._until_paused, run_id, group.cancel_scope)
+            try:
+                async for event in self.client.follow(run_id):
+                    last = event.seq
+                    await show(event)
+            except NotFoundError:
+                pass  # absent or deleted: the pages after the stream say so, outside this group
+            group.cancel_scope.cancel()
+        return last
+
+    async def _until_paused(self, run_id: str, stream: anyio.CancelScope) -> None:
+        while True:
+            await anyio.sleep(PAUSE_CHECK_SECONDS)
+            try:
+                task: Task | None = await self.client.get_task(run_id)
+            except NotFoundError:  # deleted: nothing more will come
+                task = None
+            if task is None or task.state is RunState.WAITING_APPROVAL:
+                stream.cancel()
+                return
 
     # ----------------------------------------------------------------------- approvals
 
-    async def list_approvals(self, namespace: str, states: list[str] | None) -> list[Approval]:
-        return [approval(a) async for a in self.client.iter_approvals(state=states, page_size=PAGE)]
+    async def list_approvals(self, namespace: str, states: list[str] | None) -> list[ApprovalOut]:
+        return [a async for a in self.client.iter_approvals(state=states, page_size=PAGE)]
 
-    async def decide(self, approval_id: str, approved: bool, reason: str | None) -> Approval:
+    async def decide(self, approval_id: str, approved: bool, reason: str | None) -> ApprovalOut:
         if approved:
-            return approval(await self.client.approve(approval_id, reason))
-        return approval(await self.client.reject(approval_id, reason))
+            return await self.client.approve(approval_id, reason)
+        return await self.client.reject(approval_id, reason)
 
     # ----------------------------------------------------------------------- sessions
 
-    async def list_sessions(self, namespace: str) -> list[Session]:
-        return [
-            Session(s.id, s.namespace, s.agent, s.created_at, s.updated_at)
-            async for s in self.client.iter_sessions(page_size=PAGE)
-        ]
+    async def list_sessions(self, namespace: str) -> list[SessionOut]:
+        return [s async for s in self.client.iter_sessions(page_size=PAGE)]
 
     async def session_messages(
         self, namespace: str, session_id: str, *, include_hidden: bool
-    ) -> list[SessionMessage]:
+    ) -> list[SessionMessageOut]:
         return [
-            SessionMessage(m.seq, message(m.message), m.run_id, m.hidden, m.summary, m.created_at)
+            m
             async for m in self.client.iter_session_messages(
                 session_id, include_hidden=include_hidden, page_size=PAGE
             )
@@ -190,89 +194,3 @@ class RemoteBackend(Backend):
 
     async def delete_session(self, namespace: str, session_id: str) -> None:
         await self.client.delete_session(session_id)
-
-
-# --------------------------------------------------------------------------- API -> records
-
-
-def stored(out: ResourceOut) -> StoredResource:
-    """A resource document of the API as the store's record (secret values stay redacted)."""
-    resource = Resource(
-        apiVersion=out.apiVersion,
-        kind=out.kind,
-        metadata=Metadata.model_validate(out.metadata.model_dump()),
-        spec=out.spec,
-    )
-    return StoredResource(
-        resource, out.status.generation, out.status.created_at, out.status.updated_at
-    )
-
-
-def message(out: MessageOut) -> Message:
-    calls = tuple(ToolCall(id=c.id, name=c.name, arguments=c.arguments) for c in out.tool_calls)
-    return Message(
-        role=out.role,
-        content=out.content,
-        tool_calls=calls,
-        tool_call_id=out.tool_call_id,
-        name=out.name,
-        is_error=out.is_error,
-    )
-
-
-def run_record(task: Task) -> RunRecord:
-    """A task of the API as the store's run record (``fencing_token`` is not exposed: 0)."""
-    messages = [message(m) for m in task.messages] if isinstance(task, TaskDetail) else []
-    return RunRecord(
-        id=task.id,
-        namespace=task.namespace,
-        agent=task.agent,
-        input=task.input,
-        state=RunState(task.state),
-        output=task.output,
-        error=task.error,
-        usage=Usage(task.usage.input_tokens, task.usage.output_tokens, task.usage.requests),
-        cost_usd=task.cost_usd,
-        steps=task.steps,
-        messages=messages,
-        pending_approvals=[
-            PendingApproval(p.call_id, p.tool, p.arguments, p.reason, p.requested_at, p.expires_at)
-            for p in task.pending_approvals
-        ],
-        created_at=task.created_at,
-        started_at=task.started_at,
-        finished_at=task.finished_at,
-        idempotency_key=task.idempotency_key,
-        session_id=task.session_id,
-        priority=task.priority,
-        not_before=task.not_before,
-        attempts=task.attempts,
-        max_attempts=task.max_attempts,
-        cancel_requested=task.cancel_requested,
-        lease_owner=task.lease_owner,
-        lease_expires_at=task.lease_expires_at,
-        output_schema=task.output_schema,
-    )
-
-
-def approval(out: ApprovalOut) -> Approval:
-    return Approval(
-        id=out.id,
-        run_id=out.run_id,
-        namespace=out.namespace,
-        agent=out.agent,
-        call_id=out.call_id,
-        tool=out.tool,
-        arguments=out.arguments,
-        reason=out.reason,
-        state=ApprovalState(out.state),
-        requested_at=out.requested_at,
-        expires_at=out.expires_at,
-        decided_at=out.decided_at,
-        decided_by=out.decided_by,
-        decision_reason=out.decision_reason,
-    )
-
-
-def as_event(out: EventOut) -> Event:
-    return Event(run_id=out.run_id, seq=out.seq, type=EventType(out.type), data=out.data, ts=out.ts)

@@ -1,20 +1,24 @@
-"""Readable rendering of run events and run records for the terminal.
+"""Rendering of the API's bodies for the terminal: run events, tasks, resources.
 
-Progress (steps, tool calls, results, errors) goes to stderr; the answer goes
-to stdout, so ``corral run agent "..." > answer.txt`` keeps just the answer.
+The CLI renders what the API answers (:mod:`corral.api`) in both modes, and
+``-o json`` prints the body itself. Progress (steps, tool calls, results,
+errors) goes to stderr; the answer goes to stdout, so
+``corral run agent "..." > answer.txt`` keeps just the answer.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
+from pydantic import BaseModel
 from rich.console import Console
 from rich.markup import escape
 
-from corral.core.events import Event, EventType
-from corral.core.messages import dump
-from corral.core.runs import RunRecord, RunState
+from corral.api import EventOut, ResourceOut, Task
+from corral.core.events import EventType
+from corral.core.runs import RunState
 
 _PREVIEW = 300
 
@@ -34,10 +38,10 @@ class EventPrinter:
         self.streamed_text = False
         self._line_open = False
 
-    async def __call__(self, event: Event) -> None:
+    async def __call__(self, event: EventOut) -> None:
         self.render(event)
 
-    def render(self, event: Event) -> None:
+    def render(self, event: EventOut) -> None:
         data = event.data
         if event.type is EventType.TEXT_DELTA:
             if self.show_text:
@@ -79,7 +83,7 @@ class EventPrinter:
             self.out.print()
             self._line_open = False
 
-    def finish(self, record: RunRecord) -> None:
+    def finish(self, record: Task) -> None:
         """Print the answer (unless it was streamed already) and a one-line summary."""
         self._close_line()
         if record.output is not None and not (
@@ -103,13 +107,25 @@ def render_output(output: Any) -> str:
     return output if isinstance(output, str) else json.dumps(output, indent=2, ensure_ascii=False)
 
 
-def record_json(record: RunRecord) -> str:
-    """The final run record as JSON (``-o json``).
+def body_json(body: BaseModel | Sequence[BaseModel], *, indent: int | None = 2) -> str:
+    """An API body, or a list of them, as JSON (``-o json``): what the API answers."""
+    if isinstance(body, BaseModel):
+        data: Any = body.model_dump(mode="json")
+    else:
+        data = [item.model_dump(mode="json") for item in body]
+    return json.dumps(data, indent=indent, ensure_ascii=False)
 
-    The fencing token is left out: it belongs to the lease protocol between workers
-    and the store, and the HTTP API does not expose it, so both CLI modes show the same.
-    """
-    data = dump(record)
-    data.pop("fencing_token", None)
-    data["state"] = record.state.value
-    return json.dumps(data, indent=2, ensure_ascii=False)
+
+def resource_document(resource: ResourceOut) -> dict[str, Any]:
+    """A stored resource as the document ``apply`` takes (secret values stay redacted)."""
+    data = resource.model_dump(mode="json", exclude_none=True)
+    return {key: data[key] for key in ("apiVersion", "kind", "metadata", "spec")}
+
+
+def age(seconds: float) -> str:
+    """A duration as kubectl shows ages: ``45s``, ``12m``, ``5h``, ``3d``."""
+    seconds = max(0, int(seconds))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size * (2 if unit != "m" else 1):
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"

@@ -2,7 +2,8 @@
 
 Heavy modules (the store, pydantic models, rich) are imported inside the
 commands so that ``corral --help`` stays fast. Secret values are never shown:
-every document passes through :func:`~corral.resources.secrets.redacted`.
+a backend hands out resources as the API shows them, passed through
+:func:`~corral.resources.secrets.redacted`.
 """
 
 from __future__ import annotations
@@ -10,8 +11,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -19,16 +19,14 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from corral.cli.main import EXIT_BAD_INPUT, fail, run_async
+from corral.cli.common import EXIT_BAD_INPUT, NAMESPACE, fail, run_async
 
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from corral.core.settings import Settings
+    from corral.api import AppliedResource, ResourceOut
     from corral.resources.kinds import Spec
-    from corral.store.base import ApplyOutcome, Store, StoredResource
 
-NAMESPACE = typer.Option("default", "-n", "--namespace", help="The namespace.")
 OUTPUTS = ("table", "json", "yaml")
 
 
@@ -43,25 +41,11 @@ def register(app: typer.Typer) -> None:
 # --------------------------------------------------------------------------- shared helpers
 
 
-@asynccontextmanager
-async def open_cli_store() -> AsyncIterator[tuple[Store, Settings]]:
-    """The store of this environment (``CORRAL_HOME``, ``CORRAL_DB_URL``) and its settings."""
-    from corral.core.settings import Settings
-    from corral.store import open_store
-
-    settings = Settings.from_env()
-    store = await open_store(settings.db_url, settings=settings)
-    try:
-        yield store, settings
-    finally:
-        await store.close()
-
-
 @dataclass(frozen=True)
 class Applied:
     """What ``apply`` did, one outcome per resource in file order."""
 
-    outcomes: list[ApplyOutcome]
+    outcomes: list[AppliedResource]
 
     @property
     def lines(self) -> list[str]:
@@ -90,12 +74,6 @@ def _console() -> Console:
     return Console(highlight=False, width=None if sys.stdout.isatty() else 240)
 
 
-def _document(stored: StoredResource) -> dict[str, Any]:
-    from corral.resources.secrets import redacted
-
-    return redacted(stored.resource.to_document())
-
-
 # --------------------------------------------------------------------------- apply
 
 
@@ -116,7 +94,7 @@ def apply(
 
 
 async def _apply(files: list[Path], namespace: str) -> Applied:
-    from corral.cli.backend import open_backend
+    from corral.cli.connect import open_backend
 
     async with open_backend() as backend:
         return Applied(await backend.apply(files, namespace))
@@ -132,19 +110,21 @@ def get(
     output: str = typer.Option("table", "-o", "--output", help="table, json or yaml."),
 ) -> None:
     """List resources of a kind, or show one."""
+    from corral.cli.render import resource_document
+
     if output not in OUTPUTS:
         fail(f"unknown output format {output!r} (use {', '.join(OUTPUTS)})", EXIT_BAD_INPUT)
     canonical = _kind(kind)
     items = run_async(_get(namespace, canonical, name))
     if output == "json":
-        docs = [_document(s) for s in items]
+        docs = [resource_document(s) for s in items]
         typer.echo(json.dumps(docs[0] if name else docs, indent=2, ensure_ascii=False))
     elif output == "yaml":
         import yaml
 
         typer.echo(
             yaml.safe_dump_all(
-                [_document(s) for s in items], sort_keys=False, allow_unicode=True
+                [resource_document(s) for s in items], sort_keys=False, allow_unicode=True
             ).rstrip()
         )
     elif not items:
@@ -153,32 +133,34 @@ def get(
         _print_table(canonical, items)
 
 
-async def _get(namespace: str, kind: str, name: str | None) -> list[StoredResource]:
-    from corral.cli.backend import open_backend
+async def _get(namespace: str, kind: str, name: str | None) -> list[ResourceOut]:
+    from corral.cli.connect import open_backend
     from corral.core.errors import NotFoundError
 
     async with open_backend() as backend:
         if name is None:
             return await backend.list_resources(namespace, kind)
-        stored = await backend.get_resource(namespace, kind, name)
-    if stored is None:
+        found = await backend.get_resource(namespace, kind, name)
+    if found is None:
         raise NotFoundError(f"{kind} {name!r} not found in namespace {namespace!r}")
-    return [stored]
+    return [found]
 
 
-def _print_table(kind: str, items: list[StoredResource]) -> None:
+def _print_table(kind: str, items: list[ResourceOut]) -> None:
     from rich import box
     from rich.table import Table
+
+    from corral.cli.render import age
 
     columns = _COLUMNS.get(kind, [])
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, header_style="bold")
     for title in ("NAME", "NAMESPACE", *(c[0] for c in columns), "AGE"):
         table.add_column(title, overflow="fold")
     now = time.time()
-    for stored in items:
-        resource = stored.resource
-        cells = [getter(resource.spec) for _, getter in columns]
-        table.add_row(resource.name, resource.namespace, *cells, _age(now - stored.created_at))
+    for item in items:
+        cells = [getter(item.spec) for _, getter in columns]
+        meta = item.metadata
+        table.add_row(meta.name, meta.namespace, *cells, age(now - item.status.created_at))
     _console().print(table)
 
 
@@ -216,14 +198,6 @@ _COLUMNS: dict[str, list[tuple[str, Callable[[Spec], str]]]] = {
 }
 
 
-def _age(seconds: float) -> str:
-    seconds = max(0, int(seconds))
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size * (2 if unit != "m" else 1):
-            return f"{seconds // size}{unit}"
-    return f"{seconds}s"
-
-
 # --------------------------------------------------------------------------- describe
 
 
@@ -235,18 +209,20 @@ def describe(
     """Show one resource in full: metadata, generation, times, spec and who uses it."""
     import yaml
 
+    from corral.cli.render import resource_document
+
     canonical = _kind(kind)
-    stored, used_by = run_async(_describe(namespace, canonical, name))
-    doc = _document(stored)
+    found, used_by = run_async(_describe(namespace, canonical, name))
+    doc = resource_document(found)
     labels = ", ".join(f"{k}={v}" for k, v in sorted(doc["metadata"]["labels"].items()))
     lines = [
-        f"Name:        {stored.resource.name}",
-        f"Namespace:   {stored.resource.namespace}",
-        f"Kind:        {stored.resource.kind}",
+        f"Name:        {found.metadata.name}",
+        f"Namespace:   {found.metadata.namespace}",
+        f"Kind:        {found.kind}",
         f"Labels:      {labels or '<none>'}",
-        f"Generation:  {stored.generation}",
-        f"Created:     {_when(stored.created_at)}",
-        f"Updated:     {_when(stored.updated_at)}",
+        f"Generation:  {found.status.generation}",
+        f"Created:     {_when(found.status.created_at)}",
+        f"Updated:     {_when(found.status.updated_at)}",
         f"Used by:     {', '.join(used_by) or '<none>'}",
         "Spec:",
     ]
@@ -255,27 +231,29 @@ def describe(
     typer.echo("\n".join(lines))
 
 
-async def _describe(namespace: str, kind: str, name: str) -> tuple[StoredResource, list[str]]:
-    from corral.cli.backend import open_backend
+async def _describe(namespace: str, kind: str, name: str) -> tuple[ResourceOut, list[str]]:
+    from corral.cli.connect import open_backend
     from corral.core.errors import NotFoundError
     from corral.resources.loader import format_path
     from corral.resources.references import referrers
 
     async with open_backend() as backend:
-        stored = await backend.get_resource(namespace, kind, name)
-        if stored is None:
+        found = await backend.get_resource(namespace, kind, name)
+        if found is None:
             raise NotFoundError(f"{kind} {name!r} not found in namespace {namespace!r}")
-        others = [s.resource for s in await backend.list_resources(namespace, None)]
+        others = await backend.list_resources(namespace, None)
     used_by = [
-        f"{r.kind.lower()}/{r.name} ({format_path(field)})"
+        f"{r.kind.lower()}/{r.metadata.name} ({format_path(field)})"
         for r, field in referrers((kind, name), others)
     ]
-    return stored, used_by
+    return found, used_by
 
 
 def _when(timestamp: float) -> str:
+    from corral.cli.render import age
+
     moment = datetime.fromtimestamp(timestamp, tz=UTC).isoformat(timespec="seconds")
-    return f"{moment.replace('+00:00', 'Z')} ({_age(time.time() - timestamp)} ago)"
+    return f"{moment.replace('+00:00', 'Z')} ({age(time.time() - timestamp)} ago)"
 
 
 # --------------------------------------------------------------------------- delete
@@ -293,7 +271,7 @@ def delete(
 
 
 async def _delete(namespace: str, kind: str, name: str) -> None:
-    from corral.cli.backend import open_backend
+    from corral.cli.connect import open_backend
 
     async with open_backend() as backend:
         await backend.delete_resource(namespace, kind, name)

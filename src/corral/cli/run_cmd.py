@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from corral.cli.main import (
+from corral.cli.common import (
     EXIT_BAD_INPUT,
     EXIT_FAILED,
     EXIT_OK,
@@ -21,6 +21,7 @@ from corral.cli.main import (
 )
 
 if TYPE_CHECKING:
+    from corral.api import TaskDetail
     from corral.core.runs import RunState
 
 NAMESPACE = typer.Option("default", "-n", "--namespace", help="Namespace of the agent.")
@@ -133,11 +134,11 @@ async def _run(
     *,
     structured: bool = False,
     session: str | None = None,
-) -> Any:
+) -> TaskDetail:
     from rich.console import Console
 
-    from corral.cli.backend import open_backend
-    from corral.cli.render import EventPrinter, record_json
+    from corral.cli.connect import open_backend
+    from corral.cli.render import EventPrinter, body_json
     from corral.cli.resources_cmd import Applied
 
     err = Console(stderr=True, highlight=False)
@@ -169,7 +170,7 @@ async def _run(
     if printer is not None:
         printer.finish(record)
     elif not structured:
-        out.print(record_json(record), markup=False)
+        out.print(body_json(record), markup=False)
     return record
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from corral.cli.main import run_async
+from corral.cli.common import run_async
 
 
 def register(app: typer.Typer) -> None:
@@ -40,7 +40,8 @@ def serve(
     """
     import logging
 
-    from corral.cli.backend import require_local
+    from corral.cli.connect import require_local
+    from corral.runtime.process import exit_past_leftover_threads
 
     require_local("serve")
 
@@ -67,24 +68,4 @@ def serve(
         )
 
     run_async(go())
-    _exit_past_leftover_threads()
-
-
-def _exit_past_leftover_threads() -> None:
-    """Exit 0 now, without joining threads left behind.
-
-    After the drain every run is finished or released, but threads may remain: the
-    idle threads of the worker pool, or a cancelled synchronous tool whose function
-    cannot be interrupted (its run was released and is journaled). Interpreter exit
-    would wait for them.
-    """
-    import logging
-    import os
-    import sys
-    import threading
-
-    if threading.active_count() > 1:
-        logging.shutdown()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
+    exit_past_leftover_threads()

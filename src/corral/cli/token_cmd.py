@@ -7,13 +7,12 @@ any namespace - the first admin of a new namespace comes from here.
 
 from __future__ import annotations
 
-import json
 import re
 from typing import TYPE_CHECKING
 
 import typer
 
-from corral.cli.main import EXIT_BAD_INPUT, fail, run_async
+from corral.cli.common import EXIT_BAD_INPUT, fail, run_async
 
 if TYPE_CHECKING:
     from corral.core.tokens import ApiToken
@@ -28,7 +27,7 @@ def register(app: typer.Typer) -> None:
 @token_app.callback()
 def _store_only() -> None:
     # These commands work on the store; over the API, tokens are /v1/tokens (corral.client).
-    from corral.cli.backend import require_local
+    from corral.cli.connect import require_local
 
     require_local("token")
 
@@ -53,7 +52,7 @@ def create(
     token, plain = mint_token(namespace, chosen, name=name, description=description)
 
     async def go() -> None:
-        from corral.cli.resources_cmd import open_cli_store
+        from corral.cli.connect import open_cli_store
 
         async with open_cli_store() as (store, _):
             await store.create_token(token)
@@ -73,14 +72,17 @@ def list_tokens(
     """Tokens (never their secrets), revoked ones included."""
 
     async def go() -> list[ApiToken]:
-        from corral.cli.resources_cmd import open_cli_store
+        from corral.cli.connect import open_cli_store
 
         async with open_cli_store() as (store, _):
             return await store.list_tokens(namespace)
 
     tokens = run_async(go())
     if output == "json":
-        typer.echo(json.dumps([_as_dict(t) for t in tokens], indent=2, ensure_ascii=False))
+        from corral.api import TokenOut
+        from corral.cli.render import body_json
+
+        typer.echo(body_json([TokenOut.from_token(t) for t in tokens]))
         return
     from rich.console import Console
     from rich.table import Table
@@ -98,23 +100,10 @@ def revoke(token_id: str = typer.Argument(..., help="The token's id (tok_...).")
     """Revoke a token; servers refuse it within seconds."""
 
     async def go() -> ApiToken:
-        from corral.cli.resources_cmd import open_cli_store
+        from corral.cli.connect import open_cli_store
 
         async with open_cli_store() as (store, _):
             return await store.revoke_token(token_id)
 
     token = run_async(go())
     typer.echo(f"token {token.id} revoked")
-
-
-def _as_dict(token: ApiToken) -> dict[str, object]:
-    return {
-        "id": token.id,
-        "namespace": token.namespace,
-        "role": token.role.value,
-        "name": token.name,
-        "description": token.description,
-        "created_at": token.created_at,
-        "last_used_at": token.last_used_at,
-        "revoked_at": token.revoked_at,
-    }

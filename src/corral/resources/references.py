@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Protocol, TypeVar
 
 from corral.core.errors import Location, ResourceError
 from corral.resources.kinds import (
@@ -24,6 +25,7 @@ from corral.resources.kinds import (
     McpServerSpec,
     ModelEndpointSpec,
     Resource,
+    Spec,
     ToolSpecModel,
     is_valid_name,
 )
@@ -31,6 +33,16 @@ from corral.resources.loader import FieldPath, LoadedResource, format_path
 
 MCP_PREFIX = "mcp:"
 _MCP_TOOL = re.compile(r"^mcp:(?P<server>[^/]+)/(?P<tool>.+)$")
+
+
+class HasSpec(Protocol):
+    """A resource, or the API's view of a stored one: what its references are read from."""
+
+    @property
+    def spec(self) -> Spec: ...
+
+
+R = TypeVar("R", bound=HasSpec)
 
 ExistsLookup = Callable[[str, str, str], Awaitable[bool]]
 """``(namespace, kind, name) -> exists`` over what is already stored."""
@@ -68,12 +80,12 @@ def parse_tool_ref(entry: str) -> tuple[str, str] | None:
     return None
 
 
-def references_of(resource: Resource) -> list[Reference | MalformedReference]:
+def references_of(resource: HasSpec) -> list[Reference | MalformedReference]:
     """Every reference ``resource`` makes, with the field that makes it."""
     return list(_references(resource))
 
 
-def _references(resource: Resource) -> Iterator[Reference | MalformedReference]:
+def _references(resource: HasSpec) -> Iterator[Reference | MalformedReference]:
     spec = resource.spec
     if isinstance(spec, AgentSpec):
         yield Reference("ModelEndpoint", spec.model, ("spec", "model"))
@@ -165,11 +177,9 @@ async def check_references(
         raise ResourceError(problems)
 
 
-def referrers(
-    target: tuple[str, str], candidates: Sequence[Resource]
-) -> list[tuple[Resource, FieldPath]]:
+def referrers(target: tuple[str, str], candidates: Sequence[R]) -> list[tuple[R, FieldPath]]:
     """The resources among ``candidates`` that reference ``target`` = ``(kind, name)``."""
-    found: list[tuple[Resource, FieldPath]] = []
+    found: list[tuple[R, FieldPath]] = []
     for resource in candidates:
         for ref in references_of(resource):
             if isinstance(ref, Reference) and (ref.kind, ref.name) == target:

@@ -7,7 +7,8 @@ it also follows a run that a process the bus cannot reach executes (a
 ``corral worker`` on the same SQLite file), one poll interval later.
 
 Used by the HTTP server's SSE streams and by the prompt endpoints, which wait
-for a run to settle.
+for a run to settle, by ``corral logs -f`` (``operations.follow_run``), and by a
+``LocalRunner`` following a run that another worker holds.
 """
 
 from __future__ import annotations

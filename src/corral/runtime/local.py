@@ -1,4 +1,4 @@
-"""Embedded mode: submit a durable run and execute it in this process, or follow it.
+"""Embedded mode: execute a durable run in this process, or follow whoever executes it.
 
 ``corral run`` is submit-and-follow: the run is queued like any other, then
 this process claims exactly that run and executes it with an observer that
@@ -16,90 +16,18 @@ from typing import Any, Self
 import anyio
 
 from corral.bus.base import Bus
-from corral.core.errors import UserError
-from corral.core.events import Event
-from corral.core.ids import new_id
+from corral.bus.local import LocalBus
 from corral.core.runs import Lease, RunRecord, RunState
-from corral.core.sessions import check_session_id
 from corral.core.settings import Settings
-from corral.resources.kinds import json_schema_problem
 from corral.runtime.agents import Loading
 from corral.runtime.executor import Observer, RunExecutor
+from corral.runtime.follow import RunFollower, Stop, Until
+from corral.runtime.operations import replay_events, run_not_found, submit_claimed
 from corral.runtime.worker import default_owner
-from corral.store.base import Store, Submitted
+from corral.store.base import Store
 
-FOLLOW_POLL_SECONDS = 0.1
-
-
-async def submit(
-    store: Store,
-    agent: str,
-    user_input: str,
-    *,
-    namespace: str = "default",
-    session: str | None = None,
-    idempotency_key: str | None = None,
-    priority: int = 0,
-    delay: float = 0.0,
-    output_schema: dict[str, Any] | None = None,
-    bus: Bus | None = None,
-) -> tuple[RunRecord, bool]:
-    """Queue a run of ``agent``; returns ``(run, created)`` (``False``: the key was seen before).
-
-    ``NotFoundError`` (nothing stored) when the agent does not exist, ``UserError``
-    when ``output_schema`` is not a valid JSON Schema, ``InvalidSessionIdError`` for a
-    session id that breaks the rule of ``core/sessions.py``. A new run is
-    announced on ``bus`` (one due later too: a dispatching bus delivers it again
-    when it is due).
-    """
-    submitted = await _submit(
-        store,
-        agent,
-        user_input,
-        namespace=namespace,
-        session=session,
-        idempotency_key=idempotency_key,
-        priority=priority,
-        delay=delay,
-        output_schema=output_schema,
-    )
-    if submitted.created and bus is not None:
-        await bus.announce_runnable([submitted.record.id], mark="submitted")
-    return submitted.record, submitted.created
-
-
-async def _submit(
-    store: Store,
-    agent: str,
-    user_input: str,
-    *,
-    namespace: str,
-    session: str | None,
-    idempotency_key: str | None = None,
-    priority: int = 0,
-    delay: float = 0.0,
-    output_schema: dict[str, Any] | None,
-    claim_for: tuple[str, float] | None = None,
-) -> Submitted:
-    problem = json_schema_problem(output_schema) if output_schema is not None else None
-    if problem is not None:  # before anything is stored: it could only fail the run
-        raise UserError(f"the output schema is {problem}")
-    if session is not None:  # opened by the store with the run (submit_agent_run)
-        check_session_id(session)
-    now = time.time()
-    record = RunRecord(
-        id=new_id("run"),
-        namespace=namespace,
-        agent=agent,
-        input=user_input,
-        idempotency_key=idempotency_key,
-        session_id=session,
-        priority=priority,
-        not_before=now + delay,
-        created_at=now,
-        output_schema=output_schema,
-    )
-    return await store.submit_agent_run(record, claim_for=claim_for)
+#: how often a run executed elsewhere is looked at when no bus announcement wakes its follower
+FOLLOW_POLL_SECONDS = 1.0
 
 
 class LocalRunner:
@@ -112,6 +40,10 @@ class LocalRunner:
 
         async with LocalRunner(store, settings) as runner:
             record = await runner.run("assistant", "What is 17 plus 25?")
+
+    With ``bus`` the executor announces what it commits (as a worker does), and a
+    run that another worker executes is followed as its events are announced;
+    without, such a run's store is read every ``poll_seconds``.
     """
 
     def __init__(
@@ -122,13 +54,22 @@ class LocalRunner:
         observer: Observer | None = None,
         loading: Loading | None = None,
         lease_seconds: float = 30.0,
+        bus: Bus | None = None,
+        poll_seconds: float = FOLLOW_POLL_SECONDS,
     ) -> None:
         self.store = store
         self.observer = observer
         self.lease_seconds = lease_seconds
+        self.poll_seconds = poll_seconds
+        self.bus = bus or LocalBus()
         self.owner = default_owner()
         self.executor = RunExecutor(
-            store, settings, lease_seconds=lease_seconds, observer=observer, loading=loading
+            store,
+            settings,
+            lease_seconds=lease_seconds,
+            observer=observer,
+            loading=loading,
+            bus=bus,
         )
 
     async def __aenter__(self) -> Self:
@@ -152,53 +93,97 @@ class LocalRunner:
         The run is submitted already claimed by this runner (one commit for both,
         where the store can), so no other worker can take it before it starts.
         """
-        submitted = await _submit(
+        submitted = await submit_claimed(
             self.store,
             agent,
             user_input,
+            owner=self.owner,
+            lease_seconds=self.lease_seconds,
             namespace=namespace,
             session=session,
             output_schema=output_schema,
-            claim_for=(self.owner, self.lease_seconds),
         )
         claim = (submitted.record, submitted.lease) if submitted.lease is not None else None
         return await self._see_through(submitted.record.id, claim)
 
     async def see_through(self, run_id: str) -> RunRecord:
-        """Execute the run here whenever it is runnable, or follow whoever executes it."""
+        """Execute the run here whenever it is runnable, or follow whoever executes it.
+
+        ``NotFoundError`` when the run does not exist or is deleted meanwhile."""
         return await self._see_through(run_id, None)
 
     async def _see_through(self, run_id: str, claim: tuple[RunRecord, Lease] | None) -> RunRecord:
-        store, observer = self.store, self.observer
-        seen = 0
+        seen = 0  # the last event the observer got
         while True:
             if claim is None:
-                claims = await store.claim_runs(self.owner, self.lease_seconds, 1, run_ids=[run_id])
+                claims = await self.store.claim_runs(
+                    self.owner, self.lease_seconds, 1, run_ids=[run_id]
+                )
                 claim = claims[0] if claims else None
-            current: RunRecord | None = None
             if claim is not None:
                 record, lease = claim
-                if observer is not None:
+                claim = None
+                if self.observer is not None:
                     # The observer only gets events this process emits: catch up first,
                     # then skip what it saw live.
-                    seen = await _replay_to(store, run_id, seen, observer)
+                    seen = await replay_events(self.store, run_id, seen, self.observer)
                     outcome = await self.executor.execute(record, lease)
-                    seen = await _replay_to(store, run_id, seen, None)
+                    seen = await replay_events(self.store, run_id, seen, None)
                 else:
                     outcome = await self.executor.execute(record, lease)
-                if outcome == "done":  # saved by the executor: the record is the stored run
-                    current = record
-            elif observer is not None:
-                seen = await _replay_to(store, run_id, seen, observer)
-            claim = None
-            if current is None:
-                current = await store.get_run(run_id)
-                assert current is not None
-            if current.state.finished or current.state is RunState.WAITING_APPROVAL:
-                if observer is not None:
-                    await _replay_to(store, run_id, seen, observer)
+                # saved by the executor: the record is the stored run
+                if outcome == "done" and Until.SETTLED.reached(record.state):
+                    return record
+            current, seen = await self._follow(run_id, seen)
+            if Until.SETTLED.reached(current.state):
                 return current
-            await anyio.sleep(FOLLOW_POLL_SECONDS)
+            due_in = current.not_before - time.time()
+            if current.state is RunState.QUEUED and due_in > 0:  # a retry's backoff
+                await anyio.sleep(due_in)
+
+    async def _follow(self, run_id: str, seen: int) -> tuple[RunRecord, int]:
+        """Hand the run's new events to the observer until it finishes, waits for approval,
+        or may be claimed here (queued, or its holder's lease expired); returns the run as
+        last read and the last event handed out. A run queued for later ends it at once.
+
+        The first look never counts as claimable: a claim has just failed (another
+        worker won, or the Agent is at its ``max_concurrent_runs``), so the next waits
+        for news or ``poll_seconds``."""
+        stop = Stop()  # set when the run may be claimed here: the follower ends after its round
+        follower = RunFollower(
+            self.store,
+            self.bus,
+            run_id,
+            after=seen,
+            until=Until.SETTLED,
+            poll_seconds=self.poll_seconds,
+            stop=stop,
+        )
+        first = True
+        async for events in follower.batches():
+            if self.observer is not None:
+                for event in events:
+                    await self.observer(event)
+            record = follower.record
+            if record is not None and (_due_later(record) or (not first and _claimable(record))):
+                stop.set()
+            first = False
+        if follower.record is None:  # deleted meanwhile
+            raise run_not_found(run_id)
+        return follower.record, follower.last_seq
+
+
+def _due_later(record: RunRecord) -> bool:
+    return record.state is RunState.QUEUED and record.not_before > time.time()
+
+
+def _claimable(record: RunRecord) -> bool:
+    """Whether a claim of the run could succeed now (as far as this read of it tells)."""
+    now = time.time()
+    if record.state is RunState.QUEUED:
+        return record.not_before <= now
+    expires = record.lease_expires_at
+    return record.state is RunState.RUNNING and expires is not None and expires <= now
 
 
 async def run_agent(
@@ -213,10 +198,11 @@ async def run_agent(
     observer: Observer | None = None,
     loading: Loading | None = None,
     lease_seconds: float = 30.0,
+    bus: Bus | None = None,
 ) -> RunRecord:
     """Submit a run and see it through in a runner of its own (see :class:`LocalRunner`)."""
     async with LocalRunner(
-        store, settings, observer=observer, loading=loading, lease_seconds=lease_seconds
+        store, settings, observer=observer, loading=loading, lease_seconds=lease_seconds, bus=bus
     ) as runner:
         return await runner.run(
             agent, user_input, namespace=namespace, session=session, output_schema=output_schema
@@ -231,19 +217,10 @@ async def see_through(
     observer: Observer | None = None,
     loading: Loading | None = None,
     lease_seconds: float = 30.0,
+    bus: Bus | None = None,
 ) -> RunRecord:
     """Execute the run here whenever it is runnable, or follow whoever executes it."""
     async with LocalRunner(
-        store, settings, observer=observer, loading=loading, lease_seconds=lease_seconds
+        store, settings, observer=observer, loading=loading, lease_seconds=lease_seconds, bus=bus
     ) as runner:
         return await runner.see_through(run_id)
-
-
-async def _replay_to(store: Store, run_id: str, after: int, observer: Observer | None) -> int:
-    """Pass the run's events after ``after`` to ``observer`` (none: only skip them);
-    returns the last seq seen."""
-    events: list[Event] = await store.list_events(run_id, after)
-    for event in events:
-        if observer is not None:
-            await observer(event)
-    return events[-1].seq if events else after

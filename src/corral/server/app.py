@@ -1,7 +1,7 @@
 """The ASGI application of ``corral serve``: routes, auth, limits, problems, metrics, workers.
 
 The server holds no business logic: each route parses and authorizes the
-request, calls the library (``runtime.local.submit``, the store, the follower)
+request, calls the library (``runtime/operations.py``, the store, the follower)
 and renders the answer. With ``workers > 0`` the app's lifespan also runs an
 embedded :class:`~corral.runtime.worker.Worker` executing up to that many runs
 at once, sharing the app's bus (a submit over HTTP wakes it at once) and

@@ -9,8 +9,8 @@ from fastapi import APIRouter, Path, Request, Response
 
 from corral.api import Prompt, PromptObject, Task
 from corral.resources.kinds import NAME_PATTERN, AgentSpec
+from corral.runtime import operations
 from corral.runtime.follow import RunFollower, Until
-from corral.runtime.local import submit
 from corral.server.auth import Operator, Principal
 from corral.server.context import ServerContext, context_of
 from corral.server.problems import FieldProblem, ProblemError, responses
@@ -84,7 +84,7 @@ async def _ask(
     schema: dict[str, Any] | None,
     response: Response,
 ) -> Task:
-    record, _ = await submit(
+    record, _ = await operations.submit(
         context.store,
         agent,
         body.input,

@@ -7,8 +7,8 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Query, Request
 
 from corral.api import ID_PATTERN, ApprovalOut, ApprovalPage, Decision
-from corral.core.errors import NotFoundError
-from corral.core.runs import Approval, ApprovalState
+from corral.core.runs import ApprovalState
+from corral.runtime import operations
 from corral.server import pagination
 from corral.server.auth import Operator, Principal, Viewer
 from corral.server.context import ServerContext, context_of
@@ -17,13 +17,6 @@ from corral.server.problems import responses
 router = APIRouter(prefix="/v1", tags=["approvals"])
 
 ApprovalId = Annotated[str, Path(max_length=64, pattern=ID_PATTERN, description="The approval.")]
-
-
-async def _own(context: ServerContext, approval_id: str, who: Principal) -> Approval:
-    approval = await context.store.get_approval(approval_id)
-    if approval is None or approval.namespace != who.namespace:
-        raise NotFoundError(f"approval {approval_id!r} not found")
-    return approval
 
 
 @router.get(
@@ -59,7 +52,10 @@ async def list_approvals(
     responses=responses(404),
 )
 async def get_approval(approval_id: ApprovalId, who: Viewer, request: Request) -> ApprovalOut:
-    return ApprovalOut.from_approval(await _own(context_of(request), approval_id, who))
+    store = context_of(request).store
+    return ApprovalOut.from_approval(
+        await operations.get_approval(store, approval_id, namespace=who.namespace)
+    )
 
 
 @router.post(
@@ -96,11 +92,13 @@ async def _decide(
     approved: bool,
     body: Decision | None,
 ) -> ApprovalOut:
-    await _own(context, approval_id, who)
-    reason = body.reason if body is not None else None
-    decided = await context.store.decide_approval(
-        approval_id, approved, by=who.label, reason=reason
+    decided = await operations.decide(
+        context.store,
+        context.bus,
+        approval_id,
+        approved,
+        by=who.label,
+        reason=body.reason if body is not None else None,
+        namespace=who.namespace,
     )
-    # The store queued the run if this was its last pending call: wake a worker now.
-    await context.bus.announce_runnable([decided.run_id], mark=decided.id)
     return ApprovalOut.from_approval(decided)

@@ -17,28 +17,19 @@ from corral.api import (
     TaskPage,
 )
 from corral.core.errors import NotFoundError
-from corral.core.runs import RunRecord, RunState
+from corral.core.runs import RunState
 from corral.resources.kinds import NAME_PATTERN, json_schema_problem
-from corral.runtime.local import submit
+from corral.runtime import operations
 from corral.server import pagination
-from corral.server.auth import Operator, Principal, Viewer
+from corral.server.auth import Operator, Viewer
 from corral.server.context import context_of
 from corral.server.problems import FieldProblem, ProblemError, responses
 from corral.server.sse import MEDIA_TYPE, event_stream
-from corral.store.base import Store
 
 router = APIRouter(prefix="/v1")
 
 TaskId = Annotated[str, Path(max_length=64, pattern=ID_PATTERN, description="The task (run) id.")]
 RunId = Annotated[str, Path(max_length=64, pattern=ID_PATTERN, description="The run (task) id.")]
-
-
-async def own_run(store: Store, run_id: str, who: Principal) -> RunRecord:
-    """The run, if it is in the caller's namespace; 404 otherwise (whether or not it exists)."""
-    record = await store.get_run(run_id)
-    if record is None or record.namespace != who.namespace:
-        raise NotFoundError(f"task {run_id!r} not found")
-    return record
 
 
 def check_schema(schema: dict[str, Any] | None, field: str) -> None:
@@ -72,7 +63,7 @@ async def submit_task(
     context = context_of(request)
     check_schema(body.output_schema, "body.output_schema")
     try:
-        record, created = await submit(
+        record, created = await operations.submit(
             context.store,
             body.agent,
             body.input,
@@ -134,7 +125,8 @@ async def list_tasks(
 )
 async def get_task(task_id: TaskId, who: Viewer, request: Request) -> TaskDetail:
     """One task with its conversation."""
-    return TaskDetail.from_record(await own_run(context_of(request).store, task_id, who))
+    record = await operations.get_run(context_of(request).store, task_id, namespace=who.namespace)
+    return TaskDetail.from_record(record)
 
 
 @router.post(
@@ -148,9 +140,8 @@ async def cancel_task(task_id: TaskId, who: Operator, request: Request) -> Task:
     """A queued or waiting task is cancelled at once; a running one stops at its
     worker's next heartbeat (`cancel_requested` is true until then). A finished
     task is returned unchanged."""
-    store = context_of(request).store
-    await own_run(store, task_id, who)
-    return Task.from_record(await store.request_cancel(task_id))
+    record = await operations.cancel(context_of(request).store, task_id, namespace=who.namespace)
+    return Task.from_record(record)
 
 
 _EVENTS_DOC = """The run's events after `after` (or `cursor`, or the `Last-Event-ID` header,
@@ -192,7 +183,7 @@ async def run_events(
     ] = None,
 ) -> Any:
     context = context_of(request)
-    record = await own_run(context.store, run_id, who)
+    record = await operations.get_run(context.store, run_id, namespace=who.namespace)
     position = after
     if cursor is not None:
         position = int(pagination.decode(cursor, (int,))[0])

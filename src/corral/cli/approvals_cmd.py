@@ -1,0 +1,77 @@
+"""``corral approvals list|approve|reject``: tool calls that wait for a human."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import typer
+
+from corral.cli.common import NAMESPACE, run_async
+
+if TYPE_CHECKING:
+    from corral.api import ApprovalOut
+
+approvals_app = typer.Typer(help="Decide tool calls that wait for a human.", no_args_is_help=True)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(approvals_app, name="approvals")
+
+
+@approvals_app.command("list")
+def approvals_list(
+    namespace: str = NAMESPACE,
+    all_states: bool = typer.Option(False, "--all", help="Also decided and expired ones."),
+    output: str = typer.Option("table", "-o", "--output", help="table, or json."),
+) -> None:
+    """Tool calls waiting for a decision."""
+    from rich.console import Console
+    from rich.table import Table
+
+    async def go() -> list[ApprovalOut]:
+        from corral.cli.connect import open_backend
+
+        async with open_backend() as backend:
+            return await backend.list_approvals(namespace, None if all_states else ["pending"])
+
+    approvals = run_async(go())
+    if output == "json":
+        from corral.cli.render import body_json
+
+        typer.echo(body_json(approvals))
+        return
+    table = Table(box=None, header_style="bold")
+    for column in ("ID", "RUN", "AGENT", "TOOL", "ARGUMENTS", "STATE", "REASON"):
+        table.add_column(column, overflow="fold")
+    for a in approvals:
+        table.add_row(a.id, a.run_id, a.agent, a.tool, a.arguments, a.state.value, a.reason)
+    Console().print(table)
+
+
+@approvals_app.command("approve")
+def approvals_approve(
+    approval_id: str = typer.Argument(...),
+    reason: str | None = typer.Option(None, "--reason"),
+) -> None:
+    """Approve a call: the run resumes on a worker and the call runs once."""
+    _decide(approval_id, True, reason)
+
+
+@approvals_app.command("reject")
+def approvals_reject(
+    approval_id: str = typer.Argument(...),
+    reason: str | None = typer.Option(None, "--reason", help="Told to the model."),
+) -> None:
+    """Reject a call: the model is told, and the run goes on without it."""
+    _decide(approval_id, False, reason)
+
+
+def _decide(approval_id: str, approved: bool, reason: str | None) -> None:
+    async def go() -> ApprovalOut:
+        from corral.cli.connect import open_backend
+
+        async with open_backend() as backend:
+            return await backend.decide(approval_id, approved, reason)
+
+    approval = run_async(go())
+    typer.echo(f"{approval.id} {approval.state.value} (run {approval.run_id})")

@@ -1,0 +1,85 @@
+"""What every command shares: exit codes, the one-line error, running a command's coroutine.
+
+The commands import these from here, never from :mod:`corral.cli.main` (which
+imports the commands to register them). Exit codes:
+
+    0  succeeded
+    1  failed (the run failed, a model or tool could not be reached)
+    2  bad input (invalid YAML, unknown reference, unknown name)
+    3  the run waits for approval
+"""
+
+from __future__ import annotations
+
+from collections.abc import Coroutine
+from typing import Any, NoReturn, TypeVar
+
+import typer
+
+T = TypeVar("T")
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_BAD_INPUT = 2
+EXIT_WAITING_APPROVAL = 3
+
+#: ``-n``: the namespace a command works in
+NAMESPACE = typer.Option("default", "-n", "--namespace", help="The namespace.")
+
+
+class Options:
+    """The root command's options, set once per process by ``corral``'s callback."""
+
+    debug = False
+
+
+def fail(message: str, code: int = EXIT_FAILED) -> NoReturn:
+    """Print one error line and exit (inside a command: click turns the Exit into the code)."""
+    print_error(message)
+    raise typer.Exit(code)
+
+
+def print_error(message: str) -> None:
+    """``error: message`` on stderr (``message`` is rich markup: escape what it quotes)."""
+    from rich.console import Console
+
+    Console(stderr=True, highlight=False, soft_wrap=True).print(
+        f"[bold red]error:[/] {message}", markup=True
+    )
+
+
+def escape(text: str) -> str:
+    """``text`` shown as it is inside rich markup."""
+    from rich.markup import escape as rich_escape
+
+    return rich_escape(text)
+
+
+def session_id_option(value: str | None) -> str | None:
+    """A typer callback: the session id, checked by the API's rule (exit 2 otherwise)."""
+    from corral.core.sessions import InvalidSessionIdError, check_session_id
+
+    if value is None:
+        return None
+    try:
+        return check_session_id(value)
+    except InvalidSessionIdError as exc:
+        fail(exc.message, EXIT_BAD_INPUT)
+
+
+def run_async(coro: Coroutine[Any, Any, T]) -> T:
+    """Run a coroutine for a command, turning Corral errors into one line and an exit code."""
+    from corral.core.errors import CorralError, UserError
+    from corral.core.redaction import install_log_redaction
+
+    install_log_redaction()  # every command that runs agents logs through here
+    try:
+        import asyncio  # here, not at the top: `corral --help` never needs it
+
+        return asyncio.run(coro)
+    except CorralError as exc:
+        if Options.debug:
+            raise
+        fail(escape(exc.message), EXIT_BAD_INPUT if isinstance(exc, UserError) else EXIT_FAILED)
+    except KeyboardInterrupt:
+        fail("interrupted", 130)
