@@ -183,7 +183,9 @@ class Worker:
         self._last_claim = self.clock.monotonic()
         claims: list[tuple[RunRecord, Lease]] = []
         with self.health.attempt(operation):
-            claims = await self.store.claim_runs(self.owner, self.lease_seconds, free)
+            claims = await self.store.claim_runs(
+                self.owner, self.lease_seconds, free, now=self.clock.now()
+            )
         for record, lease in claims:
             self.active[record.id] = lease
             group.start_soon(self._execute, record, lease)
@@ -323,6 +325,7 @@ class Worker:
                     self.owner,
                     self.lease_seconds,
                     len(by_run),
+                    now=self.clock.now(),
                     run_ids=list(by_run),
                     or_higher_priority=True,
                 )
