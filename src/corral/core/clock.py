@@ -1,12 +1,13 @@
 """The clock the runtime reads and waits on: one seam, so tests can move time instead of waiting.
 
-The worker (its poll, store sweep and upkeep), the lease keeper, the journal's
-deferred write and the worker's health take a :class:`Clock` (the system clock
-unless told otherwise); a test passes a fake one and advances it. Four
+The worker (its poll, store sweep and upkeep), its health, the executor, the
+lease keeper and the journal's deferred write take a :class:`Clock` (the system
+clock unless told otherwise); a test passes a fake one and advances it. Four
 operations cover every use:
 
 - :meth:`Clock.now` - wall time in seconds since the epoch (``time.time()``):
-  what is compared with stored timestamps (approval deadlines, retention).
+  what is compared with stored timestamps (due runs, approval deadlines,
+  retention) and stamped on what the runtime stores.
 - :meth:`Clock.monotonic` - for intervals measured in this process (backoff,
   pacing).
 - :meth:`Clock.sleep` - wait that many seconds.
@@ -15,8 +16,8 @@ operations cover every use:
   idempotent tool call, and most are cancelled by the call's result).
 
 :func:`move_on_after` is ``anyio.move_on_after`` on a clock of one's choosing.
-The store keeps its own clock (``time.time()``); its methods that take ``now``
-get :meth:`Clock.now` where the runtime decides by time.
+The store stamps with ``time.time()`` of its own; where the runtime decides by
+time it passes :meth:`Clock.now` to the store methods that take ``now``.
 """
 
 from __future__ import annotations
