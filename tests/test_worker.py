@@ -207,7 +207,7 @@ async def test_rejected_call_is_told_to_the_model(backend: Backend, tmp_path: Pa
 
 @pytest.mark.worker(retry_base_seconds=0.01)
 async def test_an_attempt_that_raises_is_retried_then_dead_letters_with_its_cause(
-    backend: Backend,
+    backend: Backend, clock: FakeClock
 ) -> None:
     store = backend.store
     answer = "{text: '{\"sum\": 5}'}"
@@ -226,7 +226,7 @@ async def test_an_attempt_that_raises_is_retried_then_dead_letters_with_its_caus
     with anyio.fail_after(20):
         while not (stored := await get(store, run)).state.finished:
             await backend.drain()
-            await anyio.sleep(0.02)
+            clock.advance(1.0)  # past the retry's backoff
     assert stored.state is RunState.DEAD_LETTER
     assert (stored.attempts, stored.max_attempts) == (3, 3)
     assert stored.error is not None and stored.error["code"] == "internal_error"
@@ -329,7 +329,7 @@ spec: {{model: script, tools: [daemon]}}
 
 @pytest.mark.worker(retry_base_seconds=0.01)
 async def test_retryable_failures_retry_then_dead_letter(
-    backend: Backend, fake_openai: FakeOpenAIServer
+    backend: Backend, fake_openai: FakeOpenAIServer, clock: FakeClock
 ) -> None:
     store = backend.store
     fake_openai.fail(503, times=None)
@@ -358,7 +358,7 @@ spec:
         # released run is announced again, and its delivery comes back when it is due.
         while not (stored := await get(store, run)).state.finished:
             await backend.drain()
-            await anyio.sleep(0.02)
+            clock.advance(1.0)  # past the retry's backoff
     assert stored.state is RunState.DEAD_LETTER
     assert stored.attempts == 3 and fake_openai.calls == 3
     assert stored.error is not None and stored.error["status_code"] == 503
