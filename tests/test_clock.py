@@ -60,3 +60,10 @@ async def test_move_on_after_ends_its_block_when_the_time_passed_on_its_clock() 
     with move_on_after(SYSTEM_CLOCK, 0.01) as real:  # the system clock's: real time
         await anyio.sleep_forever()
     assert real.cancelled_caught
+
+
+async def test_a_sleep_whose_time_already_passed_returns_at_once_on_either_clock() -> None:
+    # (a paced loop asks for the rest of its period, less than nothing after a slow round)
+    with anyio.fail_after(5):
+        await SYSTEM_CLOCK.sleep(-0.5)
+        await FakeClock().sleep(-0.5)

@@ -51,7 +51,7 @@ class Clock(Protocol):
         ...
 
     async def sleep(self, seconds: float) -> None:
-        """Return once ``seconds`` have passed."""
+        """Return once ``seconds`` have passed (at the next checkpoint if not positive)."""
         ...
 
     def call_later(self, seconds: float, callback: Callable[[], object]) -> Timer:
@@ -69,7 +69,7 @@ class SystemClock:
         return time.monotonic()
 
     async def sleep(self, seconds: float) -> None:
-        await anyio.sleep(seconds)
+        await anyio.sleep(max(seconds, 0.0))  # (anyio refuses a negative delay)
 
     def call_later(self, seconds: float, callback: Callable[[], object]) -> Timer:
         return asyncio.get_running_loop().call_later(seconds, callback)
