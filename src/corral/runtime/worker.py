@@ -22,6 +22,10 @@ sweep, a lease renewal, the expiry of approvals or the retention prune is
 logged, counted and tried again after a jittered backoff; the worker stays up
 and reports itself not ready (``health.problem()``) while it cannot claim. An
 unexpected error that ends its loop is logged and leaves it not ready for good.
+
+Time (:mod:`corral.core.clock`): the worker, its health, executor and lease
+keeper read the time and wait on one clock (a test's fake one advances when the
+test says); only the shutdown grace and keeping a delivery alive run on real time.
 """
 
 from __future__ import annotations
