@@ -12,6 +12,8 @@ the test submits anything, and then not for :data:`NO_SWEEP` seconds: longer
 than any test, so a run can only start through a delivery. Each drain checks
 that the worker claimed nothing by sweeping. (A test that needs the sweep, to
 expire approvals say, asks for a short ``poll_seconds`` with the ``worker`` marker.)
+A test that takes the ``clock`` fixture (a fake clock) runs its workers on that
+clock: their polls, upkeep and lease renewals wait until the test advances it.
 
 Tests take :func:`deployment_fixture` (a store URL, a NATS server or none, the
 environment of ``corral`` processes) or :func:`backend_fixture` (a store, a bus
@@ -34,6 +36,7 @@ import anyio
 import pytest
 
 from corral.bus import Bus, open_bus
+from corral.core.clock import SYSTEM_CLOCK, Clock
 from corral.core.runs import Approval, RunRecord, RunState
 from corral.core.settings import Settings
 from corral.runtime import operations
@@ -119,6 +122,8 @@ class Backend:
     bus: Bus
     #: options of every worker of the test (the ``worker`` marker's keywords)
     options: dict[str, Any] = field(default_factory=dict[str, Any])
+    #: the clock of its workers (the test's ``clock`` fixture when it takes one)
+    clock: Clock = SYSTEM_CLOCK
     #: the dispatching worker of ``postgres+nats`` and its task
     serving_worker: Worker | None = None
     _task: asyncio.Task[None] | None = None
@@ -130,7 +135,8 @@ class Backend:
         return self.deployment.settings()
 
     def new_worker(self, **defaults: Any) -> Worker:
-        return Worker(self.store, self.settings, bus=self.bus, **{**defaults, **self.options})
+        options = {**defaults, **self.options}
+        return Worker(self.store, self.settings, bus=self.bus, clock=self.clock, **options)
 
     async def submit(self, agent: str, user_input: str, **options: Any) -> tuple[RunRecord, bool]:
         """Queue a run and announce it, as the API and ``corral submit`` do."""
@@ -203,7 +209,9 @@ class Backend:
         """Start the dispatching worker; return once its first store sweep is done."""
         self._worker_bus = await self.deployment.open_bus("test worker")
         options = {"poll_seconds": NO_SWEEP, "grace_seconds": 5.0, **self.options}
-        worker = Worker(self.store, self.settings, bus=self._worker_bus, **options)
+        worker = Worker(
+            self.store, self.settings, bus=self._worker_bus, clock=self.clock, **options
+        )
         self.serving_worker = worker
         self._task = asyncio.create_task(worker.serve(self._stop))
         with anyio.fail_after(10):
@@ -230,16 +238,20 @@ async def backend_fixture(
     deployment: Deployment, request: pytest.FixtureRequest
 ) -> AsyncIterator[Backend]:
     """A :class:`Backend` on the deployment; ``@pytest.mark.worker(**options)`` sets the
-    options of its workers (``lease_seconds``, ``retry_base_seconds``, ``poll_seconds``...)."""
+    options of its workers (``lease_seconds``, ``retry_base_seconds``, ``poll_seconds``...),
+    and a test that takes the ``clock`` fixture has them run on that clock."""
     marker = request.node.get_closest_marker("worker")
     options = dict(marker.kwargs) if marker is not None else {}
+    clock: Clock = (
+        request.getfixturevalue("clock") if "clock" in request.fixturenames else SYSTEM_CLOCK
+    )
     store = await open_store(deployment.db_url)
     try:
         bus = await deployment.open_bus("test")
     except BaseException:
         await store.close()
         raise
-    backend = Backend(deployment, store, bus, options)
+    backend = Backend(deployment, store, bus, options, clock)
     try:
         if deployment.dispatches:
             await backend.start_serving()

@@ -1,8 +1,10 @@
-"""Fixtures shared by every test module: the PostgreSQL server of the store tests, and
-``env``, a SQLite store with its settings in the test's own directory."""
+"""Fixtures shared by every test module: no hosted model API reachable, the PostgreSQL
+server of the store tests, ``env`` (a SQLite store with its settings in the test's own
+directory) and ``clock``, a fake clock for tests that move time."""
 
 from __future__ import annotations
 
+import socket
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -12,6 +14,8 @@ import pytest
 from corral.core.settings import Settings
 from corral.store import Store, open_store
 from databases import PostgresServer, postgres_skipped, postgres_url
+from fake_clock import FakeClock
+from hosted_apis import refusing_getaddrinfo
 from server_harness import LiveServer
 
 
@@ -24,6 +28,20 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers",
         "worker(**options): options of the workers of a test's backend (tests/backends.py)",
     )
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_hosted_model_apis() -> Iterator[None]:
+    """Refuse every connection to a hosted model API, for the whole session (see hosted_apis)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(socket, "getaddrinfo", refusing_getaddrinfo(socket.getaddrinfo))
+        yield
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    """A fake clock; a ``backend`` of the same test runs its workers on it (tests/backends.py)."""
+    return FakeClock()
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,8 @@
 """When the journal writes what (runtime/journal.py), checked against a real SQLite store.
 
 The store is wrapped only to hold commits back (a gate), so the tests can see
-which events the engine waited for and which it did not.
+which events the engine waited for and which it did not; the timer of a behind
+write runs on a fake clock the tests advance.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from corral.core.events import Event, EventType
 from corral.core.runs import Lease, RunRecord
 from corral.runtime.journal import BEHIND_AFTER_SECONDS, FencedSink
 from corral.store import Store, open_store
+from fake_clock import FakeClock
 
 
 class GatedStore:
@@ -27,12 +29,21 @@ class GatedStore:
         self.store = store
         self.gate: anyio.Event | None = None
         self.started = 0
+        self._another = anyio.Event()
 
     async def append_events(self, events: Sequence[Event], lease: Lease | None = None) -> None:
         self.started += 1
+        self._another.set()
         if self.gate is not None:
             await self.gate.wait()
         await self.store.append_events(events, lease=lease)
+
+    async def until_started(self, writes: int) -> None:
+        """Until ``writes`` writes have started (held at the gate or not)."""
+        with anyio.fail_after(5):
+            while self.started < writes:
+                await self._another.wait()
+                self._another = anyio.Event()
 
 
 @pytest.fixture
@@ -112,12 +123,16 @@ async def test_an_idempotent_call_still_running_is_written_behind_after_a_moment
 ) -> None:
     store, lease = claimed
     gated = GatedStore(store)
-    async with FencedSink(gated, lease, None) as sink:  # type: ignore[arg-type]
+    clock = FakeClock()
+    async with FencedSink(gated, lease, None, clock=clock) as sink:  # type: ignore[arg-type]
         await sink(event(1, EventType.MESSAGE_CREATE, message={"role": "assistant"}))
         await sink(event(2, EventType.TOOL_CALL, call_id="c1", idempotent=True))
         await sink(event(3, EventType.TOOL_CALL, call_id="c2", idempotent=True))
-        assert await stored(store) == []
-        await anyio.sleep(BEHIND_AFTER_SECONDS * 10)  # a slow tool: the calls do not wait for it
+        clock.advance(BEHIND_AFTER_SECONDS / 2)
+        await sink.settle()  # (returns at once: no write has started)
+        assert gated.started == 0 and await stored(store) == []
+        clock.advance(BEHIND_AFTER_SECONDS / 2)  # a slow tool: the calls do not wait for it
+        await sink.settle()
         assert await stored(store) == [1, 2, 3]
         assert gated.started == 1  # both calls (and the message) in one write
         await sink(event(4, EventType.TOOL_RESULT, call_id="c1"))  # ahead
@@ -130,13 +145,15 @@ async def test_a_refused_write_stops_the_journal_and_reaches_the_engine(
 ) -> None:
     store, lease = claimed
     gated = GatedStore(store)
-    async with FencedSink(gated, lease, None) as sink:  # type: ignore[arg-type]
+    clock = FakeClock()
+    async with FencedSink(gated, lease, None, clock=clock) as sink:  # type: ignore[arg-type]
         await sink(event(1, EventType.TOOL_CALL, call_id="c1", idempotent=True))
         await sink.flush()
         gated.gate = anyio.Event()
         await sink(event(2, EventType.TOOL_CALL, call_id="c2", idempotent=True))
-        await anyio.sleep(BEHIND_AFTER_SECONDS * 10)
-        assert gated.started == 2  # its write has started behind, and is held back
+        clock.advance(BEHIND_AFTER_SECONDS)
+        await gated.until_started(2)  # its write has started behind, and is held back
+        assert gated.started == 2
         await store.claim_runs("w2", 30.0, now=time.time() + 60)  # the lease is taken over
         gated.gate.set()
         with pytest.raises(LeaseLostError):

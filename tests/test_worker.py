@@ -29,6 +29,7 @@ from corral.runtime.worker import Worker
 from corral.store import Store, open_store
 from corral.testing.fake_openai import FakeOpenAIServer, FakeReply
 from databases import on_database
+from fake_clock import FakeClock
 from fixtures_models import fake_openai_fixture, openai_server_fixture
 from nats_servers import nats_prefix_fixture, nats_server_url_fixture
 
@@ -206,7 +207,7 @@ async def test_rejected_call_is_told_to_the_model(backend: Backend, tmp_path: Pa
 
 @pytest.mark.worker(retry_base_seconds=0.01)
 async def test_an_attempt_that_raises_is_retried_then_dead_letters_with_its_cause(
-    backend: Backend,
+    backend: Backend, clock: FakeClock
 ) -> None:
     store = backend.store
     answer = "{text: '{\"sum\": 5}'}"
@@ -225,7 +226,7 @@ async def test_an_attempt_that_raises_is_retried_then_dead_letters_with_its_caus
     with anyio.fail_after(20):
         while not (stored := await get(store, run)).state.finished:
             await backend.drain()
-            await anyio.sleep(0.02)
+            clock.advance(1.0)  # past the retry's backoff
     assert stored.state is RunState.DEAD_LETTER
     assert (stored.attempts, stored.max_attempts) == (3, 3)
     assert stored.error is not None and stored.error["code"] == "internal_error"
@@ -328,7 +329,7 @@ spec: {{model: script, tools: [daemon]}}
 
 @pytest.mark.worker(retry_base_seconds=0.01)
 async def test_retryable_failures_retry_then_dead_letter(
-    backend: Backend, fake_openai: FakeOpenAIServer
+    backend: Backend, fake_openai: FakeOpenAIServer, clock: FakeClock
 ) -> None:
     store = backend.store
     fake_openai.fail(503, times=None)
@@ -357,7 +358,7 @@ spec:
         # released run is announced again, and its delivery comes back when it is due.
         while not (stored := await get(store, run)).state.finished:
             await backend.drain()
-            await anyio.sleep(0.02)
+            clock.advance(1.0)  # past the retry's backoff
     assert stored.state is RunState.DEAD_LETTER
     assert stored.attempts == 3 and fake_openai.calls == 3
     assert stored.error is not None and stored.error["status_code"] == 503
@@ -377,8 +378,9 @@ async def test_idempotency_key_returns_the_same_task(backend: Backend) -> None:
     assert len(await store.list_runs("default")) == 1
 
 
-@pytest.mark.worker(lease_seconds=0.9)  # renewals, which tell the run it is cancelled, every 0.3 s
-async def test_cancelling_a_running_run_stops_it_promptly(backend: Backend) -> None:
+async def test_cancelling_a_running_run_stops_it_promptly(
+    backend: Backend, clock: FakeClock
+) -> None:
     store = backend.store
     slow = """
 apiVersion: corral/v1
@@ -403,6 +405,7 @@ spec:
                 await anyio.sleep(0.05)
         started = time.monotonic()
         await store.request_cancel(run.id)
+        clock.advance(30.0 / 3)  # the next lease renewal tells the run it is cancelled
         with anyio.fail_after(10):
             while (await get(store, run)).state is not RunState.CANCELLED:
                 await anyio.sleep(0.05)
@@ -447,22 +450,28 @@ spec: {{model: fake}}
     ]
 
 
-# Approvals expire in the worker's store sweep: with NATS too, this worker sweeps often.
+# Approvals expire in the worker's upkeep, on its clock: with NATS too, this worker's
+# upkeep comes every 0.1 s of that clock (on SQLite each drain begins with it).
 @pytest.mark.worker(poll_seconds=0.1)
-async def test_expired_approval_counts_as_rejected(backend: Backend, tmp_path: Path) -> None:
+async def test_expired_approval_counts_as_rejected(
+    backend: Backend, clock: FakeClock, tmp_path: Path
+) -> None:
     store = backend.store
     await apply(
         store,
         scripted("{tool_calls: [{name: note, arguments: {note: x}}]}", "{text: ok}"),
         NOTE_TOOL,
-        agent(extra="  approval: {policy: always, expires_after_seconds: 0.2}"),
+        agent(extra="  approval: {policy: always, expires_after_seconds: 60}"),
     )
     run, _ = await backend.submit("helper", "go")
     await backend.drain()
     [approval] = await store.list_approvals(run_id=run.id)
     assert approval.expires_at is not None and approval.expires_at > approval.requested_at
-    await anyio.sleep(0.3)
-    await backend.drain()  # the worker expires it, then resumes the run
+    clock.advance(approval.expires_at + 1 - clock.now())  # a second past its deadline
+    with anyio.fail_after(10):  # a drain's worker expires it (NATS: the serving worker's upkeep)
+        while (await store.list_approvals(run_id=run.id))[0].state is ApprovalState.PENDING:
+            await backend.drain()
+    await backend.drain()  # the worker resumes the run
     stored = await get(store, run)
     assert stored.state is RunState.SUCCEEDED and effects(tmp_path) == []
     [expired] = await store.list_approvals(run_id=run.id)

@@ -7,7 +7,7 @@ outside, and check that the worker said so (readiness 503 naming the failing
 operation, the error counter) and then finished every run without being
 restarted. Faster ones inject a store that fails on cue through the server's
 ``open_store_with`` seam (a subclass of the real store), and drive the lease
-keeper with one whose renewals fail.
+keeper, on a fake clock, with one whose renewals fail.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +38,7 @@ from corral.store import Store, open_store
 from corral.store.base import StoreError
 from corral.store.sql import BUSY_TIMEOUT_SECONDS, SqlStore
 from databases import PostgresServer
+from fake_clock import FakeClock
 from postgres_cluster import PrivateCluster
 from server_harness import LiveServer, apply, echo_turn, resources, wait_for
 from test_server_shutdown import ServeProcess, in_flight
@@ -105,6 +106,15 @@ class RenewalsFail(SqlStore):
         return await super().renew_lease(lease, lease_seconds)
 
 
+async def renewal_rounds_until(clock: FakeClock, check: Callable[[], bool]) -> None:
+    """Renewal rounds of the keeper on ``clock`` (its only user) until ``check()``: each
+    advance of a third of the lease, past any backoff too, starts the next round."""
+    with anyio.fail_after(20):
+        while not check():
+            await clock.sleeping()  # the last round is over
+            clock.advance(0.2)
+
+
 async def test_failed_renewals_stop_no_run_until_the_lease_is_really_lost(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'corral.db'}"
     store = await RenewalsFail.open(url, cipher=SecretCipher(key=SecretCipher.generate_key()))
@@ -112,27 +122,25 @@ async def test_failed_renewals_stop_no_run_until_the_lease_is_really_lost(tmp_pa
     counted: list[str] = []
     health = WorkerHealth("w1", on_error=counted.append)
     stopped: list[str] = []
+    clock = FakeClock()
     try:
         await store.submit_run(a_task("run_1"))
         [(_, lease)] = await store.claim_runs("w1", 0.6)
-        async with LeaseKeeper(store, 0.6, health) as keeper:
-            with keeper.keep(lease, stopped.append), anyio.fail_after(20):
+        async with LeaseKeeper(store, 0.6, health, clock) as keeper:
+            with keeper.keep(lease, stopped.append):
                 store.failing = True  # rounds fail, past the lease's expiry too
-                while len(counted) < 4:
-                    await anyio.sleep(0.01)
+                await renewal_rounds_until(clock, lambda: len(counted) >= 4)
                 assert "renew" in health.failing and stopped == []
                 store.failing = False
-                while "renew" in health.failing:  # renewed again: still its lease
-                    await anyio.sleep(0.01)
+                # renewed again: still its lease
+                await renewal_rounds_until(clock, lambda: "renew" not in health.failing)
                 assert stopped == []
                 # Lost for real: it expired while renewals failed and another worker took it.
                 store.failing = True
-                while len(counted) < 6:
-                    await anyio.sleep(0.01)
+                await renewal_rounds_until(clock, lambda: len(counted) >= 6)
                 [(_, taken)] = await store.claim_runs("w2", 30.0, now=time.time() + 5)
                 store.failing = False
-                while not stopped:
-                    await anyio.sleep(0.01)
+                await renewal_rounds_until(clock, lambda: bool(stopped))
         assert stopped == ["lost"] and taken.token == lease.token + 1
         assert set(counted) == {"renew"}
     finally:

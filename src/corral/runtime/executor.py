@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import time
 from dataclasses import dataclass
 from typing import Any, Literal, Self
 
@@ -20,6 +19,7 @@ import anyio.abc
 
 from corral.bus.base import Bus
 from corral.core.backoff import jittered_backoff
+from corral.core.clock import SYSTEM_CLOCK, Clock
 from corral.core.errors import CorralError, LeaseLostError, ModelError
 from corral.core.events import Event, EventType
 from corral.core.ids import new_id
@@ -67,15 +67,17 @@ class RunExecutor:
         retry_base_seconds: float = 1.0,
         bus: Bus | None = None,
         health: WorkerHealth | None = None,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.store = store
+        self.clock = clock
         self.bus = bus
         self.settings = settings
         self.lease_seconds = lease_seconds
         self.retry_base_seconds = retry_base_seconds
         self.observer = observer
         self.agents = AgentCache(store, settings, loading)
-        self.leases = LeaseKeeper(store, lease_seconds, health)
+        self.leases = LeaseKeeper(store, lease_seconds, health, clock)
         # the journal writes in flight of every run (see FencedSink)
         self._writes: anyio.abc.TaskGroup | None = None
 
@@ -93,13 +95,18 @@ class RunExecutor:
         await self.leases.__aexit__(*exc_info)
         await self.agents.__aexit__(*exc_info)
 
+    def _sink(self, lease: Lease) -> FencedSink:
+        return FencedSink(
+            self.store, lease, self.observer, self.bus, writes=self._writes, clock=self.clock
+        )
+
     async def execute(
         self, record: RunRecord, lease: Lease, shutdown: anyio.Event | None = None
     ) -> Outcome:
         """Execute one claimed run until it ends, pauses, is released, or its lease is lost."""
         if self._writes is None:
             raise RuntimeError("RunExecutor used outside its `async with` block")
-        sink = FencedSink(self.store, lease, self.observer, self.bus, writes=self._writes)
+        sink = self._sink(lease)
         try:
             async with sink:
                 return await self._execute(record, lease, sink, shutdown)
@@ -120,7 +127,7 @@ class RunExecutor:
         lease is left to expire (the run is tried again, the attempt counted)."""
         log.error("run %s: attempt %d failed", record.id, record.attempts, exc_info=exc)
         error = exc.to_dict() if isinstance(exc, CorralError) else _internal_error(exc)
-        sink = FencedSink(self.store, lease, self.observer, self.bus, writes=self._writes)
+        sink = self._sink(lease)
         sink.redactor = redactor  # what the attempt's agent resolved, if it got that far
         try:
             async with sink:
@@ -139,7 +146,7 @@ class RunExecutor:
                 if events:
                     await sink.emit(EventType.ERROR, **error, retry=record.attempts + 1)
                     await sink.flush()
-                await self.store.release_run(lease, not_before=time.time() + self._backoff(record))
+                await self.store.release_run(lease, not_before=self._retry_at(record))
         except LeaseLostError:
             return "lost"
         await self._announce_released(lease)
@@ -236,7 +243,7 @@ class RunExecutor:
                     return await loop.conclude(RunState.DEAD_LETTER, exc)
                 await sink.flush()
                 await sink.emit(EventType.ERROR, **exc.to_dict(), retry=record.attempts + 1)
-                await self.store.release_run(lease, not_before=time.time() + self._backoff(record))
+                await self.store.release_run(lease, not_before=self._retry_at(record))
                 return "released"
         finally:
             release()
@@ -247,8 +254,10 @@ class RunExecutor:
         if self.bus is not None:
             await self.bus.announce_runnable([lease.run_id], mark=f"released:{lease.token}")
 
-    def _backoff(self, record: RunRecord) -> float:
-        return jittered_backoff(record.attempts, self.retry_base_seconds, RUN_RETRY_MAX_SECONDS)
+    def _retry_at(self, record: RunRecord) -> float:
+        """When the run is due again after its failed attempt (backing off)."""
+        backoff = jittered_backoff(record.attempts, self.retry_base_seconds, RUN_RETRY_MAX_SECONDS)
+        return self.clock.now() + backoff
 
     async def _decisions(self, run_id: str) -> dict[str, tuple[bool, str | None]]:
         decided: dict[str, tuple[bool, str | None]] = {}
@@ -292,7 +301,7 @@ class RunExecutor:
         record.cost_usd = result.cost_usd or record.cost_usd
         record.pending_approvals = result.pending_approvals
         if result.state.finished:
-            record.finished_at = time.time()
+            record.finished_at = self.clock.now()
         if result.state is not RunState.RUNNING:  # as save_run stores it: no lease left
             record.lease_owner = record.lease_expires_at = None
         if result.state is RunState.WAITING_APPROVAL:

@@ -20,13 +20,13 @@ reason names the operation and the error's code, not the driver's message
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Literal
 
 from corral.core.backoff import jittered_backoff
+from corral.core.clock import SYSTEM_CLOCK, Clock
 from corral.core.errors import BusError, CorralError, sole_error
 from corral.store.base import StoreError
 
@@ -74,8 +74,10 @@ class WorkerHealth:
         on_error: Callable[[Operation], None] | None = None,
         base_seconds: float = BACKOFF_BASE_SECONDS,
         max_seconds: float = BACKOFF_MAX_SECONDS,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.owner = owner
+        self.clock = clock  # its monotonic time times the backoff
         self.on_error = on_error
         self.base_seconds = base_seconds
         self.max_seconds = max_seconds
@@ -96,16 +98,16 @@ class WorkerHealth:
     def due(self, operation: Operation) -> bool:
         """Whether ``operation`` may be tried now (it is not failing, or its backoff passed)."""
         failing = self.failing.get(operation)
-        return failing is None or time.monotonic() >= failing.retry_at
+        return failing is None or self.clock.monotonic() >= failing.retry_at
 
     def wait_seconds(self, operation: Operation) -> float:
         """How long until ``operation`` is due (0 when it is)."""
         failing = self.failing.get(operation)
-        return 0.0 if failing is None else max(0.0, failing.retry_at - time.monotonic())
+        return 0.0 if failing is None else max(0.0, failing.retry_at - self.clock.monotonic())
 
     def failed(self, operation: Operation, exc: CorralError) -> float:
         """Record a failure of ``operation``; returns the backoff before the next try."""
-        now = time.monotonic()
+        now = self.clock.monotonic()
         failing = self.failing.get(operation)
         if failing is None:
             failing = self.failing[operation] = _Failing(now, 0, exc.code, now, now)
@@ -140,7 +142,7 @@ class WorkerHealth:
                     self.owner,
                     _WHAT[cleared],
                     failing.errors,
-                    time.monotonic() - failing.since,
+                    self.clock.monotonic() - failing.since,
                 )
 
     def crash(self, exc: BaseException) -> None:
@@ -153,7 +155,7 @@ class WorkerHealth:
         """Why the worker cannot take work now, or ``None`` when it can."""
         if self.crashed is not None:
             return f"the worker stopped on an unexpected error ({self.crashed}); see the log"
-        now = time.monotonic()
+        now = self.clock.monotonic()
         for operation in _TAKING_WORK:
             failing = self.failing.get(operation)
             if failing is not None:

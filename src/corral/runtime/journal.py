@@ -47,7 +47,6 @@ and a refused write (a lost lease) surfaces at the next write or at settle.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Any, Literal, Self
@@ -56,6 +55,7 @@ import anyio
 import anyio.abc
 
 from corral.bus.base import Bus
+from corral.core.clock import SYSTEM_CLOCK, Clock, Timer
 from corral.core.events import Event, EventType
 from corral.core.redaction import Redactor
 from corral.core.runs import Lease
@@ -98,7 +98,7 @@ class FencedSink:
     all its runs (the executor's), or else in a task group of the sink's own. A
     shared group spares each run a task group of its own, which a run that never
     writes before its final save (no tool calls) would open for nothing. A behind
-    call's timed write, started by a loop timer, is a task of its own.
+    call's timed write, started by a timer of ``clock``, is a task of its own.
     """
 
     def __init__(
@@ -109,8 +109,10 @@ class FencedSink:
         bus: Bus | None = None,
         *,
         writes: anyio.abc.TaskGroup | None = None,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.store = store
+        self.clock = clock
         self.lease = lease
         self.observer = observer
         self.bus = bus
@@ -124,9 +126,9 @@ class FencedSink:
         self._group: anyio.abc.TaskGroup | None = None
         self._last_write: anyio.Event | None = None
         self._error: BaseException | None = None
-        # the timer of a behind call's deferred write (a loop timer, not a sleeping task:
-        # every idempotent tool call arms one, and most are cancelled by the call's result)
-        self._behind_timer: asyncio.TimerHandle | None = None
+        # the timer of a behind call's deferred write (a timer, not a sleeping task: every
+        # idempotent tool call arms one, and most are cancelled by the call's result)
+        self._behind_timer: Timer | None = None
         self._behind_write: asyncio.Task[None] | None = None  # (a reference keeps it alive)
         self._idempotent_calls: set[str] = set()  # ids of calls whose result is written ahead
 
@@ -164,9 +166,7 @@ class FencedSink:
             self._start_write()
         elif when == "behind" and self._behind_timer is None:
             self._group_or_fail()  # (outside its block, a timer would fire for nothing)
-            self._behind_timer = asyncio.get_running_loop().call_later(
-                BEHIND_AFTER_SECONDS, self._behind_due
-            )
+            self._behind_timer = self.clock.call_later(BEHIND_AFTER_SECONDS, self._behind_due)
         if self.observer is not None:
             await self.observer(event)
 
@@ -285,4 +285,4 @@ class FencedSink:
     async def emit(self, type: EventType, **data: Any) -> None:
         """An event from outside the loop, numbered after the last one, redacted."""
         data = self.redactor.data(data)
-        await self(Event(self.lease.run_id, self.last_seq + 1, type, data, time.time()))
+        await self(Event(self.lease.run_id, self.last_seq + 1, type, data, self.clock.now()))

@@ -28,6 +28,7 @@ import anyio
 import anyio.abc
 
 from corral.core.backoff import jittered_backoff
+from corral.core.clock import SYSTEM_CLOCK, Clock
 from corral.core.errors import CorralError, LeaseLostError, NotFoundError
 from corral.core.runs import Lease
 from corral.runtime.health import WorkerHealth
@@ -60,14 +61,20 @@ class _Held:
 
 
 class LeaseKeeper:
-    """Renews the leases of registered runs every ``lease_seconds / 3``; use it as an async context."""
+    """Renews the leases of registered runs every ``lease_seconds / 3`` on ``clock``;
+    use it as an async context."""
 
     def __init__(
-        self, store: Store, lease_seconds: float, health: WorkerHealth | None = None
+        self,
+        store: Store,
+        lease_seconds: float,
+        health: WorkerHealth | None = None,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.store = store
         self.lease_seconds = lease_seconds
         self.health = health
+        self.clock = clock
         self._failed_rounds = 0  # rounds in a row in which a renewal failed
         self._round_failed = False
         self._held: set[_Held] = set()
@@ -103,13 +110,15 @@ class LeaseKeeper:
 
     async def _renew_forever(self) -> None:
         every = self.lease_seconds / 3
+        started = self.clock.monotonic()
         while True:
             if self._failed_rounds:  # try again sooner, backing off, never later than usual
-                await anyio.sleep(
+                await self.clock.sleep(
                     jittered_backoff(self._failed_rounds, RENEW_RETRY_BASE_SECONDS, every)
                 )
-            else:
-                await anyio.sleep(every)
+            else:  # every third of a lease from the last round's start: its time counts
+                await self.clock.sleep(every - (self.clock.monotonic() - started))
+            started = self.clock.monotonic()
             self._round_failed = False
             # Concurrently: one renewal waiting on a busy database must not make the
             # others late.

@@ -22,20 +22,25 @@ sweep, a lease renewal, the expiry of approvals or the retention prune is
 logged, counted and tried again after a jittered backoff; the worker stays up
 and reports itself not ready (``health.problem()``) while it cannot claim. An
 unexpected error that ends its loop is logged and leaves it not ready for good.
+
+Time (:mod:`corral.core.clock`): the worker, its health, executor and lease
+keeper read the time and wait on one clock (a test's fake one advances when the
+test says); only the shutdown grace and keeping a delivery alive run on real time.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import socket
-import time
 from collections.abc import Awaitable, Callable
 
 import anyio
 
 from corral.bus.base import Bus, Delivery
 from corral.bus.local import LocalBus
+from corral.core.clock import SYSTEM_CLOCK, Clock, move_on_after
 from corral.core.ids import new_id
 from corral.core.runs import Lease, RunRecord, RunState
 from corral.core.settings import Settings
@@ -78,12 +83,15 @@ class Worker:
         bus: Bus | None = None,
         observer: Observer | None = None,
         on_error: Callable[[Operation], None] | None = None,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.store = store
         self.bus = bus or LocalBus()
         self.owner = owner or default_owner()
+        #: what the poll, the sweep, upkeep, backoff and the leases wait on (tests: a fake)
+        self.clock = clock
         #: failing operations and readiness; ``on_error`` counts each failure (metrics)
-        self.health = WorkerHealth(self.owner, on_error=on_error)
+        self.health = WorkerHealth(self.owner, on_error=on_error, clock=clock)
         self.concurrency = concurrency
         self.lease_seconds = lease_seconds
         self.poll_seconds = poll_seconds
@@ -102,6 +110,7 @@ class Worker:
             bus=self.bus,
             observer=observer,  # sees every event of the runs this worker executes (metrics)
             health=self.health,
+            clock=clock,
         )
         self.active: dict[str, Lease] = {}
         self._reserved = 0  # slots of deliveries whose claim is under way
@@ -165,9 +174,9 @@ class Worker:
 
     async def _idle_wait(self, stop: anyio.Event) -> None:
         """Until there may be work: stop, a freed slot, a bus announcement, or the poll."""
-        look = self._next_look()
-        with anyio.move_on_after(look):
-            await _first_of(stop.wait, self._wake.wait, lambda: self.bus.wait_runnable(look))
+        # The poll is timed by the clock; the bus only wakes the worker early.
+        with move_on_after(self.clock, self._next_look()):
+            await _first_of(stop.wait, self._wake.wait, lambda: self.bus.wait_runnable(math.inf))
         self._wake = anyio.Event()
 
     async def _claim(self, group: anyio.abc.TaskGroup, operation: Operation) -> int:
@@ -175,10 +184,12 @@ class Worker:
         free = self._free()
         if free <= 0 or self._coalescing(free) or not self.health.due(operation):
             return 0
-        self._last_claim = time.monotonic()
+        self._last_claim = self.clock.monotonic()
         claims: list[tuple[RunRecord, Lease]] = []
         with self.health.attempt(operation):
-            claims = await self.store.claim_runs(self.owner, self.lease_seconds, free)
+            claims = await self.store.claim_runs(
+                self.owner, self.lease_seconds, free, now=self.clock.now()
+            )
         for record, lease in claims:
             self.active[record.id] = lease
             group.start_soon(self._execute, record, lease)
@@ -190,7 +201,7 @@ class Worker:
         """Whether to wait for more free slots before claiming (see CLAIM_COALESCE_SECONDS)."""
         if not (self._backlog and self.active) or free >= self._claim_batch:
             return False
-        return time.monotonic() - self._last_claim < CLAIM_COALESCE_SECONDS
+        return self.clock.monotonic() - self._last_claim < CLAIM_COALESCE_SECONDS
 
     def _next_look(self) -> float:
         """How long to wait for a wake-up before looking for work again."""
@@ -203,9 +214,12 @@ class Worker:
 
     async def _upkeep_forever(self) -> None:
         while True:
+            started = self.clock.monotonic()
             self._next_expiry = 0.0  # this loop's own pace is the limit here
             await self._upkeep()
-            await anyio.sleep(self.poll_seconds)
+            # Paced from the start of the round: time that passed meanwhile counts (on a
+            # test's fake clock too, advanced while the round ran).
+            await self.clock.sleep(self.poll_seconds - (self.clock.monotonic() - started))
 
     async def _upkeep(self) -> None:
         """Expire approvals and apply the retention setting, each when it is due."""
@@ -219,17 +233,17 @@ class Worker:
         expires, never both). At most once per ``poll_seconds``: with ``until_idle``
         upkeep comes before every claim, many a second, and this write nearly always
         finds nothing."""
-        now = time.monotonic()
+        now = self.clock.monotonic()
         if now < self._next_expiry or not self.health.due("approvals"):
             return
         self._next_expiry = now + self.poll_seconds
         with self.health.attempt("approvals"):
-            for approval in await self.store.expire_approvals():
+            for approval in await self.store.expire_approvals(now=self.clock.now()):
                 await self.bus.announce_runnable([approval.run_id], mark=approval.id)
 
     async def _prune(self) -> None:
         """Apply the retention setting, at most every PRUNE_INTERVAL_SECONDS."""
-        now = time.time()
+        now = self.clock.now()
         if self.retention_days is None or now < self._next_prune:
             return
         if not self.health.due("retention"):
@@ -273,10 +287,13 @@ class Worker:
         async with anyio.create_task_group() as loops:
             loops.start_soon(self._take_deliveries, stop, group)
             while not stop.is_set():
+                started = self.clock.monotonic()
                 if self._bus_quiet:
                     await self._claim(group, "sweep")
                 self.sweeps += 1
-                with anyio.move_on_after(max(self.poll_seconds, self.health.wait_seconds("sweep"))):
+                # paced from the sweep's start, as upkeep is
+                poll = self.poll_seconds - (self.clock.monotonic() - started)
+                with move_on_after(self.clock, max(poll, self.health.wait_seconds("sweep"))):
                     await stop.wait()
             loops.cancel_scope.cancel()
 
@@ -312,6 +329,7 @@ class Worker:
                     self.owner,
                     self.lease_seconds,
                     len(by_run),
+                    now=self.clock.now(),
                     run_ids=list(by_run),
                     or_higher_priority=True,
                 )
@@ -361,7 +379,7 @@ class Worker:
             delay = self.health.failed("claim", exc)
             await _later(delivery, max(delay, RETRY_DELIVERY_SECONDS))
             return
-        now = time.time()
+        now = self.clock.now()
         if record is None or record.state not in (RunState.QUEUED, RunState.RUNNING):
             await delivery.ack()  # gone, ended, cancelled or waiting for a human
         elif record.state is RunState.QUEUED and record.not_before > now:
@@ -383,6 +401,7 @@ class Worker:
                 await delivery.ack()  # another worker holds it: its lease is the guarantee
 
     async def _drain(self) -> None:
+        # Real time, whatever the clock: a stopping worker ends within its grace.
         self._idle = anyio.Event()
         if self.active:
             with anyio.move_on_after(self.grace_seconds):
@@ -404,7 +423,8 @@ async def _later(delivery: Delivery, delay: float) -> None:
 
 
 async def _keep_in_progress(delivery: Delivery, every: float) -> None:
-    """Tell the bus the delivery is being worked on, so it is not delivered again."""
+    """Tell the bus the delivery is being worked on, so it is not delivered again
+    (real time, whatever the worker's clock: the bus's ack wait runs on it)."""
     while True:
         await anyio.sleep(every)
         await delivery.in_progress()
