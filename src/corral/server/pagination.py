@@ -1,11 +1,11 @@
 """Opaque cursors for list endpoints.
 
 A cursor is base64url JSON of where the previous page ended: the keyset (the
-unique sort key) of the last item for the lists the store pages - tasks,
-approvals and tokens ``(created_at, id)``, sessions ``(updated_at, id)``,
-resources ``(kind, name)`` - an offset for session messages, the last sequence
-number for events. Clients treat it as opaque; a cursor that
-does not decode is a 422 naming ``query.cursor``.
+unique sort key) of the last item for the lists the store pages in SQL - tasks
+and tokens ``(created_at, id)``, approvals ``(requested_at, id)``, sessions
+``(updated_at, id)``, resources ``(kind, name)`` - an offset for session
+messages, the last sequence number for events. Clients treat it as opaque; a
+cursor that does not decode to such a position is a 422 naming ``query.cursor``.
 """
 
 from __future__ import annotations
