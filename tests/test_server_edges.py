@@ -6,6 +6,8 @@ Each runs against a real ``corral serve`` (uvicorn on a random port, over real H
 
 from __future__ import annotations
 
+import base64
+import json
 from collections.abc import Iterator
 
 import httpx
@@ -179,3 +181,61 @@ def test_successful_requests_never_count_as_failures_of_their_address(
         assert (
             client.get("/v1/tasks", headers={"Authorization": f"Bearer {good}"}).status_code == 429
         )
+
+
+# ----------------------------------------------------------------------------- cursors
+
+
+def forged(value: object) -> str:
+    """A cursor in the server's encoding (base64url JSON) of a position it never issued."""
+    text = value if isinstance(value, str) else json.dumps(value)
+    return base64.urlsafe_b64encode(text.encode()).decode().rstrip("=")
+
+
+FORGED_CURSORS = {
+    "not base64 JSON": "bm90LWEtY3Vyc29y",
+    "not a list": forged({"a": 1}),
+    "too short": forged([1.0]),
+    "a boolean": forged([True, "x"]),
+    "an out-of-range number": forged('[1e999, "x"]'),
+    "an integer past a float": forged(f'[{10**400}, "x"]'),
+    "NaN": forged('[NaN, "x"]'),
+    "NUL in the id": forged([1.0, "a\u0000b"]),
+    "a lone surrogate": forged('[1.0, "\\ud800"]'),
+}
+#: Each keyset list, a position it issues and one of another list (a foreign cursor).
+LISTS = {
+    "/v1/approvals": ([1.0, "x"], ["Agent", "x"]),
+    "/v1/sessions": ([1.0, "x"], ["Agent", "x"]),
+    "/v1/tokens": ([1.0, "x"], ["Agent", "x"]),
+    "/v1/tasks": ([1.0, "x"], ["Agent", "x"]),
+    "/v1/resources": (["Agent", "x"], [1.0, "x"]),
+}
+
+
+@pytest.mark.parametrize("path", sorted(LISTS))
+def test_a_forged_cursor_is_a_422_naming_it_never_a_500(server: LiveServer, path: str) -> None:
+    issued, foreign = LISTS[path]
+    cursors = FORGED_CURSORS | {"a cursor of another list": forged(foreign)}
+    with server.client(server.admin) as client:
+        assert client.get(path, params={"cursor": forged(issued)}).status_code == 200
+        for why, cursor in cursors.items():
+            response = client.get(path, params={"cursor": cursor})
+            assert response.status_code == 422, why
+            body = response.json()
+            assert (body["code"], body["errors"][0]["field"]) == ("invalid_request", "query.cursor")
+
+
+def test_tokens_page_through_more_than_a_page(server: LiveServer) -> None:
+    with server.client(server.admin) as client:
+        made = {client.post("/v1/tokens", json={"role": "viewer"}).json()["id"] for _ in range(3)}
+        seen: list[str] = []
+        cursor = None
+        while True:
+            params = {"limit": 2} | ({"cursor": cursor} if cursor else {})
+            page = client.get("/v1/tokens", params=params).json()
+            seen += [t["id"] for t in page["items"]]
+            cursor = page["next_cursor"]
+            if cursor is None:
+                break
+    assert len(seen) == len(set(seen)) and made <= set(seen)

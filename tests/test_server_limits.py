@@ -20,7 +20,14 @@ from server_harness import LiveServer
 class ExplodingStore(SqlStore):
     """A store whose session listing fails the way a bug would."""
 
-    async def list_sessions(self, namespace: str, agent: str | None = None) -> list[Session]:
+    async def list_sessions(
+        self,
+        namespace: str,
+        agent: str | None = None,
+        *,
+        limit: int | None = None,
+        after: tuple[float, str] | None = None,
+    ) -> list[Session]:
         raise RuntimeError("secret detail: /srv/corral/internal.db row 42")
 
 

@@ -1,10 +1,11 @@
 """Opaque cursors for list endpoints.
 
-A cursor is base64url JSON of where the previous page ended: a keyset
-(``created_at``, ``id``) for tasks, the last sort key for the lists the store
-returns whole (resources, sessions, approvals, tokens, session messages), the
-last sequence number for events. Clients treat it as opaque; a cursor that
-does not decode is a 422 naming ``query.cursor``.
+A cursor is base64url JSON of where the previous page ended: the keyset (the
+unique sort key) of the last item for the lists the store pages in SQL - tasks
+and tokens ``(created_at, id)``, approvals ``(requested_at, id)``, sessions
+``(updated_at, id)``, resources ``(kind, name)`` - an offset for session
+messages, the last sequence number for events. Clients treat it as opaque; a
+cursor that does not decode to such a position is a 422 naming ``query.cursor``.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import math
 from collections.abc import Callable, Sequence
 from typing import Annotated, Any, TypeVar
 
@@ -21,6 +23,9 @@ from corral.api import MAX_PAGE_ITEMS
 from corral.server.problems import FieldProblem, ProblemError
 
 T = TypeVar("T")
+
+#: The largest integer in a cursor (sequence numbers are 32-bit columns).
+MAX_INT = 2**31 - 1
 
 Limit = Annotated[int, Query(ge=1, le=MAX_PAGE_ITEMS, description="Items per page.")]
 Cursor = Annotated[
@@ -41,7 +46,9 @@ def encode(position: Sequence[Any]) -> str:
 
 
 def decode(cursor: str, shape: Sequence[type]) -> list[Any]:
-    """The position in ``cursor``, checked against ``shape`` (one type per element)."""
+    """The position in ``cursor``, checked against ``shape`` (one type per element; a
+    ``float`` element is returned as a finite float, a ``str`` one as text a database
+    takes)."""
     try:
         padded = cursor + "=" * (-len(cursor) % 4)
         value = json.loads(base64.urlsafe_b64decode(padded.encode()))
@@ -49,12 +56,36 @@ def decode(cursor: str, shape: Sequence[type]) -> list[Any]:
         raise invalid_cursor() from None
     if not isinstance(value, list) or len(value) != len(shape):
         raise invalid_cursor()
-    for item, kind in zip(value, shape, strict=True):
-        if kind is float and isinstance(item, int) and not isinstance(item, bool):
-            continue
-        if not isinstance(item, kind) or isinstance(item, bool):
+    return [_checked(item, kind) for item, kind in zip(value, shape, strict=True)]
+
+
+def _checked(item: Any, kind: type) -> Any:
+    """``item`` as a ``kind``, or 422: a forged cursor must not reach the store as a value
+    it would fail on (a number out of range, text PostgreSQL refuses: NUL, lone
+    surrogates). Integers (sequence numbers, offsets) are never negative."""
+    if isinstance(item, bool):
+        raise invalid_cursor()
+    if kind is float and isinstance(item, int | float):
+        try:
+            number = float(item)
+        except OverflowError:
+            raise invalid_cursor() from None
+        if not math.isfinite(number):
             raise invalid_cursor()
-    return value
+        return number
+    if not isinstance(item, kind) or (isinstance(item, int) and not 0 <= item <= MAX_INT):
+        raise invalid_cursor()
+    if isinstance(item, str) and ("\x00" in item or _unencodable(item)):
+        raise invalid_cursor()
+    return item
+
+
+def _unencodable(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return True
+    return False
 
 
 def invalid_cursor() -> ProblemError:
@@ -66,31 +97,16 @@ def invalid_cursor() -> ProblemError:
     )
 
 
-def page_after(
-    items: Sequence[T],
-    key: Callable[[T], Sequence[Any]],
-    cursor: str | None,
-    limit: int,
-    shape: Sequence[type],
-    *,
-    descending: bool = False,
-) -> tuple[list[T], str | None]:
-    """One page of ``items`` (sorted by ``key``) after ``cursor``, and the next cursor.
+def position(cursor: str | None, shape: Sequence[type]) -> tuple[Any, ...] | None:
+    """The keyset position in ``cursor`` (``None`` without one: the first page)."""
+    return tuple(decode(cursor, shape)) if cursor is not None else None
 
-    For lists the store returns whole: the page starts after the item whose key
-    the cursor holds, or where that item would be had it been deleted meanwhile.
-    """
-    start = 0
-    if cursor is not None:
-        position = [
-            float(v) if kind is float else v
-            for v, kind in zip(decode(cursor, shape), shape, strict=True)
-        ]
-        keys = [list(key(item)) for item in items]
-        start = next(
-            (i for i, k in enumerate(keys) if (k < position if descending else k > position)),
-            len(keys),
-        )
-    page = list(items[start : start + limit])
-    more = start + limit < len(items)
+
+def keyset_page(
+    items: Sequence[T], limit: int, key: Callable[[T], Sequence[Any]]
+) -> tuple[list[T], str | None]:
+    """The page of ``items`` - up to ``limit + 1`` the store listed after the cursor's
+    position - and the next cursor (the key of its last item) when there is more."""
+    page = list(items[:limit])
+    more = len(items) > limit
     return page, encode(key(page[-1])) if more and page else None

@@ -37,11 +37,13 @@ async def list_approvals(
     """The namespace's approvals, oldest first."""
     states = [s.value for s in state] if state else None
     found = await context_of(request).store.list_approvals(
-        who.namespace, run_id=run_id, states=states
+        who.namespace,
+        run_id=run_id,
+        states=states,
+        limit=limit + 1,
+        after=pagination.position(cursor, (float, str)),
     )
-    page, next_cursor = pagination.page_after(
-        found, lambda a: (a.requested_at, a.id), cursor, limit, (float, str)
-    )
+    page, next_cursor = pagination.keyset_page(found, limit, lambda a: (a.requested_at, a.id))
     return ApprovalPage(items=[ApprovalOut.from_approval(a) for a in page], next_cursor=next_cursor)
 
 

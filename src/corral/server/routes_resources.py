@@ -221,9 +221,11 @@ async def list_resources(
 ) -> ResourcePage:
     """The namespace's resources, by kind and name."""
     canonical = _kind(kind, "query.kind") if kind is not None else None
-    stored = await context_of(request).store.list_resources(who.namespace, canonical)
-    page, next_cursor = pagination.page_after(
-        stored, lambda s: (s.resource.kind, s.resource.name), cursor, limit, (str, str)
+    stored = await context_of(request).store.list_resources(
+        who.namespace, canonical, limit=limit + 1, after=pagination.position(cursor, (str, str))
+    )
+    page, next_cursor = pagination.keyset_page(
+        stored, limit, lambda s: (s.resource.kind, s.resource.name)
     )
     return ResourcePage(items=[_out(s) for s in page], next_cursor=next_cursor)
 

@@ -45,10 +45,10 @@ async def list_sessions(
     cursor: pagination.Cursor = None,
 ) -> SessionPage:
     """The namespace's sessions, most recently used first."""
-    found = await context_of(request).store.list_sessions(who.namespace, agent)
-    page, next_cursor = pagination.page_after(
-        found, lambda s: (s.updated_at, s.id), cursor, limit, (float, str), descending=True
+    found = await context_of(request).store.list_sessions(
+        who.namespace, agent, limit=limit + 1, after=pagination.position(cursor, (float, str))
     )
+    page, next_cursor = pagination.keyset_page(found, limit, lambda s: (s.updated_at, s.id))
     return SessionPage(items=[SessionOut.from_session(s) for s in page], next_cursor=next_cursor)
 
 

@@ -103,16 +103,14 @@ async def list_tasks(
     cursor: pagination.Cursor = None,
 ) -> TaskPage:
     """The namespace's tasks, newest first."""
-    before = None
-    if cursor is not None:
-        created_at, run_id = pagination.decode(cursor, (float, str))
-        before = (float(created_at), str(run_id))
     records = await context_of(request).store.list_runs(
-        who.namespace, agent, limit + 1, state or None, before=before
+        who.namespace,
+        agent,
+        limit + 1,
+        state or None,
+        before=pagination.position(cursor, (float, str)),
     )
-    page = records[:limit]
-    more = len(records) > limit
-    next_cursor = pagination.encode((page[-1].created_at, page[-1].id)) if more else None
+    page, next_cursor = pagination.keyset_page(records, limit, lambda r: (r.created_at, r.id))
     return TaskPage(items=[Task.from_record(r) for r in page], next_cursor=next_cursor)
 
 

@@ -38,10 +38,10 @@ async def list_tokens(
     cursor: pagination.Cursor = None,
 ) -> TokenPage:
     """The namespace's tokens (revoked ones too), oldest first; never their secrets."""
-    found = await context_of(request).store.list_tokens(who.namespace)
-    page, next_cursor = pagination.page_after(
-        found, lambda t: (t.created_at, t.id), cursor, limit, (float, str)
+    found = await context_of(request).store.list_tokens(
+        who.namespace, limit=limit + 1, after=pagination.position(cursor, (float, str))
     )
+    page, next_cursor = pagination.keyset_page(found, limit, lambda t: (t.created_at, t.id))
     return TokenPage(items=[TokenOut.from_token(t) for t in page], next_cursor=next_cursor)
 
 

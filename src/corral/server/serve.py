@@ -76,7 +76,7 @@ async def ensure_admin_token(store: Store, home: Path, out: TextIO = sys.stderr)
     The token is printed once on ``out`` and written to ``$CORRAL_HOME/admin.token``
     (mode 0600); returns it, or ``None`` when the store already had tokens.
     """
-    if await store.list_tokens():
+    if await store.list_tokens(limit=1):
         return None
     token, plain = mint_token("default", Role.ADMIN, name="initial admin")
     await store.create_token(token)

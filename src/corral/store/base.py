@@ -115,8 +115,19 @@ class Store(ABC):
         """One resource, or ``None``."""
 
     @abstractmethod
-    async def list_resources(self, namespace: str, kind: str | None = None) -> list[StoredResource]:
-        """The resources of a namespace (of one kind when given), ordered by kind and name."""
+    async def list_resources(
+        self,
+        namespace: str,
+        kind: str | None = None,
+        *,
+        limit: int | None = None,
+        after: tuple[str, str] | None = None,
+    ) -> list[StoredResource]:
+        """The resources of a namespace (of one kind when given), ordered by kind and name.
+
+        A page of them: at most ``limit``, those after the keyset ``after`` =
+        ``(kind, name)`` (the last of the previous page) when given.
+        """
 
     async def resources_fingerprint(self, namespace: str) -> tuple[int, int, float]:
         """A value that changes whenever a resource of ``namespace`` is applied or deleted.
@@ -300,8 +311,12 @@ class Store(ABC):
         *,
         run_id: str | None = None,
         states: Sequence[str] | None = None,
+        limit: int | None = None,
+        after: tuple[float, str] | None = None,
     ) -> list[Approval]:
-        """Approvals, oldest first, filtered by namespace, run and state when given."""
+        """Approvals, oldest first (by ``requested_at``, then id), filtered by namespace,
+        run and state when given; at most ``limit``, those after the keyset ``after`` =
+        ``(requested_at, id)`` when given."""
 
     @abstractmethod
     async def get_approval(self, approval_id: str) -> Approval | None:
@@ -339,8 +354,17 @@ class Store(ABC):
         """One session, or ``None``."""
 
     @abstractmethod
-    async def list_sessions(self, namespace: str, agent: str | None = None) -> list[Session]:
-        """Sessions of a namespace, most recently updated first."""
+    async def list_sessions(
+        self,
+        namespace: str,
+        agent: str | None = None,
+        *,
+        limit: int | None = None,
+        after: tuple[float, str] | None = None,
+    ) -> list[Session]:
+        """Sessions of a namespace, most recently updated first (then by id, descending);
+        at most ``limit``, those after the keyset ``after`` = ``(updated_at, id)`` (older,
+        or as old with a smaller id) when given."""
 
     @abstractmethod
     async def delete_session(self, namespace: str, session_id: str) -> None:
@@ -394,8 +418,16 @@ class Store(ABC):
         """One token (revoked ones too), or ``None``."""
 
     @abstractmethod
-    async def list_tokens(self, namespace: str | None = None) -> list[ApiToken]:
-        """Tokens, oldest first, of one namespace when given; revoked ones included."""
+    async def list_tokens(
+        self,
+        namespace: str | None = None,
+        *,
+        limit: int | None = None,
+        after: tuple[float, str] | None = None,
+    ) -> list[ApiToken]:
+        """Tokens, oldest first (by ``created_at``, then id), of one namespace when given;
+        revoked ones included. At most ``limit``, those after the keyset ``after`` =
+        ``(created_at, id)`` when given."""
 
     @abstractmethod
     async def revoke_token(self, token_id: str) -> ApiToken:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import JSONB
 
-LATEST_REVISION = "0004"
+LATEST_REVISION = "0005"
 """The head of ``migrations/versions``; a store at this revision opens without alembic."""
 
 metadata = sa.MetaData(
@@ -116,6 +116,8 @@ approvals = sa.Table(
     sa.Column("decided_by", sa.String(255), nullable=True),
     sa.Column("decision_reason", sa.Text, nullable=True),
     sa.Index("ix_approvals_namespace_state", "namespace", "state"),
+    # A namespace's approvals are listed in keyset pages of (requested_at, id) (0005).
+    sa.Index("ix_approvals_namespace_requested_at_id", "namespace", "requested_at", "id"),
     sa.Index("ix_approvals_run_id", "run_id"),
     # The expiry sweep looks only at pending approvals with a deadline.
     sa.Index("ix_approvals_state_expires_at", "state", "expires_at"),

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 import sqlalchemy as sa
+from sqlalchemy.dialects import sqlite as sqlite_dialect
 
 from corral.core.errors import ConfigurationError, ConflictError
 from corral.core.events import Event, EventType
@@ -39,6 +40,7 @@ from corral.store.schema import approvals as approvals_table
 from corral.store.schema import resources, run_events, runs
 from corral.store.schema import session_messages as messages_table
 from corral.store.sql import SqlStore
+from corral.store.sql.approvals import select_approvals
 from corral.store.sql.database import cause, sqlite_file
 from corral.store.sql.rows import (
     approval_values,
@@ -88,6 +90,7 @@ _ANY_AGENT_LIMIT = (
 _QUEUED = RunState.QUEUED.value
 _RUNNING = RunState.RUNNING.value
 _PENDING = ApprovalState.PENDING.value
+_SQLITE = sqlite_dialect.dialect(paramstyle="qmark")
 
 
 def _json_encoder() -> Callable[[Any], str]:
@@ -163,6 +166,13 @@ def _rows(cursor: sqlite3.Cursor, table: sa.Table) -> list[DecodedRow]:
                 row[name] = _load(row[name])
         rows.append(DecodedRow(**row))
     return rows
+
+
+def _compiled(statement: sa.Select[Any]) -> tuple[str, list[Any]]:
+    """``statement`` as SQLite text with its values as positional parameters."""
+    compiled = statement.compile(dialect=_SQLITE, compile_kwargs={"render_postcompile": True})
+    values = compiled.construct_params()
+    return str(compiled), [values[name] for name in compiled.positiontup or ()]
 
 
 def _insert(table: sa.Table, columns: Iterable[str]) -> str:
@@ -576,23 +586,10 @@ class SqliteStore(SqlStore):
         *,
         run_id: str | None = None,
         states: Sequence[str] | None = None,
+        limit: int | None = None,
+        after: tuple[float, str] | None = None,
     ) -> list[Approval]:
-        where: list[str] = []
-        params: list[Any] = []
-        if namespace is not None:
-            where.append("namespace = ?")
-            params.append(namespace)
-        if run_id is not None:
-            where.append("run_id = ?")
-            params.append(run_id)
-        if states is not None:
-            names = [str(s) for s in states]
-            where.append(f"state IN ({', '.join('?' for _ in names)})" if names else "0")
-            params += names
-        sql = "SELECT * FROM approvals"
-        if where:
-            sql += " WHERE " + " AND ".join(where)
-        sql += " ORDER BY requested_at, id"
+        sql, params = _compiled(select_approvals(namespace, run_id, states, limit, after))
 
         def read(conn: sqlite3.Connection) -> list[DecodedRow]:
             return _rows(conn.execute(sql, params), approvals_table)

@@ -16,6 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from corral.core.errors import ConflictError, NotFoundError
 from corral.core.runs import Approval, ApprovalState
 from corral.store.schema import approvals as approvals_table
+from corral.store.sql import keyset
 from corral.store.sql.engine import SqlEngine, fetch_all, fetch_first
 from corral.store.sql.rows import row_to_approval
 from corral.store.sql.statements import requeue_settled_runs
@@ -30,16 +31,10 @@ class SqlApprovals(SqlEngine):
         *,
         run_id: str | None = None,
         states: Sequence[str] | None = None,
+        limit: int | None = None,
+        after: tuple[float, str] | None = None,
     ) -> list[Approval]:
-        table = approvals_table
-        query = sa.select(table)
-        if namespace is not None:
-            query = query.where(table.c.namespace == namespace)
-        if run_id is not None:
-            query = query.where(table.c.run_id == run_id)
-        if states is not None:
-            query = query.where(table.c.state.in_([str(s) for s in states]))
-        query = query.order_by(table.c.requested_at, table.c.id)
+        query = select_approvals(namespace, run_id, states, limit, after)
         rows = await self._read("list approvals", fetch_all(query))
         return [row_to_approval(row) for row in rows]
 
@@ -124,3 +119,22 @@ class SqlApprovals(SqlEngine):
         expired = [row_to_approval(row) for row in rows]
         expired.sort(key=lambda a: (a.requested_at, a.id))
         return expired
+
+
+def select_approvals(
+    namespace: str | None,
+    run_id: str | None,
+    states: Sequence[str] | None,
+    limit: int | None,
+    after: tuple[float, str] | None,
+) -> sa.Select[Any]:
+    """The query of :meth:`Store.list_approvals` (the SQLite fast path runs it too)."""
+    table = approvals_table
+    query = sa.select(table)
+    if namespace is not None:
+        query = query.where(table.c.namespace == namespace)
+    if run_id is not None:
+        query = query.where(table.c.run_id == run_id)
+    if states is not None:
+        query = query.where(table.c.state.in_([str(s) for s in states]))
+    return keyset.page(query, (table.c.requested_at, table.c.id), limit=limit, position=after)

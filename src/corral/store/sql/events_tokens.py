@@ -20,6 +20,7 @@ from corral.core.events import Event, EventType
 from corral.core.runs import Lease
 from corral.core.tokens import ApiToken
 from corral.store.schema import api_tokens, run_events
+from corral.store.sql import keyset
 from corral.store.sql.engine import SqlEngine, execute, fetch_all, fetch_first
 from corral.store.sql.rows import event_values, row_to_token, token_values
 from corral.store.sql.rules import check_events_under
@@ -75,11 +76,18 @@ class SqlEventsTokens(SqlEngine):
         row = await self._read(f"read token {token_id}", fetch_first(query))
         return row_to_token(row) if row is not None else None
 
-    async def list_tokens(self, namespace: str | None = None) -> list[ApiToken]:
+    async def list_tokens(
+        self,
+        namespace: str | None = None,
+        *,
+        limit: int | None = None,
+        after: tuple[float, str] | None = None,
+    ) -> list[ApiToken]:
         query = sa.select(api_tokens)
         if namespace is not None:
             query = query.where(api_tokens.c.namespace == namespace)
-        query = query.order_by(api_tokens.c.created_at, api_tokens.c.id)
+        order = (api_tokens.c.created_at, api_tokens.c.id)
+        query = keyset.page(query, order, limit=limit, position=after)
         rows = await self._read("list tokens", fetch_all(query))
         return [row_to_token(row) for row in rows]
 

@@ -21,6 +21,7 @@ from corral.resources.references import check_references, locate, referrers, res
 from corral.resources.secrets import seal
 from corral.store.base import ApplyAction, ApplyOutcome, StoredResource
 from corral.store.schema import resources
+from corral.store.sql import keyset
 from corral.store.sql.engine import SqlEngine, fetch_all, fetch_first
 from corral.store.sql.rows import row_to_stored, spec_json
 
@@ -89,11 +90,19 @@ class SqlResources(SqlEngine):
         row = await self._read("read a resource", fetch_first(query))
         return row_to_stored(row) if row is not None else None
 
-    async def list_resources(self, namespace: str, kind: str | None = None) -> list[StoredResource]:
+    async def list_resources(
+        self,
+        namespace: str,
+        kind: str | None = None,
+        *,
+        limit: int | None = None,
+        after: tuple[str, str] | None = None,
+    ) -> list[StoredResource]:
         query = sa.select(resources).where(resources.c.namespace == namespace)
         if kind is not None:
             query = query.where(resources.c.kind == kind)
-        query = query.order_by(resources.c.kind, resources.c.name)
+        order = (resources.c.kind, resources.c.name)
+        query = keyset.page(query, order, limit=limit, position=after)
         rows = await self._read("list resources", fetch_all(query))
         return [row_to_stored(row) for row in rows]
 

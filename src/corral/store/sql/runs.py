@@ -21,6 +21,7 @@ from corral.core.runs import Approval, ApprovalState, Lease, RunRecord, RunState
 from corral.store.base import RunCounts
 from corral.store.schema import approvals as approvals_table
 from corral.store.schema import run_events, runs
+from corral.store.sql import keyset
 from corral.store.sql.engine import SqlEngine, fetch_all, fetch_first
 from corral.store.sql.rows import approval_values, event_values, row_to_run
 from corral.store.sql.rules import check_events_saved_with, saved_run_values
@@ -98,15 +99,9 @@ class SqlRuns(SqlEngine):
             query = query.where(runs.c.agent == agent)
         if states is not None:
             query = query.where(runs.c.state.in_([RunState(s).value for s in states]))
-        if before is not None:
-            created_at, run_id = before
-            query = query.where(
-                sa.or_(
-                    runs.c.created_at < created_at,
-                    sa.and_(runs.c.created_at == created_at, runs.c.id < run_id),
-                )
-            )
-        query = query.order_by(runs.c.created_at.desc(), runs.c.id.desc()).limit(limit)
+        query = keyset.page(
+            query, (runs.c.created_at, runs.c.id), limit=limit, position=before, descending=True
+        )
         rows = await self._read("list runs", fetch_all(query))
         return [row_to_run(row) for row in rows]
 

@@ -17,6 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from corral.core.messages import Message
 from corral.core.sessions import Session, SessionMessage
 from corral.store.schema import session_messages, sessions
+from corral.store.sql import keyset
 from corral.store.sql.engine import SqlEngine, fetch_all, fetch_first
 from corral.store.sql.rows import row_to_session, row_to_session_message, session_message_values
 from corral.store.sql.rules import check_session_agent, session_not_found
@@ -55,11 +56,19 @@ class SqlSessions(SqlEngine):
         row = await self._read(f"read session {session_id}", fetch_first(query))
         return row_to_session(row) if row is not None else None
 
-    async def list_sessions(self, namespace: str, agent: str | None = None) -> list[Session]:
+    async def list_sessions(
+        self,
+        namespace: str,
+        agent: str | None = None,
+        *,
+        limit: int | None = None,
+        after: tuple[float, str] | None = None,
+    ) -> list[Session]:
         query = sa.select(sessions).where(sessions.c.namespace == namespace)
         if agent is not None:
             query = query.where(sessions.c.agent == agent)
-        query = query.order_by(sessions.c.updated_at.desc(), sessions.c.id.desc())
+        order = (sessions.c.updated_at, sessions.c.id)
+        query = keyset.page(query, order, limit=limit, position=after, descending=True)
         rows = await self._read("list sessions", fetch_all(query))
         return [row_to_session(row) for row in rows]
 
