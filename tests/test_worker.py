@@ -27,6 +27,7 @@ from corral.runtime.executor import RunExecutor
 from corral.runtime.operations import submit
 from corral.runtime.worker import Worker
 from corral.store import Store, open_store
+from corral.store.base import StoreError
 from corral.testing.fake_openai import FakeOpenAIServer, FakeReply
 from databases import on_database
 from fake_clock import FakeClock
@@ -583,3 +584,33 @@ async def test_a_run_whose_session_is_gone_fails_cleanly(
     assert stored.error is not None and stored.error["code"] == "not_found"
     assert "session 's-gone' of namespace 'default' no longer exists" in stored.error["message"]
     assert [r.getMessage() for r in caplog.records if r.exc_info] == []  # no traceback
+
+
+async def test_a_store_error_while_the_agent_is_built_is_the_workers_not_the_runs(
+    store: Store, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The agent cache reads the namespace's resources fingerprint before every run: a store
+    # that fails then (a PostgreSQL restart) must leave the run to be claimed again, not
+    # fail it as if its Agent could not be built.
+    await apply(store, scripted("{text: done}"), NOTE_TOOL, agent())
+    run = RunRecord(id=new_id("run"), namespace="default", agent="helper", input="hi")
+    await store.submit_run(run)
+
+    async def down(namespace: str) -> tuple[int, int, float]:
+        raise StoreError("cannot read the resources: the database is restarting")
+
+    async with RunExecutor(store, settings) as executor:
+        [(record, lease)] = await store.claim_runs("w1", 30.0, run_ids=[run.id])
+        with monkeypatch.context() as patched:
+            patched.setattr(store, "resources_fingerprint", down)
+            with pytest.raises(StoreError):
+                await executor.execute(record, lease)
+        stored = await get(store, run)
+        assert (stored.state, stored.error) == (RunState.RUNNING, None)
+        assert await store.list_events(run.id) == []
+        # the lease runs out; the next claim runs it to the end
+        [(record, lease)] = await store.claim_runs(
+            "w2", 30.0, run_ids=[run.id], now=time.time() + 60
+        )
+        assert await executor.execute(record, lease) == "done"
+    assert (await get(store, run)).state is RunState.SUCCEEDED

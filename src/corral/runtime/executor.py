@@ -222,6 +222,8 @@ class RunExecutor:
             agent, release = await self.agents.acquire(
                 record.namespace, record.agent, output_schema=record.output_schema
             )
+        except TRANSIENT:  # reading the resources failed, not the Agent: the worker's error
+            raise
         except CorralError as exc:  # (the builder redacted it)
             return await self._failed_to_start(sink, exc, events, record)
         sink.redactor = agent.toolset.redactor
