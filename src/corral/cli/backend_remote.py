@@ -9,6 +9,7 @@ the same place.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -147,12 +148,11 @@ class RemoteBackend(Backend):
         last = 0
         async with anyio.create_task_group() as group:
             group.start_soon(self._until_paused, run_id, group.cancel_scope)
-            try:
+            # absent or deleted: the page read after the stream says so, outside this group
+            with contextlib.suppress(NotFoundError):
                 async for event in self.client.follow(run_id):
                     last = event.seq
                     await show(event)
-            except NotFoundError:
-                pass  # absent or deleted: the pages after the stream say so, outside this group
             group.cancel_scope.cancel()
         return last
 
