@@ -8,7 +8,12 @@ synchronous function in a thread that owns its connection
 group-commits: the operations queued while a commit was in flight share the next
 transaction and its fsync, and each caller returns only once that commit is
 durable (``synchronous=FULL``). Fencing is checked inside the same transaction,
-exactly as in the SQLAlchemy path, whose statements these mirror.
+exactly as in the SQLAlchemy path.
+
+The statements are the SQLAlchemy path's own (:mod:`corral.store.sql.statements`),
+compiled once for SQLite with bind parameters in place of their values
+(:class:`Compiled`); rows are built and read by the same
+:class:`~corral.store.sql.rows.RecordRows` as there, with JSON as text.
 
 Every other operation (applying resources, approvals decisions, sessions
 upkeep, pruning) stays on SQLAlchemy; both take SQLite's write lock with
@@ -18,40 +23,39 @@ upkeep, pruning) stays on SQLAlchemy; both take SQLite's write lock with
 from __future__ import annotations
 
 import functools
-import json
 import sqlite3
 import time
-from collections.abc import Callable, Coroutine, Iterable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 import sqlalchemy as sa
 from sqlalchemy.dialects import sqlite as sqlite_dialect
+from sqlalchemy.sql.compiler import SQLCompiler
 
 from corral.core.errors import ConfigurationError, ConflictError
-from corral.core.events import Event, EventType
+from corral.core.events import Event
 from corral.core.messages import Message
-from corral.core.runs import Approval, ApprovalState, Lease, RunRecord, RunState
+from corral.core.runs import Approval, Lease, RunRecord
 from corral.core.sessions import SessionMessage
 from corral.store._sqlite_lanes import Lane, connect
 from corral.store.base import StoredResource, StoreError, Submitted
-from corral.store.schema import approvals as approvals_table
-from corral.store.schema import resources, run_events, runs
-from corral.store.schema import session_messages as messages_table
-from corral.store.sql import SqlStore
+from corral.store.schema import resources, runs
+from corral.store.sql import SqlStore, statements
 from corral.store.sql.approvals import select_approvals
 from corral.store.sql.database import cause, sqlite_file
 from corral.store.sql.rows import (
-    approval_values,
-    row_to_approval,
-    row_to_run,
-    row_to_session_message,
+    APPROVALS,
+    EVENTS,
+    RUNS,
+    SESSION_MESSAGES,
+    RecordRows,
+    loads,
     row_to_stored,
-    run_values,
-    session_message_values,
 )
 from corral.store.sql.rules import (
+    LEASE_COLUMNS,
     agent_not_found,
     check_events_saved_with,
     check_events_under,
@@ -59,18 +63,14 @@ from corral.store.sql.rules import (
     judge_token,
     no_longer_running,
     numbered,
-    saved_run_values,
+    saved_run_columns,
     session_not_found,
-)
-from corral.store.sql.statements import (
-    CLAIMED_ATTEMPTS,
-    EXHAUSTED,
-    REFUNDED_ATTEMPTS,
-    requeue_settled,
-    sqlite_text,
 )
 
 T = TypeVar("T")
+R = TypeVar("R")
+
+_SQLITE = sqlite_dialect.dialect(paramstyle="qmark")
 
 
 class DecodedRow(SimpleNamespace):
@@ -81,195 +81,209 @@ class DecodedRow(SimpleNamespace):
         def __getattr__(self, name: str) -> Any: ...
 
 
-#: Whether any stored agent has ``max_concurrent_runs`` (then claims take the SQLAlchemy
-#: path, which counts running runs per agent: store/sql/agent_limits.py).
-_ANY_AGENT_LIMIT = (
-    "SELECT 1 FROM resources WHERE kind = 'Agent'"
-    " AND json_extract(spec, '$.max_concurrent_runs') IS NOT NULL LIMIT 1"
-)
-_QUEUED = RunState.QUEUED.value
-_RUNNING = RunState.RUNNING.value
-_PENDING = ApprovalState.PENDING.value
-_SQLITE = sqlite_dialect.dialect(paramstyle="qmark")
+#: Types of parameter the fast path binds as given (see Compiled).
+_BOUND_AS_GIVEN = (sa.JSON, sa.Boolean, sa.Float)
 
 
-def _json_encoder() -> Callable[[Any], str]:
-    """``json.dumps`` with its default options, built once.
+class Compiled:
+    """A statement of the SQL store compiled once for SQLite: its text, and the values of
+    its parameters in order - those passed to :meth:`params` by name, and the
+    statement's own constants (bound as SQLAlchemy would bind them).
 
-    ``json.dumps`` builds its C encoder anew on every call, which costs as much
-    as encoding the small values stored here (a run stores a dozen). The one
-    difference: no check for circular references, which values made of JSON
-    data (as everything stored here is) cannot have.
+    Values passed are bound as they are: JSON columns take the text a row's
+    ``params`` made (:class:`~corral.store.sql.rows.RecordRows`), booleans and
+    numbers go in as Python gives them (a REAL column stores an integer as real);
+    a parameter of any other type SQLAlchemy would convert is refused here, when
+    the statement is compiled.
     """
-    plain = json.JSONEncoder(check_circular=False)
-    make = getattr(json.encoder, "c_make_encoder", None)
-    if make is None:  # an interpreter without the C accelerator
-        return plain.encode
-    encode = make(
-        None,  # markers: no circular check
-        plain.default,
-        json.encoder.encode_basestring_ascii,
-        None,  # indent
-        ": ",
-        ", ",
-        False,  # sort_keys
-        False,  # skipkeys
-        True,  # allow_nan
-    )
 
-    def dumps(value: Any) -> str:
-        return "".join(encode(value, 0))
+    def __init__(self, statement: sa.ClauseElement, *, columns: Sequence[str] = ()) -> None:
+        compiled = statement.compile(dialect=_SQLITE, column_keys=list(columns) or None)
+        assert isinstance(compiled, SQLCompiler)
+        self.sql = str(compiled)
+        self.names = tuple(compiled.positiontup or ())
+        slots: list[tuple[str, bool, Any]] = []
+        for name in self.names:
+            bind = compiled.binds[name]
+            process = bind.type.dialect_impl(_SQLITE).bind_processor(_SQLITE)
+            if bind.required:
+                if process is not None and not isinstance(bind.type, _BOUND_AS_GIVEN):
+                    raise TypeError(f"{name} of {bind.type!r} needs converting: {self.sql}")
+                slots.append((name, True, None))
+            else:
+                value = bind.effective_value
+                slots.append((name, False, value if process is None else process(value)))
+        self._slots = tuple(slots)
 
-    return dumps
-
-
-_dumps = _json_encoder()
-
-
-def _kinds(table: sa.Table) -> tuple[frozenset[str], frozenset[str]]:
-    json_columns = frozenset(c.name for c in table.columns if isinstance(c.type, sa.JSON))
-    bool_columns = frozenset(c.name for c in table.columns if isinstance(c.type, sa.Boolean))
-    return json_columns, bool_columns
+    def params(self, **values: Any) -> list[Any]:
+        """The statement's parameters in order, ``values`` by name."""
+        return [values[name] if given else value for name, given, value in self._slots]
 
 
-_TYPES = {t.name: _kinds(t) for t in (runs, run_events, approvals_table, resources, messages_table)}
-
-
-def _encode(table: sa.Table, values: dict[str, Any]) -> dict[str, Any]:
-    """Python values as SQLAlchemy would bind them: JSON as text (``None`` as ``null``)."""
-    json_columns, bool_columns = _TYPES[table.name]
-    out = dict(values)
-    for name in json_columns.intersection(out):
-        out[name] = _dumps(out[name])
-    for name in bool_columns.intersection(out):
-        out[name] = int(bool(out[name]))
-    return out
-
-
-def _load(text: str) -> Any:
-    """``json.loads``, with the two texts most JSON columns hold (an empty run's) spared it."""
-    if text == "null":
-        return None
-    if text == "[]":
-        return []
-    return json.loads(text)
-
-
-def _rows(cursor: sqlite3.Cursor, table: sa.Table) -> list[DecodedRow]:
-    names = [d[0] for d in cursor.description]
-    json_columns = [n for n in names if n in _TYPES[table.name][0]]
-    rows = []
-    for values in cursor.fetchall():
-        row = dict(zip(names, values, strict=True))
-        for name in json_columns:
-            if row[name] is not None:
-                row[name] = _load(row[name])
-        rows.append(DecodedRow(**row))
-    return rows
-
-
-def _compiled(statement: sa.Select[Any]) -> tuple[str, list[Any]]:
-    """``statement`` as SQLite text with its values as positional parameters."""
+def _for_once(statement: sa.Select[Any] | sa.Update) -> tuple[str, list[Any]]:
+    """A statement built for one call, its values in it (lists of strings and numbers),
+    as SQLite text and its parameters."""
     compiled = statement.compile(dialect=_SQLITE, compile_kwargs={"render_postcompile": True})
+    assert isinstance(compiled, SQLCompiler)
     values = compiled.construct_params()
     return str(compiled), [values[name] for name in compiled.positiontup or ()]
 
 
-def _insert(table: sa.Table, columns: Iterable[str]) -> str:
-    names = list(columns)
-    return f"INSERT INTO {table.name} ({', '.join(names)}) VALUES ({', '.join('?' for _ in names)})"
+def _ids(prefix: str, count: int) -> list[sa.BindParameter[Any]]:
+    """``count`` parameters for an ``IN`` list (a statement is compiled per length)."""
+    return [sa.bindparam(f"{prefix}{i}") for i in range(count)]
 
 
-_RUN_COLUMNS = [c.name for c in runs.columns]
-_INSERT_RUN = _insert(runs, _RUN_COLUMNS)
-_INSERT_EVENT = _insert(run_events, ["run_id", "seq", "type", "ts", "data"])
-_APPROVAL_COLUMNS = [c.name for c in approvals_table.columns]
-_INSERT_APPROVAL = _insert(approvals_table, _APPROVAL_COLUMNS)
-_MESSAGE_COLUMNS = [c.name for c in messages_table.columns]
-_INSERT_MESSAGE = _insert(messages_table, _MESSAGE_COLUMNS)
-# Claim order: highest priority first, then oldest (ix_runs_claim serves it).
-_CLAIM_ORDER = "ORDER BY priority DESC, created_at, id"
+def _named(prefix: str, ids: Sequence[str]) -> dict[str, str]:
+    return {f"{prefix}{i}": run_id for i, run_id in enumerate(ids)}
 
 
-@functools.cache
-def _update_run(columns: tuple[str, ...], *, fenced: bool) -> str:
-    """The statement of ``save_run`` for these columns (a handful of combinations)."""
-    sql = f"UPDATE runs SET {', '.join(f'{c} = ?' for c in columns)} WHERE id = ?"
-    return sql + " AND fencing_token = ?" if fenced else sql
+def _reading(rows: RecordRows[Any], statement: sa.Select[Any] | sa.UpdateBase) -> Compiled:
+    """``statement`` compiled, checked to return ``rows``' columns in table order."""
+    returned = tuple(c.key for c in statement.exported_columns)
+    if returned != rows.columns:
+        raise TypeError(f"{returned} are not the columns of {rows.table.name}")
+    return Compiled(statement)
 
 
-_AGENT_MAX_ATTEMPTS = (
-    "SELECT json_extract(spec, '$.max_attempts') FROM resources"
-    " WHERE namespace = ? AND kind = 'Agent' AND name = ?"
+def _inserting(rows: RecordRows[Any], statement: sa.Insert) -> Compiled:
+    """``statement`` compiled, checked to take ``rows``' parameters (in table order)."""
+    compiled = Compiled(statement)
+    if compiled.names != rows.columns:
+        raise TypeError(f"{compiled.names} are not the columns of {rows.table.name}")
+    return compiled
+
+
+_p = sa.bindparam
+
+# The statements of the store's SQLAlchemy path (corral.store.sql.statements), compiled.
+_RUN_BY_ID = _reading(RUNS, statements.run_by_id(_p("id")))
+_FENCING_TOKEN = Compiled(statements.fencing_token(_p("id")))
+_RUN_BY_KEY = _reading(RUNS, statements.run_by_key(_p("namespace"), _p("agent"), _p("key")))
+_INSERT_RUN = _inserting(RUNS, runs.insert())
+_INSERT_RUN_OR_SKIP = _inserting(
+    RUNS,
+    statements.insert_or_skip("sqlite", runs, statements.IDEMPOTENCY_COLUMNS).returning(runs.c.id),
 )
-# Runnable at a time given twice: queued and due, or running under an expired lease.
-_DUE = f"state = '{_QUEUED}' AND not_before <= ?"
-_EXPIRED = f"state = '{_RUNNING}' AND lease_expires_at < ?"
-_RUNNABLE = f"({_DUE}) OR ({_EXPIRED})"
+_AGENT_MAX_ATTEMPTS = Compiled(statements.agent_max_attempts(_p("namespace"), _p("name")))
+_ANY_AGENT_LIMIT = Compiled(statements.LIMITED_AGENTS.limit(1))
+_RENEW = Compiled(statements.renew(_p("id"), _p("token"), _p("expires_at")))
+_RELEASE = {
+    refund: Compiled(
+        statements.release(_p("id"), _p("token"), _p("not_before"), refund_attempt=refund)
+    )
+    for refund in (False, True)
+}
+_OPEN_SESSION = Compiled(
+    statements.session_upsert("sqlite", _p("namespace"), _p("id"), _p("agent"), _p("now"))
+)
+_TOUCH_SESSION = Compiled(statements.session_touch(_p("namespace"), _p("id"), _p("now")))
+_TOP_SEQ = Compiled(statements.session_top_seq(_p("namespace"), _p("id")))
+_INSERT_MESSAGE = _inserting(SESSION_MESSAGES, SESSION_MESSAGES.table.insert())
+_SESSION_MESSAGES = {
+    hidden: _reading(
+        SESSION_MESSAGES,
+        statements.messages_of_session(_p("namespace"), _p("id"), include_hidden=hidden),
+    )
+    for hidden in (False, True)
+}
+_INSERT_APPROVAL = _inserting(APPROVALS, APPROVALS.table.insert())
+_INSERT_EVENT = _inserting(EVENTS, EVENTS.table.insert())
+_EVENTS_AFTER = _reading(
+    EVENTS, statements.events_after(_p("run_id"), _p("after")).limit(_p("limit"))
+)
+_RESOURCE = Compiled(statements.resource(_p("namespace"), _p("kind"), _p("name")))
+_FINGERPRINT = Compiled(statements.resources_fingerprint(_p("namespace")))
+_ANY_APPROVAL_DUE = Compiled(
+    sa.select(sa.literal(1)).where(statements.approvals_due(_p("now"))).limit(1)
+)
+_EXPIRE_APPROVALS = _reading(APPROVALS, statements.expire_due_approvals(_p("now")))
 
 
-def _run_params(record: RunRecord) -> list[Any]:
-    values = _encode(runs, run_values(record))
-    return [values[c] for c in _RUN_COLUMNS]
+@functools.lru_cache(maxsize=16)
+def _save_run(columns: tuple[str, ...], *, fenced: bool) -> tuple[str, tuple[int, ...]]:
+    """The statement of ``save_run`` for these columns (four combinations: see
+    ``saved_run_columns``), and where each of its parameters is in the run's
+    ``RUNS.params`` followed by ``NULL`` (a lease cleared), the run's id and the lease's
+    token."""
+    save = Compiled(statements.SAVE_RUN_FENCED if fenced else statements.SAVE_RUN, columns=columns)
+    end = len(RUNS.columns)
+    at = {c: i for i, c in enumerate(RUNS.columns)} | {"b_id": end + 1, "b_token": end + 2}
+    for cleared in set(columns).intersection(LEASE_COLUMNS):
+        at[cleared] = end
+    return save.sql, tuple(at[name] for name in save.names)
 
 
-def _insert_run(
-    conn: sqlite3.Connection, record: RunRecord, params: list[Any]
-) -> DecodedRow | None:
+_MAX_ATTEMPTS = RUNS.columns.index("max_attempts")
+# The columns of a claim's candidates (statements.claim_candidates).
+_ID, _PRIORITY, _CREATED_AT, _EXHAUSTED = 0, 1, 2, 6
+
+
+def _claim_key(candidate: Sequence[Any]) -> tuple[int, float, str]:
+    return (-candidate[_PRIORITY], candidate[_CREATED_AT], candidate[_ID])
+
+
+@functools.lru_cache(maxsize=64)
+def _claim(count: int) -> Compiled:
+    """Claim ``count`` given runs (the UPDATE of a claim)."""
+    claim = statements.claim(_ids("id", count), _p("owner"), _p("expires_at"), _p("now"))
+    return _reading(RUNS, claim)
+
+
+@functools.lru_cache(maxsize=64)
+def _candidates(expired: bool, given: int, above: bool) -> Compiled:
+    """One walk of a claim: due (or lease-expired) runs, of ``given`` ids when not 0, or
+    (``above``) runs outranking them."""
+    runnable = statements.lease_expired(_p("now")) if expired else statements.due(_p("now"))
+    if given and above:
+        runnable = sa.and_(runnable, statements.outranks(_p("priority"), _ids("id", given)))
+    elif given:
+        runnable = sa.and_(runnable, runs.c.id.in_(_ids("id", given)))
+    return Compiled(statements.claim_candidates(runnable, _p("limit")))
+
+
+def _records(rows: RecordRows[R], cursor: sqlite3.Cursor) -> list[R]:
+    return [rows.record(row, text=True) for row in cursor.fetchall()]
+
+
+def _insert_run(conn: sqlite3.Connection, record: RunRecord, params: list[Any]) -> RunRecord | None:
     """Insert a new run; the stored run with the same idempotency key instead, if any."""
     if record.idempotency_key is None:
-        conn.execute(_INSERT_RUN, params)
+        conn.execute(_INSERT_RUN.sql, params)
         return None
     # The unique index decides between racing submits, not a prior read;
     # a clash on the run id alone still raises (ConflictError).
-    inserted = conn.execute(
-        f"{_INSERT_RUN} ON CONFLICT (namespace, agent, idempotency_key) DO NOTHING RETURNING id",
-        params,
-    ).fetchall()
-    if inserted:
+    if conn.execute(_INSERT_RUN_OR_SKIP.sql, params).fetchall():
         return None
-    cursor = conn.execute(
-        "SELECT * FROM runs WHERE namespace = ? AND agent = ? AND idempotency_key = ?",
-        (record.namespace, record.agent, record.idempotency_key),
+    found = _RUN_BY_KEY.params(
+        namespace=record.namespace, agent=record.agent, key=record.idempotency_key
     )
-    return _rows(cursor, runs)[0]
-
-
-_CLAIMED_ATTEMPTS = sqlite_text(CLAIMED_ATTEMPTS)
-_EXHAUSTED = sqlite_text(EXHAUSTED)
-_REFUNDED_ATTEMPTS = sqlite_text(REFUNDED_ATTEMPTS)
+    return _records(RUNS, conn.execute(_RUN_BY_KEY.sql, found))[0]
 
 
 def _claim_ids(
     conn: sqlite3.Connection, ids: Sequence[str], owner: str, expires_at: float, now: float
-) -> list[DecodedRow]:
-    """Claim the runs of ``ids`` that are runnable at ``now``; the claimed rows."""
-    cursor = conn.execute(
-        f"UPDATE runs SET state = '{_RUNNING}', lease_owner = ?, lease_expires_at = ?,"
-        f" attempts = {_CLAIMED_ATTEMPTS}, fencing_token = fencing_token + 1,"
-        " started_at = coalesce(started_at, ?)"
-        f" WHERE id IN ({', '.join('?' for _ in ids)}) AND ({_RUNNABLE}) RETURNING *",
-        (owner, expires_at, now, *ids, now, now),
-    )
-    return _rows(cursor, runs)
+) -> list[RunRecord]:
+    """Claim the runs of ``ids`` that are runnable at ``now``; the claimed runs."""
+    claim = _claim(len(ids))
+    params = claim.params(owner=owner, expires_at=expires_at, now=now, **_named("id", ids))
+    return _records(RUNS, conn.execute(claim.sql, params))
 
 
 def _refuse(conn: sqlite3.Connection, run_id: str, lease: Lease | None) -> None:
     """Raise unless run ``run_id`` exists and ``lease`` (when given) still holds it: the
     fencing check before a write, and why a fenced write matched no row (see ``refuse``)."""
-    found = conn.execute("SELECT fencing_token FROM runs WHERE id = ?", (run_id,)).fetchone()
+    found = conn.execute(_FENCING_TOKEN.sql, _FENCING_TOKEN.params(id=run_id)).fetchone()
     judge_token(run_id, None if found is None else found[0], lease)
 
 
 def _open_session(conn: sqlite3.Connection, record: RunRecord, session_id: str, now: float) -> None:
     """The run's session, created when absent (see ``open_session``, which this mirrors)."""
-    found = conn.execute(
-        "INSERT INTO sessions (namespace, id, agent, created_at, updated_at)"
-        " VALUES (?, ?, ?, ?, ?) ON CONFLICT (namespace, id)"
-        " DO UPDATE SET updated_at = sessions.updated_at RETURNING agent",
-        (record.namespace, session_id, record.agent, now, now),
-    ).fetchone()
-    check_session_agent(session_id, found[0], record.agent)
+    params = _OPEN_SESSION.params(
+        namespace=record.namespace, id=session_id, agent=record.agent, now=now
+    )
+    found = conn.execute(_OPEN_SESSION.sql, params).fetchone()
+    check_session_agent(session_id, found[2], record.agent)
 
 
 def _append_to_session(
@@ -280,23 +294,21 @@ def _append_to_session(
     run_id: str | None,
     now: float,
 ) -> list[SessionMessage]:
-    touched = conn.execute(
-        "UPDATE sessions SET updated_at = ? WHERE namespace = ? AND id = ?",
-        (now, namespace, session_id),
-    )
-    if touched.rowcount == 0:
+    """See ``append_to_session``, which this mirrors."""
+    session = {"namespace": namespace, "id": session_id}
+    if conn.execute(_TOUCH_SESSION.sql, _TOUCH_SESSION.params(now=now, **session)).rowcount == 0:
         raise session_not_found(session_id)
-    top = conn.execute(
-        "SELECT max(seq) FROM session_messages WHERE namespace = ? AND session_id = ?",
-        (namespace, session_id),
-    ).fetchone()[0]
-    top = int(top or 0)
-    stored = numbered(messages, top, run_id, now)
-    rows = [
-        _encode(messages_table, session_message_values(namespace, session_id, m, float(m.seq)))
-        for m in stored
-    ]
-    conn.executemany(_INSERT_MESSAGE, [[r[c] for c in _MESSAGE_COLUMNS] for r in rows])
+    top = conn.execute(_TOP_SEQ.sql, _TOP_SEQ.params(**session)).fetchone()[0]
+    stored = numbered(messages, int(top or 0), run_id, now)
+    conn.executemany(
+        _INSERT_MESSAGE.sql,
+        [
+            SESSION_MESSAGES.params(
+                m, namespace=namespace, session_id=session_id, position=float(m.seq)
+            )
+            for m in stored
+        ],
+    )
     return stored
 
 
@@ -358,23 +370,19 @@ class SqliteStore(SqlStore):
     # ----------------------------------------------------------------- resources
 
     async def get_resource(self, namespace: str, kind: str, name: str) -> StoredResource | None:
-        def read(conn: sqlite3.Connection) -> list[DecodedRow]:
-            cursor = conn.execute(
-                "SELECT * FROM resources WHERE namespace = ? AND kind = ? AND name = ?",
-                (namespace, kind, name),
-            )
-            return _rows(cursor, resources)
+        params = _RESOURCE.params(namespace=namespace, kind=kind, name=name)
+
+        def read(conn: sqlite3.Connection) -> list[tuple[Any, ...]]:
+            return conn.execute(_RESOURCE.sql, params).fetchall()
 
         found = await self._lane_read("read a resource", read)
-        return row_to_stored(found[0]) if found else None
+        return row_to_stored(_resource_row(found[0])) if found else None
 
     async def resources_fingerprint(self, namespace: str) -> tuple[int, int, float]:
+        params = _FINGERPRINT.params(namespace=namespace)
+
         def read(conn: sqlite3.Connection) -> tuple[int, int, float]:
-            count, generations, latest = conn.execute(
-                "SELECT count(*), coalesce(sum(generation), 0), coalesce(max(updated_at), 0)"
-                " FROM resources WHERE namespace = ?",
-                (namespace,),
-            ).fetchone()
+            count, generations, latest = conn.execute(_FINGERPRINT.sql, params).fetchone()
             return int(count), int(generations), float(latest)
 
         return await self._lane_read("read the resources' fingerprint", read)
@@ -389,82 +397,81 @@ class SqliteStore(SqlStore):
         session_messages: Sequence[Message] = (),
         events: Sequence[Event] = (),
     ) -> None:
-        encoded = _encode(runs, saved_run_values(record, lease))
-        sql = _update_run(tuple(encoded), fenced=lease is not None)
-        params: list[Any] = [*encoded.values(), record.id]
-        if lease is not None:
-            params.append(lease.token)
-        approval_rows = [_encode(approvals_table, approval_values(a)) for a in approvals]
+        columns = saved_run_columns(record, lease)
+        sql, positions = _save_run(columns, fenced=lease is not None)
+        row = RUNS.params(record)
+        row += (None, record.id, None if lease is None else lease.token)
+        params = [row[i] for i in positions]
+        approval_rows = [APPROVALS.params(a) for a in approvals]
         check_events_saved_with(events, record.id)
-        event_rows = _event_rows(events)
+        event_rows = [EVENTS.params(e) for e in events]
         now = time.time()
 
         def write(conn: sqlite3.Connection) -> None:
             if conn.execute(sql, params).rowcount == 0:
                 _refuse(conn, record.id, lease)
             if approval_rows:
-                conn.executemany(
-                    _INSERT_APPROVAL, [[r[c] for c in _APPROVAL_COLUMNS] for r in approval_rows]
-                )
+                conn.executemany(_INSERT_APPROVAL.sql, approval_rows)
             if session_messages and record.session_id is not None:
                 _append_to_session(
                     conn, record.namespace, record.session_id, session_messages, record.id, now
                 )
             if event_rows:
-                conn.executemany(_INSERT_EVENT, event_rows)
+                conn.executemany(_INSERT_EVENT.sql, event_rows)
 
         await self._lane_write(f"save run {record.id}", write)
 
     async def get_run(self, run_id: str) -> RunRecord | None:
-        def read(conn: sqlite3.Connection) -> list[DecodedRow]:
-            return _rows(conn.execute("SELECT * FROM runs WHERE id = ?", (run_id,)), runs)
+        params = _RUN_BY_ID.params(id=run_id)
+
+        def read(conn: sqlite3.Connection) -> list[RunRecord]:
+            return _records(RUNS, conn.execute(_RUN_BY_ID.sql, params))
 
         found = await self._lane_read(f"read run {run_id}", read)
-        return row_to_run(found[0]) if found else None
+        return found[0] if found else None
 
     # ----------------------------------------------------------------- tasks and leases
 
     async def submit_run(self, record: RunRecord) -> tuple[RunRecord, bool]:
-        params = _run_params(record)
+        params = RUNS.params(record)
         existing = await self._lane_write(
             f"submit run {record.id}", lambda conn: _insert_run(conn, record, params)
         )
-        if existing is None:
-            return record, True
-        return row_to_run(existing), False
+        return (record, True) if existing is None else (existing, False)
 
     async def submit_agent_run(
         self, record: RunRecord, *, claim_for: tuple[str, float] | None = None
     ) -> Submitted:
         """See :meth:`Store.submit_agent_run`: the Agent's read, opening the session, the
         insert and the claim are one operation of the writer (one commit)."""
-        params = _run_params(record)
-        at = _RUN_COLUMNS.index("max_attempts")
+        params = RUNS.params(record)
+        agent = _AGENT_MAX_ATTEMPTS.params(namespace=record.namespace, name=record.agent)
         now = time.time()
-        claimed: list[DecodedRow] = []
+        claimed: list[RunRecord] = []
 
-        def write(conn: sqlite3.Connection) -> DecodedRow | None:
-            found = conn.execute(_AGENT_MAX_ATTEMPTS, (record.namespace, record.agent)).fetchone()
+        def write(conn: sqlite3.Connection) -> RunRecord | None:
+            found = conn.execute(_AGENT_MAX_ATTEMPTS.sql, agent).fetchone()
             if found is None:
                 raise agent_not_found(record)
             if found[0] is not None:
-                record.max_attempts = params[at] = int(found[0])
+                record.max_attempts = params[_MAX_ATTEMPTS] = int(found[0])
             if record.session_id is not None:
                 _open_session(conn, record, record.session_id, now)
             existing = _insert_run(conn, record, params)
             if existing is None and claim_for is not None:
                 owner, lease_seconds = claim_for
-                if conn.execute(_ANY_AGENT_LIMIT).fetchone() is None:  # else: see below
+                if not _any_agent_limit(conn):  # else: see below
                     claimed.extend(_claim_ids(conn, [record.id], owner, now + lease_seconds, now))
             return existing
 
         existing = await self._lane_write(f"submit run {record.id}", write)
         if existing is not None:
-            return Submitted(row_to_run(existing), False)
+            return Submitted(existing, False)
         if claimed:
-            row = claimed[0]
-            lease = Lease(row.id, row.lease_owner, row.fencing_token, row.lease_expires_at)
-            return Submitted(row_to_run(row), True, lease)
+            run = claimed[0]
+            assert run.lease_owner is not None and run.lease_expires_at is not None
+            lease = Lease(run.id, run.lease_owner, run.fencing_token, run.lease_expires_at)
+            return Submitted(run, True, lease)
         if claim_for is not None and record.not_before <= now:
             # Agents with max_concurrent_runs: the SQLAlchemy claim counts their runs.
             claims = await self.claim_runs(*claim_for, 1, run_ids=[record.id])
@@ -486,41 +493,31 @@ class SqliteStore(SqlStore):
             return []
         now = time.time() if now is None else now
         expires_at = now + lease_seconds
-        marks = ", ".join("?" for _ in run_ids or ())
+        given = _named("id", run_ids or ())
 
-        def walk(
-            conn: sqlite3.Connection, where: str, params: tuple[Any, ...]
-        ) -> list[tuple[Any, ...]]:
+        def walk(conn: sqlite3.Connection, above: bool, **values: Any) -> list[tuple[Any, ...]]:
             # Two index walks (ix_runs_claim), each stopping at ``limit``.
             found: list[tuple[Any, ...]] = []
-            for runnable in (_DUE, _EXPIRED):
-                found += conn.execute(
-                    f"SELECT -priority, created_at, id, {_EXHAUSTED} FROM runs"
-                    f" WHERE {runnable}{where} "
-                    f"{_CLAIM_ORDER} LIMIT ?",
-                    (now, *params, limit),
-                ).fetchall()
+            for expired in (False, True):
+                query = _candidates(expired, len(given), above)
+                params = query.params(now=now, limit=limit, **given, **values)
+                found += conn.execute(query.sql, params).fetchall()
             return found
 
-        def write(conn: sqlite3.Connection) -> list[DecodedRow] | None:
-            if conn.execute(_ANY_AGENT_LIMIT).fetchone() is not None:
+        def write(conn: sqlite3.Connection) -> list[RunRecord] | None:
+            if _any_agent_limit(conn):
                 return None  # limited agents: the SQLAlchemy claim counts their runs
-            if run_ids is None:
-                candidates = walk(conn, "", ())
-            else:
-                candidates = walk(conn, f" AND id IN ({marks})", tuple(run_ids))
-                if candidates and or_higher_priority:  # see Store.claim_runs
-                    lowest = -max(c[0] for c in candidates)
-                    candidates += walk(
-                        conn, f" AND priority > ? AND id NOT IN ({marks})", (lowest, *run_ids)
-                    )
+            candidates = walk(conn, False)
+            if candidates and run_ids is not None and or_higher_priority:  # see Store.claim_runs
+                lowest = min(c[_PRIORITY] for c in candidates)
+                candidates += walk(conn, True, priority=lowest)
             if not candidates:
                 return []
-            candidates.sort()
+            candidates.sort(key=_claim_key)
             chosen = candidates[:limit]
             # BEGIN IMMEDIATE: the attempts read above are those the UPDATE sees.
-            exhausted.update(c[2] for c in chosen if c[3])
-            return _claim_ids(conn, [c[2] for c in chosen], owner, expires_at, now)
+            exhausted.update(c[_ID] for c in chosen if c[_EXHAUSTED])
+            return _claim_ids(conn, [c[_ID] for c in chosen], owner, expires_at, now)
 
         exhausted: set[str] = set()
         claimed = await self._lane_write("claim runs", write)
@@ -533,25 +530,18 @@ class SqliteStore(SqlStore):
                 run_ids=run_ids,
                 or_higher_priority=or_higher_priority,
             )
-        claimed.sort(key=lambda row: (-row.priority, row.created_at, row.id))
+        claimed.sort(key=lambda run: (-run.priority, run.created_at, run.id))
         return [
-            (
-                row_to_run(row),
-                Lease(row.id, owner, row.fencing_token, expires_at, row.id in exhausted),
-            )
-            for row in claimed
+            (run, Lease(run.id, owner, run.fencing_token, expires_at, run.id in exhausted))
+            for run in claimed
         ]
 
     async def renew_lease(self, lease: Lease, lease_seconds: float) -> tuple[Lease, bool]:
         expires_at = time.time() + lease_seconds
+        params = _RENEW.params(id=lease.run_id, token=lease.token, expires_at=expires_at)
 
         def write(conn: sqlite3.Connection) -> bool:
-            found = conn.execute(
-                "UPDATE runs SET lease_expires_at = ?"
-                f" WHERE id = ? AND fencing_token = ? AND state = '{_RUNNING}'"
-                " RETURNING cancel_requested",
-                (expires_at, lease.run_id, lease.token),
-            ).fetchone()
+            found = conn.execute(_RENEW.sql, params).fetchone()
             if found is None:
                 _refuse(conn, lease.run_id, lease)
                 raise no_longer_running(lease)
@@ -563,16 +553,11 @@ class SqliteStore(SqlStore):
     async def release_run(
         self, lease: Lease, *, not_before: float = 0.0, refund_attempt: bool = False
     ) -> None:
-        attempts = _REFUNDED_ATTEMPTS if refund_attempt else "attempts"
+        release = _RELEASE[refund_attempt]
+        params = release.params(id=lease.run_id, token=lease.token, not_before=not_before)
 
         def write(conn: sqlite3.Connection) -> None:
-            cursor = conn.execute(
-                f"UPDATE runs SET state = '{_QUEUED}', lease_owner = NULL,"
-                f" lease_expires_at = NULL, not_before = ?, attempts = {attempts}"
-                f" WHERE id = ? AND fencing_token = ? AND state = '{_RUNNING}'",
-                (not_before, lease.run_id, lease.token),
-            )
-            if cursor.rowcount == 0:
+            if conn.execute(release.sql, params).rowcount == 0:
                 # Same token but no longer running: nothing to give back.
                 _refuse(conn, lease.run_id, lease)
 
@@ -589,23 +574,20 @@ class SqliteStore(SqlStore):
         limit: int | None = None,
         after: tuple[float, str] | None = None,
     ) -> list[Approval]:
-        sql, params = _compiled(select_approvals(namespace, run_id, states, limit, after))
+        # Its shape varies with the filters given: compiled per call.
+        sql, params = _for_once(select_approvals(namespace, run_id, states, limit, after))
 
-        def read(conn: sqlite3.Connection) -> list[DecodedRow]:
-            return _rows(conn.execute(sql, params), approvals_table)
+        def read(conn: sqlite3.Connection) -> list[Approval]:
+            return _records(APPROVALS, conn.execute(sql, params))
 
-        return [row_to_approval(row) for row in await self._lane_read("list approvals", read)]
+        return await self._lane_read("list approvals", read)
 
     async def expire_approvals(self, now: float | None = None) -> list[Approval]:
         now = time.time() if now is None else now
-        due = (
-            f"state = '{_PENDING}' AND expires_at IS NOT NULL AND expires_at <= ?",
-            (now,),
-        )
 
         def any_due(conn: sqlite3.Connection) -> bool:
             return (
-                conn.execute(f"SELECT 1 FROM approvals WHERE {due[0]} LIMIT 1", due[1]).fetchone()
+                conn.execute(_ANY_APPROVAL_DUE.sql, _ANY_APPROVAL_DUE.params(now=now)).fetchone()
                 is not None
             )
 
@@ -614,21 +596,15 @@ class SqliteStore(SqlStore):
         if not await self._lane_read("expire approvals", any_due):
             return []
 
-        def write(conn: sqlite3.Connection) -> list[DecodedRow]:
-            cursor = conn.execute(
-                f"UPDATE approvals SET state = '{ApprovalState.EXPIRED.value}', decided_at = ?"
-                f" WHERE {due[0]} RETURNING *",
-                (now, *due[1]),
-            )
-            rows = _rows(cursor, approvals_table)
-            run_ids = sorted({r.run_id for r in rows})
-            if run_ids:  # rare enough to compile the shared statement here
-                conn.execute(sqlite_text(requeue_settled(run_ids, now)))
-            return rows
+        def write(conn: sqlite3.Connection) -> list[Approval]:
+            params = _EXPIRE_APPROVALS.params(now=now)
+            expired = _records(APPROVALS, conn.execute(_EXPIRE_APPROVALS.sql, params))
+            run_ids = sorted({a.run_id for a in expired})
+            if run_ids:  # rare: compiled when it happens
+                conn.execute(*_for_once(statements.requeue_settled(run_ids, now)))
+            return expired
 
-        expired = [
-            row_to_approval(row) for row in await self._lane_write("expire approvals", write)
-        ]
+        expired = await self._lane_write("expire approvals", write)
         expired.sort(key=lambda a: (a.requested_at, a.id))
         return expired
 
@@ -637,16 +613,13 @@ class SqliteStore(SqlStore):
     async def session_messages(
         self, namespace: str, session_id: str, *, include_hidden: bool = False
     ) -> list[SessionMessage]:
-        sql = "SELECT * FROM session_messages WHERE namespace = ? AND session_id = ?"
-        if not include_hidden:
-            sql += " AND hidden = 0"
-        sql += " ORDER BY position, seq"
+        query = _SESSION_MESSAGES[include_hidden]
+        params = query.params(namespace=namespace, id=session_id)
 
-        def read(conn: sqlite3.Connection) -> list[DecodedRow]:
-            return _rows(conn.execute(sql, (namespace, session_id)), messages_table)
+        def read(conn: sqlite3.Connection) -> list[SessionMessage]:
+            return _records(SESSION_MESSAGES, conn.execute(query.sql, params))
 
-        rows = await self._lane_read(f"read session {session_id}", read)
-        return [row_to_session_message(row) for row in rows]
+        return await self._lane_read(f"read session {session_id}", read)
 
     # ----------------------------------------------------------------- events
 
@@ -654,32 +627,41 @@ class SqliteStore(SqlStore):
         if not events:
             return
         check_events_under(events, lease)
-        rows = _event_rows(events)
+        rows = [EVENTS.params(e) for e in events]
 
         def write(conn: sqlite3.Connection) -> None:
             if lease is not None:
                 _refuse(conn, lease.run_id, lease)
-            conn.executemany(_INSERT_EVENT, rows)
+            conn.executemany(_INSERT_EVENT.sql, rows)
 
         await self._lane_write("append run events", write)
 
     async def list_events(
         self, run_id: str, after_seq: int = 0, limit: int | None = None
     ) -> list[Event]:
-        def read(conn: sqlite3.Connection) -> list[tuple[Any, ...]]:
-            return conn.execute(
-                "SELECT run_id, seq, type, data, ts FROM run_events"
-                " WHERE run_id = ? AND seq > ? ORDER BY seq LIMIT ?",
-                (run_id, after_seq, -1 if limit is None else limit),
-            ).fetchall()
+        params = _EVENTS_AFTER.params(
+            run_id=run_id, after=after_seq, limit=-1 if limit is None else limit
+        )
 
-        rows = await self._lane_read("list run events", read)
-        return [
-            Event(run_id=r[0], seq=r[1], type=EventType(r[2]), data=json.loads(r[3]), ts=r[4])
-            for r in rows
-        ]
+        def read(conn: sqlite3.Connection) -> list[Event]:
+            return _records(EVENTS, conn.execute(_EVENTS_AFTER.sql, params))
+
+        return await self._lane_read("list run events", read)
 
 
-def _event_rows(events: Sequence[Event]) -> list[tuple[Any, ...]]:
-    """Parameters of ``_INSERT_EVENT``."""
-    return [(e.run_id, e.seq, str(e.type), e.ts, _dumps(e.data)) for e in events]
+def _any_agent_limit(conn: sqlite3.Connection) -> bool:
+    """Whether any stored agent has ``max_concurrent_runs`` (then claims take the SQLAlchemy
+    path, which counts running runs per agent: store/sql/agent_limits.py)."""
+    return conn.execute(_ANY_AGENT_LIMIT.sql, _ANY_AGENT_LIMIT.params()).fetchone() is not None
+
+
+_RESOURCE_COLUMNS = tuple(c.name for c in resources.columns)
+_RESOURCE_JSON = frozenset(c.name for c in resources.columns if isinstance(c.type, sa.JSON))
+
+
+def _resource_row(values: Sequence[Any]) -> DecodedRow:
+    """A ``resources`` row of the fast path as :func:`row_to_stored` reads it."""
+    row = dict(zip(_RESOURCE_COLUMNS, values, strict=True))
+    for name in _RESOURCE_JSON:
+        row[name] = loads(row[name])
+    return DecodedRow(**row)

@@ -26,7 +26,8 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from corral.core.runs import RunState
-from corral.store.schema import resources, runs
+from corral.store.schema import runs
+from corral.store.sql.statements import LIMITED_AGENTS
 
 #: Key of the PostgreSQL advisory lock that serializes claims of limited agents.
 ADVISORY_LOCK_KEY = 0x636F7272616C  # "corral"
@@ -65,14 +66,7 @@ class Admission:
 
 async def admission(conn: AsyncConnection) -> Admission | None:
     """The room of every limited agent, or ``None`` when no stored agent has a limit."""
-    limit = resources.c.spec["max_concurrent_runs"].as_integer()
-    limited = (
-        await conn.execute(
-            sa.select(resources.c.namespace, resources.c.name, limit).where(
-                resources.c.kind == "Agent", limit.is_not(None)
-            )
-        )
-    ).all()
+    limited = (await conn.execute(LIMITED_AGENTS)).all()
     if not limited:
         return None
     if conn.dialect.name == "postgresql":

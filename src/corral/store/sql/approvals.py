@@ -18,8 +18,8 @@ from corral.core.runs import Approval, ApprovalState
 from corral.store.schema import approvals as approvals_table
 from corral.store.sql import keyset
 from corral.store.sql.engine import SqlEngine, fetch_all, fetch_first
-from corral.store.sql.rows import row_to_approval
-from corral.store.sql.statements import requeue_settled_runs
+from corral.store.sql.rows import APPROVALS
+from corral.store.sql.statements import expire_due_approvals, requeue_settled_runs
 
 
 class SqlApprovals(SqlEngine):
@@ -36,12 +36,12 @@ class SqlApprovals(SqlEngine):
     ) -> list[Approval]:
         query = select_approvals(namespace, run_id, states, limit, after)
         rows = await self._read("list approvals", fetch_all(query))
-        return [row_to_approval(row) for row in rows]
+        return [APPROVALS.record(row) for row in rows]
 
     async def get_approval(self, approval_id: str) -> Approval | None:
         query = sa.select(approvals_table).where(approvals_table.c.id == approval_id)
         row = await self._read(f"read approval {approval_id}", fetch_first(query))
-        return row_to_approval(row) if row is not None else None
+        return APPROVALS.record(row) if row is not None else None
 
     async def decide_approval(
         self, approval_id: str, approved: bool, *, by: str | None = None, reason: str | None = None
@@ -92,22 +92,12 @@ class SqlApprovals(SqlEngine):
         row, overdue = await self._write(f"decide approval {approval_id}", write)
         if overdue:
             raise ConflictError(f"approval {approval_id!r} is already expired")
-        return row_to_approval(row)
+        return APPROVALS.record(row)
 
     async def expire_approvals(self, now: float | None = None) -> list[Approval]:
         """See :meth:`Store.expire_approvals`; due means ``expires_at <= now``."""
         now = time.time() if now is None else now
-        table = approvals_table
-        expire = (
-            table.update()
-            .where(
-                table.c.state == ApprovalState.PENDING.value,
-                table.c.expires_at.is_not(None),
-                table.c.expires_at <= now,
-            )
-            .values(state=ApprovalState.EXPIRED.value, decided_at=now)
-            .returning(*table.c)
-        )
+        expire = expire_due_approvals(now)
 
         async def write(conn: AsyncConnection) -> Sequence[sa.Row[Any]]:
             rows = (await conn.execute(expire)).all()
@@ -116,7 +106,7 @@ class SqlApprovals(SqlEngine):
             return rows
 
         rows = await self._write("expire approvals", write)
-        expired = [row_to_approval(row) for row in rows]
+        expired = [APPROVALS.record(row) for row in rows]
         expired.sort(key=lambda a: (a.requested_at, a.id))
         return expired
 

@@ -20,31 +20,31 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from corral.core.runs import Lease, RunRecord, RunState
 from corral.store.base import Submitted
-from corral.store.schema import resources, runs
+from corral.store.schema import runs
 from corral.store.sql.agent_limits import admission, admitted
 from corral.store.sql.engine import Body, SqlEngine, execute
-from corral.store.sql.rows import row_to_run, run_values
+from corral.store.sql.rows import RUNS
 from corral.store.sql.rules import agent_not_found, no_longer_running
 from corral.store.sql.statements import (
-    CLAIMED_ATTEMPTS,
-    EXHAUSTED,
-    REFUNDED_ATTEMPTS,
+    IDEMPOTENCY_COLUMNS,
+    agent_max_attempts,
+    claim,
+    claim_candidates,
+    due,
     insert_or_skip,
+    lease_expired,
     open_session,
+    outranks,
     refuse,
+    release,
+    renew,
+    run_by_key,
 )
 
-_IDEMPOTENCY_COLUMNS = ("namespace", "agent", "idempotency_key")
 # The statements of the hot paths as single objects, their values passed as parameters
 # (a statement built anew per call costs its cache key to compute).
 _INSERT_RUN = runs.insert()
-_AGENT_MAX_ATTEMPTS = sa.select(resources.c.spec["max_attempts"].as_integer()).where(
-    resources.c.namespace == sa.bindparam("b_namespace"),
-    resources.c.kind == "Agent",
-    resources.c.name == sa.bindparam("b_name"),
-)
-# Claim order: highest priority first, then oldest; ``ix_runs_claim`` serves it.
-_CLAIM_ORDER = (runs.c.priority.desc(), runs.c.created_at, runs.c.id)
+_AGENT_MAX_ATTEMPTS = agent_max_attempts(sa.bindparam("b_namespace"), sa.bindparam("b_name"))
 
 
 def _claim_key(row: sa.Row[Any]) -> tuple[int, float, str]:
@@ -58,7 +58,7 @@ class SqlClaims(SqlEngine):
         """See :meth:`Store.submit_run`; the record is stored as given (callers pass a
         ``queued`` one). A clash on the run id alone is a ``ConflictError``."""
         row = await self._write(f"submit run {record.id}", self._inserting(record))
-        return (record, True) if row is None else (row_to_run(row), False)
+        return (record, True) if row is None else (RUNS.record(row), False)
 
     async def submit_agent_run(
         self, record: RunRecord, *, claim_for: tuple[str, float] | None = None
@@ -92,7 +92,7 @@ class SqlClaims(SqlEngine):
 
         row, claimed = await self._write(f"submit run {record.id}", write)
         if row is not None:
-            return Submitted(row_to_run(row), False)
+            return Submitted(RUNS.record(row), False)
         if claimed:
             claimed_record, lease = claimed[0]
             return Submitted(claimed_record, True, lease)
@@ -102,23 +102,20 @@ class SqlClaims(SqlEngine):
         """The body of a transaction inserting a new run: ``None``, or the stored run with
         the same idempotency key (then nothing is inserted)."""
         if record.idempotency_key is None:
-            return execute(_INSERT_RUN, run_values(record))
+            return execute(_INSERT_RUN, RUNS.values(record))
         # The unique index decides between racing submits, not a prior read: the
         # insert skips a conflicting key (on PostgreSQL after waiting for the racing
         # transaction to commit), so nothing aborts; a clash on the run id alone
         # still raises (ConflictError).
-        insert = insert_or_skip(self._dialect, runs, _IDEMPOTENCY_COLUMNS)
-        insert = insert.values(**run_values(record)).returning(runs.c.id)
-        existing = sa.select(runs).where(
-            runs.c.namespace == record.namespace,
-            runs.c.agent == record.agent,
-            runs.c.idempotency_key == record.idempotency_key,
-        )
+        insert = insert_or_skip(self._dialect, runs, IDEMPOTENCY_COLUMNS)
+        insert = insert.values(**RUNS.values(record)).returning(runs.c.id)
+        existing = run_by_key(record.namespace, record.agent, record.idempotency_key)
 
         async def write(conn: AsyncConnection) -> sa.Row[Any] | None:
             if (await conn.execute(insert)).first() is not None:
                 return None
-            return (await conn.execute(existing)).one()
+            row: sa.Row[Any] = (await conn.execute(existing)).one()
+            return row
 
         return write
 
@@ -156,29 +153,8 @@ class SqlClaims(SqlEngine):
         # Two index walks (ix_runs_claim), each stopping at ``limit``, beat one OR
         # query that would sort every queued run. SKIP LOCKED lets PostgreSQL
         # claimers pass each other; on SQLite BEGIN IMMEDIATE serializes them.
-        queued = sa.and_(runs.c.state == RunState.QUEUED.value, runs.c.not_before <= now)
-        expired = sa.and_(runs.c.state == RunState.RUNNING.value, runs.c.lease_expires_at < now)
+        queued, expired = due(now), lease_expired(now)
         only = runs.c.id.in_(run_ids) if run_ids is not None else sa.true()
-
-        # On PostgreSQL each candidate row is locked as it is picked (FOR UPDATE SKIP
-        # LOCKED): a row another claimer - or a fenced write of its holder - has
-        # locked is passed over, not waited for, and cannot be picked twice.
-        def walk(runnable: sa.ColumnElement[bool]) -> sa.Select[Any]:
-            return (
-                sa.select(
-                    runs.c.id,
-                    runs.c.priority,
-                    runs.c.created_at,
-                    runs.c.namespace,
-                    runs.c.agent,
-                    runs.c.state,
-                    EXHAUSTED.label("exhausted"),
-                )
-                .where(runnable)
-                .order_by(*_CLAIM_ORDER)
-                .limit(limit)
-                .with_for_update(skip_locked=True)
-            )
 
         async def write(conn: AsyncConnection) -> list[tuple[RunRecord, Lease]]:
             # Agents at their max_concurrent_runs are left out (store/sql/agent_limits.py).
@@ -186,15 +162,12 @@ class SqlClaims(SqlEngine):
             fits = room.exclude_saturated() if room is not None else sa.true()
             candidates: list[Any] = []
             for runnable in (sa.and_(queued, fits, only), sa.and_(expired, only)):
-                candidates.extend((await conn.execute(walk(runnable))).all())
+                candidates.extend((await conn.execute(claim_candidates(runnable, limit))).all())
             if candidates and run_ids is not None and or_higher_priority:
                 # Runs of a higher priority than the lowest given go before it.
-                above = sa.and_(
-                    runs.c.priority > min(row.priority for row in candidates),
-                    runs.c.id.not_in(run_ids),
-                )
+                above = outranks(min(row.priority for row in candidates), run_ids)
                 for runnable in (sa.and_(queued, fits, above), sa.and_(expired, above)):
-                    candidates.extend((await conn.execute(walk(runnable))).all())
+                    candidates.extend((await conn.execute(claim_candidates(runnable, limit))).all())
             if not candidates:
                 return []
             candidates.sort(key=_claim_key)
@@ -202,29 +175,13 @@ class SqlClaims(SqlEngine):
             if not chosen:
                 return []
             ids = [row.id for row in chosen]
-            claimed = (
-                await conn.execute(
-                    runs.update()
-                    # The guard repeats the runnable test: a row another claimer
-                    # took between the SELECT and here is left alone (SQLite).
-                    .where(runs.c.id.in_(ids), sa.or_(queued, expired))
-                    .values(
-                        state=RunState.RUNNING.value,
-                        lease_owner=owner,
-                        lease_expires_at=expires_at,
-                        attempts=CLAIMED_ATTEMPTS,
-                        fencing_token=runs.c.fencing_token + 1,
-                        started_at=sa.func.coalesce(runs.c.started_at, now),
-                    )
-                    .returning(*runs.c)
-                )
-            ).all()
+            claimed = (await conn.execute(claim(ids, owner, expires_at, now))).all()
             # The rows are locked (PostgreSQL) or the writer alone (SQLite) since the
             # SELECT, so its attempts are those the UPDATE saw.
             exhausted = {row.id for row in chosen if row.exhausted}
             return [
                 (
-                    row_to_run(row),
+                    RUNS.record(row),
                     Lease(row.id, owner, row.fencing_token, expires_at, row.id in exhausted),
                 )
                 for row in sorted(claimed, key=_claim_key)
@@ -238,19 +195,10 @@ class SqlClaims(SqlEngine):
         state, which ended the lease); ``NotFoundError`` when the run is absent."""
         expires_at = time.time() + lease_seconds
         # Fenced like save_run: the UPDATE checks the token on the row it locks.
-        renew = (
-            runs.update()
-            .where(
-                runs.c.id == lease.run_id,
-                runs.c.fencing_token == lease.token,
-                runs.c.state == RunState.RUNNING.value,
-            )
-            .values(lease_expires_at=expires_at)
-            .returning(runs.c.cancel_requested)
-        )
+        renewal = renew(lease.run_id, lease.token, expires_at)
 
         async def write(conn: AsyncConnection) -> bool:
-            row = (await conn.execute(renew)).first()
+            row = (await conn.execute(renewal)).first()
             if row is None:
                 await refuse(conn, lease.run_id, lease)
                 raise no_longer_running(lease)
@@ -265,24 +213,10 @@ class SqlClaims(SqlEngine):
         """See :meth:`Store.release_run`. When the token matches but the run is no longer
         ``running`` (already saved as finished or waiting), nothing changes: releasing
         must never re-queue a finished run. ``NotFoundError`` when the run is absent."""
-        release = (
-            runs.update()
-            .where(
-                runs.c.id == lease.run_id,
-                runs.c.fencing_token == lease.token,
-                runs.c.state == RunState.RUNNING.value,
-            )
-            .values(
-                state=RunState.QUEUED.value,
-                lease_owner=None,
-                lease_expires_at=None,
-                not_before=not_before,
-                attempts=REFUNDED_ATTEMPTS if refund_attempt else runs.c.attempts,
-            )
-        )
+        release_it = release(lease.run_id, lease.token, not_before, refund_attempt=refund_attempt)
 
         async def write(conn: AsyncConnection) -> None:
-            if (await conn.execute(release)).rowcount == 0:
+            if (await conn.execute(release_it)).rowcount == 0:
                 # Same token but no longer running: the holder already saved the run
                 # into another state, which ended the lease; nothing to give back.
                 await refuse(conn, lease.run_id, lease)

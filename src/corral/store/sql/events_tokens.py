@@ -16,15 +16,15 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from corral.core.errors import NotFoundError
-from corral.core.events import Event, EventType
+from corral.core.events import Event
 from corral.core.runs import Lease
 from corral.core.tokens import ApiToken
 from corral.store.schema import api_tokens, run_events
 from corral.store.sql import keyset
 from corral.store.sql.engine import SqlEngine, execute, fetch_all, fetch_first
-from corral.store.sql.rows import event_values, row_to_token, token_values
+from corral.store.sql.rows import EVENTS, TOKENS
 from corral.store.sql.rules import check_events_under
-from corral.store.sql.statements import check_fence, lock_runs
+from corral.store.sql.statements import check_fence, events_after, lock_runs
 
 
 class SqlEventsTokens(SqlEngine):
@@ -36,7 +36,7 @@ class SqlEventsTokens(SqlEngine):
         if not events:
             return
         check_events_under(events, lease)
-        rows = event_values(events)
+        rows = [EVENTS.values(e) for e in events]
         run_ids = sorted({e.run_id for e in events})
 
         async def write(conn: AsyncConnection) -> None:
@@ -55,26 +55,18 @@ class SqlEventsTokens(SqlEngine):
     async def list_events(
         self, run_id: str, after_seq: int = 0, limit: int | None = None
     ) -> list[Event]:
-        query = (
-            sa.select(run_events)
-            .where(run_events.c.run_id == run_id, run_events.c.seq > after_seq)
-            .order_by(run_events.c.seq)
-            .limit(limit)
-        )
+        query = events_after(run_id, after_seq).limit(limit)
         rows = await self._read("list run events", fetch_all(query))
-        return [
-            Event(run_id=r.run_id, seq=r.seq, type=EventType(r.type), data=r.data, ts=r.ts)
-            for r in rows
-        ]
+        return [EVENTS.record(row) for row in rows]
 
     async def create_token(self, token: ApiToken) -> None:
-        insert = api_tokens.insert().values(**token_values(token))
+        insert = api_tokens.insert().values(**TOKENS.values(token))
         await self._write(f"create token {token.id}", execute(insert))
 
     async def get_token(self, token_id: str) -> ApiToken | None:
         query = sa.select(api_tokens).where(api_tokens.c.id == token_id)
         row = await self._read(f"read token {token_id}", fetch_first(query))
-        return row_to_token(row) if row is not None else None
+        return TOKENS.record(row) if row is not None else None
 
     async def list_tokens(
         self,
@@ -89,7 +81,7 @@ class SqlEventsTokens(SqlEngine):
         order = (api_tokens.c.created_at, api_tokens.c.id)
         query = keyset.page(query, order, limit=limit, position=after)
         rows = await self._read("list tokens", fetch_all(query))
-        return [row_to_token(row) for row in rows]
+        return [TOKENS.record(row) for row in rows]
 
     async def revoke_token(self, token_id: str) -> ApiToken:
         now = time.time()
@@ -108,7 +100,7 @@ class SqlEventsTokens(SqlEngine):
         row = await self._write(f"revoke token {token_id}", write)
         if row is None:
             raise NotFoundError(f"token {token_id!r} not found")
-        return row_to_token(row)
+        return TOKENS.record(row)
 
     async def touch_token(self, token_id: str, when: float) -> None:
         # Only forward: a late write from another process never moves it back.

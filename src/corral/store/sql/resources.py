@@ -24,6 +24,7 @@ from corral.store.schema import resources
 from corral.store.sql import keyset
 from corral.store.sql.engine import SqlEngine, fetch_all, fetch_first
 from corral.store.sql.rows import row_to_stored, spec_json
+from corral.store.sql.statements import resource, resources_fingerprint
 
 
 class SqlResources(SqlEngine):
@@ -86,8 +87,7 @@ class SqlResources(SqlEngine):
         return ApplyOutcome(namespace, kind, name, ApplyAction.CONFIGURED, generation)
 
     async def get_resource(self, namespace: str, kind: str, name: str) -> StoredResource | None:
-        query = sa.select(resources).where(_resource_key(namespace, kind, name))
-        row = await self._read("read a resource", fetch_first(query))
+        row = await self._read("read a resource", fetch_first(resource(namespace, kind, name)))
         return row_to_stored(row) if row is not None else None
 
     async def list_resources(
@@ -108,11 +108,7 @@ class SqlResources(SqlEngine):
 
     async def resources_fingerprint(self, namespace: str) -> tuple[int, int, float]:
         """See :meth:`Store.resources_fingerprint`: one aggregate query."""
-        query = sa.select(
-            sa.func.count(),
-            sa.func.coalesce(sa.func.sum(resources.c.generation), 0),
-            sa.func.coalesce(sa.func.max(resources.c.updated_at), 0.0),
-        ).where(resources.c.namespace == namespace)
+        query = resources_fingerprint(namespace)
         row = await self._read("read the resources' fingerprint", fetch_first(query))
         assert row is not None  # an aggregate without GROUP BY has one row
         count, generations, latest = tuple[Any, ...](row)

@@ -1,25 +1,36 @@
-"""Rows <-> records for the SQL store: resources, runs, run events, approvals, sessions,
-session messages, API tokens.
+"""Rows <-> records for the SQL store, for both of its paths (SQLAlchemy and the SQLite
+fast path): runs, run events, approvals, sessions, session messages, API tokens, and
+resources.
 
-Messages, usage and pending approvals go through the one serializer of
-:mod:`corral.core.messages` (``dump``/``load``), as JSON columns.
+A record's columns are its own fields (:class:`RecordRows`); the few fields not
+stored as themselves (enums, nested records kept as JSON) are listed in the table
+below each record. Messages, usage and pending approvals go through the one
+serializer of :mod:`corral.core.messages` (``dump``/``load``), as JSON columns.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any, Protocol
+import dataclasses
+import json
+import operator
+from collections.abc import Callable, Mapping, Sequence
+from enum import StrEnum
+from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
+import sqlalchemy as sa
 from pydantic import ValidationError
 
 from corral.core.errors import ConfigurationError
-from corral.core.events import Event
+from corral.core.events import Event, EventType
 from corral.core.messages import Message, Usage, dump, dump_messages, load, load_messages
 from corral.core.runs import Approval, ApprovalState, PendingApproval, RunRecord, RunState
 from corral.core.sessions import Session, SessionMessage
 from corral.core.tokens import ApiToken, Role
 from corral.resources.kinds import API_VERSION, SPEC_TYPES, STORED, Metadata, Resource, Spec
+from corral.store import schema
 from corral.store.base import StoredResource
+
+R = TypeVar("R")
 
 
 class Columns(Protocol):
@@ -29,156 +40,204 @@ class Columns(Protocol):
     def __getattr__(self, name: str) -> Any: ...
 
 
-def run_values(record: RunRecord) -> dict[str, Any]:
-    """Every column of ``runs`` for ``record``."""
-    return {
-        "id": record.id,
-        "namespace": record.namespace,
-        "agent": record.agent,
-        "state": record.state.value,
-        "input": record.input,
-        "output": dump(record.output),
-        "error": record.error,
-        "usage": dump(record.usage),
-        "cost_usd": record.cost_usd,
-        "steps": record.steps,
-        "messages": dump_messages(record.messages),
-        "pending": dump(record.pending_approvals),
-        "created_at": record.created_at,
-        "started_at": record.started_at,
-        "finished_at": record.finished_at,
-        "idempotency_key": record.idempotency_key,
-        "session_id": record.session_id,
-        "priority": record.priority,
-        "not_before": record.not_before,
-        "attempts": record.attempts,
-        "max_attempts": record.max_attempts,
-        "cancel_requested": record.cancel_requested,
-        "lease_owner": record.lease_owner,
-        "lease_expires_at": record.lease_expires_at,
-        "fencing_token": record.fencing_token,
-        "output_schema": record.output_schema,
-    }
+def _json_encoder() -> Callable[[Any], str]:
+    """``json.dumps`` with its default options, built once.
 
-
-def row_to_run(row: Columns) -> RunRecord:
-    """A run record from a full ``runs`` row."""
-    return RunRecord(
-        id=row.id,
-        namespace=row.namespace,
-        agent=row.agent,
-        input=row.input,
-        state=RunState(row.state),
-        output=row.output,
-        error=row.error,
-        usage=load(Usage, row.usage),
-        cost_usd=row.cost_usd,
-        steps=row.steps,
-        messages=load_messages(row.messages),
-        pending_approvals=load(list[PendingApproval], row.pending),
-        created_at=row.created_at,
-        started_at=row.started_at,
-        finished_at=row.finished_at,
-        idempotency_key=row.idempotency_key,
-        session_id=row.session_id,
-        priority=row.priority,
-        not_before=row.not_before,
-        attempts=row.attempts,
-        max_attempts=row.max_attempts,
-        cancel_requested=bool(row.cancel_requested),
-        lease_owner=row.lease_owner,
-        lease_expires_at=row.lease_expires_at,
-        fencing_token=row.fencing_token,
-        output_schema=row.output_schema,
+    ``json.dumps`` builds its C encoder anew on every call, which costs as much
+    as encoding the small values stored here (a run stores a dozen). The one
+    difference: no check for circular references, which values made of JSON
+    data (as everything stored here is) cannot have.
+    """
+    plain = json.JSONEncoder(check_circular=False)
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:  # an interpreter without the C accelerator
+        return plain.encode
+    encode = make(
+        None,  # markers: no circular check
+        plain.default,
+        json.encoder.encode_basestring_ascii,
+        None,  # indent
+        ": ",
+        ", ",
+        False,  # sort_keys
+        False,  # skipkeys
+        True,  # allow_nan
     )
 
+    def dumps(value: Any) -> str:
+        return "".join(encode(value, 0))
 
-def event_values(events: Sequence[Event]) -> list[dict[str, Any]]:
-    """Rows of ``run_events`` for ``events``."""
-    return [
-        {"run_id": e.run_id, "seq": e.seq, "type": str(e.type), "ts": e.ts, "data": e.data}
-        for e in events
-    ]
+    return dumps
 
 
-def approval_values(approval: Approval) -> dict[str, Any]:
-    """Every column of ``approvals`` for ``approval``."""
-    return {
-        "id": approval.id,
-        "run_id": approval.run_id,
-        "namespace": approval.namespace,
-        "agent": approval.agent,
-        "call_id": approval.call_id,
-        "tool": approval.tool,
-        "arguments": approval.arguments,
-        "reason": approval.reason,
-        "state": ApprovalState(approval.state).value,
-        "requested_at": approval.requested_at,
-        "expires_at": approval.expires_at,
-        "decided_at": approval.decided_at,
-        "decided_by": approval.decided_by,
-        "decision_reason": approval.decision_reason,
-    }
+#: JSON as SQLAlchemy's JSON type stores it (``None`` as ``null``), for the fast path.
+dumps = _json_encoder()
 
 
-def row_to_approval(row: Columns) -> Approval:
-    """An approval from a full ``approvals`` row."""
-    return Approval(
-        id=row.id,
-        run_id=row.run_id,
-        namespace=row.namespace,
-        agent=row.agent,
-        call_id=row.call_id,
-        tool=row.tool,
-        arguments=row.arguments,
-        reason=row.reason,
-        state=ApprovalState(row.state),
-        requested_at=row.requested_at,
-        expires_at=row.expires_at,
-        decided_at=row.decided_at,
-        decided_by=row.decided_by,
-        decision_reason=row.decision_reason,
-    )
+def loads(text: str) -> Any:
+    """``json.loads``, with the two texts most JSON columns hold (an empty run's) spared it."""
+    if text == "null":
+        return None
+    if text == "[]":
+        return []
+    return json.loads(text)
 
 
-def row_to_session(row: Columns) -> Session:
-    """A session from a full ``sessions`` row."""
-    return Session(
-        id=row.id,
-        namespace=row.namespace,
-        agent=row.agent,
-        created_at=row.created_at,
-        updated_at=row.updated_at,
-    )
+class Stored(NamedTuple):
+    """How a record's field is stored when not as itself: both directions."""
+
+    to_column: Callable[[Any], Any]
+    from_column: Callable[[Any], Any]
 
 
-def session_message_values(
-    namespace: str, session_id: str, message: SessionMessage, position: float
-) -> dict[str, Any]:
-    """Every column of ``session_messages`` for ``message``, placed at ``position``."""
-    return {
-        "namespace": namespace,
-        "session_id": session_id,
-        "seq": message.seq,
-        "position": position,
-        "message": dump(message.message),
-        "run_id": message.run_id,
-        "hidden": message.hidden,
-        "summary": message.summary,
-        "created_at": message.created_at,
-    }
+def _as_json(tp: Any) -> Stored:
+    """A field of type ``tp`` kept as JSON by the serializer of :mod:`corral.core.messages`."""
+    return Stored(dump, lambda data: load(tp, data))
 
 
-def row_to_session_message(row: Columns) -> SessionMessage:
-    """A session message from a full ``session_messages`` row."""
-    return SessionMessage(
-        seq=row.seq,
-        message=load(Message, row.message),
-        run_id=row.run_id,
-        hidden=bool(row.hidden),
-        summary=bool(row.summary),
-        created_at=row.created_at,
-    )
+def _as_value(enum: type[StrEnum]) -> Stored:
+    """An enum field kept as its value (a plain string given for it is checked)."""
+
+    def value(member: Any) -> str:
+        # A member's str() is its value (StrEnum), and cheaper to get than .value.
+        return str(member) if type(member) is enum else enum(member).value
+
+    return Stored(value, enum)
+
+
+def _then(first: Callable[[Any], Any], second: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    return lambda value: second(first(value))
+
+
+Step = tuple[int, Callable[[Any], Any]]
+
+
+class RecordRows(Generic[R]):
+    """The rows of one table for one dataclass record, from the record's own fields.
+
+    A column holds the field of the same name unless ``renamed`` says otherwise;
+    ``stored`` converts the fields not stored as themselves. ``extra`` names the
+    columns that are not the record's (where it is kept, given with each row). The
+    table and the record are checked against each other when this is built: a field
+    without a column, or a column without a field, fails at import. Adding a field
+    to a record is that edit, plus its column and a migration.
+
+    Rows come in two shapes. :meth:`values` is a dict for SQLAlchemy, which encodes
+    JSON and booleans itself; :meth:`params` is the SQLite fast path's positional
+    parameters in table order, JSON as text. :meth:`record` reads a row of either
+    path back (``text`` for the fast path's), its columns in table order as
+    ``select(table)`` and ``RETURNING`` of every column give them.
+    """
+
+    def __init__(
+        self,
+        record: type[R],
+        table: sa.Table,
+        *,
+        stored: Mapping[str, Stored] | None = None,
+        renamed: Mapping[str, str] | None = None,
+        extra: Sequence[str] = (),
+    ) -> None:
+        renamed = renamed or {}
+        field_names = [f.name for f in dataclasses.fields(record)]  # type: ignore[arg-type]
+        field_of = {renamed.get(name, name): name for name in field_names}
+        self.table = table
+        self.columns = tuple(c.name for c in table.columns)
+        if sorted(self.columns) != sorted([*field_of, *extra]):
+            raise TypeError(
+                f"table {table.name} has columns {sorted(self.columns)} but "
+                f"{record.__name__} has {sorted([*field_of, *extra])}: "
+                "a new field needs its column (and a migration)"
+            )
+        how = {renamed.get(name, name): way for name, way in (stored or {}).items()}
+        json_columns = {c.name for c in table.columns if isinstance(c.type, sa.JSON)}
+        flags = {c.name for c in table.columns if isinstance(c.type, sa.Boolean)}
+        self._record = record
+        self._extra = tuple(extra)
+        self._own = tuple(c for c in self.columns if c in field_of)
+        self._fields = tuple(field_of[c] for c in self._own)
+        self._get = operator.attrgetter(*self._fields)
+        # Each conversion as (index in the row, function), worked out once per table.
+        at = {c: i for i, c in enumerate(self._own)}
+        self._to_values: list[Step] = [(at[c], how[c].to_column) for c in self._own if c in how]
+        self._to_params: list[Step] = []
+        self._from_values: list[Step] = [
+            (i, how[c].from_column) for i, c in enumerate(self.columns) if c in how
+        ]
+        self._from_text: list[Step] = []
+        for i, column in enumerate(self.columns):
+            way = how.get(column)
+            if column in json_columns:
+                self._from_text.append((i, loads if way is None else _then(loads, way.from_column)))
+            elif column in flags:
+                self._from_text.append((i, bool if way is None else _then(bool, way.from_column)))
+            elif way is not None:
+                self._from_text.append((i, way.from_column))
+            if column in at:
+                if column in json_columns:
+                    self._to_params.append(
+                        (at[column], dumps if way is None else _then(way.to_column, dumps))
+                    )
+                elif way is not None:
+                    self._to_params.append((at[column], way.to_column))
+        # Where the record's own columns sit in a full row (extra columns left out).
+        self._mine = operator.itemgetter(*(i for i, c in enumerate(self.columns) if c in at))
+
+    def values(self, record: R, **extra: Any) -> dict[str, Any]:
+        """Every column of ``record``'s row, for SQLAlchemy; ``extra`` gives the others."""
+        values = list(self._get(record))
+        for i, convert in self._to_values:
+            values[i] = convert(values[i])
+        row = dict(zip(self._own, values, strict=True))
+        if extra:
+            row.update(extra)
+        return row
+
+    def params(self, record: R, **extra: Any) -> list[Any]:
+        """Every column of ``record``'s row in table order, for the SQLite fast path."""
+        values = list(self._get(record))
+        for i, convert in self._to_params:
+            values[i] = convert(values[i])
+        if not self._extra:
+            return values
+        by_column = dict(zip(self._own, values, strict=True)) | extra
+        return [by_column[c] for c in self.columns]
+
+    def record(self, row: Sequence[Any], *, text: bool = False) -> R:
+        """The record of a full row, its columns in table order; ``text``: a row of the
+        fast path (JSON as text, booleans as integers)."""
+        values = list(row)
+        for i, convert in self._from_text if text else self._from_values:
+            value = values[i]
+            if value is not None:
+                values[i] = convert(value)
+        if self._extra:
+            values = list(self._mine(values))
+        return self._record(**dict(zip(self._fields, values, strict=True)))
+
+
+RUNS = RecordRows(
+    RunRecord,
+    schema.runs,
+    renamed={"pending_approvals": "pending"},
+    stored={
+        "state": _as_value(RunState),
+        "output": Stored(dump, lambda data: data),
+        "usage": _as_json(Usage),
+        "messages": Stored(dump_messages, load_messages),
+        "pending_approvals": _as_json(list[PendingApproval]),
+    },
+)
+EVENTS = RecordRows(Event, schema.run_events, stored={"type": _as_value(EventType)})
+APPROVALS = RecordRows(Approval, schema.approvals, stored={"state": _as_value(ApprovalState)})
+SESSIONS = RecordRows(Session, schema.sessions)
+SESSION_MESSAGES = RecordRows(
+    SessionMessage,
+    schema.session_messages,
+    stored={"message": _as_json(Message)},
+    extra=("namespace", "session_id", "position"),
+)
+TOKENS = RecordRows(ApiToken, schema.api_tokens, stored={"role": _as_value(Role)})
 
 
 def spec_json(spec: Spec) -> dict[str, Any]:
@@ -200,33 +259,3 @@ def row_to_stored(row: Columns) -> StoredResource:
         ) from exc
     resource = Resource(apiVersion=API_VERSION, kind=row.kind, metadata=metadata, spec=spec)
     return StoredResource(resource, row.generation, row.created_at, row.updated_at)
-
-
-def token_values(token: ApiToken) -> dict[str, Any]:
-    """Every column of ``api_tokens`` for ``token``."""
-    return {
-        "id": token.id,
-        "namespace": token.namespace,
-        "role": Role(token.role).value,
-        "name": token.name,
-        "description": token.description,
-        "secret_hash": token.secret_hash,
-        "created_at": token.created_at,
-        "last_used_at": token.last_used_at,
-        "revoked_at": token.revoked_at,
-    }
-
-
-def row_to_token(row: Columns) -> ApiToken:
-    """An API token from a full ``api_tokens`` row."""
-    return ApiToken(
-        id=row.id,
-        namespace=row.namespace,
-        role=Role(row.role),
-        secret_hash=row.secret_hash,
-        name=row.name,
-        description=row.description,
-        created_at=row.created_at,
-        last_used_at=row.last_used_at,
-        revoked_at=row.revoked_at,
-    )

@@ -23,15 +23,15 @@ from corral.store.schema import approvals as approvals_table
 from corral.store.schema import run_events, runs
 from corral.store.sql import keyset
 from corral.store.sql.engine import SqlEngine, fetch_all, fetch_first
-from corral.store.sql.rows import approval_values, event_values, row_to_run
+from corral.store.sql.rows import APPROVALS, EVENTS, RUNS
 from corral.store.sql.rules import check_events_saved_with, saved_run_values
-from corral.store.sql.statements import append_to_session, refuse
-
-# One statement object for every save, the values passed as parameters: SQLAlchemy finds a
-# statement's compiled form by its cache key, which a statement built anew per call
-# (``update().values(...)`` over the runs table's columns) costs to compute.
-_UPDATE_RUN = runs.update().where(runs.c.id == sa.bindparam("b_id"))
-_UPDATE_RUN_FENCED = _UPDATE_RUN.where(runs.c.fencing_token == sa.bindparam("b_token"))
+from corral.store.sql.statements import (
+    SAVE_RUN,
+    SAVE_RUN_FENCED,
+    append_to_session,
+    refuse,
+    run_by_id,
+)
 
 
 class SqlRuns(SqlEngine):
@@ -49,17 +49,17 @@ class SqlRuns(SqlEngine):
         save, never cleared (the flag belongs to :meth:`request_cancel`); a lease on
         another run is a ``ConflictError``."""
         values = saved_run_values(record, lease)
-        # One statement object for every save, the values as parameters (see _UPDATE_RUN).
+        # One statement object for every save, the values as parameters (see SAVE_RUN).
         values["b_id"] = record.id
-        statement = _UPDATE_RUN
+        statement = SAVE_RUN
         if lease is not None:
             # The UPDATE checks the token and locks the row in one step: on PostgreSQL a
             # claim in flight makes it wait, then re-check the token of the claimed row.
-            statement = _UPDATE_RUN_FENCED
+            statement = SAVE_RUN_FENCED
             values["b_token"] = lease.token
         namespace, session_id = record.namespace, record.session_id
         check_events_saved_with(events, record.id)
-        event_rows = event_values(events)
+        event_rows = [EVENTS.values(e) for e in events]
 
         async def write(conn: AsyncConnection) -> None:
             result = await conn.execute(statement, values)
@@ -67,7 +67,7 @@ class SqlRuns(SqlEngine):
                 await refuse(conn, record.id, lease)
             if approvals:
                 await conn.execute(
-                    approvals_table.insert(), [approval_values(a) for a in approvals]
+                    approvals_table.insert(), [APPROVALS.values(a) for a in approvals]
                 )
             if session_messages and session_id is not None:
                 await append_to_session(
@@ -81,9 +81,8 @@ class SqlRuns(SqlEngine):
             await self._write(f"save run {record.id}", write)
 
     async def get_run(self, run_id: str) -> RunRecord | None:
-        query = sa.select(runs).where(runs.c.id == run_id)
-        row = await self._read(f"read run {run_id}", fetch_first(query))
-        return row_to_run(row) if row is not None else None
+        row = await self._read(f"read run {run_id}", fetch_first(run_by_id(run_id)))
+        return RUNS.record(row) if row is not None else None
 
     async def list_runs(
         self,
@@ -103,7 +102,7 @@ class SqlRuns(SqlEngine):
             query, (runs.c.created_at, runs.c.id), limit=limit, position=before, descending=True
         )
         rows = await self._read("list runs", fetch_all(query))
-        return [row_to_run(row) for row in rows]
+        return [RUNS.record(row) for row in rows]
 
     async def count_runs(self, *, now: float | None = None) -> RunCounts:
         now = time.time() if now is None else now
@@ -131,9 +130,8 @@ class SqlRuns(SqlEngine):
         now = time.time()
 
         async def write(conn: AsyncConnection) -> sa.Row[Any]:
-            row = (
-                await conn.execute(sa.select(runs).where(runs.c.id == run_id).with_for_update())
-            ).first()
+            locked = run_by_id(run_id).with_for_update()
+            row: sa.Row[Any] | None = (await conn.execute(locked)).first()
             if row is None:
                 raise NotFoundError(f"run {run_id!r} not found")
             state = RunState(row.state)
@@ -167,7 +165,7 @@ class SqlRuns(SqlEngine):
                 )
             ).one()
 
-        return row_to_run(await self._write(f"cancel run {run_id}", write))
+        return RUNS.record(await self._write(f"cancel run {run_id}", write))
 
     async def prune_runs(
         self,

@@ -19,11 +19,12 @@ from corral.core.sessions import Session, SessionMessage
 from corral.store.schema import session_messages, sessions
 from corral.store.sql import keyset
 from corral.store.sql.engine import SqlEngine, fetch_all, fetch_first
-from corral.store.sql.rows import row_to_session, row_to_session_message, session_message_values
+from corral.store.sql.rows import SESSION_MESSAGES, SESSIONS
 from corral.store.sql.rules import check_session_agent, session_not_found
 from corral.store.sql.statements import (
     in_session,
     last_seq,
+    messages_of_session,
     open_session,
     session_in_use,
     session_key,
@@ -49,12 +50,12 @@ class SqlSessions(SqlEngine):
             row = await self._write(action, write)
         else:
             check_session_agent(session_id, row.agent, agent)
-        return row_to_session(row)
+        return SESSIONS.record(row)
 
     async def get_session(self, namespace: str, session_id: str) -> Session | None:
         query = sa.select(sessions).where(session_key(namespace, session_id))
         row = await self._read(f"read session {session_id}", fetch_first(query))
-        return row_to_session(row) if row is not None else None
+        return SESSIONS.record(row) if row is not None else None
 
     async def list_sessions(
         self,
@@ -70,7 +71,7 @@ class SqlSessions(SqlEngine):
         order = (sessions.c.updated_at, sessions.c.id)
         query = keyset.page(query, order, limit=limit, position=after, descending=True)
         rows = await self._read("list sessions", fetch_all(query))
-        return [row_to_session(row) for row in rows]
+        return [SESSIONS.record(row) for row in rows]
 
     async def delete_session(self, namespace: str, session_id: str) -> None:
         """See :meth:`Store.delete_session`: the check for unfinished runs and the delete
@@ -94,13 +95,9 @@ class SqlSessions(SqlEngine):
     ) -> list[SessionMessage]:
         """See :meth:`Store.session_messages`: ordered by position (a summary sits before
         the messages it left visible); an unknown session has no messages."""
-        table = session_messages
-        query = sa.select(table).where(in_session(namespace, session_id))
-        if not include_hidden:
-            query = query.where(table.c.hidden == sa.false())
-        query = query.order_by(table.c.position, table.c.seq)
+        query = messages_of_session(namespace, session_id, include_hidden=include_hidden)
         rows = await self._read(f"read session {session_id}", fetch_all(query))
-        return [row_to_session_message(row) for row in rows]
+        return [SESSION_MESSAGES.record(row) for row in rows]
 
     async def compact_session(
         self, namespace: str, session_id: str, up_to_seq: int, summary: Message | None
@@ -144,7 +141,12 @@ class SqlSessions(SqlEngine):
             stored = SessionMessage(top + 1, summary, summary=True, created_at=now)
             await conn.execute(
                 table.insert().values(
-                    **session_message_values(namespace, session_id, stored, (low + high) / 2)
+                    **SESSION_MESSAGES.values(
+                        stored,
+                        namespace=namespace,
+                        session_id=session_id,
+                        position=(low + high) / 2,
+                    )
                 )
             )
 

@@ -16,8 +16,8 @@ from corral.core.errors import ConfigurationError, ConflictError
 from corral.core.messages import Message
 from corral.core.runs import ApprovalState, Lease, RunState
 from corral.core.sessions import SessionMessage
-from corral.store.schema import approvals, runs, session_messages, sessions
-from corral.store.sql.rows import session_message_values
+from corral.store.schema import approvals, resources, run_events, runs, session_messages, sessions
+from corral.store.sql.rows import SESSION_MESSAGES
 from corral.store.sql.rules import check_session_agent, judge_token, numbered, session_not_found
 
 
@@ -57,11 +57,7 @@ async def check_fence(conn: AsyncConnection, lease: Lease) -> None:
     lock also puts the fenced writes of one run in a single line. On SQLite
     ``BEGIN IMMEDIATE`` already excludes other writers.
     """
-    token = (
-        await conn.execute(
-            sa.select(runs.c.fencing_token).where(runs.c.id == lease.run_id).with_for_update()
-        )
-    ).scalar()
+    token = (await conn.execute(fencing_token(lease.run_id).with_for_update())).scalar()
     judge_token(lease.run_id, token, lease)
 
 
@@ -82,10 +78,197 @@ async def refuse(conn: AsyncConnection, run_id: str, lease: Lease | None) -> Non
     Raises ``NotFoundError`` or ``LeaseLostError``; returns when the run exists
     and the token still matches, leaving the verdict to the caller.
     """
-    token = (
-        await conn.execute(sa.select(runs.c.fencing_token).where(runs.c.id == run_id))
-    ).scalar()
+    token = (await conn.execute(fencing_token(run_id))).scalar()
     judge_token(run_id, token, lease)
+
+
+#: A value of a statement: what it is compared with or set to, or an ``sa.bindparam`` in
+#: its place. The builders below take either: the SQLAlchemy path passes values, the
+#: SQLite fast path bind parameters once and compiles the statement it gets back.
+Value = Any
+
+
+def run_by_id(run_id: Value) -> sa.Select[Any]:
+    """The whole row of one run."""
+    return sa.select(runs).where(runs.c.id == run_id)
+
+
+def fencing_token(run_id: Value) -> sa.Select[Any]:
+    """The fencing token of one run (no row: no such run)."""
+    return sa.select(runs.c.fencing_token).where(runs.c.id == run_id)
+
+
+#: The unique key of an idempotent submit: an agent's runs have one per key.
+IDEMPOTENCY_COLUMNS = ("namespace", "agent", "idempotency_key")
+
+
+def run_by_key(namespace: Value, agent: Value, key: Value) -> sa.Select[Any]:
+    """The run an agent's idempotent submit stored under ``key``."""
+    return sa.select(runs).where(
+        runs.c.namespace == namespace, runs.c.agent == agent, runs.c.idempotency_key == key
+    )
+
+
+def agent_max_attempts(namespace: Value, name: Value) -> sa.Select[Any]:
+    """The ``max_attempts`` of an Agent's stored spec (no row: no such Agent)."""
+    return sa.select(resources.c.spec["max_attempts"].as_integer()).where(
+        resources.c.namespace == namespace, resources.c.kind == "Agent", resources.c.name == name
+    )
+
+
+#: An Agent's ``max_concurrent_runs``, where it has one.
+AGENT_LIMIT = resources.c.spec["max_concurrent_runs"].as_integer()
+#: Every Agent with ``max_concurrent_runs``: its namespace, name and limit.
+LIMITED_AGENTS = sa.select(resources.c.namespace, resources.c.name, AGENT_LIMIT).where(
+    resources.c.kind == "Agent", AGENT_LIMIT.is_not(None)
+)
+
+
+def due(now: Value) -> sa.ColumnElement[bool]:
+    """A queued run whose time has come."""
+    return sa.and_(runs.c.state == RunState.QUEUED.value, runs.c.not_before <= now)
+
+
+def lease_expired(now: Value) -> sa.ColumnElement[bool]:
+    """A running run whose holder's lease has run out."""
+    return sa.and_(runs.c.state == RunState.RUNNING.value, runs.c.lease_expires_at < now)
+
+
+#: Claim order: highest priority first, then oldest; ``ix_runs_claim`` serves it.
+CLAIM_ORDER = (runs.c.priority.desc(), runs.c.created_at, runs.c.id)
+
+
+def claim_candidates(runnable: sa.ColumnElement[bool], limit: Value) -> sa.Select[Any]:
+    """One walk of ``ix_runs_claim``: the first ``limit`` runs of ``runnable`` in claim
+    order, with what choosing among them needs. On PostgreSQL each row is locked as it
+    is picked (``FOR UPDATE SKIP LOCKED``): a row another claimer - or a fenced write of
+    its holder - has locked is passed over, not waited for, and cannot be picked twice."""
+    return (
+        sa.select(
+            runs.c.id,
+            runs.c.priority,
+            runs.c.created_at,
+            runs.c.namespace,
+            runs.c.agent,
+            runs.c.state,
+            EXHAUSTED.label("exhausted"),
+        )
+        .where(runnable)
+        .order_by(*CLAIM_ORDER)
+        .limit(limit)
+        .with_for_update(skip_locked=True)
+    )
+
+
+def outranks(priority: Value, ids: Value) -> sa.ColumnElement[bool]:
+    """A run of a higher priority than ``priority`` that is not one of ``ids`` (a claim of
+    given runs takes those before them: see ``Store.claim_runs``)."""
+    return sa.and_(runs.c.priority > priority, runs.c.id.not_in(ids))
+
+
+def claim(ids: Value, owner: Value, expires_at: Value, now: Value) -> sa.Update:
+    """Lease the runs of ``ids`` that are still runnable at ``now``; every claimed row."""
+    return (
+        runs.update()
+        # The guard repeats the runnable test: a row another claimer took between
+        # the candidates' SELECT and here is left alone (SQLite).
+        .where(runs.c.id.in_(ids), sa.or_(due(now), lease_expired(now)))
+        .values(
+            state=RunState.RUNNING.value,
+            lease_owner=owner,
+            lease_expires_at=expires_at,
+            attempts=CLAIMED_ATTEMPTS,
+            fencing_token=runs.c.fencing_token + 1,
+            started_at=sa.func.coalesce(runs.c.started_at, now),
+        )
+        .returning(*runs.c)
+    )
+
+
+def _held(run_id: Value, token: Value) -> sa.ColumnElement[bool]:
+    """The run, while the lease with fencing token ``token`` still holds it running."""
+    return sa.and_(
+        runs.c.id == run_id, runs.c.fencing_token == token, runs.c.state == RunState.RUNNING.value
+    )
+
+
+def renew(run_id: Value, token: Value, expires_at: Value) -> sa.Update:
+    """Extend a held lease (fenced: the UPDATE checks the token on the row it locks);
+    returns whether a cancel was requested."""
+    return (
+        runs.update()
+        .where(_held(run_id, token))
+        .values(lease_expires_at=expires_at)
+        .returning(runs.c.cancel_requested)
+    )
+
+
+def release(run_id: Value, token: Value, not_before: Value, *, refund_attempt: bool) -> sa.Update:
+    """Queue a held run again, leaseless, from ``not_before``; giving its attempt back
+    (see ``REFUNDED_ATTEMPTS``) or not."""
+    return (
+        runs.update()
+        .where(_held(run_id, token))
+        .values(
+            state=RunState.QUEUED.value,
+            lease_owner=None,
+            lease_expires_at=None,
+            not_before=not_before,
+            attempts=REFUNDED_ATTEMPTS if refund_attempt else runs.c.attempts,
+        )
+    )
+
+
+# One statement object for every save, the values passed as parameters: SQLAlchemy finds a
+# statement's compiled form by its cache key, which a statement built anew per call
+# (``update().values(...)`` over the runs table's columns) costs to compute.
+SAVE_RUN = runs.update().where(runs.c.id == sa.bindparam("b_id"))
+SAVE_RUN_FENCED = SAVE_RUN.where(runs.c.fencing_token == sa.bindparam("b_token"))
+
+
+def resource(namespace: Value, kind: Value, name: Value) -> sa.Select[Any]:
+    """The whole row of one resource."""
+    return sa.select(resources).where(
+        resources.c.namespace == namespace, resources.c.kind == kind, resources.c.name == name
+    )
+
+
+def resources_fingerprint(namespace: Value) -> sa.Select[Any]:
+    """What changes whenever a namespace's resources do: their count, the sum of their
+    generations and the latest update."""
+    return sa.select(
+        sa.func.count(),
+        sa.func.coalesce(sa.func.sum(resources.c.generation), 0),
+        sa.func.coalesce(sa.func.max(resources.c.updated_at), 0.0),
+    ).where(resources.c.namespace == namespace)
+
+
+def events_after(run_id: Value, after_seq: Value) -> sa.Select[Any]:
+    """A run's events after ``after_seq``, in order (the caller adds its limit)."""
+    return (
+        sa.select(run_events)
+        .where(run_events.c.run_id == run_id, run_events.c.seq > after_seq)
+        .order_by(run_events.c.seq)
+    )
+
+
+def approvals_due(now: Value) -> sa.ColumnElement[bool]:
+    """A pending approval whose deadline has passed."""
+    return sa.and_(
+        approvals.c.state == ApprovalState.PENDING.value,
+        approvals.c.expires_at.is_not(None),
+        approvals.c.expires_at <= now,
+    )
+
+
+def expire_due_approvals(now: Value) -> sa.Update:
+    """Expire every approval due at ``now``; the rows it expired."""
+    return (
+        approvals.update()
+        .where(approvals_due(now))
+        .values(state=ApprovalState.EXPIRED.value, decided_at=now)
+        .returning(*approvals.c)
+    )
 
 
 #: The ``attempts`` a claim stores: one more, but never past ``max_attempts``; a claim
@@ -100,18 +283,9 @@ EXHAUSTED = runs.c.attempts >= runs.c.max_attempts
 REFUNDED_ATTEMPTS = sa.case((runs.c.attempts > 0, runs.c.attempts - 1), else_=0)
 
 
-def sqlite_text(expression: sa.ClauseElement) -> str:
-    """``expression`` (or a whole statement) as SQLite SQL text with its constants
-    inlined (the SQLite fast path writes its statements as text but shares these rules)."""
-    from sqlalchemy.dialects import sqlite
-
-    compiled = expression.compile(dialect=sqlite.dialect(), compile_kwargs={"literal_binds": True})
-    return str(compiled)
-
-
 def requeue_settled(run_ids: Sequence[str], now: float) -> sa.Update:
     """Queue each ``waiting_approval`` run of ``run_ids`` that has no pending approval left
-    (the SQLite fast path runs this statement too, compiled by :func:`sqlite_text`)."""
+    (the SQLite fast path runs this statement too)."""
     pending = sa.exists().where(
         approvals.c.run_id == runs.c.id, approvals.c.state == ApprovalState.PENDING.value
     )
@@ -143,23 +317,51 @@ def in_session(namespace: str, session_id: str) -> sa.ColumnElement[bool]:
     )
 
 
+def session_touch(namespace: Value, session_id: Value, now: Value) -> sa.Update:
+    """Mark a session updated (which also write-locks its row)."""
+    return sessions.update().where(session_key(namespace, session_id)).values(updated_at=now)
+
+
+def session_top_seq(namespace: Value, session_id: Value) -> sa.Select[Any]:
+    """The highest message seq of a session (``None`` when it has none)."""
+    return sa.select(sa.func.max(session_messages.c.seq)).where(in_session(namespace, session_id))
+
+
 async def touch_session(conn: AsyncConnection, namespace: str, session_id: str, now: float) -> None:
     """Mark a session updated (which also write-locks its row); ``NotFoundError`` if absent."""
-    result = await conn.execute(
-        sessions.update().where(session_key(namespace, session_id)).values(updated_at=now)
-    )
-    if result.rowcount == 0:
+    if (await conn.execute(session_touch(namespace, session_id, now))).rowcount == 0:
         raise session_not_found(session_id)
 
 
 async def last_seq(conn: AsyncConnection, namespace: str, session_id: str) -> int:
     """The highest message seq of a session, 0 when it has none."""
-    top = (
-        await conn.execute(
-            sa.select(sa.func.max(session_messages.c.seq)).where(in_session(namespace, session_id))
-        )
-    ).scalar()
-    return int(top or 0)
+    return int((await conn.execute(session_top_seq(namespace, session_id))).scalar() or 0)
+
+
+def messages_of_session(
+    namespace: Value, session_id: Value, *, include_hidden: bool
+) -> sa.Select[Any]:
+    """A session's messages (``hidden`` ones too, or not) in order: by position (a summary
+    sits before the messages it leaves visible), then seq."""
+    query = sa.select(session_messages).where(in_session(namespace, session_id))
+    if not include_hidden:
+        query = query.where(session_messages.c.hidden == sa.false())
+    return query.order_by(session_messages.c.position, session_messages.c.seq)
+
+
+def session_upsert(
+    dialect: str, namespace: Value, session_id: Value, agent: Value, now: Value
+) -> sa.Insert:
+    """Create a session unless it exists, and lock its row either way; its whole row."""
+    insert = _insert(dialect, sessions).values(
+        namespace=namespace, id=session_id, agent=agent, created_at=now, updated_at=now
+    )
+    upsert: sa.Insert = insert.on_conflict_do_update(
+        # (a no-op update: it only takes the row's lock; opening a session is not using it)
+        index_elements=["namespace", "id"],
+        set_={"updated_at": sessions.c.updated_at},
+    ).returning(*sessions.c)
+    return upsert
 
 
 async def open_session(
@@ -171,14 +373,7 @@ async def open_session(
     # An upsert, not insert-or-skip then select: it locks the row it finds in the same
     # step, so a delete cannot remove it in between (on PostgreSQL a racing delete makes
     # it wait, then insert the session anew).
-    insert = _insert(dialect, sessions).values(
-        namespace=namespace, id=session_id, agent=agent, created_at=now, updated_at=now
-    )
-    upsert = insert.on_conflict_do_update(
-        # (a no-op update: it only takes the row's lock; opening a session is not using it)
-        index_elements=["namespace", "id"],
-        set_={"updated_at": sessions.c.updated_at},
-    ).returning(*sessions.c)
+    upsert = session_upsert(dialect, namespace, session_id, agent, now)
     row: sa.Row[Any] = (await conn.execute(upsert)).one()
     check_session_agent(session_id, row.agent, agent)
     return row
@@ -221,10 +416,14 @@ async def append_to_session(
     """Append ``messages`` to a session after its last seq; ``NotFoundError`` if absent."""
     # Touching the session first also locks it (PostgreSQL) for the seq below.
     await touch_session(conn, namespace, session_id, now)
-    top = await last_seq(conn, namespace, session_id)
-    stored = numbered(messages, top, run_id, now)
+    stored = numbered(messages, await last_seq(conn, namespace, session_id), run_id, now)
     await conn.execute(
         session_messages.insert(),
-        [session_message_values(namespace, session_id, m, float(m.seq)) for m in stored],
+        [
+            SESSION_MESSAGES.values(
+                m, namespace=namespace, session_id=session_id, position=float(m.seq)
+            )
+            for m in stored
+        ],
     )
     return stored
