@@ -75,6 +75,25 @@ class Call(Generic[T_co]):
     accept: tuple[int, ...] = ()
 
 
+class Source(Generic[T_co]):
+    """What a client iterates rather than sends: a list's pages (:class:`Pages`) or a
+    run's event stream (:class:`~corral.client.wire.EventStream`)."""
+
+
+@dataclass(frozen=True)
+class Pages(Source[T_co]):
+    """Every item of a list, page after page: ``call`` asks for the page at a cursor
+    (``None``: the first)."""
+
+    call: Callable[[str | None], Call[Page[T_co]]]
+
+    @staticmethod
+    def next_cursor(page: Page[Any]) -> str | None:
+        """Where the page after ``page`` starts; ``None`` when there is none (an empty
+        page ends the list too, whatever its cursor)."""
+        return page.next_cursor if page.items else None
+
+
 class Submitted(NamedTuple):
     """A submitted task, and whether this call created it (``False``: the idempotency
     key was seen before and ``task`` is the first task submitted with it)."""
