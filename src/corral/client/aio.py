@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from types import TracebackType
 from typing import Self, TypeVar
 
 import anyio
@@ -35,7 +36,12 @@ class AsyncClient(Methods[httpx.AsyncBaseTransport], AsyncIO):
     async def __aenter__(self) -> Self:
         return self
 
-    async def __aexit__(self, *exc_info: object) -> None:
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
         await self.aclose()
 
     async def send(self, call: Call[T]) -> T:

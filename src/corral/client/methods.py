@@ -22,7 +22,7 @@ import inspect
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping, Sequence
 from types import MethodType
-from typing import Any, Concatenate, Generic, ParamSpec, Self, TypeVar, overload
+from typing import Any, Concatenate, Generic, ParamSpec, Self, TypeVar, cast, overload
 
 from corral.api import (
     ApplyResult,
@@ -89,7 +89,7 @@ class _Method(Generic[P, B]):
 
     def __init__(self, build: Callable[Concatenate[Any, P], B]) -> None:
         self.build = build
-        functools.update_wrapper(self, build)
+        functools.update_wrapper(cast(Any, self), build)  # its name and docstring
         # what inspect and help() show of the bound method: build's parameters (its
         # return annotation, the call, is not what the method returns)
         self.signature = inspect.signature(build).replace(return_annotation=inspect.Signature.empty)
@@ -117,12 +117,12 @@ class sends(_Method[P, Call[T]]):
         build = self.build
         if isinstance(client, AsyncIO):
 
-            async def send_async(client: AsyncIO, *args: P.args, **kwargs: P.kwargs) -> T:
+            async def send_async(client: AsyncIO, /, *args: P.args, **kwargs: P.kwargs) -> T:
                 return await client.send(build(client, *args, **kwargs))
 
             return self._bind(client, send_async)
 
-        def send(client: SyncIO, *args: P.args, **kwargs: P.kwargs) -> T:
+        def send(client: SyncIO, /, *args: P.args, **kwargs: P.kwargs) -> T:
             return client.send(build(client, *args, **kwargs))
 
         return self._bind(client, send)
@@ -143,7 +143,7 @@ class iterates(_Method[P, Source[T]]):
             return self
         build = self.build
 
-        def iterate(client: SyncIO | AsyncIO, *args: P.args, **kwargs: P.kwargs) -> object:
+        def iterate(client: SyncIO | AsyncIO, /, *args: P.args, **kwargs: P.kwargs) -> object:
             source = build(client, *args, **kwargs)
             if isinstance(source, wire.EventStream):
                 return client._follow(source)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from types import TracebackType
 from typing import Self, TypeVar
 
 import httpx
@@ -32,7 +33,12 @@ class Client(Methods[httpx.BaseTransport], SyncIO):
     def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc_info: object) -> None:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
         self.close()
 
     def send(self, call: Call[T]) -> T:

@@ -22,7 +22,7 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, TypedDict, TypeVar
+from typing import Any, ClassVar, TypedDict, TypeVar
 
 import httpx
 
@@ -300,7 +300,8 @@ class EventStream(Source[EventOut]):
     parser: SseParser = field(default_factory=SseParser)
     #: seconds to wait before the next connection (set when one ends early)
     pause: float = 0.0
-    timeout: httpx.Timeout = STREAM_TIMEOUT
+    #: a stream is read for as long as the run goes: only a silent one times out
+    timeout: ClassVar[httpx.Timeout] = STREAM_TIMEOUT
 
     @property
     def ended(self) -> bool:
