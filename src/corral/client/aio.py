@@ -12,7 +12,7 @@ import httpx
 
 from corral.api import EventOut
 from corral.client import wire
-from corral.client.calls import Call, Pages
+from corral.client.calls import Call, Follow, Pages
 from corral.client.methods import AsyncIO, Methods
 
 T = TypeVar("T")
@@ -61,7 +61,8 @@ class AsyncClient(Methods[httpx.AsyncBaseTransport], AsyncIO):
             if (cursor := pages.next_cursor(page)) is None:
                 return
 
-    async def _follow(self, stream: wire.EventStream) -> AsyncIterator[EventOut]:
+    async def _follow(self, follow: Follow) -> AsyncIterator[EventOut]:
+        stream = wire.EventStream.of(follow, self.base_url)
         while not stream.ended:
             await anyio.sleep(stream.pause)
             with stream.attempt():

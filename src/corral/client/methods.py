@@ -1,18 +1,22 @@
 """The client's methods, written once for :class:`~corral.client.Client` and
 :class:`~corral.client.AsyncClient`.
 
-A method here only says what to send: it returns a :class:`~corral.client.calls.Call`,
-the pages of a list or a run's event stream. The descriptor it is wrapped in makes
-it the method of the client it is read from: on a ``Client`` it sends the call and
-returns the answer (iterates the items, follows the stream); on an ``AsyncClient``
-it returns a coroutine of the answer (an async iterator). Each client provides only
-its I/O (:class:`SyncIO`, :class:`AsyncIO`), so the two have one set of methods, with
-one signature and one docstring each, and typing stays exact for both (``await
-AsyncClient.get_task(...)`` is a ``TaskDetail``).
+Each method is a function of :mod:`corral.client.calls` - its signature and
+docstring are the method's - that only says what to send: a
+:class:`~corral.client.calls.Call`, the :class:`~corral.client.calls.Pages` of a
+list or a run's stream to :class:`~corral.client.calls.Follow`. The descriptor
+it is wrapped in here makes it the method of the client it is read from: on a
+``Client`` it sends the call and returns the answer (iterates the items, follows
+the stream); on an ``AsyncClient`` it returns a coroutine of the answer (an async
+iterator). Each client provides only its I/O (:class:`SyncIO`, :class:`AsyncIO`),
+so the two have one set of methods, and typing stays exact for both (``await
+client.get_task(...)`` is a ``TaskDetail`` on an ``AsyncClient``).
 
-    Methods            the endpoints as methods        (this module)
-    SyncIO | AsyncIO   send, walk pages, follow        (sync.py, aio.py)
-    calls, wire        requests, answers, errors, SSE  (both)
+    calls        what each method sends, its signature and docstring
+    Methods      the table of methods: calls wrapped in sends / iterates
+    SyncIO       Client: send, walk pages, follow       (sync.py)
+    AsyncIO      AsyncClient: the same, awaited          (aio.py)
+    wire         requests, answers, errors, SSE          (both)
 """
 
 from __future__ import annotations
@@ -20,37 +24,16 @@ from __future__ import annotations
 import functools
 import inspect
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping, Sequence
-from types import MethodType
-from typing import Any, Concatenate, Generic, ParamSpec, Self, TypeVar, cast, overload
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from typing import Any, Generic, ParamSpec, Self, TypeVar, cast, overload
 
-from corral.api import (
-    ApplyResult,
-    ApprovalOut,
-    ApprovalPage,
-    EventOut,
-    EventPage,
-    Health,
-    Readiness,
-    ResourceOut,
-    ResourcePage,
-    SessionMessageOut,
-    SessionMessagePage,
-    SessionOut,
-    SessionPage,
-    Task,
-    TaskDetail,
-    TaskPage,
-    TokenCreated,
-    TokenOut,
-    TokenPage,
-)
+from corral.api import EventOut
 from corral.client import calls, wire
-from corral.client.calls import Call, Documents, Pages, Source, Submitted
+from corral.client.calls import Call, Follow, Pages, Source
 
 P = ParamSpec("P")
 T = TypeVar("T")
-#: what a method builds: a call, the pages of a list, or an event stream
+#: what a method builds: a call, or what to iterate
 B = TypeVar("B")
 #: an httpx transport, sync or async
 Transport = TypeVar("Transport")
@@ -67,7 +50,7 @@ class SyncIO(ABC):
     def _walk(self, pages: Pages[T]) -> Iterator[T]: ...
 
     @abstractmethod
-    def _follow(self, stream: wire.EventStream) -> Iterator[EventOut]: ...
+    def _follow(self, follow: Follow) -> Iterator[EventOut]: ...
 
 
 class AsyncIO(ABC):
@@ -81,25 +64,23 @@ class AsyncIO(ABC):
     def _walk(self, pages: Pages[T]) -> AsyncIterator[T]: ...
 
     @abstractmethod
-    def _follow(self, stream: wire.EventStream) -> AsyncIterator[EventOut]: ...
+    def _follow(self, follow: Follow) -> AsyncIterator[EventOut]: ...
 
 
 class _Method(Generic[P, B]):
     """A method of both clients from ``build`` (its signature and docstring)."""
 
-    def __init__(self, build: Callable[Concatenate[Any, P], B]) -> None:
+    def __init__(self, build: Callable[P, B]) -> None:
         self.build = build
         functools.update_wrapper(cast(Any, self), build)  # its name and docstring
-        # what inspect and help() show of the bound method: build's parameters (its
-        # return annotation, the call, is not what the method returns)
+        # what inspect and help() show of the method: build's parameters (its return
+        # annotation, what to send, is not what the method returns)
         self.signature = inspect.signature(build).replace(return_annotation=inspect.Signature.empty)
 
-    def _bind(
-        self, client: object, run: Callable[Concatenate[Any, P], object]
-    ) -> Callable[..., Any]:
-        functools.update_wrapper(run, self.build)
-        run.__signature__ = self.signature  # type: ignore[attr-defined]
-        return MethodType(run, client)
+    def _as_method(self, method: Callable[P, object]) -> Callable[..., Any]:
+        functools.update_wrapper(method, self.build)
+        method.__signature__ = self.signature  # type: ignore[attr-defined]
+        return method
 
 
 class sends(_Method[P, Call[T]]):
@@ -116,16 +97,17 @@ class sends(_Method[P, Call[T]]):
             return self
         build = self.build
         if isinstance(client, AsyncIO):
+            sender = client
 
-            async def send_async(client: AsyncIO, /, *args: P.args, **kwargs: P.kwargs) -> T:
-                return await client.send(build(client, *args, **kwargs))
+            async def send_async(*args: P.args, **kwargs: P.kwargs) -> T:
+                return await sender.send(build(*args, **kwargs))
 
-            return self._bind(client, send_async)
+            return self._as_method(send_async)
 
-        def send(client: SyncIO, /, *args: P.args, **kwargs: P.kwargs) -> T:
-            return client.send(build(client, *args, **kwargs))
+        def send(*args: P.args, **kwargs: P.kwargs) -> T:
+            return client.send(build(*args, **kwargs))
 
-        return self._bind(client, send)
+        return self._as_method(send)
 
 
 class iterates(_Method[P, Source[T]]):
@@ -143,14 +125,14 @@ class iterates(_Method[P, Source[T]]):
             return self
         build = self.build
 
-        def iterate(client: SyncIO | AsyncIO, /, *args: P.args, **kwargs: P.kwargs) -> object:
-            source = build(client, *args, **kwargs)
-            if isinstance(source, wire.EventStream):
+        def iterate(*args: P.args, **kwargs: P.kwargs) -> object:
+            source = build(*args, **kwargs)
+            if isinstance(source, Follow):
                 return client._follow(source)
             assert isinstance(source, Pages)
             return client._walk(source)
 
-        return self._bind(client, iterate)
+        return self._as_method(iterate)
 
 
 class Methods(Generic[Transport]):
@@ -181,264 +163,41 @@ class Methods(Generic[Transport]):
         """Open the client's httpx client."""
         raise NotImplementedError
 
-    # ------------------------------------------------------------------- operations
-
-    @sends
-    def health(self) -> Call[Health]:
-        """Liveness (no token needed)."""
-        return calls.health()
-
-    @sends
-    def ready(self) -> Call[Readiness]:
-        """Readiness: ``not_ready`` while the server shuts down or its store is down."""
-        return calls.ready()
-
-    # ------------------------------------------------------------------- resources
-
-    @sends
-    def apply(self, documents: Documents) -> Call[ApplyResult]:
-        """Apply YAML text, one document or a list of them; all or nothing."""
-        return calls.apply(documents)
-
-    @sends
-    def list_resources(
-        self, kind: str | None = None, *, limit: int | None = None, cursor: str | None = None
-    ) -> Call[ResourcePage]:
-        return calls.list_resources(kind, limit=limit, cursor=cursor)
-
-    @iterates
-    def iter_resources(
-        self, kind: str | None = None, *, page_size: int = 100
-    ) -> Pages[ResourceOut]:
-        """Every resource (of ``kind``), page after page."""
-        return Pages(lambda c: calls.list_resources(kind, limit=page_size, cursor=c))
-
-    @sends
-    def get_resource(self, kind: str, name: str) -> Call[ResourceOut]:
-        return calls.get_resource(kind, name)
-
-    @sends
-    def delete_resource(self, kind: str, name: str) -> Call[None]:
-        """Delete; ``ConflictError`` while another resource references it."""
-        return calls.delete_resource(kind, name)
-
-    # ------------------------------------------------------------------- tasks
-
-    @sends
-    def submit(
-        self,
-        agent: str,
-        input: str,
-        *,
-        session: str | None = None,
-        idempotency_key: str | None = None,
-        priority: int = 0,
-        delay_seconds: float = 0.0,
-        output_schema: Mapping[str, Any] | None = None,
-    ) -> Call[Submitted]:
-        """Queue a run; ``created`` is false when the idempotency key was seen before."""
-        return calls.submit(
-            agent,
-            input,
-            session=session,
-            idempotency_key=idempotency_key,
-            priority=priority,
-            delay_seconds=delay_seconds,
-            output_schema=output_schema,
-        )
-
-    @sends
-    def list_tasks(
-        self,
-        *,
-        state: str | Sequence[str] | None = None,
-        agent: str | None = None,
-        limit: int | None = None,
-        cursor: str | None = None,
-    ) -> Call[TaskPage]:
-        return calls.list_tasks(state=state, agent=agent, limit=limit, cursor=cursor)
-
-    @iterates
-    def iter_tasks(
-        self,
-        *,
-        state: str | Sequence[str] | None = None,
-        agent: str | None = None,
-        page_size: int = 50,
-    ) -> Pages[Task]:
-        """Every task (newest first), page after page."""
-        return Pages(
-            lambda c: calls.list_tasks(state=state, agent=agent, limit=page_size, cursor=c)
-        )
-
-    @sends
-    def get_task(self, task_id: str) -> Call[TaskDetail]:
-        return calls.get_task(task_id)
-
-    @sends
-    def cancel_task(self, task_id: str) -> Call[Task]:
-        return calls.cancel_task(task_id)
-
-    @sends
-    def events(
-        self, run_id: str, *, after: int = 0, cursor: str | None = None, limit: int | None = None
-    ) -> Call[EventPage]:
-        """One page of stored events; ``next_cursor`` is null once the run finished."""
-        return calls.events(run_id, after=after, cursor=cursor, limit=limit)
-
-    @iterates
-    def follow(
-        self,
-        run_id: str,
-        *,
-        after: int = 0,
-        max_reconnects: int = 10,
-        reconnect_seconds: float | None = None,
-    ) -> Source[EventOut]:
-        """The run's events as they happen, until the run finishes (the stream's ``end``).
-
-        A stream that ends early (a network failure, a server shutting down, a 5xx or
-        429) is reopened with ``Last-Event-ID``: every event arrives once, in order.
-        After ``max_reconnects`` attempts in a row without a new event it raises
-        ``ApiConnectionError`` (or the server's error); a 404 or 401 raises at once.
-        """
-        return wire.EventStream(
-            calls.events_path(run_id),
-            wire.StreamPosition(last_seq=after),
-            wire.Reconnects(self.base_url, max_reconnects, reconnect_seconds),
-        )
-
-    # ------------------------------------------------------------------- approvals
-
-    @sends
-    def list_approvals(
-        self,
-        *,
-        state: str | Sequence[str] | None = None,
-        run_id: str | None = None,
-        limit: int | None = None,
-        cursor: str | None = None,
-    ) -> Call[ApprovalPage]:
-        return calls.list_approvals(state=state, run_id=run_id, limit=limit, cursor=cursor)
-
-    @iterates
-    def iter_approvals(
-        self,
-        *,
-        state: str | Sequence[str] | None = None,
-        run_id: str | None = None,
-        page_size: int = 100,
-    ) -> Pages[ApprovalOut]:
-        """Every approval (oldest first), page after page."""
-        return Pages(
-            lambda c: calls.list_approvals(state=state, run_id=run_id, limit=page_size, cursor=c)
-        )
-
-    @sends
-    def get_approval(self, approval_id: str) -> Call[ApprovalOut]:
-        return calls.get_approval(approval_id)
-
-    @sends
-    def approve(self, approval_id: str, reason: str | None = None) -> Call[ApprovalOut]:
-        """The run resumes and the call runs once; ``ConflictError`` if already decided."""
-        return calls.decide(approval_id, True, reason)
-
-    @sends
-    def reject(self, approval_id: str, reason: str | None = None) -> Call[ApprovalOut]:
-        """The model is told (with ``reason``) and the run goes on without the call."""
-        return calls.decide(approval_id, False, reason)
-
-    # ------------------------------------------------------------------- sessions
-
-    @sends
-    def list_sessions(
-        self, *, agent: str | None = None, limit: int | None = None, cursor: str | None = None
-    ) -> Call[SessionPage]:
-        return calls.list_sessions(agent=agent, limit=limit, cursor=cursor)
-
-    @iterates
-    def iter_sessions(self, *, agent: str | None = None, page_size: int = 100) -> Pages[SessionOut]:
-        return Pages(lambda c: calls.list_sessions(agent=agent, limit=page_size, cursor=c))
-
-    @sends
-    def get_session(self, session_id: str) -> Call[SessionOut]:
-        return calls.get_session(session_id)
-
-    @sends
-    def session_messages(
-        self,
-        session_id: str,
-        *,
-        include_hidden: bool = False,
-        limit: int | None = None,
-        cursor: str | None = None,
-    ) -> Call[SessionMessagePage]:
-        return calls.session_messages(
-            session_id, include_hidden=include_hidden, limit=limit, cursor=cursor
-        )
-
-    @iterates
-    def iter_session_messages(
-        self, session_id: str, *, include_hidden: bool = False, page_size: int = 100
-    ) -> Pages[SessionMessageOut]:
-        """The session's messages in conversation order, page after page."""
-        return Pages(
-            lambda c: calls.session_messages(
-                session_id, include_hidden=include_hidden, limit=page_size, cursor=c
-            )
-        )
-
-    @sends
-    def delete_session(self, session_id: str) -> Call[None]:
-        return calls.delete_session(session_id)
-
-    # ------------------------------------------------------------------- prompts
-
-    @sends
-    def prompt(
-        self, agent: str, input: str, *, session: str | None = None, timeout_seconds: float = 60.0
-    ) -> Call[Task]:
-        """Submit and wait: the task once it finished or waits for approval, or still
-        going when ``timeout_seconds`` passed first."""
-        return calls.prompt(agent, input, session=session, timeout_seconds=timeout_seconds)
-
-    @sends
-    def prompt_object(
-        self,
-        agent: str,
-        input: str,
-        *,
-        schema: Mapping[str, Any] | None = None,
-        session: str | None = None,
-        timeout_seconds: float = 60.0,
-    ) -> Call[Task]:
-        """Like :meth:`prompt`; ``output`` is JSON valid against ``schema`` (or the
-        agent's ``output_schema``)."""
-        return calls.prompt_object(
-            agent, input, schema=schema, session=session, timeout_seconds=timeout_seconds
-        )
-
-    # ------------------------------------------------------------------- tokens
-
-    @sends
-    def list_tokens(
-        self, *, limit: int | None = None, cursor: str | None = None
-    ) -> Call[TokenPage]:
-        return calls.list_tokens(limit=limit, cursor=cursor)
-
-    @sends
-    def create_token(
-        self, role: str, *, name: str = "", description: str = ""
-    ) -> Call[TokenCreated]:
-        """A new token of this token's namespace; its secret is in ``token``, this once."""
-        return calls.create_token(role, name=name, description=description)
-
-    @sends
-    def get_token(self, token_id: str) -> Call[TokenOut]:
-        return calls.get_token(token_id)
-
-    @sends
-    def revoke_token(self, token_id: str, *, force: bool = False) -> Call[TokenOut]:
-        """Revoke; ``ConflictError`` (``own_token``) for this client's own token unless
-        ``force``."""
-        return calls.revoke_token(token_id, force=force)
+    # operations
+    health = sends(calls.health)
+    ready = sends(calls.ready)
+    # resources
+    apply = sends(calls.apply)
+    list_resources = sends(calls.list_resources)
+    iter_resources = iterates(calls.iter_resources)
+    get_resource = sends(calls.get_resource)
+    delete_resource = sends(calls.delete_resource)
+    # tasks
+    submit = sends(calls.submit)
+    list_tasks = sends(calls.list_tasks)
+    iter_tasks = iterates(calls.iter_tasks)
+    get_task = sends(calls.get_task)
+    cancel_task = sends(calls.cancel_task)
+    events = sends(calls.events)
+    follow = iterates(calls.follow)
+    # approvals
+    list_approvals = sends(calls.list_approvals)
+    iter_approvals = iterates(calls.iter_approvals)
+    get_approval = sends(calls.get_approval)
+    approve = sends(calls.approve)
+    reject = sends(calls.reject)
+    # sessions
+    list_sessions = sends(calls.list_sessions)
+    iter_sessions = iterates(calls.iter_sessions)
+    get_session = sends(calls.get_session)
+    session_messages = sends(calls.session_messages)
+    iter_session_messages = iterates(calls.iter_session_messages)
+    delete_session = sends(calls.delete_session)
+    # prompts
+    prompt = sends(calls.prompt)
+    prompt_object = sends(calls.prompt_object)
+    # tokens
+    list_tokens = sends(calls.list_tokens)
+    create_token = sends(calls.create_token)
+    get_token = sends(calls.get_token)
+    revoke_token = sends(calls.revoke_token)

@@ -11,7 +11,7 @@ import httpx
 
 from corral.api import EventOut
 from corral.client import wire
-from corral.client.calls import Call, Pages
+from corral.client.calls import Call, Follow, Pages
 from corral.client.methods import Methods, SyncIO
 
 T = TypeVar("T")
@@ -57,7 +57,8 @@ class Client(Methods[httpx.BaseTransport], SyncIO):
             if (cursor := pages.next_cursor(page)) is None:
                 return
 
-    def _follow(self, stream: wire.EventStream) -> Iterator[EventOut]:
+    def _follow(self, follow: Follow) -> Iterator[EventOut]:
+        stream = wire.EventStream.of(follow, self.base_url)
         while not stream.ended:
             time.sleep(stream.pause)
             with (

@@ -27,7 +27,7 @@ from typing import Any, ClassVar, TypedDict, TypeVar
 import httpx
 
 from corral.api import EventOut
-from corral.client.calls import Call, Source
+from corral.client.calls import Call, Follow
 from corral.core.errors import (
     ApiConnectionError,
     ApiError,
@@ -284,7 +284,7 @@ class Reconnects:
 
 
 @dataclass
-class EventStream(Source[EventOut]):
+class EventStream:
     """A run's event stream as a follower reads it, across its connections.
 
     What both clients' ``follow`` share: the request to (re)open the stream at
@@ -302,6 +302,12 @@ class EventStream(Source[EventOut]):
     pause: float = 0.0
     #: a stream is read for as long as the run goes: only a silent one times out
     timeout: ClassVar[httpx.Timeout] = STREAM_TIMEOUT
+
+    @classmethod
+    def of(cls, follow: Follow, url: str) -> EventStream:
+        """The stream ``follow`` asks for, from the server at ``url``."""
+        reconnects = Reconnects(url, follow.max_reconnects, follow.reconnect_seconds)
+        return cls(follow.path, StreamPosition(last_seq=follow.after), reconnects)
 
     @property
     def ended(self) -> bool:
