@@ -8,6 +8,7 @@ seam of the client (``transport=``), with the real server behind it.
 
 from __future__ import annotations
 
+import inspect
 import json
 import socket
 from collections.abc import AsyncIterator, Iterator
@@ -19,6 +20,7 @@ import pytest
 from corral.api import EventOut
 from corral.client import AsyncClient, Client
 from corral.client.calls import Call
+from corral.client.methods import Methods, iterates, sends
 from corral.core.errors import (
     ApiConnectionError,
     AuthError,
@@ -263,6 +265,22 @@ def test_follow_gives_up_after_its_reconnects_and_never_retries_a_404(client: Cl
     assert url in unreachable.value.message
     with pytest.raises(NotFoundError):
         list(client.follow("run_nope", reconnect_seconds=30))  # at once, no waiting
+
+
+def test_both_clients_show_each_method_with_the_signature_and_docstring_of_its_call() -> None:
+    url = free_url()
+    awaiting = AsyncClient(url)  # never sends: nothing to close
+    with Client(url) as blocking:
+        for name, method in vars(Methods).items():
+            if not isinstance(method, sends | iterates):
+                continue
+            shown = inspect.signature(getattr(blocking, name))
+            awaited = inspect.signature(getattr(awaiting, name))
+            built = inspect.signature(method.build)
+            assert shown == awaited == built.replace(return_annotation=shown.empty), name
+            assert getattr(blocking, name).__doc__ == method.build.__doc__, name
+            coroutine = inspect.iscoroutinefunction(getattr(awaiting, name))
+            assert coroutine == isinstance(method, sends), name
 
 
 def test_url_and_token_come_from_the_environment(

@@ -1,67 +1,34 @@
-"""The asyncio client of the HTTP API: :class:`AsyncClient` (the same calls as :class:`~corral.client.Client`)."""
+"""The asyncio client of the HTTP API: :class:`AsyncClient` (the same methods as
+:class:`~corral.client.Client`, awaited)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator
 from types import TracebackType
-from typing import Any, Self, TypeVar
+from typing import Self, TypeVar
 
 import anyio
 import httpx
 
-from corral.api import (
-    ApplyResult,
-    ApprovalOut,
-    ApprovalPage,
-    EventOut,
-    EventPage,
-    Health,
-    Readiness,
-    ResourceOut,
-    ResourcePage,
-    SessionMessageOut,
-    SessionMessagePage,
-    SessionOut,
-    SessionPage,
-    Task,
-    TaskDetail,
-    TaskPage,
-    TokenCreated,
-    TokenOut,
-    TokenPage,
-)
-from corral.client import calls, wire
-from corral.client.calls import Call, Documents, Page, Submitted
-from corral.core.errors import ApiError
+from corral.api import EventOut
+from corral.client import wire
+from corral.client.calls import Call, Follow, Pages
+from corral.client.methods import AsyncIO, Methods
 
 T = TypeVar("T")
 
 
-class AsyncClient:
+class AsyncClient(Methods[httpx.AsyncBaseTransport], AsyncIO):
     """An asyncio client of a Corral server; the same methods as ``Client``, awaited.
 
-    ``base_url`` and ``token`` default to ``CORRAL_URL`` and ``CORRAL_TOKEN``.
-    Errors arrive as the library's own (``NotFoundError``, ``ConflictError``,
-    ``ResourceError`` with field paths, ``AuthError``, ``RateLimitedError``,
-    ``ApiConnectionError``): see :mod:`corral.client.wire`. ``transport`` is
-    handed to httpx (tests inject one that drops connections).
+    Its methods, arguments and errors are :class:`~corral.client.methods.Methods`';
+    this class is their asyncio I/O.
     """
 
-    def __init__(
-        self,
-        base_url: str | None = None,
-        token: str | None = None,
-        *,
-        timeout: float = wire.DEFAULT_TIMEOUT,
-        transport: httpx.AsyncBaseTransport | None = None,
+    def _connect(
+        self, options: wire.HttpOptions, transport: httpx.AsyncBaseTransport | None
     ) -> None:
-        self.base_url, self.token = wire.resolve(base_url, token)
-        self._http = httpx.AsyncClient(
-            base_url=self.base_url,
-            headers=wire.headers(self.token),
-            timeout=timeout,
-            transport=transport,
-        )
+        self._http = httpx.AsyncClient(**options, transport=transport)
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -79,314 +46,34 @@ class AsyncClient:
 
     async def send(self, call: Call[T]) -> T:
         """Send one call and read its answer (an error answer raises)."""
-        timeout = call.timeout if call.timeout is not None else httpx.USE_CLIENT_DEFAULT
         try:
-            response = await self._http.request(
-                call.method,
-                call.path,
-                params=call.params,
-                json=call.json,
-                content=call.content,
-                headers=call.headers,
-                timeout=timeout,
-            )
+            response = await self._http.send(wire.request(self._http, call))
         except httpx.TransportError as exc:
             raise wire.connection_error(self.base_url, exc) from None
-        if response.status_code >= 400 and response.status_code not in call.accept:
-            raise wire.error_from(response)
-        return call.parse(response)
+        return wire.answer(call, response)
 
-    async def _all(
-        self, first: Call[Page[T]], next_call: Callable[[str], Call[Page[T]]]
-    ) -> AsyncIterator[T]:
-        page = await self.send(first)
+    async def _walk(self, pages: Pages[T]) -> AsyncIterator[T]:
+        cursor: str | None = None
         while True:
+            page = await self.send(pages.call(cursor))
             for item in page.items:
                 yield item
-            if page.next_cursor is None or not page.items:
+            if (cursor := pages.next_cursor(page)) is None:
                 return
-            page = await self.send(next_call(page.next_cursor))
 
-    # ----------------------------------------------------------------------- operations
-
-    async def health(self) -> Health:
-        """Liveness (no token needed)."""
-        return await self.send(calls.health())
-
-    async def ready(self) -> Readiness:
-        """Readiness: ``not_ready`` while the server shuts down or its store is down."""
-        return await self.send(calls.ready())
-
-    # ----------------------------------------------------------------------- resources
-
-    async def apply(self, documents: Documents) -> ApplyResult:
-        """Apply YAML text, one document or a list of them; all or nothing."""
-        return await self.send(calls.apply(documents))
-
-    async def list_resources(
-        self, kind: str | None = None, *, limit: int | None = None, cursor: str | None = None
-    ) -> ResourcePage:
-        return await self.send(calls.list_resources(kind, limit=limit, cursor=cursor))
-
-    def iter_resources(
-        self, kind: str | None = None, *, page_size: int = 100
-    ) -> AsyncIterator[ResourceOut]:
-        """Every resource (of ``kind``), page after page."""
-        return self._all(
-            calls.list_resources(kind, limit=page_size),
-            lambda c: calls.list_resources(kind, limit=page_size, cursor=c),
-        )
-
-    async def get_resource(self, kind: str, name: str) -> ResourceOut:
-        return await self.send(calls.get_resource(kind, name))
-
-    async def delete_resource(self, kind: str, name: str) -> None:
-        """Delete; ``ConflictError`` while another resource references it."""
-        await self.send(calls.delete_resource(kind, name))
-
-    # ----------------------------------------------------------------------- tasks
-
-    async def submit(
-        self,
-        agent: str,
-        input: str,
-        *,
-        session: str | None = None,
-        idempotency_key: str | None = None,
-        priority: int = 0,
-        delay_seconds: float = 0.0,
-        output_schema: Mapping[str, Any] | None = None,
-    ) -> Submitted:
-        """Queue a run; ``created`` is false when the idempotency key was seen before."""
-        return await self.send(
-            calls.submit(
-                agent,
-                input,
-                session=session,
-                idempotency_key=idempotency_key,
-                priority=priority,
-                delay_seconds=delay_seconds,
-                output_schema=output_schema,
-            )
-        )
-
-    async def list_tasks(
-        self,
-        *,
-        state: str | Sequence[str] | None = None,
-        agent: str | None = None,
-        limit: int | None = None,
-        cursor: str | None = None,
-    ) -> TaskPage:
-        return await self.send(
-            calls.list_tasks(state=state, agent=agent, limit=limit, cursor=cursor)
-        )
-
-    def iter_tasks(
-        self,
-        *,
-        state: str | Sequence[str] | None = None,
-        agent: str | None = None,
-        page_size: int = 50,
-    ) -> AsyncIterator[Task]:
-        """Every task (newest first), page after page."""
-        return self._all(
-            calls.list_tasks(state=state, agent=agent, limit=page_size),
-            lambda c: calls.list_tasks(state=state, agent=agent, limit=page_size, cursor=c),
-        )
-
-    async def get_task(self, task_id: str) -> TaskDetail:
-        return await self.send(calls.get_task(task_id))
-
-    async def cancel_task(self, task_id: str) -> Task:
-        return await self.send(calls.cancel_task(task_id))
-
-    async def events(
-        self, run_id: str, *, after: int = 0, cursor: str | None = None, limit: int | None = None
-    ) -> EventPage:
-        """One page of stored events; ``next_cursor`` is null once the run finished."""
-        return await self.send(calls.events(run_id, after=after, cursor=cursor, limit=limit))
-
-    async def follow(
-        self,
-        run_id: str,
-        *,
-        after: int = 0,
-        max_reconnects: int = 10,
-        reconnect_seconds: float | None = None,
-    ) -> AsyncIterator[EventOut]:
-        """The run's events as they happen, until the run finishes (the stream's ``end``).
-
-        A stream that ends early (a network failure, a server shutting down, a 5xx or
-        429) is reopened with ``Last-Event-ID``: every event arrives once, in order.
-        After ``max_reconnects`` attempts in a row without a new event it raises
-        ``ApiConnectionError`` (or the server's error); a 404 or 401 raises at once.
-        """
-        position = wire.StreamPosition(last_seq=after)
-        reconnects = wire.Reconnects(self.base_url, max_reconnects, reconnect_seconds)
-        parser = wire.SseParser()
-        while True:
-            error: httpx.TransportError | ApiError | None = None
-            try:
-                async for event in self._stream(run_id, position, parser):
-                    reconnects.progressed()
-                    yield event
-                if position.ended:
-                    return
-            except (httpx.TransportError, ApiError) as exc:
-                error = exc
-            await anyio.sleep(reconnects.wait_after(error, parser))
-
-    async def _stream(
-        self, run_id: str, position: wire.StreamPosition, parser: wire.SseParser
-    ) -> AsyncIterator[EventOut]:
-        timeout = httpx.Timeout(wire.DEFAULT_TIMEOUT, read=wire.STREAM_READ_TIMEOUT)
-        async with self._http.stream(
-            "GET", calls.events_path(run_id), headers=position.request_headers(), timeout=timeout
-        ) as response:
-            if response.status_code >= 400:
-                await response.aread()
-                raise wire.error_from(response)
-            parser.reset()
-            async for line in response.aiter_lines():
-                message = parser.feed(line)
-                if message is None:
-                    continue
-                event = position.take(message)
-                if event is not None:
-                    yield event
-                if position.ended:
-                    return
-
-    # ----------------------------------------------------------------------- approvals
-
-    async def list_approvals(
-        self,
-        *,
-        state: str | Sequence[str] | None = None,
-        run_id: str | None = None,
-        limit: int | None = None,
-        cursor: str | None = None,
-    ) -> ApprovalPage:
-        return await self.send(
-            calls.list_approvals(state=state, run_id=run_id, limit=limit, cursor=cursor)
-        )
-
-    def iter_approvals(
-        self,
-        *,
-        state: str | Sequence[str] | None = None,
-        run_id: str | None = None,
-        page_size: int = 100,
-    ) -> AsyncIterator[ApprovalOut]:
-        """Every approval (oldest first), page after page."""
-        return self._all(
-            calls.list_approvals(state=state, run_id=run_id, limit=page_size),
-            lambda c: calls.list_approvals(state=state, run_id=run_id, limit=page_size, cursor=c),
-        )
-
-    async def get_approval(self, approval_id: str) -> ApprovalOut:
-        return await self.send(calls.get_approval(approval_id))
-
-    async def approve(self, approval_id: str, reason: str | None = None) -> ApprovalOut:
-        """The run resumes and the call runs once; ``ConflictError`` if already decided."""
-        return await self.send(calls.decide(approval_id, True, reason))
-
-    async def reject(self, approval_id: str, reason: str | None = None) -> ApprovalOut:
-        """The model is told (with ``reason``) and the run goes on without the call."""
-        return await self.send(calls.decide(approval_id, False, reason))
-
-    # ----------------------------------------------------------------------- sessions
-
-    async def list_sessions(
-        self, *, agent: str | None = None, limit: int | None = None, cursor: str | None = None
-    ) -> SessionPage:
-        return await self.send(calls.list_sessions(agent=agent, limit=limit, cursor=cursor))
-
-    def iter_sessions(
-        self, *, agent: str | None = None, page_size: int = 100
-    ) -> AsyncIterator[SessionOut]:
-        return self._all(
-            calls.list_sessions(agent=agent, limit=page_size),
-            lambda c: calls.list_sessions(agent=agent, limit=page_size, cursor=c),
-        )
-
-    async def get_session(self, session_id: str) -> SessionOut:
-        return await self.send(calls.get_session(session_id))
-
-    async def session_messages(
-        self,
-        session_id: str,
-        *,
-        include_hidden: bool = False,
-        limit: int | None = None,
-        cursor: str | None = None,
-    ) -> SessionMessagePage:
-        return await self.send(
-            calls.session_messages(
-                session_id, include_hidden=include_hidden, limit=limit, cursor=cursor
-            )
-        )
-
-    def iter_session_messages(
-        self, session_id: str, *, include_hidden: bool = False, page_size: int = 100
-    ) -> AsyncIterator[SessionMessageOut]:
-        """The session's messages in conversation order, page after page."""
-        return self._all(
-            calls.session_messages(session_id, include_hidden=include_hidden, limit=page_size),
-            lambda c: calls.session_messages(
-                session_id, include_hidden=include_hidden, limit=page_size, cursor=c
-            ),
-        )
-
-    async def delete_session(self, session_id: str) -> None:
-        await self.send(calls.delete_session(session_id))
-
-    # ----------------------------------------------------------------------- prompts
-
-    async def prompt(
-        self, agent: str, input: str, *, session: str | None = None, timeout_seconds: float = 60.0
-    ) -> Task:
-        """Submit and wait: the task once it finished or waits for approval, or still
-        going when ``timeout_seconds`` passed first."""
-        return await self.send(
-            calls.prompt(agent, input, session=session, timeout_seconds=timeout_seconds)
-        )
-
-    async def prompt_object(
-        self,
-        agent: str,
-        input: str,
-        *,
-        schema: Mapping[str, Any] | None = None,
-        session: str | None = None,
-        timeout_seconds: float = 60.0,
-    ) -> Task:
-        """Like :meth:`prompt`; ``output`` is JSON valid against ``schema`` (or the
-        agent's ``output_schema``)."""
-        return await self.send(
-            calls.prompt_object(
-                agent, input, schema=schema, session=session, timeout_seconds=timeout_seconds
-            )
-        )
-
-    # ----------------------------------------------------------------------- tokens
-
-    async def list_tokens(
-        self, *, limit: int | None = None, cursor: str | None = None
-    ) -> TokenPage:
-        return await self.send(calls.list_tokens(limit=limit, cursor=cursor))
-
-    async def create_token(
-        self, role: str, *, name: str = "", description: str = ""
-    ) -> TokenCreated:
-        """A new token of this token's namespace; its secret is in ``token``, this once."""
-        return await self.send(calls.create_token(role, name=name, description=description))
-
-    async def get_token(self, token_id: str) -> TokenOut:
-        return await self.send(calls.get_token(token_id))
-
-    async def revoke_token(self, token_id: str, *, force: bool = False) -> TokenOut:
-        """Revoke; ``ConflictError`` (``own_token``) for this client's own token unless
-        ``force``."""
-        return await self.send(calls.revoke_token(token_id, force=force))
+    async def _follow(self, follow: Follow) -> AsyncIterator[EventOut]:
+        stream = wire.EventStream.of(follow, self.base_url)
+        while not stream.ended:
+            await anyio.sleep(stream.pause)
+            with stream.attempt():
+                async with self._http.stream(
+                    "GET", stream.path, headers=stream.headers, timeout=stream.timeout
+                ) as response:
+                    if response.is_error:
+                        await response.aread()
+                    stream.opened(response)
+                    async for line in response.aiter_lines():
+                        if (event := stream.feed(line)) is not None:
+                            yield event
+                        if stream.ended:
+                            return

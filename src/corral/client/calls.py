@@ -2,10 +2,12 @@
 
 Each function here returns a :class:`Call`: the method, path, parameters and
 body of one request, and the function that turns its response into a model of
-:mod:`corral.api`. :class:`~corral.client.Client` and
-:class:`~corral.client.AsyncClient` only send calls, so the two cannot disagree
-about a path, a parameter or a body: the API's knowledge lives here once, and
-neither sync nor async I/O does.
+:mod:`corral.api` (or the :class:`Pages` of a list, or a run's event stream to
+:class:`Follow`). Each is also the method of the same name of
+:class:`~corral.client.Client` and :class:`~corral.client.AsyncClient`
+(:mod:`corral.client.methods`), its signature and docstring theirs; the clients
+only send calls, so the two cannot disagree about a path, a parameter or a body:
+the API's knowledge lives here once, and neither sync nor async I/O does.
 """
 
 from __future__ import annotations
@@ -23,11 +25,13 @@ from corral.api import (
     ApplyResult,
     ApprovalOut,
     ApprovalPage,
+    EventOut,
     EventPage,
     Health,
     Readiness,
     ResourceOut,
     ResourcePage,
+    SessionMessageOut,
     SessionMessagePage,
     SessionOut,
     SessionPage,
@@ -73,6 +77,36 @@ class Call(Generic[T_co]):
     timeout: float | None = None
     #: statuses whose body is the answer although they are not 2xx (readiness: 503)
     accept: tuple[int, ...] = ()
+
+
+class Source(Generic[T_co]):
+    """What a client iterates rather than sends: a list's pages (:class:`Pages`) or a
+    run's event stream (:class:`Follow`)."""
+
+
+@dataclass(frozen=True)
+class Pages(Source[T_co]):
+    """Every item of a list, page after page: ``call`` asks for the page at a cursor
+    (``None``: the first)."""
+
+    call: Callable[[str | None], Call[Page[T_co]]]
+
+    @staticmethod
+    def next_cursor(page: Page[Any]) -> str | None:
+        """Where the page after ``page`` starts; ``None`` when there is none (an empty
+        page ends the list too, whatever its cursor)."""
+        return page.next_cursor if page.items else None
+
+
+@dataclass(frozen=True)
+class Follow(Source[EventOut]):
+    """A run's event stream to follow from after ``after`` (the client reconnects as
+    :class:`~corral.client.wire.EventStream` says)."""
+
+    path: str
+    after: int
+    max_reconnects: int
+    reconnect_seconds: float | None
 
 
 class Submitted(NamedTuple):
@@ -124,10 +158,12 @@ def _states(states: str | Sequence[str] | None) -> Params:
 
 
 def health() -> Call[Health]:
+    """Liveness (no token needed)."""
     return Call("GET", "/healthz", _model(Health))
 
 
 def ready() -> Call[Readiness]:
+    """Readiness: ``not_ready`` while the server shuts down or its store is down."""
     return Call("GET", "/readyz", _model(Readiness), accept=(503,))
 
 
@@ -135,6 +171,7 @@ def ready() -> Call[Readiness]:
 
 
 def apply(documents: Documents) -> Call[ApplyResult]:
+    """Apply YAML text, one document or a list of them; all or nothing."""
     if isinstance(documents, str):
         return Call(
             "POST",
@@ -154,11 +191,17 @@ def list_resources(
     return Call("GET", "/v1/resources", _model(ResourcePage), params + _paging(limit, cursor))
 
 
+def iter_resources(kind: str | None = None, *, page_size: int = 100) -> Pages[ResourceOut]:
+    """Every resource (of ``kind``), page after page."""
+    return Pages(lambda c: list_resources(kind, limit=page_size, cursor=c))
+
+
 def get_resource(kind: str, name: str) -> Call[ResourceOut]:
     return Call("GET", f"/v1/resources/{_seg(kind)}/{_seg(name)}", _resource)
 
 
 def delete_resource(kind: str, name: str) -> Call[None]:
+    """Delete; ``ConflictError`` while another resource references it."""
     return Call("DELETE", f"/v1/resources/{_seg(kind)}/{_seg(name)}", _nothing)
 
 
@@ -175,6 +218,7 @@ def submit(
     delay_seconds: float = 0.0,
     output_schema: Mapping[str, Any] | None = None,
 ) -> Call[Submitted]:
+    """Queue a run; ``created`` is false when the idempotency key was seen before."""
     body: dict[str, Any] = {"agent": agent, "input": input}
     if session is not None:
         body["session"] = session
@@ -205,6 +249,16 @@ def list_tasks(
     return Call("GET", "/v1/tasks", _model(TaskPage), params + _paging(limit, cursor))
 
 
+def iter_tasks(
+    *,
+    state: str | Sequence[str] | None = None,
+    agent: str | None = None,
+    page_size: int = 50,
+) -> Pages[Task]:
+    """Every task (newest first), page after page."""
+    return Pages(lambda c: list_tasks(state=state, agent=agent, limit=page_size, cursor=c))
+
+
 def get_task(task_id: str) -> Call[TaskDetail]:
     return Call("GET", f"/v1/tasks/{_seg(task_id)}", _model(TaskDetail))
 
@@ -216,6 +270,7 @@ def cancel_task(task_id: str) -> Call[Task]:
 def events(
     run_id: str, *, after: int = 0, cursor: str | None = None, limit: int | None = None
 ) -> Call[EventPage]:
+    """One page of stored events; ``next_cursor`` is null once the run finished."""
     params: Params = [("after", after)] if after else []
     return Call(
         "GET",
@@ -228,6 +283,23 @@ def events(
 
 def events_path(run_id: str) -> str:
     return f"/v1/runs/{_seg(run_id)}/events"
+
+
+def follow(
+    run_id: str,
+    *,
+    after: int = 0,
+    max_reconnects: int = 10,
+    reconnect_seconds: float | None = None,
+) -> Follow:
+    """The run's events as they happen, until the run finishes (the stream's ``end``).
+
+    A stream that ends early (a network failure, a server shutting down, a 5xx or
+    429) is reopened with ``Last-Event-ID``: every event arrives once, in order.
+    After ``max_reconnects`` attempts in a row without a new event it raises
+    ``ApiConnectionError`` (or the server's error); a 404 or 401 raises at once.
+    """
+    return Follow(events_path(run_id), after, max_reconnects, reconnect_seconds)
 
 
 # --------------------------------------------------------------------------- approvals
@@ -244,12 +316,31 @@ def list_approvals(
     return Call("GET", "/v1/approvals", _model(ApprovalPage), params + _paging(limit, cursor))
 
 
+def iter_approvals(
+    *,
+    state: str | Sequence[str] | None = None,
+    run_id: str | None = None,
+    page_size: int = 100,
+) -> Pages[ApprovalOut]:
+    """Every approval (oldest first), page after page."""
+    return Pages(lambda c: list_approvals(state=state, run_id=run_id, limit=page_size, cursor=c))
+
+
 def get_approval(approval_id: str) -> Call[ApprovalOut]:
     return Call("GET", f"/v1/approvals/{_seg(approval_id)}", _model(ApprovalOut))
 
 
-def decide(approval_id: str, approved: bool, reason: str | None = None) -> Call[ApprovalOut]:
-    verb = "approve" if approved else "reject"
+def approve(approval_id: str, reason: str | None = None) -> Call[ApprovalOut]:
+    """The run resumes and the call runs once; ``ConflictError`` if already decided."""
+    return _decide(approval_id, "approve", reason)
+
+
+def reject(approval_id: str, reason: str | None = None) -> Call[ApprovalOut]:
+    """The model is told (with ``reason``) and the run goes on without the call."""
+    return _decide(approval_id, "reject", reason)
+
+
+def _decide(approval_id: str, verb: str, reason: str | None) -> Call[ApprovalOut]:
     body = {"reason": reason} if reason is not None else {}
     return Call("POST", f"/v1/approvals/{_seg(approval_id)}/{verb}", _model(ApprovalOut), json=body)
 
@@ -262,6 +353,10 @@ def list_sessions(
 ) -> Call[SessionPage]:
     params: Params = [("agent", agent)] if agent is not None else []
     return Call("GET", "/v1/sessions", _model(SessionPage), params + _paging(limit, cursor))
+
+
+def iter_sessions(*, agent: str | None = None, page_size: int = 100) -> Pages[SessionOut]:
+    return Pages(lambda c: list_sessions(agent=agent, limit=page_size, cursor=c))
 
 
 def get_session(session_id: str) -> Call[SessionOut]:
@@ -284,6 +379,17 @@ def session_messages(
     )
 
 
+def iter_session_messages(
+    session_id: str, *, include_hidden: bool = False, page_size: int = 100
+) -> Pages[SessionMessageOut]:
+    """The session's messages in conversation order, page after page."""
+    return Pages(
+        lambda c: session_messages(
+            session_id, include_hidden=include_hidden, limit=page_size, cursor=c
+        )
+    )
+
+
 def delete_session(session_id: str) -> Call[None]:
     return Call("DELETE", f"/v1/sessions/{_seg(session_id)}", _nothing)
 
@@ -297,6 +403,8 @@ PROMPT_GRACE_SECONDS = 30.0
 def prompt(
     agent: str, input: str, *, session: str | None = None, timeout_seconds: float = 60.0
 ) -> Call[Task]:
+    """Submit and wait: the task once it finished or waits for approval, or still
+    going when ``timeout_seconds`` passed first."""
     body: dict[str, Any] = {"input": input, "timeout_seconds": timeout_seconds}
     if session is not None:
         body["session"] = session
@@ -317,6 +425,8 @@ def prompt_object(
     session: str | None = None,
     timeout_seconds: float = 60.0,
 ) -> Call[Task]:
+    """Like :meth:`prompt`; ``output`` is JSON valid against ``schema`` (or the
+    agent's ``output_schema``)."""
     body: dict[str, Any] = {"input": input, "timeout_seconds": timeout_seconds}
     if schema is not None:
         body["schema"] = dict(schema)
@@ -339,6 +449,7 @@ def list_tokens(*, limit: int | None = None, cursor: str | None = None) -> Call[
 
 
 def create_token(role: str, *, name: str = "", description: str = "") -> Call[TokenCreated]:
+    """A new token of this token's namespace; its secret is in ``token``, this once."""
     body = {"role": role, "name": name, "description": description}
     return Call("POST", "/v1/tokens", _model(TokenCreated), json=body)
 
@@ -348,5 +459,7 @@ def get_token(token_id: str) -> Call[TokenOut]:
 
 
 def revoke_token(token_id: str, *, force: bool = False) -> Call[TokenOut]:
+    """Revoke; ``ConflictError`` (``own_token``) for this client's own token unless
+    ``force``."""
     params: Params = [("force", True)] if force else []
     return Call("POST", f"/v1/tokens/{_seg(token_id)}/revoke", _model(TokenOut), params)

@@ -1,4 +1,4 @@
-"""What both clients share below the calls: configuration, errors, the SSE format.
+"""What both clients share around the calls: configuration, sending, errors, the SSE format.
 
 httpx and problem+json stop here: an answer that is an error becomes the
 matching :class:`~corral.core.errors.CorralError` (a caller catches
@@ -19,12 +19,15 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar, TypedDict, TypeVar
 
 import httpx
 
 from corral.api import EventOut
+from corral.client.calls import Call, Follow
 from corral.core.errors import (
     ApiConnectionError,
     ApiError,
@@ -38,11 +41,14 @@ from corral.core.errors import (
     UserError,
 )
 
+T = TypeVar("T")
+
 URL_ENV = "CORRAL_URL"
 TOKEN_ENV = "CORRAL_TOKEN"
 DEFAULT_TIMEOUT = 30.0
 #: an event stream sends a keep-alive every 15 s by default: a read this long means it died
 STREAM_READ_TIMEOUT = 60.0
+STREAM_TIMEOUT = httpx.Timeout(DEFAULT_TIMEOUT, read=STREAM_READ_TIMEOUT)
 
 
 def resolve(base_url: str | None, token: str | None) -> tuple[str, str | None]:
@@ -55,6 +61,34 @@ def resolve(base_url: str | None, token: str | None) -> tuple[str, str | None]:
 
 def headers(token: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+class HttpOptions(TypedDict):
+    """What a client's httpx client (sync or async) is opened with, but its transport."""
+
+    base_url: str
+    headers: dict[str, str]
+    timeout: float
+
+
+def request(http: httpx.Client | httpx.AsyncClient, call: Call[Any]) -> httpx.Request:
+    """The request of ``call`` on ``http`` (sent with ``http.send``, as ``http.request`` would)."""
+    return http.build_request(
+        call.method,
+        call.path,
+        params=call.params,
+        json=call.json,
+        content=call.content,
+        headers=call.headers,
+        timeout=call.timeout if call.timeout is not None else httpx.USE_CLIENT_DEFAULT,
+    )
+
+
+def answer(call: Call[T], response: httpx.Response) -> T:
+    """What ``response`` (read) answers to ``call``; an error answer raises."""
+    if response.status_code >= 400 and response.status_code not in call.accept:
+        raise error_from(response)
+    return call.parse(response)
 
 
 def connection_error(url: str, exc: httpx.TransportError) -> ApiConnectionError:
@@ -247,3 +281,64 @@ class Reconnects:
         if isinstance(error, RateLimitedError) and error.retry_after is not None:
             return error.retry_after
         return reconnect_delay(self.configured_seconds, parser)
+
+
+@dataclass
+class EventStream:
+    """A run's event stream as a follower reads it, across its connections.
+
+    What both clients' ``follow`` share: the request to (re)open the stream at
+    ``path``, its lines turned into events (each once, in order: ``position``),
+    and when to reconnect or give up (``reconnects``). A client only opens the
+    connections, hands their lines to :meth:`feed` and sleeps ``pause`` between
+    them.
+    """
+
+    path: str
+    position: StreamPosition
+    reconnects: Reconnects
+    parser: SseParser = field(default_factory=SseParser)
+    #: seconds to wait before the next connection (set when one ends early)
+    pause: float = 0.0
+    #: a stream is read for as long as the run goes: only a silent one times out
+    timeout: ClassVar[httpx.Timeout] = STREAM_TIMEOUT
+
+    @classmethod
+    def of(cls, follow: Follow, url: str) -> EventStream:
+        """The stream ``follow`` asks for, from the server at ``url``."""
+        reconnects = Reconnects(url, follow.max_reconnects, follow.reconnect_seconds)
+        return cls(follow.path, StreamPosition(last_seq=follow.after), reconnects)
+
+    @property
+    def ended(self) -> bool:
+        return self.position.ended
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return self.position.request_headers()
+
+    def opened(self, response: httpx.Response) -> None:
+        """Check a new connection's answer (an error's body must have been read)."""
+        if response.status_code >= 400:
+            raise error_from(response)
+        self.parser.reset()
+
+    def feed(self, line: str) -> EventOut | None:
+        """The event a line completes, if any."""
+        message = self.parser.feed(line)
+        event = self.position.take(message) if message is not None else None
+        if event is not None:
+            self.reconnects.progressed()
+        return event
+
+    @contextmanager
+    def attempt(self) -> Iterator[None]:
+        """Around one connection: one that ends before the run does sets ``pause``, or
+        raises once the attempts are used up."""
+        try:
+            yield
+        except (httpx.TransportError, ApiError) as exc:
+            self.pause = self.reconnects.wait_after(exc, self.parser)
+        else:
+            if not self.ended:
+                self.pause = self.reconnects.wait_after(None, self.parser)
