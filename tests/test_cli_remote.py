@@ -220,6 +220,15 @@ def test_commands_answer_the_same_embedded_and_remote(
         assert "2 + 3 = 5" in here.stdout
     assert both(modes, "logs", "run_nope")[1] == 2
     assert both(modes, "tasks", "get", "run_nope")[1] == 2
+    # every format of the output layer, alike in both modes
+    assert "ERROR" in both(modes, "tasks", "list", "-o", "wide")[0]
+    assert "FAILURES" in both(modes, "get", "agents", "-o", "wide")[0]
+    assert both(modes, "tasks", "list", "-o", "name")[0].count("task/run_") == 2
+    both(modes, "tasks", "list", "-o", "yaml")
+    described = [embedded("tasks", "describe", calc_here), remote("tasks", "describe", calc_there)]
+    assert neutral(described[0].stdout) == neutral(described[1].stdout)
+    assert re.search(r"^Attempts: +1/3$", described[0].stdout, re.MULTILINE)
+    assert both(modes, "tasks", "describe", "run_nope")[1] == 2
 
     # approvals
     pending, _ = both(modes, "approvals", "list")
@@ -233,6 +242,15 @@ def test_commands_answer_the_same_embedded_and_remote(
     ]
     assert neutral(decided[0].stdout) == neutral(decided[1].stdout)
     assert "rejected" in decided[0].stdout
+    for mode, approval in ((embedded, here_approval), (remote, there_approval)):
+        [run_of] = [
+            a["run_id"]
+            for a in json.loads(mode("approvals", "list", "--all", "-o", "json").stdout)
+            if a["id"] == approval
+        ]
+        shown = mode("tasks", "describe", run_of).stdout
+        assert f"  {approval}:" in shown and re.search(r"\n    Decided: +by ", shown), mode.name
+        assert re.search(r"\n    Decision Reason: +no\n", shown + "\n"), mode.name
     again = remote("approvals", "approve", there_approval)
     assert again.returncode == embedded("approvals", "approve", here_approval).returncode == 2
     assert "apr_" not in both(modes, "approvals", "list")[0]
