@@ -132,8 +132,9 @@ def modes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Mode, Mode
 
 
 _ID = re.compile(r"\b(run|apr|tok|chat)_[0-9a-z]{20,32}\b")
-_TIME = re.compile(r"\b1[0-9]{9}(\.[0-9]+)?\b|\b\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ")
+_TIME = re.compile(r"\b1[0-9]{9}(\.[0-9]+)?\b|\b\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z")
 _DURATION = re.compile(r'"duration_ms": [0-9.]+')
+_RUN_TIME = re.compile(r"Duration: +\S+")
 _PADDING = re.compile(r" {2,}|─+")
 _AGE = re.compile(r"(?<![\w.])\d+[smhd]\b")
 
@@ -220,6 +221,18 @@ def test_commands_answer_the_same_embedded_and_remote(
         assert "2 + 3 = 5" in here.stdout
     assert both(modes, "logs", "run_nope")[1] == 2
     assert both(modes, "tasks", "get", "run_nope")[1] == 2
+    # every format of the output layer, alike in both modes
+    assert "ERROR" in both(modes, "tasks", "list", "-o", "wide")[0]
+    assert "FAILURES" in both(modes, "get", "agents", "-o", "wide")[0]
+    assert both(modes, "tasks", "list", "-o", "name")[0].count("task/run_") == 2
+    both(modes, "tasks", "list", "-o", "yaml")
+    described = [embedded("tasks", "describe", calc_here), remote("tasks", "describe", calc_there)]
+    # (each mode's run took its own time)
+    assert [_RUN_TIME.sub("Duration: <d>", neutral(d.stdout)) for d in described[:1]] == [
+        _RUN_TIME.sub("Duration: <d>", neutral(d.stdout)) for d in described[1:]
+    ]
+    assert re.search(r"^Attempts: +1/3$", described[0].stdout, re.MULTILINE)
+    assert both(modes, "tasks", "describe", "run_nope")[1] == 2
 
     # approvals
     pending, _ = both(modes, "approvals", "list")
@@ -233,6 +246,15 @@ def test_commands_answer_the_same_embedded_and_remote(
     ]
     assert neutral(decided[0].stdout) == neutral(decided[1].stdout)
     assert "rejected" in decided[0].stdout
+    for mode, approval in ((embedded, here_approval), (remote, there_approval)):
+        [run_of] = [
+            a["run_id"]
+            for a in json.loads(mode("approvals", "list", "--all", "-o", "json").stdout)
+            if a["id"] == approval
+        ]
+        shown = mode("tasks", "describe", run_of).stdout
+        assert f"  {approval}:" in shown and re.search(r"\n    Decided: +by ", shown), mode.name
+        assert re.search(r"\n    Decision Reason: +no\n", shown + "\n"), mode.name
     again = remote("approvals", "approve", there_approval)
     assert again.returncode == embedded("approvals", "approve", here_approval).returncode == 2
     assert "apr_" not in both(modes, "approvals", "list")[0]
@@ -253,7 +275,9 @@ def test_commands_answer_the_same_embedded_and_remote(
     # sessions
     for text in ("first", "second"):
         assert both(modes, "run", "chatty", text, "--session", "s-1")[1] == 0
-    assert "s-1\tchatty" in both(modes, "sessions", "list")[0]
+    assert ["s-1", "chatty"] in [
+        line.split()[:2] for line in both(modes, "sessions", "list")[0].splitlines()
+    ]
     shown, _ = both(modes, "sessions", "show", "s-1")
     assert shown.splitlines() == [
         "[user] first",

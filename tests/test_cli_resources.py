@@ -122,11 +122,11 @@ def test_apply_takes_several_files_and_a_namespace(home: Path, tmp_path: Path) -
 def test_get_lists_a_kind_as_a_table(home: Path, manifests: Path) -> None:
     corral("apply", "-f", str(manifests))
     table = corral("get", "agents").stdout
-    header, *rows = [line.split() for line in table.splitlines() if line.strip("─ ")]
+    header, *rows = [line.split() for line in table.splitlines()]
     assert header == ["NAME", "NAMESPACE", "MODEL", "TOOLS", "AGE"]
     assert rows[0][:4] == ["assistant", "default", "gpt", "-"]
     assert "PROVIDER" in corral("get", "ModelEndpoint").stdout
-    assert "No Tool resources found" in corral("get", "tools").stderr
+    assert corral("get", "tools").stderr == "No resources found in default namespace.\n"
 
 
 def test_get_one_as_json_and_yaml(home: Path, manifests: Path) -> None:

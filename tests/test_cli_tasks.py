@@ -49,7 +49,7 @@ def apply(deployment: Deployment, tmp_path: Path, text: str) -> None:
 
 
 def state(deployment: Deployment, run_id: str) -> str:
-    record = json.loads(corral(deployment, "tasks", "get", run_id, check=0).stdout)
+    record = json.loads(corral(deployment, "tasks", "get", run_id, "-o", "json", check=0).stdout)
     return str(record["state"])
 
 
@@ -95,7 +95,9 @@ def test_submit_approve_and_a_worker_finish_the_run(deployment: Deployment, tmp_
         listed = json.loads(corral(deployment, "approvals", "list", "-o", "json", check=0).stdout)
         assert {a["run_id"] for a in listed} == {run_id, other}
         assert {a["tool"] for a in listed} == {"add"}
-        record = json.loads(corral(deployment, "tasks", "get", run_id, check=0).stdout)
+        record = json.loads(
+            corral(deployment, "tasks", "get", run_id, "-o", "json", check=0).stdout
+        )
         assert record["pending_approvals"][0]["tool"] == "add"
 
         for approval_id in (a["id"] for a in listed):
@@ -156,7 +158,8 @@ def test_sessions_carry_runs_and_can_be_listed_shown_and_deleted(
 ) -> None:
     apply(deployment, tmp_path, CALC)
     corral(deployment, "run", "calc", "What is 2 + 3?", "--session", "s1", check=0)
-    assert "s1\tcalc" in corral(deployment, "sessions", "list", check=0).stdout
+    listed = corral(deployment, "sessions", "list", check=0).stdout.splitlines()
+    assert [line.split()[:2] for line in listed] == [["ID", "AGENT"], ["s1", "calc"]]
     shown = corral(deployment, "sessions", "show", "s1", check=0).stdout
     assert "[user] What is 2 + 3?" in shown and "[assistant] 2 + 3 = 5" in shown
     corral(deployment, "sessions", "delete", "s1", check=0)

@@ -356,7 +356,7 @@ async def test_sigkill_during_an_idempotent_tool_call_reruns_it_without_a_second
     check_journal(events)
     assert [e.data["step"] for e in events if e.type is EventType.MESSAGE_CREATE] == [1, 2, 3]
     assert sum(e.type is EventType.TOOL_CALL for e in events) == 3  # 2 calls, 1 re-run
-    shown = json.loads(await cluster.corral("tasks", "get", run_id))
+    shown = json.loads(await cluster.corral("tasks", "get", run_id, "-o", "json"))
     assert (shown["state"], shown["output"], shown["attempts"]) == ("succeeded", "all done", 2)
 
 

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from corral.cli.common import NAMESPACE, run_async
+from corral.cli.output import CHANGE_FORMATS, output_option
 
 if TYPE_CHECKING:
     from corral.api import ApprovalOut
@@ -22,11 +23,11 @@ def register(app: typer.Typer) -> None:
 def approvals_list(
     namespace: str = NAMESPACE,
     all_states: bool = typer.Option(False, "--all", help="Also decided and expired ones."),
-    output: str = typer.Option("table", "-o", "--output", help="table, or json."),
+    output: str = output_option(),
 ) -> None:
-    """Tool calls waiting for a decision."""
-    from rich.console import Console
-    from rich.table import Table
+    """Tool calls waiting for a decision (``-o wide``: with arguments and decisions)."""
+    from corral.cli.output import print_list
+    from corral.cli.views import APPROVAL
 
     async def go() -> list[ApprovalOut]:
         from corral.cli.connect import open_backend
@@ -34,39 +35,30 @@ def approvals_list(
         async with open_backend() as backend:
             return await backend.list_approvals(namespace, None if all_states else ["pending"])
 
-    approvals = run_async(go())
-    if output == "json":
-        from corral.cli.render import body_json
-
-        typer.echo(body_json(approvals))
-        return
-    table = Table(box=None, header_style="bold")
-    for column in ("ID", "RUN", "AGENT", "TOOL", "ARGUMENTS", "STATE", "REASON"):
-        table.add_column(column, overflow="fold")
-    for a in approvals:
-        table.add_row(a.id, a.run_id, a.agent, a.tool, a.arguments, a.state.value, a.reason)
-    Console().print(table)
+    print_list(APPROVAL, run_async(go()), output, namespace=namespace)
 
 
 @approvals_app.command("approve")
 def approvals_approve(
     approval_id: str = typer.Argument(...),
     reason: str | None = typer.Option(None, "--reason"),
+    output: str | None = output_option(None, CHANGE_FORMATS),
 ) -> None:
     """Approve a call: the run resumes on a worker and the call runs once."""
-    _decide(approval_id, True, reason)
+    _decide(approval_id, True, reason, output)
 
 
 @approvals_app.command("reject")
 def approvals_reject(
     approval_id: str = typer.Argument(...),
     reason: str | None = typer.Option(None, "--reason", help="Told to the model."),
+    output: str | None = output_option(None, CHANGE_FORMATS),
 ) -> None:
     """Reject a call: the model is told, and the run goes on without it."""
-    _decide(approval_id, False, reason)
+    _decide(approval_id, False, reason, output)
 
 
-def _decide(approval_id: str, approved: bool, reason: str | None) -> None:
+def _decide(approval_id: str, approved: bool, reason: str | None, output: str | None) -> None:
     async def go() -> ApprovalOut:
         from corral.cli.connect import open_backend
 
@@ -74,4 +66,10 @@ def _decide(approval_id: str, approved: bool, reason: str | None) -> None:
             return await backend.decide(approval_id, approved, reason)
 
     approval = run_async(go())
-    typer.echo(f"{approval.id} {approval.state.value} (run {approval.run_id})")
+    if output is not None:
+        from corral.cli.output import print_change
+        from corral.cli.views import APPROVAL
+
+        print_change(APPROVAL, [approval], output)
+    else:
+        typer.echo(f"{approval.id} {approval.state.value} (run {approval.run_id})")

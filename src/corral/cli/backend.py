@@ -126,8 +126,9 @@ class Backend(ABC):
 
     @abstractmethod
     async def list_approvals(
-        self, namespace: str, states: list[str] | None
-    ) -> list[ApprovalOut]: ...
+        self, namespace: str, states: list[str] | None, *, run_id: str | None = None
+    ) -> list[ApprovalOut]:
+        """Approvals of a namespace, oldest first (of one run, in some states, when given)."""
 
     @abstractmethod
     async def decide(self, approval_id: str, approved: bool, reason: str | None) -> ApprovalOut: ...
@@ -270,12 +271,14 @@ class EmbeddedBackend(Backend):
             )
         return TaskDetail.from_record(record)
 
-    async def list_approvals(self, namespace: str, states: list[str] | None) -> list[ApprovalOut]:
+    async def list_approvals(
+        self, namespace: str, states: list[str] | None, *, run_id: str | None = None
+    ) -> list[ApprovalOut]:
         from corral.api import ApprovalOut
 
         return [
             ApprovalOut.from_approval(a)
-            for a in await self.store.list_approvals(namespace, states=states)
+            for a in await self.store.list_approvals(namespace, run_id=run_id, states=states)
         ]
 
     async def decide(self, approval_id: str, approved: bool, reason: str | None) -> ApprovalOut:

@@ -169,8 +169,12 @@ class RemoteBackend(Backend):
 
     # ----------------------------------------------------------------------- approvals
 
-    async def list_approvals(self, namespace: str, states: list[str] | None) -> list[ApprovalOut]:
-        return [a async for a in self.client.iter_approvals(state=states, page_size=PAGE)]
+    async def list_approvals(
+        self, namespace: str, states: list[str] | None, *, run_id: str | None = None
+    ) -> list[ApprovalOut]:
+        return [
+            a async for a in self.client.iter_approvals(state=states, run_id=run_id, page_size=PAGE)
+        ]
 
     async def decide(self, approval_id: str, approved: bool, reason: str | None) -> ApprovalOut:
         if approved:

@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from corral.api import EventOut, ResourceOut, Task
+from corral.cli.output import age, document
 from corral.core.events import EventType
 from corral.core.runs import RunState
 
@@ -108,11 +109,12 @@ def render_output(output: Any) -> str:
 
 
 def body_json(body: BaseModel | Sequence[BaseModel], *, indent: int | None = 2) -> str:
-    """An API body, or a list of them, as JSON (``-o json``): what the API answers."""
+    """An API body, or a list of them, as JSON (``-o json``): what the API answers, with
+    its timestamps as RFC 3339 text (:func:`corral.cli.output.document`)."""
     if isinstance(body, BaseModel):
-        data: Any = body.model_dump(mode="json")
+        data: Any = document(body)
     else:
-        data = [item.model_dump(mode="json") for item in body]
+        data = [document(item) for item in body]
     return json.dumps(data, indent=indent, ensure_ascii=False)
 
 
@@ -122,10 +124,4 @@ def resource_document(resource: ResourceOut) -> dict[str, Any]:
     return {key: data[key] for key in ("apiVersion", "kind", "metadata", "spec")}
 
 
-def age(seconds: float) -> str:
-    """A duration as kubectl shows ages: ``45s``, ``12m``, ``5h``, ``3d``."""
-    seconds = max(0, int(seconds))
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size * (2 if unit != "m" else 1):
-            return f"{seconds // size}{unit}"
-    return f"{seconds}s"
+__all__ = ["EventPrinter", "age", "body_json", "render_output", "resource_document"]

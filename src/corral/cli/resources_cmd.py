@@ -8,26 +8,18 @@ a backend hands out resources as the API shows them, passed through
 
 from __future__ import annotations
 
-import json
-import sys
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import typer
 
 from corral.cli.common import EXIT_BAD_INPUT, NAMESPACE, fail, run_async
+from corral.cli.output import CHANGE_FORMATS, output_option
 
 if TYPE_CHECKING:
-    from rich.console import Console
-
-    from corral.api import AppliedResource, ResourceOut
-    from corral.resources.kinds import Spec
-
-OUTPUTS = ("table", "json", "yaml")
+    from corral.api import AppliedResource, ResourceOut, Task
+    from corral.cli.output import Column
 
 
 def register(app: typer.Typer) -> None:
@@ -67,13 +59,6 @@ def _kind(text: str) -> str:
         fail(str(exc), EXIT_BAD_INPUT)
 
 
-def _console() -> Console:
-    from rich.console import Console
-
-    # Piped output is not cut to 80 columns: scripts grep it.
-    return Console(highlight=False, width=None if sys.stdout.isatty() else 240)
-
-
 # --------------------------------------------------------------------------- apply
 
 
@@ -84,11 +69,18 @@ def apply(
     namespace: str = typer.Option(
         "default", "-n", "--namespace", help="Namespace of documents that do not name one."
     ),
+    output: str | None = output_option(None, CHANGE_FORMATS),
 ) -> None:
     """Create or update the resources of YAML files; all or nothing."""
+    from corral.cli.output import print_change
+    from corral.cli.views import APPLIED
+
     applied = run_async(_apply(file, namespace))
     if not applied.outcomes:
         fail("no resources found in the given files", EXIT_BAD_INPUT)
+    if output is not None:
+        print_change(APPLIED, applied.outcomes, output, many=True)
+        return
     for line in applied.lines:
         typer.echo(line)
 
@@ -107,95 +99,90 @@ def get(
     kind: str = typer.Argument(..., help="agent, tool, modelendpoint, secret, ... (plural works)."),
     name: str | None = typer.Argument(None, help="One resource; all of the kind when absent."),
     namespace: str = NAMESPACE,
-    output: str = typer.Option("table", "-o", "--output", help="table, json or yaml."),
+    output: str = output_option(),
 ) -> None:
-    """List resources of a kind, or show one."""
-    from corral.cli.render import resource_document
+    """List resources of a kind, or show one.
 
-    if output not in OUTPUTS:
-        fail(f"unknown output format {output!r} (use {', '.join(OUTPUTS)})", EXIT_BAD_INPUT)
+    ``-o yaml`` prints documents ``apply -f`` takes back (one per resource, ``---``
+    between them); ``-o wide`` adds the generation and labels, and for agents their
+    runs: LAST RUN, RUNS and FAILURES among the newest runs.
+    """
+    from corral.cli.output import no_resources, print_list, print_one
+    from corral.cli.render import resource_document
+    from corral.cli.views import resource_view
+
     canonical = _kind(kind)
-    items = run_async(_get(namespace, canonical, name))
-    if output == "json":
-        docs = [resource_document(s) for s in items]
-        typer.echo(json.dumps(docs[0] if name else docs, indent=2, ensure_ascii=False))
-    elif output == "yaml":
+    wide_agents = output == "wide" and canonical == "Agent"
+    items, runs = run_async(_get(namespace, canonical, name, runs=wide_agents))
+    view = resource_view(canonical, agent_run_columns(runs) if wide_agents else None)
+    if output == "yaml" and name is None:
         import yaml
 
+        if not items:
+            no_resources(namespace)
+            return
         typer.echo(
             yaml.safe_dump_all(
                 [resource_document(s) for s in items], sort_keys=False, allow_unicode=True
             ).rstrip()
         )
-    elif not items:
-        typer.echo(f"No {canonical} resources found in namespace {namespace!r}.", err=True)
+    elif name is None:
+        print_list(view, items, output, namespace=namespace)
     else:
-        _print_table(canonical, items)
+        print_one(view, items[0], output)
 
 
-async def _get(namespace: str, kind: str, name: str | None) -> list[ResourceOut]:
+async def _get(
+    namespace: str, kind: str, name: str | None, *, runs: bool = False
+) -> tuple[list[ResourceOut], dict[str, list[Task]]]:
     from corral.cli.connect import open_backend
     from corral.core.errors import NotFoundError
 
     async with open_backend() as backend:
         if name is None:
-            return await backend.list_resources(namespace, kind)
-        found = await backend.get_resource(namespace, kind, name)
-    if found is None:
-        raise NotFoundError(f"{kind} {name!r} not found in namespace {namespace!r}")
-    return [found]
+            found = await backend.list_resources(namespace, kind)
+        else:
+            one = await backend.get_resource(namespace, kind, name)
+            if one is None:
+                raise NotFoundError(f"{kind} {name!r} not found in namespace {namespace!r}")
+            found = [one]
+        recent: dict[str, list[Task]] = {}
+        if runs:
+            for item in found:
+                recent[item.metadata.name] = await backend.list_runs(
+                    namespace, item.metadata.name, RUN_STATS_PAGE, None
+                )
+    return found, recent
 
 
-def _print_table(kind: str, items: list[ResourceOut]) -> None:
-    from rich import box
-    from rich.table import Table
-
-    from corral.cli.render import age
-
-    columns = _COLUMNS.get(kind, [])
-    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, header_style="bold")
-    for title in ("NAME", "NAMESPACE", *(c[0] for c in columns), "AGE"):
-        table.add_column(title, overflow="fold")
-    now = time.time()
-    for item in items:
-        cells = [getter(item.spec) for _, getter in columns]
-        meta = item.metadata
-        table.add_row(meta.name, meta.namespace, *cells, age(now - item.status.created_at))
-    _console().print(table)
+#: how many of an agent's newest runs ``get agents -o wide`` counts
+RUN_STATS_PAGE = 100
 
 
-def _attr(*path: str) -> Callable[[Spec], str]:
-    def getter(spec: Spec) -> str:
-        value: Any = spec
-        for part in path:
-            value = getattr(value, part, None)
-        if isinstance(value, list):
-            return ", ".join(str(v) for v in value) or "-"
-        return "-" if value in (None, "") else str(value)
+def agent_run_columns(runs: dict[str, list[Task]]) -> list[Column[ResourceOut]]:
+    """LAST RUN, RUNS and FAILURES of each agent, from its newest runs (at most
+    :data:`RUN_STATS_PAGE`: more are counted as ``100+``)."""
+    from corral.cli.output import Column, ago
+    from corral.core.runs import RunState
 
-    return getter
+    failed = {RunState.FAILED, RunState.DEAD_LETTER}
 
+    def of(resource: ResourceOut) -> list[Task]:
+        return runs.get(resource.metadata.name, [])
 
-def _target(spec: Spec) -> str:
-    command = getattr(spec, "command", None) or []
-    return getattr(spec, "url", None) or " ".join(command) or "-"
+    def last(resource: ResourceOut) -> str:
+        newest = of(resource)[:1]
+        return f"{ago(newest[0].created_at)} ({newest[0].state.value})" if newest else "<none>"
 
+    def count(resource: ResourceOut, chosen: list[Task]) -> str:
+        full = len(of(resource)) >= RUN_STATS_PAGE
+        return f"{len(chosen)}+" if full and chosen else str(len(chosen))
 
-def _secret_source(spec: Spec) -> str:
-    # Only where the value comes from: never the value, never the ciphertext.
-    env = getattr(spec, "from_env", None)
-    return f"env:{env}" if env else "encrypted"
-
-
-_COLUMNS: dict[str, list[tuple[str, Callable[[Spec], str]]]] = {
-    "Agent": [("MODEL", _attr("model")), ("TOOLS", _attr("tools"))],
-    "ModelEndpoint": [("PROVIDER", _attr("provider")), ("MODEL", _attr("model"))],
-    "Tool": [("TYPE", _attr("type")), ("RISK", _attr("risk"))],
-    "McpServer": [("TRANSPORT", _attr("transport")), ("TARGET", _target)],
-    "Secret": [("SOURCE", _secret_source)],
-    "AgentRole": [("PERMISSIONS", _attr("permissions"))],
-    "ToolPermission": [("EFFECT", _attr("effect")), ("TOOLS", _attr("tools"))],
-}
+    return [
+        Column("LAST RUN", last, wide=True),
+        Column("RUNS", lambda r: count(r, of(r)), wide=True),
+        Column("FAILURES", lambda r: count(r, [t for t in of(r) if t.state in failed]), wide=True),
+    ]
 
 
 # --------------------------------------------------------------------------- describe
@@ -209,6 +196,7 @@ def describe(
     """Show one resource in full: metadata, generation, times, spec and who uses it."""
     import yaml
 
+    from corral.cli.output import when
     from corral.cli.render import resource_document
 
     canonical = _kind(kind)
@@ -221,8 +209,8 @@ def describe(
         f"Kind:        {found.kind}",
         f"Labels:      {labels or '<none>'}",
         f"Generation:  {found.status.generation}",
-        f"Created:     {_when(found.status.created_at)}",
-        f"Updated:     {_when(found.status.updated_at)}",
+        f"Created:     {when(found.status.created_at)}",
+        f"Updated:     {when(found.status.updated_at)}",
         f"Used by:     {', '.join(used_by) or '<none>'}",
         "Spec:",
     ]
@@ -247,13 +235,6 @@ async def _describe(namespace: str, kind: str, name: str) -> tuple[ResourceOut, 
         for r, field in referrers((kind, name), others)
     ]
     return found, used_by
-
-
-def _when(timestamp: float) -> str:
-    from corral.cli.render import age
-
-    moment = datetime.fromtimestamp(timestamp, tz=UTC).isoformat(timespec="seconds")
-    return f"{moment.replace('+00:00', 'Z')} ({age(time.time() - timestamp)} ago)"
 
 
 # --------------------------------------------------------------------------- delete

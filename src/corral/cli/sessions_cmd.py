@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from corral.cli.common import NAMESPACE, run_async, session_id_option
+from corral.cli.output import output_option
 
 if TYPE_CHECKING:
     from corral.api import SessionMessageOut, SessionOut
@@ -21,8 +22,10 @@ def register(app: typer.Typer) -> None:
 
 
 @sessions_app.command("list")
-def sessions_list(namespace: str = NAMESPACE) -> None:
+def sessions_list(namespace: str = NAMESPACE, output: str = output_option()) -> None:
     """Sessions, most recently used first."""
+    from corral.cli.output import print_list
+    from corral.cli.views import SESSION
 
     async def go() -> list[SessionOut]:
         from corral.cli.connect import open_backend
@@ -30,8 +33,7 @@ def sessions_list(namespace: str = NAMESPACE) -> None:
         async with open_backend() as backend:
             return await backend.list_sessions(namespace)
 
-    for s in run_async(go()):
-        typer.echo(f"{s.id}\t{s.agent}")
+    print_list(SESSION, run_async(go()), output, namespace=namespace)
 
 
 @sessions_app.command("show")
@@ -39,8 +41,9 @@ def sessions_show(
     session_id: str = SESSION_ID,
     all_messages: bool = typer.Option(False, "--all", help="Include compacted messages."),
     namespace: str = NAMESPACE,
+    output: str | None = output_option(None),
 ) -> None:
-    """A session's messages."""
+    """A session's messages: the conversation, or a table or documents with ``-o``."""
 
     async def go() -> list[SessionMessageOut]:
         from corral.cli.connect import open_backend
@@ -50,7 +53,14 @@ def sessions_show(
                 namespace, session_id, include_hidden=all_messages
             )
 
-    for m in run_async(go()):
+    messages = run_async(go())
+    if output is not None:
+        from corral.cli.output import print_list
+        from corral.cli.views import session_messages
+
+        print_list(session_messages(session_id), messages, output, namespace=namespace)
+        return
+    for m in messages:
         flags = " (compacted)" if m.hidden else " (summary)" if m.summary else ""
         typer.echo(f"[{m.message.role}{flags}] {m.message.content}")
 

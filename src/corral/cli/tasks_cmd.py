@@ -1,17 +1,17 @@
-"""Durable runs from the CLI: ``submit``, ``tasks list|get|cancel`` and ``logs``."""
+"""Durable runs from the CLI: ``submit``, ``tasks list|get|describe|cancel`` and ``logs``."""
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING, Any
 
 import typer
 
 from corral.api import MAX_DELAY_SECONDS, MAX_PAGE_ITEMS, MAX_PRIORITY
 from corral.cli.common import EXIT_BAD_INPUT, NAMESPACE, fail, run_async, session_id_option
+from corral.cli.output import CHANGE_FORMATS, output_option
 
 if TYPE_CHECKING:
-    from corral.api import EventOut, Task, TaskDetail
+    from corral.api import ApprovalOut, EventOut, Task, TaskDetail
 
 tasks_app = typer.Typer(help="List, inspect and cancel tasks (durable runs).", no_args_is_help=True)
 
@@ -41,8 +41,9 @@ def submit(
         0.0, "--delay", min=0.0, max=MAX_DELAY_SECONDS, help="Seconds before the task may start."
     ),
     namespace: str = NAMESPACE,
+    output: str | None = output_option(None, CHANGE_FORMATS),
 ) -> None:
-    """Queue a run for a worker and print its task id."""
+    """Queue a run for a worker and print its task id (``-o json``: the task)."""
     task, created = run_async(
         submit_task(
             agent,
@@ -56,7 +57,13 @@ def submit(
     )
     if not created:
         typer.echo(f"(idempotency key seen before: task {task.id} is {task.state})", err=True)
-    typer.echo(task.id)
+    if output is not None:
+        from corral.cli.output import print_change
+        from corral.cli.views import TASK
+
+        print_change(TASK, [task], output)
+    else:
+        typer.echo(task.id)
 
 
 async def submit_task(agent: str, prompt: str, **options: Any) -> tuple[Task, bool]:
@@ -75,13 +82,11 @@ def tasks_list(
     agent: str | None = typer.Option(None, "--agent", help="Only this agent's tasks."),
     state: list[str] = typer.Option([], "--state", help="Only tasks in these states."),
     limit: int = typer.Option(50, "--limit", min=1, max=MAX_PAGE_ITEMS),
-    output: str = typer.Option("table", "-o", "--output", help="table, or json."),
+    output: str = output_option(),
 ) -> None:
-    """The newest tasks, newest first."""
-    from rich.console import Console
-    from rich.table import Table
-
-    from corral.cli.render import age, body_json
+    """The newest tasks, newest first (``-o wide``: with their session, tokens and error)."""
+    from corral.cli.output import print_list
+    from corral.cli.views import TASK
     from corral.core.runs import RunState
 
     try:
@@ -96,37 +101,50 @@ def tasks_list(
             chosen = [s.value for s in states] if states else None
             return await backend.list_runs(namespace, agent, limit, chosen)
 
-    tasks = run_async(go())
-    if output == "json":
-        typer.echo(body_json(tasks))
-        return
-    table = Table(box=None, header_style="bold")
-    for column in ("ID", "AGENT", "STATE", "ATTEMPTS", "STEPS", "AGE"):
-        table.add_column(column, no_wrap=True)
-    now = time.time()
-    for t in tasks:
-        table.add_row(
-            t.id, t.agent, t.state.value, str(t.attempts), str(t.steps), age(now - t.created_at)
-        )
-    Console().print(table)
+    print_list(TASK, run_async(go()), output, namespace=namespace)
 
 
 @tasks_app.command("get")
-def tasks_get(task_id: str = typer.Argument(..., help="The task (run) id.")) -> None:
-    """The task's full record as JSON."""
-    from corral.cli.render import body_json
+def tasks_get(
+    task_id: str = typer.Argument(..., help="The task (run) id."),
+    output: str = output_option(),
+) -> None:
+    """One task (``-o json``: its full record, with its conversation)."""
+    from corral.cli.output import print_one
+    from corral.cli.views import TASK
 
-    async def go() -> TaskDetail:
+    print_one(TASK, run_async(_get_run(task_id)), output)
+
+
+async def _get_run(task_id: str) -> TaskDetail:
+    from corral.cli.connect import open_backend
+
+    async with open_backend() as backend:
+        return await backend.get_run(task_id)
+
+
+@tasks_app.command("describe")
+def tasks_describe(task_id: str = typer.Argument(..., help="The task (run) id.")) -> None:
+    """Why a task is where it is: input, state, error, attempts, approvals, times, usage."""
+    from corral.cli.describe import describe_task
+
+    async def go() -> tuple[TaskDetail, list[ApprovalOut]]:
         from corral.cli.connect import open_backend
 
         async with open_backend() as backend:
-            return await backend.get_run(task_id)
+            task = await backend.get_run(task_id)
+            approvals = await backend.list_approvals(task.namespace, None, run_id=task.id)
+            return task, approvals
 
-    typer.echo(body_json(run_async(go())))
+    task, approvals = run_async(go())
+    typer.echo(describe_task(task, approvals))
 
 
 @tasks_app.command("cancel")
-def tasks_cancel(task_id: str = typer.Argument(..., help="The task (run) id.")) -> None:
+def tasks_cancel(
+    task_id: str = typer.Argument(..., help="The task (run) id."),
+    output: str | None = output_option(None, CHANGE_FORMATS),
+) -> None:
     """Cancel a queued, waiting or running task (a running one stops promptly)."""
 
     async def go() -> Task:
@@ -136,7 +154,12 @@ def tasks_cancel(task_id: str = typer.Argument(..., help="The task (run) id.")) 
             return await backend.cancel(task_id)
 
     task = run_async(go())
-    if task.state.finished:
+    if output is not None:
+        from corral.cli.output import print_change
+        from corral.cli.views import TASK
+
+        print_change(TASK, [task], output)
+    elif task.state.finished:
         typer.echo(f"{task.id} {task.state.value}")
     else:
         typer.echo(f"{task.id} cancellation requested")

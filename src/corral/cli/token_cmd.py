@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from corral.cli.common import EXIT_BAD_INPUT, fail, run_async
+from corral.cli.output import output_option
 
 if TYPE_CHECKING:
     from corral.core.tokens import ApiToken
@@ -67,9 +68,12 @@ def create(
 @token_app.command("list")
 def list_tokens(
     namespace: str | None = typer.Option(None, "-n", "--namespace", help="Only this namespace."),
-    output: str = typer.Option("table", "-o", "--output", help="table, or json."),
+    output: str = output_option(),
 ) -> None:
     """Tokens (never their secrets), revoked ones included."""
+    from corral.api import TokenOut
+    from corral.cli.output import print_list
+    from corral.cli.views import TOKEN
 
     async def go() -> list[ApiToken]:
         from corral.cli.connect import open_cli_store
@@ -77,22 +81,8 @@ def list_tokens(
         async with open_cli_store() as (store, _):
             return await store.list_tokens(namespace)
 
-    tokens = run_async(go())
-    if output == "json":
-        from corral.api import TokenOut
-        from corral.cli.render import body_json
-
-        typer.echo(body_json([TokenOut.from_token(t) for t in tokens]))
-        return
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(box=None, header_style="bold")
-    for column in ("ID", "NAMESPACE", "ROLE", "NAME", "STATUS"):
-        table.add_column(column, no_wrap=True)
-    for t in tokens:
-        table.add_row(t.id, t.namespace, t.role.value, t.name, "revoked" if t.revoked else "active")
-    Console().print(table)
+    tokens = [TokenOut.from_token(t) for t in run_async(go())]
+    print_list(TOKEN, tokens, output, namespace=namespace)
 
 
 @token_app.command("revoke")
