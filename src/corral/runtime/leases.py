@@ -14,11 +14,20 @@ nothing: the lease may still be valid, and if it is not, fencing refuses the
 run's next write once another worker claimed it. The failure is reported to the
 worker's health (logged, counted), and the next round comes sooner, after a
 jittered backoff, until renewals work again. Only a lease the store says is
-lost (or a run it no longer has) stops the run.
+lost (or a run it no longer has) stops the run from here.
+
+Each held lease also knows when it is *believed* lost: its :attr:`HeldLease.deadline`,
+a lease length after the claim, then after the start of the last renewal that
+succeeded (monotonic time of the keeper's clock). A worker past it (stalled,
+or its renewals failing or hanging) may have lost the run to another worker
+without being told yet; the run's journal (:class:`~corral.runtime.journal.FencedSink`)
+checks the deadline before each event, so such a run starts no model call, no
+tool call and no write, and stops as a lost lease.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -41,7 +50,7 @@ Stop = Callable[[Reason], None]
 
 
 @dataclass(eq=False)
-class _Held:
+class HeldLease:
     """One run's lease, renewed while the ``with`` block of :meth:`LeaseKeeper.keep` runs.
 
     Its own context manager rather than a ``@contextmanager`` generator: every run
@@ -52,9 +61,14 @@ class _Held:
     lease: Lease
     stop: Stop
     shutdown: anyio.Event | None
+    #: when the lease is believed lost, on the keeper's monotonic clock: ``lease_seconds``
+    #: after entering the block, then after the start of each renewal that succeeded
+    #: (the store's expiry is later still). Past it the lease may have gone to another worker.
+    deadline: float = math.inf
 
-    def __enter__(self) -> None:
+    def __enter__(self) -> HeldLease:
         self.keeper._hold(self)
+        return self
 
     def __exit__(self, *exc_info: object) -> None:
         self.keeper._held.discard(self)
@@ -77,7 +91,7 @@ class LeaseKeeper:
         self.clock = clock
         self._failed_rounds = 0  # rounds in a row in which a renewal failed
         self._round_failed = False
-        self._held: set[_Held] = set()
+        self._held: set[HeldLease] = set()
         self._watched: set[anyio.Event] = set()
         self._group: anyio.abc.TaskGroup | None = None
 
@@ -95,13 +109,15 @@ class LeaseKeeper:
 
     def keep(
         self, lease: Lease, stop: Stop, shutdown: anyio.Event | None = None
-    ) -> AbstractContextManager[None]:
+    ) -> AbstractContextManager[HeldLease]:
         """Renew ``lease`` while the block runs; ``stop(reason)`` ends the run early."""
-        return _Held(self, lease, stop, shutdown)
+        return HeldLease(self, lease, stop, shutdown)
 
-    def _hold(self, held: _Held) -> None:
+    def _hold(self, held: HeldLease) -> None:
         if self._group is None:
             raise RuntimeError("LeaseKeeper used outside its `async with` block")
+        # (from here, not from the claim: a claim a moment ago; the store's expiry is later)
+        held.deadline = self.clock.monotonic() + self.lease_seconds
         self._held.add(held)
         shutdown = held.shutdown
         if shutdown is not None and shutdown not in self._watched:
@@ -127,9 +143,10 @@ class LeaseKeeper:
                     group.start_soon(self._renew, held)
             self._failed_rounds = self._failed_rounds + 1 if self._round_failed else 0
 
-    async def _renew(self, held: _Held) -> None:
+    async def _renew(self, held: HeldLease) -> None:
         if held not in self._held:  # its run ended meanwhile
             return
+        sent = self.clock.monotonic()  # the store's new expiry is at least a lease after this
         try:
             _, cancel = await self.store.renew_lease(held.lease, self.lease_seconds)
         except (LeaseLostError, NotFoundError):
@@ -141,6 +158,7 @@ class LeaseKeeper:
             if self.health is not None:
                 self.health.failed("renew", exc)
             return
+        held.deadline = sent + self.lease_seconds
         if self.health is not None:
             self.health.succeeded("renew")
         if cancel:
