@@ -614,6 +614,47 @@ async def test_a_worker_whose_lease_ran_out_unrenewed_starts_no_model_call(
     assert [e.data["step"] for e in events if e.type is EventType.MESSAGE_CREATE] == [1, 2]
 
 
+async def test_a_run_outlasting_its_lease_goes_on_while_its_renewals_succeed(
+    cluster: Cluster,
+) -> None:
+    # The other side of the test above: each renewal that succeeds moves the lease's
+    # deadline on, so a call in flight for three leases is no reason to stop.
+    lease_seconds = 30.0
+    await cluster.store.apply(load_text(GATED, "gated.yaml"))
+    cluster.model.add_reply(
+        FakeReply(tool_calls=[FakeToolCall("wait_at_gate", {"gate": "g"})]),
+        FakeReply(text="finished by a"),
+    )
+    gate = GATES["g"] = Gate()
+    record, _ = await submit_run(cluster.store, "gatekeeper", "go")
+    settings = Settings(home=cluster.home, db_url=f"sqlite:///{cluster.db_path}", secret_key=None)
+    clock = FakeClock()
+    outcomes: list[str] = []
+    try:
+        [(claimed, lease)] = await cluster.store.claim_runs("a", lease_seconds)
+        a = RunExecutor(cluster.store, settings, lease_seconds=lease_seconds, clock=clock)
+
+        async def execute_a() -> None:
+            outcomes.append(await a.execute(claimed, lease))
+
+        async with a, anyio.create_task_group() as group:
+            group.start_soon(execute_a)
+            with anyio.fail_after(TIMEOUT):
+                await gate.arrived.wait()
+                for _ in range(9):  # a renewal round every third of the lease, each done
+                    await clock.sleeping()  # before the next begins
+                    clock.advance(lease_seconds / 3)
+                await clock.sleeping()
+            gate.opened.set()
+    finally:
+        GATES.pop("g", None)
+    assert outcomes == ["done"]
+    final = await cluster.run(record.id)
+    assert (final.state, final.output) == (RunState.SUCCEEDED, "finished by a")
+    assert cluster.model.calls == 2 and gate.calls == 1
+    check_journal(await cluster.events(record.id))
+
+
 @pytest.mark.parametrize("tool", ["perform_exec", "perform"])
 async def test_sigterm_drains_releases_the_run_and_another_worker_resumes_it(
     cluster: Cluster, tool: str
