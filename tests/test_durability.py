@@ -532,12 +532,15 @@ spec:
 
 
 class RenewalsStall(SqliteStore):
-    """A real store whose lease renewals never succeed: they hang, or fail as a locked
-    database's do."""
+    """A real store whose lease renewals, while ``stalled``, hang (``hang``) or fail as a
+    locked database's do."""
 
+    stalled = True
     hang = True
 
     async def renew_lease(self, lease: Lease, lease_seconds: float) -> tuple[Lease, bool]:
+        if not self.stalled:
+            return await super().renew_lease(lease, lease_seconds)
         if self.hang:
             await anyio.sleep_forever()
         raise StoreError("cannot renew the lease: the database stayed locked")
@@ -550,7 +553,9 @@ async def test_a_worker_whose_lease_ran_out_unrenewed_starts_no_model_call(
     # In-process, on a fake clock: worker a's renewals never succeed, its lease runs out
     # while its idempotent tool call is in flight, and b claims the run. The call's result
     # would be written ahead (refused only later, with the next model call on the wire):
-    # a, knowing its lease ran out, asks the model nothing more and stops as a lost lease.
+    # a, its lease unrenewed for a lease's length, first has the store renew it, which is
+    # refused (or fails, or hangs: no answer is no lease), asks the model nothing more and
+    # stops as a lost lease.
     lease_seconds = 30.0
     await cluster.store.apply(load_text(GATED, "gated.yaml"))
     cluster.model.add_reply(
@@ -588,6 +593,10 @@ async def test_a_worker_whose_lease_ran_out_unrenewed_starts_no_model_call(
             )
             assert b_lease.token == lease.token + 1
             gate.opened.set()  # a's call returns, into a lease a knows ran out
+            if stalled.hang:  # a's renewal of its own (now) waits a third of a lease
+                with anyio.fail_after(TIMEOUT):
+                    await clock.sleeping()
+                clock.advance(lease_seconds / 3)
         assert outcomes == ["lost"]
         assert cluster.model.calls == 1  # no model call after the lease ran out
         kinds = [e.type for e in await cluster.events(record.id)]
@@ -648,6 +657,53 @@ async def test_a_run_outlasting_its_lease_goes_on_while_its_renewals_succeed(
             gate.opened.set()
     finally:
         GATES.pop("g", None)
+    assert outcomes == ["done"]
+    final = await cluster.run(record.id)
+    assert (final.state, final.output) == (RunState.SUCCEEDED, "finished by a")
+    assert cluster.model.calls == 2 and gate.calls == 1
+    check_journal(await cluster.events(record.id))
+
+
+async def test_a_worker_past_its_deadline_goes_on_if_the_store_renews_its_lease_then(
+    cluster: Cluster,
+) -> None:
+    # A worker whose renewals failed for a lease's length (or that stalled that long) has
+    # not necessarily lost the run: nobody claimed it here, and the renewal asked for
+    # before the next step succeeds, so the run goes on.
+    lease_seconds = 30.0
+    await cluster.store.apply(load_text(GATED, "gated.yaml"))
+    cluster.model.add_reply(
+        FakeReply(tool_calls=[FakeToolCall("wait_at_gate", {"gate": "g"})]),
+        FakeReply(text="finished by a"),
+    )
+    gate = GATES["g"] = Gate()
+    record, _ = await submit_run(cluster.store, "gatekeeper", "go")
+    settings = Settings(home=cluster.home, db_url=f"sqlite:///{cluster.db_path}", secret_key=None)
+    stalled = await RenewalsStall.open(
+        f"sqlite:///{cluster.db_path}", cipher=SecretCipher(key=SecretCipher.generate_key())
+    )
+    stalled.hang = False
+    clock = FakeClock()
+    outcomes: list[str] = []
+    try:
+        [(claimed, lease)] = await stalled.claim_runs("a", lease_seconds)
+        a = RunExecutor(stalled, settings, lease_seconds=lease_seconds, clock=clock)
+
+        async def execute_a() -> None:
+            outcomes.append(await a.execute(claimed, lease))
+
+        async with a, anyio.create_task_group() as group:
+            group.start_soon(execute_a)
+            with anyio.fail_after(TIMEOUT):
+                await gate.arrived.wait()
+            clock.advance(lease_seconds + 1)
+            with anyio.fail_after(TIMEOUT):
+                await clock.sleeping()  # the renewal due meanwhile failed: a backs off
+            stalled.stalled = False  # the store is back
+            gate.opened.set()
+    finally:
+        GATES.pop("g", None)
+        await stalled.close()
     assert outcomes == ["done"]
     final = await cluster.run(record.id)
     assert (final.state, final.output) == (RunState.SUCCEEDED, "finished by a")

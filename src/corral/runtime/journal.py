@@ -44,11 +44,12 @@ durable), the run's outcome waits for all of them (:meth:`FencedSink.settle`),
 and a refused write (a lost lease) surfaces at the next write or at settle.
 
 A refused *ahead* write surfaces late, though: the next model call may be on the
-wire by then. So the sink also refuses an event itself, with ``LeaseLostError``,
-once the lease is believed lost (:attr:`FencedSink.held`, past its deadline: a
-worker stalled or unable to renew for a lease's length). Every model call
-follows a ``step.start`` and every tool call a ``tool.call``, so a worker that
-knows its lease ran out starts neither, nor any write.
+wire by then. So the sink also checks the lease before each event: past its
+deadline (:attr:`FencedSink.held`: a worker stalled or unable to renew for a
+lease's length) it has the store renew the lease first, and raises
+``LeaseLostError`` unless that works. Every model call follows a ``step.start``
+and every tool call a ``tool.call``, so a worker whose lease ran out starts
+neither, nor any write, before it knows the lease is still its own.
 """
 
 from __future__ import annotations
@@ -170,7 +171,7 @@ class FencedSink:
     async def __call__(self, event: Event) -> None:
         held = self.held
         if held is not None and self.clock.monotonic() > held.deadline:
-            raise self._believed_lost(held)
+            await self._confirm(held)
         self.buffer.append(event)
         self.last_seq = event.seq
         when = self._when(event)
@@ -184,16 +185,15 @@ class FencedSink:
         if self.observer is not None:
             await self.observer(event)
 
-    def _believed_lost(self, held: HeldLease) -> LeaseLostError:
-        """The lease ran out without a renewal: from here every write fails as lost."""
-        error = LeaseLostError(
-            f"run {self.lease.run_id!r}: the lease of {self.lease.owner!r} (token "
-            f"{self.lease.token}) was not renewed for {held.keeper.lease_seconds:g} s and may "
-            "belong to another worker now; nothing more is done under it"
-        )
-        if self._error is None:
-            self._error = error
-        return error
+    async def _confirm(self, held: HeldLease) -> None:
+        """The lease went a lease's length unrenewed: go on only if the store renews it now.
+        Otherwise ``LeaseLostError``, and every write after this fails the same way."""
+        try:
+            await held.keeper.confirm(held)
+        except LeaseLostError as exc:
+            if self._error is None:
+                self._error = exc
+            raise
 
     def _when(self, event: Event) -> When:
         kind = event.type
@@ -278,8 +278,7 @@ class FencedSink:
         self._behind_timer = None
         held = self.held
         if held is not None and self.clock.monotonic() > held.deadline:
-            self._believed_lost(held)  # (the engine hears of it at its next event)
-            return
+            return  # (left to the next write, after the next event confirmed the lease)
         if self._group is not None and self.buffer and self._error is None:
             before = self._last_write
             done = self._next_write()

@@ -16,13 +16,14 @@ worker's health (logged, counted), and the next round comes sooner, after a
 jittered backoff, until renewals work again. Only a lease the store says is
 lost (or a run it no longer has) stops the run from here.
 
-Each held lease also knows when it is *believed* lost: its :attr:`HeldLease.deadline`,
+Each held lease also knows when it may be lost: its :attr:`HeldLease.deadline`,
 a lease length after the claim, then after the start of the last renewal that
 succeeded (monotonic time of the keeper's clock). A worker past it (stalled,
 or its renewals failing or hanging) may have lost the run to another worker
 without being told yet; the run's journal (:class:`~corral.runtime.journal.FencedSink`)
-checks the deadline before each event, so such a run starts no model call, no
-tool call and no write, and stops as a lost lease.
+checks the deadline before each event, and past it asks the store to renew the
+lease first (:meth:`LeaseKeeper.confirm`). Unless the store renews it, the run
+starts no model call, no tool call and no write, and stops as a lost lease.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ import anyio
 import anyio.abc
 
 from corral.core.backoff import jittered_backoff
-from corral.core.clock import SYSTEM_CLOCK, Clock
+from corral.core.clock import SYSTEM_CLOCK, Clock, move_on_after
 from corral.core.errors import CorralError, LeaseLostError, NotFoundError
 from corral.core.runs import Lease
 from corral.runtime.health import WorkerHealth
@@ -61,7 +62,7 @@ class HeldLease:
     lease: Lease
     stop: Stop
     shutdown: anyio.Event | None
-    #: when the lease is believed lost, on the keeper's monotonic clock: ``lease_seconds``
+    #: when the lease may be lost, on the keeper's monotonic clock: ``lease_seconds``
     #: after entering the block, then after the start of each renewal that succeeded
     #: (the store's expiry is later still). Past it the lease may have gone to another worker.
     deadline: float = math.inf
@@ -163,6 +164,32 @@ class LeaseKeeper:
             self.health.succeeded("renew")
         if cancel:
             held.stop("cancelled")
+
+    async def confirm(self, held: HeldLease) -> None:
+        """Renew ``held`` at once, its deadline being past; ``LeaseLostError`` unless the
+        store renews it within a third of a lease (refused, failed or no answer).
+
+        A deadline passes when the worker stalled or its renewals failed: the lease may
+        be another worker's by now, or still this one's (the store renews it only then).
+        """
+        sent = self.clock.monotonic()
+        cause: BaseException | None = None
+        with move_on_after(self.clock, self.lease_seconds / 3):
+            try:
+                _, cancel = await self.store.renew_lease(held.lease, self.lease_seconds)
+            except CorralError as exc:
+                cause = exc
+            else:
+                held.deadline = sent + self.lease_seconds
+                if cancel:
+                    held.stop("cancelled")
+                return
+        lease = held.lease
+        raise LeaseLostError(
+            f"run {lease.run_id!r}: the lease of {lease.owner!r} (token {lease.token}) went "
+            f"{self.lease_seconds:g} s without a renewal, and renewing it now "
+            + ("did not answer" if cause is None else f"failed: {cause}")
+        ) from cause
 
     async def _stop_on(self, shutdown: anyio.Event) -> None:
         await shutdown.wait()
