@@ -13,6 +13,10 @@ module reads ``{"label", "seconds"}`` on stdin and its idempotency key from
 The slow part comes after the effect and only when this invocation performed
 it: a worker killed during it leaves the effect behind, and the re-run that
 finds the effect answers at once (as a real service saying "already done").
+
+``wait_at_gate`` (python, async) is for tests that run the executor in their
+own process: a call waits at a :class:`Gate` of :data:`GATES` until the test
+opens it, so the call is in flight exactly while the test moves time on.
 """
 
 from __future__ import annotations
@@ -21,7 +25,10 @@ import json
 import os
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+
+import anyio
 
 from corral.tools.base import ToolContext
 
@@ -57,6 +64,32 @@ def perform_once(label: str, seconds: float, ctx: ToolContext) -> str:
         seconds: How long answering takes after performing the effect.
     """
     return perform(Path(os.environ[ENV_DIR]), ctx.idempotency_key, label, seconds)
+
+
+@dataclass
+class Gate:
+    """Where calls of :func:`wait_at_gate` wait until the test opens it."""
+
+    arrived: anyio.Event = field(default_factory=anyio.Event)  # a call is waiting
+    opened: anyio.Event = field(default_factory=anyio.Event)
+    calls: int = 0
+
+
+#: the gates of the test running in this process, by name
+GATES: dict[str, Gate] = {}
+
+
+async def wait_at_gate(gate: str) -> str:
+    """Wait until the test opens the gate (every call, once it is open, passes at once).
+
+    Args:
+        gate: The name of the gate.
+    """
+    waiting = GATES[gate]
+    waiting.calls += 1
+    waiting.arrived.set()
+    await waiting.opened.wait()
+    return f"through {gate}"
 
 
 if __name__ == "__main__":

@@ -31,14 +31,18 @@ import pytest
 from corral.bus.base import Bus
 from corral.core.events import Event, EventType
 from corral.core.messages import Message, dump
-from corral.core.runs import RunRecord, RunState
+from corral.core.runs import Lease, RunRecord, RunState
 from corral.core.settings import Settings
 from corral.resources.loader import load_text
+from corral.resources.secrets import SecretCipher
 from corral.runtime.executor import RunExecutor
 from corral.runtime.operations import submit as submit_run
 from corral.store import Store, open_store
+from corral.store.base import StoreError
+from corral.store.sqlite import SqliteStore
 from corral.testing.fake_openai import FakeOpenAIServer, FakeReply, FakeToolCall, RecordedRequest
-from durable_tools import ENV_DIR
+from durable_tools import ENV_DIR, GATES, Gate
+from fake_clock import FakeClock
 from fixtures_models import fake_openai_fixture, openai_server_fixture
 
 __all__ = ["fake_openai_fixture", "openai_server_fixture"]
@@ -505,6 +509,206 @@ async def test_a_write_refused_inside_parallel_tool_calls_counts_as_a_lost_lease
     assert outcome == "lost"
     kinds = [e.type for e in await cluster.events(run_id)]
     assert EventType.TOOL_RESULT not in kinds and kinds[-1] is EventType.TOOL_CALL
+
+
+#: an idempotent tool that waits for the test (in-process executors only), and its agent
+GATED = f"""
+apiVersion: corral/v1
+kind: Tool
+metadata: {{name: wait_at_gate}}
+spec:
+  type: python
+  python: {{function: "durable_tools:wait_at_gate", path: "{TESTS}"}}
+  idempotent: true
+  timeout_seconds: 60
+---
+apiVersion: corral/v1
+kind: Agent
+metadata: {{name: gatekeeper}}
+spec:
+  model: fake
+  tools: [wait_at_gate]
+"""
+
+
+class RenewalsStall(SqliteStore):
+    """A real store whose lease renewals, while ``stalled``, hang (``hang``) or fail as a
+    locked database's do."""
+
+    stalled = True
+    hang = True
+
+    async def renew_lease(self, lease: Lease, lease_seconds: float) -> tuple[Lease, bool]:
+        if not self.stalled:
+            return await super().renew_lease(lease, lease_seconds)
+        if self.hang:
+            await anyio.sleep_forever()
+        raise StoreError("cannot renew the lease: the database stayed locked")
+
+
+@pytest.mark.parametrize("renewals", ["hang", "fail"])
+async def test_a_worker_whose_lease_ran_out_unrenewed_starts_no_model_call(
+    cluster: Cluster, renewals: str
+) -> None:
+    # In-process, on a fake clock: worker a's renewals never succeed, its lease runs out
+    # while its idempotent tool call is in flight, and b claims the run. The call's result
+    # would be written ahead (refused only later, with the next model call on the wire):
+    # a, its lease unrenewed for a lease's length, first has the store renew it, which is
+    # refused (or fails, or hangs: no answer is no lease), asks the model nothing more and
+    # stops as a lost lease.
+    lease_seconds = 30.0
+    await cluster.store.apply(load_text(GATED, "gated.yaml"))
+    cluster.model.add_reply(
+        FakeReply(tool_calls=[FakeToolCall("wait_at_gate", {"gate": "g"})]),
+        FakeReply(text="finished by b"),
+    )
+    gate = GATES["g"] = Gate()
+    record, _ = await submit_run(cluster.store, "gatekeeper", "go")
+    settings = Settings(home=cluster.home, db_url=f"sqlite:///{cluster.db_path}", secret_key=None)
+    stalled = await RenewalsStall.open(
+        f"sqlite:///{cluster.db_path}", cipher=SecretCipher(key=SecretCipher.generate_key())
+    )
+    stalled.hang = renewals == "hang"
+    clock = FakeClock()
+    outcomes: list[str] = []
+    try:
+        [(claimed, lease)] = await stalled.claim_runs("a", lease_seconds)
+        a = RunExecutor(stalled, settings, lease_seconds=lease_seconds, clock=clock)
+
+        async def execute_a() -> None:
+            outcomes.append(await a.execute(claimed, lease))
+
+        async with a, anyio.create_task_group() as group:
+            group.start_soon(execute_a)
+            with anyio.fail_after(TIMEOUT):
+                await gate.arrived.wait()
+            assert cluster.model.calls == 1
+            # a lease and a second pass with the call in flight; the renewals due meanwhile
+            # hang (or fail): the keeper never hears the lease is gone
+            clock.advance(lease_seconds + 1)
+            # (the call went to disk behind it, 10 ms in, still within the lease)
+            await cluster.wait_for_event(record.id, EventType.TOOL_CALL)
+            [(taken, b_lease)] = await cluster.store.claim_runs(
+                "b", 60, now=time.time() + lease_seconds + 1
+            )
+            assert b_lease.token == lease.token + 1
+            gate.opened.set()  # a's call returns, into a lease a knows ran out
+            if stalled.hang:  # a's renewal of its own (now) waits a third of a lease
+                with anyio.fail_after(TIMEOUT):
+                    await clock.sleeping()
+                clock.advance(lease_seconds / 3)
+        assert outcomes == ["lost"]
+        assert cluster.model.calls == 1  # no model call after the lease ran out
+        kinds = [e.type for e in await cluster.events(record.id)]
+        assert EventType.TOOL_RESULT not in kinds and kinds[-1] is EventType.TOOL_CALL
+
+        b = RunExecutor(cluster.store, settings, lease_seconds=60)
+        async with b:
+            with anyio.fail_after(TIMEOUT):
+                assert await b.execute(taken, b_lease) == "done"
+    finally:
+        GATES.pop("g", None)
+        await stalled.close()
+
+    final = await cluster.run(record.id)
+    assert (final.state, final.output, final.fencing_token) == (
+        RunState.SUCCEEDED,
+        "finished by b",
+        b_lease.token,
+    )
+    assert cluster.model.calls == 2  # a's first, b's after re-running the idempotent call
+    assert gate.calls == 2
+    events = await cluster.events(record.id)
+    check_journal(events)  # finished once
+    assert [e.data["step"] for e in events if e.type is EventType.MESSAGE_CREATE] == [1, 2]
+
+
+async def test_a_run_outlasting_its_lease_goes_on_while_its_renewals_succeed(
+    cluster: Cluster,
+) -> None:
+    # The other side of the test above: each renewal that succeeds moves the lease's
+    # deadline on, so a call in flight for three leases is no reason to stop.
+    lease_seconds = 30.0
+    await cluster.store.apply(load_text(GATED, "gated.yaml"))
+    cluster.model.add_reply(
+        FakeReply(tool_calls=[FakeToolCall("wait_at_gate", {"gate": "g"})]),
+        FakeReply(text="finished by a"),
+    )
+    gate = GATES["g"] = Gate()
+    record, _ = await submit_run(cluster.store, "gatekeeper", "go")
+    settings = Settings(home=cluster.home, db_url=f"sqlite:///{cluster.db_path}", secret_key=None)
+    clock = FakeClock()
+    outcomes: list[str] = []
+    try:
+        [(claimed, lease)] = await cluster.store.claim_runs("a", lease_seconds)
+        a = RunExecutor(cluster.store, settings, lease_seconds=lease_seconds, clock=clock)
+
+        async def execute_a() -> None:
+            outcomes.append(await a.execute(claimed, lease))
+
+        async with a, anyio.create_task_group() as group:
+            group.start_soon(execute_a)
+            with anyio.fail_after(TIMEOUT):
+                await gate.arrived.wait()
+                for _ in range(9):  # a renewal round every third of the lease, each done
+                    await clock.sleeping()  # before the next begins
+                    clock.advance(lease_seconds / 3)
+                await clock.sleeping()
+            gate.opened.set()
+    finally:
+        GATES.pop("g", None)
+    assert outcomes == ["done"]
+    final = await cluster.run(record.id)
+    assert (final.state, final.output) == (RunState.SUCCEEDED, "finished by a")
+    assert cluster.model.calls == 2 and gate.calls == 1
+    check_journal(await cluster.events(record.id))
+
+
+async def test_a_worker_past_its_deadline_goes_on_if_the_store_renews_its_lease_then(
+    cluster: Cluster,
+) -> None:
+    # A worker whose renewals failed for a lease's length (or that stalled that long) has
+    # not necessarily lost the run: nobody claimed it here, and the renewal asked for
+    # before the next step succeeds, so the run goes on.
+    lease_seconds = 30.0
+    await cluster.store.apply(load_text(GATED, "gated.yaml"))
+    cluster.model.add_reply(
+        FakeReply(tool_calls=[FakeToolCall("wait_at_gate", {"gate": "g"})]),
+        FakeReply(text="finished by a"),
+    )
+    gate = GATES["g"] = Gate()
+    record, _ = await submit_run(cluster.store, "gatekeeper", "go")
+    settings = Settings(home=cluster.home, db_url=f"sqlite:///{cluster.db_path}", secret_key=None)
+    stalled = await RenewalsStall.open(
+        f"sqlite:///{cluster.db_path}", cipher=SecretCipher(key=SecretCipher.generate_key())
+    )
+    stalled.hang = False
+    clock = FakeClock()
+    outcomes: list[str] = []
+    try:
+        [(claimed, lease)] = await stalled.claim_runs("a", lease_seconds)
+        a = RunExecutor(stalled, settings, lease_seconds=lease_seconds, clock=clock)
+
+        async def execute_a() -> None:
+            outcomes.append(await a.execute(claimed, lease))
+
+        async with a, anyio.create_task_group() as group:
+            group.start_soon(execute_a)
+            with anyio.fail_after(TIMEOUT):
+                await gate.arrived.wait()
+            clock.advance(lease_seconds + 1)
+            with anyio.fail_after(TIMEOUT):
+                await clock.sleeping()  # the renewal due meanwhile failed: a backs off
+            stalled.stalled = False  # the store is back
+            gate.opened.set()
+    finally:
+        GATES.pop("g", None)
+        await stalled.close()
+    assert outcomes == ["done"]
+    final = await cluster.run(record.id)
+    assert (final.state, final.output) == (RunState.SUCCEEDED, "finished by a")
+    assert cluster.model.calls == 2 and gate.calls == 1
+    check_journal(await cluster.events(record.id))
 
 
 @pytest.mark.parametrize("tool", ["perform_exec", "perform"])

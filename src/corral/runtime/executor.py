@@ -2,9 +2,11 @@
 
 Every write goes through the lease (the store refuses it once another worker
 has claimed the run), so a stalled worker that wakes up after its lease expired
-cannot commit anything. While the run executes, the executor's
-:class:`~corral.runtime.leases.LeaseKeeper` renews the lease (one task for all
-runs) and stops the run when the lease is lost or a cancellation was asked for.
+cannot commit anything; nor does it start another model or tool call once it
+knows its lease ran out unrenewed (the journal checks the lease's deadline).
+While the run executes, the executor's :class:`~corral.runtime.leases.LeaseKeeper`
+renews the lease (one task for all runs) and stops the run when the lease is
+lost or a cancellation was asked for.
 """
 
 from __future__ import annotations
@@ -168,13 +170,14 @@ class RunExecutor:
                     stop.reason = reason
                 scope.cancel()
 
-            with self.leases.keep(lease, halt, shutdown):
+            with self.leases.keep(lease, halt, shutdown) as sink.held:
                 if shutdown is not None and shutdown.is_set():
                     halt("shutdown")
                 try:
                     result = await self._run(record, lease, sink, events)
                 except* LeaseLostError:  # a refused write in parallel tool calls comes grouped
                     stop.reason = "lost"
+        sink.held = None  # (no longer renewed: what follows is fenced by the store alone)
         if stop.reason == "lost":
             return "lost"
         try:

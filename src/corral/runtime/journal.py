@@ -42,6 +42,14 @@ never on disk without the results it was given. A *now* write waits for every
 write before it (a side effect never starts before the results it follows are
 durable), the run's outcome waits for all of them (:meth:`FencedSink.settle`),
 and a refused write (a lost lease) surfaces at the next write or at settle.
+
+A refused *ahead* write surfaces late, though: the next model call may be on the
+wire by then. So the sink also checks the lease before each event: past its
+deadline (:attr:`FencedSink.held`: a worker stalled or unable to renew for a
+lease's length) it has the store renew the lease first, and raises
+``LeaseLostError`` unless that works. Every model call follows a ``step.start``
+and every tool call a ``tool.call``, so a worker whose lease ran out starts
+neither, nor any write, before it knows the lease is still its own.
 """
 
 from __future__ import annotations
@@ -56,9 +64,11 @@ import anyio.abc
 
 from corral.bus.base import Bus
 from corral.core.clock import SYSTEM_CLOCK, Clock, Timer
+from corral.core.errors import LeaseLostError
 from corral.core.events import Event, EventType
 from corral.core.redaction import Redactor
 from corral.core.runs import Lease
+from corral.runtime.leases import HeldLease
 from corral.store.base import Store
 
 Observer = Callable[[Event], Awaitable[None]]
@@ -118,6 +128,8 @@ class FencedSink:
         self.bus = bus
         self.buffer: list[Event] = []
         self.last_seq = 0
+        #: the lease as its keeper holds it, while it does (see the module docstring)
+        self.held: HeldLease | None = None
         #: the run's redactor, for the events of :meth:`emit` (the engine redacts its own)
         self.redactor = Redactor()
         self._approvals_in_step = False
@@ -157,6 +169,9 @@ class FencedSink:
         self._behind_write = None
 
     async def __call__(self, event: Event) -> None:
+        held = self.held
+        if held is not None and self.clock.monotonic() > held.deadline:
+            await self._confirm(held)
         self.buffer.append(event)
         self.last_seq = event.seq
         when = self._when(event)
@@ -169,6 +184,16 @@ class FencedSink:
             self._behind_timer = self.clock.call_later(BEHIND_AFTER_SECONDS, self._behind_due)
         if self.observer is not None:
             await self.observer(event)
+
+    async def _confirm(self, held: HeldLease) -> None:
+        """The lease went a lease's length unrenewed: go on only if the store renews it now.
+        Otherwise ``LeaseLostError``, and every write after this fails the same way."""
+        try:
+            await held.keeper.confirm(held)
+        except LeaseLostError as exc:
+            if self._error is None:
+                self._error = exc
+            raise
 
     def _when(self, event: Event) -> When:
         kind = event.type
@@ -251,6 +276,9 @@ class FencedSink:
         engine) and the sink's exit waits for it like any write.
         """
         self._behind_timer = None
+        held = self.held
+        if held is not None and self.clock.monotonic() > held.deadline:
+            return  # (left to the next write, after the next event confirmed the lease)
         if self._group is not None and self.buffer and self._error is None:
             before = self._last_write
             done = self._next_write()
