@@ -1,15 +1,34 @@
 """What a command works on: a :class:`~corral.cli.backend.Backend`, or the store itself.
 
-:func:`open_backend` chooses once per command:
+:func:`connection` resolves once per command where the CLI goes, each setting by
+the first of these that gives it:
 
-- ``CORRAL_URL`` unset: :class:`~corral.cli.backend.EmbeddedBackend`, the store of
+==========  ==================  ==================  ====================================
+setting     flag                environment         context (``corral context use``)
+==========  ==================  ==================  ====================================
+server      ``--url``           ``CORRAL_URL``      its ``url``
+token       ``--token``         ``CORRAL_TOKEN``    its ``token`` / ``token-file``, only
+                                                    when the server is the context's too
+namespace   ``-n``                                  its ``namespace`` (else ``default``)
+==========  ==================  ==================  ====================================
+
+``--context NAME`` picks the context instead of the config's current one. A
+context's token is only ever sent to that context's server: with the server
+given by ``--url`` or ``CORRAL_URL``, the token must come from ``--token`` or
+``CORRAL_TOKEN`` too. ``CORRAL_URL`` set to the empty string means "no server"
+even when the context names one.
+
+:func:`open_backend` then chooses:
+
+- no server: :class:`~corral.cli.backend.EmbeddedBackend`, the store of
   ``CORRAL_HOME`` / ``CORRAL_DB_URL``; ``corral run`` executes the agent in this process.
-- ``CORRAL_URL`` set (with ``CORRAL_TOKEN``): :class:`~corral.cli.backend_remote.RemoteBackend`
-  over the HTTP API; runs execute on the server's workers. The token decides the
-  namespace there, so ``-n`` must name the token's namespace (or be left out).
+- a server: :class:`~corral.cli.backend_remote.RemoteBackend` over the HTTP API; runs
+  execute on the server's workers. The token decides the namespace there, so a namespace
+  given by ``-n`` or by the context must be the token's: otherwise the command stops with
+  exit code 2 (:func:`check_namespace`) instead of quietly working in another one.
 
 Commands that work on the store itself (``worker``, ``gc``, ``serve``, ``token``)
-have no remote mode: with ``CORRAL_URL`` set they stop with exit code 2
+have no remote mode: with a server chosen they stop with exit code 2
 (:func:`require_local`) instead of quietly using a local store.
 """
 
@@ -18,29 +37,117 @@ from __future__ import annotations
 import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from corral.cli.common import EXIT_BAD_INPUT, fail
+from corral.cli.common import EXIT_BAD_INPUT, Options, escape, fail
 
 if TYPE_CHECKING:
     from corral.cli.backend import Backend
+    from corral.client import AsyncClient
     from corral.core.settings import Settings
     from corral.store.base import Store
 
 URL_ENV = "CORRAL_URL"
+TOKEN_ENV = "CORRAL_TOKEN"
+DEFAULT_NAMESPACE = "default"
+
+
+@dataclass(frozen=True)
+class Connection:
+    """Where this command goes, and what said so (for error messages)."""
+
+    url: str | None
+    token: str | None
+    namespace: str
+    #: ``--url``, ``CORRAL_URL`` or ``context 'NAME'``; None without a server
+    url_source: str | None = None
+    #: ``-n`` or ``context 'NAME'``; None for the default namespace
+    namespace_source: str | None = None
+    #: the context in use (its name), if any
+    context: str | None = None
+
+
+def connection() -> Connection:
+    """This command's connection (resolved once; a bad config file is exit 2)."""
+    if Options.connection is None:
+        from corral.cli.contexts import ConfigError
+
+        try:
+            Options.connection = _resolve()
+        except ConfigError as exc:
+            fail(escape(exc.message), EXIT_BAD_INPUT)
+    return Options.connection
+
+
+def _resolve() -> Connection:
+    from corral.cli.contexts import Context, load_config
+
+    name = Options.context
+    context: Context | None = None
+    if name is not None or _config_may_matter():
+        config = load_config()
+        name = name if name is not None else config.current
+        if name is not None:
+            context = config.context(name)
+    label = f"context {name!r}" if context is not None else None
+
+    url, url_source = None, None
+    if Options.url is not None:
+        url, url_source = Options.url or None, "--url"
+    elif URL_ENV in os.environ:
+        url, url_source = os.environ[URL_ENV] or None, URL_ENV
+    elif context is not None and context.url:
+        url, url_source = context.url, label
+    if url is None:
+        url_source = None
+
+    token = Options.token
+    if token is None:
+        token = os.environ.get(TOKEN_ENV) or None
+    if token is None and context is not None and url is not None and url_source == label:
+        assert name is not None
+        token = context.read_token(name)
+    if Options.token is not None and url is None:
+        fail("--token needs a server: give --url, set CORRAL_URL or use a context with a url")
+
+    namespace, namespace_source = DEFAULT_NAMESPACE, None
+    if Options.namespace is not None:
+        namespace, namespace_source = Options.namespace, "-n"
+    elif context is not None and context.namespace and (url is None or url_source == label):
+        namespace, namespace_source = context.namespace, label
+    return Connection(url, token, namespace, url_source, namespace_source, name)
+
+
+def _config_may_matter() -> bool:
+    """Whether the config file is read: not when a flag or the environment names the server
+    (nothing of a context is used then), unless ``--context`` names one to check."""
+    return not (Options.url or os.environ.get(URL_ENV))
 
 
 def remote_url() -> str | None:
     """The API URL when the CLI runs in remote mode."""
-    return os.environ.get(URL_ENV) or None
+    return connection().url
 
 
 def require_local(command: str) -> None:
     """Stop (exit 2) when ``command``, which works on the store, is asked for in remote mode."""
-    if remote_url() is not None:
+    found = connection()
+    if found.url is not None:
+        if found.url_source == URL_ENV:
+            hint = f"unset {URL_ENV}"
+        elif found.url_source == "--url":
+            hint = "leave out --url"
+        else:
+            hint = (
+                f"{found.url_source} names the server {found.url}: pass --context with a context "
+                f"that has no url, or set {URL_ENV}= (empty)"
+            )
         fail(
-            f"'corral {command}' works on the store directly and has no remote mode; "
-            f"unset {URL_ENV} to run it on a machine that reaches the store",
+            escape(
+                f"'corral {command}' works on the store directly and has no remote mode; "
+                f"{hint} to run it on a machine that reaches the store"
+            ),
             EXIT_BAD_INPUT,
         )
 
@@ -64,15 +171,33 @@ async def open_cli_store() -> AsyncIterator[tuple[Store, Settings]]:
 
 @asynccontextmanager
 async def open_backend() -> AsyncIterator[Backend]:
-    """The backend of this environment: a server when ``CORRAL_URL`` is set, else the store."""
-    if remote_url() is not None:
+    """The backend of this command: its server when one is chosen, else the local store."""
+    found = connection()
+    if found.url is not None:
         from corral.cli.backend_remote import RemoteBackend
         from corral.client import AsyncClient
 
-        async with AsyncClient() as client:
+        async with AsyncClient(found.url, found.token or "") as client:
+            await check_namespace(client, found)
             yield RemoteBackend(client)
         return
     from corral.cli.backend import EmbeddedBackend
 
     async with open_cli_store() as (store, settings):
         yield EmbeddedBackend(store, settings)
+
+
+async def check_namespace(client: AsyncClient, found: Connection) -> None:
+    """Stop (exit 2) when a namespace was asked for that the token cannot work in."""
+    if found.namespace_source is None:
+        return
+    caller = await client.whoami()
+    if caller.namespace != found.namespace:
+        fail(
+            escape(
+                f"namespace {found.namespace!r} (from {found.namespace_source}) is not the "
+                f"token's: the token {caller.id} works in namespace {caller.namespace!r} only "
+                f"on {found.url}; leave out -n or use a token of {found.namespace!r}"
+            ),
+            EXIT_BAD_INPUT,
+        )

@@ -383,6 +383,10 @@ class AsyncClient:
         """A new token of this token's namespace; its secret is in ``token``, this once."""
         return await self.send(calls.create_token(role, name=name, description=description))
 
+    async def whoami(self) -> TokenOut:
+        """This client's own token: its namespace and role (any role may ask)."""
+        return await self.send(calls.whoami())
+
     async def get_token(self, token_id: str) -> TokenOut:
         return await self.send(calls.get_token(token_id))
 

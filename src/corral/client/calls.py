@@ -343,6 +343,10 @@ def create_token(role: str, *, name: str = "", description: str = "") -> Call[To
     return Call("POST", "/v1/tokens", _model(TokenCreated), json=body)
 
 
+def whoami() -> Call[TokenOut]:
+    return Call("GET", "/v1/whoami", _model(TokenOut))
+
+
 def get_token(token_id: str) -> Call[TokenOut]:
     return Call("GET", f"/v1/tokens/{_seg(token_id)}", _model(TokenOut))
 

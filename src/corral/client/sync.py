@@ -374,6 +374,10 @@ class Client:
         """A new token of this token's namespace; its secret is in ``token``, this once."""
         return self.send(calls.create_token(role, name=name, description=description))
 
+    def whoami(self) -> TokenOut:
+        """This client's own token: its namespace and role (any role may ask)."""
+        return self.send(calls.whoami())
+
     def get_token(self, token_id: str) -> TokenOut:
         return self.send(calls.get_token(token_id))
 
