@@ -67,6 +67,10 @@ class RemoteBackend(Backend):
     async def apply(self, paths: Sequence[Path], namespace: str) -> list[AppliedResource]:
         from corral.core.settings import Settings
 
+        from corral.cli.connect import connection
+
+        if connection().namespace_source is None:  # no -n, no context's: the token's
+            namespace = (await self.client.whoami()).namespace
         loaded = await load_files(paths, namespace, Settings.from_env())
         if not loaded:
             return []

@@ -23,7 +23,18 @@ context_app = typer.Typer(
     no_args_is_help=True,
 )
 
-NAME = typer.Argument(..., help="The context's name.", show_default=False)
+def context_names(incomplete: str) -> list[str]:
+    """Shell completion: the contexts whose name starts with ``incomplete``."""
+    try:
+        names = load_config().contexts
+    except ConfigError:
+        return []
+    return sorted(name for name in names if name.startswith(incomplete))
+
+
+NAME = typer.Argument(
+    ..., help="The context's name.", show_default=False, autocompletion=context_names
+)
 #: the longest context name
 MAX_NAME_CHARS = 128
 

@@ -30,6 +30,12 @@ app = typer.Typer(
 )
 
 
+def _context_names(incomplete: str) -> list[str]:
+    from corral.cli.context_cmd import context_names
+
+    return context_names(incomplete)
+
+
 def _print_version(value: bool) -> None:
     if value:
         typer.echo(f"corral {__version__}")
@@ -44,6 +50,7 @@ def _root(
         "--context",
         help="The context of the config file to use (default: its current-context).",
         metavar="NAME",
+        autocompletion=_context_names,
     ),
     url: str | None = typer.Option(
         None, "--url", help="The Corral API (overrides CORRAL_URL and the context).", metavar="URL"

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from corral.cli.common import EXIT_BAD_INPUT, NAMESPACE, fail, run_async
+from corral.cli.common import EXIT_BAD_INPUT, NAMESPACE, fail, namespace_option, run_async
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -82,7 +82,13 @@ def apply(
         ..., "-f", "--filename", "--file", help="A YAML file or directory (repeatable)."
     ),
     namespace: str = typer.Option(
-        "default", "-n", "--namespace", help="Namespace of documents that do not name one."
+        None,
+        "-n",
+        "--namespace",
+        help="Namespace of documents that do not name one (default: the context's, else "
+        "'default'; in remote mode the token's).",
+        callback=namespace_option,
+        show_default=False,
     ),
 ) -> None:
     """Create or update the resources of YAML files; all or nothing."""
