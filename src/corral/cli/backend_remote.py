@@ -28,10 +28,10 @@ from corral.api import (
     TaskDetail,
 )
 from corral.cli.backend import Backend, Show, load_files
-from corral.resources.loader import LoadedResource
 from corral.client import AsyncClient
 from corral.core.errors import Location, NotFoundError, ResourceError
 from corral.core.runs import RunState
+from corral.resources.loader import LoadedResource
 
 #: how often a follower asks whether the run paused for approval (its stream stays open then)
 PAUSE_CHECK_SECONDS = 0.25
@@ -65,9 +65,8 @@ class RemoteBackend(Backend):
     # ----------------------------------------------------------------------- resources
 
     async def apply(self, paths: Sequence[Path], namespace: str) -> list[AppliedResource]:
+        from corral.cli.common import connection
         from corral.core.settings import Settings
-
-        from corral.cli.connect import connection
 
         if connection().namespace_source is None:  # no -n, no context's: the token's
             namespace = (await self.client.whoami()).namespace

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 import typer
 
 if TYPE_CHECKING:
-    from corral.cli.connect import Connection
+    from corral.cli.contexts import Connection
 
 T = TypeVar("T")
 
@@ -25,6 +25,7 @@ EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
 EXIT_WAITING_APPROVAL = 3
+
 
 class Options:
     """The root command's options, set once per command by ``corral``'s callback."""
@@ -52,10 +53,25 @@ def namespace_option(value: str | None) -> str:
         Options.namespace = value
         Options.connection = None
         return value
-    from corral.cli.connect import connection
-
     return connection().namespace
 
+
+def connection() -> Connection:
+    """Where this command goes (resolved once; a bad config file is exit 2)."""
+    if Options.connection is None:
+        from corral.cli.contexts import ConfigError, resolve
+
+        try:
+            Options.connection = resolve(
+                Options.context, Options.url, Options.token, Options.namespace
+            )
+        except ConfigError as exc:
+            fail(escape(exc.message), EXIT_BAD_INPUT)
+    return Options.connection
+
+
+#: the variable a completion script sets when it asks ``corral`` for completions
+COMPLETE_ENV = "_CORRAL_COMPLETE"
 
 #: ``-n``: the namespace a command works in
 NAMESPACE = typer.Option(

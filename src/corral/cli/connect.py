@@ -34,13 +34,12 @@ have no remote mode: with a server chosen they stop with exit code 2
 
 from __future__ import annotations
 
-import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from corral.cli.common import EXIT_BAD_INPUT, Options, escape, fail
+from corral.cli.common import EXIT_BAD_INPUT, connection, escape, fail
+from corral.cli.contexts import URL_ENV, Connection
 
 if TYPE_CHECKING:
     from corral.cli.backend import Backend
@@ -48,81 +47,7 @@ if TYPE_CHECKING:
     from corral.core.settings import Settings
     from corral.store.base import Store
 
-URL_ENV = "CORRAL_URL"
-TOKEN_ENV = "CORRAL_TOKEN"
-DEFAULT_NAMESPACE = "default"
-
-
-@dataclass(frozen=True)
-class Connection:
-    """Where this command goes, and what said so (for error messages)."""
-
-    url: str | None
-    token: str | None
-    namespace: str
-    #: ``--url``, ``CORRAL_URL`` or ``context 'NAME'``; None without a server
-    url_source: str | None = None
-    #: ``-n`` or ``context 'NAME'``; None for the default namespace
-    namespace_source: str | None = None
-    #: the context in use (its name), if any
-    context: str | None = None
-
-
-def connection() -> Connection:
-    """This command's connection (resolved once; a bad config file is exit 2)."""
-    if Options.connection is None:
-        from corral.cli.contexts import ConfigError
-
-        try:
-            Options.connection = _resolve()
-        except ConfigError as exc:
-            fail(escape(exc.message), EXIT_BAD_INPUT)
-    return Options.connection
-
-
-def _resolve() -> Connection:
-    from corral.cli.contexts import Context, load_config
-
-    name = Options.context
-    context: Context | None = None
-    if name is not None or _config_may_matter():
-        config = load_config()
-        name = name if name is not None else config.current
-        if name is not None:
-            context = config.context(name)
-    label = f"context {name!r}" if context is not None else None
-
-    url, url_source = None, None
-    if Options.url is not None:
-        url, url_source = Options.url or None, "--url"
-    elif URL_ENV in os.environ:
-        url, url_source = os.environ[URL_ENV] or None, URL_ENV
-    elif context is not None and context.url:
-        url, url_source = context.url, label
-    if url is None:
-        url_source = None
-
-    token = Options.token
-    if token is None:
-        token = os.environ.get(TOKEN_ENV) or None
-    if token is None and context is not None and url is not None and url_source == label:
-        assert name is not None
-        token = context.read_token(name)
-    if Options.token is not None and url is None:
-        fail("--token needs a server: give --url, set CORRAL_URL or use a context with a url")
-
-    namespace, namespace_source = DEFAULT_NAMESPACE, None
-    if Options.namespace is not None:
-        namespace, namespace_source = Options.namespace, "-n"
-    elif context is not None and context.namespace and (url is None or url_source == label):
-        namespace, namespace_source = context.namespace, label
-    return Connection(url, token, namespace, url_source, namespace_source, name)
-
-
-def _config_may_matter() -> bool:
-    """Whether the config file is read: not when a flag or the environment names the server
-    (nothing of a context is used then), unless ``--context`` names one to check."""
-    return not (Options.url or os.environ.get(URL_ENV))
+__all__ = ["Connection", "check_namespace", "connection", "open_backend", "require_local"]
 
 
 def remote_url() -> str | None:

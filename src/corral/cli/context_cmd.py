@@ -9,19 +9,20 @@ typer's: the script calls ``corral`` back with ``_CORRAL_COMPLETE`` set, and
 from __future__ import annotations
 
 import ipaddress
-from enum import Enum
+from enum import StrEnum
 from urllib.parse import urlsplit
 
 import typer
 
-from corral.cli.common import EXIT_BAD_INPUT, EXIT_FAILED, escape, fail
-from corral.cli.contexts import ConfigError, Config, Context, load_config, warn
+from corral.cli.common import COMPLETE_ENV, EXIT_BAD_INPUT, EXIT_FAILED, escape, fail
+from corral.cli.contexts import Config, ConfigError, Context, load_config, warn
 from corral.resources.kinds import NAME_PATTERN
 
 context_app = typer.Typer(
     help="Named contexts: a server, its token and a default namespace.",
     no_args_is_help=True,
 )
+
 
 def context_names(incomplete: str) -> list[str]:
     """Shell completion: the contexts whose name starts with ``incomplete``."""
@@ -101,7 +102,9 @@ def context_list() -> None:
     """The contexts; the current one is marked with *."""
     config = _config()
     if not config.contexts:
-        typer.echo(f"no contexts in {config.path}; add one with 'corral context set NAME --url URL'")
+        typer.echo(
+            f"no contexts in {config.path}; add one with 'corral context set NAME --url URL'"
+        )
         return
     rows = [("CURRENT", "NAME", "URL", "NAMESPACE", "TOKEN")]
     for name, context in sorted(config.contexts.items()):
@@ -123,7 +126,9 @@ def context_list() -> None:
         )
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
-        typer.echo("   ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
+        typer.echo(
+            "   ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        )
 
 
 @context_app.command("current")
@@ -131,7 +136,9 @@ def context_current() -> None:
     """The name of the current context (exit 1 when none is set)."""
     config = _config()
     if config.current is None:
-        fail(f"no current context in {escape(str(config.path))}; pick one with 'corral context use NAME'")
+        fail(
+            f"no current context in {escape(str(config.path))}; pick one with 'corral context use NAME'"
+        )
     typer.echo(config.current)
 
 
@@ -198,9 +205,10 @@ def context_set(
     if use or config.current is None:
         config.current = name
     _save(config)
-    typer.echo(f"context {name} {'created' if created else 'changed'}" + (
-        " (current)" if config.current == name else ""
-    ))
+    typer.echo(
+        f"context {name} {'created' if created else 'changed'}"
+        + (" (current)" if config.current == name else "")
+    )
 
 
 @context_app.command("delete")
@@ -218,7 +226,7 @@ def context_delete(name: str = NAME) -> None:
     typer.echo(f"context {name} deleted")
 
 
-class Shell(str, Enum):
+class Shell(StrEnum):
     """The shells ``corral completion`` writes a script for."""
 
     bash = "bash"
@@ -227,6 +235,7 @@ class Shell(str, Enum):
 
 
 def completion(
+    ctx: typer.Context,
     shell: Shell = typer.Argument(..., help="bash, zsh or fish.", show_default=False),
 ) -> None:
     """Print the shell completion script for SHELL.
@@ -237,18 +246,16 @@ def completion(
     fish:  corral completion fish > ~/.config/fish/completions/corral.fish
     """
     from typer.completion import shell_complete
-    from typer.main import get_command
-
-    from corral.cli.main import COMPLETE_ENV, app
 
     completion_init()
-    code = shell_complete(get_command(app), {}, "corral", COMPLETE_ENV, f"source_{shell.value}")
+    root = ctx.find_root().command
+    code = shell_complete(root, {}, "corral", COMPLETE_ENV, f"source_{shell.value}")
     if code != 0:
         fail(f"no completion script for {shell.value}")
 
 
 def completion_init() -> None:
     """Register typer's completion classes (``add_completion=False`` leaves them out)."""
-    from typer.completion import completion_init as register_shells
+    from typer._completion_classes import completion_init as register_shells
 
     register_shells()

@@ -26,13 +26,16 @@ import os
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import yaml
 
 from corral.core.errors import UserError
 
 CONFIG_ENV = "CORRAL_CONFIG"
+URL_ENV = "CORRAL_URL"
+TOKEN_ENV = "CORRAL_TOKEN"
+DEFAULT_NAMESPACE = "default"
 #: the largest config file read; a few contexts take a few hundred bytes
 MAX_CONFIG_BYTES = 64 * 1024
 _MAX_DEPTH = 8
@@ -76,7 +79,9 @@ class Context:
                 f"context {name!r}: token file {str(path)!r} does not exist"
             ) from None
         except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"context {name!r}: cannot read token file {str(path)!r}: {exc}")
+            raise ConfigError(
+                f"context {name!r}: cannot read token file {str(path)!r}: {exc}"
+            ) from None
         if mode & (stat.S_IRGRP | stat.S_IROTH):
             warn(f"token file {path} is readable by others (chmod 600 {path})")
         token = text.strip().splitlines()[0].strip() if text.strip() else ""
@@ -119,6 +124,72 @@ class Config:
         except BaseException:
             temporary.unlink(missing_ok=True)
             raise
+
+
+@dataclass(frozen=True)
+class Connection:
+    """Where this command goes, and what said so (for error messages)."""
+
+    url: str | None
+    token: str | None
+    namespace: str
+    #: ``--url``, ``CORRAL_URL`` or ``context 'NAME'``; None without a server
+    url_source: str | None = None
+    #: ``-n`` or ``context 'NAME'``; None for the default namespace
+    namespace_source: str | None = None
+    #: the context in use (its name), if any
+    context: str | None = None
+
+
+def resolve(
+    context: str | None = None,
+    url: str | None = None,
+    token: str | None = None,
+    namespace: str | None = None,
+) -> Connection:
+    """Where a command goes, from its root flags (``--context``, ``--url``, ``--token``),
+    ``-n``, the environment and the config file (see :mod:`corral.cli.connect`)."""
+    flag_token = token
+    name = context
+    chosen: Context | None = None
+    if name is not None or not (url or os.environ.get(URL_ENV)):
+        config = load_config()
+        name = name if name is not None else config.current
+        if name is not None:
+            chosen = config.context(name)
+    label = f"context {name!r}" if chosen is not None else None
+
+    url_source = None
+    if url is not None:
+        url, url_source = url or None, "--url"
+    elif URL_ENV in os.environ:
+        url, url_source = os.environ[URL_ENV] or None, URL_ENV
+    elif chosen is not None and chosen.url:
+        url, url_source = chosen.url, label
+    if url is None:
+        url_source = None
+
+    if token is None:
+        token = os.environ.get(TOKEN_ENV) or None
+    if token is None and chosen is not None and url is not None and url_source == label:
+        assert name is not None
+        token = chosen.read_token(name)
+    if flag_token is not None and url is None:
+        raise ConfigError("--token needs a server: give --url, set CORRAL_URL or use a context")
+
+    namespace_source = None
+    if namespace is not None:
+        namespace_source = "-n"
+    else:
+        namespace = DEFAULT_NAMESPACE
+    if (
+        namespace_source is None
+        and chosen is not None
+        and chosen.namespace
+        and (url is None or url_source == label)
+    ):
+        namespace, namespace_source = chosen.namespace, label
+    return Connection(url, token, namespace, url_source, namespace_source, name)
 
 
 def config_path() -> Path:
@@ -176,7 +247,9 @@ def _parse(path: Path, text: str) -> Config:
         raise ConfigError(f"{path}: expected a mapping with 'contexts' and 'current-context'")
     unknown = sorted(str(key) for key in body if key not in _TOP_KEYS)
     if unknown:
-        raise ConfigError(f"{path}: unknown field {unknown[0]!r} (known: contexts, current-context)")
+        raise ConfigError(
+            f"{path}: unknown field {unknown[0]!r} (known: contexts, current-context)"
+        )
     current = body.get("current-context")
     if current is not None and not isinstance(current, str):
         raise ConfigError(f"{path}: current-context must be a context's name")
@@ -199,7 +272,9 @@ def _context(path: Path, name: str, value: Any) -> Context:
     unknown = sorted(str(key) for key in value if key not in _CONTEXT_KEYS)
     if unknown:
         known = ", ".join(sorted(_CONTEXT_KEYS))
-        raise ConfigError(f"{path}: context {name!r}: unknown field {unknown[0]!r} (known: {known})")
+        raise ConfigError(
+            f"{path}: context {name!r}: unknown field {unknown[0]!r} (known: {known})"
+        )
     for key, item in value.items():
         if item is not None and not isinstance(item, str):
             raise ConfigError(f"{path}: context {name!r}: {key} must be text")
@@ -220,22 +295,22 @@ class _PlainLoader(yaml.SafeLoader):
         super().__init__(text)
         self.depth = 0
 
-    def compose_node(self, parent: Any, index: Any) -> Any:
-        if self.check_event(yaml.AliasEvent):
-            event = self.peek_event()
-            raise yaml.MarkedYAMLError(
+    def compose_node(self, parent: yaml.Node | None, index: int) -> yaml.Node | None:
+        event: yaml.Event = self.peek_event()  # type: ignore[no-untyped-call]
+        if isinstance(event, yaml.AliasEvent):
+            raise yaml.composer.ComposerError(
                 problem="aliases (*name) are not allowed in the config file",
-                problem_mark=event.start_mark,
+                problem_mark=cast(yaml.error.Mark, event.start_mark),
             )
         self.depth += 1
         try:
             if self.depth > _MAX_DEPTH:
-                event = self.peek_event()
-                raise yaml.MarkedYAMLError(
+                raise yaml.composer.ComposerError(
                     problem=f"nested deeper than {_MAX_DEPTH} levels",
-                    problem_mark=event.start_mark,
+                    problem_mark=cast(yaml.error.Mark, event.start_mark),
                 )
-            return super().compose_node(parent, index)
+            node: yaml.Node | None = super().compose_node(parent, index)
+            return node
         finally:
             self.depth -= 1
 

@@ -14,10 +14,14 @@ import sys
 import typer
 
 from corral import __version__
-from corral.cli.common import EXIT_BAD_INPUT, EXIT_FAILED, Options, escape, print_error
-
-#: the variable a completion script sets when it asks ``corral`` for completions
-COMPLETE_ENV = "_CORRAL_COMPLETE"
+from corral.cli.common import (
+    COMPLETE_ENV,
+    EXIT_BAD_INPUT,
+    EXIT_FAILED,
+    Options,
+    escape,
+    print_error,
+)
 
 app = typer.Typer(
     name="corral",
