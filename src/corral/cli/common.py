@@ -37,7 +37,7 @@ class Options:
     token: str | None = None
     #: ``-n`` when given
     namespace: str | None = None
-    #: where the command goes (:func:`corral.cli.connect.connection`), resolved once
+    #: where the command goes (:func:`connection`), resolved once
     connection: Connection | None = None
 
     @classmethod

@@ -118,11 +118,16 @@ async def check_namespace(client: AsyncClient, found: Connection) -> None:
         return
     caller = await client.whoami()
     if caller.namespace != found.namespace:
+        hint = (
+            "leave out -n"
+            if found.namespace_source == "-n"
+            else f"change it (corral context set {found.context} -n {caller.namespace})"
+        )
         fail(
             escape(
                 f"namespace {found.namespace!r} (from {found.namespace_source}) is not the "
                 f"token's: the token {caller.id} works in namespace {caller.namespace!r} only "
-                f"on {found.url}; leave out -n or use a token of {found.namespace!r}"
+                f"on {found.url}; {hint} or use a token of {found.namespace!r}"
             ),
             EXIT_BAD_INPUT,
         )
