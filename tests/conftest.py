@@ -1,6 +1,6 @@
-"""Fixtures shared by every test module: no hosted model API reachable, the PostgreSQL
-server of the store tests, ``env`` (a SQLite store with its settings in the test's own
-directory) and ``clock``, a fake clock for tests that move time."""
+"""Fixtures shared by every test module: no hosted model API reachable, no CLI config of the
+user's (contexts), the PostgreSQL server of the store tests, ``env`` (a SQLite store with its
+settings in the test's own directory) and ``clock``, a fake clock for tests that move time."""
 
 from __future__ import annotations
 
@@ -28,6 +28,15 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers",
         "worker(**options): options of the workers of a test's backend (tests/backends.py)",
     )
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_user_cli_config(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """An empty config directory for every ``corral`` the tests run, in process or as a
+    subprocess (they inherit it): a current context of the user's never reaches a test."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("XDG_CONFIG_HOME", str(tmp_path_factory.mktemp("xdg-config")))
+        yield
 
 
 @pytest.fixture(scope="session", autouse=True)

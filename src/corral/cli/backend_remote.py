@@ -10,6 +10,7 @@ the same place.
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -28,13 +29,31 @@ from corral.api import (
 )
 from corral.cli.backend import Backend, Show, load_files
 from corral.client import AsyncClient
-from corral.core.errors import NotFoundError
+from corral.core.errors import Location, NotFoundError, ResourceError
 from corral.core.runs import RunState
+from corral.resources.loader import LoadedResource
 
 #: how often a follower asks whether the run paused for approval (its stream stays open then)
 PAUSE_CHECK_SECONDS = 0.25
 #: the largest page the API serves
 PAGE = 500
+
+
+#: how :mod:`corral.client.wire` names the document of a problem (its index in the body)
+_DOCUMENT = re.compile(r"document (\d+)")
+_FIELD_PART = re.compile(r"\[(\d+)\]|([^.\[\]]+)")
+
+
+def _in_file(loaded: list[LoadedResource], where: Location, reason: str) -> tuple[Location, str]:
+    """A problem the server found in document ``i`` of the body, at its file and line."""
+    match = _DOCUMENT.fullmatch(where.file or "")
+    if match is None or int(match.group(1)) >= len(loaded):
+        return where, reason
+    item = loaded[int(match.group(1))]
+    path = tuple(
+        int(index) if index else key for index, key in _FIELD_PART.findall(where.field or "")
+    )
+    return Location(item.file, item.line_of(path), where.field), reason
 
 
 class RemoteBackend(Backend):
@@ -46,12 +65,18 @@ class RemoteBackend(Backend):
     # ----------------------------------------------------------------------- resources
 
     async def apply(self, paths: Sequence[Path], namespace: str) -> list[AppliedResource]:
+        from corral.cli.common import connection
         from corral.core.settings import Settings
 
+        if connection().namespace_source is None:  # no -n, no context's: the token's
+            namespace = (await self.client.whoami()).namespace
         loaded = await load_files(paths, namespace, Settings.from_env())
         if not loaded:
             return []
-        result = await self.client.apply([item.resource.to_document() for item in loaded])
+        try:
+            result = await self.client.apply([item.resource.to_document() for item in loaded])
+        except ResourceError as exc:  # the server's problems name documents: name lines
+            raise ResourceError([_in_file(loaded, *problem) for problem in exc.problems]) from None
         return result.outcomes
 
     async def list_resources(self, namespace: str, kind: str | None) -> list[ResourceOut]:

@@ -12,9 +12,12 @@ imports the commands to register them). Exit codes:
 from __future__ import annotations
 
 from collections.abc import Coroutine
-from typing import Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import typer
+
+if TYPE_CHECKING:
+    from corral.cli.contexts import Connection
 
 T = TypeVar("T")
 
@@ -23,14 +26,62 @@ EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
 EXIT_WAITING_APPROVAL = 3
 
-#: ``-n``: the namespace a command works in
-NAMESPACE = typer.Option("default", "-n", "--namespace", help="The namespace.")
-
 
 class Options:
-    """The root command's options, set once per process by ``corral``'s callback."""
+    """The root command's options, set once per command by ``corral``'s callback."""
 
     debug = False
+    #: ``--context``, ``--url``, ``--token``: None when not given
+    context: str | None = None
+    url: str | None = None
+    token: str | None = None
+    #: ``-n`` when given
+    namespace: str | None = None
+    #: where the command goes (:func:`connection`), resolved once
+    connection: Connection | None = None
+
+    @classmethod
+    def reset(cls) -> None:
+        cls.debug = False
+        cls.context = cls.url = cls.token = cls.namespace = None
+        cls.connection = None
+
+
+def namespace_option(value: str | None) -> str:
+    """A typer callback: ``-n`` when given, else the context's namespace, else ``default``."""
+    if value is not None:
+        Options.namespace = value
+        Options.connection = None
+        return value
+    return connection().namespace
+
+
+def connection() -> Connection:
+    """Where this command goes (resolved once; a bad config file is exit 2)."""
+    if Options.connection is None:
+        from corral.cli.contexts import ConfigError, resolve
+
+        try:
+            Options.connection = resolve(
+                Options.context, Options.url, Options.token, Options.namespace
+            )
+        except ConfigError as exc:
+            fail(escape(exc.message), EXIT_BAD_INPUT)
+    return Options.connection
+
+
+#: the variable a completion script sets when it asks ``corral`` for completions
+COMPLETE_ENV = "_CORRAL_COMPLETE"
+
+#: ``-n``: the namespace a command works in
+NAMESPACE = typer.Option(
+    None,
+    "-n",
+    "--namespace",
+    help="The namespace (default: the context's, else 'default').",
+    callback=namespace_option,
+    show_default=False,
+)
 
 
 def fail(message: str, code: int = EXIT_FAILED) -> NoReturn:

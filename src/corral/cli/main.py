@@ -8,12 +8,20 @@ command group lives in a module of its own that :func:`main` registers.
 
 from __future__ import annotations
 
+import os
 import sys
 
 import typer
 
 from corral import __version__
-from corral.cli.common import EXIT_BAD_INPUT, EXIT_FAILED, Options, escape, print_error
+from corral.cli.common import (
+    COMPLETE_ENV,
+    EXIT_BAD_INPUT,
+    EXIT_FAILED,
+    Options,
+    escape,
+    print_error,
+)
 
 app = typer.Typer(
     name="corral",
@@ -26,11 +34,49 @@ app = typer.Typer(
 )
 
 
+def _context_names(incomplete: str) -> list[str]:
+    from corral.cli.context_cmd import context_names
+
+    return context_names(incomplete)
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"corral {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
 def _root(
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks on errors."),
+    context: str | None = typer.Option(
+        None,
+        "--context",
+        help="The context of the config file to use (default: its current-context).",
+        metavar="NAME",
+        autocompletion=_context_names,
+    ),
+    url: str | None = typer.Option(
+        None, "--url", help="The Corral API (overrides CORRAL_URL and the context).", metavar="URL"
+    ),
+    token: str | None = typer.Option(
+        None,
+        "--token",
+        help="The API token (overrides CORRAL_TOKEN and the context; visible to other "
+        "users in the process list: prefer CORRAL_TOKEN or a context's token-file).",
+        metavar="TOKEN",
+    ),
+    version: bool = typer.Option(
+        False,
+        "--version",
+        help="Print Corral's version and exit.",
+        callback=_print_version,
+        is_eager=True,
+    ),
 ) -> None:
+    Options.reset()
     Options.debug = debug
+    Options.context, Options.url, Options.token = context, url, token
 
 
 @app.command()
@@ -43,6 +89,7 @@ def _register_commands() -> None:
     # Each command group lives in its own module and adds itself to `app`.
     from corral.cli import (
         approvals_cmd,
+        context_cmd,
         resources_cmd,
         run_cmd,
         serve_cmd,
@@ -60,6 +107,7 @@ def _register_commands() -> None:
     sessions_cmd.register(app)
     serve_cmd.register(app)
     token_cmd.register(app)
+    context_cmd.register(app)
 
 
 #: how much of an unexpected exception's text the one error line keeps
@@ -75,8 +123,14 @@ def main() -> None:
         if any("\udc80" <= char <= "\udcff" for char in argument):
             print_error(f"argument {index} is not UTF-8 text")
             sys.exit(EXIT_BAD_INPUT)
+    if COMPLETE_ENV in os.environ:
+        from corral.cli.context_cmd import completion_init
+
+        completion_init()  # the shells' classes, before typer answers the completion request
     try:
-        app()
+        # one name whichever way it started (console script, python -m corral), so the
+        # completion scripts and the usage lines name the command the shell runs
+        app(prog_name="corral", complete_var=COMPLETE_ENV)
     except SystemExit:
         raise
     except Exception as exc:

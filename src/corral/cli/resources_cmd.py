@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from corral.cli.common import EXIT_BAD_INPUT, NAMESPACE, fail, run_async
+from corral.cli.common import EXIT_BAD_INPUT, NAMESPACE, fail, namespace_option, run_async
 from corral.cli.output import CHANGE_FORMATS, output_option
 
 if TYPE_CHECKING:
@@ -67,7 +67,13 @@ def apply(
         ..., "-f", "--filename", "--file", help="A YAML file or directory (repeatable)."
     ),
     namespace: str = typer.Option(
-        "default", "-n", "--namespace", help="Namespace of documents that do not name one."
+        None,
+        "-n",
+        "--namespace",
+        help="Namespace of documents that do not name one (default: the context's, else "
+        "'default'; in remote mode the token's).",
+        callback=namespace_option,
+        show_default=False,
     ),
     output: str | None = output_option(None, CHANGE_FORMATS),
 ) -> None:

@@ -16,6 +16,7 @@ from corral.cli.common import (
     EXIT_OK,
     EXIT_WAITING_APPROVAL,
     fail,
+    namespace_option,
     run_async,
     session_id_option,
 )
@@ -24,7 +25,14 @@ if TYPE_CHECKING:
     from corral.api import TaskDetail
     from corral.core.runs import RunState
 
-NAMESPACE = typer.Option("default", "-n", "--namespace", help="Namespace of the agent.")
+NAMESPACE = typer.Option(
+    None,
+    "-n",
+    "--namespace",
+    help="Namespace of the agent (default: the context's, else 'default').",
+    callback=namespace_option,
+    show_default=False,
+)
 
 
 def register(app: typer.Typer) -> None:

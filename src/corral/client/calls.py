@@ -454,6 +454,11 @@ def create_token(role: str, *, name: str = "", description: str = "") -> Call[To
     return Call("POST", "/v1/tokens", _model(TokenCreated), json=body)
 
 
+def whoami() -> Call[TokenOut]:
+    """This client's own token: its namespace and role (any role may ask)."""
+    return Call("GET", "/v1/whoami", _model(TokenOut))
+
+
 def get_token(token_id: str) -> Call[TokenOut]:
     return Call("GET", f"/v1/tokens/{_seg(token_id)}", _model(TokenOut))
 

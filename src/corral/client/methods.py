@@ -199,5 +199,6 @@ class Methods(Generic[Transport]):
     # tokens
     list_tokens = sends(calls.list_tokens)
     create_token = sends(calls.create_token)
+    whoami = sends(calls.whoami)
     get_token = sends(calls.get_token)
     revoke_token = sends(calls.revoke_token)

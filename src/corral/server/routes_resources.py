@@ -127,7 +127,13 @@ async def apply_resources(who: Admin, request: Request) -> ApplyResult:
             code="invalid_resource",
             errors=[FieldProblem(field="body", reason="no documents")],
         )
-    outcomes = await context_of(request).store.apply(loaded)
+    try:
+        outcomes = await context_of(request).store.apply(loaded)
+    except ResourceError as exc:  # references: as _load's problems, by document for JSON
+        problems = resource_problems(exc)
+        if media not in YAML_TYPES:
+            problems = [_json_problem(p) for p in problems]
+        raise _invalid(problems) from None
     return ApplyResult(outcomes=[AppliedResource.from_outcome(o) for o in outcomes])
 
 
@@ -180,13 +186,17 @@ async def _load(
         problems = resource_problems(exc)
         if json_documents:
             problems = [_json_problem(p) for p in problems]
-        raise ProblemError(
-            422,
-            "the resource documents are invalid; nothing was applied",
-            code="invalid_resource",
-            errors=problems,
-        ) from None
+        raise _invalid(problems) from None
     return loaded
+
+
+def _invalid(problems: list[FieldProblem]) -> ProblemError:
+    return ProblemError(
+        422,
+        "the resource documents are invalid; nothing was applied",
+        code="invalid_resource",
+        errors=problems,
+    )
 
 
 def _not_unicode(

@@ -14,7 +14,7 @@ from corral.api import ID_PATTERN, CreateToken, TokenCreated, TokenOut, TokenPag
 from corral.core.errors import NotFoundError
 from corral.core.tokens import ApiToken, mint_token
 from corral.server import pagination
-from corral.server.auth import Admin, Principal
+from corral.server.auth import Admin, Principal, Viewer
 from corral.server.context import ServerContext, context_of
 from corral.server.problems import ProblemError, responses
 
@@ -63,6 +63,13 @@ async def create_token(
     await context_of(request).store.create_token(token)
     response.headers["Location"] = f"/v1/tokens/{token.id}"
     return TokenCreated.from_created(token, plain)
+
+
+@router.get("/whoami", response_model=TokenOut, summary="Who am I", responses=responses())
+async def whoami(who: Viewer) -> TokenOut:
+    """The token of this request: its namespace and role (any role may ask; never the
+    secret). The CLI checks a namespace asked for with `-n` against it."""
+    return TokenOut.from_token(who.token)
 
 
 @router.get(
