@@ -9,7 +9,7 @@ import typer
 from corral.cli.common import NAMESPACE, run_async
 
 if TYPE_CHECKING:
-    from corral.api import ApprovalOut
+    from corral.api import ApprovalOut, Task
 
 approvals_app = typer.Typer(help="Decide tool calls that wait for a human.", no_args_is_help=True)
 
@@ -67,11 +67,18 @@ def approvals_reject(
 
 
 def _decide(approval_id: str, approved: bool, reason: str | None) -> None:
-    async def go() -> ApprovalOut:
+    from rich.console import Console
+
+    from corral.cli.approval_hints import print_pickup
+
+    async def go() -> tuple[ApprovalOut, Task | None]:
+        from corral.cli.approval_hints import picked_up
         from corral.cli.connect import open_backend
 
         async with open_backend() as backend:
-            return await backend.decide(approval_id, approved, reason)
+            decided = await backend.decide(approval_id, approved, reason)
+            return decided, await picked_up(backend, decided.run_id)
 
-    approval = run_async(go())
+    approval, run = run_async(go())
     typer.echo(f"{approval.id} {approval.state.value} (run {approval.run_id})")
+    print_pickup(Console(stderr=True, highlight=False), approval.run_id, run)

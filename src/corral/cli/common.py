@@ -12,9 +12,12 @@ imports the commands to register them). Exit codes:
 from __future__ import annotations
 
 from collections.abc import Coroutine
-from typing import Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import typer
+
+if TYPE_CHECKING:
+    from corral.core.runs import RunState
 
 T = TypeVar("T")
 
@@ -22,6 +25,16 @@ EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
 EXIT_WAITING_APPROVAL = 3
+
+
+def exit_code(state: RunState) -> int:
+    """The exit code of a command that saw a run through (``run``, ``logs -f``): 0
+    succeeded, 3 waits for approval, 1 any other end (failed, cancelled, dead letter)."""
+    from corral.core.runs import RunState
+
+    exits = {RunState.SUCCEEDED: EXIT_OK, RunState.WAITING_APPROVAL: EXIT_WAITING_APPROVAL}
+    return exits.get(state, EXIT_FAILED)
+
 
 #: ``-n``: the namespace a command works in
 NAMESPACE = typer.Option("default", "-n", "--namespace", help="The namespace.")
