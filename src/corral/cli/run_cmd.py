@@ -229,35 +229,39 @@ async def _interruptible(control: RunControl, err: Any) -> AsyncIterator[None]:
     after, set ``control.stop`` so the run is released (embedded) or left to the server,
     and the block ends with a run that stays stored. A second Ctrl-C, or a release that
     takes longer than INTERRUPT_GRACE_SECONDS, exits at once: the run's lease then
-    expires and a worker resumes it from its journal."""
+    expires and a worker resumes it from its journal.
+
+    A signal handler of the loop, not a task: the block's errors pass unchanged."""
+    import asyncio
     import signal
 
-    import anyio
+    loop = asyncio.get_running_loop()
+    timers: list[asyncio.TimerHandle] = []
 
-    async def on_interrupt() -> None:
-        with anyio.open_signal_receiver(signal.SIGINT) as signals:
-            async for _ in signals:
-                if control.run_id is None:  # nothing stored yet: nothing to keep
-                    _exit_now(err, "interrupted")
-                err.print(
-                    f"[yellow]interrupted: stopping run {control.run_id} here…[/]", soft_wrap=True
-                )
-                control.stop.set()
-                break
-            with anyio.move_on_after(INTERRUPT_GRACE_SECONDS):
-                async for _ in signals:
-                    break
-            _exit_now(
-                err,
-                f"interrupted: run {control.run_id} was left as it was; its lease expires "
-                "and a worker (`corral worker` or `corral serve`) resumes it from its "
-                f"journal. Follow it: corral logs -f {control.run_id}",
-            )
+    def given_up() -> None:
+        _exit_now(
+            err,
+            f"interrupted: run {control.run_id} was left as it was; its lease expires "
+            "and a worker (`corral worker` or `corral serve`) resumes it from its "
+            f"journal. Follow it: corral logs -f {control.run_id}",
+        )
 
-    async with anyio.create_task_group() as group:
-        group.start_soon(on_interrupt)
+    def interrupted() -> None:
+        if control.run_id is None:  # nothing stored yet: nothing to keep
+            _exit_now(err, "interrupted")
+        if control.stop.is_set():  # a second Ctrl-C
+            given_up()
+        err.print(f"[yellow]interrupted: stopping run {control.run_id} here…[/]", soft_wrap=True)
+        control.stop.set()
+        timers.append(loop.call_later(INTERRUPT_GRACE_SECONDS, given_up))
+
+    loop.add_signal_handler(signal.SIGINT, interrupted)
+    try:
         yield
-        group.cancel_scope.cancel()
+    finally:
+        loop.remove_signal_handler(signal.SIGINT)
+        for timer in timers:
+            timer.cancel()
 
 
 def _exit_now(err: Any, message: str) -> NoReturn:
