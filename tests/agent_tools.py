@@ -17,3 +17,23 @@ def record_side_effect(note: str) -> str:
     with target.open("a") as f:
         f.write(note + "\n")
     return "recorded"
+
+
+def flaky(note: str) -> str:
+    """Fail like an unreachable service on the first call, then work: each call appends a
+    line to $CORRAL_TEST_FLAKY, and the call that finds the file empty fails."""
+    target = Path(os.environ["CORRAL_TEST_FLAKY"])
+    first = not target.exists() or not target.read_text()
+    with target.open("a") as f:
+        f.write(note + "\n")
+    if first:
+        raise ConnectionError("503 from http://service.test/notes")
+    return f"noted {note}"
+
+
+def nap(seconds: float) -> str:
+    """Sleep (in the tool's thread), then say so."""
+    import time
+
+    time.sleep(seconds)
+    return f"slept {seconds} s"

@@ -383,3 +383,35 @@ def test_a_session_with_an_unfinished_run_cannot_be_deleted(
         assert "s-busy" in mode("sessions", "list").stdout  # nothing deleted
         assert mode("tasks", "cancel", run_id).returncode == 0
         assert mode("sessions", "delete", "s-busy").returncode == 0
+
+
+def test_run_wait_follows_a_remote_run_past_its_approval(
+    modes: tuple[Mode, Mode, Path], tmp_path: Path
+) -> None:
+    _, remote, _ = modes
+    waiter = tmp_path / "waiter.yaml"
+    waiter.write_text(
+        CALC.split("---")[1] + "---" + agent("waiter", [ADD, "{text: waited}"], approval="always")
+    )
+    assert remote("apply", "-f", str(waiter)).returncode == 0
+    running = remote.start("run", "waiter", "add them", "--wait")
+    process = running.process
+    try:
+        assert process.stderr is not None
+        seen: list[str] = []
+        for line in process.stderr:
+            seen.append(line)
+            found = re.search(r"approve: corral approvals approve (apr_\w+)", line)
+            if found:
+                break
+        assert found is not None, "".join(seen)
+        decided = remote("approvals", "approve", found[1])
+        assert decided.returncode == 0 and "approved" in decided.stdout
+        # the server's workers pick the run up (its bus wakes them): no hint to start one
+        assert "no worker has picked it up" not in decided.stderr, decided.stderr
+        stdout, rest = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert process.returncode == 0, "".join(seen) + rest
+    assert stdout.strip() == "waited"
+    assert re.search(r"✓ add approved by token:\S+ .*at ", rest)

@@ -724,7 +724,14 @@ async def test_sigterm_drains_releases_the_run_and_another_worker_resumes_it(
     # grace (1 s), then the call is interrupted and the run released; a synchronous
     # python function cannot be interrupted, and the worker exits without waiting for it
     assert await a.exited(timeout=5) == 0
-    assert "releasing 1 unfinished runs" in a.output()
+    output = a.output()
+    # the worker says what it does on SIGTERM: draining, releasing, stopped
+    assert "SIGTERM received: no new runs; stopping" in output
+    assert "stopping: draining 1 runs (up to 1 s)" in output
+    assert "releasing 1 unfinished runs" in output
+    assert f"run {run_id} (agent " in output and "released after" in output
+    assert "another worker resumes it from its journal" in output
+    assert "stopped: 1 runs executed, 1 released to other workers" in output
     released = await cluster.run(run_id)
     assert released.state is RunState.QUEUED
     assert (released.lease_owner, released.lease_expires_at) == (None, None)

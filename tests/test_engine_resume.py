@@ -10,7 +10,7 @@ import pytest
 
 from corral.core.errors import CorralError
 from corral.core.events import Event, EventType
-from corral.core.runs import RunState
+from corral.core.runs import Decision, RunState
 from corral.engine.loop import AgentLoop
 from corral.engine.replay import replay
 from corral.resources.kinds import ApprovalPolicy, ScriptedTurn
@@ -100,7 +100,9 @@ async def test_interrupted_non_idempotent_call_waits_for_a_human(tmp_path: Path)
     assert approved.state is RunState.SUCCEEDED
     assert len(tool.calls) == 3
     resolved = [e.data for e in h.events if e.type is EventType.APPROVAL_RESOLVED]
-    assert resolved == [{"step": 1, "call_id": "call_1_1", "approved": True, "reason": None}]
+    assert resolved == [
+        {"step": 1, "call_id": "call_1_1", "tool": "add", "approved": True, "reason": None}
+    ]
 
 
 async def test_interrupted_idempotent_call_is_simply_run_again(tmp_path: Path) -> None:
@@ -170,13 +172,22 @@ async def test_rejected_call_is_reported_to_the_model(tmp_path: Path) -> None:
     h, _, risky = approval_harness(tmp_path)
     await h.run()
     h.model.requests = []
+    decision = Decision(False, "too much", by="alice", decided_at=1767225600.5, approval_id="apr_1")
     result = await AgentLoop(h.agent, "run_test", h.sink).resume(
-        list(h.events), {"call_1_2": (False, "too much")}
+        list(h.events), {"call_1_2": decision}
     )
     assert result.state is RunState.SUCCEEDED and risky.calls == []
     rejected = next(m for m in h.model.requests[0] if m.tool_call_id == "call_1_2")
     error = json.loads(rejected.content)["error"]
     assert error["code"] == "approval_rejected" and "too much" in error["message"]
+    # who decided, when, and which approval it was, are journaled with the decision
+    [resolved] = [e.data for e in h.events if e.type is EventType.APPROVAL_RESOLVED]
+    assert resolved["approved"] is False and resolved["reason"] == "too much"
+    assert (resolved["by"], resolved["decided_at"], resolved["approval_id"]) == (
+        "alice",
+        1767225600.5,
+        "apr_1",
+    )
 
 
 async def test_resume_without_a_decision_stays_waiting(tmp_path: Path) -> None:

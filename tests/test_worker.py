@@ -7,7 +7,9 @@ from NATS deliveries and does not sweep the store while the test runs.
 
 from __future__ import annotations
 
+import logging
 import os
+import re
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -137,8 +139,9 @@ async def test_worker_executes_queued_runs_once(backend: Backend, tmp_path: Path
 
 
 async def test_approval_survives_in_the_store_and_the_approved_call_runs_once(
-    backend: Backend, tmp_path: Path
+    backend: Backend, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, logger="corral.runtime.worker")
     store = backend.store
     await apply(
         store,
@@ -158,9 +161,27 @@ async def test_approval_survives_in_the_store_and_the_approved_call_runs_once(
     stored = await get(store, run)
     assert (stored.state, stored.output) == (RunState.SUCCEEDED, "paid")
     assert effects(tmp_path) == ["wired"]
-    kinds = [e.type for e in await store.list_events(run.id)]
+    events = await store.list_events(run.id)
+    kinds = [e.type for e in events]
     assert kinds.count(EventType.APPROVAL_REQUESTED) == 1
     assert kinds.count(EventType.APPROVAL_RESOLVED) == 1
+    # the decision is journaled with who took it, when, and which approval it was
+    [resolved] = [e.data for e in events if e.type is EventType.APPROVAL_RESOLVED]
+    [decided] = await store.list_approvals(run_id=run.id)
+    assert resolved["tool"] == "note" and resolved["approved"] is True
+    assert (resolved["by"], resolved["decided_at"]) == ("tester", decided.decided_at)
+    assert resolved["approval_id"] == approval.id and "expired" not in resolved
+    # the worker said what came of each execution: agent, state, duration
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith(f"run {run.id}")]
+    assert len(lines) == 2, lines
+    assert re.fullmatch(
+        rf"run {run.id} \(agent helper\): waiting_approval in \d+\.\d\d s, 1 step\(s\), "
+        r"1 call\(s\) wait for approval",
+        lines[0],
+    )
+    assert re.fullmatch(
+        rf"run {run.id} \(agent helper\): succeeded in \d+\.\d\d s, 2 step\(s\)", lines[1]
+    )
 
 
 async def test_a_run_paused_for_approval_more_often_than_max_attempts_still_finishes(
@@ -330,8 +351,12 @@ spec: {{model: script, tools: [daemon]}}
 
 @pytest.mark.worker(retry_base_seconds=0.01)
 async def test_retryable_failures_retry_then_dead_letter(
-    backend: Backend, fake_openai: FakeOpenAIServer, clock: FakeClock
+    backend: Backend,
+    fake_openai: FakeOpenAIServer,
+    clock: FakeClock,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
+    caplog.set_level(logging.INFO, logger="corral.runtime.worker")
     store = backend.store
     fake_openai.fail(503, times=None)
     await store.apply(
@@ -364,8 +389,17 @@ spec:
     assert stored.attempts == 3 and fake_openai.calls == 3
     assert stored.error is not None and stored.error["status_code"] == 503
     events = await store.list_events(run.id)
-    assert [e.data.get("retry") for e in events if e.type is EventType.ERROR][:2] == [2, 3]
+    errors = [e.data for e in events if e.type is EventType.ERROR]
+    assert [e.get("retry") for e in errors][:2] == [2, 3]
+    # each retry is journaled with how many attempts there are and when the next comes
+    assert [e.get("max_attempts") for e in errors][:2] == [3, 3]
+    assert all(0 <= e["retry_in"] <= 60 for e in errors[:2])
+    assert "retry" not in errors[-1] and "retry_in" not in errors[-1]
     assert events[-1].data["state"] == "dead_letter"
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith(f"run {run.id}")]
+    released = "(the attempt failed; it is retried after a backoff)"
+    assert [line.endswith(released) for line in lines] == [True, True, False], lines
+    assert re.match(rf"run {run.id} \(agent helper\): dead_letter in .*: model_error: ", lines[2])
 
 
 async def test_idempotency_key_returns_the_same_task(backend: Backend) -> None:
@@ -477,6 +511,11 @@ async def test_expired_approval_counts_as_rejected(
     assert stored.state is RunState.SUCCEEDED and effects(tmp_path) == []
     [expired] = await store.list_approvals(run_id=run.id)
     assert expired.state is ApprovalState.EXPIRED
+    [resolved] = [
+        e.data for e in await store.list_events(run.id) if e.type is EventType.APPROVAL_RESOLVED
+    ]
+    assert (resolved["approved"], resolved["expired"], resolved["by"]) == (False, True, None)
+    assert resolved["decided_at"] == expired.decided_at
     tool_message = next(m for m in stored.messages if m.role == "tool")
     assert "expired" in tool_message.content
 

@@ -10,7 +10,7 @@ from corral.cli.common import NAMESPACE, run_async
 from corral.cli.output import CHANGE_FORMATS, output_option
 
 if TYPE_CHECKING:
-    from corral.api import ApprovalOut
+    from corral.api import ApprovalOut, Task
 
 approvals_app = typer.Typer(help="Decide tool calls that wait for a human.", no_args_is_help=True)
 
@@ -59,13 +59,19 @@ def approvals_reject(
 
 
 def _decide(approval_id: str, approved: bool, reason: str | None, output: str | None) -> None:
-    async def go() -> ApprovalOut:
+    from rich.console import Console
+
+    from corral.cli.approval_hints import print_pickup
+
+    async def go() -> tuple[ApprovalOut, Task | None]:
+        from corral.cli.approval_hints import picked_up
         from corral.cli.connect import open_backend
 
         async with open_backend() as backend:
-            return await backend.decide(approval_id, approved, reason)
+            decided = await backend.decide(approval_id, approved, reason)
+            return decided, await picked_up(backend, decided.run_id)
 
-    approval = run_async(go())
+    approval, run = run_async(go())
     if output is not None:
         from corral.cli.output import print_change
         from corral.cli.views import APPROVAL
@@ -73,3 +79,4 @@ def _decide(approval_id: str, approved: bool, reason: str | None, output: str | 
         print_change(APPROVAL, [approval], output)
     else:
         typer.echo(f"{approval.id} {approval.state.value} (run {approval.run_id})")
+    print_pickup(Console(stderr=True, highlight=False), approval.run_id, run)

@@ -19,8 +19,11 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import anyio
 
 if TYPE_CHECKING:
     from corral.api import (
@@ -35,12 +38,29 @@ if TYPE_CHECKING:
     )
     from corral.bus.base import Bus
     from corral.core.events import Event
+    from corral.core.runs import RunRecord
     from corral.core.settings import Settings
     from corral.resources.loader import LoadedResource
     from corral.store.base import Store, StoredResource
 
 #: Receives each event of a followed run, in order.
 Show = Callable[["EventOut"], Awaitable[None]]
+
+
+@dataclass
+class RunControl:
+    """What ``corral run`` asks of the run it sees through, beyond its events.
+
+    ``run_id`` is set as soon as the run is stored. With ``on_pause`` (``--wait``) a
+    run that pauses for approval is followed on until it finishes, and ``on_pause``
+    is called each time it pauses. Setting ``stop`` (Ctrl-C) ends seeing it through:
+    embedded, a run executing in this process is released with its journal for any
+    worker; remote, the server's workers go on with it.
+    """
+
+    on_pause: Callable[[TaskDetail], Awaitable[None]] | None = None
+    stop: anyio.Event = field(default_factory=anyio.Event)
+    run_id: str | None = None
 
 
 async def load_files(
@@ -102,8 +122,10 @@ class Backend(ABC):
         output_schema: dict[str, Any] | None,
         show: Show | None,
         loading: Any,
+        control: RunControl | None = None,
     ) -> TaskDetail:
-        """Submit a run and see it through until it ends or waits for approval."""
+        """Submit a run and see it through until it ends or waits for approval (see
+        :class:`RunControl`)."""
 
     @abstractmethod
     async def list_runs(
@@ -219,10 +241,21 @@ class EmbeddedBackend(Backend):
         output_schema: dict[str, Any] | None,
         show: Show | None,
         loading: Any,
+        control: RunControl | None = None,
     ) -> TaskDetail:
         from corral.api import TaskDetail
-        from corral.runtime.local import run_agent
+        from corral.runtime.local import Steering, run_agent
 
+        steering = None
+        if control is not None:
+            steering = Steering(submitted=_setter(control), stop=control.stop)
+            if control.on_pause is not None:
+                on_pause = control.on_pause
+
+                async def paused(record: RunRecord) -> None:
+                    await on_pause(TaskDetail.from_record(record))
+
+                steering.on_pause = paused
         async with self._bus() as bus:
             record = await run_agent(
                 self.store,
@@ -235,6 +268,7 @@ class EmbeddedBackend(Backend):
                 observer=_observer(show) if show is not None else None,
                 loading=loading,
                 bus=bus,
+                steering=steering,
             )
         return TaskDetail.from_record(record)
 
@@ -321,6 +355,13 @@ def _resource(stored: StoredResource) -> ResourceOut:
     from corral.resources.secrets import redacted
 
     return resource_out(stored, redacted(stored.resource.to_document()))
+
+
+def _setter(control: RunControl) -> Callable[[str], None]:
+    def submitted(run_id: str) -> None:
+        control.run_id = run_id
+
+    return submitted
 
 
 def _observer(show: Show) -> Callable[[Event], Awaitable[None]]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,11 +27,13 @@ from corral.api import (
     Task,
     TaskDetail,
 )
-from corral.cli.backend import Backend, Show, load_files
+from corral.cli.backend import Backend, RunControl, Show, load_files
 from corral.client import AsyncClient
 from corral.core.errors import Location, NotFoundError, ResourceError
 from corral.core.runs import RunState
 from corral.resources.loader import LoadedResource
+
+OnPause = Callable[[TaskDetail], Awaitable[None]]
 
 #: how often a follower asks whether the run paused for approval (its stream stays open then)
 PAUSE_CHECK_SECONDS = 0.25
@@ -124,15 +126,32 @@ class RemoteBackend(Backend):
         output_schema: dict[str, Any] | None,
         show: Show | None,
         loading: Any,
+        control: RunControl | None = None,
     ) -> TaskDetail:
         submitted = await self.client.submit(
             agent, prompt, session=session, output_schema=output_schema
         )
+        run_id = submitted.task.id
+        if control is not None:
+            control.run_id = run_id
 
         async def ignore(event: EventOut) -> None:
             return None
 
-        return await self.follow(submitted.task.id, show or ignore, follow=True)
+        if control is None:
+            return await self.follow(run_id, show or ignore, follow=True)
+        async with anyio.create_task_group() as group:
+
+            async def stop_following() -> None:
+                await control.stop.wait()
+                group.cancel_scope.cancel()  # the server's workers go on with the run
+
+            group.start_soon(stop_following)
+            record = await self._follow(run_id, show or ignore, control.on_pause)
+            group.cancel_scope.cancel()
+        if control.stop.is_set():
+            return await self.client.get_task(run_id)
+        return record
 
     async def list_runs(
         self, namespace: str, agent: str | None, limit: int, states: list[str] | None
@@ -153,7 +172,14 @@ class RemoteBackend(Backend):
         return await self.client.cancel_task(run_id)
 
     async def follow(self, run_id: str, show: Show, *, follow: bool) -> TaskDetail:
-        last = await self._stream(run_id, show) if follow else 0
+        if follow:
+            return await self._follow(run_id, show, None)
+        return await self._pages(run_id, show, 0)
+
+    async def _follow(self, run_id: str, show: Show, on_pause: OnPause | None) -> TaskDetail:
+        return await self._pages(run_id, show, await self._stream(run_id, show, on_pause))
+
+    async def _pages(self, run_id: str, show: Show, last: int) -> TaskDetail:
         # the stored events after the last one shown (all of them without --follow); a run
         # that is gone is a NotFoundError here
         cursor: str | None = None
@@ -167,12 +193,13 @@ class RemoteBackend(Backend):
             cursor = page.next_cursor
         return await self.client.get_task(run_id)
 
-    async def _stream(self, run_id: str, show: Show) -> int:
+    async def _stream(self, run_id: str, show: Show, on_pause: OnPause | None) -> int:
         """Show the events over SSE until the stream ends or the run waits for approval
-        (its stream stays open then: a watcher ends it); returns the last seq shown."""
+        (its stream stays open then: a watcher ends it, or with ``on_pause`` tells it and
+        lets the stream go on); returns the last seq shown."""
         last = 0
         async with anyio.create_task_group() as group:
-            group.start_soon(self._until_paused, run_id, group.cancel_scope)
+            group.start_soon(self._until_paused, run_id, group.cancel_scope, on_pause)
             # absent or deleted: the page read after the stream says so, outside this group
             with contextlib.suppress(NotFoundError):
                 async for event in self.client.follow(run_id):
@@ -181,16 +208,25 @@ class RemoteBackend(Backend):
             group.cancel_scope.cancel()
         return last
 
-    async def _until_paused(self, run_id: str, stream: anyio.CancelScope) -> None:
+    async def _until_paused(
+        self, run_id: str, stream: anyio.CancelScope, on_pause: OnPause | None
+    ) -> None:
+        told: tuple[str, ...] = ()  # the calls of the pause last told to on_pause
         while True:
             await anyio.sleep(PAUSE_CHECK_SECONDS)
             try:
-                task: Task | None = await self.client.get_task(run_id)
+                task: TaskDetail | None = await self.client.get_task(run_id)
             except NotFoundError:  # deleted: nothing more will come
                 task = None
-            if task is None or task.state is RunState.WAITING_APPROVAL:
+            if task is None or (task.state is RunState.WAITING_APPROVAL and on_pause is None):
                 stream.cancel()
                 return
+            if task.state is RunState.WAITING_APPROVAL:
+                pause = tuple(p.call_id for p in task.pending_approvals)
+                if pause != told:
+                    told = pause
+                    assert on_pause is not None
+                    await on_pause(task)
 
     # ----------------------------------------------------------------------- approvals
 

@@ -18,6 +18,7 @@ import typer
 
 if TYPE_CHECKING:
     from corral.cli.contexts import Connection
+    from corral.core.runs import RunState
 
 T = TypeVar("T")
 
@@ -25,6 +26,15 @@ EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
 EXIT_WAITING_APPROVAL = 3
+
+
+def exit_code(state: RunState) -> int:
+    """The exit code of a command that saw a run through (``run``, ``logs -f``): 0
+    succeeded, 3 waits for approval, 1 any other end (failed, cancelled, dead letter)."""
+    from corral.core.runs import RunState
+
+    exits = {RunState.SUCCEEDED: EXIT_OK, RunState.WAITING_APPROVAL: EXIT_WAITING_APPROVAL}
+    return exits.get(state, EXIT_FAILED)
 
 
 class Options:

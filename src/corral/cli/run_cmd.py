@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
 
 from corral.cli.common import (
     EXIT_BAD_INPUT,
     EXIT_FAILED,
-    EXIT_OK,
     EXIT_WAITING_APPROVAL,
+    exit_code,
     fail,
     namespace_option,
     run_async,
@@ -22,8 +22,8 @@ from corral.cli.common import (
 )
 
 if TYPE_CHECKING:
-    from corral.api import TaskDetail
-    from corral.core.runs import RunState
+    from corral.api import ApprovalOut, TaskDetail
+    from corral.cli.backend import RunControl
 
 NAMESPACE = typer.Option(
     None,
@@ -56,12 +56,19 @@ def run(
         help="Carry the conversation of this session (created if new).",
         callback=session_id_option,
     ),
+    wait: bool = typer.Option(
+        False,
+        "--wait",
+        help="When the run stops for approval, wait for the decision and follow it on "
+        "until it finishes.",
+    ),
 ) -> None:
     """Run an agent on a prompt, streaming what it does.
 
     The run is durable: it is queued, executed here (or by a worker that claims it
     first) and journaled. Exit code 0 succeeded, 1 failed, 2 bad input, 3 waiting
-    for approval.
+    for approval, 130 interrupted (Ctrl-C: the run stays stored, released for any
+    worker to resume).
     """
     if output not in ("text", "json"):
         fail(f"unknown output format {output!r} (use text or json)", EXIT_BAD_INPUT)
@@ -69,10 +76,13 @@ def run(
         fail('usage: corral run AGENT "PROMPT"  or  corral run -f FILE "PROMPT"', EXIT_BAD_INPUT)
     agent = args[0] if len(args) == 2 else None
     prompt = args[-1]
-    record = run_async(
-        _run(agent, prompt, file, namespace, output == "json", None, session=session)
-    )
-    raise typer.Exit(_exit_code(record.state))
+    try:
+        record = run_async(
+            _run(agent, prompt, file, namespace, output == "json", None, session=session, wait=wait)
+        )
+    except Interrupted:
+        _exit_interrupted()
+    raise typer.Exit(exit_code(record.state))
 
 
 def prompt_object(
@@ -87,14 +97,17 @@ def prompt_object(
     schema_doc: dict[str, Any] | None = None
     if schema is not None:
         schema_doc = _read_schema(schema)
-    record = run_async(_run(agent, prompt, [], namespace, True, schema_doc, structured=True))
+    try:
+        record = run_async(_run(agent, prompt, [], namespace, True, schema_doc, structured=True))
+    except Interrupted:
+        _exit_interrupted()
     from corral.core.runs import RunState  # here, not at the top: `corral --help` never needs it
 
     if record.state is RunState.SUCCEEDED:
         typer.echo(json.dumps(record.output, indent=2, ensure_ascii=False))
     elif record.error:
         fail(str(record.error.get("message", record.error)), EXIT_FAILED)
-    raise typer.Exit(_exit_code(record.state))
+    raise typer.Exit(exit_code(record.state))
 
 
 def chat(
@@ -126,7 +139,10 @@ def chat(
             break
         if not line.strip():
             continue
-        record = run_async(_run(agent, line, [], namespace, False, None, session=session))
+        try:
+            record = run_async(_run(agent, line, [], namespace, False, None, session=session))
+        except Interrupted:
+            _exit_interrupted()
         if record.state is RunState.WAITING_APPROVAL:
             console.print("[yellow]the run waits for approval; the chat cannot go on[/]")
             raise typer.Exit(EXIT_WAITING_APPROVAL)
@@ -142,16 +158,33 @@ async def _run(
     *,
     structured: bool = False,
     session: str | None = None,
+    wait: bool = False,
 ) -> TaskDetail:
+    """Apply ``files``, run the agent and render the run; ``Interrupted`` (said why on
+    stderr) when Ctrl-C stopped it."""
     from rich.console import Console
 
+    from corral.cli.approval_hints import print_approval_hint
+    from corral.cli.backend import RunControl
     from corral.cli.connect import open_backend
-    from corral.cli.render import EventPrinter, body_json
+    from corral.cli.events_view import EventPrinter
+    from corral.cli.render import body_json
     from corral.cli.resources_cmd import Applied
+    from corral.core.runs import RunState
 
     err = Console(stderr=True, highlight=False)
     out = Console(highlight=False, soft_wrap=True)
-    async with open_backend() as backend:
+    control = RunControl()
+    async with open_backend() as backend, _interruptible(control, err):
+
+        async def paused(task: TaskDetail) -> None:
+            if printer is not None:
+                printer.finish(task, output=False)
+            approvals = await backend.list_approvals(task.namespace, ["pending"], run_id=task.id)
+            print_approval_hint(err, task, approvals, waits=True)
+
+        if wait:
+            control.on_pause = paused
         if files:
             applied = Applied(await backend.apply(files, namespace))
             for line in applied.lines:
@@ -174,12 +207,109 @@ async def _run(
             output_schema=schema,
             show=printer,
             loading=_spinner(err),
+            control=control,
         )
+        waiting: list[ApprovalOut] = []
+        if record.state is RunState.WAITING_APPROVAL and not control.stop.is_set():
+            waiting = await backend.list_approvals(record.namespace, ["pending"], run_id=record.id)
+    if control.stop.is_set():
+        _say_interrupted(err, record)
+        raise Interrupted
     if printer is not None:
         printer.finish(record)
     elif not structured:
         out.print(body_json(record), markup=False)
+    print_approval_hint(err, record, waiting)
     return record
+
+
+class Interrupted(Exception):
+    """Ctrl-C stopped ``corral run``; what became of the run was said on stderr."""
+
+
+#: how long Ctrl-C waits for a run executing here to be released for the workers
+INTERRUPT_GRACE_SECONDS = 5.0
+
+
+@asynccontextmanager
+async def _interruptible(control: RunControl, err: Any) -> AsyncIterator[None]:
+    """Ctrl-C within the block: before the run is stored, stop at once (nothing to keep);
+    after, set ``control.stop`` so the run is released (embedded) or left to the server,
+    and the block ends with a run that stays stored. A second Ctrl-C, or a release that
+    takes longer than INTERRUPT_GRACE_SECONDS, exits at once: the run's lease then
+    expires and a worker resumes it from its journal.
+
+    A signal handler of the loop, not a task: the block's errors pass unchanged."""
+    import asyncio
+    import signal
+
+    loop = asyncio.get_running_loop()
+    timers: list[asyncio.TimerHandle] = []
+
+    def given_up() -> None:
+        _exit_now(
+            err,
+            f"interrupted: run {control.run_id} was left as it was; its lease expires "
+            "and a worker (`corral worker` or `corral serve`) resumes it from its "
+            f"journal. Follow it: corral logs -f {control.run_id}",
+        )
+
+    def interrupted() -> None:
+        if control.run_id is None:  # nothing stored yet: nothing to keep
+            _exit_now(err, "interrupted")
+        if control.stop.is_set():  # a second Ctrl-C
+            given_up()
+        err.print(f"[yellow]interrupted: stopping run {control.run_id} here…[/]", soft_wrap=True)
+        control.stop.set()
+        timers.append(loop.call_later(INTERRUPT_GRACE_SECONDS, given_up))
+
+    loop.add_signal_handler(signal.SIGINT, interrupted)
+    try:
+        yield
+    finally:
+        loop.remove_signal_handler(signal.SIGINT)
+        for timer in timers:
+            timer.cancel()
+
+
+def _exit_now(err: Any, message: str) -> NoReturn:
+    """Exit 130 at once, past threads a cancelled tool leaves behind."""
+    import os
+    import sys
+
+    err.print(f"[yellow]{message}[/]", soft_wrap=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(130)
+
+
+def _say_interrupted(err: Any, record: TaskDetail) -> None:
+    """What became of a run Ctrl-C stopped following: it stays stored with its journal."""
+    from corral.core.runs import RunState
+
+    state = record.state
+    if state is RunState.QUEUED:
+        what = (
+            "is queued again with its journal: a worker resumes it where it stopped "
+            "(`corral worker` or `corral serve`)"
+        )
+    elif state is RunState.RUNNING:
+        what = f"goes on on its worker{f' {record.lease_owner}' if record.lease_owner else ''}"
+    elif state is RunState.WAITING_APPROVAL:
+        what = "waits for approval: corral approvals list"
+    else:
+        what = f"has {state.value}"
+    err.print(f"[yellow]interrupted: run {record.id} {what}[/]", soft_wrap=True)
+    if not state.finished:
+        err.print(f"  follow it: corral logs -f {record.id}", soft_wrap=True)
+        err.print(f"  cancel it: corral tasks cancel {record.id}", soft_wrap=True)
+
+
+def _exit_interrupted() -> NoReturn:
+    from corral.runtime.process import exit_past_leftover_threads
+
+    exit_past_leftover_threads(code=130)  # a cancelled tool's thread may still run
+    raise typer.Exit(130)
 
 
 def _spinner(console: Any) -> Any:
@@ -213,10 +343,3 @@ def _read_schema(path: Path) -> dict[str, Any]:
     if not isinstance(doc, dict):
         fail(f"{path}: a JSON Schema must be an object", EXIT_BAD_INPUT)
     return doc
-
-
-def _exit_code(state: RunState) -> int:
-    from corral.core.runs import RunState
-
-    exits = {RunState.SUCCEEDED: EXIT_OK, RunState.WAITING_APPROVAL: EXIT_WAITING_APPROVAL}
-    return exits.get(state, EXIT_FAILED)

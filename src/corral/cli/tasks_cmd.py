@@ -7,7 +7,14 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from corral.api import MAX_DELAY_SECONDS, MAX_PAGE_ITEMS, MAX_PRIORITY
-from corral.cli.common import EXIT_BAD_INPUT, NAMESPACE, fail, run_async, session_id_option
+from corral.cli.common import (
+    EXIT_BAD_INPUT,
+    NAMESPACE,
+    exit_code,
+    fail,
+    run_async,
+    session_id_option,
+)
 from corral.cli.output import CHANGE_FORMATS, output_option
 
 if TYPE_CHECKING:
@@ -171,14 +178,27 @@ def tasks_cancel(
 def logs(
     run_id: str = typer.Argument(..., help="The run (task) id."),
     follow: bool = typer.Option(False, "--follow", "-f", help="Wait for new events."),
+    timestamps: bool = typer.Option(
+        False, "--timestamps", help="Prefix each line with its time (RFC 3339, UTC)."
+    ),
     output: str = typer.Option("text", "-o", "--output", help="text, or json (one per line)."),
 ) -> None:
-    """Print a run's stored events; with --follow, until the run ends or waits for approval."""
+    """Print a run's stored events and a final line with its state; with --follow, until
+    the run ends or waits for approval, and exit as `corral run` does (0 succeeded,
+    1 failed or cancelled, 3 waits for approval)."""
     from rich.console import Console
 
-    from corral.cli.render import EventPrinter, body_json
+    from corral.cli.events_view import EventPrinter
+    from corral.cli.render import body_json
 
-    printer = EventPrinter(Console(highlight=False, soft_wrap=True), Console(highlight=False))
+    if output not in ("text", "json"):
+        fail(f"unknown output format {output!r} (use text or json)", EXIT_BAD_INPUT)
+    printer = EventPrinter(
+        Console(highlight=False, soft_wrap=True),
+        Console(highlight=False, soft_wrap=True),
+        timestamps=timestamps,
+        header=True,
+    )
 
     async def show(event: EventOut) -> None:
         if output == "json":
@@ -186,10 +206,24 @@ def logs(
         else:
             printer.render(event)
 
-    async def go() -> None:
+    async def go() -> tuple[TaskDetail, list[ApprovalOut]]:
         from corral.cli.connect import open_backend
+        from corral.core.runs import RunState
 
         async with open_backend() as backend:
-            await backend.follow(run_id, show, follow=follow)
+            record = await backend.follow(run_id, show, follow=follow)
+            waiting: list[ApprovalOut] = []
+            if output == "text" and record.state is RunState.WAITING_APPROVAL:
+                waiting = await backend.list_approvals(
+                    record.namespace, ["pending"], run_id=record.id
+                )
+            return record, waiting
 
-    run_async(go())
+    record, waiting = run_async(go())
+    if output == "text":
+        from corral.cli.approval_hints import print_approval_hint
+
+        printer.finish(record)
+        print_approval_hint(printer.err, record, waiting)
+    if follow:
+        raise typer.Exit(exit_code(record.state))

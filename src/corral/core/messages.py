@@ -101,6 +101,8 @@ class ModelResponse:
     endpoint: str = ""
     finish_reason: str | None = None
     cost_usd: float = 0.0
+    #: the retries it took (``RetryingModel``): attempt, of how many, delay, cause
+    retries: tuple[dict[str, Any], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,29 @@ class PendingApproval:
     expires_at: float | None = None
 
 
+@dataclass(frozen=True)
+class Decision:
+    """A human's decision on a pending call (or its expiry), as a resumed run journals it
+    in ``approval.resolved``: approved or not, why, who decided and when."""
+
+    approved: bool
+    reason: str | None = None
+    by: str | None = None
+    decided_at: float | None = None
+    approval_id: str | None = None
+    #: nobody decided: the request expired, which counts as a rejection
+    expired: bool = False
+
+    def journaled(self) -> dict[str, Any]:
+        """What ``approval.resolved`` records beyond ``approved`` and ``reason``."""
+        data: dict[str, Any] = {"by": self.by, "decided_at": self.decided_at}
+        if self.approval_id is not None:
+            data["approval_id"] = self.approval_id
+        if self.expired:
+            data["expired"] = True
+        return data
+
+
 @dataclass
 class RunRecord:
     """One run of one agent, as stored.

@@ -49,7 +49,7 @@ from corral.core.messages import (
     dump,
     dump_messages,
 )
-from corral.core.runs import PendingApproval, RunState
+from corral.core.runs import Decision, PendingApproval, RunState
 from corral.engine.budget import Budget
 from corral.engine.replay import OpenStep, replay
 from corral.engine.structured import parse_output, repair_prompt, schema_instruction
@@ -57,6 +57,9 @@ from corral.models.base import Model, ModelSettings
 from corral.resources.kinds import Limits, SessionPolicy
 from corral.tools.base import ToolContext
 from corral.tools.governance import ToolOutcome, Toolset
+
+#: a human decision handed to :meth:`AgentLoop.resume`: a Decision, or ``(approved, reason)``
+Decided = Decision | tuple[bool, str | None]
 
 
 @dataclass
@@ -185,12 +188,13 @@ class AgentLoop:
         return await self._guarded(self._drive(None, None, {}))
 
     async def resume(
-        self, events: Sequence[Event], decisions: Mapping[str, tuple[bool, str | None]] = {}
+        self, events: Sequence[Event], decisions: Mapping[str, Decided] = {}
     ) -> RunResult:
         """Carry on a run from its stored events.
 
-        ``decisions`` maps call ids to human decisions ``(approved, reason)`` not
-        yet recorded in the events. Nothing recorded is executed again.
+        ``decisions`` maps call ids to human decisions not yet recorded in the
+        events: a :class:`Decision` (who decided and when are journaled with it) or
+        ``(approved, reason)``. Nothing recorded is executed again.
         """
         checkpoint = replay(events)
         if checkpoint.finished:
@@ -249,7 +253,7 @@ class AgentLoop:
         self,
         final: Message | None,
         open_step: OpenStep | None,
-        decisions: dict[str, tuple[bool, str | None]],
+        decisions: dict[str, Decided],
     ) -> RunResult:
         if open_step is not None:
             pending = await self._tool_calls(open_step, decisions)
@@ -304,6 +308,7 @@ class AgentLoop:
             endpoint=response.endpoint,
             usage=dump(response.usage),
             cost_usd=response.cost_usd,
+            **({"retries": list(response.retries)} if response.retries else {}),
         )
         self.budget.charge(response)
         return message
@@ -330,7 +335,7 @@ class AgentLoop:
         return final
 
     async def _tool_calls(
-        self, step: OpenStep, decisions: dict[str, tuple[bool, str | None]]
+        self, step: OpenStep, decisions: dict[str, Decided]
     ) -> list[PendingApproval]:
         """Run the step's unresolved calls in parallel; returns the calls left waiting.
 
@@ -346,14 +351,19 @@ class AgentLoop:
                 continue
             decision = decisions.pop(call.id, None) or step.decided.get(call.id)
             if decision is not None:
-                approved, reason = decision
+                if isinstance(decision, Decision):
+                    approved, reason = decision.approved, decision.reason
+                else:
+                    approved, reason = decision
                 if call.id not in step.decided:
                     await self.emit(
                         EventType.APPROVAL_RESOLVED,
                         step=step.step,
                         call_id=call.id,
+                        tool=toolset.ref_of(call.name),
                         approved=approved,
                         reason=reason,
+                        **(decision.journaled() if isinstance(decision, Decision) else {}),
                     )
                 if not approved:
                     rejected = ToolErrorInfo(
@@ -439,6 +449,7 @@ class AgentLoop:
             error=dump(outcome.error) if outcome.error else None,
             attempts=outcome.attempts,
             duration_ms=outcome.duration_ms,
+            **({"retries": list(outcome.retries)} if outcome.retries else {}),
         )
         return Message.tool(outcome.call, outcome.model_text(), is_error=outcome.error is not None)
 

@@ -84,8 +84,10 @@ async def _close(stream: AsyncIterator[StreamItem]) -> None:
 
 async def _relay(
     opening: Callable[[], Awaitable[tuple[AsyncIterator[StreamItem], StreamItem]]],
+    retries: list[dict[str, Any]] | None = None,
 ) -> AsyncIterator[StreamItem]:
-    """Await ``opening()`` (an :func:`_open_stream`), then yield the first item and the rest.
+    """Await ``opening()`` (an :func:`_open_stream`), then yield the first item and the rest;
+    the final response carries ``retries`` (those opening took).
 
     The wrappers' ``stream`` methods return this generator rather than iterating
     it inside one of their own: a nested generator would not be closed when the
@@ -93,11 +95,17 @@ async def _relay(
     """
     stream, first = await opening()
     try:
-        yield first
+        yield _with_retries(first, retries)
         async for item in stream:
-            yield item
+            yield _with_retries(item, retries)
     finally:
         await _close(stream)
+
+
+def _with_retries(item: StreamItem, retries: list[dict[str, Any]] | None) -> StreamItem:
+    if retries and isinstance(item, ModelResponse):
+        return replace(item, retries=(*item.retries, *retries))
+    return item
 
 
 # --------------------------------------------------------------------------- RetryingModel
@@ -130,12 +138,29 @@ class RetryingModel(Model):
             failed_attempts, policy.initial_backoff_seconds, policy.max_backoff_seconds
         )
 
-    def _retrying(self, done: int = 0) -> AsyncRetrying:
+    def _note(
+        self, retries: list[dict[str, Any]], exc: BaseException | None, failed: int, delay: float
+    ) -> None:
+        """Remember a retry for the journal: the attempt that comes next, of how many,
+        after how long, and why."""
+        retries.append(
+            {
+                "retry": failed + 1,
+                "max_attempts": self.policy.max_attempts,
+                "retry_in": round(delay, 3),
+                "code": exc.code if isinstance(exc, ModelError) else "model_error",
+                "message": str(exc.message if isinstance(exc, ModelError) else exc),
+            }
+        )
+
+    def _retrying(self, retries: list[dict[str, Any]], done: int = 0) -> AsyncRetrying:
         """The policy's attempts after ``done`` already failed."""
 
         def wait(state: RetryCallState) -> float:
             exc = state.outcome.exception() if state.outcome is not None else None
-            return self._delay(exc, done + state.attempt_number)
+            delay = self._delay(exc, done + state.attempt_number)
+            self._note(retries, exc, done + state.attempt_number, delay)
+            return delay
 
         return AsyncRetrying(
             stop=stop_after_attempt(self.policy.max_attempts - done),
@@ -147,7 +172,11 @@ class RetryingModel(Model):
     async def request(
         self, messages: Sequence[Message], tools: Sequence[ToolSpec], settings: ModelSettings
     ) -> ModelResponse:
-        return await self._attempts(self.inner.request, messages, tools, settings)
+        retries: list[dict[str, Any]] = []
+        response = await self._attempts(retries, self.inner.request, messages, tools, settings)
+        if retries:
+            return replace(response, retries=(*response.retries, *retries))
+        return response
 
     def stream(
         self, messages: Sequence[Message], tools: Sequence[ToolSpec], settings: ModelSettings
@@ -157,10 +186,16 @@ class RetryingModel(Model):
             # replay this model's retried request the same way, one generator instead
             # of a relay around another.
             return super().stream(messages, tools, settings)
-        return _relay(lambda: self._attempts(_open_stream, self.inner, messages, tools, settings))
+        retries: list[dict[str, Any]] = []
+        return _relay(
+            lambda: self._attempts(retries, _open_stream, self.inner, messages, tools, settings),
+            retries,
+        )
 
-    async def _attempts(self, call: Callable[..., Awaitable[R]], *args: Any) -> R:
-        """``call(*args)`` under the policy.
+    async def _attempts(
+        self, retries: list[dict[str, Any]], call: Callable[..., Awaitable[R]], *args: Any
+    ) -> R:
+        """``call(*args)`` under the policy; each retry is noted in ``retries``.
 
         Most calls succeed at once, so the first attempt skips tenacity's per-call
         machinery (measurable at agent-loop speeds); after a retryable failure
@@ -172,8 +207,10 @@ class RetryingModel(Model):
             if not exc.retryable or self.policy.max_attempts < 2:
                 raise
             first_failure = exc
-        await anyio.sleep(self._delay(first_failure, 1))
-        result: R = await self._retrying(done=1)(call, *args)
+        delay = self._delay(first_failure, 1)
+        self._note(retries, first_failure, 1, delay)
+        await anyio.sleep(delay)
+        result: R = await self._retrying(retries, done=1)(call, *args)
         return result
 
     def credentials(self) -> list[str]:

@@ -27,9 +27,9 @@ from corral.core.events import Event, EventType
 from corral.core.ids import new_id
 from corral.core.messages import Message
 from corral.core.redaction import Redactor
-from corral.core.runs import Approval, ApprovalState, Lease, RunRecord, RunState
+from corral.core.runs import Approval, ApprovalState, Decision, Lease, RunRecord, RunState
 from corral.core.settings import Settings
-from corral.engine.loop import AgentDefinition, AgentLoop, RunResult
+from corral.engine.loop import AgentDefinition, AgentLoop, Decided, RunResult
 from corral.engine.replay import replay
 from corral.runtime.agents import AgentCache, Loading
 from corral.runtime.health import TRANSIENT, WorkerHealth
@@ -145,10 +145,11 @@ class RunExecutor:
                     return "done"
                 # A journal must begin with the run.start the engine writes (it carries the
                 # conversation); before it, the cause stays in the log until the last attempt.
+                retry_at = self._retry_at(record)
                 if events:
-                    await sink.emit(EventType.ERROR, **error, retry=record.attempts + 1)
+                    await sink.emit(EventType.ERROR, **error, **self._retry(record, retry_at))
                     await sink.flush()
-                await self.store.release_run(lease, not_before=self._retry_at(record))
+                await self.store.release_run(lease, not_before=retry_at)
         except LeaseLostError:
             return "lost"
         await self._announce_released(lease)
@@ -247,8 +248,9 @@ class RunExecutor:
                 if record.attempts >= record.max_attempts:
                     return await loop.conclude(RunState.DEAD_LETTER, exc)
                 await sink.flush()
-                await sink.emit(EventType.ERROR, **exc.to_dict(), retry=record.attempts + 1)
-                await self.store.release_run(lease, not_before=self._retry_at(record))
+                retry_at = self._retry_at(record)
+                await sink.emit(EventType.ERROR, **exc.to_dict(), **self._retry(record, retry_at))
+                await self.store.release_run(lease, not_before=retry_at)
                 return "released"
         finally:
             release()
@@ -259,20 +261,35 @@ class RunExecutor:
         if self.bus is not None:
             await self.bus.announce_runnable([lease.run_id], mark=f"released:{lease.token}")
 
+    def _retry(self, record: RunRecord, retry_at: float) -> dict[str, Any]:
+        """What an attempt's ``error`` event says of the retry: the attempt that comes
+        next, of how many, and in how many seconds."""
+        return {
+            "retry": record.attempts + 1,
+            "max_attempts": record.max_attempts,
+            "retry_in": round(max(0.0, retry_at - self.clock.now()), 3),
+        }
+
     def _retry_at(self, record: RunRecord) -> float:
         """When the run is due again after its failed attempt (backing off)."""
         backoff = jittered_backoff(record.attempts, self.retry_base_seconds, RUN_RETRY_MAX_SECONDS)
         return self.clock.now() + backoff
 
-    async def _decisions(self, run_id: str) -> dict[str, tuple[bool, str | None]]:
-        decided: dict[str, tuple[bool, str | None]] = {}
+    async def _decisions(self, run_id: str) -> dict[str, Decided]:
+        """The run's decided approvals, with who decided and when (journaled on resume)."""
+        decided: dict[str, Decided] = {}
         for approval in await self.store.list_approvals(run_id=run_id):
-            if approval.state is ApprovalState.APPROVED:
-                decided[approval.call_id] = (True, approval.decision_reason)
-            elif approval.state is ApprovalState.REJECTED:
-                decided[approval.call_id] = (False, approval.decision_reason)
-            elif approval.state is ApprovalState.EXPIRED:
-                decided[approval.call_id] = (False, "the approval request expired")
+            if approval.state is ApprovalState.PENDING:
+                continue
+            expired = approval.state is ApprovalState.EXPIRED
+            decided[approval.call_id] = Decision(
+                approval.state is ApprovalState.APPROVED,
+                "the approval request expired" if expired else approval.decision_reason,
+                by=approval.decided_by,
+                decided_at=approval.decided_at,
+                approval_id=approval.id,
+                expired=expired,
+            )
         return decided
 
     async def _history(self, record: RunRecord, agent: AgentDefinition) -> list[Message]:
@@ -354,7 +371,7 @@ def _gave_up(record: RunRecord, events: list[Event]) -> dict[str, Any]:
     cause = next((e.data for e in reversed(events) if e.type is EventType.ERROR), None)
     if cause is None:
         return {"code": CorralError.code, "message": message}
-    cause = {k: v for k, v in cause.items() if k != "retry"}
+    cause = {k: v for k, v in cause.items() if k not in ("retry", "max_attempts", "retry_in")}
     return {
         "code": CorralError.code,
         "message": f"{message}; the last error: {cause.get('message', cause)}",

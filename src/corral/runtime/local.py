@@ -11,6 +11,8 @@ run that any worker resumes.
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, Self
 
 import anyio
@@ -28,6 +30,33 @@ from corral.store.base import Store
 
 #: how often a run executed elsewhere is looked at when no bus announcement wakes its follower
 FOLLOW_POLL_SECONDS = 1.0
+
+
+@dataclass
+class Steering:
+    """How the caller of :meth:`LocalRunner.run` steers the run beyond its events.
+
+    - ``submitted`` is called with the run's id as soon as it is stored;
+    - ``on_pause``: when given, a run that pauses for approval is not the end: it
+      is called with the run (each time it pauses), and the run is followed on -
+      executed here again once the decision queued it, unless a worker gets it
+      first - until it finishes;
+    - ``stop``: when set, seeing the run through ends: a run executing here is
+      released with its journal (the attempt given back), as a stopping worker
+      does, so any worker resumes it at once; one executing elsewhere goes on.
+    """
+
+    submitted: Callable[[str], None] | None = None
+    on_pause: Callable[[RunRecord], Awaitable[None]] | None = None
+    stop: anyio.Event | None = None
+
+    @property
+    def stopped(self) -> bool:
+        return self.stop is not None and self.stop.is_set()
+
+    def ends_at(self, state: RunState) -> bool:
+        """Whether seeing the run through ends in ``state``."""
+        return state.finished or (state is RunState.WAITING_APPROVAL and self.on_pause is None)
 
 
 class LocalRunner:
@@ -87,8 +116,10 @@ class LocalRunner:
         namespace: str = "default",
         session: str | None = None,
         output_schema: dict[str, Any] | None = None,
+        steering: Steering | None = None,
     ) -> RunRecord:
-        """Submit a run and see it through: until it ends or waits for approval.
+        """Submit a run and see it through: until it ends or waits for approval (with
+        ``steering``: see :class:`Steering`).
 
         The run is submitted already claimed by this runner (one commit for both,
         where the store can), so no other worker can take it before it starts.
@@ -103,19 +134,24 @@ class LocalRunner:
             session=session,
             output_schema=output_schema,
         )
+        if steering is not None and steering.submitted is not None:
+            steering.submitted(submitted.record.id)
         claim = (submitted.record, submitted.lease) if submitted.lease is not None else None
-        return await self._see_through(submitted.record.id, claim)
+        return await self._see_through(submitted.record.id, claim, steering or Steering())
 
-    async def see_through(self, run_id: str) -> RunRecord:
+    async def see_through(self, run_id: str, steering: Steering | None = None) -> RunRecord:
         """Execute the run here whenever it is runnable, or follow whoever executes it.
 
         ``NotFoundError`` when the run does not exist or is deleted meanwhile."""
-        return await self._see_through(run_id, None)
+        return await self._see_through(run_id, None, steering or Steering())
 
-    async def _see_through(self, run_id: str, claim: tuple[RunRecord, Lease] | None) -> RunRecord:
+    async def _see_through(
+        self, run_id: str, claim: tuple[RunRecord, Lease] | None, steering: Steering
+    ) -> RunRecord:
         seen = 0  # the last event the observer got
+        paused = -1  # the last event when the run's pause was reported (steering.on_pause)
         while True:
-            if claim is None:
+            if claim is None and not steering.stopped:
                 claims = await self.store.claim_runs(
                     self.owner, self.lease_seconds, 1, run_ids=[run_id]
                 )
@@ -127,24 +163,41 @@ class LocalRunner:
                     # The observer only gets events this process emits: catch up first,
                     # then skip what it saw live.
                     seen = await replay_events(self.store, run_id, seen, self.observer)
-                    outcome = await self.executor.execute(record, lease)
+                    outcome = await self.executor.execute(record, lease, steering.stop)
                     seen = await replay_events(self.store, run_id, seen, None)
                 else:
-                    outcome = await self.executor.execute(record, lease)
+                    outcome = await self.executor.execute(record, lease, steering.stop)
                 # saved by the executor: the record is the stored run
-                if outcome == "done" and Until.SETTLED.reached(record.state):
+                if outcome == "done" and steering.ends_at(record.state):
                     return record
-            current, seen = await self._follow(run_id, seen)
-            if Until.SETTLED.reached(current.state):
+                if outcome == "done" and record.state is RunState.WAITING_APPROVAL:
+                    assert steering.on_pause is not None
+                    await steering.on_pause(record)
+                    paused = seen
+            if steering.stopped:
+                return await self._stored(run_id)
+            current, seen, paused = await self._follow(run_id, seen, steering, paused)
+            if steering.ends_at(current.state) or steering.stopped:
                 return current
             due_in = current.not_before - time.time()
             if current.state is RunState.QUEUED and due_in > 0:  # a retry's backoff
-                await anyio.sleep(due_in)
+                with anyio.move_on_after(due_in):
+                    await (steering.stop or anyio.Event()).wait()
 
-    async def _follow(self, run_id: str, seen: int) -> tuple[RunRecord, int]:
-        """Hand the run's new events to the observer until it finishes, waits for approval,
-        or may be claimed here (queued, or its holder's lease expired); returns the run as
-        last read and the last event handed out. A run queued for later ends it at once.
+    async def _stored(self, run_id: str) -> RunRecord:
+        record = await self.store.get_run(run_id)
+        if record is None:  # deleted meanwhile
+            raise run_not_found(run_id)
+        return record
+
+    async def _follow(
+        self, run_id: str, seen: int, steering: Steering, paused: int
+    ) -> tuple[RunRecord, int, int]:
+        """Hand the run's new events to the observer until it finishes, waits for approval
+        (unless ``steering`` follows on), or may be claimed here (queued, or its holder's
+        lease expired), or steering stops; returns the run as last read, the last event
+        handed out and the last event when a pause was reported. A run queued for later
+        ends it at once.
 
         The first look never counts as claimable: a claim has just failed (another
         worker won, or the Agent is at its ``max_concurrent_runs``), so the next waits
@@ -155,7 +208,7 @@ class LocalRunner:
             self.bus,
             run_id,
             after=seen,
-            until=Until.SETTLED,
+            until=Until.SETTLED if steering.on_pause is None else Until.FINISHED,
             poll_seconds=self.poll_seconds,
             stop=stop,
         )
@@ -165,12 +218,23 @@ class LocalRunner:
                 for event in events:
                     await self.observer(event)
             record = follower.record
-            if record is not None and (_due_later(record) or (not first and _claimable(record))):
+            if (
+                record is not None
+                and record.state is RunState.WAITING_APPROVAL
+                and steering.on_pause is not None
+                and not events
+                and follower.last_seq != paused
+            ):  # paused under another worker (or decided here and waiting for more)
+                paused = follower.last_seq
+                await steering.on_pause(record)
+            if steering.stopped or (
+                record is not None and (_due_later(record) or (not first and _claimable(record)))
+            ):
                 stop.set()
             first = False
         if follower.record is None:  # deleted meanwhile
             raise run_not_found(run_id)
-        return follower.record, follower.last_seq
+        return follower.record, follower.last_seq, paused
 
 
 def _due_later(record: RunRecord) -> bool:
@@ -199,13 +263,19 @@ async def run_agent(
     loading: Loading | None = None,
     lease_seconds: float = 30.0,
     bus: Bus | None = None,
+    steering: Steering | None = None,
 ) -> RunRecord:
     """Submit a run and see it through in a runner of its own (see :class:`LocalRunner`)."""
     async with LocalRunner(
         store, settings, observer=observer, loading=loading, lease_seconds=lease_seconds, bus=bus
     ) as runner:
         return await runner.run(
-            agent, user_input, namespace=namespace, session=session, output_schema=output_schema
+            agent,
+            user_input,
+            namespace=namespace,
+            session=session,
+            output_schema=output_schema,
+            steering=steering,
         )
 
 

@@ -92,13 +92,15 @@ async def run_worker(
 
 async def _stop_on_signal(stop: anyio.Event) -> None:
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as received:
-        async for _ in received:
+        async for signum in received:
+            log.info("%s received: no new runs; stopping", signal.Signals(signum).name)
             stop.set()
             return
 
 
-def exit_past_leftover_threads(warning: str | None = None) -> None:
-    """Exit 0 now, without joining threads left behind (logging ``warning`` if any are).
+def exit_past_leftover_threads(warning: str | None = None, *, code: int = 0) -> None:
+    """Exit with ``code`` now, without joining threads left behind (logging ``warning`` if
+    any are); without such threads, return (the caller exits as usual).
 
     After a drain every run is finished or released, but threads may remain: the
     idle threads of the worker pool, or a cancelled synchronous tool whose function
@@ -115,4 +117,4 @@ def exit_past_leftover_threads(warning: str | None = None) -> None:
         logging.shutdown()
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(0)
+        os._exit(code)

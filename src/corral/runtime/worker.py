@@ -59,6 +59,8 @@ CLAIM_COALESCE_SECONDS = 0.01
 TAKE_SECONDS = 1.0
 #: when a delivered run could not be claimed for a passing reason, how soon to try again
 RETRY_DELIVERY_SECONDS = 0.5
+#: how long a stopping worker waits for its interrupted runs to be released
+RELEASE_SECONDS = 10.0
 
 
 def default_owner() -> str:
@@ -116,6 +118,7 @@ class Worker:
         self._reserved = 0  # slots of deliveries whose claim is under way
         self._bus_quiet = True  # whether the last fetch of deliveries came back empty
         self.executed = 0
+        self.released = 0  # runs released unfinished because the worker stopped
         self.swept = 0  # runs claimed by looking in the store
         self.sweeps = 0  # times the store was looked at (dispatched mode)
         self.dispatched = 0  # runs claimed from a bus delivery
@@ -257,13 +260,29 @@ class Worker:
 
     async def _execute(self, record: RunRecord, lease: Lease) -> Outcome | None:
         """Execute a claimed run; its outcome, or ``None`` when the worker failed it."""
+        started = self.clock.monotonic()
+        log.debug(
+            "run %s (agent %s): attempt %d/%d",
+            record.id,
+            record.agent,
+            record.attempts,
+            record.max_attempts,
+        )
         try:
             outcome = await self.executor.execute(record, lease, self._shutdown)
-            log.info("run %s: %s", record.id, outcome)
+            log.info("%s", self._ended(record, outcome, self.clock.monotonic() - started))
+            if outcome == "released" and self._shutdown.is_set():
+                self.released += 1
             return outcome
         except TRANSIENT as exc:
             # The lease is left to expire: another worker (or this one) resumes the run.
-            log.warning("run %s stopped: %s (its lease will expire)", record.id, exc.message)
+            log.warning(
+                "run %s (agent %s): stopped after %s: %s (its lease will expire)",
+                record.id,
+                record.agent,
+                _took(self.clock.monotonic() - started),
+                exc.message,
+            )
             return None
         except Exception:
             log.exception("run %s failed in the worker", record.id)
@@ -274,6 +293,26 @@ class Worker:
             self._wake.set()
             if not self.active:
                 self._idle.set()
+
+    def _ended(self, record: RunRecord, outcome: Outcome, took: float) -> str:
+        """The log line of an executed run: agent, what came of it, and how long it took."""
+        head = f"run {record.id} (agent {record.agent}):"
+        if outcome == "lost":
+            return f"{head} lease lost after {_took(took)} (another worker holds the run)"
+        if outcome == "released":
+            why = (
+                "the worker is stopping; another worker resumes it from its journal"
+                if self._shutdown.is_set()
+                else "the attempt failed; it is retried after a backoff"
+            )
+            return f"{head} released after {_took(took)} ({why})"
+        line = f"{head} {record.state.value} in {_took(took)}, {record.steps} step(s)"
+        if record.state is RunState.WAITING_APPROVAL:
+            waiting = len(record.pending_approvals)
+            line += f", {waiting} call(s) wait for approval"
+        elif record.error and record.state is not RunState.SUCCEEDED:
+            line += f": {record.error.get('code', 'error')}: {record.error.get('message', '')}"
+        return line
 
     # ----------------------------------------------------------------- dispatched runs
 
@@ -404,13 +443,36 @@ class Worker:
         # Real time, whatever the clock: a stopping worker ends within its grace.
         self._idle = anyio.Event()
         if self.active:
+            log.info(
+                "worker %s stopping: draining %d runs (up to %g s)",
+                self.owner,
+                len(self.active),
+                self.grace_seconds,
+            )
             with anyio.move_on_after(self.grace_seconds):
                 await self._idle.wait()
         if self.active:
             log.warning("releasing %d unfinished runs", len(self.active))
             self._shutdown.set()
-            with anyio.move_on_after(10):
+            with anyio.move_on_after(RELEASE_SECONDS):
                 await self._idle.wait()
+            if self.active:
+                log.warning(
+                    "%d runs did not stop within %g s: their leases expire and another "
+                    "worker resumes them",
+                    len(self.active),
+                    RELEASE_SECONDS,
+                )
+        log.info(
+            "worker %s stopped: %d runs executed, %d released to other workers",
+            self.owner,
+            self.executed,
+            self.released,
+        )
+
+
+def _took(seconds: float) -> str:
+    return f"{seconds:.2f} s" if seconds < 10 else f"{seconds:.0f} s"
 
 
 async def _later(delivery: Delivery, delay: float) -> None:

@@ -192,9 +192,11 @@ def needs_approval(agent_policy: ApprovalPolicy, tool: ToolPolicy) -> bool:
 
 @dataclass
 class Attempts:
-    """How many times one call's tool ran, retries included (0: it never started)."""
+    """How many times one call's tool ran, retries included (0: it never started), and
+    each retry: the attempt that came next, of how many, after how long, and why."""
 
     count: int = 0
+    retries: list[dict[str, Any]] = field(default_factory=list[dict[str, Any]])
 
 
 @dataclass(frozen=True)
@@ -207,6 +209,8 @@ class ToolOutcome:
     error: ToolErrorInfo | None = None
     attempts: int = 0
     duration_ms: float = 0.0
+    #: the retries before the outcome (see :class:`Attempts`), journaled with the result
+    retries: tuple[dict[str, Any], ...] = ()
 
     @property
     def needs_approval(self) -> bool:
@@ -306,11 +310,19 @@ class GovernedTool:
                     self.breaker.release()
                 if not exc.retryable or attempt >= retry.max_attempts or not self.breaker.allow():
                     raise
-                await anyio.sleep(
-                    jittered_backoff(
-                        attempt, retry.initial_backoff_seconds, retry.max_backoff_seconds
-                    )
+                delay = jittered_backoff(
+                    attempt, retry.initial_backoff_seconds, retry.max_backoff_seconds
                 )
+                attempts.retries.append(
+                    {
+                        "retry": attempt + 1,
+                        "max_attempts": retry.max_attempts,
+                        "retry_in": round(delay, 3),
+                        "code": str(exc.code),
+                        "reason": exc.info.reason,
+                    }
+                )
+                await anyio.sleep(delay)
                 continue
             self.breaker.record(True)
             return result
@@ -421,9 +433,11 @@ class Toolset:
             redact = self.redactor
             reason = redact.text(info.reason)
             error = ToolErrorInfo(info.code, reason, info.retryable, redact.data(info.details))
-            return ToolOutcome(call, ref, "", error, attempts.count, _ms_since(started))
+            retries = tuple(redact.data(r) for r in attempts.retries)
+            return ToolOutcome(call, ref, "", error, attempts.count, _ms_since(started), retries)
         output = _cap(self._redacted_text(result), governed.policy.max_output_bytes)
-        return ToolOutcome(call, ref, output, None, attempts.count, _ms_since(started))
+        retries = tuple(self.redactor.data(r) for r in attempts.retries)
+        return ToolOutcome(call, ref, output, None, attempts.count, _ms_since(started), retries)
 
     def _redacted_text(self, result: Any) -> str:
         """The result as text, redacted: data before it is encoded (a secret with a quote in

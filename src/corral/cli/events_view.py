@@ -1,0 +1,214 @@
+"""A run's events for the terminal: what ``corral run`` streams and ``corral logs`` shows.
+
+Progress (steps, tool calls and results, retries, approvals and their
+decisions, errors, cancellation) goes to the progress console (stderr for
+``corral run``), the streamed answer to the output console, so
+``corral run agent "..." > answer.txt`` keeps just the answer. ``logs`` writes
+both to stdout and ends with the run's final line (:meth:`EventPrinter.finish`).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+
+from corral.api import EventOut, Task
+from corral.cli.render import render_output
+from corral.core.events import EventType
+from corral.core.runs import RunState
+
+_PREVIEW = 300
+
+_STATE_COLOUR = {RunState.SUCCEEDED: "green", RunState.WAITING_APPROVAL: "yellow"}
+
+
+def _short(text: str, limit: int = _PREVIEW) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def timestamp(ts: float | datetime) -> str:
+    """An event's time as RFC 3339 in UTC, to the millisecond (``--timestamps``)."""
+    when = ts if isinstance(ts, datetime) else datetime.fromtimestamp(ts, UTC)
+    return when.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def seconds(value: Any) -> str:
+    """A delay as people read it: ``0.4 s``, ``1.3 s``, ``12 s``."""
+    number = float(value)
+    return f"{number:.1f} s" if number < 10 else f"{number:.0f} s"
+
+
+class EventPrinter:
+    """Prints a run's events as they arrive.
+
+    ``timestamps`` prefixes each progress line (and each line of streamed text)
+    with the event's time; ``header`` shows the run's start (agent and input),
+    which ``corral run`` leaves out (its user just typed them).
+    """
+
+    def __init__(
+        self,
+        out: Console,
+        err: Console,
+        *,
+        show_text: bool = True,
+        timestamps: bool = False,
+        header: bool = False,
+    ) -> None:
+        self.out = out
+        self.err = err
+        self.show_text = show_text
+        self.timestamps = timestamps
+        self.header = header
+        self.streamed_text = False
+        self._line_open = False
+        self._when = ""
+
+    async def __call__(self, event: EventOut) -> None:
+        self.render(event)
+
+    def _say(self, markup: str) -> None:
+        self.err.print(f"[dim]{self._when}[/]{markup}" if self._when else markup, soft_wrap=True)
+
+    def render(self, event: EventOut) -> None:
+        data = event.data
+        self._when = timestamp(event.ts) + " " if self.timestamps else ""
+        if event.type is EventType.TEXT_DELTA:
+            self._text(str(data.get("text", "")))
+            return
+        self._close_line()
+        kind = event.type
+        if kind is EventType.RUN_START and self.header:
+            self._say(
+                f"[bold]▶ {escape(str(data.get('agent')))}[/] "
+                f"[dim]{escape(_short(str(data.get('input', ''))))}[/]"
+            )
+        elif kind is EventType.STEP_START:
+            self._say(f"[dim]── step {data.get('step')} ──[/]")
+        elif kind is EventType.TOOL_CALL:
+            self._say(
+                f"[cyan]→ {escape(str(data.get('tool')))}[/]"
+                f"[dim]({escape(_short(str(data.get('arguments', ''))))})[/]"
+            )
+        elif kind is EventType.TOOL_RESULT:
+            self._tool_result(data)
+        elif kind is EventType.MESSAGE_CREATE:
+            self._retries(str(data.get("endpoint") or "model"), data.get("retries"))
+        elif kind is EventType.APPROVAL_REQUESTED:
+            self._say(
+                f"[yellow]⏸ {escape(str(data.get('tool')))} waits for approval:[/] "
+                f"{escape(str(data.get('reason', '')))}"
+            )
+        elif kind is EventType.APPROVAL_RESOLVED:
+            self._say(approval_resolved_line(data))
+        elif kind is EventType.ERROR:
+            self._error(data)
+        elif kind is EventType.RUN_FINISH and data.get("state") == RunState.CANCELLED.value:
+            self._say("[red]⊘ cancelled[/]")
+
+    def _text(self, text: str) -> None:
+        if not self.show_text:
+            return
+        if self._when and not self._line_open:
+            self.out.print(f"[dim]{self._when}[/]", end="")
+        if self._when and "\n" in text.rstrip("\n"):
+            # every line of the answer carries the time it arrived at
+            head, _, tail = text.rpartition("\n")
+            text = head.replace("\n", f"\n{self._when}") + "\n" + tail
+        self.out.print(escape(text), end="", highlight=False)
+        self.streamed_text = True
+        self._line_open = not text.endswith("\n")
+
+    def _tool_result(self, data: dict[str, Any]) -> None:
+        tool = escape(str(data.get("tool")))
+        self._retries(str(data.get("tool")), data.get("retries"))
+        error = data.get("error")
+        if error:
+            code = escape(str(error.get("code")))
+            reason = escape(_short(str(error.get("reason", ""))))
+            self._say(f"[red]← {tool} failed ({code}): {reason}[/]")
+        else:
+            output = escape(_short(str(data.get("output", ""))))
+            self._say(f"[green]← {tool}[/] [dim]{output}[/]")
+
+    def _retries(self, what: str, retries: Any) -> None:
+        """The retries a tool call or a model turn went through (``retries`` of its event)."""
+        if not isinstance(retries, list):
+            return
+        for retry in retries:
+            if isinstance(retry, dict):
+                self._say(f"[yellow]↻ {escape(what)}: {escape(retry_line(retry))}[/]")
+
+    def _error(self, data: dict[str, Any]) -> None:
+        if "retry" in data:  # the attempt failed; the run is tried again (executor)
+            self._say(f"[yellow]↻ run: {escape(retry_line(data))}[/]")
+        else:
+            self._say(f"[bold red]✗ {escape(str(data.get('message', data)))}[/]")
+
+    def _close_line(self) -> None:
+        if self._line_open:
+            self.out.print()
+            self._line_open = False
+
+    def finish(self, record: Task, *, output: bool = True) -> None:
+        """Print the answer (unless it was streamed already) and the run's final line:
+        its state, steps, tokens, cost and id."""
+        self._close_line()
+        if (
+            output
+            and record.output is not None
+            and not (self.streamed_text and isinstance(record.output, str))
+        ):
+            self.out.print(render_output(record.output), highlight=False, markup=False)
+        usage = record.usage
+        summary = (
+            f"{record.state.value} · {record.steps} step(s) · "
+            f"{usage.input_tokens}+{usage.output_tokens} tokens"
+        )
+        if record.cost_usd:
+            summary += f" · ${record.cost_usd:.6f}"
+        if record.error and record.state is not RunState.SUCCEEDED:
+            summary += f" · {record.error.get('code', 'error')}"
+        colour = _STATE_COLOUR.get(record.state, "red")
+        when = timestamp(record.finished_at) + " " if self.timestamps and record.finished_at else ""
+        self.err.print(
+            f"[dim]{when}[/][{colour}]{escape(summary)}[/] [dim]{record.id}[/]", soft_wrap=True
+        )
+
+
+def retry_line(retry: dict[str, Any]) -> str:
+    """``retry 2/3 in 1.3 s: 503 from http://...``: one retry of a call, a turn or a run
+    (``retry`` is the attempt that comes next; ``max_attempts``, ``retry_in`` and the
+    cause's ``code``/``message`` or ``reason`` when the journal has them)."""
+    text = f"retry {retry.get('retry', '?')}"
+    if retry.get("max_attempts"):
+        text += f"/{retry['max_attempts']}"
+    if retry.get("retry_in") is not None:
+        text += f" in {seconds(retry['retry_in'])}"
+    cause = retry.get("message") or retry.get("reason")
+    code = retry.get("code")
+    if code and cause:
+        return f"{text}: {_short(str(cause))} ({code})"
+    return f"{text}: {_short(str(cause or code or 'failed'))}"
+
+
+def approval_resolved_line(data: dict[str, Any]) -> str:
+    """A human decision (or an expiry) as journaled in ``approval.resolved``: the tool,
+    approved or rejected, by whom, when, and the reason."""
+    tool = escape(str(data.get("tool") or data.get("call_id")))
+    if data.get("expired"):
+        return f"[red]✗ {tool}: the approval request expired[/]"
+    verdict = "[green]✓ " if data.get("approved") else "[red]✗ "
+    verdict += f"{tool} {'approved' if data.get('approved') else 'rejected'}"
+    if data.get("by"):
+        verdict += f" by {escape(str(data['by']))}"
+    if data.get("decided_at"):
+        verdict += f" at {timestamp(float(data['decided_at']))}"
+    verdict += "[/]"
+    if data.get("reason"):
+        verdict += f": {escape(str(data['reason']))}"
+    return verdict
