@@ -34,7 +34,7 @@ def applied(tmp_path: Path, text: str) -> Path:
 
 
 def task(home: Path, run_id: str) -> dict[str, Any]:
-    return dict(json.loads(corral(home, "tasks", "get", run_id, check=0).stdout))
+    return dict(json.loads(corral(home, "tasks", "get", run_id, "-o", "json", check=0).stdout))
 
 
 def only_task(home: Path) -> str:

@@ -461,7 +461,7 @@ async def test_stalled_worker_past_its_lease_cannot_commit_after_another_finishe
     a.signal(signal.SIGCONT)
 
     async def lease_lost() -> bool | None:
-        return f"run {run_id}: lost" in a.output() or None
+        return f"run {run_id} (agent clerk): lease lost" in a.output() or None
 
     await eventually(lease_lost, "worker a to notice it lost the lease")
     after = await cluster.run(run_id)

@@ -73,6 +73,7 @@ MATRIX = [
         {"input": "x", "schema": {"type": "object"}, "timeout_seconds": 5},
     ),
     Row("GET", "/v1/tokens", Role.ADMIN, names_object=False),
+    Row("GET", "/v1/whoami", Role.VIEWER, names_object=False),
     Row("POST", "/v1/tokens", Role.ADMIN, {"role": "viewer"}, names_object=False),
     Row("GET", "/v1/tokens/{token_id}", Role.ADMIN),
     Row("POST", "/v1/tokens/{token_id}/revoke", Role.ADMIN),
@@ -174,6 +175,8 @@ def test_another_namespace_gets_404_and_sees_nothing(server: LiveServer) -> None
             if row.names_object:
                 assert response.status_code == 404, f"{where}: {response.status_code}"
                 assert response.json()["code"] == "not_found"
+            elif row.path == "/v1/whoami":  # the caller's own token, in its own namespace
+                assert response.status_code == 200 and response.json()["namespace"] == "beta"
             elif row.method == "GET":
                 assert response.status_code == 200 and all(
                     NS not in json.dumps(item) for item in response.json()["items"]
