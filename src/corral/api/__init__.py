@@ -17,7 +17,6 @@ from corral.api.agents import Prompt, PromptObject
 from corral.api.approvals import ApprovalOut, ApprovalPage, Decision
 from corral.api.common import (
     ID_PATTERN,
-    MAX_PAGE_ITEMS,
     FromRecord,
     Id,
     JsonObject,
@@ -60,8 +59,6 @@ from corral.api.resources import (
 )
 from corral.api.sessions import SessionMessageOut, SessionMessagePage, SessionOut, SessionPage
 from corral.api.tasks import (
-    MAX_DELAY_SECONDS,
-    MAX_PRIORITY,
     EventOut,
     EventPage,
     PendingApprovalOut,
@@ -72,6 +69,7 @@ from corral.api.tasks import (
     Usage,
 )
 from corral.api.tokens import CreateToken, TokenCreated, TokenOut, TokenPage
+from corral.core.limits import MAX_DELAY_SECONDS, MAX_PAGE_ITEMS, MAX_PRIORITY
 
 __all__ = [
     "ID_PATTERN",

@@ -23,7 +23,6 @@ from corral.core.sessions import (
 from corral.resources.kinds import NAME_PATTERN
 
 #: items per page of a list
-MAX_PAGE_ITEMS = 500
 
 
 def surrogate_path(value: Any, path: str = "") -> str | None:

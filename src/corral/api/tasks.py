@@ -17,11 +17,10 @@ from corral.api.common import (
     Timestamp,
 )
 from corral.core.events import Event, EventType
+from corral.core.limits import MAX_DELAY_SECONDS, MAX_PRIORITY
 from corral.core.runs import RunRecord, RunState
 
 #: the bounds of a task's priority and delay (the API's and the CLI's, one rule)
-MAX_PRIORITY = 1_000_000
-MAX_DELAY_SECONDS = 366 * 86400
 
 
 class Usage(FromRecord):

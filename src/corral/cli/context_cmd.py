@@ -16,7 +16,6 @@ import typer
 
 from corral.cli.common import COMPLETE_ENV, EXIT_BAD_INPUT, EXIT_FAILED, escape, fail
 from corral.cli.contexts import Config, ConfigError, Context, load_config, warn
-from corral.resources.kinds import NAME_PATTERN
 
 context_app = typer.Typer(
     help="Named contexts: a server, its token and a default namespace.",
@@ -181,6 +180,8 @@ def context_set(
     _check_name(name)
     if token and token_file:
         fail("give --token or --token-file, not both", EXIT_BAD_INPUT)
+    from corral.resources.kinds import NAME_PATTERN  # (pydantic: not on --help's path)
+
     if namespace and not re.match(NAME_PATTERN, namespace):
         fail(
             escape(f"namespace {namespace!r}: lower case, digits, '.', '_', '-' (1-63 characters)"),

@@ -6,7 +6,6 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from corral.api import MAX_DELAY_SECONDS, MAX_PAGE_ITEMS, MAX_PRIORITY
 from corral.cli.common import (
     EXIT_BAD_INPUT,
     NAMESPACE,
@@ -16,6 +15,7 @@ from corral.cli.common import (
     session_id_option,
 )
 from corral.cli.output import CHANGE_FORMATS, output_option
+from corral.core.limits import MAX_DELAY_SECONDS, MAX_PAGE_ITEMS, MAX_PRIORITY
 
 if TYPE_CHECKING:
     from corral.api import ApprovalOut, EventOut, Task, TaskDetail

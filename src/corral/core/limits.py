@@ -111,3 +111,14 @@ def json_too_deep_at(text: str, max_depth: int) -> int | None:
         elif char in "]}":
             depth -= 1
     return None
+
+
+# Limits of the wire contract that the CLI's options check too: here, below corral.api, so
+# that reading them does not import the API's pydantic models (corral --help stays fast).
+
+#: most items one page of a list may hold
+MAX_PAGE_ITEMS = 500
+#: a task's priority lies in [-MAX_PRIORITY, MAX_PRIORITY]
+MAX_PRIORITY = 1_000_000
+#: the longest a submitted task may wait before it may start (a year and a day)
+MAX_DELAY_SECONDS = 366 * 86400
