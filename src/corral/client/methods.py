@@ -135,7 +135,7 @@ class iterates(_Method[P, Source[T]]):
         return self._as_method(iterate)
 
 
-class Methods(Generic[Transport]):
+class Methods(ABC, Generic[Transport]):
     """The API's endpoints as the methods of both clients (see the module docstring).
 
     ``base_url`` and ``token`` default to ``CORRAL_URL`` and ``CORRAL_TOKEN``.
@@ -159,9 +159,9 @@ class Methods(Generic[Transport]):
         )
         self._connect(options, transport)
 
+    @abstractmethod
     def _connect(self, options: wire.HttpOptions, transport: Transport | None) -> None:
         """Open the client's httpx client."""
-        raise NotImplementedError
 
     # operations
     health = sends(calls.health)
