@@ -13,6 +13,8 @@ from typing import Annotated, Any, Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from corral.core.addresses import url_problem
+from corral.resources.isolation import IsolationSpec
+from corral.resources.spec import Spec
 
 API_VERSION = "corral/v1"
 NAME_PATTERN = r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$"
@@ -29,14 +31,6 @@ Seconds = Annotated[float, Field(gt=0)]
 MAX_INPUT_BYTES = 64 * 1024
 
 
-class Spec(BaseModel):
-    """Base of every spec: strict about unknown fields."""
-
-    # One JSON Schema per spec, the one input must match: the API publishes the same
-    # schema for what it takes (apply) and what it answers (get, list).
-    model_config = ConfigDict(
-        extra="forbid", populate_by_name=True, json_schema_mode_override="validation"
-    )
 
 
 class SecretRef(Spec):
@@ -174,6 +168,10 @@ class ExecToolSpec(Spec):
     )
     env: dict[str, str | EnvValue] = Field(default_factory=dict)
     cwd: str | None = Field(default=None, description="relative to the agent workspace")
+    isolation: IsolationSpec = Field(
+        default_factory=IsolationSpec,
+        description="the sandbox the program runs in (default: bubblewrap where it works)",
+    )
 
 
 class HttpAuth(Spec):
