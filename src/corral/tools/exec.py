@@ -120,18 +120,19 @@ async def locked_environment(
     return env
 
 
-def resolve_program(program: str, *, owner: str) -> str:
-    """The absolute path of ``program``, looked up on the *host* PATH.
+def resolve_program(program: str, *, owner: str, prefer_path: str | None = None) -> str:
+    """The absolute path of ``program``, looked up on ``prefer_path`` then the *host* PATH.
 
     The admin installed the program for the host, so it is found the way the
-    host would find it; the program then runs with the locked environment.
+    host would find it; the program then runs with the locked environment. A
+    sandboxed tool prefers :data:`SAFE_PATH`, what the sandbox itself shows.
     """
     if os.sep in program:
         path = os.path.abspath(program)
         if not (os.path.isfile(path) and os.access(path, os.X_OK)):
             raise ConfigurationError(f"{owner}: {path!r} is not an executable file")
         return path
-    found = shutil.which(program)
+    found = (prefer_path and shutil.which(program, path=prefer_path)) or shutil.which(program)
     if found is None:
         raise ConfigurationError(f"{owner}: program {program!r} was not found on the PATH")
     return found
@@ -357,9 +358,12 @@ def create(
         parts = PurePosixPath(os.path.normpath(cwd)).parts
         if PurePosixPath(cwd).is_absolute() or (parts and parts[0] == ".."):
             raise ConfigurationError(f"{owner}: cwd {cwd!r} must stay inside the agent workspace")
-    program = resolve_program(spec.exec.command[0], owner=owner)
-    env = declared_environment(spec.exec.env, secrets, owner=owner)
     host = sandbox_host if sandbox_host is not None else SandboxHost.from_env()
+    sandboxed = spec.exec.isolation.mode != "none" and host.probe().works
+    program = resolve_program(
+        spec.exec.command[0], owner=owner, prefer_path=SAFE_PATH if sandboxed else None
+    )
+    env = declared_environment(spec.exec.env, secrets, owner=owner)
     argv = [program, *spec.exec.command[1:]]
     isolation = resolve_isolation(spec.exec.isolation, argv, host, owner=owner)
     return ExecTool(name, spec, program, env, isolation)

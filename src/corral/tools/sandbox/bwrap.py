@@ -12,7 +12,8 @@ What the sandbox holds:
   ``/etc`` only the files name resolution, certificates, users and the dynamic linker
   read (:data:`ETC_ENTRIES`);
 - the agent workspace at ``/workspace`` (read-write, read-only, or absent), a tmpfs
-  ``/tmp``, and the extra binds the tool declared and the operator allowed.
+  ``/tmp``, and the extra binds the tool declared and the operator allowed; every
+  other path is read-only.
 
 Nothing else of the host is there: not ``CORRAL_HOME`` (keys, tokens, the database,
 other agents' workspaces), not ``/root`` or ``/home``, not other processes. The
@@ -90,5 +91,6 @@ def bwrap_argv(bwrap: str, layout: SandboxLayout, command: Sequence[str]) -> lis
     if layout.workspace is not None:
         bind = "--bind" if layout.workspace_writable else "--ro-bind"
         argv += [bind, str(layout.workspace), WORKSPACE]
-    argv += ["--chdir", layout.cwd, "--", *command]
+    # the sandbox's root is a tmpfs of its own: read-only, so only /tmp and binds take writes
+    argv += ["--remount-ro", "/", "--chdir", layout.cwd, "--", *command]
     return argv

@@ -12,10 +12,13 @@ All three apply the same limits (:mod:`.limits`). A tool kind asks its isolation
 the :class:`View` (where the workspace, ``HOME`` and ``TMPDIR`` are as the program
 sees them), builds the environment, and asks for a :class:`Launch` per call.
 
-Files a sandboxed program needs are shown to it read-only when they lie in an
-operator-allowed directory (``CORRAL_SANDBOX_ALLOWED_PATHS``): the program itself
-(symlinks resolved) and every absolute path in its command that names a file. Their
-whole allowed directory is shown, so an interpreter finds its library beside it.
+The files a Tool's command names are shown to the sandbox read-only, each file
+alone: the program (symlinks resolved) and every absolute argument that names a
+file; never one in ``CORRAL_HOME``, ``/proc``, ``/sys`` or ``/dev``. A program outside
+the system directories that lies in an operator-allowed directory
+(``CORRAL_SANDBOX_ALLOWED_PATHS``) brings that whole directory, so an interpreter
+finds its library beside it. A bare program name is looked up on the sandbox's own
+``PATH`` first (the system's ``python3``, not a shim of the server user's).
 """
 
 from __future__ import annotations
@@ -196,21 +199,18 @@ def _binds(spec: IsolationSpec, argv: Sequence[str], host: SandboxHost, owner: s
                 raise ConfigurationError(f"{owner}: isolation: {problem}")
             into.append(Path(path).resolve())
     files = [argv[0]] + [a for a in argv[1:] if os.path.isabs(a) and os.path.isfile(a)]
-    for name in files:
+    for index, name in enumerate(files):
         real = Path(name).resolve()
         shown = [*map(Path, SYSTEM_DIRS), *binds.read_only, *binds.writable]
         if any(_within(real, root) for root in shown):
             continue
+        # An interpreter needs its library beside it: the program brings its allowed root.
         root = next((r for r in host.allowed_paths if _within(real, r)), None)
-        problem = None if root is None else bind_problem(str(root), host.corral_home, [root])
-        if root is None or problem is not None:
-            raise ConfigurationError(
-                f"{owner}: {name!r} would not be visible in the sandbox: a sandbox shows the "
-                "system directories and what lies under CORRAL_SANDBOX_ALLOWED_PATHS"
-                + (f" ({problem})" if problem else "")
-                + "; or set isolation.mode: none"
-            )
-        binds.read_only.append(root)
+        bind = root if index == 0 and root is not None else real
+        problem = bind_problem(str(bind), host.corral_home, [bind])
+        if problem is not None:
+            raise ConfigurationError(f"{owner}: the sandbox cannot show {name!r}: {problem}")
+        binds.read_only.append(bind)
     return binds
 
 
