@@ -92,6 +92,8 @@ spec:
   exec:
     command: ["{sys.executable}", "{TESTS / "durable_tools.py"}"]
     env: {{{ENV_DIR}: "{durable_dir}"}}
+    # its side effects land in the test's directory on the host, outside any sandbox
+    isolation: {{mode: none}}
   parameters:
     type: object
     properties: {{label: {{type: string}}, seconds: {{type: number}}}}

@@ -102,7 +102,11 @@ async def test_corral_home_and_host_files_are_not_there(machine: Machine) -> Non
     )
     assert listed[str(home)] == "ENOENT"
     # the server user's home is absent, or only the way to an allowed bind (pyenv's python)
-    toward = PYTHON_PREFIX.relative_to(Path.home()).parts[:1] if Path.home() in PYTHON_PREFIX.parents else ()
+    toward = (
+        PYTHON_PREFIX.relative_to(Path.home()).parts[:1]
+        if Path.home() in PYTHON_PREFIX.parents
+        else ()
+    )
     assert listed[str(Path.home())] in ("ENOENT", list(toward))
     assert listed["/workspace"] == ["home", "tmp"]  # its own workspace, nothing else
 
@@ -150,9 +154,7 @@ async def test_writes_land_only_in_the_workspace_and_tmp(machine: Machine) -> No
 
 async def test_a_read_only_workspace_refuses_writes(machine: Machine) -> None:
     (machine.workspace / "data.txt").write_text("given")
-    result = await machine.call(
-        {"mode": "read", "paths": ["/workspace/data.txt"]}, workspace="ro"
-    )
+    result = await machine.call({"mode": "read", "paths": ["/workspace/data.txt"]}, workspace="ro")
     assert result == {"/workspace/data.txt": "read:given"}
     written = await machine.call({"mode": "write", "paths": ["/workspace/x"]}, workspace="ro")
     assert written == {"/workspace/x": "EROFS"}
@@ -245,7 +247,9 @@ async def test_sandbox_mode_without_bwrap_fails_closed(tmp_path: Path) -> None:
     assert caught.value.code == "isolation_unavailable"
     assert "bwrap was not found" in caught.value.info.reason
     # auto falls back to running unsandboxed, and says so
-    auto = spec.model_copy(update={"exec": spec.exec.model_copy(update={"isolation": IsolationSpec()})})  # type: ignore[union-attr]
+    auto = spec.model_copy(
+        update={"exec": spec.exec.model_copy(update={"isolation": IsolationSpec()})}
+    )  # type: ignore[union-attr]
     unsandboxed = exec_tool.create("hostile", auto, {}, sandbox_host=host)
     assert isinstance(unsandboxed, exec_tool.ExecTool) and unsandboxed.isolation.mode == "none"
     assert await unsandboxed.call({"mode": "read", "paths": []}, context) == {}

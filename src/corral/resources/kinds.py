@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from corral.core.addresses import url_problem
 from corral.resources.isolation import IsolationSpec
-from corral.resources.spec import Spec
+from corral.resources.spec import Spec as Spec  # re-exported: every kind is a Spec
 
 API_VERSION = "corral/v1"
 NAME_PATTERN = r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$"
@@ -29,8 +29,6 @@ Name = Annotated[str, Field(pattern=NAME_PATTERN, description="lower case, digit
 Seconds = Annotated[float, Field(gt=0)]
 #: the default cap on one tool call's arguments (JSON text, in bytes)
 MAX_INPUT_BYTES = 64 * 1024
-
-
 
 
 class SecretRef(Spec):

@@ -284,6 +284,11 @@ class ExecTool(Tool):
         self._env = env
         self._wall_seconds = spec.exec.isolation.limits.wall_seconds
 
+    @property
+    def command(self) -> list[str]:
+        """The command a call runs, its program resolved on the host."""
+        return list(self._argv)
+
     async def call(self, arguments: dict[str, Any], ctx: ToolContext) -> Any:
         workspace = ctx.workspace.resolve()
         cwd = workspace / self._cwd if self._cwd else workspace

@@ -23,6 +23,9 @@ __all__ = ["BwrapProbe", "SandboxHost", "find_pids_cgroup"]
 
 #: how long the probe's trial sandbox may take
 _PROBE_SECONDS = 10.0
+#: the trial sandbox: the namespaces a tool's sandbox takes, around a program that does nothing
+_TRIAL = ("--unshare-all", "--die-with-parent", "--ro-bind", "/", "/", "--proc", "/proc",
+          "--dev", "/dev", "--", "/bin/true")  # fmt: skip
 _probes: dict[str, BwrapProbe] = {}
 _probe_lock = threading.Lock()
 
@@ -50,10 +53,8 @@ def _probe(bwrap: str) -> BwrapProbe:
             [bwrap, "--version"], capture_output=True, text=True, timeout=_PROBE_SECONDS
         )
         version = done.stdout.strip().removeprefix("bubblewrap").strip() or None
-        # The same namespaces a tool's sandbox takes, around a program that does nothing.
         trial = subprocess.run(
-            [bwrap, "--unshare-all", "--die-with-parent", "--ro-bind", "/", "/", "--proc",
-             "/proc", "--dev", "/dev", "--", "/bin/true"],  # fmt: skip
+            [bwrap, *_TRIAL],
             capture_output=True,
             text=True,
             timeout=_PROBE_SECONDS,

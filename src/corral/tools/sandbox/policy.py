@@ -192,7 +192,10 @@ def _within(path: Path, root: Path) -> bool:
 def _binds(spec: IsolationSpec, argv: Sequence[str], host: SandboxHost, owner: str) -> _Binds:
     """The extra binds of a sandbox: the declared ones, checked, and the command's files."""
     binds = _Binds()
-    for paths, into in ((spec.read_only_paths, binds.read_only), (spec.writable_paths, binds.writable)):
+    for paths, into in (
+        (spec.read_only_paths, binds.read_only),
+        (spec.writable_paths, binds.writable),
+    ):
         for path in paths:
             problem = bind_problem(path, host.corral_home, host.allowed_paths)
             if problem is not None:
