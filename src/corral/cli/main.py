@@ -90,6 +90,7 @@ def _register_commands() -> None:
     from corral.cli import (
         approvals_cmd,
         context_cmd,
+        doctor_cmd,
         resources_cmd,
         run_cmd,
         serve_cmd,
@@ -108,6 +109,7 @@ def _register_commands() -> None:
     serve_cmd.register(app)
     token_cmd.register(app)
     context_cmd.register(app)
+    doctor_cmd.register(app)
 
 
 #: how much of an unexpected exception's text the one error line keeps
