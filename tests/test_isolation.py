@@ -24,6 +24,7 @@ from pydantic import ValidationError
 from corral.core.errors import ToolError
 from corral.resources.isolation import IsolationLimits, IsolationSpec
 from corral.resources.kinds import ExecToolSpec, ToolSpecModel
+from corral.resources.loader import load_path
 from corral.tools import exec as exec_tool
 from corral.tools.base import ToolContext
 from corral.tools.governance import GovernedTool, ToolPolicy
@@ -31,6 +32,7 @@ from corral.tools.sandbox.host import SandboxHost
 from sandboxing import PYTHON_PREFIX, require_bwrap, sandbox_host
 
 HOSTILE = Path(__file__).parent / "tool_programs" / "hostile.py"
+EXAMPLES = Path(__file__).parent.parent / "examples"
 
 
 @dataclass
@@ -296,6 +298,31 @@ def test_stored_binds_are_checked_again_when_the_tool_is_built(tmp_path: Path) -
     require_bwrap(host)
     with pytest.raises(Exception, match="CORRAL_HOME"):
         exec_tool.create("hostile", spec, {}, sandbox_host=host)
+
+
+async def test_the_demos_exec_tool_runs_sandboxed_by_default(machine: Machine) -> None:
+    [word_count] = [
+        r for r in load_path(EXAMPLES / "assistant.yaml") if r.resource.name == "word-count"
+    ]
+    spec = word_count.resource.spec
+    assert isinstance(spec, ToolSpecModel) and spec.exec is not None
+    assert spec.exec.isolation.mode == "auto"
+    tool = exec_tool.create("word-count", spec, {}, sandbox_host=machine.host)
+    assert isinstance(tool, exec_tool.ExecTool) and tool.isolation.mode == "sandbox"
+    answer = await tool.call({"text": "hello big world"}, machine.context())
+    assert answer == {"words": 3, "characters": 15}
+
+
+def test_ci_fails_instead_of_skipping_without_bwrap(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    missing = sandbox_host(tmp_path, search_path=str(tmp_path))
+    monkeypatch.setenv("CI", "1")
+    with pytest.raises(pytest.fail.Exception, match="bwrap was not found"):
+        require_bwrap(missing)
+    monkeypatch.delenv("CI")
+    with pytest.raises(pytest.skip.Exception):
+        require_bwrap(missing)
 
 
 def test_limits_are_validated() -> None:

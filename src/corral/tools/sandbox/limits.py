@@ -17,7 +17,8 @@ bubblewrap's own set-up. Which limit binds how:
   so in a sandbox it counts the sandbox's own processes. It does not bind uid 0, so
   when the server runs as root a ``pids`` cgroup (:class:`PidsCgroup`) enforces it
   where one can be made; its ``max`` event counter says for sure that the limit was
-  hit. Under ``RLIMIT_NPROC`` alone a hit is recognised by stderr (``Resource
+  hit. Unsandboxed (no user namespace of its own) ``RLIMIT_NPROC`` would count every
+  process of the server's user, so there only the cgroup (root) enforces it. Under ``RLIMIT_NPROC`` alone a hit is recognised by stderr (``Resource
   temporarily unavailable``, ``fork``), like memory.
 
 ``wall_seconds`` is a clock kept by the tool kind, not a limit of the kernel.
@@ -49,8 +50,12 @@ def has_rlimits(limits: IsolationLimits) -> bool:
     )
 
 
-def prlimit_argv(limits: IsolationLimits) -> list[str]:
-    """``prlimit ... --`` setting ``limits``, to put before a program (empty: no rlimit)."""
+def prlimit_argv(limits: IsolationLimits, *, nproc: bool = True) -> list[str]:
+    """``prlimit ... --`` setting ``limits``, to put before a program (empty: no rlimit).
+
+    ``nproc=False`` leaves ``RLIMIT_NPROC`` out: outside a user namespace of its own it
+    would count every process of the server's user, not the tool's.
+    """
     if not has_rlimits(limits):
         return []
     argv = [PRLIMIT]
@@ -60,12 +65,12 @@ def prlimit_argv(limits: IsolationLimits) -> list[str]:
     if limits.cpu_seconds is not None:
         # the soft limit sends SIGXCPU, the hard one a second later SIGKILL
         argv.append(f"--cpu={limits.cpu_seconds}:{limits.cpu_seconds + 1}")
-    if limits.max_processes is not None:
+    if limits.max_processes is not None and nproc:
         argv.append(f"--nproc={limits.max_processes}:{limits.max_processes}")
     if limits.max_file_mb is not None:
         size = limits.max_file_mb * _MIB
         argv.append(f"--fsize={size}:{size}")
-    return [*argv, "--"]
+    return [*argv, "--"] if len(argv) > 1 else []
 
 
 def _signal_of(returncode: int) -> int | None:

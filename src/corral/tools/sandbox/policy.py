@@ -115,7 +115,8 @@ class Unsandboxed(Isolation):
         return View(str(workspace), str(workspace / "home"), str(workspace / "tmp"))
 
     def launch(self, argv: Sequence[str], workspace: Path, cwd: str) -> Launch:
-        return self._launch([*prlimit_argv(self.limits), *argv], workspace / cwd, sandboxed=False)
+        command = [*prlimit_argv(self.limits, nproc=False), *argv]
+        return self._launch(command, workspace / cwd, sandboxed=False)
 
 
 class Unavailable(Isolation):
