@@ -17,6 +17,9 @@ from corral.tools.sandbox.host import SandboxHost
 
 #: the interpreter's installation: what a sandboxed ``sys.executable`` needs to see
 PYTHON_PREFIX = Path(sys.base_prefix).resolve()
+#: what the operator of the tests allows sandboxes to show: the interpreter and the
+#: virtualenv (the test MCP servers import the ``mcp`` SDK from it)
+ALLOWED_PATHS = tuple(dict.fromkeys([PYTHON_PREFIX, Path(sys.prefix).resolve()]))
 
 
 def require_bwrap(host: SandboxHost) -> None:
@@ -31,7 +34,7 @@ def require_bwrap(host: SandboxHost) -> None:
 
 
 def sandbox_host(corral_home: Path, *, search_path: str | None = None) -> SandboxHost:
-    """A host whose operator allowed the test interpreter's installation."""
+    """A host whose operator allowed the test interpreter and its virtualenv."""
     return SandboxHost(
-        corral_home=corral_home.resolve(), allowed_paths=(PYTHON_PREFIX,), search_path=search_path
+        corral_home=corral_home.resolve(), allowed_paths=ALLOWED_PATHS, search_path=search_path
     )

@@ -23,12 +23,13 @@ from pydantic import ValidationError
 
 from corral.core.errors import ToolError
 from corral.resources.isolation import IsolationLimits, IsolationSpec
-from corral.resources.kinds import ExecToolSpec, ToolSpecModel
+from corral.resources.kinds import ExecToolSpec, McpServerSpec, ToolSpecModel
 from corral.resources.loader import load_path
 from corral.tools import exec as exec_tool
 from corral.tools.base import ToolContext
 from corral.tools.governance import GovernedTool, ToolPolicy
 from corral.tools.sandbox.host import SandboxHost
+from mcp_clients import CALC, connected
 from sandboxing import PYTHON_PREFIX, require_bwrap, sandbox_host
 
 HOSTILE = Path(__file__).parent / "tool_programs" / "hostile.py"
@@ -323,6 +324,42 @@ def test_ci_fails_instead_of_skipping_without_bwrap(
     monkeypatch.delenv("CI")
     with pytest.raises(pytest.skip.Exception):
         require_bwrap(missing)
+
+
+async def test_a_stdio_mcp_server_runs_sandboxed(machine: Machine) -> None:
+    spec = McpServerSpec(
+        transport="stdio", command=[sys.executable, CALC], isolation=IsolationSpec(mode="sandbox")
+    )
+    async with connected("calc", spec, {}, machine.workspace, machine.host) as tools:
+        ctx = machine.context()
+        assert await tools["mcp:calc/add"].call({"a": 2, "b": 40}, ctx) == {"result": 42}
+        env = dict(
+            line.split("=", 1)
+            for line in (await tools["mcp:calc/environment"].call({}, ctx)).splitlines()
+        )
+        assert (env["HOME"], env["PWD"]) == ("/workspace/home", "/workspace")
+        # a PID namespace of its own: bubblewrap's init is 1, the server right after it
+        assert int(await tools["mcp:calc/pid"].call({}, ctx)) < 10
+
+
+async def test_a_stdio_mcp_server_that_must_be_sandboxed_fails_closed_without_bwrap(
+    tmp_path: Path,
+) -> None:
+    host = sandbox_host(tmp_path, search_path=str(tmp_path))
+    spec = McpServerSpec(
+        transport="stdio", command=[sys.executable, CALC], isolation=IsolationSpec(mode="sandbox")
+    )
+    with pytest.raises(ToolError) as caught:
+        async with connected("calc", spec, {}, tmp_path, host):
+            pass
+    assert caught.value.code == "isolation_unavailable"
+
+
+def test_isolation_is_only_for_stdio_mcp_servers() -> None:
+    with pytest.raises(ValidationError, match="'isolation' is for transport 'stdio'"):
+        McpServerSpec(
+            transport="streamable-http", url="https://mcp.example.com/", isolation=IsolationSpec()
+        )
 
 
 def test_limits_are_validated() -> None:

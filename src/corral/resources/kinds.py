@@ -260,6 +260,10 @@ class McpServerSpec(Spec):
     transport: Literal["stdio", "streamable-http"]
     command: list[str] = Field(default_factory=list)
     env: dict[str, str | EnvValue] = Field(default_factory=dict)
+    isolation: IsolationSpec = Field(
+        default_factory=IsolationSpec,
+        description="the sandbox a stdio server runs in (default: bubblewrap where it works)",
+    )
     url: str | None = None
     headers: dict[str, str] = Field(default_factory=dict)
     auth: HttpAuth | None = None
@@ -281,6 +285,8 @@ class McpServerSpec(Spec):
             raise ValueError("transport 'stdio' needs 'command'")
         if self.transport == "streamable-http" and not self.url:
             raise ValueError("transport 'streamable-http' needs 'url'")
+        if self.transport != "stdio" and "isolation" in self.model_fields_set:
+            raise ValueError("'isolation' is for transport 'stdio' (a server this one starts)")
         return self
 
 

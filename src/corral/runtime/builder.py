@@ -220,7 +220,9 @@ class AgentBuilder:
         secrets = await self._secrets_of(spec.env, spec.auth)
         workspace = self.settings.workspaces / self.namespace / "mcp" / server
         workspace.mkdir(parents=True, exist_ok=True)
-        return spec, await open_server_tools(server, spec, secrets, stack, workspace=workspace)
+        return spec, await open_server_tools(
+            server, spec, secrets, stack, workspace=workspace, sandbox_host=self.sandbox_host
+        )
 
     async def _permissions(self, agent: AgentSpec) -> Permissions:
         if not agent.roles:

@@ -16,8 +16,9 @@ The files a Tool's command names are shown to the sandbox read-only, each file
 alone: the program (symlinks resolved) and every absolute argument that names a
 file; never one in ``CORRAL_HOME``, ``/proc``, ``/sys`` or ``/dev``. A program outside
 the system directories that lies in an operator-allowed directory
-(``CORRAL_SANDBOX_ALLOWED_PATHS``) brings that whole directory, so an interpreter
-finds its library beside it. A bare program name is looked up on the sandbox's own
+(``CORRAL_SANDBOX_ALLOWED_PATHS``), as named or as its symlinks resolve, brings that
+whole directory, so an interpreter finds its library beside it (a virtualenv's
+``python`` needs the virtualenv and the interpreter it links to). A bare program name is looked up on the sandbox's own
 ``PATH`` first (the system's ``python3``, not a shim of the server user's).
 """
 
@@ -163,7 +164,7 @@ class Sandboxed(Isolation):
         return View(WORKSPACE if self.spec.workspace == "ro" else "/tmp", "/tmp/home", "/tmp")
 
     def launch(self, argv: Sequence[str], workspace: Path, cwd: str) -> Launch:
-        program = [str(Path(argv[0]).resolve()), *argv[1:]]
+        program = [os.path.abspath(argv[0]), *argv[1:]]
         if self.spec.workspace == "none":
             inside = "/tmp"
         else:
@@ -202,18 +203,20 @@ def _binds(spec: IsolationSpec, argv: Sequence[str], host: SandboxHost, owner: s
             if problem is not None:
                 raise ConfigurationError(f"{owner}: isolation: {problem}")
             into.append(Path(path).resolve())
-    files = [argv[0]] + [a for a in argv[1:] if os.path.isabs(a) and os.path.isfile(a)]
-    for index, name in enumerate(files):
-        real = Path(name).resolve()
+    # The program as named and as its symlinks resolve (a venv's python and the
+    # interpreter it links to), then every absolute argument that names a file.
+    program = [Path(os.path.abspath(argv[0])), Path(argv[0]).resolve()]
+    files = [*program, *(Path(a) for a in argv[1:] if os.path.isabs(a) and os.path.isfile(a))]
+    for index, file in enumerate(files):
         shown = [*map(Path, SYSTEM_DIRS), *binds.read_only, *binds.writable]
-        if any(_within(real, root) for root in shown):
+        if any(_within(file, root) for root in shown):
             continue
         # An interpreter needs its library beside it: the program brings its allowed root.
-        root = next((r for r in host.allowed_paths if _within(real, r)), None)
-        bind = root if index == 0 and root is not None else real
-        problem = bind_problem(str(bind), host.corral_home, [bind])
+        root = next((r for r in host.allowed_paths if _within(file, r)), None)
+        bind = root if index < len(program) and root is not None else file
+        problem = bind_problem(str(bind), host.corral_home, [bind.resolve()])
         if problem is not None:
-            raise ConfigurationError(f"{owner}: the sandbox cannot show {name!r}: {problem}")
+            raise ConfigurationError(f"{owner}: the sandbox cannot show {str(file)!r}: {problem}")
         binds.read_only.append(bind)
     return binds
 
