@@ -21,10 +21,10 @@ import anyio
 import pytest
 from pydantic import ValidationError
 
-from corral.core.errors import ToolError
+from corral.core.errors import ResourceError, ToolError
 from corral.resources.isolation import IsolationLimits, IsolationSpec
 from corral.resources.kinds import ExecToolSpec, McpServerSpec, ToolSpecModel
-from corral.resources.loader import load_path
+from corral.resources.loader import load_path, load_text
 from corral.tools import exec as exec_tool
 from corral.tools.base import ToolContext
 from corral.tools.governance import GovernedTool, ToolPolicy
@@ -283,6 +283,24 @@ def test_binds_of_corral_home_proc_or_unallowed_paths_are_refused_at_apply(
             IsolationSpec.model_validate({field: [bind]})
     allowed = tmp_path / "data"
     assert IsolationSpec.model_validate({"read_only_paths": [str(allowed)]}).read_only_paths
+
+
+def test_an_applied_tool_binding_proc_is_refused_naming_the_field(tmp_path: Path) -> None:
+    document = f"""
+apiVersion: corral/v1
+kind: Tool
+metadata: {{name: peek}}
+spec:
+  type: exec
+  parameters: {{type: object}}
+  exec:
+    command: ["{sys.executable}", "{HOSTILE}"]
+    isolation: {{read_only_paths: [/proc/1]}}
+"""
+    with pytest.raises(ResourceError) as caught:
+        load_text(document, base_dir=tmp_path)
+    assert "spec.exec.isolation.read_only_paths" in str(caught.value)
+    assert "never bound into a sandbox" in str(caught.value)
 
 
 def test_stored_binds_are_checked_again_when_the_tool_is_built(tmp_path: Path) -> None:

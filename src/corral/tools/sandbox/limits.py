@@ -19,7 +19,7 @@ bubblewrap's own set-up. Which limit binds how:
   where one can be made; its ``max`` event counter says for sure that the limit was
   hit. Unsandboxed (no user namespace of its own) ``RLIMIT_NPROC`` would count every
   process of the server's user, so there only the cgroup (root) enforces it. Under ``RLIMIT_NPROC`` alone a hit is recognised by stderr (``Resource
-  temporarily unavailable``, ``fork``), like memory.
+  temporarily unavailable``, ``BlockingIOError``, ``fork: retry``), like memory.
 
 ``wall_seconds`` is a clock kept by the tool kind, not a limit of the kernel.
 """
@@ -39,7 +39,7 @@ __all__ = ["PidsCgroup", "limit_hit", "prlimit_argv"]
 PRLIMIT = "/usr/bin/prlimit"
 _MIB = 1024 * 1024
 _MEMORY_SIGNS = ("MemoryError", "Cannot allocate memory", "out of memory", "bad_alloc")
-_FORK_SIGNS = ("Resource temporarily unavailable", "fork", "BlockingIOError")
+_FORK_SIGNS = ("Resource temporarily unavailable", "BlockingIOError", "fork: retry", "Cannot fork")
 
 
 def has_rlimits(limits: IsolationLimits) -> bool:
