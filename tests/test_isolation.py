@@ -385,6 +385,8 @@ def test_limits_are_validated() -> None:
         IsolationLimits.model_validate({"memory_mb": 0})
     with pytest.raises(ValidationError):
         IsolationSpec.model_validate({"mode": "chroot"})
+    with pytest.raises(ValidationError, match="'cwd' is inside the workspace"):
+        ExecToolSpec(command=["true"], cwd="jobs", isolation=IsolationSpec(workspace="none"))
 
 
 class _Hello(http.server.BaseHTTPRequestHandler):

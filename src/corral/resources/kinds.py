@@ -171,6 +171,14 @@ class ExecToolSpec(Spec):
         description="the sandbox the program runs in (default: bubblewrap where it works)",
     )
 
+    @model_validator(mode="after")
+    def _cwd_needs_a_workspace(self) -> ExecToolSpec:
+        if self.cwd is not None and self.isolation.workspace == "none":
+            raise ValueError(
+                "'cwd' is inside the workspace, which isolation.workspace 'none' hides"
+            )
+        return self
+
 
 class HttpAuth(Spec):
     type: Literal["bearer", "api-key", "basic"]

@@ -13,13 +13,14 @@ the :class:`View` (where the workspace, ``HOME`` and ``TMPDIR`` are as the progr
 sees them), builds the environment, and asks for a :class:`Launch` per call.
 
 The files a Tool's command names are shown to the sandbox read-only, each file
-alone: the program (symlinks resolved) and every absolute argument that names a
-file; never one in ``CORRAL_HOME``, ``/proc``, ``/sys`` or ``/dev``. A program outside
-the system directories that lies in an operator-allowed directory
-(``CORRAL_SANDBOX_ALLOWED_PATHS``), as named or as its symlinks resolve, brings that
-whole directory, so an interpreter finds its library beside it (a virtualenv's
-``python`` needs the virtualenv and the interpreter it links to). A bare program name is looked up on the sandbox's own
-``PATH`` first (the system's ``python3``, not a shim of the server user's).
+alone: the program (as named and as its symlinks resolve) and every absolute
+argument that names a file; never one in ``CORRAL_HOME``, ``/proc``, ``/sys`` or
+``/dev``. A program outside the system directories that lies in an operator-allowed
+directory (``CORRAL_SANDBOX_ALLOWED_PATHS``) brings that whole directory, so an
+interpreter finds its library beside it (a virtualenv's ``python`` needs the
+virtualenv and the interpreter it links to). A bare program name is looked up on
+the sandbox's own ``PATH`` first (the system's ``python3``, not a shim of the server
+user's).
 """
 
 from __future__ import annotations
