@@ -376,8 +376,14 @@ async def test_a_stdio_mcp_server_that_must_be_sandboxed_fails_closed_without_bw
 def test_isolation_is_only_for_stdio_mcp_servers() -> None:
     with pytest.raises(ValidationError, match="'isolation' is for transport 'stdio'"):
         McpServerSpec(
-            transport="streamable-http", url="https://mcp.example.com/", isolation=IsolationSpec()
+            transport="streamable-http",
+            url="https://mcp.example.com/",
+            isolation=IsolationSpec(network=True),
         )
+    # a stored document spells the defaults out: it loads again
+    http = McpServerSpec(transport="streamable-http", url="https://mcp.example.com/")
+    stored = http.model_dump(mode="json", exclude_none=True)
+    assert McpServerSpec.model_validate(stored, context={"stored": True}) == http
 
 
 def test_limits_are_validated() -> None:

@@ -293,7 +293,8 @@ class McpServerSpec(Spec):
             raise ValueError("transport 'stdio' needs 'command'")
         if self.transport == "streamable-http" and not self.url:
             raise ValueError("transport 'streamable-http' needs 'url'")
-        if self.transport != "stdio" and "isolation" in self.model_fields_set:
+        # (a stored document holds the defaults: only another isolation is refused)
+        if self.transport != "stdio" and self.isolation != IsolationSpec():
             raise ValueError("'isolation' is for transport 'stdio' (a server this one starts)")
         return self
 
