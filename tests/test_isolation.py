@@ -197,6 +197,14 @@ async def test_a_setsid_daemon_dies_with_the_timed_out_call(machine: Machine) ->
             await anyio.sleep(0.02)
 
 
+async def test_a_setsid_daemon_dies_when_the_program_exits(machine: Machine) -> None:
+    token = f"corral-daemon-{secrets.token_hex(6)}"
+    assert await machine.call({"mode": "daemon", "token": token, "exit": True}) == "started"
+    with anyio.fail_after(5):  # its PID namespace ended with the program
+        while _processes_with(token):
+            await anyio.sleep(0.02)
+
+
 async def test_a_fork_bomb_hits_max_processes(machine: Machine) -> None:
     with pytest.raises(ToolError) as caught:
         await machine.call({"mode": "forks", "count": 60}, limits={"max_processes": 8})

@@ -8,8 +8,8 @@ write     {"paths": [...]}: per path, "written" or the errno's name
 environ   every /proc/*/environ it can read, searched for {"marker": ...}: the pids found
 connect   {"host", "port"}: "connected" or the errno's name
 fetch     {"url"}: the body of an HTTP GET
-daemon    {"token"}: a double-forked setsid() grandchild sleeping with ``token`` in its
-          command line, its pid written to daemon.txt; then sleep
+daemon    {"token", "exit"?}: a double-forked setsid() grandchild sleeping with ``token`` in
+          its command line; then sleep (with "exit": true, answer "started" at once)
 forks     {"count"}: start ``count`` sleeping children; a failed fork is an exit 1
 memory    {"mb"}: allocate that many MiB
 spin      burn CPU forever
@@ -84,16 +84,24 @@ def connect(host: str, port: int) -> str:
         return _errno(exc) if exc.errno else type(exc).__name__
 
 
-def daemon(token: str) -> None:
+def daemon(token: str, leave: bool) -> None:
+    ready_r, ready_w = os.pipe()
     if os.fork() == 0:
         os.setsid()
         if os.fork() == 0:
             devnull = os.open(os.devnull, os.O_RDWR)
             for fd in (0, 1, 2):
                 os.dup2(devnull, fd)
-            os.execv(sys.executable, [sys.executable, "-c", "import time; time.sleep(300)", token])
+            os.set_inheritable(ready_w, True)
+            # says it runs once it is the process with ``token`` in its command line
+            code = "import os, sys, time; os.write(int(sys.argv[1]), b'x'); time.sleep(300)"
+            os.execv(sys.executable, [sys.executable, "-c", code, str(ready_w), token])
         os._exit(0)
+    os.close(ready_w)
+    os.read(ready_r, 1)
     os.wait()
+    if leave:
+        return
     while True:
         time.sleep(60)
 
@@ -129,7 +137,8 @@ def main() -> None:
     elif mode == "daemon":
         with open("daemon.txt", "w") as f:
             f.write("started")
-        daemon(args["token"])
+        daemon(args["token"], bool(args.get("exit")))
+        result = "started"
     elif mode == "forks":
         forks(args["count"])
         return
