@@ -227,7 +227,8 @@ def _get_view(query: Query, runs: dict[str, list[Task]] | None, output: str) -> 
     from corral.cli.views import resource_view
 
     wide_agents = output == "wide" and query.kind == "Agent"
-    extra = agent_run_columns(runs or {}) if wide_agents else None
+    # (a watch shows no run columns: it does not follow the runs)
+    extra = agent_run_columns(runs) if wide_agents and runs is not None else None
     return resource_view(query.kind, extra, namespace_first=query.namespace is None)
 
 
