@@ -302,6 +302,16 @@ def test_get_all_namespaces_shows_a_namespace_column(tmp_path: Path) -> None:
         ["zeta", "y"],
     ]
     assert cli("get", "agents", "--all-namespaces", "-o", "name").stdout.count("agent/x") == 2
+    # an agent's runs are its namespace's, whatever another namespace's agent is called
+    cli("run", "x", "hello", "-n", "alpha")
+    header, *lines = cli("get", "agents", "-A", "-o", "wide").stdout.splitlines()
+    at = header.index(" RUNS ") + 1  # columns line up: the cell under the header
+    assert [(*line.split()[:2], line[at:].split()[0]) for line in lines] == [
+        ("alpha", "x", "1"),
+        ("alpha", "y", "0"),
+        ("zeta", "x", "0"),
+        ("zeta", "y", "0"),
+    ]
     assert "across all namespaces" in cli("get", "agent", "x", "-A", check=2).stderr
     assert cli("get", "tools", "-A").stderr.strip() == "No resources found."
 

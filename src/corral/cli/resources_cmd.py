@@ -171,6 +171,10 @@ SELECTOR = typer.Option(
 )
 
 
+#: an agent's newest runs by its namespace and name
+Runs = dict[tuple[str, str], list["Task"]]
+
+
 @dataclass(frozen=True)
 class Query:
     """What ``get`` lists: a namespace (``None``: all), a kind, a name, a selector."""
@@ -223,7 +227,7 @@ def get(
     _print_got(query, items, runs, output)
 
 
-def _get_view(query: Query, runs: dict[str, list[Task]] | None, output: str) -> View[ResourceOut]:
+def _get_view(query: Query, runs: Runs | None, output: str) -> View[ResourceOut]:
     from corral.cli.views import resource_view
 
     wide_agents = output == "wide" and query.kind == "Agent"
@@ -232,9 +236,7 @@ def _get_view(query: Query, runs: dict[str, list[Task]] | None, output: str) -> 
     return resource_view(query.kind, extra, namespace_first=query.namespace is None)
 
 
-def _print_got(
-    query: Query, items: list[ResourceOut], runs: dict[str, list[Task]], output: str
-) -> None:
+def _print_got(query: Query, items: list[ResourceOut], runs: Runs, output: str) -> None:
     from corral.cli.output import no_resources, print_list, print_one
     from corral.cli.render import resource_document
 
@@ -270,17 +272,15 @@ async def _fetch(backend: Backend, query: Query) -> list[ResourceOut]:
     return [one]
 
 
-async def _get(
-    query: Query, *, runs: bool = False
-) -> tuple[list[ResourceOut], dict[str, list[Task]]]:
+async def _get(query: Query, *, runs: bool = False) -> tuple[list[ResourceOut], Runs]:
     from corral.cli.connect import open_backend
 
     async with open_backend() as backend:
         found = await _fetch(backend, query)
-        recent: dict[str, list[Task]] = {}
+        recent: Runs = {}
         if runs:
             for item in found:
-                recent[item.metadata.name] = await backend.list_runs(
+                recent[item.metadata.namespace, item.metadata.name] = await backend.list_runs(
                     item.metadata.namespace, item.metadata.name, RUN_STATS_PAGE, None
                 )
     return found, recent
@@ -309,11 +309,9 @@ async def _watch(query: Query, output: str, seconds: float | None, interval: flo
             shown.extend(items)
 
     async def fetch() -> list[ResourceOut]:
-        if query.name is None:
-            return await _fetch(backend, query)
         try:
             return await _fetch(backend, query)
-        except NotFoundError:  # deleted while watched: shown once as gone
+        except NotFoundError:  # the one watched was deleted: shown once as gone
             return []
 
     async with open_backend() as backend:
@@ -338,7 +336,7 @@ def _version(resource: ResourceOut) -> tuple[int, float]:
 RUN_STATS_PAGE = 100
 
 
-def agent_run_columns(runs: dict[str, list[Task]]) -> list[Column[ResourceOut]]:
+def agent_run_columns(runs: Runs) -> list[Column[ResourceOut]]:
     """LAST RUN, RUNS and FAILURES of each agent, from its newest runs (at most
     :data:`RUN_STATS_PAGE`: more are counted as ``100+``)."""
     from corral.cli.output import Column, ago
@@ -347,7 +345,7 @@ def agent_run_columns(runs: dict[str, list[Task]]) -> list[Column[ResourceOut]]:
     failed = {RunState.FAILED, RunState.DEAD_LETTER}
 
     def of(resource: ResourceOut) -> list[Task]:
-        return runs.get(resource.metadata.name, [])
+        return runs.get((resource.metadata.namespace, resource.metadata.name), [])
 
     def last(resource: ResourceOut) -> str:
         newest = of(resource)[:1]
