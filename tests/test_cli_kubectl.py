@@ -464,6 +464,8 @@ def test_get_watch_prints_a_change_as_it_happens(cli: Cli) -> None:
     assert "NAME" not in "".join(changed)  # rows only, under the first header
     cli("apply", "-n", cli.ns, "-f", "-", input=ALL.replace("name: y", "name: w"))
     assert watching.until("w")[-1].split()[0] == "w"
+    cli("delete", "agent", "w", "-n", cli.ns)  # gone: its last row, once
+    assert watching.until("w", "team=b")[-1].split()[0] == "w"
     code, stderr = watching.interrupt()
     assert code == 0, stderr
     assert "Traceback" not in stderr
@@ -474,3 +476,17 @@ def test_get_watch_ends_at_its_timeout(cli: Cli) -> None:
         "get", "agents", "-n", cli.ns, "-w", "--watch-timeout", "0.2", "--watch-interval", "0.05"
     )
     assert done.stdout == "" and done.stderr.startswith("No resources found")
+
+
+def test_the_client_sends_selectors_and_dry_runs(live: LiveServer) -> None:
+    from corral.client import Client
+
+    with Client(live.url, live.mint("client-kubectl", "admin")) as client:
+        planned = client.apply(ALL, dry_run=True)
+        assert [o.action for o in planned.outcomes] == ["created"] * 3
+        assert client.list_resources().items == []
+        client.apply(ALL)
+        chosen = client.list_resources("agents", selector="team!=a")
+        assert [r.metadata.name for r in chosen.items] == ["y"]
+        walked = client.iter_resources(selector="équipe", page_size=1)
+        assert [r.metadata.name for r in walked] == ["x"]
