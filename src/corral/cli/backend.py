@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from corral.bus.base import Bus
     from corral.core.events import Event
     from corral.core.runs import RunRecord
+    from corral.core.selectors import Selector
     from corral.core.settings import Settings
     from corral.resources.loader import LoadedResource
     from corral.store.base import Store, StoredResource
@@ -64,16 +65,22 @@ class RunControl:
 
 
 async def load_files(
-    paths: Sequence[Path], namespace: str, settings: Settings
+    paths: Sequence[Path], namespace: str, settings: Settings, stdin: str | None = None
 ) -> list[LoadedResource]:
-    """The documents of YAML files or directories, within the settings' document limits
-    (in a thread: parsing is CPU work); what both backends' ``apply`` sends on."""
+    """The documents of YAML files or directories (``-``: the text ``stdin``), within the
+    settings' document limits (in a thread: parsing is CPU work); what both backends'
+    ``apply`` sends on, and what ``delete -f`` deletes."""
     import asyncio
 
     from corral.resources.loader import load_paths
 
     return await asyncio.to_thread(
-        load_paths, list(paths), default_namespace=namespace, limits=settings.document_limits
+        lambda: load_paths(
+            list(paths),
+            default_namespace=namespace,
+            limits=settings.document_limits,
+            stdin=stdin,
+        )
     )
 
 
@@ -83,11 +90,36 @@ class Backend(ABC):
     # ----------------------------------------------------------------------- resources
 
     @abstractmethod
-    async def apply(self, paths: Sequence[Path], namespace: str) -> list[AppliedResource]:
-        """Load YAML files or directories (errors with file and line) and apply them at once."""
+    async def apply(
+        self,
+        paths: Sequence[Path],
+        namespace: str,
+        *,
+        stdin: str | None = None,
+        dry_run: bool = False,
+    ) -> list[AppliedResource]:
+        """Load YAML files or directories (``-``: ``stdin``; errors with file and line) and
+        apply them at once; with ``dry_run`` say what would happen, change nothing."""
 
     @abstractmethod
-    async def list_resources(self, namespace: str, kind: str | None) -> list[ResourceOut]: ...
+    async def load(
+        self, paths: Sequence[Path], namespace: str, *, stdin: str | None = None
+    ) -> list[LoadedResource]:
+        """The documents of YAML files or directories (``-``: ``stdin``), documents without
+        a namespace in this backend's default one (see :meth:`default_namespace`)."""
+
+    @abstractmethod
+    async def default_namespace(self, namespace: str) -> str:
+        """The namespace a command works in: ``namespace`` (remote: the token's unless
+        ``-n`` or the context named one, which :func:`~corral.cli.connect.open_backend`
+        checked)."""
+
+    @abstractmethod
+    async def list_resources(
+        self, namespace: str | None, kind: str | None, *, selector: Selector | None = None
+    ) -> list[ResourceOut]:
+        """Resources of a namespace (``None``: of every namespace the caller may see),
+        of one kind, whose labels meet ``selector``, when given."""
 
     @abstractmethod
     async def get_resource(self, namespace: str, kind: str, name: str) -> ResourceOut | None: ...
@@ -187,14 +219,33 @@ class EmbeddedBackend(Backend):
         async with await open_settings_bus(self.settings) as bus:
             yield bus
 
-    async def apply(self, paths: Sequence[Path], namespace: str) -> list[AppliedResource]:
+    async def apply(
+        self,
+        paths: Sequence[Path],
+        namespace: str,
+        *,
+        stdin: str | None = None,
+        dry_run: bool = False,
+    ) -> list[AppliedResource]:
         from corral.api import AppliedResource
 
-        outcomes = await self.store.apply(await load_files(paths, namespace, self.settings))
+        loaded = await self.load(paths, namespace, stdin=stdin)
+        outcomes = await self.store.apply(loaded, dry_run=dry_run)
         return [AppliedResource.from_outcome(o) for o in outcomes]
 
-    async def list_resources(self, namespace: str, kind: str | None) -> list[ResourceOut]:
-        return [_resource(s) for s in await self.store.list_resources(namespace, kind)]
+    async def load(
+        self, paths: Sequence[Path], namespace: str, *, stdin: str | None = None
+    ) -> list[LoadedResource]:
+        return await load_files(paths, namespace, self.settings, stdin)
+
+    async def default_namespace(self, namespace: str) -> str:
+        return namespace
+
+    async def list_resources(
+        self, namespace: str | None, kind: str | None, *, selector: Selector | None = None
+    ) -> list[ResourceOut]:
+        found = await self.store.list_resources(namespace, kind, selector=selector)
+        return [_resource(s) for s in found]
 
     async def get_resource(self, namespace: str, kind: str, name: str) -> ResourceOut | None:
         stored = await self.store.get_resource(namespace, kind, name)

@@ -31,6 +31,7 @@ from corral.cli.backend import Backend, RunControl, Show, load_files
 from corral.client import AsyncClient
 from corral.core.errors import Location, NotFoundError, ResourceError
 from corral.core.runs import RunState
+from corral.core.selectors import Selector
 from corral.resources.loader import LoadedResource
 
 OnPause = Callable[[TaskDetail], Awaitable[None]]
@@ -63,26 +64,54 @@ class RemoteBackend(Backend):
 
     def __init__(self, client: AsyncClient) -> None:
         self.client = client
+        self._namespace: str | None = None
 
     # ----------------------------------------------------------------------- resources
 
-    async def apply(self, paths: Sequence[Path], namespace: str) -> list[AppliedResource]:
-        from corral.cli.common import connection
-        from corral.core.settings import Settings
-
-        if connection().namespace_source is None:  # no -n, no context's: the token's
-            namespace = (await self.client.whoami()).namespace
-        loaded = await load_files(paths, namespace, Settings.from_env())
+    async def apply(
+        self,
+        paths: Sequence[Path],
+        namespace: str,
+        *,
+        stdin: str | None = None,
+        dry_run: bool = False,
+    ) -> list[AppliedResource]:
+        loaded = await self.load(paths, namespace, stdin=stdin)
         if not loaded:
             return []
+        documents = [item.resource.to_document() for item in loaded]
         try:
-            result = await self.client.apply([item.resource.to_document() for item in loaded])
+            result = await self.client.apply(documents, dry_run=dry_run)
         except ResourceError as exc:  # the server's problems name documents: name lines
             raise ResourceError([_in_file(loaded, *problem) for problem in exc.problems]) from None
         return result.outcomes
 
-    async def list_resources(self, namespace: str, kind: str | None) -> list[ResourceOut]:
-        return [r async for r in self.client.iter_resources(kind, page_size=PAGE)]
+    async def load(
+        self, paths: Sequence[Path], namespace: str, *, stdin: str | None = None
+    ) -> list[LoadedResource]:
+        from corral.core.settings import Settings
+
+        namespace = await self.default_namespace(namespace)
+        return await load_files(paths, namespace, Settings.from_env(), stdin)
+
+    async def default_namespace(self, namespace: str) -> str:
+        from corral.cli.common import connection
+
+        if connection().namespace_source is None:  # no -n, no context's: the token's
+            return await self._token_namespace()
+        return namespace
+
+    async def _token_namespace(self) -> str:
+        if self._namespace is None:
+            self._namespace = (await self.client.whoami()).namespace
+        return self._namespace
+
+    async def list_resources(
+        self, namespace: str | None, kind: str | None, *, selector: Selector | None = None
+    ) -> list[ResourceOut]:
+        # a token works in one namespace: "every namespace it may see" is that one
+        text = str(selector) if selector is not None else None
+        return [r async for r in self.client.iter_resources(kind, selector=text, page_size=PAGE)]
 
     async def get_resource(self, namespace: str, kind: str, name: str) -> ResourceOut | None:
         try:
@@ -91,6 +120,12 @@ class RemoteBackend(Backend):
             return None
 
     async def delete_resource(self, namespace: str, kind: str, name: str) -> None:
+        token_namespace = await self._token_namespace()
+        if namespace != token_namespace:  # the server would delete the token namespace's
+            raise NotFoundError(
+                f"{kind} {name!r} not found in namespace {namespace!r}: the token works in "
+                f"namespace {token_namespace!r} only"
+            )
         await self.client.delete_resource(kind, name)
 
     # ----------------------------------------------------------------------- runs
