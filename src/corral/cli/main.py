@@ -89,6 +89,7 @@ def _register_commands() -> None:
     # Each command group lives in its own module and adds itself to `app`.
     from corral.cli import (
         approvals_cmd,
+        chat_cmd,
         context_cmd,
         resources_cmd,
         run_cmd,
@@ -101,6 +102,7 @@ def _register_commands() -> None:
 
     resources_cmd.register(app)
     run_cmd.register(app)
+    chat_cmd.register(app)
     tasks_cmd.register(app)
     worker_cmd.register(app)
     approvals_cmd.register(app)
