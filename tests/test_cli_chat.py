@@ -188,8 +188,15 @@ def test_an_unknown_agent_fails_before_a_line_is_read(env: dict[str, str]) -> No
 
 
 def test_piped_chat_prints_the_approval_command_and_goes_on(env: dict[str, str]) -> None:
-    proc = corral(env, "chat", "calc", stdin="What is 2 + 3?\n/approve\nAnd 4 + 4?\n")
+    lines = b"caf\xe9?\nWhat is 2 + 3?\n/approve\nAnd 4 + 4?\n"  # the first is Latin-1
+    run = subprocess.run(
+        [*CORRAL, "chat", "calc"], input=lines, capture_output=True, env=env, timeout=60
+    )
+    proc = subprocess.CompletedProcess(
+        run.args, run.returncode, run.stdout.decode(), run.stderr.decode()
+    )
     assert proc.returncode == 3, proc.stderr  # the second run still waits
+    assert "error: the line is not UTF-8 text; it was not sent" in proc.stderr
     assert "approve?" not in proc.stderr  # nothing was asked
     commands = re.findall(r"approve: (corral approvals approve apr_\w+)", proc.stderr)
     assert len(commands) == 2

@@ -121,6 +121,7 @@ class Chat:
 
     def loop(self) -> int:
         """Read and answer lines until /exit or the end of input; the exit code."""
+        from corral.cli.chat_input import is_text
         from corral.cli.interrupts import Interrupted, exit_interrupted
 
         for warning in self.lines.warnings:
@@ -141,6 +142,9 @@ class Chat:
                         self.err.print()
                     break
                 if not line.strip():
+                    continue
+                if not is_text(line):
+                    print_error("the line is not UTF-8 text; it was not sent")
                     continue
                 self.lines.remember(line)
                 text = line.strip()

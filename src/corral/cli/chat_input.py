@@ -10,6 +10,7 @@ read as they come and no prompt is written, so stdout keeps only the answers.
 
 from __future__ import annotations
 
+import io
 import os
 import sys
 from dataclasses import dataclass
@@ -31,6 +32,11 @@ class Decision:
 
     approved: bool
     reason: str | None = None
+
+
+def is_text(line: str) -> bool:
+    """Whether a line read is UTF-8 text (no lone surrogates, which no store or API takes)."""
+    return not any("\udc80" <= char <= "\udcff" for char in line)
 
 
 def history_path() -> Path:
@@ -56,6 +62,9 @@ class ChatInput:
     @classmethod
     def open(cls) -> ChatInput:
         """For this process's stdin and stdout; loads the history on a terminal."""
+        if isinstance(sys.stdin, io.TextIOWrapper):
+            # bytes that are not UTF-8 come as lone surrogates, refused line by line
+            sys.stdin.reconfigure(errors="surrogateescape")
         asks = sys.stdin.isatty()
         lines = cls(asks=asks, editing=asks and sys.stdout.isatty())
         if lines.editing:
@@ -134,7 +143,10 @@ class ChatInput:
                     reason = self.read("reason: ")
                     if reason is None:
                         return None
-                    return Decision(False, reason.strip() or None)
+                    if is_text(reason):
+                        return Decision(False, reason.strip() or None)
+                    sys.stderr.write("the reason is not UTF-8 text\n")
+                    continue
             except KeyboardInterrupt:
                 sys.stderr.write("\n")
                 return None
