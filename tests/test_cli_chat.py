@@ -30,7 +30,8 @@ CAREFUL = CALC.replace(
     '    - text: "2 + 3 = 5"',
     '    - text: "2 + 3 = 5"\n'
     "    - tool_calls: [{name: add, arguments: {a: 4, b: 4}}]\n"
-    '    - text: "I was not allowed to add."',
+    '    - text: "I was not allowed to add."\n'
+    "    - tool_calls: [{name: add, arguments: {a: 1, b: 1}}]",
 ).replace("tools: [add]", "tools: [add]\n  approval: {policy: always}")
 
 ECHO = """
@@ -169,8 +170,15 @@ def test_an_inline_approval_approved_then_one_rejected_with_a_reason(
     child.expect_exact(": not on a Friday")
     child.expect_exact("I was not allowed to add.")
     child.expect_exact(PROMPT)
+    child.sendline("And 1 + 1?")
+    child.expect_exact(ASK)
+    child.send(CTRL_C)  # leaves the call pending, says how to decide it, goes on
+    child.expect(r"approve: corral approvals approve (apr_\w+)")
+    child.expect_exact("or decide it here: /approve")
+    child.expect_exact(PROMPT)
     child.sendeof()
-    assert ended(child) == 0  # nothing of the chat waits
+    child.expect(r"run (run_\w+) still waits for approval")
+    assert ended(child) == 3
     history = Path(env["XDG_STATE_HOME"], "corral", "chat_history").read_text()
     assert "not on a Friday" not in history and "\ny\n" not in f"\n{history}"
 

@@ -121,7 +121,6 @@ class Chat:
 
     def loop(self) -> int:
         """Read and answer lines until /exit or the end of input; the exit code."""
-        from corral.cli.chat_input import is_text
         from corral.cli.interrupts import Interrupted, exit_interrupted
 
         for warning in self.lines.warnings:
@@ -131,38 +130,45 @@ class Chat:
             "/help for commands, Ctrl-D or /exit to leave[/]"
         )
         try:
-            while True:
-                try:
-                    line = self.lines.read(PROMPT)
-                except KeyboardInterrupt:  # at the prompt: drop the line, as a shell does
-                    self.err.print()
-                    continue
-                if line is None:
-                    if self.lines.asks:
-                        self.err.print()
-                    break
-                if not line.strip():
-                    continue
-                if not is_text(line):
-                    print_error("the line is not UTF-8 text; it was not sent")
-                    continue
-                self.lines.remember(line)
-                text = line.strip()
-                if text.startswith("/") and not text.startswith("//"):
-                    if not self.command(text):
-                        break
-                    continue
-                self.turn(text[1:] if text.startswith("//") else line)
+            self.converse()
+            return self.exit_code()
         except Interrupted:
-            self.lines.save()
+            self.lines.save()  # exit_interrupted leaves at once
             exit_interrupted()
         finally:
             self.lines.save()
-        return self.exit_code()
+
+    def converse(self) -> None:
+        """Lines until /exit or the end of input."""
+        from corral.cli.chat_input import is_text
+
+        while True:
+            try:
+                line = self.lines.read(PROMPT)
+            except KeyboardInterrupt:  # at the prompt: drop the line, as a shell does
+                self.err.print()
+                continue
+            if line is None:
+                if self.lines.asks:
+                    self.err.print()
+                break
+            if not line.strip():
+                continue
+            if not is_text(line):
+                print_error("the line is not UTF-8 text; it was not sent")
+                continue
+            self.lines.remember(line)
+            text = line.strip()
+            if text.startswith("/") and not text.startswith("//"):
+                if not self.command(text):
+                    break
+                continue
+            self.turn(text[1:] if text.startswith("//") else line)
 
     def command(self, text: str) -> bool:
         """Run a slash command; ``False`` when the chat ends."""
-        name, _, rest = text.partition(" ")
+        name, *more = text.split(maxsplit=1)
+        rest = more[0] if more else ""
         if name in ("/exit", "/quit"):
             return False
         if name == "/help":
