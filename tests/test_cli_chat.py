@@ -14,6 +14,7 @@ from pathlib import Path
 import pexpect
 import pytest
 
+from corral.cli.chat_input import HISTORY_LENGTH
 from server_harness import LiveServer, apply
 from test_cli_run import CALC
 
@@ -103,15 +104,20 @@ def env(tmp_path: Path) -> dict[str, str]:
 def test_readline_edits_the_line_and_the_next_chat_recalls_it(
     env: dict[str, str], tmp_path: Path
 ) -> None:
+    history = tmp_path / "state" / "corral" / "chat_history"
+    history.parent.mkdir(parents=True)
+    old = [f"old line {n}" for n in range(HISTORY_LENGTH)]  # a full history, readable by all
+    history.write_text("".join(f"{line}\n" for line in old))
+    history.chmod(0o644)
+
     child = spawn(env, "parrot", "--session", "s-edit")
     child.send("wrld" + LEFT * 3 + "o" + CTRL_A + "hello \r")  # → "hello world"
     child.expect_exact("heard you")
     child.expect_exact(PROMPT)
     child.sendline("/exit")
     assert ended(child) == 0
-    history = tmp_path / "state" / "corral" / "chat_history"
     assert stat.S_IMODE(history.stat().st_mode) == 0o600
-    assert history.read_text().splitlines() == ["hello world", "/exit"]
+    assert history.read_text().splitlines() == [*old[2:], "hello world", "/exit"]
 
     child = spawn(env, "parrot", "--session", "s-recall")
     child.send(UP * 2 + "\r")  # two lines back: past /exit, to what was said
@@ -122,7 +128,8 @@ def test_readline_edits_the_line_and_the_next_chat_recalls_it(
     for session in ("s-edit", "s-recall"):
         shown = corral(env, "sessions", "show", session).stdout
         assert shown.splitlines() == ["[user] hello world", "[assistant] heard you"]
-    assert history.read_text().splitlines() == ["hello world", "/exit", "hello world"]
+    assert history.read_text().splitlines()[-3:] == ["hello world", "/exit", "hello world"]
+    assert len(history.read_text().splitlines()) == HISTORY_LENGTH
 
 
 def test_help_session_an_unknown_command_ctrl_c_and_exit(env: dict[str, str]) -> None:
