@@ -132,9 +132,9 @@ def test_readline_edits_the_line_and_the_next_chat_recalls_it(
     assert len(history.read_text().splitlines()) == HISTORY_LENGTH
 
 
-def test_help_session_an_unknown_command_ctrl_c_and_exit(env: dict[str, str]) -> None:
+def test_help_by_tab_session_an_unknown_command_ctrl_c_and_exit(env: dict[str, str]) -> None:
     child = spawn(env, "parrot", "--session", "s-cmds")
-    child.sendline("/help")
+    child.send("/he\t\r")  # Tab completes the command
     child.expect_exact("/approve [ID] [--reject] [REASON]")
     child.expect_exact(PROMPT)
     child.send("never said" + CTRL_C)  # drops the line, as a shell does

@@ -41,6 +41,8 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 PROMPT = "you> "
+#: the slash commands (Tab completes them on a terminal)
+COMMANDS = ("/help", "/approve", "/session", "/exit", "/quit")
 
 HELP = """\
 /help                               this help
@@ -84,7 +86,8 @@ def chat(
 
     session_id = session or new_id("chat")
     run_async(_check(agent, namespace, session_id))  # before any line is read
-    raise typer.Exit(Chat(agent, namespace, session_id, ChatInput.open()).loop())
+    lines = ChatInput.open(COMMANDS)
+    raise typer.Exit(Chat(agent, namespace, session_id, lines).loop())
 
 
 async def _check(agent: str, namespace: str, session_id: str) -> None:

@@ -51,8 +51,9 @@ class ChatInput:
     """The chat's lines. ``asks``: a person types them (stdin is a terminal), so the chat
     may ask questions; ``editing``: readline edits them and keeps the history."""
 
-    def __init__(self, *, asks: bool, editing: bool) -> None:
+    def __init__(self, *, asks: bool, editing: bool, commands: tuple[str, ...] = ()) -> None:
         self.asks = asks
+        self.commands = commands  # completed by Tab at the start of a line
         self.editing = editing
         self.warnings: list[str] = []  # said once by the chat (a history file that cannot be kept)
         self._readline: ModuleType | None = None
@@ -60,13 +61,14 @@ class ChatInput:
         self._path = history_path()
 
     @classmethod
-    def open(cls) -> ChatInput:
-        """For this process's stdin and stdout; loads the history on a terminal."""
+    def open(cls, commands: tuple[str, ...] = ()) -> ChatInput:
+        """For this process's stdin and stdout; loads the history on a terminal, where Tab
+        completes ``commands``."""
         if isinstance(sys.stdin, io.TextIOWrapper):
             # bytes that are not UTF-8 come as lone surrogates, refused line by line
             sys.stdin.reconfigure(errors="surrogateescape")
         asks = sys.stdin.isatty()
-        lines = cls(asks=asks, editing=asks and sys.stdout.isatty())
+        lines = cls(asks=asks, editing=asks and sys.stdout.isatty(), commands=commands)
         if lines.editing:
             lines._load()
         return lines
@@ -77,11 +79,22 @@ class ChatInput:
         self._readline = readline
         readline.set_auto_history(False)  # approval answers stay out of the history
         readline.set_history_length(HISTORY_LENGTH)
+        readline.set_completer(self._complete)
+        readline.set_completer_delims(" \t\n")  # "/" is part of a command's name
+        readline.parse_and_bind("tab: complete")
         try:
             if self._path.exists():
                 readline.read_history_file(str(self._path))
         except OSError as exc:
             self.warnings.append(f"chat history {self._path} not read: {exc.strerror}")
+
+    def _complete(self, text: str, state: int) -> str | None:
+        """readline's completer: the commands that start with ``text``, at a line's start."""
+        assert self._readline is not None
+        if self._readline.get_begidx() != 0:
+            return None
+        found = [c for c in self.commands if c.startswith(text)]
+        return found[state] + " " if state < len(found) else None
 
     def read(self, prompt: str) -> str | None:
         """One line without its newline; ``None`` at the end of input (Ctrl-D).
