@@ -93,6 +93,7 @@ def registered_app() -> typer.Typer:
     # Each command group lives in its own module and adds itself to `app`.
     from corral.cli import (
         approvals_cmd,
+        chat_cmd,
         context_cmd,
         resources_cmd,
         run_cmd,
@@ -105,6 +106,7 @@ def registered_app() -> typer.Typer:
 
     resources_cmd.register(app)
     run_cmd.register(app)
+    chat_cmd.register(app)
     tasks_cmd.register(app)
     worker_cmd.register(app)
     approvals_cmd.register(app)
