@@ -173,6 +173,7 @@ class SqlRuns(SqlEngine):
         finished_before: float | None = None,
         keep_last: int | None = None,
         namespace: str | None = None,
+        dry_run: bool = False,
     ) -> int:
         finished = runs.c.state.in_([s.value for s in RunState if s.finished])
         scope = finished if namespace is None else sa.and_(finished, runs.c.namespace == namespace)
@@ -193,6 +194,10 @@ class SqlRuns(SqlEngine):
             doomed.append(runs.c.id.in_(sa.select(rank.c.id).where(rank.c.rank > keep_last)))
         if not doomed:
             return 0
+        if dry_run:
+            count = sa.select(sa.func.count()).select_from(runs).where(scope, sa.or_(*doomed))
+            row = await self._read("count prunable runs", fetch_first(count))
+            return int(row[0]) if row is not None else 0
         # events and approvals go with their run (ON DELETE CASCADE)
         delete = runs.delete().where(scope, sa.or_(*doomed))
 
