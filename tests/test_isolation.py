@@ -13,7 +13,7 @@ import os
 import secrets
 import sys
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +28,7 @@ from corral.resources.loader import load_path, load_text
 from corral.tools import exec as exec_tool
 from corral.tools.base import ToolContext
 from corral.tools.governance import GovernedTool, ToolPolicy
-from corral.tools.sandbox.host import SandboxHost
+from corral.tools.sandbox.host import SandboxHost, find_pids_cgroup
 from mcp_clients import CALC, connected
 from sandboxing import PYTHON_PREFIX, require_bwrap, sandbox_host
 
@@ -211,6 +211,22 @@ async def test_a_fork_bomb_hits_max_processes(machine: Machine) -> None:
     assert caught.value.code == "resource_exhausted"
     assert caught.value.info.details["limit"] == "max_processes"
     assert "max_processes" in caught.value.info.reason
+
+
+async def test_the_pids_cgroup_of_a_call_is_removed_after_it(machine: Machine) -> None:
+    root = find_pids_cgroup()
+    if os.geteuid() != 0 or root is None:
+        pytest.skip("a pids cgroup is only made for a server running as root")
+    parent = root / f"corral-test-{secrets.token_hex(6)}"  # this test's own, to count in
+    parent.mkdir()
+    try:
+        machine.host = replace(machine.host, pids_cgroup=parent)
+        with pytest.raises(ToolError):
+            await machine.call({"mode": "forks", "count": 60}, limits={"max_processes": 8})
+        assert await machine.call({"mode": "forks", "count": 2}, limits={"max_processes": 8}) == 2
+        assert [p.name for p in parent.iterdir() if p.is_dir()] == []
+    finally:
+        parent.rmdir()
 
 
 async def test_memory_past_memory_mb_is_resource_exhausted(machine: Machine) -> None:

@@ -318,7 +318,7 @@ class ExecTool(Tool):
             stderr = done.stderr.decode("utf-8", errors="replace")
             limit = launch.limit_hit(done.returncode, stderr)
         finally:
-            launch.close()
+            await launch.aclose()
         if limit is not None:
             tail = stderr.strip()[-_REASON_STDERR_CHARS:]
             raise ToolError(

@@ -533,7 +533,8 @@ async def _open_stdio(
     await anyio.Path(workspace).mkdir(parents=True, exist_ok=True)
     # raises isolation_unavailable (the open fails closed) where the sandbox cannot run
     launch = isolation.launch(argv, workspace, "")
-    stack.callback(launch.close)  # registered first: runs last, once the processes are gone
+    # registered first: runs last, once the processes are gone
+    stack.push_async_callback(launch.aclose)
     tree = ProcessTree()
     view = isolation.view(workspace)
     locked = await locked_environment(workspace, declared, view=view)

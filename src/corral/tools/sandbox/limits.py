@@ -27,16 +27,23 @@ bubblewrap's own set-up. Which limit binds how:
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import secrets
 import signal
 from pathlib import Path
 
+import anyio
+
 from corral.resources.isolation import IsolationLimits
 
 __all__ = ["PidsCgroup", "limit_hit", "prlimit_argv"]
 
+log = logging.getLogger(__name__)
+
 PRLIMIT = "/usr/bin/prlimit"
+#: how long a call's cgroup may stay busy after its processes were killed
+_REMOVE_SECONDS = 5.0
 _MIB = 1024 * 1024
 _MEMORY_SIGNS = ("MemoryError", "Cannot allocate memory", "out of memory", "bad_alloc")
 _FORK_SIGNS = ("Resource temporarily unavailable", "BlockingIOError", "fork: retry", "Cannot fork")
@@ -128,7 +135,16 @@ class PidsCgroup:
                     return int(count)
         return 0
 
-    def remove(self) -> None:
-        """Remove the cgroup (its processes are dead by now; a zombie's may keep it a while)."""
-        with contextlib.suppress(OSError):
-            os.rmdir(self.path)
+    async def remove(self) -> None:
+        """Remove the cgroup once its processes are gone: those of a PID namespace that
+        was torn down may take a moment to leave it (a cgroup with members is busy)."""
+        with anyio.CancelScope(shield=True), anyio.move_on_after(_REMOVE_SECONDS):
+            while True:
+                try:
+                    os.rmdir(self.path)
+                    return
+                except FileNotFoundError:
+                    return
+                except OSError:
+                    await anyio.sleep(0.01)
+        log.warning("pids cgroup %s still busy; left behind", self.path)

@@ -73,10 +73,10 @@ class Launch:
         events = self.cgroup.max_events() if self.cgroup is not None else 0
         return limit_hit(self.limits, returncode, stderr, pids_max_events=events)
 
-    def close(self) -> None:
+    async def aclose(self) -> None:
         """Release what the launch made (its cgroup), after its processes are gone."""
         if self.cgroup is not None:
-            self.cgroup.remove()
+            await self.cgroup.remove()
 
 
 class Isolation(ABC):
