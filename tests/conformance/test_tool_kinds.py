@@ -6,7 +6,7 @@ idempotency key it was given, one that sleeps, one that writes a lot, and one th
 The tests check invalid input, the delivery of the idempotency key, timeouts,
 cancellation, the output cap and the mapping of a failure to a tool error, once per row
 of :data:`KINDS`. A new kind gets these tests by a row and a kit. What only one kind does
-(exec's process trees, http's SSRF guard, MCP's lost sessions) stays in its own module
+(exec's process trees, http's SSRF guard, MCP's lost sessions, wasm's fuel) stays in its own module
 (``tests/test_tools_*.py``).
 """
 
@@ -32,10 +32,12 @@ from corral.resources.kinds import (
     McpServerSpec,
     PythonToolSpec,
     ToolSpecModel,
+    WasmToolSpec,
 )
 from corral.tools import exec as exec_tool
 from corral.tools import http as http_tool
 from corral.tools import python as python_tool
+from corral.tools import wasm as wasm_tool
 from corral.tools.base import Tool, ToolContext
 from corral.tools.governance import GovernedTool, ToolOutcome, ToolPolicy, Toolset
 from http_endpoints import serving
@@ -45,6 +47,7 @@ pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 PROGRAMS = Path(__file__).parent.parent / "tool_programs"
 PROBE = PROGRAMS / "probe.py"
+WASM_PROBE = PROGRAMS / "wasm" / "probe.wat"
 #: a call that ends within this did not wait for its tool: far beyond a timeout or a
 #: cancellation taking effect, far below the 30 s the slow tools sleep
 PROMPTLY = 10.0
@@ -165,6 +168,34 @@ async def mcp_kit(workspace: Path) -> AsyncIterator[Kit]:
         )
 
 
+@asynccontextmanager
+async def wasm_kit(workspace: Path) -> AsyncIterator[Kit]:
+    import wasmtime
+
+    module = workspace.parent / f"{workspace.name}-probe.wasm"
+    module.write_bytes(wasmtime.wat2wasm(WASM_PROBE.read_text()))
+
+    def tool(entrypoint: str, schema: dict[str, Any], **limits: Any) -> Tool:
+        block = WasmToolSpec(module=str(module), entrypoint=entrypoint, **limits)
+        spec = ToolSpecModel(type="wasm", parameters=schema, wasm=block)
+        return wasm_tool.create(entrypoint, spec, {})
+
+    def echoed(result: Any) -> tuple[str, str]:
+        env = dict(entry.split("=", 1) for entry in result["env"])
+        return result["arguments"]["text"], env["CORRAL_IDEMPOTENCY_KEY"]
+
+    yield Kit(
+        tool("echo", parameters(text="string")),
+        # a busy loop with fuel for hours: only the epoch (timeout, cancellation) stops it
+        tool("spin", parameters(seconds="number"), fuel=10**15),
+        tool("flood", parameters(size="integer")),
+        tool("fail", parameters(reason="string")),
+        echoed=echoed,
+        failure=f"fail exited with code 3: something went wrong: {FAILURE}",
+        workspace=workspace,
+    )
+
+
 @dataclass(frozen=True)
 class ToolKind:
     name: str
@@ -176,6 +207,7 @@ KINDS = [
     ToolKind("exec", exec_kit),
     ToolKind("http", http_kit),
     ToolKind("mcp", mcp_kit),
+    ToolKind("wasm", wasm_kit),
 ]
 
 

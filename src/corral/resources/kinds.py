@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from corral.core.addresses import url_problem
 from corral.resources.isolation import IsolationSpec
 from corral.resources.spec import Spec as Spec  # re-exported: every kind is a Spec
+from corral.resources.wasm_module import module_problem
 
 API_VERSION = "corral/v1"
 NAME_PATTERN = r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$"
@@ -180,6 +181,48 @@ class ExecToolSpec(Spec):
         return self
 
 
+class WasiSpec(Spec):
+    """What a ``wasm`` tool sees of the host beyond stdin, stdout and stderr (always there)."""
+
+    enabled: bool = Field(
+        default=False, description="grant the environment and the workspace preopen below"
+    )
+    preopen_workspace: Literal["ro", "rw", "none"] = Field(
+        default="none", description="the agent workspace at /workspace: read-only, read-write"
+    )
+    env: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _granted_only_when_enabled(self) -> WasiSpec:
+        if not self.enabled and (self.preopen_workspace != "none" or self.env):
+            raise ValueError("'preopen_workspace' and 'env' need 'enabled: true'")
+        return self
+
+
+class WasmToolSpec(Spec):
+    """A WebAssembly module run with wasmtime per call: JSON on stdin, result on stdout."""
+
+    module: str = Field(description="the .wasm file; './x' is relative to the YAML file")
+    entrypoint: str = Field(default="_start", min_length=1, description="an exported function")
+    fuel: int = Field(
+        default=1_000_000_000, ge=1, le=10**15, description="instructions (roughly) per call"
+    )
+    max_memory_mb: int = Field(default=64, ge=1, le=4096, description="linear memory, MiB")
+    wasi: WasiSpec = Field(default_factory=WasiSpec)
+
+    @field_validator("module")
+    @classmethod
+    def _usable_module(cls, module: str, info: ValidationInfo) -> str:
+        if info.context is not None and info.context.get("stored"):
+            return module  # checked again when the tool is built
+        if module.startswith(("./", "../")):
+            return module  # made absolute by the loader, which checks it then
+        problem = module_problem(module)
+        if problem is not None:
+            raise ValueError(problem)
+        return module
+
+
 class HttpAuth(Spec):
     type: Literal["bearer", "api-key", "basic"]
     secret: Name = Field(description="for basic: a secret holding 'user:password'")
@@ -223,9 +266,9 @@ class CircuitBreakerPolicy(Spec):
 
 
 class ToolSpecModel(Spec):
-    """A tool an agent may call. Exactly one of ``python``, ``exec``, ``http`` is set."""
+    """A tool an agent may call. Exactly one of ``python``, ``exec``, ``http``, ``wasm`` is set."""
 
-    type: Literal["python", "exec", "http"]
+    type: Literal["python", "exec", "http", "wasm"]
     description: str = ""
     parameters: dict[str, Any] | None = Field(
         default=None, description="JSON Schema of the arguments (python: derived when absent)"
@@ -233,6 +276,7 @@ class ToolSpecModel(Spec):
     python: PythonToolSpec | None = None
     exec: ExecToolSpec | None = None
     http: HttpToolSpec | None = None
+    wasm: WasmToolSpec | None = None
     risk: RiskLevel = "low"
     approval: ToolApproval = "inherit"
     idempotent: bool = False
@@ -248,7 +292,7 @@ class ToolSpecModel(Spec):
 
     @model_validator(mode="after")
     def _matching_block(self) -> ToolSpecModel:
-        blocks = {"python": self.python, "exec": self.exec, "http": self.http}
+        blocks = {"python": self.python, "exec": self.exec, "http": self.http, "wasm": self.wasm}
         if blocks[self.type] is None:
             raise ValueError(f"type {self.type!r} needs a {self.type!r} block")
         extra = [k for k, v in blocks.items() if v is not None and k != self.type]

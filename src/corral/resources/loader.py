@@ -37,6 +37,7 @@ from corral.resources.kinds import (
     Resource,
     ToolSpecModel,
 )
+from corral.resources.wasm_module import module_problem
 
 FieldPath = tuple[str | int, ...]
 M = TypeVar("M", bound=BaseModel)
@@ -204,7 +205,12 @@ def _load_into(
             problems.extend(doc_problems)
             if resource is not None and isinstance(node, yaml.MappingNode):
                 resource = _rewrite_paths(resource, base_dir)
-                loaded.append(LoadedResource(resource, source, node.start_mark.line + 1, node))
+                item = LoadedResource(resource, source, node.start_mark.line + 1, node)
+                module = _module_problem(resource)
+                if module is not None:
+                    problems.append((item.location(("spec", "wasm", "module")), module))
+                    continue
+                loaded.append(item)
     except yaml.MarkedYAMLError as exc:
         problems.append(_syntax_problem(exc, source))
     except yaml.YAMLError as exc:
@@ -520,12 +526,25 @@ def _rewrite_paths(resource: Resource, base_dir: Path | None) -> Resource:
         if spec.exec is not None:
             command = [_absolute(part, base_dir) for part in spec.exec.command]
             update["exec"] = spec.exec.model_copy(update={"command": command})
+        if spec.wasm is not None:
+            module = _absolute(spec.wasm.module, base_dir)
+            update["wasm"] = spec.wasm.model_copy(update={"module": module})
         spec = spec.model_copy(update=update)
     elif isinstance(spec, McpServerSpec):
         spec = spec.model_copy(update={"command": [_absolute(c, base_dir) for c in spec.command]})
     else:
         return resource
     return resource.model_copy(update={"spec": spec})
+
+
+def _module_problem(resource: Resource) -> str | None:
+    """Why a ``wasm`` Tool's module, made absolute against its file, cannot be used."""
+    spec = resource.spec
+    if not isinstance(spec, ToolSpecModel) or spec.wasm is None:
+        return None
+    if not os.path.isabs(spec.wasm.module):
+        return None  # no file to be relative to: refused by unanchored_paths
+    return module_problem(spec.wasm.module)
 
 
 def unanchored_paths(loaded: Sequence[LoadedResource]) -> list[Problem]:
@@ -557,6 +576,8 @@ def _program_paths(resource: Resource) -> Iterable[tuple[FieldPath, str]]:
         module_path = spec.python.path if spec.python is not None else None
         if module_path is not None and not os.path.isabs(module_path):
             yield ("spec", "python", "path"), module_path
+        if spec.wasm is not None and not os.path.isabs(spec.wasm.module):
+            yield ("spec", "wasm", "module"), spec.wasm.module
         if spec.exec is not None:
             command, entries = ("spec", "exec", "command"), spec.exec.command
     elif isinstance(spec, McpServerSpec):

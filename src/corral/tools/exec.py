@@ -50,9 +50,12 @@ __all__ = [
     "MAX_STDOUT_BYTES",
     "SAFE_PATH",
     "ExecTool",
+    "OutputCapture",
     "create",
     "declared_environment",
+    "exit_description",
     "locked_environment",
+    "parse_output",
     "resolve_program",
 ]
 
@@ -146,7 +149,7 @@ class _Completed:
     stdout_overflow: bool
 
 
-class _Capture:
+class OutputCapture:
     """Bytes read from one pipe: all of them up to ``limit``, or only the last ``limit``."""
 
     def __init__(self, limit: int, *, keep_tail: bool) -> None:
@@ -176,7 +179,7 @@ async def _feed(stream: anyio.abc.ByteSendStream | None, data: bytes) -> None:
 
 
 async def _drain(
-    stream: anyio.abc.ByteReceiveStream | None, capture: _Capture, tree: ProcessTree
+    stream: anyio.abc.ByteReceiveStream | None, capture: OutputCapture, tree: ProcessTree
 ) -> None:
     if stream is None:
         return
@@ -224,8 +227,8 @@ async def run_program(
             ToolErrorCode.UNAVAILABLE, f"cannot start {argv[0]!r}: {exc.strerror or exc}"
         ) from exc
     tree.started(process.pid)
-    out = _Capture(MAX_STDOUT_BYTES, keep_tail=False)
-    err = _Capture(MAX_STDERR_BYTES, keep_tail=True)
+    out = OutputCapture(MAX_STDOUT_BYTES, keep_tail=False)
+    err = OutputCapture(MAX_STDERR_BYTES, keep_tail=True)
     try:
         async with anyio.create_task_group() as tg:
             tg.start_soon(_feed, process.stdin, stdin)
@@ -242,7 +245,8 @@ async def run_program(
     return _Completed(returncode, bytes(out.data), bytes(err.data), out.overflow)
 
 
-def _parse_output(stdout: bytes) -> Any:
+def parse_output(stdout: bytes) -> Any:
+    """A program's result: its stdout as JSON when it is JSON, else as text."""
     text = stdout.decode("utf-8", errors="replace")
     stripped = text.strip()
     if not stripped:
@@ -253,7 +257,8 @@ def _parse_output(stdout: bytes) -> Any:
         return text.rstrip("\n")
 
 
-def _exit_description(returncode: int) -> str:
+def exit_description(returncode: int) -> str:
+    """``exited with code N`` or ``was killed by SIGX``, for error reasons."""
     if returncode < 0:
         try:
             name = signal.Signals(-returncode).name
@@ -324,7 +329,7 @@ class ExecTool(Tool):
             raise ToolError(
                 ToolErrorCode.RESOURCE_EXHAUSTED,
                 f"{program} hit its {limit} limit "
-                f"({getattr(self.isolation.limits, limit)}) and {_exit_description(done.returncode)}",
+                f"({getattr(self.isolation.limits, limit)}) and {exit_description(done.returncode)}",
                 details={"limit": limit, "exit_code": done.returncode, "stderr": tail},
             )
         if done.stdout_overflow:
@@ -334,13 +339,13 @@ class ExecTool(Tool):
             )
         if done.returncode != 0:
             tail = stderr.strip()[-_REASON_STDERR_CHARS:]
-            reason = f"{program} {_exit_description(done.returncode)}"
+            reason = f"{program} {exit_description(done.returncode)}"
             raise ToolError(
                 ToolErrorCode.EXECUTION_FAILED,
                 f"{reason}: {tail}" if tail else reason,
                 details={"exit_code": done.returncode, "stderr": tail},
             )
-        return _parse_output(done.stdout)
+        return parse_output(done.stdout)
 
 
 def create(

@@ -19,6 +19,7 @@ KINDS: dict[str, str] = {
     "python": "corral.tools.python",
     "exec": "corral.tools.exec",
     "http": "corral.tools.http",
+    "wasm": "corral.tools.wasm",
 }
 #: the kinds whose programs run under an isolation (they take ``sandbox_host``)
 SANDBOXED_KINDS = frozenset({"exec"})
