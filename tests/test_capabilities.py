@@ -3,6 +3,7 @@ authenticated caller, nothing of CORRAL_HOME in it) and ``corral doctor``."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import subprocess
@@ -26,7 +27,8 @@ def test_any_role_may_read_the_capabilities_and_they_name_no_path_of_corral_home
         assert str(server.home) not in response.text
         assert body["sandbox"]["bubblewrap"] is expected.works
         assert body["sandbox"]["auto_mode"] == ("sandbox" if expected.works else "none")
-        assert body["wasmtime"] is False
+        assert body["wasmtime"] is True  # a dependency since WASM tools
+        assert body["wasmtime_version"] == importlib.metadata.version("wasmtime")
         assert set(body["providers"]) >= {"llama-cpp"}
         assert body["store"] == {"kind": "sqlite", "configured": True, "reachable": True}
         assert body["bus"]["configured"] is False

@@ -46,3 +46,6 @@ class CapabilitiesOut(FromRecord):
     providers: dict[str, bool] = Field(description="Provider name: its library is importable.")
     store: BackendOut
     bus: BackendOut
+    wasmtime_version: str | None = Field(
+        default=None, description="The installed wasmtime package's version, when there is one."
+    )

@@ -42,7 +42,11 @@ def doctor(output: str = output_option(formats=("table", "json", "yaml"))) -> No
     lines = [
         ("sandbox", sandbox),
         ("isolation auto", f"{box.auto_mode} (max_processes: {box.max_processes})"),
-        ("wasmtime", _yes(found.wasmtime)),
+        (
+            "wasmtime",
+            _yes(found.wasmtime)
+            + (f" ({found.wasmtime_version})" if found.wasmtime_version else ""),
+        ),
         *((f"provider {name}", _yes(ok)) for name, ok in found.providers.items()),
         ("store", f"{found.store.kind}, reachable: {_yes(found.store.reachable)}"),
         (

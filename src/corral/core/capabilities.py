@@ -50,3 +50,5 @@ class Capabilities:
         default_factory=lambda: BackendCapability("sqlite", True, None)
     )
     bus: BackendCapability = field(default_factory=lambda: BackendCapability("local", False, None))
+    #: the installed wasmtime package's version (``50.0.1``), ``None`` without it
+    wasmtime_version: str | None = None

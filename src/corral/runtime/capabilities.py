@@ -5,6 +5,7 @@ how tools are isolated.
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 import logging
 import os
@@ -69,6 +70,14 @@ async def announce_isolation(host: SandboxHost) -> None:
         )
 
 
+def _version(package: str) -> str | None:
+    """The installed version of ``package`` (read from its metadata, not imported)."""
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
 async def _tcp_reachable(url: str, default_port: int) -> bool:
     parts = urlsplit(url)
     if parts.hostname is None:
@@ -122,4 +131,5 @@ async def gather_capabilities(
         providers={name: _importable(module) for name, module in _PROVIDER_MODULES.items()},
         store=await _store_capability(settings, store),
         bus=bus,
+        wasmtime_version=_version("wasmtime"),
     )
