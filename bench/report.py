@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import http_api
+import isolation
 import overhead
 import scale
 import scaleout
@@ -35,6 +36,7 @@ SECTIONS = {
     "startup": ("4. Start-up", startup.render),
     "http": ("5. HTTP API", http_api.render),
     "scaleout": ("6. Scale-out: worker processes on PostgreSQL + NATS", scaleout.render),
+    "isolation": ("7. Isolation: one tool call, sandboxed or not", isolation.render),
 }
 
 
@@ -145,6 +147,27 @@ def target_rows(results: dict[str, Any]) -> list[list[str]]:
                 f"`corral --help` under {section.get('target_help_ms', startup.TARGET_HELP_MS)} ms",
                 f"{spread(got, 0)} ms" if got else "failed",
                 _verdict(median(got) < section["target_help_ms"] if got else None, quick),
+            ]
+        )
+    if (section := results.get("isolation")) is not None:
+        adds = isolation.sandbox_adds(section)
+        limit = section["target_sandbox_adds_ms"]
+        rows.append(
+            [
+                f"The sandbox adds at most {limit:g} ms to an exec call (p50)",
+                f"+{spread(adds, 2)} ms"
+                if adds
+                else section["status"].get("exec, isolation sandbox", "failed"),
+                _verdict(median(adds) <= limit if adds else None, quick),
+            ]
+        )
+        wasm = isolation.p50s(section, "wasm (cached module)")
+        limit = section["target_wasm_ms"]
+        rows.append(
+            [
+                f"A WASM call of a cached module: at most {limit:g} ms (p50)",
+                f"{spread(wasm, 2)} ms" if wasm else "failed",
+                _verdict(median(wasm) <= limit if wasm else None, quick),
             ]
         )
     return rows
@@ -314,6 +337,16 @@ def _method(results: dict[str, Any]) -> str:
             f"database created beside `{x['postgres_url']}` and dropped after; NATS streams "
             f"(`{x['nats_url']}`) live under a random prefix, deleted after. "
             f"{plural(x['rounds'], 'round')}, each running every configuration in turn."
+        )
+    if (i := results.get("isolation")) is not None:
+        parts.append(
+            f"- **Isolation** (`bench/isolation.py`). One tool call timed around the tool "
+            f"kind's own `call` (no governance, no engine), so the rows differ only in where "
+            f"the tool runs: `cat` as an `exec` program with `isolation: none` and in a "
+            f"bubblewrap sandbox, the example word-count WASM module (compiled when the tool "
+            f"is built, so every call runs a cached module) and a trivial Python function in "
+            f"a worker thread. {i['calls']:,} timed calls of each, interleaved, after untimed "
+            f"ones; p50 and p95 per round, {plural(i['rounds'], 'round')}, each a child process."
         )
     parts.append(
         "- Figures are medians with min-max in brackets. Child processes run one at a "
@@ -485,6 +518,22 @@ def reading(results: dict[str, Any]) -> list[str]:
                 f"follower's SSE stream an event took {'; '.join(fans)}."
             )
     said += scaleout_reading(results)
+    if (i := results.get("isolation")) is not None:
+        adds = isolation.sandbox_adds(i)
+        none = isolation.p50s(i, "exec, isolation none")
+        wasm = isolation.p50s(i, "wasm (cached module)")
+        if adds and none:
+            said.append(
+                f"The bubblewrap sandbox adds {fmt(median(adds), 1)} ms (p50) to an exec call "
+                f"of {fmt(median(none), 1)} ms: namespaces, mounts and a second process per "
+                "call."
+            )
+        if wasm and none:
+            said.append(
+                f"A WASM call of a cached module takes {fmt(median(wasm), 2)} ms (p50), a "
+                f"fresh store, instance and WASI context per call and no process, against "
+                f"{fmt(median(none), 1)} ms for starting a program."
+            )
     return said
 
 

@@ -1,17 +1,19 @@
 """The benchmark suite: ``make bench`` runs this in ``bench/.venv`` (peers installed).
 
     bench/.venv/bin/python bench/run.py [--quick] [--write-docs [PATH]] [--json PATH]
-        [--sections overhead,throughput,scale,startup,http,scaleout] [--frameworks ...]
+        [--sections overhead,throughput,scale,startup,http,scaleout,isolation] [--frameworks ...]
         [--rounds N] [--note TEXT]
     bench/.venv/bin/python bench/run.py --from-json PATH --write-docs   # re-render only
 
-Six sections (see each module's docstring): agent-loop overhead against the
+Seven sections (see each module's docstring): agent-loop overhead against the
 floor and the peer frameworks (``overhead.py``), durable task throughput
 (``throughput.py``), 1,000 runs in flight on one worker (``scale.py``),
 start-up of whole ``corral`` processes (``startup.py``), the HTTP API's
 submit throughput and SSE fan-out latency (``http_api.py``), and ``corral
 worker`` processes on PostgreSQL + NATS JetStream beside SQLite
-(``scaleout.py``; rows say "not reachable" without those servers). Progress goes to
+(``scaleout.py``; rows say "not reachable" without those servers), and what a tool
+call costs isolated: exec with and without the sandbox, wasm, python
+(``isolation.py``). Progress goes to
 stderr, the tables to stdout; ``--write-docs`` writes ``docs/benchmarks.md``
 from this run's results, ``--json`` keeps the raw figures.
 
@@ -32,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import http_api
+import isolation
 import overhead
 import report
 import scale
@@ -48,7 +51,7 @@ from _common import (
 )
 from peers import FRAMEWORKS
 
-SECTIONS = ("overhead", "throughput", "scale", "startup", "http", "scaleout")
+SECTIONS = ("overhead", "throughput", "scale", "startup", "http", "scaleout", "isolation")
 
 
 def log(line: str) -> None:
@@ -90,6 +93,7 @@ def configs(args: argparse.Namespace) -> dict[str, Any]:
                 postgres_alone=False,
                 timeout=120,
             ),
+            "isolation": isolation.Config(rounds=1, calls=5, warmup=1, timeout=120),
         }
     else:
         found = {
@@ -99,6 +103,7 @@ def configs(args: argparse.Namespace) -> dict[str, Any]:
             "startup": startup.Config(),
             "http": http_api.Config(),
             "scaleout": scaleout.Config(),
+            "isolation": isolation.Config(),
         }
     if args.rounds:
         for key in ("overhead", "throughput"):
@@ -146,6 +151,7 @@ SECTION_RUNNERS = {
     "startup": startup.run,
     "http": http_api.run,
     "scaleout": scaleout.run,
+    "isolation": isolation.run,
 }
 
 

@@ -66,6 +66,11 @@ def test_quick_benchmark_run_produces_every_section(tmp_path: Path) -> None:
             assert sample["drain_per_s"] > 0, sample
             assert len(sample["execution_ms"]) == scaleout["latency_runs"], sample
 
+    isolation = results["isolation"]
+    assert isolation["samples"]["exec, isolation none"], isolation
+    assert isolation["samples"]["wasm (cached module)"], isolation
+    assert "issue 17" in isolation["status"]["python, isolation: process"]
+
     headings = (
         "Agent-loop overhead",
         "Task throughput",
@@ -73,6 +78,7 @@ def test_quick_benchmark_run_produces_every_section(tmp_path: Path) -> None:
         "Start-up",
         "HTTP API",
         "Scale-out",
+        "Isolation",
         "Targets",
     )
     for heading in headings:

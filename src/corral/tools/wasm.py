@@ -138,6 +138,27 @@ def _writer(capture: OutputCapture) -> Callable[[bytes], int]:
     return write
 
 
+def _set_stdin(wasi: wasmtime.WasiConfig, payload: bytes) -> None:
+    """Make ``payload`` the module's stdin (wasmtime reads stdin only from a named file).
+
+    On Linux an anonymous memory file, reopened through ``/proc/self/fd`` (wasmtime
+    opens it when told, so it is closed here at once): nothing touches a disk and
+    nothing is left behind. Elsewhere a temporary file, deleted at once.
+    """
+    if hasattr(os, "memfd_create") and os.path.isdir("/proc/self/fd"):
+        fd = os.memfd_create("corral-wasm-stdin", os.MFD_CLOEXEC)
+        try:
+            os.write(fd, payload)
+            wasi.stdin_file = f"/proc/self/fd/{fd}"
+        finally:
+            os.close(fd)
+        return
+    with tempfile.NamedTemporaryFile(prefix="corral-wasm-stdin-") as stdin:
+        stdin.write(payload)
+        stdin.flush()
+        wasi.stdin_file = stdin.name
+
+
 def _trap_name(trap: wasmtime.Trap) -> str:
     code = trap.trap_code
     return code.name.lower() if code is not None else "trap"
@@ -178,32 +199,29 @@ class WasmTool(Tool):
         if grants.enabled and grants.preopen_workspace != "none":
             mutable = grants.preopen_workspace == "rw"
             wasi.preopen_dir(str(workspace), GUEST_WORKSPACE, mutable)
-        with tempfile.NamedTemporaryFile(prefix="corral-wasm-stdin-") as stdin:
-            stdin.write(payload)
-            stdin.flush()
-            wasi.stdin_file = stdin.name
-            store.set_wasi(wasi)
-            linker = wasmtime.Linker(engine)
-            linker.define_wasi()
-            try:
-                instance = linker.instantiate(store, module)
-            except wasmtime.Trap as trap:  # a start function trapped
-                outcome.trap = trap
-                return outcome
-            except wasmtime.WasmtimeError as exc:
-                outcome.error = str(exc)
-                return outcome
-            entry = instance.exports(store)[self._wasm.entrypoint]
-            assert isinstance(entry, wasmtime.Func)  # checked when the tool was built
-            try:
-                entry(store)
-            except wasmtime.ExitTrap as exit_trap:
-                outcome.exit_code = exit_trap.code
-            except wasmtime.Trap as trap:
-                outcome.trap = trap
-            for export in instance.exports(store).by_index:
-                if isinstance(export, wasmtime.Memory):
-                    outcome.memory_bytes = max(outcome.memory_bytes, export.data_len(store))
+        _set_stdin(wasi, payload)
+        store.set_wasi(wasi)
+        linker = wasmtime.Linker(engine)
+        linker.define_wasi()
+        try:
+            instance = linker.instantiate(store, module)
+        except wasmtime.Trap as trap:  # a start function trapped
+            outcome.trap = trap
+            return outcome
+        except wasmtime.WasmtimeError as exc:
+            outcome.error = str(exc)
+            return outcome
+        entry = instance.exports(store)[self._wasm.entrypoint]
+        assert isinstance(entry, wasmtime.Func)  # checked when the tool was built
+        try:
+            entry(store)
+        except wasmtime.ExitTrap as exit_trap:
+            outcome.exit_code = exit_trap.code
+        except wasmtime.Trap as trap:
+            outcome.trap = trap
+        for export in instance.exports(store).by_index:
+            if isinstance(export, wasmtime.Memory):
+                outcome.memory_bytes = max(outcome.memory_bytes, export.data_len(store))
         return outcome
 
     async def _watch(self, engine: wasmtime.Engine, timed_out: list[bool]) -> None:
