@@ -273,3 +273,19 @@ def test_the_example_module_is_built_from_its_source() -> None:
     source = EXAMPLE.with_suffix(".wat").read_text()
     assert wasmtime.wat2wasm(source) == EXAMPLE.read_bytes()
     assert os.path.getsize(EXAMPLE) < 4096
+
+
+def test_a_file_that_is_no_module_is_refused_without_quoting_it(tmp_path: Path) -> None:
+    secret = tmp_path / "secret.txt"
+    secret.write_text("root:hunter2")
+    loop = tmp_path / "loop.wasm"
+    loop.symlink_to(loop)
+
+    with pytest.raises(ValidationError) as caught:
+        WasmToolSpec(module=str(secret))
+    assert "0asm' header" in str(caught.value)
+    assert "0x72" not in str(caught.value) and "hunter2" not in str(caught.value)
+    with pytest.raises(ValidationError, match="cannot be read"):
+        WasmToolSpec(module=str(loop))
+    with pytest.raises(ValidationError, match=r"cannot be read|is not a file"):
+        WasmToolSpec(module="/" + "a" * 5000)

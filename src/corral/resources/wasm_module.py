@@ -25,7 +25,12 @@ def _within(path: Path, root: Path) -> bool:
 
 
 def wasm_problem(wasm: bytes) -> str | None:
-    """Why ``wasm`` is not a WebAssembly module wasmtime accepts, or ``None``."""
+    """Why ``wasm`` is not a WebAssembly module wasmtime accepts, or ``None``.
+
+    The reason never quotes the file (wasmtime's own message shows its first bytes).
+    """
+    if not wasm.startswith(b"\0asm"):
+        return "not a valid WebAssembly module: it does not start with the '\\0asm' header"
     try:
         import wasmtime  # not at the top: `corral --help` never needs it
     except ImportError:  # pragma: no cover - a dependency; the tool kind says so when built
@@ -42,6 +47,13 @@ def module_problem(path: str, corral_home: Path | None = None) -> str | None:
     """Why ``path`` cannot be a ``wasm`` tool's module, or ``None`` when it can."""
     if "\0" in path or not PurePosixPath(path).is_absolute():
         return f"{path!r} must be an absolute path"
+    try:
+        return _file_problem(path, corral_home)
+    except (OSError, RuntimeError) as exc:  # too long, a symlink loop, unreadable
+        return f"{path!r} cannot be read: {getattr(exc, 'strerror', None) or exc}"
+
+
+def _file_problem(path: str, corral_home: Path | None) -> str | None:
     real = Path(path).resolve()  # a symlink is judged by what it points to
     for forbidden in FORBIDDEN_ROOTS:
         if _within(real, Path(forbidden)):
