@@ -239,6 +239,62 @@ spec:
     assert "tok-0123456789" not in stored
 
 
+async def test_wasm_tools_work_through_an_agent_and_a_limit_hit_lets_the_run_go_on(
+    env: tuple[Store, Settings], tmp_path: Path
+) -> None:
+    import wasmtime
+
+    store, settings = env
+    spin = tmp_path / "probe.wasm"
+    spin.write_bytes(
+        wasmtime.wat2wasm((TESTS / "tool_programs" / "wasm" / "probe.wat").read_text())
+    )
+    example = TESTS.parent / "examples" / "tools" / "word_count.wasm"
+    await apply(
+        store,
+        """
+apiVersion: corral/v1
+kind: ModelEndpoint
+metadata: {name: script}
+spec:
+  provider: scripted
+  script:
+    - tool_calls:
+        - {name: wc, arguments: {text: "three little words"}}
+        - {name: spin, arguments: {}}
+    - text: done
+""",
+        f"""
+apiVersion: corral/v1
+kind: Tool
+metadata: {{name: wc}}
+spec:
+  type: wasm
+  wasm: {{module: "{example}"}}
+  parameters: {{type: object, properties: {{text: {{type: string}}}}}}
+---
+apiVersion: corral/v1
+kind: Tool
+metadata: {{name: spin}}
+spec:
+  type: wasm
+  wasm: {{module: "{spin}", entrypoint: spin, fuel: 100000}}
+  parameters: {{type: object}}
+""",
+        agent("script", tools="[wc, spin]"),
+    )
+    record = await run_agent(store, settings, "helper", "go")
+    assert record.state is RunState.SUCCEEDED, record.error
+    results = {
+        e.data["tool"]: e.data
+        for e in await store.list_events(record.id)
+        if e.type is EventType.TOOL_RESULT
+    }
+    assert json.loads(results["wc"]["output"]) == {"words": 3}
+    assert results["spin"]["error"]["code"] == "resource_exhausted"
+    assert results["spin"]["error"]["details"] == {"limit": "fuel"}
+
+
 async def test_roles_from_resources_deny_a_listed_tool(env: tuple[Store, Settings]) -> None:
     store, settings = env
     await apply(
