@@ -143,6 +143,10 @@ RELATIVE = [
         "spec.exec.command[1]",
     ),
     (
+        _tool("wm", {"type": "wasm", "wasm": {"module": "./tool.wasm"}, "parameters": {}}),
+        "spec.wasm.module",
+    ),
+    (
         {
             "apiVersion": "corral/v1",
             "kind": "McpServer",
@@ -167,6 +171,22 @@ def test_relative_program_paths_are_refused_over_the_api_naming_the_field(
     assert "relative" in problem["reason"]
     kind, name = document["kind"].lower(), document["metadata"]["name"]
     assert client.get(f"/v1/resources/{kind}/{name}").status_code == 404
+
+
+def test_a_wasm_module_that_is_no_module_is_refused_over_the_api_naming_the_field(
+    client: httpx.Client, tmp_path: Path
+) -> None:
+    text = tmp_path / "notes.txt"
+    text.write_text("not webassembly")
+    document = _tool("wm-bad", {"type": "wasm", "wasm": {"module": str(text)}, "parameters": {}})
+
+    response = client.post("/v1/resources", json=[document])
+
+    assert response.status_code == 422, response.text
+    [problem] = response.json()["errors"]
+    assert problem["field"] == "spec.wasm.module"
+    assert "not a valid WebAssembly module" in problem["reason"]
+    assert "not webassembly" not in response.text
 
 
 def test_absolute_paths_and_names_on_the_path_are_still_accepted(client: httpx.Client) -> None:
