@@ -204,9 +204,11 @@ def _load_into(
             resource = _validate(node, data, source, default_namespace, doc_problems)
             problems.extend(doc_problems)
             if resource is not None and isinstance(node, yaml.MappingNode):
+                written = _module_of(resource)
                 resource = _rewrite_paths(resource, base_dir)
                 item = LoadedResource(resource, source, node.start_mark.line + 1, node)
-                module = _module_problem(resource)
+                # an absolute module was checked with the spec; a relative one only now
+                module = _module_problem(resource) if _module_of(resource) != written else None
                 if module is not None:
                     problems.append((item.location(("spec", "wasm", "module")), module))
                     continue
@@ -535,6 +537,14 @@ def _rewrite_paths(resource: Resource, base_dir: Path | None) -> Resource:
     else:
         return resource
     return resource.model_copy(update={"spec": spec})
+
+
+def _module_of(resource: Resource) -> str | None:
+    """A ``wasm`` Tool's module path as the resource names it, else ``None``."""
+    spec = resource.spec
+    if isinstance(spec, ToolSpecModel) and spec.wasm is not None:
+        return spec.wasm.module
+    return None
 
 
 def _module_problem(resource: Resource) -> str | None:

@@ -43,17 +43,23 @@ def wasm_problem(wasm: bytes) -> str | None:
     return None
 
 
-def module_problem(path: str, corral_home: Path | None = None) -> str | None:
-    """Why ``path`` cannot be a ``wasm`` tool's module, or ``None`` when it can."""
+def module_problem(
+    path: str, corral_home: Path | None = None, *, validate: bool = True
+) -> str | None:
+    """Why ``path`` cannot be a ``wasm`` tool's module, or ``None`` when it can.
+
+    ``validate=False`` skips the WebAssembly check (the tool kind compiles the module,
+    which checks it anyway).
+    """
     if "\0" in path or not PurePosixPath(path).is_absolute():
         return f"{path!r} must be an absolute path"
     try:
-        return _file_problem(path, corral_home)
+        return _file_problem(path, corral_home, validate)
     except (OSError, RuntimeError) as exc:  # too long, a symlink loop, unreadable
         return f"{path!r} cannot be read: {getattr(exc, 'strerror', None) or exc}"
 
 
-def _file_problem(path: str, corral_home: Path | None) -> str | None:
+def _file_problem(path: str, corral_home: Path | None, validate: bool) -> str | None:
     real = Path(path).resolve()  # a symlink is judged by what it points to
     for forbidden in FORBIDDEN_ROOTS:
         if _within(real, Path(forbidden)):
@@ -66,4 +72,4 @@ def _file_problem(path: str, corral_home: Path | None) -> str | None:
     size = os.path.getsize(real)
     if size > MAX_MODULE_BYTES:
         return f"{path!r} is {size} bytes, more than a module may be ({MAX_MODULE_BYTES})"
-    return wasm_problem(real.read_bytes())
+    return wasm_problem(real.read_bytes()) if validate else None

@@ -49,7 +49,7 @@ import wasmtime
 
 from corral.core.errors import ConfigurationError, ToolError, ToolErrorCode
 from corral.resources.kinds import ToolSpecModel, WasmToolSpec
-from corral.resources.wasm_module import module_problem
+from corral.resources.wasm_module import module_problem, wasm_problem
 from corral.tools.base import Tool, ToolContext
 from corral.tools.exec import (
     MAX_STDERR_BYTES,
@@ -348,13 +348,16 @@ def create(name: str, spec: ToolSpecModel, secrets: Mapping[str, str]) -> Tool:
         raise ConfigurationError(f"Tool {name!r}: type 'wasm' needs a 'wasm' block")
     owner = f"Tool {name!r}"
     path = spec.wasm.module
-    problem = module_problem(path) if os.path.isabs(path) else f"{path!r} must be an absolute path"
+    problem = module_problem(path, validate=False)
+    if problem is None:
+        wasm = Path(path).read_bytes()
+        problem = wasm_problem(wasm) if not wasm.startswith(b"\0asm") else None
     if problem is not None:
         raise ConfigurationError(f"{owner}: {problem}")
-    wasm = Path(path).read_bytes()
     try:
-        digest, code = compiled(wasm)
+        digest, code = compiled(wasm)  # the cache answers a module it compiled before
     except wasmtime.WasmtimeError as exc:
-        raise ConfigurationError(f"{owner}: {path!r} does not compile: {exc}") from exc
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else "invalid"
+        raise ConfigurationError(f"{owner}: not a valid WebAssembly module: {first}") from exc
     _check_interface(owner, code, spec.wasm.entrypoint)
     return WasmTool(name, spec, code, digest)
