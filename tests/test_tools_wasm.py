@@ -289,3 +289,15 @@ def test_a_file_that_is_no_module_is_refused_without_quoting_it(tmp_path: Path) 
         WasmToolSpec(module=str(loop))
     with pytest.raises(ValidationError, match=r"cannot be read|is not a file"):
         WasmToolSpec(module="/" + "a" * 5000)
+
+
+def test_the_module_cache_keeps_the_most_recently_used(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(wasm_tool, "CACHED_MODULES", 2)
+    modules = [wasmtime.wat2wasm(f'(module (func (export "f{i}")))') for i in range(3)]
+    first = wasm_tool.compiled(modules[0])[1]
+    wasm_tool.compiled(modules[1])
+    assert wasm_tool.compiled(modules[0])[1] is first  # used again: now the most recent
+    wasm_tool.compiled(modules[2])  # drops modules[1], the least recently used
+
+    assert wasm_tool.compiled(modules[0])[1] is first
+    assert len(wasm_tool._cache) == 2

@@ -26,7 +26,8 @@ Any other trap is ``execution_failed`` with ``details.trap`` naming it
 (``unreachable``, ``memory_out_of_bounds``, ...).
 
 Compiling is the slow part (milliseconds to seconds), so compiled code is cached
-per process by the module's SHA-256 (:func:`compiled`) and each call only
+per process by the module's SHA-256 (:func:`compiled`, the :data:`CACHED_MODULES`
+most recently used) and each call only
 deserializes it into its engine (tens of microseconds). wasmtime blocks, so the
 module runs in a worker thread; the event loop only waits for it.
 """
@@ -38,6 +39,7 @@ import json
 import os
 import tempfile
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,7 +62,7 @@ from corral.tools.exec import (
 )
 from corral.tools.naming import declared_spec
 
-__all__ = ["WASI_MODULE", "WasmTool", "compiled", "create", "wasmtime_version"]
+__all__ = ["CACHED_MODULES", "WASI_MODULE", "WasmTool", "compiled", "create"]
 
 #: the only import module a tool's module may use
 WASI_MODULE = "wasi_snapshot_preview1"
@@ -69,18 +71,11 @@ GUEST_WORKSPACE = "/workspace"
 _PAGE = 65536
 _REASON_STDERR_CHARS = 2000
 
-_cache: dict[str, bytes] = {}
+#: compiled modules kept per process, the least recently used dropped first
+CACHED_MODULES = 64
+
+_cache: OrderedDict[str, bytes] = OrderedDict()
 _cache_lock = threading.Lock()
-
-
-def wasmtime_version() -> str:
-    """The version of the wasmtime package (``50.0.1``), ``""`` when unknown."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("wasmtime")
-    except PackageNotFoundError:
-        return ""
 
 
 def _engine() -> wasmtime.Engine:
@@ -98,10 +93,14 @@ def compiled(wasm: bytes) -> tuple[str, bytes]:
     digest = hashlib.sha256(wasm).hexdigest()
     with _cache_lock:
         code = _cache.get(digest)
+        if code is not None:
+            _cache.move_to_end(digest)
     if code is None:
         code = bytes(wasmtime.Module(_engine(), wasm).serialize())
         with _cache_lock:
             _cache[digest] = code
+            while len(_cache) > CACHED_MODULES:
+                _cache.popitem(last=False)
     return digest, code
 
 
