@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Self
 
-from pydantic import BaseModel, Field
+from pydantic import AfterValidator, BaseModel, Field
 
 from corral.api.common import (
     FromRecord,
@@ -19,8 +19,22 @@ from corral.api.common import (
 from corral.core.events import Event, EventType
 from corral.core.limits import MAX_DELAY_SECONDS, MAX_PRIORITY
 from corral.core.runs import RunRecord, RunState
+from corral.core.selectors import labels_problem
 
-#: the bounds of a task's priority and delay (the API's and the CLI's, one rule)
+
+def _valid_labels(labels: dict[str, str]) -> dict[str, str]:
+    problem = labels_problem(labels)
+    if problem is not None:
+        raise ValueError(problem)
+    return labels
+
+
+#: a run's labels, held to the rule of ``core/selectors.py``
+Labels = Annotated[
+    dict[str, str],
+    AfterValidator(_valid_labels),
+    Field(description="key=value labels: short words of any script (see `label` in list)."),
+]
 
 
 class Usage(FromRecord):
@@ -67,6 +81,7 @@ class Task(FromRecord):
     lease_expires_at: Timestamp | None = None
     pending_approvals: list[PendingApprovalOut]
     output_schema: dict[str, Any] | None = None
+    labels: dict[str, str] = Field(default_factory=dict[str, str])
 
     @classmethod
     def from_record(cls, record: RunRecord) -> Self:
@@ -102,6 +117,7 @@ class SubmitTask(Request):
     output_schema: JsonObject | None = Field(
         None, description="A JSON Schema the answer must match (over the agent's own)."
     )
+    labels: Labels = Field(default_factory=dict[str, str])
 
 
 class EventOut(FromRecord):

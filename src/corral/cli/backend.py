@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from corral.bus.base import Bus
     from corral.core.events import Event
     from corral.core.runs import RunRecord
+    from corral.core.selectors import Selector
     from corral.core.settings import Settings
     from corral.resources.loader import LoadedResource
     from corral.store.base import Store, StoredResource
@@ -108,6 +109,7 @@ class Backend(ABC):
         idempotency_key: str | None = None,
         priority: int = 0,
         delay: float = 0.0,
+        labels: dict[str, str] | None = None,
     ) -> tuple[Task, bool]:
         """Queue a run; ``False`` when the idempotency key was seen (the first run)."""
 
@@ -123,14 +125,21 @@ class Backend(ABC):
         show: Show | None,
         loading: Any,
         control: RunControl | None = None,
+        labels: dict[str, str] | None = None,
     ) -> TaskDetail:
         """Submit a run and see it through until it ends or waits for approval (see
         :class:`RunControl`)."""
 
     @abstractmethod
     async def list_runs(
-        self, namespace: str, agent: str | None, limit: int, states: list[str] | None
-    ) -> list[Task]: ...
+        self,
+        namespace: str,
+        agent: str | None,
+        limit: int,
+        states: list[str] | None,
+        selector: Selector | None = None,
+    ) -> list[Task]:
+        """The newest runs (of ``agent``, in ``states``, whose labels match ``selector``)."""
 
     @abstractmethod
     async def get_run(self, run_id: str) -> TaskDetail:
@@ -213,6 +222,7 @@ class EmbeddedBackend(Backend):
         idempotency_key: str | None = None,
         priority: int = 0,
         delay: float = 0.0,
+        labels: dict[str, str] | None = None,
     ) -> tuple[Task, bool]:
         from corral.api import Task
         from corral.runtime import operations
@@ -227,6 +237,7 @@ class EmbeddedBackend(Backend):
                 idempotency_key=idempotency_key,
                 priority=priority,
                 delay=delay,
+                labels=labels,
                 bus=bus,
             )
         return Task.from_record(record), created
@@ -242,6 +253,7 @@ class EmbeddedBackend(Backend):
         show: Show | None,
         loading: Any,
         control: RunControl | None = None,
+        labels: dict[str, str] | None = None,
     ) -> TaskDetail:
         from corral.api import TaskDetail
         from corral.runtime.local import Steering, run_agent
@@ -265,6 +277,7 @@ class EmbeddedBackend(Backend):
                 namespace=namespace,
                 session=session,
                 output_schema=output_schema,
+                labels=labels,
                 observer=_observer(show) if show is not None else None,
                 loading=loading,
                 bus=bus,
@@ -273,15 +286,19 @@ class EmbeddedBackend(Backend):
         return TaskDetail.from_record(record)
 
     async def list_runs(
-        self, namespace: str, agent: str | None, limit: int, states: list[str] | None
+        self,
+        namespace: str,
+        agent: str | None,
+        limit: int,
+        states: list[str] | None,
+        selector: Selector | None = None,
     ) -> list[Task]:
         from corral.api import Task
         from corral.core.runs import RunState
 
         chosen = [RunState(s) for s in states] if states else None
-        return [
-            Task.from_record(r) for r in await self.store.list_runs(namespace, agent, limit, chosen)
-        ]
+        found = await self.store.list_runs(namespace, agent, limit, chosen, selector=selector)
+        return [Task.from_record(r) for r in found]
 
     async def get_run(self, run_id: str) -> TaskDetail:
         from corral.api import TaskDetail

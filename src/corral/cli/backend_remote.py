@@ -31,6 +31,7 @@ from corral.cli.backend import Backend, RunControl, Show, load_files
 from corral.client import AsyncClient
 from corral.core.errors import Location, NotFoundError, ResourceError
 from corral.core.runs import RunState
+from corral.core.selectors import Selector
 from corral.resources.loader import LoadedResource
 
 OnPause = Callable[[TaskDetail], Awaitable[None]]
@@ -105,6 +106,7 @@ class RemoteBackend(Backend):
         idempotency_key: str | None = None,
         priority: int = 0,
         delay: float = 0.0,
+        labels: dict[str, str] | None = None,
     ) -> tuple[Task, bool]:
         task, created = await self.client.submit(
             agent,
@@ -113,6 +115,7 @@ class RemoteBackend(Backend):
             idempotency_key=idempotency_key,
             priority=priority,
             delay_seconds=delay,
+            labels=labels,
         )
         return task, created
 
@@ -127,9 +130,10 @@ class RemoteBackend(Backend):
         show: Show | None,
         loading: Any,
         control: RunControl | None = None,
+        labels: dict[str, str] | None = None,
     ) -> TaskDetail:
         submitted = await self.client.submit(
-            agent, prompt, session=session, output_schema=output_schema
+            agent, prompt, session=session, output_schema=output_schema, labels=labels
         )
         run_id = submitted.task.id
         if control is not None:
@@ -154,11 +158,17 @@ class RemoteBackend(Backend):
         return record
 
     async def list_runs(
-        self, namespace: str, agent: str | None, limit: int, states: list[str] | None
+        self,
+        namespace: str,
+        agent: str | None,
+        limit: int,
+        states: list[str] | None,
+        selector: Selector | None = None,
     ) -> list[Task]:
         found: list[Task] = []
+        label = str(selector) if selector else None
         async for task in self.client.iter_tasks(
-            state=states, agent=agent, page_size=min(limit, PAGE)
+            state=states, agent=agent, label=label, page_size=min(limit, PAGE)
         ):
             found.append(task)
             if len(found) >= limit:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import typer
@@ -9,16 +11,27 @@ import typer
 from corral.cli.common import (
     EXIT_BAD_INPUT,
     NAMESPACE,
+    escape,
     exit_code,
     fail,
     run_async,
     session_id_option,
 )
 from corral.cli.output import CHANGE_FORMATS, output_option
+from corral.cli.watch import WATCH, WATCH_INTERVAL, WATCH_TIMEOUT
 from corral.core.limits import MAX_DELAY_SECONDS, MAX_PAGE_ITEMS, MAX_PRIORITY
 
 if TYPE_CHECKING:
     from corral.api import ApprovalOut, EventOut, Task, TaskDetail
+    from corral.core.selectors import Selector
+
+#: ``-l key=value`` of ``submit`` and ``run``: labels stored with the run
+LABEL = typer.Option(
+    [],
+    "-l",
+    "--label",
+    help="A label for the run, key=value (repeat, or comma separate, for more).",
+)
 
 tasks_app = typer.Typer(help="List, inspect and cancel tasks (durable runs).", no_args_is_help=True)
 
@@ -47,10 +60,12 @@ def submit(
     delay: float = typer.Option(
         0.0, "--delay", min=0.0, max=MAX_DELAY_SECONDS, help="Seconds before the task may start."
     ),
+    label: list[str] = LABEL,
     namespace: str = NAMESPACE,
     output: str | None = output_option(None, CHANGE_FORMATS),
 ) -> None:
     """Queue a run for a worker and print its task id (``-o json``: the task)."""
+    labels = labels_option(label)
     task, created = run_async(
         submit_task(
             agent,
@@ -60,6 +75,7 @@ def submit(
             idempotency_key=idempotency_key,
             priority=priority,
             delay=delay,
+            labels=labels,
         )
     )
     if not created:
@@ -87,28 +103,110 @@ async def submit_task(agent: str, prompt: str, **options: Any) -> tuple[Task, bo
 def tasks_list(
     namespace: str = NAMESPACE,
     agent: str | None = typer.Option(None, "--agent", help="Only this agent's tasks."),
-    state: list[str] = typer.Option([], "--state", help="Only tasks in these states."),
+    state: list[str] = typer.Option(
+        [], "--state", help="Only tasks in these states (comma separated, or repeated)."
+    ),
+    selector: list[str] = typer.Option(
+        [],
+        "-l",
+        "--selector",
+        help="Only tasks whose labels match: key=value, key!=value, key, !key (comma "
+        "separated; all must hold).",
+    ),
     limit: int = typer.Option(50, "--limit", min=1, max=MAX_PAGE_ITEMS),
     output: str = output_option(),
+    watch: bool = WATCH,
+    watch_timeout: float | None = WATCH_TIMEOUT,
+    watch_interval: float = WATCH_INTERVAL,
 ) -> None:
-    """The newest tasks, newest first (``-o wide``: with their session, tokens and error)."""
+    """The newest tasks, newest first (``-o wide``: with their session, tokens, error and
+    labels; ``-w``: then each task again as it changes, until Ctrl-C)."""
     from corral.cli.output import print_list
     from corral.cli.views import TASK
     from corral.core.runs import RunState
 
-    try:
-        states = [RunState(s) for s in state] or None
-    except ValueError:
-        fail(f"unknown state; states are {', '.join(s.value for s in RunState)}", EXIT_BAD_INPUT)
+    states = choices(state, [s.value for s in RunState], "state") or None
+    chosen = selector_option(selector)
 
     async def go() -> list[Task]:
         from corral.cli.connect import open_backend
 
         async with open_backend() as backend:
-            chosen = [s.value for s in states] if states else None
-            return await backend.list_runs(namespace, agent, limit, chosen)
+            return await backend.list_runs(namespace, agent, limit, states, chosen)
 
-    print_list(TASK, run_async(go()), output, namespace=namespace)
+    if not watch:
+        print_list(TASK, run_async(go()), output, namespace=namespace)
+        return
+
+    async def watching() -> None:
+        from corral.cli.connect import open_backend
+        from corral.cli.watch import watch as watch_list
+        from corral.core.errors import NotFoundError
+
+        async with open_backend() as backend:
+
+            async def fetch() -> list[Task]:
+                return await backend.list_runs(namespace, agent, limit, states, chosen)
+
+            async def lost(tasks: list[Task]) -> list[Task]:
+                found: list[Task] = []
+                for task in tasks:
+                    with contextlib.suppress(NotFoundError):  # deleted meanwhile
+                        found.append(await backend.get_run(task.id))
+                return found
+
+            await watch_list(
+                TASK,
+                fetch,
+                _task_key,
+                output,
+                namespace=namespace,
+                lost=lost,
+                interval=watch_interval,
+                seconds=watch_timeout,
+            )
+
+    run_async(watching())
+
+
+def _task_key(task: Task) -> tuple[object, ...]:
+    """What a watch of tasks reports a change of."""
+    return (task.state, task.attempts, task.steps, task.cancel_requested)
+
+
+def choices(values: list[str], allowed: Sequence[str], what: str) -> list[str]:
+    """Repeated and comma separated ``values`` of an option, each one of ``allowed``;
+    an unknown one is exit 2, the error echoing it and the values allowed."""
+    found: list[str] = []
+    for value in values:
+        for part in value.split(","):
+            part = part.strip()
+            if part not in allowed:
+                shown = escape(repr(part if len(part) <= 40 else part[:40] + "…"))
+                fail(f"unknown {what} {shown} ({what}s are {', '.join(allowed)})", EXIT_BAD_INPUT)
+            if part not in found:
+                found.append(part)
+    return found
+
+
+def labels_option(pairs: list[str]) -> dict[str, str]:
+    """``-l key=value`` options as labels (exit 2 naming what breaks the rule)."""
+    from corral.core.selectors import LabelError, parse_labels
+
+    try:
+        return parse_labels(pairs)
+    except LabelError as exc:
+        fail(escape(exc.message), EXIT_BAD_INPUT)
+
+
+def selector_option(texts: list[str]) -> Selector | None:
+    """``-l`` selectors as one (exit 2 naming the requirement that is malformed)."""
+    from corral.core.selectors import LabelError, parse_selector
+
+    try:
+        return parse_selector(texts) or None
+    except LabelError as exc:
+        fail(escape(exc.message), EXIT_BAD_INPUT)
 
 
 @tasks_app.command("get")
@@ -144,7 +242,18 @@ def tasks_describe(task_id: str = typer.Argument(..., help="The task (run) id.")
             return task, approvals
 
     task, approvals = run_async(go())
-    typer.echo(describe_task(task, approvals))
+    typer.echo(_with_labels(describe_task(task, approvals), task))
+
+
+def _with_labels(described: str, task: Task) -> str:
+    """``describe``'s text with the task's labels after its namespace."""
+    from corral.cli.describe import LABEL as WIDTH
+    from corral.cli.views import run_labels
+
+    lines = described.splitlines()
+    at = next((i + 1 for i, line in enumerate(lines) if line.startswith("Namespace:")), 1)
+    lines.insert(at, f"{'Labels:':<{WIDTH}}{run_labels(task)}")
+    return "\n".join(lines)
 
 
 @tasks_app.command("cancel")

@@ -217,8 +217,10 @@ def submit(
     priority: int = 0,
     delay_seconds: float = 0.0,
     output_schema: Mapping[str, Any] | None = None,
+    labels: Mapping[str, str] | None = None,
 ) -> Call[Submitted]:
-    """Queue a run; ``created`` is false when the idempotency key was seen before."""
+    """Queue a run (with ``labels``: ``{key: value}``); ``created`` is false when the
+    idempotency key was seen before."""
     body: dict[str, Any] = {"agent": agent, "input": input}
     if session is not None:
         body["session"] = session
@@ -230,6 +232,8 @@ def submit(
         body["delay_seconds"] = delay_seconds
     if output_schema is not None:
         body["output_schema"] = dict(output_schema)
+    if labels:
+        body["labels"] = dict(labels)
 
     def parse(response: httpx.Response) -> Submitted:
         task = Task.model_validate_json(response.content)
@@ -242,10 +246,15 @@ def list_tasks(
     *,
     state: str | Sequence[str] | None = None,
     agent: str | None = None,
+    label: str | None = None,
     limit: int | None = None,
     cursor: str | None = None,
 ) -> Call[TaskPage]:
+    """A page of tasks (in ``state``, of ``agent``, matching the label selector ``label``:
+    ``"team=ml,!draft"``)."""
     params = _states(state) + ([("agent", agent)] if agent is not None else [])
+    if label:
+        params.append(("label", label))
     return Call("GET", "/v1/tasks", _model(TaskPage), params + _paging(limit, cursor))
 
 
@@ -253,10 +262,13 @@ def iter_tasks(
     *,
     state: str | Sequence[str] | None = None,
     agent: str | None = None,
+    label: str | None = None,
     page_size: int = 50,
 ) -> Pages[Task]:
     """Every task (newest first), page after page."""
-    return Pages(lambda c: list_tasks(state=state, agent=agent, limit=page_size, cursor=c))
+    return Pages(
+        lambda c: list_tasks(state=state, agent=agent, label=label, limit=page_size, cursor=c)
+    )
 
 
 def get_task(task_id: str) -> Call[TaskDetail]:

@@ -101,6 +101,8 @@ class RunRecord:
     fencing_token: int = 0
     #: a per-run structured-output schema (``prompt-object --schema``) over the agent's own
     output_schema: dict[str, Any] | None = None
+    #: ``key=value`` labels given at submit (``-l``), checked by :mod:`corral.core.selectors`
+    labels: dict[str, str] = field(default_factory=dict[str, str])
 
 
 @dataclass(frozen=True)

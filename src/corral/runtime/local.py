@@ -11,7 +11,7 @@ run that any worker resumes.
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Self
 
@@ -116,6 +116,7 @@ class LocalRunner:
         namespace: str = "default",
         session: str | None = None,
         output_schema: dict[str, Any] | None = None,
+        labels: Mapping[str, str] | None = None,
         steering: Steering | None = None,
     ) -> RunRecord:
         """Submit a run and see it through: until it ends or waits for approval (with
@@ -133,6 +134,7 @@ class LocalRunner:
             namespace=namespace,
             session=session,
             output_schema=output_schema,
+            labels=labels,
         )
         if steering is not None and steering.submitted is not None:
             steering.submitted(submitted.record.id)
@@ -259,6 +261,7 @@ async def run_agent(
     namespace: str = "default",
     session: str | None = None,
     output_schema: dict[str, Any] | None = None,
+    labels: Mapping[str, str] | None = None,
     observer: Observer | None = None,
     loading: Loading | None = None,
     lease_seconds: float = 30.0,
@@ -275,6 +278,7 @@ async def run_agent(
             namespace=namespace,
             session=session,
             output_schema=output_schema,
+            labels=labels,
             steering=steering,
         )
 

@@ -6,6 +6,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Path, Query, Request, Response
 from fastapi.responses import StreamingResponse
+from pydantic import StringConstraints
 
 from corral.api import (
     ID_PATTERN,
@@ -16,8 +17,9 @@ from corral.api import (
     TaskDetail,
     TaskPage,
 )
-from corral.core.errors import NotFoundError
+from corral.core.errors import ConflictError, NotFoundError
 from corral.core.runs import RunState
+from corral.core.selectors import MAX_REQUIREMENTS, LabelError, parse_selector
 from corral.resources.kinds import NAME_PATTERN, json_schema_problem
 from corral.runtime import operations
 from corral.server import pagination
@@ -73,6 +75,7 @@ async def submit_task(
             priority=body.priority,
             delay=body.delay_seconds,
             output_schema=body.output_schema,
+            labels=body.labels,
             bus=context.bus,
         )
     except NotFoundError as exc:
@@ -99,16 +102,35 @@ async def list_tasks(
     agent: Annotated[
         str | None, Query(pattern=NAME_PATTERN, description="Only this agent's tasks.")
     ] = None,
+    label: Annotated[
+        list[Annotated[str, StringConstraints(max_length=1024)]] | None,
+        Query(
+            max_length=MAX_REQUIREMENTS,
+            description="A label selector, as kubectl writes them: `key=value`, "
+            "`key!=value`, `key` (present), `!key` (absent), comma separated; all must hold "
+            "(also across repeated parameters).",
+        ),
+    ] = None,
     limit: pagination.Limit = 50,
     cursor: pagination.Cursor = None,
 ) -> TaskPage:
     """The namespace's tasks, newest first."""
+    try:
+        selector = parse_selector(label) if label else None
+    except LabelError as exc:
+        raise ProblemError(
+            422,
+            exc.message,
+            code="invalid_request",
+            errors=[FieldProblem(field="query.label", reason=exc.message)],
+        ) from None
     records = await context_of(request).store.list_runs(
         who.namespace,
         agent,
         limit + 1,
         state or None,
         before=pagination.position(cursor, (float, str)),
+        selector=selector,
     )
     page, next_cursor = pagination.keyset_page(records, limit, lambda r: (r.created_at, r.id))
     return TaskPage(items=[Task.from_record(r) for r in page], next_cursor=next_cursor)
@@ -132,13 +154,19 @@ async def get_task(task_id: TaskId, who: Viewer, request: Request) -> TaskDetail
     response_model=Task,
     tags=["tasks"],
     summary="Cancel a task",
-    responses=responses(404),
+    responses=responses(404, 409),
 )
 async def cancel_task(task_id: TaskId, who: Operator, request: Request) -> Task:
     """A queued or waiting task is cancelled at once; a running one stops at its
-    worker's next heartbeat (`cancel_requested` is true until then). A finished
-    task is returned unchanged."""
-    record = await operations.cancel(context_of(request).store, task_id, namespace=who.namespace)
+    worker's next heartbeat (`cancel_requested` is true until then). A task that has
+    already finished is left as it is: 409 `already_finished` ("task ... already
+    succeeded; nothing cancelled")."""
+    try:
+        record = await operations.cancel(
+            context_of(request).store, task_id, namespace=who.namespace
+        )
+    except ConflictError as exc:
+        raise ProblemError(409, exc.message, code="already_finished") from None
     return Task.from_record(record)
 
 

@@ -22,6 +22,7 @@ from corral.core.errors import CorralError
 from corral.core.events import Event
 from corral.core.messages import Message
 from corral.core.runs import Approval, Lease, RunRecord, RunState
+from corral.core.selectors import Selector
 from corral.core.sessions import Session, SessionMessage
 from corral.core.tokens import ApiToken
 from corral.resources.kinds import Resource
@@ -193,8 +194,10 @@ class Store(ABC):
         states: Sequence[RunState] | None = None,
         *,
         before: tuple[float, str] | None = None,
+        selector: Selector | None = None,
     ) -> list[RunRecord]:
-        """The newest runs of a namespace (of one agent, in some states, when given), newest first.
+        """The newest runs of a namespace (of one agent, in some states, whose labels match
+        ``selector``, when given), newest first.
 
         ``before`` is a keyset cursor ``(created_at, id)``: only runs that sort after
         it (older, or as old with a smaller id) are listed, so the next page of a

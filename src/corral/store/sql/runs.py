@@ -18,6 +18,7 @@ from corral.core.errors import NotFoundError
 from corral.core.events import Event
 from corral.core.messages import Message
 from corral.core.runs import Approval, ApprovalState, Lease, RunRecord, RunState
+from corral.core.selectors import Op, Selector
 from corral.store.base import RunCounts
 from corral.store.schema import approvals as approvals_table
 from corral.store.schema import run_events, runs
@@ -92,12 +93,15 @@ class SqlRuns(SqlEngine):
         states: Sequence[RunState] | None = None,
         *,
         before: tuple[float, str] | None = None,
+        selector: Selector | None = None,
     ) -> list[RunRecord]:
         query = sa.select(runs).where(runs.c.namespace == namespace)
         if agent is not None:
             query = query.where(runs.c.agent == agent)
         if states is not None:
             query = query.where(runs.c.state.in_([RunState(s).value for s in states]))
+        if selector:
+            query = query.where(*label_conditions(selector))
         query = keyset.page(
             query, (runs.c.created_at, runs.c.id), limit=limit, position=before, descending=True
         )
@@ -200,3 +204,21 @@ class SqlRuns(SqlEngine):
             return int((await conn.execute(delete)).rowcount)
 
         return await self._write("prune runs", write)
+
+
+def label_conditions(selector: Selector) -> list[sa.ColumnElement[bool]]:
+    """The WHERE conditions of a label selector on the runs' ``labels`` JSON: one
+    statement that SQLAlchemy compiles to ``json_extract`` on SQLite and ``->>`` on
+    PostgreSQL (keys never hold a quote: the selector's rule)."""
+    conditions: list[sa.ColumnElement[bool]] = []
+    for requirement in selector.requirements:
+        value = runs.c.labels[requirement.key].as_string()
+        if requirement.op is Op.EQUALS:
+            conditions.append(value == requirement.value)
+        elif requirement.op is Op.NOT_EQUALS:
+            conditions.append(sa.or_(value.is_(None), value != requirement.value))
+        elif requirement.op is Op.EXISTS:
+            conditions.append(value.is_not(None))
+        else:
+            conditions.append(value.is_(None))
+    return conditions
