@@ -6,6 +6,7 @@ Submitting, claiming and the leases of runs-as-tasks are in
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Sequence
 from contextlib import nullcontext
@@ -212,7 +213,7 @@ def label_conditions(selector: Selector) -> list[sa.ColumnElement[bool]]:
     PostgreSQL (keys never hold a quote: the selector's rule)."""
     conditions: list[sa.ColumnElement[bool]] = []
     for requirement in selector.requirements:
-        value = runs.c.labels[requirement.key].as_string()
+        value = _label(requirement.key)
         if requirement.op is Op.EQUALS:
             conditions.append(value == requirement.value)
         elif requirement.op is Op.NOT_EQUALS:
@@ -222,3 +223,19 @@ def label_conditions(selector: Selector) -> list[sa.ColumnElement[bool]]:
         else:
             conditions.append(value.is_(None))
     return conditions
+
+
+def _label(key: str) -> sa.ColumnElement[str]:
+    """The text of label ``key`` of a run, NULL when it has none.
+
+    The JSON is stored with non-ASCII characters escaped (``"\\u00e9quipe"``), and
+    SQLite before 3.45 matches a path's key against the stored key as written: a key
+    beyond ASCII is also looked up as stored. PostgreSQL's JSONB has no such key (a
+    label key never holds a backslash), so one statement serves both.
+    """
+    value = runs.c.labels[key].as_string()
+    escaped = json.dumps(key)[1:-1]
+    if escaped == key:
+        return value
+    as_stored: sa.ColumnElement[str] = sa.func.coalesce(value, runs.c.labels[escaped].as_string())
+    return as_stored
