@@ -233,7 +233,7 @@ def _label(key: str) -> sa.ColumnElement[str]:
     beyond ASCII is also looked up as stored. PostgreSQL's JSONB has no such key (a
     label key never holds a backslash), so one statement serves both.
     """
-    value = runs.c.labels[key].as_string()
+    value: sa.ColumnElement[str] = runs.c.labels[key].as_string()
     escaped = json.dumps(key)[1:-1]
     if escaped == key:
         return value
