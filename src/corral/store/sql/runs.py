@@ -229,8 +229,8 @@ def _label(key: str) -> sa.ColumnElement[str]:
     """The text of label ``key`` of a run, NULL when it has none.
 
     The JSON is stored with non-ASCII characters escaped (``"\\u00e9quipe"``), and
-    SQLite before 3.45 matches a path's key against the stored key as written: a key
-    beyond ASCII is also looked up as stored. PostgreSQL's JSONB has no such key (a
+    SQLite (3.40, tested) matches a path's key against the stored key as written: a
+    key beyond ASCII is also looked up as stored. PostgreSQL's JSONB has no such key (a
     label key never holds a backslash), so one statement serves both.
     """
     value: sa.ColumnElement[str] = runs.c.labels[key].as_string()
