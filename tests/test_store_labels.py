@@ -15,7 +15,7 @@ __all__ = ["cipher_fixture", "store_fixture", "store_url_fixture"]
 
 RUNS = {
     "run_a": {"team": "ml", "équipe": "café", "env": "prod"},
-    "run_b": {"team": "web", "env": "prod"},
+    "run_b": {"team": "web", "env": "prod", "app.example.com/name": "v1.2-b_3"},
     "run_c": {"team": "ml"},
     "run_d": {},
     "run_e": {"世界": "こんにちは", "k": ""},
@@ -61,6 +61,8 @@ async def test_a_selector_picks_runs_by_their_labels_in_the_query(store: Store) 
     assert await _picked(store, "équipe=café") == ["run_a"]
     assert await _picked(store, "世界=こんにちは") == ["run_e"]
     assert await _picked(store, "k=") == ["run_e"]  # an empty value is a value
+    assert await _picked(store, "app.example.com/name=v1.2-b_3") == ["run_b"]
+    assert await _picked(store, "app.example.com/name") == ["run_b"]
     assert await _picked(store, "team=nobody") == []
     # with the other filters and the limit, in the one query (newest first)
     assert await _picked(store, "team=ml", limit=1) == ["run_c"]
