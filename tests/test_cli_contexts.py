@@ -21,6 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from cli_harness import invoke
 from corral import __version__
 from test_cli_run import CALC
 
@@ -44,13 +45,7 @@ class Cli:
         return env
 
     def __call__(self, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
-        done = subprocess.run(
-            [*CORRAL, *args],
-            capture_output=True,
-            text=True,
-            env=self.env(**env),
-            timeout=120,
-        )
+        done = invoke(args, self.env(**env))
         assert "Traceback" not in done.stderr, done.stderr
         return done
 

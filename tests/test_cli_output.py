@@ -20,10 +20,9 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
-import typer
 import yaml
-from typer.testing import CliRunner
 
+from cli_harness import invoke
 from test_cli_run import TESTS
 
 CORRAL = [sys.executable, "-m", "corral"]
@@ -89,38 +88,15 @@ def environment(home: Path, **extra: str) -> dict[str, str]:
     return {**env, "CORRAL_HOME": str(home), **extra}
 
 
-def _app() -> typer.Typer:
-    """The commands, registered as ``corral`` does, on an app of this module's own."""
-    from corral.cli import (
-        approvals_cmd,
-        resources_cmd,
-        run_cmd,
-        sessions_cmd,
-        tasks_cmd,
-        token_cmd,
-    )
-
-    app = typer.Typer()
-    for module in (resources_cmd, run_cmd, tasks_cmd, approvals_cmd, sessions_cmd, token_cmd):
-        module.register(app)
-    return app
-
-
-APP = _app()
-
-
 def corral(
     home: Path, *args: str, check: int | None = 0, **env: str
 ) -> subprocess.CompletedProcess[str]:
     """``corral args`` in this process (its start-up would dominate a test of formats);
     stdout is not a terminal, as when piped."""
-    unset: dict[str, str | None] = {k: None for k in os.environ if k.startswith("CORRAL_")}
-    result = CliRunner().invoke(APP, list(args), env={**unset, "CORRAL_HOME": str(home), **env})
-    done = subprocess.CompletedProcess(list(args), result.exit_code, result.stdout, result.stderr)
+    done = invoke(args, environment(home, **env))
     if check is not None:
         assert done.returncode == check, (
             f"corral {' '.join(args)}: exit {done.returncode}\n{done.stdout}\n{done.stderr}"
-            f"\n{result.exception!r}"
         )
     assert "Traceback" not in done.stderr, done.stderr
     return done

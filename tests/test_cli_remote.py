@@ -1,7 +1,7 @@
 """The CLI's remote mode: the same commands, the same output and exit codes as embedded.
 
-Every command runs twice as a user types it (a real ``corral`` process): once
-embedded, on a store of its own (``CORRAL_HOME``), and once remote, with
+Every command runs twice as a user types it (in this process, through the app the
+console script runs: tests/cli_harness.py): once embedded, on a store of its own (``CORRAL_HOME``), and once remote, with
 ``CORRAL_URL``/``CORRAL_TOKEN`` naming a ``corral serve`` subprocess and a
 ``CORRAL_HOME`` that must stay empty. Their stdout must match once ids,
 timestamps and ages are made neutral, and so must their exit codes.
@@ -24,6 +24,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from cli_harness import invoke
 from corral.core.sessions import SESSION_ID_RULE
 from test_cli_run import CALC
 
@@ -64,9 +65,10 @@ class Mode:
     env: dict[str, str]
 
     def __call__(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return self.start(*args).wait()
+        return invoke(args, self.env)
 
     def start(self, *args: str) -> Running:
+        """A real ``corral`` process, for a command that runs on while the test acts."""
         process = subprocess.Popen(
             [*CORRAL, *args],
             stdout=subprocess.PIPE,
@@ -156,9 +158,7 @@ def neutral(text: str) -> str:
 def both(modes: tuple[Mode, Mode, Path], *args: str) -> tuple[str, int]:
     """Run ``corral args`` in both modes; assert the same stdout and exit code."""
     embedded, remote, _ = modes
-    # both at once: the two modes share nothing, and CLI start-up dominates the test's time
-    started = embedded.start(*args), remote.start(*args)
-    here, there = (s.wait() for s in started)
+    here, there = embedded(*args), remote(*args)
     assert (neutral(there.stdout), there.returncode) == (neutral(here.stdout), here.returncode), (
         f"corral {' '.join(args)}\n--- embedded stderr\n{here.stderr}\n--- remote stderr\n"
         f"{there.stderr}"

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from cli_harness import invoke
+
 TESTS = Path(__file__).parent
 CORRAL = [sys.executable, "-m", "corral"]
 
@@ -43,9 +45,7 @@ spec:
 def corral(home: Path, *args: str, check: int | None = None) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "CORRAL_HOME": str(home)}
     env.pop("CORRAL_DB_URL", None)
-    proc = subprocess.run(
-        [*CORRAL, *args], capture_output=True, text=True, env=env, timeout=120, check=False
-    )
+    proc = invoke(args, env)
     if check is not None:
         assert proc.returncode == check, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
     return proc

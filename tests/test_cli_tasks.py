@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from backends import NO_SWEEP, Deployment, deployment_fixture
+from cli_harness import invoke
 from databases import delete_run, in_thread, rows_of
 from nats_servers import nats_prefix_fixture, nats_server_url_fixture
 from test_cli_run import CALC
@@ -29,14 +30,7 @@ CORRAL = [sys.executable, "-m", "corral"]
 def corral(
     deployment: Deployment, *args: str, check: int | None = None
 ) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(
-        [*CORRAL, *args],
-        capture_output=True,
-        text=True,
-        env=deployment.environment(),
-        timeout=120,
-        check=False,
-    )
+    proc = invoke(args, deployment.environment())
     if check is not None:
         assert proc.returncode == check, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
     return proc

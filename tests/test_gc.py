@@ -47,6 +47,17 @@ async def test_prune_keeps_the_newest_n_per_namespace(store: Store) -> None:
     assert {r.id for r in await store.list_runs("default")} == {"run3", "run4", "running"}
 
 
+async def test_a_dry_run_counts_what_would_go_and_deletes_nothing(store: Store) -> None:
+    for i in range(3):
+        await add_run(store, f"run{i}", RunState.SUCCEEDED, 100 - i)
+    await add_run(store, "running", RunState.RUNNING, None)
+    assert await store.prune_runs(keep_last=1, dry_run=True) == 2
+    assert await store.prune_runs(finished_before=time.time(), dry_run=True) == 3
+    assert len(await store.list_runs("default")) == 4
+    assert len(await store.list_events("run0")) == 1
+    assert await store.prune_runs(keep_last=1) == 2
+
+
 def test_durations() -> None:
     assert [parse_duration(t) for t in ("90", "45s", "30m", "12h", "7d")] == [
         90,

@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 import httpx
 import pytest
 
+from cli_harness import invoke
 from server_harness import LiveServer, apply
 
 CORRAL = [sys.executable, "-m", "corral"]
@@ -40,9 +41,7 @@ spec:
 def corral(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
     env["CORRAL_HOME"] = str(home)
-    return subprocess.run(
-        [*CORRAL, *args], capture_output=True, text=True, env=env, timeout=120, check=False
-    )
+    return invoke(args, env)
 
 
 # --------------------------------------------------------------------------- output schemas

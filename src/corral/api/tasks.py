@@ -17,9 +17,9 @@ from corral.api.common import (
     Timestamp,
 )
 from corral.core.events import Event, EventType
+from corral.core.labels import labels_problem
 from corral.core.limits import MAX_DELAY_SECONDS, MAX_PRIORITY
 from corral.core.runs import RunRecord, RunState
-from corral.core.selectors import labels_problem
 
 
 def _valid_labels(labels: dict[str, str]) -> dict[str, str]:
@@ -29,11 +29,14 @@ def _valid_labels(labels: dict[str, str]) -> dict[str, str]:
     return labels
 
 
-#: a run's labels, held to the rule of ``core/selectors.py``
+#: a run's labels, held to the rule of ``core/labels.py``
 Labels = Annotated[
     dict[str, str],
     AfterValidator(_valid_labels),
-    Field(description="key=value labels: short words of any script (see `label` in list)."),
+    Field(
+        description="key=value labels: text without `,` `=` `!` (keys 1-63 characters, "
+        "values at most 63, at most 32 labels), selected by `selector` in the list.",
+    ),
 ]
 
 

@@ -55,14 +55,14 @@ def approvals_list(
 
     async def watching() -> None:
         from corral.cli.connect import open_backend
-        from corral.cli.watch import watch as watch_list
+        from corral.cli.watch import watch_list
 
         async with open_backend() as backend:
 
-            async def fetch() -> list[ApprovalOut]:
+            async def listing() -> list[ApprovalOut]:
                 return await backend.list_approvals(namespace, states)
 
-            async def lost(gone: list[ApprovalOut]) -> list[ApprovalOut]:
+            async def ended(gone: list[ApprovalOut]) -> list[ApprovalOut]:
                 # decided or expired: read as they are now, by their runs
                 ids = {a.id for a in gone}
                 found: list[ApprovalOut] = []
@@ -76,11 +76,12 @@ def approvals_list(
 
             await watch_list(
                 APPROVAL,
-                fetch,
+                listing,
+                lambda a: a.id,
                 lambda a: (a.state, a.decided_by),
                 output,
                 namespace=namespace,
-                lost=lost,
+                ended=ended,
                 interval=watch_interval,
                 seconds=watch_timeout,
             )

@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from corral.core.selectors import Selector
     from corral.core.settings import Settings
     from corral.resources.loader import LoadedResource
+    from corral.runtime.local import Steering
     from corral.store.base import Store, StoredResource
 
 #: Receives each event of a followed run, in order.
@@ -65,16 +66,22 @@ class RunControl:
 
 
 async def load_files(
-    paths: Sequence[Path], namespace: str, settings: Settings
+    paths: Sequence[Path], namespace: str, settings: Settings, stdin: str | None = None
 ) -> list[LoadedResource]:
-    """The documents of YAML files or directories, within the settings' document limits
-    (in a thread: parsing is CPU work); what both backends' ``apply`` sends on."""
+    """The documents of YAML files or directories (``-``: the text ``stdin``), within the
+    settings' document limits (in a thread: parsing is CPU work); what both backends'
+    ``apply`` sends on, and what ``delete -f`` deletes."""
     import asyncio
 
     from corral.resources.loader import load_paths
 
     return await asyncio.to_thread(
-        load_paths, list(paths), default_namespace=namespace, limits=settings.document_limits
+        lambda: load_paths(
+            list(paths),
+            default_namespace=namespace,
+            limits=settings.document_limits,
+            stdin=stdin,
+        )
     )
 
 
@@ -84,11 +91,36 @@ class Backend(ABC):
     # ----------------------------------------------------------------------- resources
 
     @abstractmethod
-    async def apply(self, paths: Sequence[Path], namespace: str) -> list[AppliedResource]:
-        """Load YAML files or directories (errors with file and line) and apply them at once."""
+    async def apply(
+        self,
+        paths: Sequence[Path],
+        namespace: str,
+        *,
+        stdin: str | None = None,
+        dry_run: bool = False,
+    ) -> list[AppliedResource]:
+        """Load YAML files or directories (``-``: ``stdin``; errors with file and line) and
+        apply them at once; with ``dry_run`` say what would happen, change nothing."""
 
     @abstractmethod
-    async def list_resources(self, namespace: str, kind: str | None) -> list[ResourceOut]: ...
+    async def load(
+        self, paths: Sequence[Path], namespace: str, *, stdin: str | None = None
+    ) -> list[LoadedResource]:
+        """The documents of YAML files or directories (``-``: ``stdin``), documents without
+        a namespace in this backend's default one (see :meth:`default_namespace`)."""
+
+    @abstractmethod
+    async def default_namespace(self, namespace: str) -> str:
+        """The namespace a command works in: ``namespace`` (remote: the token's unless
+        ``-n`` or the context named one, which :func:`~corral.cli.connect.open_backend`
+        checked)."""
+
+    @abstractmethod
+    async def list_resources(
+        self, namespace: str | None, kind: str | None, *, selector: Selector | None = None
+    ) -> list[ResourceOut]:
+        """Resources of a namespace (``None``: of every namespace the caller may see),
+        of one kind, whose labels meet ``selector``, when given."""
 
     @abstractmethod
     async def get_resource(self, namespace: str, kind: str, name: str) -> ResourceOut | None: ...
@@ -153,6 +185,14 @@ class Backend(ABC):
         """Hand each event to ``show``; with ``follow`` until the run ends or pauses.
         ``NotFoundError`` when the run does not exist (or is deleted meanwhile)."""
 
+    @abstractmethod
+    async def see_through(
+        self, run_id: str, show: Show, *, loading: Any, control: RunControl
+    ) -> TaskDetail:
+        """See a stored run through as :meth:`run` does (``corral chat`` after a decision):
+        embedded, execute it here whenever it is runnable, unless a worker gets it first;
+        remote, follow the server's workers. ``show`` gets every event from the first."""
+
     # ----------------------------------------------------------------------- approvals
 
     @abstractmethod
@@ -168,6 +208,9 @@ class Backend(ABC):
 
     @abstractmethod
     async def list_sessions(self, namespace: str) -> list[SessionOut]: ...
+
+    @abstractmethod
+    async def get_session(self, namespace: str, session_id: str) -> SessionOut | None: ...
 
     @abstractmethod
     async def session_messages(
@@ -196,14 +239,33 @@ class EmbeddedBackend(Backend):
         async with await open_settings_bus(self.settings) as bus:
             yield bus
 
-    async def apply(self, paths: Sequence[Path], namespace: str) -> list[AppliedResource]:
+    async def apply(
+        self,
+        paths: Sequence[Path],
+        namespace: str,
+        *,
+        stdin: str | None = None,
+        dry_run: bool = False,
+    ) -> list[AppliedResource]:
         from corral.api import AppliedResource
 
-        outcomes = await self.store.apply(await load_files(paths, namespace, self.settings))
+        loaded = await self.load(paths, namespace, stdin=stdin)
+        outcomes = await self.store.apply(loaded, dry_run=dry_run)
         return [AppliedResource.from_outcome(o) for o in outcomes]
 
-    async def list_resources(self, namespace: str, kind: str | None) -> list[ResourceOut]:
-        return [_resource(s) for s in await self.store.list_resources(namespace, kind)]
+    async def load(
+        self, paths: Sequence[Path], namespace: str, *, stdin: str | None = None
+    ) -> list[LoadedResource]:
+        return await load_files(paths, namespace, self.settings, stdin)
+
+    async def default_namespace(self, namespace: str) -> str:
+        return namespace
+
+    async def list_resources(
+        self, namespace: str | None, kind: str | None, *, selector: Selector | None = None
+    ) -> list[ResourceOut]:
+        found = await self.store.list_resources(namespace, kind, selector=selector)
+        return [_resource(s) for s in found]
 
     async def get_resource(self, namespace: str, kind: str, name: str) -> ResourceOut | None:
         stored = await self.store.get_resource(namespace, kind, name)
@@ -256,18 +318,9 @@ class EmbeddedBackend(Backend):
         labels: dict[str, str] | None = None,
     ) -> TaskDetail:
         from corral.api import TaskDetail
-        from corral.runtime.local import Steering, run_agent
+        from corral.runtime.local import run_agent
 
-        steering = None
-        if control is not None:
-            steering = Steering(submitted=_setter(control), stop=control.stop)
-            if control.on_pause is not None:
-                on_pause = control.on_pause
-
-                async def paused(record: RunRecord) -> None:
-                    await on_pause(TaskDetail.from_record(record))
-
-                steering.on_pause = paused
+        steering = _steering(control) if control is not None else None
         async with self._bus() as bus:
             record = await run_agent(
                 self.store,
@@ -322,6 +375,21 @@ class EmbeddedBackend(Backend):
             )
         return TaskDetail.from_record(record)
 
+    async def see_through(
+        self, run_id: str, show: Show, *, loading: Any, control: RunControl
+    ) -> TaskDetail:
+        from corral.api import TaskDetail
+        from corral.runtime.local import LocalRunner
+
+        async with (
+            self._bus() as bus,
+            LocalRunner(
+                self.store, self.settings, observer=_observer(show), loading=loading, bus=bus
+            ) as runner,
+        ):
+            record = await runner.see_through(run_id, _steering(control))
+        return TaskDetail.from_record(record)
+
     async def list_approvals(
         self, namespace: str, states: list[str] | None, *, run_id: str | None = None
     ) -> list[ApprovalOut]:
@@ -349,6 +417,12 @@ class EmbeddedBackend(Backend):
 
         return [SessionOut.from_session(s) for s in await self.store.list_sessions(namespace)]
 
+    async def get_session(self, namespace: str, session_id: str) -> SessionOut | None:
+        from corral.api import SessionOut
+
+        found = await self.store.get_session(namespace, session_id)
+        return SessionOut.from_session(found) if found is not None else None
+
     async def session_messages(
         self, namespace: str, session_id: str, *, include_hidden: bool
     ) -> list[SessionMessageOut]:
@@ -374,11 +448,23 @@ def _resource(stored: StoredResource) -> ResourceOut:
     return resource_out(stored, redacted(stored.resource.to_document()))
 
 
-def _setter(control: RunControl) -> Callable[[str], None]:
+def _steering(control: RunControl) -> Steering:
+    """What the runtime is asked (:class:`~corral.runtime.local.Steering`) for ``control``."""
+    from corral.api import TaskDetail
+    from corral.runtime.local import Steering
+
     def submitted(run_id: str) -> None:
         control.run_id = run_id
 
-    return submitted
+    steering = Steering(submitted=submitted, stop=control.stop)
+    if control.on_pause is not None:
+        on_pause = control.on_pause
+
+        async def paused(record: RunRecord) -> None:
+            await on_pause(TaskDetail.from_record(record))
+
+        steering.on_pause = paused
+    return steering
 
 
 def _observer(show: Show) -> Callable[[Event], Awaitable[None]]:

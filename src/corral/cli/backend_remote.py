@@ -59,31 +59,63 @@ def _in_file(loaded: list[LoadedResource], where: Location, reason: str) -> tupl
     return Location(item.file, item.line_of(path), where.field), reason
 
 
+async def _ignore(event: EventOut) -> None:
+    return None
+
+
 class RemoteBackend(Backend):
     """A Corral server; runs execute on its workers (or on ``corral worker`` processes)."""
 
     def __init__(self, client: AsyncClient) -> None:
         self.client = client
+        self._namespace: str | None = None
 
     # ----------------------------------------------------------------------- resources
 
-    async def apply(self, paths: Sequence[Path], namespace: str) -> list[AppliedResource]:
-        from corral.cli.common import connection
-        from corral.core.settings import Settings
-
-        if connection().namespace_source is None:  # no -n, no context's: the token's
-            namespace = (await self.client.whoami()).namespace
-        loaded = await load_files(paths, namespace, Settings.from_env())
+    async def apply(
+        self,
+        paths: Sequence[Path],
+        namespace: str,
+        *,
+        stdin: str | None = None,
+        dry_run: bool = False,
+    ) -> list[AppliedResource]:
+        loaded = await self.load(paths, namespace, stdin=stdin)
         if not loaded:
             return []
+        documents = [item.resource.to_document() for item in loaded]
         try:
-            result = await self.client.apply([item.resource.to_document() for item in loaded])
+            result = await self.client.apply(documents, dry_run=dry_run)
         except ResourceError as exc:  # the server's problems name documents: name lines
             raise ResourceError([_in_file(loaded, *problem) for problem in exc.problems]) from None
         return result.outcomes
 
-    async def list_resources(self, namespace: str, kind: str | None) -> list[ResourceOut]:
-        return [r async for r in self.client.iter_resources(kind, page_size=PAGE)]
+    async def load(
+        self, paths: Sequence[Path], namespace: str, *, stdin: str | None = None
+    ) -> list[LoadedResource]:
+        from corral.core.settings import Settings
+
+        namespace = await self.default_namespace(namespace)
+        return await load_files(paths, namespace, Settings.from_env(), stdin)
+
+    async def default_namespace(self, namespace: str) -> str:
+        from corral.cli.common import connection
+
+        if connection().namespace_source is None:  # no -n, no context's: the token's
+            return await self._token_namespace()
+        return namespace
+
+    async def _token_namespace(self) -> str:
+        if self._namespace is None:
+            self._namespace = (await self.client.whoami()).namespace
+        return self._namespace
+
+    async def list_resources(
+        self, namespace: str | None, kind: str | None, *, selector: Selector | None = None
+    ) -> list[ResourceOut]:
+        # a token works in one namespace: "every namespace it may see" is that one
+        text = str(selector) if selector is not None else None
+        return [r async for r in self.client.iter_resources(kind, selector=text, page_size=PAGE)]
 
     async def get_resource(self, namespace: str, kind: str, name: str) -> ResourceOut | None:
         try:
@@ -92,6 +124,12 @@ class RemoteBackend(Backend):
             return None
 
     async def delete_resource(self, namespace: str, kind: str, name: str) -> None:
+        token_namespace = await self._token_namespace()
+        if namespace != token_namespace:  # the server would delete the token namespace's
+            raise NotFoundError(
+                f"{kind} {name!r} not found in namespace {namespace!r}: the token works in "
+                f"namespace {token_namespace!r} only"
+            )
         await self.client.delete_resource(kind, name)
 
     # ----------------------------------------------------------------------- runs
@@ -136,14 +174,14 @@ class RemoteBackend(Backend):
             agent, prompt, session=session, output_schema=output_schema, labels=labels
         )
         run_id = submitted.task.id
-        if control is not None:
-            control.run_id = run_id
-
-        async def ignore(event: EventOut) -> None:
-            return None
-
         if control is None:
-            return await self.follow(run_id, show or ignore, follow=True)
+            return await self.follow(run_id, show or _ignore, follow=True)
+        control.run_id = run_id
+        return await self.see_through(run_id, show or _ignore, loading=loading, control=control)
+
+    async def see_through(
+        self, run_id: str, show: Show, *, loading: Any, control: RunControl
+    ) -> TaskDetail:
         async with anyio.create_task_group() as group:
 
             async def stop_following() -> None:
@@ -151,7 +189,7 @@ class RemoteBackend(Backend):
                 group.cancel_scope.cancel()  # the server's workers go on with the run
 
             group.start_soon(stop_following)
-            record = await self._follow(run_id, show or ignore, control.on_pause)
+            record = await self._follow(run_id, show, control.on_pause)
             group.cancel_scope.cancel()
         if control.stop.is_set():
             return await self.client.get_task(run_id)
@@ -166,9 +204,11 @@ class RemoteBackend(Backend):
         selector: Selector | None = None,
     ) -> list[Task]:
         found: list[Task] = []
-        label = str(selector) if selector else None
         async for task in self.client.iter_tasks(
-            state=states, agent=agent, label=label, page_size=min(limit, PAGE)
+            state=states,
+            agent=agent,
+            selector=str(selector) if selector is not None else None,
+            page_size=min(limit, PAGE),
         ):
             found.append(task)
             if len(found) >= limit:
@@ -256,6 +296,12 @@ class RemoteBackend(Backend):
 
     async def list_sessions(self, namespace: str) -> list[SessionOut]:
         return [s async for s in self.client.iter_sessions(page_size=PAGE)]
+
+    async def get_session(self, namespace: str, session_id: str) -> SessionOut | None:
+        try:
+            return await self.client.get_session(session_id)
+        except NotFoundError:
+            return None
 
     async def session_messages(
         self, namespace: str, session_id: str, *, include_hidden: bool

@@ -8,6 +8,7 @@ command group lives in a module of its own that :func:`main` registers.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 
@@ -85,10 +86,14 @@ def version() -> None:
     typer.echo(f"corral {__version__}")
 
 
-def _register_commands() -> None:
+@functools.cache
+def registered_app() -> typer.Typer:
+    """``app`` with every command group added (once): what :func:`main` runs, and what a
+    test invokes in-process."""
     # Each command group lives in its own module and adds itself to `app`.
     from corral.cli import (
         approvals_cmd,
+        chat_cmd,
         context_cmd,
         resources_cmd,
         run_cmd,
@@ -101,6 +106,7 @@ def _register_commands() -> None:
 
     resources_cmd.register(app)
     run_cmd.register(app)
+    chat_cmd.register(app)
     tasks_cmd.register(app)
     worker_cmd.register(app)
     approvals_cmd.register(app)
@@ -108,6 +114,7 @@ def _register_commands() -> None:
     serve_cmd.register(app)
     token_cmd.register(app)
     context_cmd.register(app)
+    return app
 
 
 #: how much of an unexpected exception's text the one error line keeps
@@ -117,7 +124,7 @@ _INTERNAL_TEXT_CHARS = 300
 def main() -> None:
     """Console-script entry point: one line and exit 1 for an unexpected error (a traceback
     only with ``--debug``)."""
-    _register_commands()
+    registered_app()
     for index, argument in enumerate(sys.argv[1:], 1):
         # bytes that are not UTF-8 arrive as lone surrogates, which no store or API takes
         if any("\udc80" <= char <= "\udcff" for char in argument):

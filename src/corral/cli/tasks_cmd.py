@@ -18,12 +18,12 @@ from corral.cli.common import (
     session_id_option,
 )
 from corral.cli.output import CHANGE_FORMATS, output_option
+from corral.cli.resources_cmd import parsed_selector, selector_option
 from corral.cli.watch import WATCH, WATCH_INTERVAL, WATCH_TIMEOUT
 from corral.core.limits import MAX_DELAY_SECONDS, MAX_PAGE_ITEMS, MAX_PRIORITY
 
 if TYPE_CHECKING:
     from corral.api import ApprovalOut, EventOut, Task, TaskDetail
-    from corral.core.selectors import Selector
 
 #: ``-l key=value`` of ``submit`` and ``run``: labels stored with the run
 LABEL = typer.Option(
@@ -106,12 +106,14 @@ def tasks_list(
     state: list[str] = typer.Option(
         [], "--state", help="Only tasks in these states (comma separated, or repeated)."
     ),
-    selector: list[str] = typer.Option(
-        [],
+    selector: str | None = typer.Option(
+        None,
         "-l",
         "--selector",
-        help="Only tasks whose labels match: key=value, key!=value, key, !key (comma "
-        "separated; all must hold).",
+        help="Only tasks whose labels match: key=value, key!=value, key, !key; "
+        "comma-separated, all must hold.",
+        callback=selector_option,
+        metavar="SELECTOR",
     ),
     limit: int = typer.Option(50, "--limit", min=1, max=MAX_PAGE_ITEMS),
     output: str = output_option(),
@@ -119,14 +121,14 @@ def tasks_list(
     watch_timeout: float | None = WATCH_TIMEOUT,
     watch_interval: float = WATCH_INTERVAL,
 ) -> None:
-    """The newest tasks, newest first (``-o wide``: with their session, tokens, error and
-    labels; ``-w``: then each task again as it changes, until Ctrl-C)."""
+    """The newest tasks, newest first (``-o wide``: with their session, tokens, labels and
+    error; ``-w``: then each task again as it changes, until Ctrl-C)."""
     from corral.cli.output import print_list
     from corral.cli.views import TASK
     from corral.core.runs import RunState
 
     states = choices(state, [s.value for s in RunState], "state") or None
-    chosen = selector_option(selector)
+    chosen = parsed_selector(selector)
 
     async def go() -> list[Task]:
         from corral.cli.connect import open_backend
@@ -139,29 +141,32 @@ def tasks_list(
         return
 
     async def watching() -> None:
+        from corral.api import Task
         from corral.cli.connect import open_backend
-        from corral.cli.watch import watch as watch_list
+        from corral.cli.watch import watch_list
         from corral.core.errors import NotFoundError
 
         async with open_backend() as backend:
 
-            async def fetch() -> list[Task]:
+            async def listing() -> list[Task]:
                 return await backend.list_runs(namespace, agent, limit, states, chosen)
 
-            async def lost(tasks: list[Task]) -> list[Task]:
+            async def ended(tasks: list[Task]) -> list[Task]:
                 found: list[Task] = []
                 for task in tasks:
                     with contextlib.suppress(NotFoundError):  # deleted meanwhile
-                        found.append(await backend.get_run(task.id))
+                        detail = await backend.get_run(task.id)
+                        found.append(Task.model_validate(detail.model_dump(exclude={"messages"})))
                 return found
 
             await watch_list(
                 TASK,
-                fetch,
-                _task_key,
+                listing,
+                lambda t: t.id,
+                _task_version,
                 output,
                 namespace=namespace,
-                lost=lost,
+                ended=ended,
                 interval=watch_interval,
                 seconds=watch_timeout,
             )
@@ -169,7 +174,7 @@ def tasks_list(
     run_async(watching())
 
 
-def _task_key(task: Task) -> tuple[object, ...]:
+def _task_version(task: Task) -> tuple[object, ...]:
     """What a watch of tasks reports a change of."""
     return (task.state, task.attempts, task.steps, task.cancel_requested)
 
@@ -191,20 +196,10 @@ def choices(values: list[str], allowed: Sequence[str], what: str) -> list[str]:
 
 def labels_option(pairs: list[str]) -> dict[str, str]:
     """``-l key=value`` options as labels (exit 2 naming what breaks the rule)."""
-    from corral.core.selectors import LabelError, parse_labels
+    from corral.core.labels import LabelError, parse_labels
 
     try:
         return parse_labels(pairs)
-    except LabelError as exc:
-        fail(escape(exc.message), EXIT_BAD_INPUT)
-
-
-def selector_option(texts: list[str]) -> Selector | None:
-    """``-l`` selectors as one (exit 2 naming the requirement that is malformed)."""
-    from corral.core.selectors import LabelError, parse_selector
-
-    try:
-        return parse_selector(texts) or None
     except LabelError as exc:
         fail(escape(exc.message), EXIT_BAD_INPUT)
 

@@ -182,16 +182,22 @@ KIND_COLUMNS: dict[str, list[Column[ResourceOut]]] = {
 
 
 def resource_view(
-    kind: str | None, extra: list[Column[ResourceOut]] | None = None
+    kind: str | None,
+    extra: list[Column[ResourceOut]] | None = None,
+    *,
+    namespace_first: bool = False,
 ) -> View[ResourceOut]:
     """The view of resources of ``kind`` (``None``: of any kind), ``extra`` wide columns
-    after the kind's own (``get agents -o wide``: the runs)."""
+    after the kind's own (``get agents -o wide``: the runs); ``namespace_first`` puts
+    NAMESPACE before NAME, as kubectl does across namespaces (``get -A``)."""
     from corral.cli.render import resource_document
 
     columns: list[Column[ResourceOut]] = [
         Column("NAME", lambda r: r.metadata.name),
         Column("NAMESPACE", lambda r: r.metadata.namespace),
     ]
+    if namespace_first:
+        columns.reverse()
     if kind is None:
         columns.insert(0, Column("KIND", lambda r: r.kind))
     else:

@@ -1,132 +1,56 @@
-"""``-w/--watch``: a list printed once, then its items again as they change, kubectl style.
+"""``-w/--watch``: print a list, then its items again as they change, until Ctrl-C.
 
-The list is read again every ``interval`` seconds (through the command's backend, so
-embedded and remote watch alike, and a run changed by another process is seen): an
-item that is new, or whose ``key`` changed (a run's state, attempts, steps...), is
-printed again. An item that leaves the listing (a run no longer in ``--state``, an
-approval no longer pending) is read once more by ``lost`` and printed as it ended.
-
-- ``table``/``wide``: the header and rows, then one row per change, in the same
-  columns (a wider cell widens the columns of the rows after it);
-- ``json``: one compact document per line (JSON Lines); ``yaml``: documents after
-  ``---``; ``name``: ``kind/name`` lines.
-
-Ctrl-C, or ``--watch-timeout`` seconds, ends the watch with exit 0.
+The loop polls (:data:`INTERVAL` seconds apart) rather than following an event stream:
+resources have no stream, and one cheap list query a second is what a terminal needs.
+Ctrl-C ends a watch normally (exit 0, as kubectl's), and so does ``--watch-timeout``.
+Shared by every command that watches (a key and a version say when an item changed).
 """
 
 from __future__ import annotations
 
+import contextlib
 import signal
 from collections.abc import Awaitable, Callable, Hashable, Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Generic, TypeVar
 
 import typer
 
-from corral.cli.output import View, dumps_json, dumps_yaml, no_resources, table_lines
-from corral.cli.output import terminal_width as _terminal_width
+from corral.cli.output import View, dumps_json, dumps_yaml, no_resources
 
 if TYPE_CHECKING:
     import anyio
 
 T = TypeVar("T")
 
-#: how often a watch reads the list again, unless told (modest: one small query)
-DEFAULT_INTERVAL = 1.0
-#: the bounds of ``--watch-interval``
-MIN_INTERVAL = 0.1
-MAX_INTERVAL = 3600.0
+#: seconds between two looks at the list
+INTERVAL = 1.0
 
 
 @dataclass
-class _Printer(Generic[T]):
-    """Prints a watch's items in one format; table rows keep the first rows' columns."""
+class Watch(Generic[T]):
+    """What a watch polls and how it tells items apart and changed."""
 
-    view: View[T]
-    output: str
-    namespace: str | None
-    rows: list[list[str]] = field(default_factory=list[list[str]])
-
-    def print(self, items: Sequence[T], *, first: bool = False) -> None:
-        if not items:
-            if first and self.output in ("table", "wide"):
-                no_resources(self.namespace)
-            return
-        if self.output == "json":
-            lines = [dumps_json(self.view.document(i), indent=None) for i in items]
-        elif self.output == "yaml":
-            lines = [f"---\n{dumps_yaml(self.view.document(i))}" for i in items]
-        elif self.output == "name":
-            lines = self.view.names(items)
-        else:
-            lines = self._rows(items)
-        typer.echo("\n".join(lines))
-
-    def _rows(self, items: Sequence[T]) -> list[str]:
-        columns = [c for c in self.view.columns if self.output == "wide" or not c.wide]
-        new = [[c.cell(item) for c in columns] for item in items]
-        header = not self.rows
-        self.rows += new
-        lines = table_lines(
-            [c.header for c in columns],
-            self.rows,
-            free_text=[c.free_text for c in columns],
-            width=_terminal_width(),
-        )
-        return lines if header else lines[-len(new) :]
+    #: the items now
+    fetch: Callable[[], Awaitable[list[T]]]
+    #: what identifies an item across polls
+    key: Callable[[T], Hashable]
+    #: what changes when the item does
+    version: Callable[[T], Hashable]
+    #: prints the items that changed (new, updated or gone, in the order seen)
+    show: Callable[[Sequence[T]], None]
+    interval: float = INTERVAL
 
 
-async def watch(
-    view: View[T],
-    fetch: Callable[[], Awaitable[Sequence[T]]],
-    key: Callable[[T], Hashable],
-    output: str,
-    *,
-    namespace: str | None,
-    lost: Callable[[list[T]], Awaitable[Sequence[T]]] | None = None,
-    interval: float = DEFAULT_INTERVAL,
-    seconds: float | None = None,
-) -> None:
-    """Print ``fetch()``'s items, then each item again when it is new or its ``key``
-    changes, until Ctrl-C or for ``seconds`` (see the module's docstring)."""
-    import anyio  # here: `corral --help` imports this module, never needs anyio
-
-    printer = _Printer(view, output, namespace)
-    stop = anyio.Event()
-    with _interrupt_sets(stop), anyio.move_on_after(seconds):
-        items = list(await fetch())
-        printer.print(items, first=True)
-        seen: dict[str, Hashable] = {view.name(i): key(i) for i in items}
-        while True:
-            with anyio.move_on_after(interval):
-                await stop.wait()
-            if stop.is_set():
-                break
-            now = list(await fetch())
-            listed = {view.name(i) for i in now}
-            gone = [i for i in items if view.name(i) not in listed and view.name(i) in seen]
-            if gone and lost is not None:
-                now += await lost(gone)  # how they ended: printed if they changed
-            changed = [i for i in now if seen.get(view.name(i), _NEVER) != key(i)]
-            seen = {view.name(i): key(i) for i in now if view.name(i) in listed}
-            items = [i for i in now if view.name(i) in listed]
-            printer.print(changed)
-
-
-_NEVER = object()
-
-
-@contextmanager
+@contextlib.contextmanager
 def _interrupt_sets(stop: anyio.Event) -> Iterator[None]:
-    """Within the block, SIGINT (Ctrl-C) sets ``stop`` instead of raising (where a signal
-    handler can be set: the main thread of a running loop; elsewhere Ctrl-C interrupts)."""
+    """Ctrl-C sets ``stop`` (instead of raising KeyboardInterrupt) while in the block."""
     import asyncio
 
     loop = asyncio.get_running_loop()
     try:
         loop.add_signal_handler(signal.SIGINT, stop.set)
-    except (RuntimeError, ValueError, NotImplementedError):
+    except (RuntimeError, ValueError, NotImplementedError):  # not the main thread, not Unix
         yield
         return
     try:
@@ -135,18 +59,111 @@ def _interrupt_sets(stop: anyio.Event) -> Iterator[None]:
         loop.remove_signal_handler(signal.SIGINT)
 
 
-#: ``-w``, ``--watch-timeout`` and ``--watch-interval`` of a list command
+async def watch(
+    spec: Watch[T],
+    first: Sequence[T],
+    *,
+    seconds: float | None = None,
+    stop: anyio.Event | None = None,
+) -> None:
+    """Poll until Ctrl-C or for ``seconds`` (when given); ``first`` is what was printed already.
+    ``stop``: the caller's event, which its own Ctrl-C handler sets (one handler from before
+    the first list is printed, so a Ctrl-C right after it is never lost)."""
+    import anyio  # here: `corral --help` imports this module and never needs anyio
+
+    seen = {spec.key(item): (spec.version(item), item) for item in first}
+    handled = stop is not None
+    stop = stop if stop is not None else anyio.Event()
+    with (
+        contextlib.nullcontext() if handled else _interrupt_sets(stop),
+        anyio.move_on_after(seconds),
+    ):
+        while True:
+            with anyio.move_on_after(spec.interval):
+                await stop.wait()
+            if stop.is_set():
+                return
+            now = await spec.fetch()
+            changed = [
+                item for item in now if seen.get(spec.key(item), (None,))[0] != spec.version(item)
+            ]
+            current = {spec.key(item) for item in now}
+            gone = [item for key, (_, item) in seen.items() if key not in current]
+            seen = {spec.key(item): (spec.version(item), item) for item in now}
+            if changed or gone:
+                spec.show([*changed, *gone])
+
+
+# --------------------------------------------------------------------------- printing
+
+#: ``-w``, ``--watch-timeout`` and ``--watch-interval`` of ``tasks list`` and ``approvals list``
 WATCH = typer.Option(False, "-w", "--watch", help="After the list, print items as they change.")
 WATCH_TIMEOUT = typer.Option(
-    None,
-    "--watch-timeout",
-    min=0.0,
-    help="End the watch after this many seconds (exit 0); default: until Ctrl-C.",
+    None, "--watch-timeout", min=0.0, help="Stop watching after this many seconds (exit 0)."
 )
 WATCH_INTERVAL = typer.Option(
-    DEFAULT_INTERVAL,
-    "--watch-interval",
-    min=MIN_INTERVAL,
-    max=MAX_INTERVAL,
-    help="Seconds between two reads of the list.",
+    INTERVAL, "--watch-interval", min=0.05, max=3600.0, help="Seconds between two looks."
 )
+
+
+def printer(view: View[T], output: str) -> Callable[[Sequence[T]], None]:
+    """Prints a watch's items as ``-o`` asks: table rows in the columns of the rows before
+    them (the header once), JSON Lines, YAML documents after ``---``, or names."""
+    shown: list[T] = []  # every row printed: later rows line up with them
+
+    def show(items: Sequence[T]) -> None:
+        if output == "json":
+            typer.echo("\n".join(dumps_json(view.document(i), indent=None) for i in items))
+        elif output == "yaml":
+            typer.echo("\n".join("---\n" + dumps_yaml(view.document(i)) for i in items))
+        elif output == "name":
+            typer.echo("\n".join(view.names(items)))
+        else:
+            lines = view.table([*shown, *items], output == "wide")
+            typer.echo("\n".join(lines[-len(items) :] if shown else lines))
+            shown.extend(items)
+
+    return show
+
+
+async def watch_list(
+    view: View[T],
+    listing: Callable[[], Awaitable[list[T]]],
+    key: Callable[[T], str],
+    version: Callable[[T], Hashable],
+    output: str,
+    *,
+    namespace: str | None,
+    ended: Callable[[list[T]], Awaitable[list[T]]],
+    interval: float = INTERVAL,
+    seconds: float | None = None,
+) -> None:
+    """``-w`` of a list whose items may leave it (a run no longer in ``--state``, an
+    approval decided): the list, then its changes; an item that left is read once by
+    ``ended`` and shown as it ended, then stays as it was (not shown again as gone)."""
+    import anyio
+
+    show = printer(view, output)
+    stop = anyio.Event()
+    left: dict[str, T] = {}
+
+    async def fetch() -> list[T]:
+        now = await listing()
+        keys = {key(i) for i in now}
+        gone = [item for k, item in previous.items() if k not in keys]
+        if gone:
+            left.update({key(item): item for item in await ended(gone)})
+        for k in keys:
+            left.pop(k, None)  # back in the list
+        previous.clear()
+        previous.update({key(i): i for i in now})
+        return [*now, *left.values()]
+
+    with _interrupt_sets(stop):  # from before the list is printed: no Ctrl-C is lost
+        first = await listing()
+        if first:
+            show(first)
+        elif output in ("table", "wide"):
+            no_resources(namespace)
+        previous = {key(i): i for i in first}
+        await watch(Watch(fetch, key, version, show, interval), first, seconds=seconds, stop=stop)

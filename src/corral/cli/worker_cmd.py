@@ -115,6 +115,9 @@ def gc(
         None, "--keep", min=0, help="Keep only the N most recent finished runs per namespace."
     ),
     namespace: str | None = typer.Option(None, "-n", "--namespace", help="Only this namespace."),
+    dry_run: bool = typer.Option(
+        False, "--dry-run", help="Say how many finished runs would be deleted; delete nothing."
+    ),
 ) -> None:
     """Delete finished runs with their events and approvals (default: CORRAL_RUN_RETENTION_DAYS)."""
     from corral.cli.connect import require_local
@@ -139,7 +142,15 @@ def gc(
                     EXIT_BAD_INPUT,
                 )
             return await store.prune_runs(
-                finished_before=cutoff, keep_last=keep, namespace=namespace
+                finished_before=cutoff, keep_last=keep, namespace=namespace, dry_run=dry_run
             )
 
-    typer.echo(f"deleted {run_async(go())} finished runs")
+    count = run_async(go())
+    if dry_run:
+        where = f" in namespace {namespace!r}" if namespace else ""
+        typer.echo(
+            f"would delete {count} finished runs{where} with their events and approvals "
+            "(dry run: nothing deleted)"
+        )
+    else:
+        typer.echo(f"deleted {count} finished runs")

@@ -170,30 +170,42 @@ def ready() -> Call[Readiness]:
 # --------------------------------------------------------------------------- resources
 
 
-def apply(documents: Documents) -> Call[ApplyResult]:
-    """Apply YAML text, one document or a list of them; all or nothing."""
+def apply(documents: Documents, *, dry_run: bool = False) -> Call[ApplyResult]:
+    """Apply YAML text, one document or a list of them; all or nothing. With ``dry_run``
+    the outcomes say what applying would do, and nothing is stored."""
+    params: Params = [("dry_run", True)] if dry_run else []
     if isinstance(documents, str):
         return Call(
             "POST",
             "/v1/resources",
             _model(ApplyResult),
+            params=params,
             content=documents,
             headers={"Content-Type": "application/yaml"},
         )
     body = dict(documents) if isinstance(documents, Mapping) else [dict(d) for d in documents]
-    return Call("POST", "/v1/resources", _model(ApplyResult), json=body)
+    return Call("POST", "/v1/resources", _model(ApplyResult), params=params, json=body)
 
 
 def list_resources(
-    kind: str | None = None, *, limit: int | None = None, cursor: str | None = None
+    kind: str | None = None,
+    *,
+    selector: str | None = None,
+    limit: int | None = None,
+    cursor: str | None = None,
 ) -> Call[ResourcePage]:
+    """A page of resources (of ``kind``, whose labels match ``selector``: ``team=a,!old``)."""
     params: Params = [("kind", kind)] if kind is not None else []
+    if selector is not None:
+        params.append(("selector", selector))
     return Call("GET", "/v1/resources", _model(ResourcePage), params + _paging(limit, cursor))
 
 
-def iter_resources(kind: str | None = None, *, page_size: int = 100) -> Pages[ResourceOut]:
-    """Every resource (of ``kind``), page after page."""
-    return Pages(lambda c: list_resources(kind, limit=page_size, cursor=c))
+def iter_resources(
+    kind: str | None = None, *, selector: str | None = None, page_size: int = 100
+) -> Pages[ResourceOut]:
+    """Every resource (of ``kind``, matching ``selector``), page after page."""
+    return Pages(lambda c: list_resources(kind, selector=selector, limit=page_size, cursor=c))
 
 
 def get_resource(kind: str, name: str) -> Call[ResourceOut]:
@@ -246,15 +258,15 @@ def list_tasks(
     *,
     state: str | Sequence[str] | None = None,
     agent: str | None = None,
-    label: str | None = None,
+    selector: str | None = None,
     limit: int | None = None,
     cursor: str | None = None,
 ) -> Call[TaskPage]:
-    """A page of tasks (in ``state``, of ``agent``, matching the label selector ``label``:
+    """A page of tasks (in ``state``, of ``agent``, whose labels match ``selector``:
     ``"team=ml,!draft"``)."""
     params = _states(state) + ([("agent", agent)] if agent is not None else [])
-    if label:
-        params.append(("label", label))
+    if selector is not None:
+        params.append(("selector", selector))
     return Call("GET", "/v1/tasks", _model(TaskPage), params + _paging(limit, cursor))
 
 
@@ -262,12 +274,12 @@ def iter_tasks(
     *,
     state: str | Sequence[str] | None = None,
     agent: str | None = None,
-    label: str | None = None,
+    selector: str | None = None,
     page_size: int = 50,
 ) -> Pages[Task]:
-    """Every task (newest first), page after page."""
+    """Every task (newest first, matching ``selector``), page after page."""
     return Pages(
-        lambda c: list_tasks(state=state, agent=agent, label=label, limit=page_size, cursor=c)
+        lambda c: list_tasks(state=state, agent=agent, selector=selector, limit=page_size, cursor=c)
     )
 
 

@@ -12,7 +12,8 @@ converted at the adapter boundary and never travel further up.
     │   ├── ConflictError          the operation contradicts stored state
     │   ├── AuthError              the HTTP API refused the token (401) or its role (403)
     │   ├── InvalidSessionIdError  a session id breaks the one rule (core/sessions.py)
-    │   ├── LabelError             a run's label or a selector breaks the rule (core/selectors.py)
+    │   ├── InvalidSelectorError   a malformed label selector (core/selectors.py)
+    │   ├── LabelError             a run's label breaks the rule (core/labels.py)
     │   └── ConfigError            a broken CLI config file or context (cli/contexts.py)
     ├── ConfigurationError         a stored resource cannot be turned into a live object
     ├── ModelError                 a model call failed (``retryable``, ``status_code``)

@@ -1,125 +1,58 @@
-"""Labels on runs and the ``-l`` selectors that pick runs by them, one rule for every door.
+"""Label selectors, kubectl's equality-based ones: ``team=a,tier!=web,canary,!legacy``.
 
-A label is ``key=value``. Keys and values are short words of any script: letters,
-digits, ``-``, ``_``, ``.`` (and ``/`` in a key), beginning and ending with a letter
-or a digit; a key has 1 to :data:`MAX_KEY` characters, a value at most
-:data:`MAX_VALUE` (it may be empty). ``=``, ``,``, ``!``, spaces and control
-characters never occur in either, so a selector can always be written for a label.
+A selector is requirements joined by commas, all of which must hold:
 
-A selector (``corral tasks list -l``, the API's ``label`` parameter) is a comma
-separated list of requirements, all of which must hold, as kubectl writes them:
-``key=value`` (or ``key==value``), ``key!=value`` (true too when the label is
-absent), ``key`` (the label is present) and ``!key`` (it is absent).
+    key=value, key==value   the label is there with this value
+    key!=value              the label is absent or has another value
+    key                     the label is there (any value)
+    !key                    the label is absent
+
+Keys and values are any text but ``,``, ``=``, ``!`` and surrounding spaces (labels are
+free text in Corral: ``équipe=café`` works). The CLI's ``-l`` and the API's ``?selector=``
+take the same text; the store turns it into a query (``corral.store.sql.labels``) and
+:func:`matches` says the same for one resource's labels.
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
 from corral.core.errors import UserError
 
-#: the longest key and value (characters), and the most labels on one run
-MAX_KEY = 63
-MAX_VALUE = 63
-MAX_LABELS = 32
+#: the longest selector taken (the API's query parameter, the CLI's ``-l``)
+MAX_SELECTOR_CHARS = 1024
 #: the most requirements in one selector
-MAX_REQUIREMENTS = 32
-
-# \w is any script's letters and digits, and "_"; a word begins and ends with a
-# letter or a digit.
-_KEY = re.compile(r"[^\W_](?:[\w./-]*[^\W_])?")
-_VALUE = re.compile(r"(?:[^\W_](?:[\w.-]*[^\W_])?)?")
+MAX_REQUIREMENTS = 20
+_FORBIDDEN = set(",=!")
 
 
-class LabelError(UserError):
-    """A label or a selector breaks the rule of this module."""
+class InvalidSelectorError(UserError):
+    """A label selector that cannot be parsed (CLI exit code 2, API 422)."""
 
-    code = "invalid_label"
-
-
-def _shown(text: str, limit: int = 40) -> str:
-    """``text`` quoted for an error, cut so a huge value does not flood the message."""
-    return repr(text if len(text) <= limit else text[:limit] + "…")
-
-
-def key_problem(key: str) -> str | None:
-    """Why ``key`` is not a label key, or ``None``."""
-    if not key:
-        return "a label key may not be empty"
-    if len(key) > MAX_KEY:
-        return f"label key {_shown(key)} is longer than {MAX_KEY} characters"
-    if not _KEY.fullmatch(key):
-        return (
-            f"label key {_shown(key)} must be letters, digits, '-', '_', '.' or '/', "
-            "beginning and ending with a letter or a digit"
-        )
-    return None
-
-
-def value_problem(key: str, value: str) -> str | None:
-    """Why ``value`` is not the value of label ``key``, or ``None``."""
-    if len(value) > MAX_VALUE:
-        return f"the value of label {_shown(key)} is longer than {MAX_VALUE} characters"
-    if not _VALUE.fullmatch(value):
-        return (
-            f"the value {_shown(value)} of label {_shown(key)} must be letters, digits, "
-            "'-', '_' or '.', beginning and ending with a letter or a digit (or empty)"
-        )
-    return None
-
-
-def labels_problem(labels: Mapping[str, str]) -> str | None:
-    """Why ``labels`` cannot be a run's labels, or ``None`` (the API's check)."""
-    if len(labels) > MAX_LABELS:
-        return f"a run has at most {MAX_LABELS} labels, not {len(labels)}"
-    for key, value in labels.items():
-        problem = key_problem(key) or value_problem(key, value)
-        if problem is not None:
-            return problem
-    return None
-
-
-def check_labels(labels: Mapping[str, str]) -> dict[str, str]:
-    """``labels`` as a dict; :class:`LabelError` when they break the rule."""
-    problem = labels_problem(labels)
-    if problem is not None:
-        raise LabelError(problem)
-    return dict(labels)
-
-
-def parse_labels(pairs: Iterable[str]) -> dict[str, str]:
-    """``-l key=value`` options (each may hold several, comma separated) as labels;
-    a key given twice is a :class:`LabelError`."""
-    labels: dict[str, str] = {}
-    for pair in _parts(pairs):
-        key, equals, value = pair.partition("=")
-        if not equals:
-            raise LabelError(f"label {_shown(pair)} is not key=value")
-        if key in labels:
-            raise LabelError(f"label {_shown(key)} is given twice")
-        labels[key] = value
-    return check_labels(labels)
+    code = "invalid_selector"
 
 
 class Op(StrEnum):
+    """What a requirement asks of a label."""
+
     EQUALS = "="
     NOT_EQUALS = "!="
     EXISTS = "exists"
-    ABSENT = "!exists"
+    NOT_EXISTS = "!exists"
 
 
 @dataclass(frozen=True)
 class Requirement:
-    """One requirement of a selector on one label."""
+    """One requirement of a selector: ``value`` is ``None`` for (non-)existence."""
 
     key: str
     op: Op
-    value: str = ""
+    value: str | None = None
 
-    def matches(self, labels: Mapping[str, str]) -> bool:
+    def holds(self, labels: Mapping[str, str]) -> bool:
+        """Whether ``labels`` meet this requirement."""
         found = labels.get(self.key)
         if self.op is Op.EQUALS:
             return found == self.value
@@ -130,63 +63,74 @@ class Requirement:
     def __str__(self) -> str:
         if self.op is Op.EXISTS:
             return self.key
-        if self.op is Op.ABSENT:
+        if self.op is Op.NOT_EXISTS:
             return f"!{self.key}"
         return f"{self.key}{self.op.value}{self.value}"
 
 
 @dataclass(frozen=True)
 class Selector:
-    """Requirements that must all hold; the empty selector picks everything."""
+    """Requirements that must all hold (an empty selector matches everything)."""
 
-    requirements: tuple[Requirement, ...] = ()
+    requirements: tuple[Requirement, ...]
 
     def matches(self, labels: Mapping[str, str]) -> bool:
-        return all(r.matches(labels) for r in self.requirements)
+        return all(r.holds(labels) for r in self.requirements)
 
     def __str__(self) -> str:
         return ",".join(str(r) for r in self.requirements)
 
-    def __bool__(self) -> bool:
-        return bool(self.requirements)
+
+def _part(text: str, what: str, whole: str) -> str:
+    part = text.strip()
+    if not part:
+        raise InvalidSelectorError(f"invalid label selector {whole!r}: empty {what}")
+    bad = sorted(_FORBIDDEN & set(part))
+    if bad:
+        raise InvalidSelectorError(
+            f"invalid label selector {whole!r}: {what} {part!r} contains {bad[0]!r}"
+        )
+    if any(not char.isprintable() for char in part):
+        raise InvalidSelectorError(
+            f"invalid label selector {whole!r}: {what} {part!r} has a control character"
+        )
+    return part
 
 
-def parse_selector(texts: str | Iterable[str]) -> Selector:
-    """A selector from its text (several texts: all their requirements);
-    :class:`LabelError` naming the requirement that is malformed."""
-    requirements: list[Requirement] = []
-    for part in _parts([texts] if isinstance(texts, str) else texts):
-        requirements.append(_requirement(part))
-        if len(requirements) > MAX_REQUIREMENTS:
-            raise LabelError(f"a selector has at most {MAX_REQUIREMENTS} requirements")
-    return Selector(tuple(requirements))
+def _requirement(text: str, whole: str) -> Requirement:
+    if "!=" in text:
+        key, _, value = text.partition("!=")
+        return Requirement(_part(key, "key", whole), Op.NOT_EQUALS, _value(value, whole))
+    if "==" in text:
+        key, _, value = text.partition("==")
+        return Requirement(_part(key, "key", whole), Op.EQUALS, _value(value, whole))
+    if "=" in text:
+        key, _, value = text.partition("=")
+        return Requirement(_part(key, "key", whole), Op.EQUALS, _value(value, whole))
+    stripped = text.strip()
+    if stripped.startswith("!"):
+        return Requirement(_part(stripped[1:], "key", whole), Op.NOT_EXISTS)
+    return Requirement(_part(stripped, "key", whole), Op.EXISTS)
 
 
-def _requirement(text: str) -> Requirement:
-    for token, op in (("!=", Op.NOT_EQUALS), ("==", Op.EQUALS), ("=", Op.EQUALS)):
-        key, found, value = text.partition(token)
-        if found:
-            key = key.strip()
-            value = value.strip()
-            problem = key_problem(key) or value_problem(key, value)
-            if problem is not None:
-                raise LabelError(f"selector {_shown(text)}: {problem}")
-            return Requirement(key, op, value)
-    absent = text.startswith("!")
-    key = text[1:].strip() if absent else text
-    problem = key_problem(key)
-    if problem is not None:
-        raise LabelError(f"selector {_shown(text)}: {problem}")
-    return Requirement(key, Op.ABSENT if absent else Op.EXISTS)
+def _value(text: str, whole: str) -> str:
+    # an empty value is a value (kubectl: ``tier=`` selects labels set to "")
+    return "" if not text.strip() else _part(text, "value", whole)
 
 
-def _parts(texts: Iterable[str]) -> list[str]:
-    """The comma separated parts of ``texts``, stripped; an empty part is an error."""
-    parts: list[str] = []
-    for text in texts:
-        for part in text.split(","):
-            part = part.strip()
-            if not part:
-                raise LabelError(f"empty label or requirement in {_shown(text)}")
-            parts.append(part)
-    return parts
+def parse_selector(text: str) -> Selector:
+    """The selector of ``text``; ``InvalidSelectorError`` naming what is wrong."""
+    if len(text) > MAX_SELECTOR_CHARS:
+        raise InvalidSelectorError(
+            f"label selector too long: {len(text)} characters, at most {MAX_SELECTOR_CHARS}"
+        )
+    if any("\ud800" <= char <= "\udfff" for char in text):
+        raise InvalidSelectorError("label selector is not valid Unicode text")
+    if not text.strip():
+        raise InvalidSelectorError("empty label selector (use key=value, key!=value or key)")
+    parts = text.split(",")
+    if len(parts) > MAX_REQUIREMENTS:
+        raise InvalidSelectorError(
+            f"label selector has {len(parts)} requirements, at most {MAX_REQUIREMENTS}"
+        )
+    return Selector(tuple(_requirement(part, text) for part in parts))

@@ -89,20 +89,32 @@ def load_path(
     return load_paths([path], default_namespace=default_namespace, limits=limits)
 
 
+#: how a text read from standard input is named in messages (``<stdin>:3``)
+STDIN_SOURCE = "<stdin>"
+
+
 def load_paths(
     paths: Sequence[Path],
     *,
     default_namespace: str = "default",
     limits: DocumentLimits | None = None,
+    stdin: str | None = None,
 ) -> list[LoadedResource]:
     """Load several files or directories as one batch; raise one ResourceError for all problems.
 
-    A file over one of ``limits`` raises ``DocumentTooComplexError`` at once.
+    The path ``-`` stands for ``stdin``, the text the caller read from standard input
+    (named ``<stdin>`` in messages; its relative program paths are relative to the
+    working directory). A file over one of ``limits`` raises ``DocumentTooComplexError``
+    at once.
     """
     limits = limits or DocumentLimits()
     loaded: list[LoadedResource] = []
     problems: list[Problem] = []
     for path in paths:
+        if str(path) == "-" and stdin is not None:
+            limits.check_size(len(stdin.encode("utf-8", "surrogatepass")), STDIN_SOURCE)
+            _load_into(stdin, STDIN_SOURCE, Path.cwd(), default_namespace, limits, loaded, problems)
+            continue
         for file in _yaml_files(path, problems):
             try:
                 limits.check_size(file.stat().st_size, str(file))  # before reading it

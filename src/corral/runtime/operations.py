@@ -22,8 +22,8 @@ from corral.bus.base import Bus
 from corral.core.errors import ConflictError, NotFoundError, UserError
 from corral.core.events import Event
 from corral.core.ids import new_id
+from corral.core.labels import check_labels
 from corral.core.runs import Approval, RunRecord, RunState
-from corral.core.selectors import check_labels
 from corral.core.sessions import check_session_id
 from corral.resources.kinds import json_schema_problem
 from corral.runtime.follow import RunFollower, Until
@@ -49,7 +49,7 @@ async def submit(
 
     ``NotFoundError`` (nothing stored) when the agent does not exist, ``UserError``
     when ``output_schema`` is not a valid JSON Schema, ``LabelError`` for labels that
-    break the rule of ``core/selectors.py``, ``InvalidSessionIdError`` for a
+    break the rule of ``core/labels.py``, ``InvalidSessionIdError`` for a
     session id that breaks the rule of ``core/sessions.py``. A new run is
     announced on ``bus`` (one due later too: a dispatching bus delivers it again
     when it is due).

@@ -31,6 +31,12 @@ from corral.api import (
 )
 from corral.core.errors import DocumentTooComplexError, NotFoundError, ResourceError
 from corral.core.limits import DocumentLimits
+from corral.core.selectors import (
+    MAX_SELECTOR_CHARS,
+    InvalidSelectorError,
+    Selector,
+    parse_selector,
+)
 from corral.resources.kinds import KINDS, NAME_PATTERN, kind_of
 from corral.resources.loader import LoadedResource, load_text, unanchored_paths
 from corral.resources.secrets import redacted
@@ -88,6 +94,19 @@ def _kind(text: str, where: str) -> str:
     return kind_of(text)
 
 
+def _selector(text: str) -> Selector:
+    """The label selector of ``?selector=`` (422 naming it when malformed)."""
+    try:
+        return parse_selector(text)
+    except InvalidSelectorError as exc:
+        raise ProblemError(
+            422,
+            exc.message,
+            code="invalid_request",
+            errors=[FieldProblem(field="query.selector", reason=exc.message)],
+        ) from None
+
+
 def _out(stored: StoredResource) -> ResourceOut:
     return resource_out(stored, redacted(stored.resource.to_document()))
 
@@ -99,8 +118,17 @@ def _out(stored: StoredResource) -> ResourceOut:
     openapi_extra=_APPLY_BODY,
     responses=responses(409, 415),
 )
-async def apply_resources(who: Admin, request: Request) -> ApplyResult:
-    """Create or update every document of the body, all or nothing (like `corral apply`)."""
+async def apply_resources(
+    who: Admin,
+    request: Request,
+    dry_run: Annotated[
+        bool,
+        Query(description="Check the documents and say what applying would do; store nothing."),
+    ] = False,
+) -> ApplyResult:
+    """Create or update every document of the body, all or nothing (like `corral apply`);
+    with `dry_run` the outcomes say what would happen (`created`, `configured`,
+    `unchanged`) and nothing is stored."""
     media = request.headers.get("content-type", "").split(";")[0].strip().lower()
     raw = await request.body()
     try:
@@ -128,7 +156,7 @@ async def apply_resources(who: Admin, request: Request) -> ApplyResult:
             errors=[FieldProblem(field="body", reason="no documents")],
         )
     try:
-        outcomes = await context_of(request).store.apply(loaded)
+        outcomes = await context_of(request).store.apply(loaded, dry_run=dry_run)
     except ResourceError as exc:  # references: as _load's problems, by document for JSON
         problems = resource_problems(exc)
         if media not in YAML_TYPES:
@@ -226,13 +254,26 @@ async def list_resources(
     who: Viewer,
     request: Request,
     kind: Annotated[str | None, Query(description=_KIND_DOC, json_schema_extra=_KIND_ENUM)] = None,
+    selector: Annotated[
+        str | None,
+        Query(
+            max_length=MAX_SELECTOR_CHARS,
+            description="Only resources whose labels match: `key=value`, `key!=value`, "
+            "`key` (has the label), `!key` (has not), joined by commas (all must hold).",
+        ),
+    ] = None,
     limit: pagination.Limit = 100,
     cursor: pagination.Cursor = None,
 ) -> ResourcePage:
     """The namespace's resources, by kind and name."""
     canonical = _kind(kind, "query.kind") if kind is not None else None
+    chosen = _selector(selector) if selector is not None else None
     stored = await context_of(request).store.list_resources(
-        who.namespace, canonical, limit=limit + 1, after=pagination.position(cursor, (str, str))
+        who.namespace,
+        canonical,
+        selector=chosen,
+        limit=limit + 1,
+        after=pagination.position(cursor, (str, str)),
     )
     page, next_cursor = pagination.keyset_page(
         stored, limit, lambda s: (s.resource.kind, s.resource.name)

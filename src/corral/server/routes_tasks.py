@@ -6,7 +6,6 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Path, Query, Request, Response
 from fastapi.responses import StreamingResponse
-from pydantic import StringConstraints
 
 from corral.api import (
     ID_PATTERN,
@@ -19,7 +18,7 @@ from corral.api import (
 )
 from corral.core.errors import ConflictError, NotFoundError
 from corral.core.runs import RunState
-from corral.core.selectors import MAX_REQUIREMENTS, LabelError, parse_selector
+from corral.core.selectors import MAX_SELECTOR_CHARS, InvalidSelectorError, parse_selector
 from corral.resources.kinds import NAME_PATTERN, json_schema_problem
 from corral.runtime import operations
 from corral.server import pagination
@@ -102,13 +101,12 @@ async def list_tasks(
     agent: Annotated[
         str | None, Query(pattern=NAME_PATTERN, description="Only this agent's tasks.")
     ] = None,
-    label: Annotated[
-        list[Annotated[str, StringConstraints(max_length=1024)]] | None,
+    selector: Annotated[
+        str | None,
         Query(
-            max_length=MAX_REQUIREMENTS,
-            description="A label selector, as kubectl writes them: `key=value`, "
-            "`key!=value`, `key` (present), `!key` (absent), comma separated; all must hold "
-            "(also across repeated parameters).",
+            max_length=MAX_SELECTOR_CHARS,
+            description="Only tasks whose labels match: `key=value`, `key!=value`, `key` "
+            "(has the label), `!key` (has not), joined by commas (all must hold).",
         ),
     ] = None,
     limit: pagination.Limit = 50,
@@ -116,13 +114,13 @@ async def list_tasks(
 ) -> TaskPage:
     """The namespace's tasks, newest first."""
     try:
-        selector = parse_selector(label) if label else None
-    except LabelError as exc:
+        chosen = parse_selector(selector) if selector is not None else None
+    except InvalidSelectorError as exc:
         raise ProblemError(
             422,
             exc.message,
             code="invalid_request",
-            errors=[FieldProblem(field="query.label", reason=exc.message)],
+            errors=[FieldProblem(field="query.selector", reason=exc.message)],
         ) from None
     records = await context_of(request).store.list_runs(
         who.namespace,
@@ -130,7 +128,7 @@ async def list_tasks(
         limit + 1,
         state or None,
         before=pagination.position(cursor, (float, str)),
-        selector=selector,
+        selector=chosen,
     )
     page, next_cursor = pagination.keyset_page(records, limit, lambda r: (r.created_at, r.id))
     return TaskPage(items=[Task.from_record(r) for r in page], next_cursor=next_cursor)

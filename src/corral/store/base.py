@@ -103,12 +103,16 @@ class Store(ABC):
     # ----------------------------------------------------------------- resources
 
     @abstractmethod
-    async def apply(self, batch: Sequence[Resource | LoadedResource]) -> list[ApplyOutcome]:
+    async def apply(
+        self, batch: Sequence[Resource | LoadedResource], *, dry_run: bool = False
+    ) -> list[ApplyOutcome]:
         """Create or update every resource of ``batch`` in one transaction.
 
         References are checked against the batch and the stored resources;
         any problem raises ``ResourceError`` and stores nothing. Secret values
         are encrypted before they are stored. Outcomes follow the batch order.
+        With ``dry_run`` every check is made and the outcomes say what applying
+        would do (the generation it would reach), but nothing is written.
         """
 
     @abstractmethod
@@ -118,16 +122,20 @@ class Store(ABC):
     @abstractmethod
     async def list_resources(
         self,
-        namespace: str,
+        namespace: str | None,
         kind: str | None = None,
         *,
+        selector: Selector | None = None,
         limit: int | None = None,
-        after: tuple[str, str] | None = None,
+        after: tuple[str, ...] | None = None,
     ) -> list[StoredResource]:
-        """The resources of a namespace (of one kind when given), ordered by kind and name.
+        """The resources of a namespace (of one kind, whose labels meet ``selector``, when
+        given), ordered by kind and name; ``namespace=None``: of every namespace, ordered
+        by namespace, kind and name.
 
         A page of them: at most ``limit``, those after the keyset ``after`` =
-        ``(kind, name)`` (the last of the previous page) when given.
+        ``(kind, name)`` (``(namespace, kind, name)`` across namespaces), the last of
+        the previous page, when given.
         """
 
     async def resources_fingerprint(self, namespace: str) -> tuple[int, int, float]:
@@ -297,8 +305,10 @@ class Store(ABC):
         finished_before: float | None = None,
         keep_last: int | None = None,
         namespace: str | None = None,
+        dry_run: bool = False,
     ) -> int:
-        """Delete finished runs (with their events and approvals) and return how many.
+        """Delete finished runs (with their events and approvals) and return how many
+        (with ``dry_run``: how many would go; nothing is deleted).
 
         A run goes when it finished before ``finished_before``, or when it is not
         among the ``keep_last`` most recently finished runs of its namespace. Runs

@@ -15,6 +15,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from corral.core.errors import ConflictError, NotFoundError, ResourceError
+from corral.core.selectors import Selector
 from corral.resources.kinds import SPEC_TYPES, Resource, SecretSpec
 from corral.resources.loader import LoadedResource, format_path
 from corral.resources.references import check_references, locate, referrers, resource_of
@@ -23,6 +24,7 @@ from corral.store.base import ApplyAction, ApplyOutcome, StoredResource
 from corral.store.schema import resources
 from corral.store.sql import keyset
 from corral.store.sql.engine import SqlEngine, fetch_all, fetch_first
+from corral.store.sql.labels import selector_clause
 from corral.store.sql.rows import row_to_stored, spec_json
 from corral.store.sql.statements import resource, resources_fingerprint
 
@@ -30,7 +32,9 @@ from corral.store.sql.statements import resource, resources_fingerprint
 class SqlResources(SqlEngine):
     """The resource operations of :class:`~corral.store.sql.SqlStore`."""
 
-    async def apply(self, batch: Sequence[Resource | LoadedResource]) -> list[ApplyOutcome]:
+    async def apply(
+        self, batch: Sequence[Resource | LoadedResource], *, dry_run: bool = False
+    ) -> list[ApplyOutcome]:
         items = list(batch)
         _check_kinds(items)
         now = time.time()
@@ -40,12 +44,14 @@ class SqlResources(SqlEngine):
                 return await _fetch_resource(conn, namespace, kind, name) is not None
 
             await check_references(items, exists)
-            return [await self._apply_one(conn, item, now) for item in items]
+            return [await self._apply_one(conn, item, now, dry_run) for item in items]
 
+        if dry_run:  # the same checks and comparisons, in a read: nothing is written
+            return await self._read("plan an apply", write)
         return await self._write("apply resources", write)
 
     async def _apply_one(
-        self, conn: AsyncConnection, item: Resource | LoadedResource, now: float
+        self, conn: AsyncConnection, item: Resource | LoadedResource, now: float, dry_run: bool
     ) -> ApplyOutcome:
         resource = resource_of(item)
         namespace, kind, name = resource.key
@@ -62,6 +68,8 @@ class SqlResources(SqlEngine):
                 where = locate(item, ("spec", "encrypted_value"))
                 raise ResourceError([(where, reason) for _, reason in exc.problems]) from None
         values = {"spec": spec_json(spec), "labels": dict(resource.metadata.labels)}
+        if old is None and dry_run:
+            return ApplyOutcome(namespace, kind, name, ApplyAction.CREATED, 1)
         if old is None:
             await conn.execute(
                 resources.insert().values(
@@ -79,6 +87,8 @@ class SqlResources(SqlEngine):
         if current == values:
             return ApplyOutcome(namespace, kind, name, ApplyAction.UNCHANGED, old.generation)
         generation = old.generation + 1
+        if dry_run:
+            return ApplyOutcome(namespace, kind, name, ApplyAction.CONFIGURED, generation)
         await conn.execute(
             resources.update()
             .where(_resource_key(namespace, kind, name))
@@ -92,16 +102,23 @@ class SqlResources(SqlEngine):
 
     async def list_resources(
         self,
-        namespace: str,
+        namespace: str | None,
         kind: str | None = None,
         *,
+        selector: Selector | None = None,
         limit: int | None = None,
-        after: tuple[str, str] | None = None,
+        after: tuple[str, ...] | None = None,
     ) -> list[StoredResource]:
-        query = sa.select(resources).where(resources.c.namespace == namespace)
+        query = sa.select(resources)
+        order: tuple[sa.ColumnElement[Any], ...] = (resources.c.kind, resources.c.name)
+        if namespace is not None:
+            query = query.where(resources.c.namespace == namespace)
+        else:
+            order = (resources.c.namespace, *order)
         if kind is not None:
             query = query.where(resources.c.kind == kind)
-        order = (resources.c.kind, resources.c.name)
+        if selector is not None:
+            query = query.where(selector_clause(self._dialect, resources.c.labels, selector))
         query = keyset.page(query, order, limit=limit, position=after)
         rows = await self._read("list resources", fetch_all(query))
         return [row_to_stored(row) for row in rows]

@@ -6,7 +6,6 @@ Submitting, claiming and the leases of runs-as-tasks are in
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Sequence
 from contextlib import nullcontext
@@ -19,12 +18,13 @@ from corral.core.errors import NotFoundError
 from corral.core.events import Event
 from corral.core.messages import Message
 from corral.core.runs import Approval, ApprovalState, Lease, RunRecord, RunState
-from corral.core.selectors import Op, Selector
+from corral.core.selectors import Selector
 from corral.store.base import RunCounts
 from corral.store.schema import approvals as approvals_table
 from corral.store.schema import run_events, runs
 from corral.store.sql import keyset
 from corral.store.sql.engine import SqlEngine, fetch_all, fetch_first
+from corral.store.sql.labels import selector_clause
 from corral.store.sql.rows import APPROVALS, EVENTS, RUNS
 from corral.store.sql.rules import check_events_saved_with, saved_run_values
 from corral.store.sql.statements import (
@@ -101,8 +101,8 @@ class SqlRuns(SqlEngine):
             query = query.where(runs.c.agent == agent)
         if states is not None:
             query = query.where(runs.c.state.in_([RunState(s).value for s in states]))
-        if selector:
-            query = query.where(*label_conditions(selector))
+        if selector is not None:
+            query = query.where(selector_clause(self._dialect, runs.c.labels, selector))
         query = keyset.page(
             query, (runs.c.created_at, runs.c.id), limit=limit, position=before, descending=True
         )
@@ -178,6 +178,7 @@ class SqlRuns(SqlEngine):
         finished_before: float | None = None,
         keep_last: int | None = None,
         namespace: str | None = None,
+        dry_run: bool = False,
     ) -> int:
         finished = runs.c.state.in_([s.value for s in RunState if s.finished])
         scope = finished if namespace is None else sa.and_(finished, runs.c.namespace == namespace)
@@ -198,6 +199,10 @@ class SqlRuns(SqlEngine):
             doomed.append(runs.c.id.in_(sa.select(rank.c.id).where(rank.c.rank > keep_last)))
         if not doomed:
             return 0
+        if dry_run:
+            count = sa.select(sa.func.count()).select_from(runs).where(scope, sa.or_(*doomed))
+            row = await self._read("count prunable runs", fetch_first(count))
+            return int(row[0]) if row is not None else 0
         # events and approvals go with their run (ON DELETE CASCADE)
         delete = runs.delete().where(scope, sa.or_(*doomed))
 
@@ -205,37 +210,3 @@ class SqlRuns(SqlEngine):
             return int((await conn.execute(delete)).rowcount)
 
         return await self._write("prune runs", write)
-
-
-def label_conditions(selector: Selector) -> list[sa.ColumnElement[bool]]:
-    """The WHERE conditions of a label selector on the runs' ``labels`` JSON: one
-    statement that SQLAlchemy compiles to ``json_extract`` on SQLite and ``->>`` on
-    PostgreSQL (keys never hold a quote: the selector's rule)."""
-    conditions: list[sa.ColumnElement[bool]] = []
-    for requirement in selector.requirements:
-        value = _label(requirement.key)
-        if requirement.op is Op.EQUALS:
-            conditions.append(value == requirement.value)
-        elif requirement.op is Op.NOT_EQUALS:
-            conditions.append(sa.or_(value.is_(None), value != requirement.value))
-        elif requirement.op is Op.EXISTS:
-            conditions.append(value.is_not(None))
-        else:
-            conditions.append(value.is_(None))
-    return conditions
-
-
-def _label(key: str) -> sa.ColumnElement[str]:
-    """The text of label ``key`` of a run, NULL when it has none.
-
-    The JSON is stored with non-ASCII characters escaped (``"\\u00e9quipe"``), and
-    SQLite (3.40, tested) matches a path's key against the stored key as written: a
-    key beyond ASCII is also looked up as stored. PostgreSQL's JSONB has no such key (a
-    label key never holds a backslash), so one statement serves both.
-    """
-    value: sa.ColumnElement[str] = runs.c.labels[key].as_string()
-    escaped = json.dumps(key)[1:-1]
-    if escaped == key:
-        return value
-    as_stored: sa.ColumnElement[str] = sa.func.coalesce(value, runs.c.labels[escaped].as_string())
-    return as_stored
