@@ -97,9 +97,7 @@ class Mode:
 
 def _apply(mode: Mode, root: Path) -> Mode:
     resources = root / "resources.yaml"
-    # (no emoji: the server's JSON apply splits a non-BMP character into lone surrogates,
-    # a bug of its own, reported)
-    resources.write_text(RESOURCES.replace("👋 ", "") + "---\n" + SCHEMA_AGENT)
+    resources.write_text(RESOURCES + "---\n" + SCHEMA_AGENT)
     mode("apply", "-f", str(resources))
     return mode
 
