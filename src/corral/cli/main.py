@@ -95,6 +95,7 @@ def registered_app() -> typer.Typer:
         approvals_cmd,
         chat_cmd,
         context_cmd,
+        doctor_cmd,
         resources_cmd,
         run_cmd,
         serve_cmd,
@@ -114,6 +115,7 @@ def registered_app() -> typer.Typer:
     serve_cmd.register(app)
     token_cmd.register(app)
     context_cmd.register(app)
+    doctor_cmd.register(app)
     return app
 
 

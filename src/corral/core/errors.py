@@ -198,6 +198,10 @@ class ToolErrorCode(StrEnum):
     OUTPUT_TOO_LARGE = "output_too_large"
     BLOCKED_DESTINATION = "blocked_destination"
     UNAVAILABLE = "unavailable"
+    #: the tool must run sandboxed and the sandbox cannot run on this machine
+    ISOLATION_UNAVAILABLE = "isolation_unavailable"
+    #: the program hit one of its isolation limits (``details.limit`` names it)
+    RESOURCE_EXHAUSTED = "resource_exhausted"
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ from corral.store.base import Store
 from corral.tools.base import Tool
 from corral.tools.governance import GovernedTool, Permissions, ToolPolicy, Toolset
 from corral.tools.registry import build_tool
+from corral.tools.sandbox.host import SandboxHost
 
 MCP_PREFIX = "mcp:"
 S = TypeVar("S", bound=Spec)
@@ -60,6 +61,8 @@ class AgentBuilder:
         self.settings = settings
         self.namespace = namespace
         self.secrets = SecretResolver(store, settings)
+        #: the machine's side of tool isolation; it never shows a tool this CORRAL_HOME
+        self.sandbox_host = SandboxHost.from_env(corral_home=settings.home)
         self._resolved: dict[str, str] = {}
         #: what else a run may echo of them: the password of a basic-auth secret
         self._derived: list[tuple[str, str]] = []
@@ -186,7 +189,9 @@ class AgentBuilder:
                 spec = await self._spec("Tool", entry, ToolSpecModel)
                 env = spec.exec.env if spec.exec else {}
                 auth = spec.http.auth if spec.http else None
-                tool = build_tool(entry, spec, await self._secrets_of(env, auth))
+                tool = build_tool(
+                    entry, spec, await self._secrets_of(env, auth), sandbox_host=self.sandbox_host
+                )
                 stack.push_async_callback(tool.aclose)
                 tools.append(GovernedTool(tool, ToolPolicy.of_tool(spec)))
                 continue
@@ -215,7 +220,9 @@ class AgentBuilder:
         secrets = await self._secrets_of(spec.env, spec.auth)
         workspace = self.settings.workspaces / self.namespace / "mcp" / server
         workspace.mkdir(parents=True, exist_ok=True)
-        return spec, await open_server_tools(server, spec, secrets, stack, workspace=workspace)
+        return spec, await open_server_tools(
+            server, spec, secrets, stack, workspace=workspace, sandbox_host=self.sandbox_host
+        )
 
     async def _permissions(self, agent: AgentSpec) -> Permissions:
         if not agent.roles:
