@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from corral.cli.output import ago, when
+from corral.cli.views import run_labels
 
 if TYPE_CHECKING:
     from corral.api import ApprovalOut, TaskDetail
@@ -51,6 +52,7 @@ def describe_task(task: TaskDetail, approvals: Sequence[ApprovalOut]) -> str:
     lines = [
         _field("Name", task.id),
         _field("Namespace", task.namespace),
+        _field("Labels", run_labels(task)),
         _field("Agent", task.agent),
         _field("State", task.state.value + (" (cancel requested)" if _cancelling(task) else "")),
         _field("Attempts", f"{task.attempts}/{task.max_attempts}"),

@@ -237,18 +237,7 @@ def tasks_describe(task_id: str = typer.Argument(..., help="The task (run) id.")
             return task, approvals
 
     task, approvals = run_async(go())
-    typer.echo(_with_labels(describe_task(task, approvals), task))
-
-
-def _with_labels(described: str, task: Task) -> str:
-    """``describe``'s text with the task's labels after its namespace."""
-    from corral.cli.describe import LABEL as WIDTH
-    from corral.cli.views import run_labels
-
-    lines = described.splitlines()
-    at = next((i + 1 for i, line in enumerate(lines) if line.startswith("Namespace:")), 1)
-    lines.insert(at, f"{'Labels:':<{WIDTH}}{run_labels(task)}")
-    return "\n".join(lines)
+    typer.echo(describe_task(task, approvals))
 
 
 @tasks_app.command("cancel")

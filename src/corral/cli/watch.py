@@ -43,7 +43,7 @@ class Watch(Generic[T]):
 
 
 @contextlib.contextmanager
-def _interrupt_sets(stop: anyio.Event) -> Iterator[None]:
+def interrupt_sets(stop: anyio.Event) -> Iterator[None]:
     """Ctrl-C sets ``stop`` (instead of raising KeyboardInterrupt) while in the block."""
     import asyncio
 
@@ -60,24 +60,15 @@ def _interrupt_sets(stop: anyio.Event) -> Iterator[None]:
 
 
 async def watch(
-    spec: Watch[T],
-    first: Sequence[T],
-    *,
-    seconds: float | None = None,
-    stop: anyio.Event | None = None,
+    spec: Watch[T], first: Sequence[T], *, stop: anyio.Event, seconds: float | None = None
 ) -> None:
-    """Poll until Ctrl-C or for ``seconds`` (when given); ``first`` is what was printed already.
-    ``stop``: the caller's event, which its own Ctrl-C handler sets (one handler from before
-    the first list is printed, so a Ctrl-C right after it is never lost)."""
+    """Poll until ``stop`` is set or for ``seconds`` (when given); ``first`` is what was
+    printed already. ``stop`` is set by the caller's Ctrl-C handler (:func:`interrupt_sets`),
+    installed before the first list is printed so that a Ctrl-C right after it is never lost."""
     import anyio  # here: `corral --help` imports this module and never needs anyio
 
     seen = {spec.key(item): (spec.version(item), item) for item in first}
-    handled = stop is not None
-    stop = stop if stop is not None else anyio.Event()
-    with (
-        contextlib.nullcontext() if handled else _interrupt_sets(stop),
-        anyio.move_on_after(seconds),
-    ):
+    with anyio.move_on_after(seconds):
         while True:
             with anyio.move_on_after(spec.interval):
                 await stop.wait()
@@ -159,7 +150,7 @@ async def watch_list(
         previous.update({key(i): i for i in now})
         return [*now, *left.values()]
 
-    with _interrupt_sets(stop):  # from before the list is printed: no Ctrl-C is lost
+    with interrupt_sets(stop):  # from before the list is printed: no Ctrl-C is lost
         first = await listing()
         if first:
             show(first)
