@@ -344,7 +344,8 @@ class EmbeddedBackend(Backend):
         from corral.api import Task
         from corral.runtime import operations
 
-        return Task.from_record(await operations.cancel(self.store, run_id))
+        async with self._bus() as bus:  # a parent the cancelled child queued is woken
+            return Task.from_record(await operations.cancel(self.store, run_id, bus=bus))
 
     async def follow(self, run_id: str, show: Show, *, follow: bool) -> TaskDetail:
         from corral.api import TaskDetail

@@ -131,10 +131,17 @@ async def get_run(store: Store, run_id: str, *, namespace: str | None = None) ->
     return record
 
 
-async def cancel(store: Store, run_id: str, *, namespace: str | None = None) -> RunRecord:
-    """Cancel a run (see :meth:`Store.request_cancel`); ``NotFoundError`` as :func:`get_run`."""
+async def cancel(
+    store: Store, run_id: str, *, namespace: str | None = None, bus: Bus | None = None
+) -> RunRecord:
+    """Cancel a run and its descendants (see :meth:`Store.request_cancel`); ``NotFoundError``
+    as :func:`get_run`. A child run cancelled at once may have queued its parent: the parent
+    is announced on ``bus`` (when given), so a worker resumes it now."""
     await get_run(store, run_id, namespace=namespace)
-    return await store.request_cancel(run_id)
+    record = await store.request_cancel(run_id)
+    if bus is not None and record.parent_run_id is not None and record.state.finished:
+        await bus.announce_runnable([record.parent_run_id], mark=f"child:{record.id}")
+    return record
 
 
 async def get_approval(store: Store, approval_id: str, *, namespace: str | None = None) -> Approval:

@@ -138,7 +138,10 @@ async def cancel_task(task_id: TaskId, who: Operator, request: Request) -> Task:
     """A queued or waiting task is cancelled at once; a running one stops at its
     worker's next heartbeat (`cancel_requested` is true until then). A finished
     task is returned unchanged."""
-    record = await operations.cancel(context_of(request).store, task_id, namespace=who.namespace)
+    context = context_of(request)
+    record = await operations.cancel(
+        context.store, task_id, namespace=who.namespace, bus=context.bus
+    )
     return Task.from_record(record)
 
 
