@@ -18,9 +18,13 @@ from backends import Backend, backend_fixture, deployment_fixture
 from corral.core.errors import ResourceError
 from corral.core.events import EventType
 from corral.core.runs import RunRecord, RunState
+from corral.resources.kinds import DEFAULT_MAX_DEPTH, AgentLink
 from corral.resources.loader import load_text
 from corral.runtime import operations
+from corral.runtime.delegation import StoreDelegation
 from corral.store import Store
+from corral.tools.agents import AgentsExec
+from corral.tools.base import ChildRun, ToolContext
 from nats_servers import nats_prefix_fixture, nats_server_url_fixture
 
 __all__ = [
@@ -308,3 +312,84 @@ async def test_the_parent_holds_no_worker_slot_while_its_child_runs(backend: Bac
     with anyio.fail_after(30):
         await backend.drain()
     assert (await get(store, run)).state is RunState.SUCCEEDED
+
+
+async def test_two_children_of_one_step_both_answer_and_the_parent_resumes_once(
+    backend: Backend,
+) -> None:
+    store = backend.store
+    both = {
+        "tool_calls": [
+            {"name": "agents_exec", "arguments": {"agent": "left", "input": "l"}},
+            {"name": "agents_exec", "arguments": {"agent": "right", "input": "r"}},
+        ]
+    }
+    await apply(
+        store,
+        model("boss-model", both, {"text": "both answered"}),
+        model("left-model", {"text": "from the left"}),
+        model("right-model", {"text": "from the right"}),
+        agent("left", "left-model"),
+        agent("right", "right-model"),
+        agent("boss", "boss-model", links=["left", "right"]),
+    )
+    runs = [(await backend.submit("boss", f"go {i}"))[0] for i in range(3)]
+    await backend.drain()
+    for run in runs:
+        parent = await get(store, run)
+        assert (parent.state, parent.output) == (RunState.SUCCEEDED, "both answered")
+        children = await store.list_children(run.id)
+        assert sorted(c.agent for c in children) == ["left", "right"]
+        events = await store.list_events(run.id)
+        outputs = [r["output"] for r in tool_results(events)]
+        assert sorted(outputs) == ["from the left", "from the right"]
+        kinds = [e.type for e in events]
+        assert kinds.count(EventType.RUN_FINISH) == 1
+        assert kinds.count(EventType.CHILD_FINISH) == 2
+
+
+async def test_a_childs_tokens_count_against_its_parents_limit(backend: Backend) -> None:
+    store = backend.store
+    await apply(
+        store,
+        model(
+            "boss-model",
+            {**call("agents_exec", agent="verbose", input="x"), "input_tokens": 10},
+            {"text": "never asked"},
+        ),
+        model("verbose-model", {"text": "a lot", "input_tokens": 500}),
+        agent("verbose", "verbose-model"),
+        agent("boss", "boss-model", links=["verbose"], limits={"max_tokens": 100}),
+    )
+    run, _ = await backend.submit("boss", "go")
+    await backend.drain()
+    parent = await get(store, run)
+    assert parent.state is RunState.FAILED
+    assert parent.error is not None
+    assert (parent.error["code"], parent.error["limit"]) == ("budget_exceeded", "max_tokens")
+    assert parent.usage.input_tokens == 510
+    # the child's answer is journaled before the limit stops the parent
+    assert [r["output"] for r in tool_results(await store.list_events(run.id))] == ["a lot"]
+
+
+async def test_a_replayed_agents_exec_call_finds_its_child_instead_of_starting_another(
+    backend: Backend,
+) -> None:
+    store = backend.store
+    await apply(
+        store,
+        model("m", {"text": "x"}),
+        agent("helper", "m"),
+        agent("boss", "m", links=["helper"]),
+    )
+    parent, _ = await backend.submit("boss", "go")
+    delegation = StoreDelegation(store, backend.bus)
+    tool = AgentsExec([AgentLink(agent="helper")], delegation, lambda ref: True, DEFAULT_MAX_DEPTH)
+    ctx = ToolContext(parent.id, "boss", "default", "call_1_1", f"{parent.id}:1:0", Path("."))
+    first = await tool.call({"agent": "helper", "input": "hi"}, ctx)
+    again = await tool.call({"agent": "helper", "input": "hi"}, ctx)
+    other = await tool.call({"agent": "helper", "input": "something else"}, ctx)
+    assert isinstance(first, ChildRun) and isinstance(again, ChildRun)
+    assert isinstance(other, ChildRun)
+    assert first.run_id == again.run_id != other.run_id
+    assert len(await store.list_children(parent.id)) == 2
