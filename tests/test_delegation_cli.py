@@ -68,3 +68,67 @@ def test_run_executes_the_child_run_in_process_and_prints_the_parents_answer(
     tasks = json.loads(out)
     assert sorted(t["agent"] for t in tasks) == ["adder", "boss"]
     assert {t["state"] for t in tasks} == {"succeeded"}
+
+
+def test_tasks_tree_and_describe_show_the_child_under_its_parent(tmp_path: Path) -> None:
+    path = tmp_path / "boss.yaml"
+    path.write_text(BOSS)
+    home = tmp_path / "home"
+    corral(home, "apply", "-f", str(path))
+    code, out, err = corral(home, "run", "boss", "ask the adder", "-o", "json")
+    assert code == 0, err
+    parent = json.loads(out)
+    assert (parent["parent_run_id"], parent["depth"]) == (None, 0)
+
+    code, out, err = corral(home, "tasks", "tree", parent["id"], "-o", "json")
+    assert code == 0, err
+    tree = json.loads(out)
+    (child,) = tree["children"]
+    assert (tree["agent"], child["agent"], child["state"]) == ("boss", "adder", "succeeded")
+    assert (child["parent_run_id"], child["depth"], child["children"]) == (parent["id"], 1, [])
+
+    code, out, err = corral(home, "tasks", "tree", parent["id"])
+    assert code == 0, err
+    assert out.splitlines() == [
+        f"{parent['id']}  boss  succeeded",
+        f"└─ {child['id']}  adder  succeeded",
+    ]
+
+    code, out, err = corral(home, "tasks", "describe", parent["id"])
+    assert code == 0, err
+    assert f"  {child['id']}  adder  succeeded" in out.split("Children:")[1]
+    code, out, err = corral(home, "tasks", "describe", child["id"])
+    assert code == 0, err
+    assert f"{parent['id']} (depth 1)" in out
+
+    code, out, err = corral(home, "tasks", "tree", "run_nope")
+    assert code == 2 and "not found" in err and "Traceback" not in err
+
+
+def test_the_api_client_and_remote_cli_show_a_tasks_children(tmp_path: Path) -> None:
+    from corral.client import Client
+    from corral.core.errors import NotFoundError
+    from server_harness import LiveServer
+
+    with LiveServer(tmp_path / "server", workers=2) as server:
+        with Client(server.url, server.admin) as client:
+            client.apply(BOSS)
+            task = client.prompt("boss", "ask the adder", timeout_seconds=30)
+            assert (task.state.value, task.output) == ("succeeded", "the adder says 5")
+            (child,) = client.task_children(task.id).items
+            assert (child.agent, child.parent_run_id, child.depth) == ("adder", task.id, 1)
+            assert client.task_children(child.id).items == []
+            try:
+                client.task_children("run_nope")
+            except NotFoundError:
+                pass
+            else:
+                raise AssertionError("the children of a task that is not there are a 404")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
+        env.update(CORRAL_URL=server.url, CORRAL_TOKEN=server.admin)
+        proc = invoke(["tasks", "tree", task.id], env)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.splitlines() == [
+            f"{task.id}  boss  succeeded",
+            f"└─ {child.id}  adder  succeeded",
+        ]

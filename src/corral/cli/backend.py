@@ -172,6 +172,10 @@ class Backend(ABC):
     async def cancel(self, run_id: str) -> Task: ...
 
     @abstractmethod
+    async def children(self, run_id: str) -> list[Task]:
+        """The run's child runs, oldest first; ``NotFoundError`` when there is no such run."""
+
+    @abstractmethod
     async def follow(self, run_id: str, show: Show, *, follow: bool) -> TaskDetail:
         """Hand each event to ``show``; with ``follow`` until the run ends or pauses.
         ``NotFoundError`` when the run does not exist (or is deleted meanwhile)."""
@@ -339,6 +343,12 @@ class EmbeddedBackend(Backend):
         from corral.runtime import operations
 
         return TaskDetail.from_record(await operations.get_run(self.store, run_id))
+
+    async def children(self, run_id: str) -> list[Task]:
+        from corral.api import Task
+        from corral.runtime import operations
+
+        return [Task.from_record(r) for r in await operations.children(self.store, run_id)]
 
     async def cancel(self, run_id: str) -> Task:
         from corral.api import Task

@@ -206,6 +206,9 @@ class RemoteBackend(Backend):
     async def cancel(self, run_id: str) -> Task:
         return await self.client.cancel_task(run_id)
 
+    async def children(self, run_id: str) -> list[Task]:
+        return (await self.client.task_children(run_id)).items
+
     async def follow(self, run_id: str, show: Show, *, follow: bool) -> TaskDetail:
         if follow:
             return await self._follow(run_id, show, None)

@@ -4,7 +4,7 @@
   already claimed by the caller (``corral run`` executes it at once);
 - :func:`get_run`, :func:`get_approval`: one object, ``NotFoundError`` when it is absent
   or (``namespace`` given) in another namespace - whether or not it exists;
-- :func:`cancel`;
+- :func:`cancel` (a run and its descendants), :func:`children` (a run's child runs);
 - :func:`decide`: approve or reject, and announce the run the decision may have queued;
 - :func:`follow_run`: a run's events to an observer, until it finishes or waits for a human.
 
@@ -129,6 +129,12 @@ async def get_run(store: Store, run_id: str, *, namespace: str | None = None) ->
     if record is None or (namespace is not None and record.namespace != namespace):
         raise run_not_found(run_id)
     return record
+
+
+async def children(store: Store, run_id: str, *, namespace: str | None = None) -> list[RunRecord]:
+    """The child runs of a run, oldest first; ``NotFoundError`` as :func:`get_run`."""
+    await get_run(store, run_id, namespace=namespace)
+    return await store.list_children(run_id)
 
 
 async def cancel(

@@ -127,6 +127,20 @@ async def get_task(task_id: TaskId, who: Viewer, request: Request) -> TaskDetail
     return TaskDetail.from_record(record)
 
 
+@router.get(
+    "/tasks/{task_id}/children",
+    response_model=TaskPage,
+    tags=["tasks"],
+    summary="List a task's child tasks",
+    responses=responses(404),
+)
+async def task_children(task_id: TaskId, who: Viewer, request: Request) -> TaskPage:
+    """The tasks this task's `agents_exec` calls started, oldest first, all in one page
+    (`next_cursor` is null): a run has at most as many as it made calls."""
+    records = await operations.children(context_of(request).store, task_id, namespace=who.namespace)
+    return TaskPage(items=[Task.from_record(r) for r in records], next_cursor=None)
+
+
 @router.post(
     "/tasks/{task_id}/cancel",
     response_model=Task,
@@ -136,8 +150,9 @@ async def get_task(task_id: TaskId, who: Viewer, request: Request) -> TaskDetail
 )
 async def cancel_task(task_id: TaskId, who: Operator, request: Request) -> Task:
     """A queued or waiting task is cancelled at once; a running one stops at its
-    worker's next heartbeat (`cancel_requested` is true until then). A finished
-    task is returned unchanged."""
+    worker's next heartbeat (`cancel_requested` is true until then). Its unfinished
+    child tasks (and theirs) are cancelled with it. A finished task is returned
+    unchanged."""
     context = context_of(request)
     record = await operations.cancel(
         context.store, task_id, namespace=who.namespace, bus=context.bus
