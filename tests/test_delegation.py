@@ -25,6 +25,7 @@ from corral.runtime.delegation import StoreDelegation
 from corral.store import Store
 from corral.tools.agents import AgentsExec
 from corral.tools.base import ChildRun, ToolContext
+from fake_clock import FakeClock
 from nats_servers import nats_prefix_fixture, nats_server_url_fixture
 
 __all__ = [
@@ -393,3 +394,50 @@ async def test_a_replayed_agents_exec_call_finds_its_child_instead_of_starting_a
     assert isinstance(other, ChildRun)
     assert first.run_id == again.run_id != other.run_id
     assert len(await store.list_children(parent.id)) == 2
+
+
+async def test_cancelling_a_running_parent_cancels_the_child_it_started(
+    backend: Backend, clock: FakeClock
+) -> None:
+    store = backend.store
+    slow = json.dumps(
+        {
+            "apiVersion": "corral/v1",
+            "kind": "Tool",
+            "metadata": {"name": "slow"},
+            "spec": {
+                "type": "exec",
+                "exec": {"command": ["sleep", "30"]},
+                "parameters": {"type": "object"},
+                "timeout_seconds": 60,
+            },
+        }
+    )
+    step = {
+        "tool_calls": [
+            {"name": "agents_exec", "arguments": {"agent": "asks", "input": "x"}},
+            {"name": "slow", "arguments": {}},
+        ]
+    }
+    await apply(
+        store,
+        slow,
+        model("boss-model", step, {"text": "never"}),
+        model("asks-model", call("agents_list"), {"text": "never"}),
+        agent("asks", "asks-model", links=["boss"], approval={"policy": "always"}),
+        agent("boss", "boss-model", links=["asks"], tools=["slow"]),
+    )
+    run, _ = await backend.submit("boss", "go")
+    async with backend.serving():
+        with anyio.fail_after(10):
+            while not any(e.type is EventType.CHILD_START for e in await store.list_events(run.id)):
+                await anyio.sleep(0.05)
+        (child,) = await store.list_children(run.id)
+        await store.request_cancel(run.id)  # the parent is running: its worker stops it
+        clock.advance(30.0 / 3)  # the next lease renewal tells the run it is cancelled
+        with anyio.fail_after(10):
+            while (await get(store, run)).state is not RunState.CANCELLED:
+                await anyio.sleep(0.05)
+        with anyio.fail_after(10):
+            while (await get(store, child)).state is not RunState.CANCELLED:
+                await anyio.sleep(0.05)

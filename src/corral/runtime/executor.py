@@ -367,6 +367,10 @@ class RunExecutor:
         )
         await sink.announce()
         await self._announce_woken(record, lease)
+        if record.state is RunState.CANCELLED:
+            # A child started while the cancellation was on its way (after the store's
+            # cascade looked) is cancelled now: cancelling a run cancels its children.
+            await self.store.request_cancel(record.id)
 
     async def _announce_woken(self, record: RunRecord, lease: Lease) -> None:
         """Announce the run a save may have queued (see ``Store.save_run``): a finished

@@ -305,7 +305,8 @@ class Store(ABC):
         gets ``cancel_requested`` for its worker to act on. Its unfinished descendants are
         cancelled the same way, in the same transaction; a parent waiting for a run
         cancelled at once is queued as by a child's final save. A finished run is returned
-        unchanged. ``NotFoundError`` if absent.
+        unchanged (its unfinished descendants are still cancelled). ``NotFoundError`` if
+        absent.
         """
 
     @abstractmethod

@@ -142,9 +142,9 @@ class SqlRuns(SqlEngine):
             row: sa.Row[Any] | None = (await conn.execute(locked)).first()
             if row is None:
                 raise NotFoundError(f"run {run_id!r} not found")
-            if RunState(row.state).finished:
-                return row
-            cancelled = await _cancel_one(conn, row, now)
+            # A finished run's descendants are still cancelled: a parent that ended
+            # cancelled may have started a child after an earlier cascade looked.
+            cancelled = row if RunState(row.state).finished else await _cancel_one(conn, row, now)
             level = [run_id]
             while level:  # the descendants, one generation at a time
                 found = (await conn.execute(children_of(level).with_for_update())).all()
@@ -152,7 +152,11 @@ class SqlRuns(SqlEngine):
                 for child in unfinished:
                     await _cancel_one(conn, child, now)
                 level = [r.id for r in found]
-            if cancelled.state == RunState.CANCELLED.value and row.parent_run_id is not None:
+            if (
+                cancelled.state == RunState.CANCELLED.value
+                and not RunState(row.state).finished
+                and row.parent_run_id is not None
+            ):
                 await conn.execute(parent_of_child(row.parent_run_id))
                 await conn.execute(requeue_parent(row.parent_run_id, now))
             return cancelled
