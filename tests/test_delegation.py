@@ -441,3 +441,91 @@ async def test_cancelling_a_running_parent_cancels_the_child_it_started(
         with anyio.fail_after(10):
             while (await get(store, child)).state is not RunState.CANCELLED:
                 await anyio.sleep(0.05)
+
+
+async def test_agents_exec_waits_for_approval_by_risk_then_starts_its_child(
+    backend: Backend,
+) -> None:
+    store = backend.store
+    await apply(
+        store,
+        model(
+            "boss-model",
+            call("agents_list"),
+            call("agents_exec", agent="adder", input="1+1"),
+            {"text": "approved and answered"},
+        ),
+        model("adder-model", {"text": "2"}),
+        agent("adder", "adder-model"),
+        agent(
+            "boss",
+            "boss-model",
+            links=[{"agent": "adder", "description": "adds"}],
+            approval={"policy": "by_risk", "min_risk": "medium"},
+        ),
+    )
+    run, _ = await backend.submit("boss", "go")
+    await backend.drain()
+    assert (await get(store, run)).state is RunState.WAITING_APPROVAL
+    assert await store.list_children(run.id) == []  # nothing started before the decision
+    (approval,) = await store.list_approvals(run_id=run.id)
+    assert approval.tool == "agents_exec"
+    await backend.decide(approval.id, True, by="tester")
+    await backend.drain()
+    parent = await get(store, run)
+    assert (parent.state, parent.output) == (RunState.SUCCEEDED, "approved and answered")
+    listed, answered = tool_results(await store.list_events(run.id))
+    assert json.loads(listed["output"]) == [{"agent": "adder", "description": "adds"}]
+    assert answered["output"] == "2"
+
+
+async def test_hostile_agents_exec_calls_get_stable_tool_errors(backend: Backend) -> None:
+    store = backend.store
+    hostile = {
+        "tool_calls": [
+            {"name": "agents_exec", "arguments": {"agent": "adder", "input": "x" * 40_000}},
+            {"name": "agents_exec", "arguments": {"agent": "ädder\u202e", "input": "hi"}},
+            {"name": "agents_exec", "arguments": {"agent": ["adder"], "input": "hi"}},
+            {"name": "agents_exec", "arguments": {"agent": "adder", "input": "hi", "x": 1}},
+            {"name": "agents_exec", "arguments": {"agent": "adder", "input": "hi", "session": "?"}},
+            {"name": "agents_info", "arguments": {"agent": "adder"}},
+        ]
+    }
+    await apply(
+        store,
+        model("boss-model", hostile, {"text": "survived"}),
+        model("adder-model", {"text": "never"}),
+        agent("adder", "adder-model", tools=[]),
+        agent("boss", "boss-model", links=["adder"]),
+    )
+    run, _ = await backend.submit("boss", "go")
+    await backend.drain()
+    assert (await get(store, run)).output == "survived"
+    # the calls of one step run in parallel: their results in call order
+    results = sorted(tool_results(await store.list_events(run.id)), key=lambda r: r["call_id"])
+    codes = [r["error"]["code"] if r["error"] else None for r in results]
+    assert codes == [
+        "invalid_input",  # longer than an input may be
+        "permission_denied",  # not a linked agent
+        "invalid_input",  # not a name
+        "invalid_input",  # an argument the tool does not take
+        "invalid_input",  # a session id that breaks the rule
+        None,
+    ]
+    assert json.loads(results[-1]["output"]) == {"agent": "adder", "description": "", "tools": []}
+    assert await store.list_children(run.id) == []
+
+
+async def test_malformed_links_are_refused_with_their_field(backend: Backend) -> None:
+    store = backend.store
+    base = [model("m", {"text": "x"}), agent("a", "m")]
+    for links, field in (
+        ([123], "spec.links[0]"),
+        ([{"agent": "Not A Name"}], "spec.links[0].agent"),
+        ([{"agent": "a", "extra": 1}], "spec.links[0].extra"),
+        ("a", "spec.links"),
+    ):
+        with pytest.raises(ResourceError) as refused:
+            await apply(store, *base, agent("b", "m", links=links))
+        assert field in str(refused.value), str(refused.value)
+    assert await store.get_resource("default", "Agent", "b") is None
