@@ -132,3 +132,21 @@ def test_the_api_client_and_remote_cli_show_a_tasks_children(tmp_path: Path) -> 
             f"{task.id}  boss  succeeded",
             f"└─ {child.id}  adder  succeeded",
         ]
+
+
+def test_run_whose_child_waits_for_approval_exits_3_and_says_where(tmp_path: Path) -> None:
+    path = tmp_path / "boss.yaml"
+    path.write_text(
+        BOSS.replace(
+            "  model: adder-model\n",
+            "  model: adder-model\n  links: [boss]\n  approval: {policy: always}\n",
+        ).replace('    - text: "5"', '    - tool_calls: [{name: agents_list}]\n    - text: "5"')
+    )
+    home = tmp_path / "home"
+    corral(home, "apply", "-f", str(path))
+    code, out, err = corral(home, "run", "boss", "ask the adder")
+    assert code == 3, err
+    assert "waits for its child tasks" in err and "corral tasks tree run_" in err
+    code, out, err = corral(home, "approvals", "list", "-o", "json")
+    (approval,) = json.loads(out)
+    assert approval["tool"] == "agents_list"
