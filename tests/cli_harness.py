@@ -20,7 +20,7 @@ from corral.cli.main import registered_app
 
 
 def invoke(
-    args: Sequence[str], env: Mapping[str, str], *, input: str | None = None
+    args: Sequence[str], env: Mapping[str, str], *, input: str | bytes | None = None
 ) -> subprocess.CompletedProcess[str]:
     """``corral args`` in this process with exactly ``env`` as its environment; its exit
     code, stdout and stderr (stdout is not a terminal, as when piped).

@@ -16,6 +16,7 @@ from corral.store import Store, open_store
 from databases import PostgresServer, postgres_skipped, postgres_url
 from fake_clock import FakeClock
 from hosted_apis import refusing_getaddrinfo
+from sandboxing import ALLOWED_PATHS
 from server_harness import LiveServer
 
 
@@ -36,6 +37,17 @@ def no_user_cli_config(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Non
     subprocess (they inherit it): a current context of the user's never reaches a test."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("XDG_CONFIG_HOME", str(tmp_path_factory.mktemp("xdg-config")))
+        yield
+
+
+@pytest.fixture(scope="session", autouse=True)
+def sandbox_allows_the_test_interpreter() -> Iterator[None]:
+    """Tools run sandboxed where bubblewrap works (``isolation: auto``); the operator's
+    setting that lets a sandbox show the interpreter the tests' tool programs run on
+    (``sys.executable`` may live outside the system directories, as under pyenv) and its
+    virtualenv."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("CORRAL_SANDBOX_ALLOWED_PATHS", ":".join(map(str, ALLOWED_PATHS)))
         yield
 
 

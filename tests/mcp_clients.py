@@ -18,6 +18,7 @@ import anyio
 from corral.resources.kinds import McpServerSpec
 from corral.tools.base import Tool
 from corral.tools.mcp import open_server_tools
+from corral.tools.sandbox.host import SandboxHost
 
 SERVERS = Path(__file__).parent / "mcp_servers"
 #: the calculator server: stdio, or streamable HTTP with ``http TOKEN [PORT]``
@@ -26,7 +27,11 @@ CALC = str(SERVERS / "calc_server.py")
 
 @contextlib.asynccontextmanager
 async def connected(
-    name: str, spec: McpServerSpec, secrets: dict[str, str], workspace: Path | None = None
+    name: str,
+    spec: McpServerSpec,
+    secrets: dict[str, str],
+    workspace: Path | None = None,
+    sandbox_host: SandboxHost | None = None,
 ) -> AsyncIterator[dict[str, Tool]]:
     """Open the server in an owner task that also closes it; yield its tools by ref."""
     ready: asyncio.Future[list[Tool]] = asyncio.get_running_loop().create_future()
@@ -35,7 +40,9 @@ async def connected(
     async def owner() -> None:
         try:
             async with contextlib.AsyncExitStack() as stack:
-                tools = await open_server_tools(name, spec, secrets, stack, workspace=workspace)
+                tools = await open_server_tools(
+                    name, spec, secrets, stack, workspace=workspace, sandbox_host=sandbox_host
+                )
                 ready.set_result(tools)
                 await stop.wait()
         except BaseException as exc:

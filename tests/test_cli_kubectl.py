@@ -23,16 +23,12 @@ from pathlib import Path
 
 import pytest
 import yaml
-from typer.testing import CliRunner
 
-from corral.cli.main import _register_commands, app
+from cli_harness import invoke
 from server_harness import LiveServer
 from test_hostile_inputs import alias_bomb
 
 CORRAL = [sys.executable, "-m", "corral"]
-
-if not any(command.name == "apply" for command in app.registered_commands):
-    _register_commands()
 
 MODEL = """\
 apiVersion: corral/v1
@@ -79,11 +75,11 @@ class Cli:
     def __call__(
         self, *args: str, input: str | bytes | None = None, check: int | None = 0
     ) -> Result:
-        result = CliRunner().invoke(app, list(args), input=input, env=self.env)
-        done = Result(result.exit_code, result.stdout, result.stderr)
+        result = invoke(args, self.process_env(), input=input)
+        done = Result(result.returncode, result.stdout, result.stderr)
         assert check is None or done.exit_code == check, (
             f"corral {' '.join(args)} ({self.mode}): exit {done.exit_code}\n{done.stdout}\n"
-            f"{done.stderr}\n{result.exception!r}"
+            f"{done.stderr}"
         )
         assert "Traceback" not in done.stderr, done.stderr
         return done

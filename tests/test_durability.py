@@ -92,6 +92,8 @@ spec:
   exec:
     command: ["{sys.executable}", "{TESTS / "durable_tools.py"}"]
     env: {{{ENV_DIR}: "{durable_dir}"}}
+    # its side effects land in the test's directory on the host, outside any sandbox
+    isolation: {{mode: none}}
   parameters:
     type: object
     properties: {{label: {{type: string}}, seconds: {{type: number}}}}
@@ -725,6 +727,8 @@ async def test_sigterm_drains_releases_the_run_and_another_worker_resumes_it(
     # python function cannot be interrupted, and the worker exits without waiting for it
     assert await a.exited(timeout=5) == 0
     output = a.output()
+    # at start-up it said how its tools are isolated (once), then what it does on SIGTERM
+    assert output.count("tool isolation: ") == 1
     # the worker says what it does on SIGTERM: draining, releasing, stopped
     assert "SIGTERM received: no new runs; stopping" in output
     assert "stopping: draining 1 runs (up to 1 s)" in output

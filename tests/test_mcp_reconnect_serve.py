@@ -68,7 +68,13 @@ def run(client: httpx.Client, agent: str) -> tuple[int, Any]:
 
 def test_a_killed_stdio_server_is_started_again_for_the_next_run(client: httpx.Client) -> None:
     apply(
-        client, resources("stdio", f'{{transport: stdio, command: ["{sys.executable}", "{CALC}"]}}')
+        client,
+        resources(
+            "stdio",
+            # unsandboxed: the test kills the server by the host pid it reports
+            f'{{transport: stdio, command: ["{sys.executable}", "{CALC}"], '
+            "isolation: {mode: none}}",
+        ),
     )
     first, added = run(client, "stdio")
     assert added == '{"result": 5}'

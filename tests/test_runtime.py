@@ -20,6 +20,7 @@ from corral.resources.loader import load_text
 from corral.runtime.local import run_agent
 from corral.store import Store
 from corral.testing.fake_openai import FakeOpenAIServer, FakeReply, FakeToolCall
+from corral.tools.sandbox.host import SandboxHost
 from fixtures_models import fake_openai_fixture, openai_server_fixture
 
 __all__ = ["fake_openai_fixture", "openai_server_fixture"]
@@ -230,7 +231,10 @@ spec:
     probe = json.loads(results["probe"]["output"])
     assert probe["env"]["SERVICE_TOKEN"] == "[REDACTED:token]"  # reached the tool, not the log
     assert "AWS_SECRET_ACCESS_KEY" not in probe["env"]
-    assert probe["cwd"] == str(settings.workspaces / "default" / "helper")
+    # isolation auto: sandboxed where bubblewrap works, the workspace then at /workspace
+    sandboxed = SandboxHost.from_env().probe().works
+    workspace = settings.workspaces / "default" / "helper"
+    assert probe["cwd"] == ("/workspace" if sandboxed else str(workspace))
     stored = json.dumps([e.data for e in await store.list_events(record.id)])
     assert "tok-0123456789" not in stored
 

@@ -75,6 +75,7 @@ MATRIX = [
     ),
     Row("GET", "/v1/tokens", Role.ADMIN, names_object=False),
     Row("GET", "/v1/whoami", Role.VIEWER, names_object=False),
+    Row("GET", "/v1/capabilities", Role.VIEWER, names_object=False),
     Row("POST", "/v1/tokens", Role.ADMIN, {"role": "viewer"}, names_object=False),
     Row("GET", "/v1/tokens/{token_id}", Role.ADMIN),
     Row("POST", "/v1/tokens/{token_id}/revoke", Role.ADMIN),
@@ -178,6 +179,8 @@ def test_another_namespace_gets_404_and_sees_nothing(server: LiveServer) -> None
                 assert response.json()["code"] == "not_found"
             elif row.path == "/v1/whoami":  # the caller's own token, in its own namespace
                 assert response.status_code == 200 and response.json()["namespace"] == "beta"
+            elif row.path == "/v1/capabilities":  # the machine's, the same for every caller
+                assert response.status_code == 200 and "sandbox" in response.json()
             elif row.method == "GET":
                 assert response.status_code == 200 and all(
                     NS not in json.dumps(item) for item in response.json()["items"]

@@ -1,5 +1,9 @@
 """The ``exec`` tool kind, with a real program: locked environment, errors, process trees.
 
+The process-tree tests run the program unsandboxed (``isolation: {mode: none}``): they
+check the host-side tree that keeps hold of such programs, by host pids. What the
+sandbox adds (a PID namespace that dies whole) is in ``tests/test_isolation.py``.
+
 What every kind does (invalid input, timeouts, cancellation, the output cap, failures, the
 idempotency key) is in ``tests/conformance/test_tool_kinds.py``.
 """
@@ -10,17 +14,20 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import anyio
 import pytest
 
 from corral.core.errors import ConfigurationError, ToolError
+from corral.resources.isolation import IsolationSpec
 from corral.resources.kinds import EnvValue, ExecToolSpec, ToolSpecModel
 from corral.tools import exec as exec_tool
 from corral.tools.base import Tool, ToolContext
 from corral.tools.governance import GovernedTool, ToolPolicy
+from corral.tools.sandbox.host import SandboxHost
 from processes import alive
+from sandboxing import require_bwrap
 
 PROBE = Path(__file__).parent / "tool_programs" / "probe.py"
 PARAMETERS = {"type": "object", "properties": {"mode": {"type": "string"}}}
@@ -32,11 +39,17 @@ def make(
     cwd: str | None = None,
     secrets: dict[str, str] | None = None,
     command: list[str] | None = None,
+    mode: Literal["auto", "sandbox", "none"] = "none",
 ) -> Tool:
     spec = ToolSpecModel(
         type="exec",
         parameters=PARAMETERS,
-        exec=ExecToolSpec(command=command or [sys.executable, str(PROBE)], env=env or {}, cwd=cwd),
+        exec=ExecToolSpec(
+            command=command or [sys.executable, str(PROBE)],
+            env=env or {},
+            cwd=cwd,
+            isolation=IsolationSpec(mode=mode),
+        ),
     )
     return exec_tool.create("probe", spec, secrets or {})
 
@@ -93,6 +106,26 @@ async def test_tool_env_may_override_path_and_cwd_is_inside_workspace(tmp_path: 
     result = await tool.call({"mode": "echo"}, context(tmp_path))
     assert result["env"]["PATH"] == "/opt/tools/bin"
     assert result["cwd"] == str(tmp_path.resolve() / "jobs" / "a")
+
+
+async def test_a_sandboxed_program_sees_its_workspace_at_slash_workspace(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    require_bwrap(SandboxHost.from_env())
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "host-secret")
+    tool = make(env={"GREETING": "hi"}, cwd="jobs/a", mode="auto")
+    assert isinstance(tool, exec_tool.ExecTool) and tool.isolation.mode == "sandbox"
+
+    result: dict[str, Any] = await tool.call({"mode": "echo"}, context(tmp_path))
+
+    env = result["env"]
+    assert set(env) == {
+        "PATH", "LANG", "HOME", "TMPDIR", "GREETING", "PWD",
+        "CORRAL_IDEMPOTENCY_KEY", "CORRAL_RUN_ID", "CORRAL_TOOL_CALL_ID", "CORRAL_PROCESS_TREE",
+    }  # fmt: skip
+    assert (env["HOME"], env["TMPDIR"]) == ("/workspace/home", "/tmp")
+    assert result["cwd"] == env["PWD"] == "/workspace/jobs/a"
+    assert (tmp_path / "jobs" / "a").is_dir()
 
 
 async def test_plain_text_output_is_returned_as_text(tmp_path: Path) -> None:
@@ -194,6 +227,13 @@ def test_configuration_problems_are_found_at_create() -> None:
 def test_program_is_found_on_the_host_path() -> None:
     tool = make(command=["python3", str(PROBE)])
     assert isinstance(tool, exec_tool.ExecTool)
+
+
+def test_a_sandboxed_program_is_found_on_the_sandboxes_path_first() -> None:
+    require_bwrap(SandboxHost.from_env())
+    tool = make(command=["sh", "-c", "true"], mode="sandbox")
+    assert isinstance(tool, exec_tool.ExecTool)
+    assert os.path.dirname(tool.command[0]) in exec_tool.SAFE_PATH.split(":")
 
 
 async def test_large_arguments_do_not_deadlock_the_pipes(tmp_path: Path) -> None:

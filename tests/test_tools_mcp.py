@@ -24,15 +24,21 @@ import pytest
 import pytest_asyncio
 
 from corral.core.errors import ConfigurationError, ToolError
+from corral.resources.isolation import IsolationSpec
 from corral.resources.kinds import EnvValue, HttpAuth, McpServerSpec
 from corral.tools.base import Tool, ToolContext
 from corral.tools.mcp import McpTool, open_server_tools
+from corral.tools.sandbox.host import SandboxHost
 from mcp_clients import CALC, SERVERS, connected
 from processes import alive
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 TOKEN = "mcp-test-token"
+#: the tests that kill a server by the pid it reports, or read the files it writes outside
+#: its workspace, run it unsandboxed: in a sandbox its pid is the PID namespace's own
+#: (tests/test_isolation.py runs a sandboxed stdio server)
+HOST_PIDS = IsolationSpec(mode="none")
 
 
 def context(tmp_path: Path) -> ToolContext:
@@ -139,20 +145,22 @@ async def test_stdio_server_runs_in_a_locked_environment(
     text = await stdio_tools["mcp:calc/environment"].call({}, context(tmp_path))
     env = dict(line.split("=", 1) for line in text.splitlines())
     assert "AWS_SECRET_ACCESS_KEY" not in env
-    assert env["HOME"] == str(workspace / "home")
+    # isolation auto: sandboxed where bubblewrap works, its workspace then at /workspace
+    sandboxed = SandboxHost.from_env().probe().works
+    assert env["HOME"] == ("/workspace/home" if sandboxed else str(workspace / "home"))
     assert env["MODE"] == "test" and env["API_KEY"] == "k-42"
     # the SDK always passes these names; their host values do not
     assert env["USER"] == "" and env["LOGNAME"] == ""
     assert set(env) <= {
         "PATH", "LANG", "HOME", "TMPDIR", "MODE", "API_KEY", "USER", "LOGNAME", "SHELL", "TERM",
-        "CORRAL_PROCESS_TREE",
+        "CORRAL_PROCESS_TREE", "PWD",  # (bubblewrap's, its working directory in the sandbox)
     }  # fmt: skip
 
 
 async def test_a_daemon_the_stdio_server_started_dies_when_the_server_is_closed(
     tmp_path: Path,
 ) -> None:
-    spec = McpServerSpec(transport="stdio", command=[sys.executable, CALC])
+    spec = McpServerSpec(transport="stdio", command=[sys.executable, CALC], isolation=HOST_PIDS)
     async with connected("calc", spec, {}, tmp_path) as tools:
         daemon = await tools["mcp:calc/daemon"].call({}, context(tmp_path))
         assert alive(daemon["result"]) and os.getsid(daemon["result"]) == daemon["result"]
@@ -203,6 +211,7 @@ async def test_server_hanging_on_initialize_fails_cleanly(tmp_path: Path) -> Non
         transport="stdio",
         command=[sys.executable, str(SERVERS / "hang_server.py"), str(pid_file)],
         init_timeout_seconds=1,
+        isolation=HOST_PIDS,
     )
     started = time.monotonic()
     with pytest.raises(ToolError) as caught:
@@ -263,7 +272,12 @@ async def kill_server(tool: Tool) -> None:
 
 
 def stdio_spec(*, idempotent: bool = False) -> McpServerSpec:
-    return McpServerSpec(transport="stdio", command=[sys.executable, CALC], idempotent=idempotent)
+    return McpServerSpec(
+        transport="stdio",
+        command=[sys.executable, CALC],
+        idempotent=idempotent,
+        isolation=HOST_PIDS,
+    )
 
 
 async def test_tools_that_need_mcp_tasks_are_not_offered_and_logged_once(

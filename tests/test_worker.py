@@ -7,9 +7,11 @@ from NATS deliveries and does not sweep the store while the test runs.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
+import secrets
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -31,10 +33,12 @@ from corral.runtime.worker import Worker
 from corral.store import Store, open_store
 from corral.store.base import StoreError
 from corral.testing.fake_openai import FakeOpenAIServer, FakeReply
+from corral.tools.sandbox.host import SandboxHost
 from databases import on_database
 from fake_clock import FakeClock
 from fixtures_models import fake_openai_fixture, openai_server_fixture
 from nats_servers import nats_prefix_fixture, nats_server_url_fixture
+from sandboxing import require_bwrap
 
 __all__ = [
     "backend_fixture",
@@ -321,7 +325,8 @@ kind: Tool
 metadata: {{name: daemon}}
 spec:
   type: exec
-  exec: {{command: ["{sys.executable}", "{probe}"]}}
+  # unsandboxed: the test follows the daemon by its host pid (the sandboxed case is below)
+  exec: {{command: ["{sys.executable}", "{probe}"], isolation: {{mode: none}}}}
   parameters: {{type: object}}
   timeout_seconds: 60
 ---
@@ -346,6 +351,58 @@ spec: {{model: script, tools: [daemon]}}
     assert (await get(store, run)).state is RunState.QUEUED  # released for another worker
     with anyio.fail_after(5):  # dead and reaped
         while Path(f"/proc/{daemon}").exists():
+            await anyio.sleep(0.02)
+
+
+def _with_token(token: str) -> list[int]:
+    """The host pids of processes whose command line holds ``token``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        with contextlib.suppress(OSError):
+            if entry.name.isdigit() and token.encode() in (entry / "cmdline").read_bytes():
+                found.append(int(entry.name))
+    return found
+
+
+async def test_worker_shutdown_kills_a_sandboxed_tools_daemon(
+    store: Store, settings: Settings
+) -> None:
+    require_bwrap(SandboxHost.from_env())
+    hostile = TESTS / "tool_programs" / "hostile.py"
+    token = f"corral-worker-daemon-{secrets.token_hex(6)}"
+    await apply(
+        store,
+        scripted(
+            f"{{tool_calls: [{{name: daemon, arguments: {{mode: daemon, token: {token}}}}}]}}",
+            "{text: done}",
+        ),
+        f"""
+apiVersion: corral/v1
+kind: Tool
+metadata: {{name: daemon}}
+spec:
+  type: exec
+  exec: {{command: ["{sys.executable}", "{hostile}"], isolation: {{mode: sandbox}}}}
+  parameters: {{type: object}}
+  timeout_seconds: 60
+---
+apiVersion: corral/v1
+kind: Agent
+metadata: {{name: helper}}
+spec: {{model: script, tools: [daemon]}}
+""",
+    )
+    run, _ = await submit(store, "helper", "start it")
+    stop = anyio.Event()
+    async with anyio.create_task_group() as group:
+        group.start_soon(Worker(store, settings, poll_seconds=0.05, grace_seconds=0).serve, stop)
+        with anyio.fail_after(20):  # the setsid() daemon runs, seen from the host
+            while not _with_token(token):
+                await anyio.sleep(0.02)
+        stop.set()
+    assert (await get(store, run)).state is RunState.QUEUED
+    with anyio.fail_after(5):  # the sandbox's whole PID namespace is gone
+        while _with_token(token):
             await anyio.sleep(0.02)
 
 

@@ -29,7 +29,7 @@ from corral.api.common import (
     ToolCallOut,
     surrogate_path,
 )
-from corral.api.ops import Health, Readiness
+from corral.api.ops import BackendOut, CapabilitiesOut, Health, Readiness, SandboxOut
 from corral.api.resources import (
     KIND_NAMES,
     RESOURCE_OUT,
@@ -86,6 +86,8 @@ __all__ = [
     "ApplyResult",
     "ApprovalOut",
     "ApprovalPage",
+    "BackendOut",
+    "CapabilitiesOut",
     "CreateToken",
     "Decision",
     "DocumentMetadata",
@@ -111,6 +113,7 @@ __all__ = [
     "ResourceOut",
     "ResourcePage",
     "ResourceStatus",
+    "SandboxOut",
     "SecretDocument",
     "SecretOut",
     "SessionId",

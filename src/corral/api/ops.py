@@ -1,10 +1,12 @@
-"""Operations: liveness and readiness answers (``/healthz``, ``/readyz``)."""
+"""Operations: liveness and readiness answers (``/healthz``, ``/readyz``), capabilities."""
 
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
+
+from corral.api.common import FromRecord
 
 
 class Health(BaseModel):
@@ -14,3 +16,33 @@ class Health(BaseModel):
 class Readiness(BaseModel):
     status: Literal["ready", "not_ready"]
     detail: str = ""
+
+
+class SandboxOut(FromRecord):
+    """Whether exec tools can run in a bubblewrap sandbox on the server's machine."""
+
+    bubblewrap: bool
+    path: str | None = Field(description="Where bwrap is (a system path).")
+    version: str | None
+    user_namespaces: bool
+    auto_mode: Literal["sandbox", "none"] = Field(description="What `isolation: auto` means here.")
+    max_processes: Literal["rlimit", "cgroup", "unenforced"] = Field(
+        description="How the max_processes limit binds."
+    )
+    reason: str = Field(description="Why there is no sandbox, when there is none.")
+
+
+class BackendOut(FromRecord):
+    kind: str
+    configured: bool
+    reachable: bool | None
+
+
+class CapabilitiesOut(FromRecord):
+    """What the server's machine offers (``corral doctor`` says the same of its own)."""
+
+    sandbox: SandboxOut
+    wasmtime: bool
+    providers: dict[str, bool] = Field(description="Provider name: its library is importable.")
+    store: BackendOut
+    bus: BackendOut

@@ -43,13 +43,7 @@ def print_approval_hint(
         _say(console, f"[yellow]run {record.id} waits for approval:[/] corral approvals list")
         return
     for approval in approvals:
-        arguments = " ".join(approval.arguments.split())
-        if len(arguments) > _ARGUMENTS_PREVIEW:
-            arguments = arguments[: _ARGUMENTS_PREVIEW - 1] + "…"
-        _say(
-            console,
-            f"[yellow]approval {approval.id}[/]: {escape(approval.tool)}({escape(arguments)})",
-        )
+        _say(console, approval_line(approval))
         _say(console, f"  approve: corral approvals approve {approval.id}")
         _say(
             console,
@@ -63,6 +57,14 @@ def print_approval_hint(
             f"[dim]once decided, a worker resumes run {record.id} (`corral worker` or "
             f"`corral serve`); follow it: corral logs -f {record.id}[/]",
         )
+
+
+def approval_line(approval: ApprovalOut) -> str:
+    """``approval ID: tool(arguments)`` as markup, the arguments cut short."""
+    arguments = " ".join(approval.arguments.split())
+    if len(arguments) > _ARGUMENTS_PREVIEW:
+        arguments = arguments[: _ARGUMENTS_PREVIEW - 1] + "…"
+    return f"[yellow]approval {approval.id}[/]: {escape(approval.tool)}({escape(arguments)})"
 
 
 async def picked_up(backend: Backend, run_id: str) -> Task | None:

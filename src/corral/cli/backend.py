@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from corral.core.selectors import Selector
     from corral.core.settings import Settings
     from corral.resources.loader import LoadedResource
+    from corral.runtime.local import Steering
     from corral.store.base import Store, StoredResource
 
 #: Receives each event of a followed run, in order.
@@ -180,6 +181,14 @@ class Backend(ABC):
         """Hand each event to ``show``; with ``follow`` until the run ends or pauses.
         ``NotFoundError`` when the run does not exist (or is deleted meanwhile)."""
 
+    @abstractmethod
+    async def see_through(
+        self, run_id: str, show: Show, *, loading: Any, control: RunControl
+    ) -> TaskDetail:
+        """See a stored run through as :meth:`run` does (``corral chat`` after a decision):
+        embedded, execute it here whenever it is runnable, unless a worker gets it first;
+        remote, follow the server's workers. ``show`` gets every event from the first."""
+
     # ----------------------------------------------------------------------- approvals
 
     @abstractmethod
@@ -195,6 +204,9 @@ class Backend(ABC):
 
     @abstractmethod
     async def list_sessions(self, namespace: str) -> list[SessionOut]: ...
+
+    @abstractmethod
+    async def get_session(self, namespace: str, session_id: str) -> SessionOut | None: ...
 
     @abstractmethod
     async def session_messages(
@@ -299,18 +311,9 @@ class EmbeddedBackend(Backend):
         control: RunControl | None = None,
     ) -> TaskDetail:
         from corral.api import TaskDetail
-        from corral.runtime.local import Steering, run_agent
+        from corral.runtime.local import run_agent
 
-        steering = None
-        if control is not None:
-            steering = Steering(submitted=_setter(control), stop=control.stop)
-            if control.on_pause is not None:
-                on_pause = control.on_pause
-
-                async def paused(record: RunRecord) -> None:
-                    await on_pause(TaskDetail.from_record(record))
-
-                steering.on_pause = paused
+        steering = _steering(control) if control is not None else None
         async with self._bus() as bus:
             record = await run_agent(
                 self.store,
@@ -367,6 +370,21 @@ class EmbeddedBackend(Backend):
             )
         return TaskDetail.from_record(record)
 
+    async def see_through(
+        self, run_id: str, show: Show, *, loading: Any, control: RunControl
+    ) -> TaskDetail:
+        from corral.api import TaskDetail
+        from corral.runtime.local import LocalRunner
+
+        async with (
+            self._bus() as bus,
+            LocalRunner(
+                self.store, self.settings, observer=_observer(show), loading=loading, bus=bus
+            ) as runner,
+        ):
+            record = await runner.see_through(run_id, _steering(control))
+        return TaskDetail.from_record(record)
+
     async def list_approvals(
         self, namespace: str, states: list[str] | None, *, run_id: str | None = None
     ) -> list[ApprovalOut]:
@@ -394,6 +412,12 @@ class EmbeddedBackend(Backend):
 
         return [SessionOut.from_session(s) for s in await self.store.list_sessions(namespace)]
 
+    async def get_session(self, namespace: str, session_id: str) -> SessionOut | None:
+        from corral.api import SessionOut
+
+        found = await self.store.get_session(namespace, session_id)
+        return SessionOut.from_session(found) if found is not None else None
+
     async def session_messages(
         self, namespace: str, session_id: str, *, include_hidden: bool
     ) -> list[SessionMessageOut]:
@@ -419,11 +443,23 @@ def _resource(stored: StoredResource) -> ResourceOut:
     return resource_out(stored, redacted(stored.resource.to_document()))
 
 
-def _setter(control: RunControl) -> Callable[[str], None]:
+def _steering(control: RunControl) -> Steering:
+    """What the runtime is asked (:class:`~corral.runtime.local.Steering`) for ``control``."""
+    from corral.api import TaskDetail
+    from corral.runtime.local import Steering
+
     def submitted(run_id: str) -> None:
         control.run_id = run_id
 
-    return submitted
+    steering = Steering(submitted=submitted, stop=control.stop)
+    if control.on_pause is not None:
+        on_pause = control.on_pause
+
+        async def paused(record: RunRecord) -> None:
+            await on_pause(TaskDetail.from_record(record))
+
+        steering.on_pause = paused
+    return steering
 
 
 def _observer(show: Show) -> Callable[[Event], Awaitable[None]]:

@@ -59,6 +59,10 @@ def _in_file(loaded: list[LoadedResource], where: Location, reason: str) -> tupl
     return Location(item.file, item.line_of(path), where.field), reason
 
 
+async def _ignore(event: EventOut) -> None:
+    return None
+
+
 class RemoteBackend(Backend):
     """A Corral server; runs execute on its workers (or on ``corral worker`` processes)."""
 
@@ -167,14 +171,14 @@ class RemoteBackend(Backend):
             agent, prompt, session=session, output_schema=output_schema
         )
         run_id = submitted.task.id
-        if control is not None:
-            control.run_id = run_id
-
-        async def ignore(event: EventOut) -> None:
-            return None
-
         if control is None:
-            return await self.follow(run_id, show or ignore, follow=True)
+            return await self.follow(run_id, show or _ignore, follow=True)
+        control.run_id = run_id
+        return await self.see_through(run_id, show or _ignore, loading=loading, control=control)
+
+    async def see_through(
+        self, run_id: str, show: Show, *, loading: Any, control: RunControl
+    ) -> TaskDetail:
         async with anyio.create_task_group() as group:
 
             async def stop_following() -> None:
@@ -182,7 +186,7 @@ class RemoteBackend(Backend):
                 group.cancel_scope.cancel()  # the server's workers go on with the run
 
             group.start_soon(stop_following)
-            record = await self._follow(run_id, show or ignore, control.on_pause)
+            record = await self._follow(run_id, show, control.on_pause)
             group.cancel_scope.cancel()
         if control.stop.is_set():
             return await self.client.get_task(run_id)
@@ -284,6 +288,12 @@ class RemoteBackend(Backend):
 
     async def list_sessions(self, namespace: str) -> list[SessionOut]:
         return [s async for s in self.client.iter_sessions(page_size=PAGE)]
+
+    async def get_session(self, namespace: str, session_id: str) -> SessionOut | None:
+        try:
+            return await self.client.get_session(session_id)
+        except NotFoundError:
+            return None
 
     async def session_messages(
         self, namespace: str, session_id: str, *, include_hidden: bool

@@ -93,7 +93,9 @@ def registered_app() -> typer.Typer:
     # Each command group lives in its own module and adds itself to `app`.
     from corral.cli import (
         approvals_cmd,
+        chat_cmd,
         context_cmd,
+        doctor_cmd,
         resources_cmd,
         run_cmd,
         serve_cmd,
@@ -105,6 +107,7 @@ def registered_app() -> typer.Typer:
 
     resources_cmd.register(app)
     run_cmd.register(app)
+    chat_cmd.register(app)
     tasks_cmd.register(app)
     worker_cmd.register(app)
     approvals_cmd.register(app)
@@ -112,6 +115,7 @@ def registered_app() -> typer.Typer:
     serve_cmd.register(app)
     token_cmd.register(app)
     context_cmd.register(app)
+    doctor_cmd.register(app)
     return app
 
 

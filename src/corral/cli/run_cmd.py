@@ -1,29 +1,32 @@
-"""``corral run``, ``corral chat`` and ``corral prompt-object``."""
+"""``corral run`` and ``corral prompt-object`` (``corral chat`` is :mod:`corral.cli.chat_cmd`)."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from corral.cli.common import (
     EXIT_BAD_INPUT,
     EXIT_FAILED,
-    EXIT_WAITING_APPROVAL,
     exit_code,
     fail,
     namespace_option,
     run_async,
     session_id_option,
 )
+from corral.cli.interrupts import (
+    Interrupted,
+    exit_interrupted,
+    interruptible,
+    say_interrupted,
+    spinner,
+)
 
 if TYPE_CHECKING:
     from corral.api import ApprovalOut, TaskDetail
-    from corral.cli.backend import RunControl
 
 NAMESPACE = typer.Option(
     None,
@@ -37,7 +40,6 @@ NAMESPACE = typer.Option(
 
 def register(app: typer.Typer) -> None:
     app.command(name="run")(run)
-    app.command(name="chat")(chat)
     app.command(name="prompt-object")(prompt_object)
 
 
@@ -81,7 +83,7 @@ def run(
             _run(agent, prompt, file, namespace, output == "json", None, session=session, wait=wait)
         )
     except Interrupted:
-        _exit_interrupted()
+        exit_interrupted()
     raise typer.Exit(exit_code(record.state))
 
 
@@ -100,7 +102,7 @@ def prompt_object(
     try:
         record = run_async(_run(agent, prompt, [], namespace, True, schema_doc, structured=True))
     except Interrupted:
-        _exit_interrupted()
+        exit_interrupted()
     from corral.core.runs import RunState  # here, not at the top: `corral --help` never needs it
 
     if record.state is RunState.SUCCEEDED:
@@ -108,44 +110,6 @@ def prompt_object(
     elif record.error:
         fail(str(record.error.get("message", record.error)), EXIT_FAILED)
     raise typer.Exit(exit_code(record.state))
-
-
-def chat(
-    agent: str = typer.Argument(..., help="The agent to chat with."),
-    namespace: str = NAMESPACE,
-    session: str | None = typer.Option(
-        None,
-        "--session",
-        help="Continue this session (default: a new one).",
-        callback=session_id_option,
-    ),
-) -> None:
-    """Talk to an agent turn by turn in a session (Ctrl-D or /exit to leave)."""
-    from rich.console import Console
-
-    from corral.core.ids import new_id
-    from corral.core.runs import RunState
-
-    console = Console(stderr=True)
-    session = session or new_id("chat")
-    console.print(f"[dim]chatting with {agent} in session {session} — Ctrl-D or /exit to leave[/]")
-    while True:
-        try:
-            line = console.input("[bold]you>[/] ")
-        except EOFError:
-            console.print()
-            break
-        if line.strip() in ("/exit", "/quit"):
-            break
-        if not line.strip():
-            continue
-        try:
-            record = run_async(_run(agent, line, [], namespace, False, None, session=session))
-        except Interrupted:
-            _exit_interrupted()
-        if record.state is RunState.WAITING_APPROVAL:
-            console.print("[yellow]the run waits for approval; the chat cannot go on[/]")
-            raise typer.Exit(EXIT_WAITING_APPROVAL)
 
 
 async def _run(
@@ -175,7 +139,7 @@ async def _run(
     err = Console(stderr=True, highlight=False)
     out = Console(highlight=False, soft_wrap=True)
     control = RunControl()
-    async with open_backend() as backend, _interruptible(control, err):
+    async with open_backend() as backend, interruptible(control, err):
 
         async def paused(task: TaskDetail) -> None:
             if printer is not None:
@@ -206,14 +170,14 @@ async def _run(
             session=session,
             output_schema=schema,
             show=printer,
-            loading=_spinner(err),
+            loading=spinner(err),
             control=control,
         )
         waiting: list[ApprovalOut] = []
         if record.state is RunState.WAITING_APPROVAL and not control.stop.is_set():
             waiting = await backend.list_approvals(record.namespace, ["pending"], run_id=record.id)
     if control.stop.is_set():
-        _say_interrupted(err, record)
+        say_interrupted(err, record)
         raise Interrupted
     if printer is not None:
         printer.finish(record)
@@ -221,107 +185,6 @@ async def _run(
         out.print(body_json(record), markup=False)
     print_approval_hint(err, record, waiting)
     return record
-
-
-class Interrupted(Exception):
-    """Ctrl-C stopped ``corral run``; what became of the run was said on stderr."""
-
-
-#: how long Ctrl-C waits for a run executing here to be released for the workers
-INTERRUPT_GRACE_SECONDS = 5.0
-
-
-@asynccontextmanager
-async def _interruptible(control: RunControl, err: Any) -> AsyncIterator[None]:
-    """Ctrl-C within the block: before the run is stored, stop at once (nothing to keep);
-    after, set ``control.stop`` so the run is released (embedded) or left to the server,
-    and the block ends with a run that stays stored. A second Ctrl-C, or a release that
-    takes longer than INTERRUPT_GRACE_SECONDS, exits at once: the run's lease then
-    expires and a worker resumes it from its journal.
-
-    A signal handler of the loop, not a task: the block's errors pass unchanged."""
-    import asyncio
-    import signal
-
-    loop = asyncio.get_running_loop()
-    timers: list[asyncio.TimerHandle] = []
-
-    def given_up() -> None:
-        _exit_now(
-            err,
-            f"interrupted: run {control.run_id} was left as it was; its lease expires "
-            "and a worker (`corral worker` or `corral serve`) resumes it from its "
-            f"journal. Follow it: corral logs -f {control.run_id}",
-        )
-
-    def interrupted() -> None:
-        if control.run_id is None:  # nothing stored yet: nothing to keep
-            _exit_now(err, "interrupted")
-        if control.stop.is_set():  # a second Ctrl-C
-            given_up()
-        err.print(f"[yellow]interrupted: stopping run {control.run_id} here…[/]", soft_wrap=True)
-        control.stop.set()
-        timers.append(loop.call_later(INTERRUPT_GRACE_SECONDS, given_up))
-
-    loop.add_signal_handler(signal.SIGINT, interrupted)
-    try:
-        yield
-    finally:
-        loop.remove_signal_handler(signal.SIGINT)
-        for timer in timers:
-            timer.cancel()
-
-
-def _exit_now(err: Any, message: str) -> NoReturn:
-    """Exit 130 at once, past threads a cancelled tool leaves behind."""
-    import os
-    import sys
-
-    err.print(f"[yellow]{message}[/]", soft_wrap=True)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(130)
-
-
-def _say_interrupted(err: Any, record: TaskDetail) -> None:
-    """What became of a run Ctrl-C stopped following: it stays stored with its journal."""
-    from corral.core.runs import RunState
-
-    state = record.state
-    if state is RunState.QUEUED:
-        what = (
-            "is queued again with its journal: a worker resumes it where it stopped "
-            "(`corral worker` or `corral serve`)"
-        )
-    elif state is RunState.RUNNING:
-        what = f"goes on on its worker{f' {record.lease_owner}' if record.lease_owner else ''}"
-    elif state is RunState.WAITING_APPROVAL:
-        what = "waits for approval: corral approvals list"
-    else:
-        what = f"has {state.value}"
-    err.print(f"[yellow]interrupted: run {record.id} {what}[/]", soft_wrap=True)
-    if not state.finished:
-        err.print(f"  follow it: corral logs -f {record.id}", soft_wrap=True)
-        err.print(f"  cancel it: corral tasks cancel {record.id}", soft_wrap=True)
-
-
-def _exit_interrupted() -> NoReturn:
-    from corral.runtime.process import exit_past_leftover_threads
-
-    exit_past_leftover_threads(code=130)  # a cancelled tool's thread may still run
-    raise typer.Exit(130)
-
-
-def _spinner(console: Any) -> Any:
-    @contextmanager
-    def loading(name: str) -> Iterator[None]:
-        if not console.is_terminal:
-            yield
-            return
-        with console.status(f"loading model {name}…", spinner="dots"):
-            yield
-
-    return loading
 
 
 def _read_schema(path: Path) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from corral.api import (
     ApplyResult,
     ApprovalOut,
     ApprovalPage,
+    CapabilitiesOut,
     EventOut,
     EventPage,
     Health,
@@ -469,6 +470,11 @@ def create_token(role: str, *, name: str = "", description: str = "") -> Call[To
     """A new token of this token's namespace; its secret is in ``token``, this once."""
     body = {"role": role, "name": name, "description": description}
     return Call("POST", "/v1/tokens", _model(TokenCreated), json=body)
+
+
+def capabilities() -> Call[CapabilitiesOut]:
+    """What the server's machine offers: the tool sandbox, wasmtime, providers, store, bus."""
+    return Call("GET", "/v1/capabilities", _model(CapabilitiesOut))
 
 
 def whoami() -> Call[TokenOut]:

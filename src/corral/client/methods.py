@@ -201,5 +201,6 @@ class Methods(ABC, Generic[Transport]):
     list_tokens = sends(calls.list_tokens)
     create_token = sends(calls.create_token)
     whoami = sends(calls.whoami)
+    capabilities = sends(calls.capabilities)
     get_token = sends(calls.get_token)
     revoke_token = sends(calls.revoke_token)

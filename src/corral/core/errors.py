@@ -201,6 +201,10 @@ class ToolErrorCode(StrEnum):
     CHILD_FAILED = "child_failed"
     #: a limit of the calling run refused the call (``max_depth`` of child runs)
     BUDGET_EXCEEDED = "budget_exceeded"
+    #: the tool must run sandboxed and the sandbox cannot run on this machine
+    ISOLATION_UNAVAILABLE = "isolation_unavailable"
+    #: the program hit one of its isolation limits (``details.limit`` names it)
+    RESOURCE_EXHAUSTED = "resource_exhausted"
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,9 @@ class Settings:
                       key file created in ``CORRAL_HOME`` with mode 0600)
     ``CORRAL_RUN_RETENTION_DAYS`` when set, workers delete finished runs (their
                       events and approvals) older than this, every few minutes
+    ``CORRAL_SANDBOX_ALLOWED_PATHS`` host directories a tool sandbox may show (colon
+                      separated; read where tools are built and applied, see
+                      :mod:`corral.resources.isolation`)
 
     Limits of the YAML and JSON documents read (``corral apply``, ``POST /v1/resources``,
     tool-call arguments; see :mod:`corral.core.limits`):

@@ -13,6 +13,8 @@ from typing import Annotated, Any, Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from corral.core.addresses import url_problem
+from corral.resources.isolation import IsolationSpec
+from corral.resources.spec import Spec as Spec  # re-exported: every kind is a Spec
 
 API_VERSION = "corral/v1"
 NAME_PATTERN = r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$"
@@ -27,16 +29,6 @@ Name = Annotated[str, Field(pattern=NAME_PATTERN, description="lower case, digit
 Seconds = Annotated[float, Field(gt=0)]
 #: the default cap on one tool call's arguments (JSON text, in bytes)
 MAX_INPUT_BYTES = 64 * 1024
-
-
-class Spec(BaseModel):
-    """Base of every spec: strict about unknown fields."""
-
-    # One JSON Schema per spec, the one input must match: the API publishes the same
-    # schema for what it takes (apply) and what it answers (get, list).
-    model_config = ConfigDict(
-        extra="forbid", populate_by_name=True, json_schema_mode_override="validation"
-    )
 
 
 class SecretRef(Spec):
@@ -174,6 +166,18 @@ class ExecToolSpec(Spec):
     )
     env: dict[str, str | EnvValue] = Field(default_factory=dict)
     cwd: str | None = Field(default=None, description="relative to the agent workspace")
+    isolation: IsolationSpec = Field(
+        default_factory=IsolationSpec,
+        description="the sandbox the program runs in (default: bubblewrap where it works)",
+    )
+
+    @model_validator(mode="after")
+    def _cwd_needs_a_workspace(self) -> ExecToolSpec:
+        if self.cwd is not None and self.isolation.workspace == "none":
+            raise ValueError(
+                "'cwd' is inside the workspace, which isolation.workspace 'none' hides"
+            )
+        return self
 
 
 class HttpAuth(Spec):
@@ -264,6 +268,10 @@ class McpServerSpec(Spec):
     transport: Literal["stdio", "streamable-http"]
     command: list[str] = Field(default_factory=list)
     env: dict[str, str | EnvValue] = Field(default_factory=dict)
+    isolation: IsolationSpec = Field(
+        default_factory=IsolationSpec,
+        description="the sandbox a stdio server runs in (default: bubblewrap where it works)",
+    )
     url: str | None = None
     headers: dict[str, str] = Field(default_factory=dict)
     auth: HttpAuth | None = None
@@ -285,6 +293,9 @@ class McpServerSpec(Spec):
             raise ValueError("transport 'stdio' needs 'command'")
         if self.transport == "streamable-http" and not self.url:
             raise ValueError("transport 'streamable-http' needs 'url'")
+        # (a stored document holds the defaults: only another isolation is refused)
+        if self.transport != "stdio" and self.isolation != IsolationSpec():
+            raise ValueError("'isolation' is for transport 'stdio' (a server this one starts)")
         return self
 
 

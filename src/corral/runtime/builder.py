@@ -32,6 +32,7 @@ from corral.tools.agents import Delegation, linked_agent_tools
 from corral.tools.base import Tool
 from corral.tools.governance import GovernedTool, Permissions, ToolPolicy, Toolset
 from corral.tools.registry import build_tool
+from corral.tools.sandbox.host import SandboxHost
 
 MCP_PREFIX = "mcp:"
 S = TypeVar("S", bound=Spec)
@@ -69,6 +70,8 @@ class AgentBuilder:
         #: how the linked-agent tools start child runs (an Agent with links needs one)
         self.delegation = delegation
         self.secrets = SecretResolver(store, settings)
+        #: the machine's side of tool isolation; it never shows a tool this CORRAL_HOME
+        self.sandbox_host = SandboxHost.from_env(corral_home=settings.home)
         self._resolved: dict[str, str] = {}
         #: what else a run may echo of them: the password of a basic-auth secret
         self._derived: list[tuple[str, str]] = []
@@ -197,7 +200,9 @@ class AgentBuilder:
                 spec = await self._spec("Tool", entry, ToolSpecModel)
                 env = spec.exec.env if spec.exec else {}
                 auth = spec.http.auth if spec.http else None
-                tool = build_tool(entry, spec, await self._secrets_of(env, auth))
+                tool = build_tool(
+                    entry, spec, await self._secrets_of(env, auth), sandbox_host=self.sandbox_host
+                )
                 stack.push_async_callback(tool.aclose)
                 tools.append(GovernedTool(tool, ToolPolicy.of_tool(spec)))
                 continue
@@ -245,7 +250,9 @@ class AgentBuilder:
         secrets = await self._secrets_of(spec.env, spec.auth)
         workspace = self.settings.workspaces / self.namespace / "mcp" / server
         workspace.mkdir(parents=True, exist_ok=True)
-        return spec, await open_server_tools(server, spec, secrets, stack, workspace=workspace)
+        return spec, await open_server_tools(
+            server, spec, secrets, stack, workspace=workspace, sandbox_host=self.sandbox_host
+        )
 
     async def _permissions(self, agent: AgentSpec) -> Permissions:
         if not agent.roles:

@@ -44,9 +44,11 @@ from corral.core.clock import SYSTEM_CLOCK, Clock, move_on_after
 from corral.core.ids import new_id
 from corral.core.runs import Lease, RunRecord, RunState
 from corral.core.settings import Settings
+from corral.runtime.capabilities import announce_isolation
 from corral.runtime.executor import Observer, Outcome, RunExecutor
 from corral.runtime.health import TRANSIENT, Operation, WorkerHealth
 from corral.store.base import Store
+from corral.tools.sandbox.host import SandboxHost
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +101,7 @@ class Worker:
         self.poll_seconds = poll_seconds
         self.grace_seconds = grace_seconds
         self.retention_days = settings.run_retention_days
+        self._sandbox_host = SandboxHost.from_env(corral_home=settings.home)
         self._next_prune = 0.0
         self._next_expiry = 0.0  # (monotonic) approvals are swept at most once per poll
         self._last_claim = 0.0
@@ -138,6 +141,7 @@ class Worker:
         does, after ``health`` recorded it (the worker is then not ready).
         """
         try:
+            await announce_isolation(self._sandbox_host)
             await self._serve(stop, until_idle)
         except Exception as exc:
             self.health.crash(exc)

@@ -37,6 +37,7 @@ from corral.server import (
     problems,
     routes_agents,
     routes_approvals,
+    routes_capabilities,
     routes_ops,
     routes_resources,
     routes_sessions,
@@ -134,6 +135,7 @@ def create_app(
         routes_sessions,
         routes_agents,
         routes_tokens,
+        routes_capabilities,
         routes_ops,
     ):
         app.include_router(module.router)

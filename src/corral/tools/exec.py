@@ -6,6 +6,12 @@ what :func:`locked_environment` sets and what the Tool declares. ``HOME`` and
 ``TMPDIR`` point into the agent's workspace, the working directory is the
 workspace (or ``spec.exec.cwd`` inside it).
 
+Where the program runs is the tool's :class:`~corral.tools.sandbox.policy.Isolation`
+(``spec.exec.isolation``): by default a bubblewrap sandbox where bubblewrap works,
+which sees the workspace at ``/workspace``, a private ``/tmp`` and the system's
+programs, and nothing else of the host (see :mod:`corral.tools.sandbox`). A limit
+the program hits is ``resource_exhausted`` naming it.
+
 The program and everything it starts are one
 :class:`~corral.tools.processes.ProcessTree`, daemons that left the process
 group included. When the call is cancelled or times out the tree gets SIGTERM,
@@ -18,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import shutil
 import signal
@@ -35,6 +42,8 @@ from corral.resources.kinds import EnvValue, ToolSpecModel
 from corral.tools.base import Tool, ToolContext
 from corral.tools.naming import declared_spec
 from corral.tools.processes import ProcessTree
+from corral.tools.sandbox.host import SandboxHost
+from corral.tools.sandbox.policy import Isolation, View, resolve_isolation
 
 __all__ = [
     "MAX_STDERR_BYTES",
@@ -86,36 +95,44 @@ def declared_environment(
 
 
 async def locked_environment(
-    workspace: Path, declared: Mapping[str, str], extra: Mapping[str, str] | None = None
+    workspace: Path,
+    declared: Mapping[str, str],
+    extra: Mapping[str, str] | None = None,
+    *,
+    view: View | None = None,
 ) -> dict[str, str]:
     """The whole environment of a tool process.
 
     ``PATH`` (a fixed safe default), ``LANG``, and ``HOME``/``TMPDIR`` inside
-    ``workspace`` (created here), then the declared values (which may override
-    any of those), then ``extra`` (Corral's own per-call variables, which may
-    not be overridden). Nothing is read from the host environment.
+    ``workspace`` (created here; ``view`` says where a sandboxed program sees
+    them), then the declared values (which may override any of those), then
+    ``extra`` (Corral's own per-call variables, which may not be overridden).
+    Nothing is read from the host environment.
     """
     home, tmp = workspace / "home", workspace / "tmp"
     for directory in (home, tmp):
         await anyio.Path(directory).mkdir(parents=True, exist_ok=True)
-    env = {"PATH": SAFE_PATH, "LANG": "C.UTF-8", "HOME": str(home), "TMPDIR": str(tmp)}
+    if view is None:
+        view = View(str(workspace), str(home), str(tmp))
+    env = {"PATH": SAFE_PATH, "LANG": "C.UTF-8", "HOME": view.home, "TMPDIR": view.tmp}
     env.update(declared)
     env.update(extra or {})
     return env
 
 
-def resolve_program(program: str, *, owner: str) -> str:
-    """The absolute path of ``program``, looked up on the *host* PATH.
+def resolve_program(program: str, *, owner: str, prefer_path: str | None = None) -> str:
+    """The absolute path of ``program``, looked up on ``prefer_path`` then the *host* PATH.
 
     The admin installed the program for the host, so it is found the way the
-    host would find it; the program then runs with the locked environment.
+    host would find it; the program then runs with the locked environment. A
+    sandboxed tool prefers :data:`SAFE_PATH`, what the sandbox itself shows.
     """
     if os.sep in program:
         path = os.path.abspath(program)
         if not (os.path.isfile(path) and os.access(path, os.X_OK)):
             raise ConfigurationError(f"{owner}: {path!r} is not an executable file")
         return path
-    found = shutil.which(program)
+    found = (prefer_path and shutil.which(program, path=prefer_path)) or shutil.which(program)
     if found is None:
         raise ConfigurationError(f"{owner}: program {program!r} was not found on the PATH")
     return found
@@ -249,14 +266,28 @@ def _exit_description(returncode: int) -> str:
 class ExecTool(Tool):
     """A Tool that runs a program per call; see the module docstring."""
 
-    def __init__(self, name: str, spec: ToolSpecModel, program: str, env: dict[str, str]) -> None:
+    def __init__(
+        self,
+        name: str,
+        spec: ToolSpecModel,
+        program: str,
+        env: dict[str, str],
+        isolation: Isolation,
+    ) -> None:
         assert spec.exec is not None
         self.ref = name
         self.spec = declared_spec(name, spec)
         self.idempotent = spec.idempotent
+        self.isolation = isolation
         self._argv = [program, *spec.exec.command[1:]]
         self._cwd = spec.exec.cwd
         self._env = env
+        self._wall_seconds = spec.exec.isolation.limits.wall_seconds
+
+    @property
+    def command(self) -> list[str]:
+        """The command a call runs, its program resolved on the host."""
+        return list(self._argv)
 
     async def call(self, arguments: dict[str, Any], ctx: ToolContext) -> Any:
         workspace = ctx.workspace.resolve()
@@ -270,11 +301,32 @@ class ExecTool(Tool):
                 "CORRAL_RUN_ID": ctx.run_id,
                 "CORRAL_TOOL_CALL_ID": ctx.call_id,
             },
+            view=self.isolation.view(workspace),
         )
         payload = json.dumps(arguments).encode("utf-8")
-        done = await run_program(self._argv, payload, env=env, cwd=cwd)
         program = os.path.basename(self._argv[0])
-        stderr = done.stderr.decode("utf-8", errors="replace")
+        launch = self.isolation.launch(self._argv, workspace, self._cwd or "")
+        try:
+            with anyio.move_on_after(self._wall_seconds or math.inf) as wall:
+                done = await run_program(launch.argv, payload, env=env, cwd=launch.cwd)
+            if wall.cancelled_caught:
+                raise ToolError(
+                    ToolErrorCode.RESOURCE_EXHAUSTED,
+                    f"{program} ran past its wall_seconds limit ({self._wall_seconds:g} s)",
+                    details={"limit": "wall_seconds"},
+                )
+            stderr = done.stderr.decode("utf-8", errors="replace")
+            limit = launch.limit_hit(done.returncode, stderr)
+        finally:
+            await launch.aclose()
+        if limit is not None:
+            tail = stderr.strip()[-_REASON_STDERR_CHARS:]
+            raise ToolError(
+                ToolErrorCode.RESOURCE_EXHAUSTED,
+                f"{program} hit its {limit} limit "
+                f"({getattr(self.isolation.limits, limit)}) and {_exit_description(done.returncode)}",
+                details={"limit": limit, "exit_code": done.returncode, "stderr": tail},
+            )
         if done.stdout_overflow:
             raise ToolError(
                 ToolErrorCode.OUTPUT_TOO_LARGE,
@@ -291,8 +343,18 @@ class ExecTool(Tool):
         return _parse_output(done.stdout)
 
 
-def create(name: str, spec: ToolSpecModel, secrets: Mapping[str, str]) -> Tool:
-    """Build an ``exec`` Tool; configuration problems raise ``ConfigurationError`` now."""
+def create(
+    name: str,
+    spec: ToolSpecModel,
+    secrets: Mapping[str, str],
+    *,
+    sandbox_host: SandboxHost | None = None,
+) -> Tool:
+    """Build an ``exec`` Tool; configuration problems raise ``ConfigurationError`` now.
+
+    ``sandbox_host`` is the machine's side of isolation (default: read from the
+    environment); resolving ``auto`` probes bubblewrap once per process.
+    """
     if spec.exec is None:
         raise ConfigurationError(f"Tool {name!r}: type 'exec' needs an 'exec' block")
     owner = f"Tool {name!r}"
@@ -301,6 +363,12 @@ def create(name: str, spec: ToolSpecModel, secrets: Mapping[str, str]) -> Tool:
         parts = PurePosixPath(os.path.normpath(cwd)).parts
         if PurePosixPath(cwd).is_absolute() or (parts and parts[0] == ".."):
             raise ConfigurationError(f"{owner}: cwd {cwd!r} must stay inside the agent workspace")
-    program = resolve_program(spec.exec.command[0], owner=owner)
+    host = sandbox_host if sandbox_host is not None else SandboxHost.from_env()
+    sandboxed = spec.exec.isolation.mode != "none" and host.probe().works
+    program = resolve_program(
+        spec.exec.command[0], owner=owner, prefer_path=SAFE_PATH if sandboxed else None
+    )
     env = declared_environment(spec.exec.env, secrets, owner=owner)
-    return ExecTool(name, spec, program, env)
+    argv = [program, *spec.exec.command[1:]]
+    isolation = resolve_isolation(spec.exec.isolation, argv, host, owner=owner)
+    return ExecTool(name, spec, program, env, isolation)

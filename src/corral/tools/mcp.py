@@ -63,10 +63,17 @@ from corral.core.errors import ConfigurationError, ToolError, ToolErrorCode, sol
 from corral.core.messages import ToolSpec
 from corral.resources.kinds import McpServerSpec
 from corral.tools.base import Tool, ToolContext
-from corral.tools.exec import declared_environment, locked_environment, resolve_program
+from corral.tools.exec import (
+    SAFE_PATH,
+    declared_environment,
+    locked_environment,
+    resolve_program,
+)
 from corral.tools.http import auth_headers
 from corral.tools.naming import model_tool_name
 from corral.tools.processes import ProcessTree
+from corral.tools.sandbox.host import SandboxHost
+from corral.tools.sandbox.policy import resolve_isolation
 
 __all__ = ["McpConnection", "McpTool", "open_server_tools"]
 
@@ -310,11 +317,13 @@ class McpConnection:
         secrets: Mapping[str, str],
         workspace: Path,
         group: anyio.abc.TaskGroup,
+        sandbox_host: SandboxHost | None = None,
     ) -> None:
         self.server_name = server_name
         self.spec = spec
         self._secrets = secrets
         self._workspace = workspace
+        self._sandbox_host = sandbox_host
         self._group = group
         self._session: _Session | None = None
         self._opening: _Opening | None = None
@@ -455,7 +464,7 @@ class McpConnection:
         name, spec, secrets = self.server_name, self.spec, self._secrets
         if spec.transport == "stdio":
             read, write, tree = await _open_stdio(
-                inner, name, spec, secrets, self._workspace, stderr_tail
+                inner, name, spec, secrets, self._workspace, stderr_tail, self._sandbox_host
             )
             session.running = tree.running
             return _WatchedReads(read, session.mark_lost), write
@@ -510,13 +519,26 @@ async def _open_stdio(
     secrets: Mapping[str, str],
     workspace: Path,
     stderr_tail: _StderrTail,
+    sandbox_host: SandboxHost | None,
 ) -> tuple[Any, Any, ProcessTree]:
     owner = f"McpServer {server_name!r}"
-    program = resolve_program(spec.command[0], owner=owner)
+    host = sandbox_host if sandbox_host is not None else SandboxHost.from_env()
+    sandboxed = spec.isolation.mode != "none" and host.probe().works
+    program = resolve_program(
+        spec.command[0], owner=owner, prefer_path=SAFE_PATH if sandboxed else None
+    )
     declared = declared_environment(spec.env, secrets, owner=owner)
+    argv = [program, *spec.command[1:]]
+    isolation = resolve_isolation(spec.isolation, argv, host, owner=owner)
     await anyio.Path(workspace).mkdir(parents=True, exist_ok=True)
+    # raises isolation_unavailable (the open fails closed) where the sandbox cannot run
+    launch = isolation.launch(argv, workspace, "")
+    # registered first: runs last, once the processes are gone
+    stack.push_async_callback(launch.aclose)
     tree = ProcessTree()
-    env = tree.environment({**_SDK_INHERITED, **(await locked_environment(workspace, declared))})
+    view = isolation.view(workspace)
+    locked = await locked_environment(workspace, declared, view=view)
+    env = tree.environment({**_SDK_INHERITED, **locked})
 
     # stderr goes to a socket we drain into a bounded tail: no file grows, no thread waits.
     ours, theirs = socket.socketpair()
@@ -536,7 +558,7 @@ async def _open_stdio(
         stack.push_async_callback(tree.end)
         errlog = spawn_only.enter_context(theirs.makefile("w"))
         params = StdioServerParameters(
-            command=program, args=spec.command[1:], env=env, cwd=workspace
+            command=launch.argv[0], args=launch.argv[1:], env=env, cwd=launch.cwd
         )
         try:
             read, write = await stack.enter_async_context(stdio_client(params, errlog=errlog))
@@ -633,12 +655,15 @@ async def open_server_tools(
     stack: contextlib.AsyncExitStack,
     *,
     workspace: Path | None = None,
+    sandbox_host: SandboxHost | None = None,
 ) -> list[Tool]:
     """Connect to an MCP server inside ``stack`` and return its tools.
 
     ``workspace`` is the directory a stdio server runs in (``HOME`` and
     ``TMPDIR`` are created inside it); without one a temporary directory is
-    used and removed when the stack closes.
+    used and removed when the stack closes. A stdio server runs under its
+    ``isolation`` (:mod:`corral.tools.sandbox`) on ``sandbox_host`` (default: read
+    from the environment), at ``/workspace`` when sandboxed.
 
     Raises ``ConfigurationError`` for a server that cannot be set up (program
     not found, secret missing) and ``ToolError(unavailable, retryable=True)``
@@ -655,7 +680,7 @@ async def open_server_tools(
     error: ConfigurationError | ToolError | None = None
     async with contextlib.AsyncExitStack() as inner:
         group = await inner.enter_async_context(anyio.create_task_group())
-        connection = McpConnection(server_name, spec, secrets, workspace, group)
+        connection = McpConnection(server_name, spec, secrets, workspace, group, sandbox_host)
         inner.callback(connection.close)  # runs before the group exits: its sessions close
         try:
             session = await connection.session()

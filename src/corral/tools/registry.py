@@ -13,19 +13,34 @@ from collections.abc import Mapping
 from corral.core.errors import ConfigurationError
 from corral.resources.kinds import ToolSpecModel
 from corral.tools.base import Tool
+from corral.tools.sandbox.host import SandboxHost
 
 KINDS: dict[str, str] = {
     "python": "corral.tools.python",
     "exec": "corral.tools.exec",
     "http": "corral.tools.http",
 }
+#: the kinds whose programs run under an isolation (they take ``sandbox_host``)
+SANDBOXED_KINDS = frozenset({"exec"})
 
 
-def build_tool(name: str, spec: ToolSpecModel, secrets: Mapping[str, str]) -> Tool:
-    """The tool kind's implementation for one ``Tool`` resource."""
+def build_tool(
+    name: str,
+    spec: ToolSpecModel,
+    secrets: Mapping[str, str],
+    *,
+    sandbox_host: SandboxHost | None = None,
+) -> Tool:
+    """The tool kind's implementation for one ``Tool`` resource.
+
+    ``sandbox_host`` reaches the kinds that start programs (``exec``).
+    """
     module_name = KINDS.get(spec.type)
     if module_name is None:
         raise ConfigurationError(f"tool {name!r}: unsupported tool type {spec.type!r}")
     module = importlib.import_module(module_name)
+    if spec.type in SANDBOXED_KINDS:
+        sandboxed: Tool = module.create(name, spec, secrets, sandbox_host=sandbox_host)
+        return sandboxed
     tool: Tool = module.create(name, spec, secrets)
     return tool

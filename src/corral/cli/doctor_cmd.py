@@ -1,0 +1,56 @@
+"""``corral doctor``: what this machine offers Corral (the data of ``GET /v1/capabilities``).
+
+It looks at the machine it runs on: the tool sandbox, wasmtime, the model providers'
+libraries, and the store and bus the environment configures (``CORRAL_DB_URL``,
+``CORRAL_NATS_URL``), without opening the store. A server's own answer is
+``GET /v1/capabilities``.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from corral.cli.common import run_async
+from corral.cli.output import output_option
+
+
+def register(app: typer.Typer) -> None:
+    app.command(name="doctor")(doctor)
+
+
+def _yes(value: bool | None) -> str:
+    return "unknown" if value is None else ("yes" if value else "no")
+
+
+def doctor(output: str = output_option(formats=("table", "json", "yaml"))) -> None:
+    """Say what this machine offers: tool sandbox, wasmtime, providers, store and bus."""
+    from corral.api import CapabilitiesOut
+    from corral.cli.output import document, dumps_json, dumps_yaml
+    from corral.core.settings import Settings
+    from corral.runtime.capabilities import gather_capabilities
+
+    found = CapabilitiesOut.model_validate(run_async(gather_capabilities(Settings.from_env())))
+    if output != "table":
+        dump = dumps_json if output == "json" else dumps_yaml
+        typer.echo(dump(document(found)))
+        return
+    box = found.sandbox
+    if box.bubblewrap:
+        sandbox = f"bubblewrap {box.version or '?'} at {box.path}, user namespaces work"
+    else:
+        sandbox = f"unavailable ({box.reason})"
+    lines = [
+        ("sandbox", sandbox),
+        ("isolation auto", f"{box.auto_mode} (max_processes: {box.max_processes})"),
+        ("wasmtime", _yes(found.wasmtime)),
+        *((f"provider {name}", _yes(ok)) for name, ok in found.providers.items()),
+        ("store", f"{found.store.kind}, reachable: {_yes(found.store.reachable)}"),
+        (
+            "bus",
+            f"{found.bus.kind}, configured: {_yes(found.bus.configured)}, "
+            f"reachable: {_yes(found.bus.reachable)}",
+        ),
+    ]
+    width = max(len(k) for k, _ in lines)
+    for key, value in lines:
+        typer.echo(f"{key.ljust(width)}  {value}")

@@ -1,0 +1,96 @@
+"""The ``bwrap`` command line of one sandbox.
+
+What the sandbox holds:
+
+- new user, PID, IPC, UTS and cgroup namespaces, and a new network namespace (only
+  loopback, nothing listening) unless ``network: true``; no capabilities; a session
+  of its own (``--new-session``: no ``TIOCSTI`` into a terminal); it dies with the
+  process that started it (``--die-with-parent``), and when its PID 1 ends the
+  kernel kills everything left in its PID namespace, ``setsid()`` daemons included;
+- a fresh ``/proc`` (the sandbox's processes only) and a minimal ``/dev``;
+- the system's ``/usr`` (and ``/bin``, ``/sbin``, ``/lib*``) read-only, and of
+  ``/etc`` only the files name resolution, certificates, users and the dynamic linker
+  read (:data:`ETC_ENTRIES`);
+- the agent workspace at ``/workspace`` (read-write, read-only, or absent), a tmpfs
+  ``/tmp``, and the extra binds the tool declared and the operator allowed; every
+  other path is read-only.
+
+Nothing else of the host is there: not ``CORRAL_HOME`` (keys, tokens, the database,
+other agents' workspaces), not ``/root`` or ``/home``, not other processes. The
+environment is not given on the command line (where ``ps`` would show secrets): the
+``bwrap`` process is started with exactly the tool's environment, which it passes on.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = ["ETC_ENTRIES", "SYSTEM_DIRS", "WORKSPACE", "SandboxLayout", "bwrap_argv"]
+
+#: where the agent workspace appears inside a sandbox
+WORKSPACE = "/workspace"
+#: host directories every sandbox sees read-only (a symlink stays a symlink)
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+#: the entries of /etc a sandbox sees, read-only, where the host has them
+ETC_ENTRIES = (
+    "resolv.conf", "hosts", "host.conf", "nsswitch.conf", "gai.conf", "services",
+    "protocols", "passwd", "group", "ld.so.cache", "ld.so.conf", "ld.so.conf.d",
+    "localtime", "ssl", "ca-certificates", "ca-certificates.conf", "alternatives",
+    "mime.types",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class SandboxLayout:
+    """What one sandbox shows and shares (see the module docstring)."""
+
+    workspace: Path | None
+    workspace_writable: bool = True
+    network: bool = False
+    read_only: Sequence[Path] = field(default_factory=tuple[Path, ...])
+    writable: Sequence[Path] = field(default_factory=tuple[Path, ...])
+    #: the working directory inside the sandbox
+    cwd: str = WORKSPACE
+    hostname: str = "corral-sandbox"
+
+
+def _system_binds() -> list[str]:
+    argv: list[str] = []
+    for directory in SYSTEM_DIRS:
+        if os.path.islink(directory):
+            argv += ["--symlink", os.readlink(directory), directory]
+        elif os.path.isdir(directory):
+            argv += ["--ro-bind", directory, directory]
+    argv += ["--dir", "/etc"]
+    for entry in ETC_ENTRIES:
+        path = f"/etc/{entry}"
+        if os.path.lexists(path):
+            argv += ["--ro-bind-try", path, path]
+    return argv
+
+
+def bwrap_argv(bwrap: str, layout: SandboxLayout, command: Sequence[str]) -> list[str]:
+    """The full command line running ``command`` in a sandbox laid out as ``layout``."""
+    argv = [
+        bwrap,
+        "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
+        "--unshare-cgroup", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
+        "--hostname", layout.hostname,
+    ]  # fmt: skip
+    if not layout.network:
+        argv.append("--unshare-net")
+    argv += _system_binds()
+    argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--dir", "/tmp/home"]
+    for path in layout.read_only:
+        argv += ["--ro-bind", str(path), str(path)]
+    for path in layout.writable:
+        argv += ["--bind", str(path), str(path)]
+    if layout.workspace is not None:
+        bind = "--bind" if layout.workspace_writable else "--ro-bind"
+        argv += [bind, str(layout.workspace), WORKSPACE]
+    # the sandbox's root is a tmpfs of its own: read-only, so only /tmp and binds take writes
+    argv += ["--remount-ro", "/", "--chdir", layout.cwd, "--", *command]
+    return argv

@@ -1,0 +1,240 @@
+"""The seam tool kinds run programs through: an :class:`Isolation` per tool.
+
+:func:`resolve_isolation` turns a tool's ``isolation`` spec and the host into one of:
+
+- :class:`Sandboxed` the program runs in a bubblewrap sandbox (:mod:`.bwrap`);
+- :class:`Unsandboxed` the program runs as the server's user (``mode: none``, or
+  ``auto`` where bubblewrap does not work);
+- :class:`Unavailable` ``mode: sandbox`` where bubblewrap does not work: every call
+  fails closed with ``isolation_unavailable`` and the reason.
+
+All three apply the same limits (:mod:`.limits`). A tool kind asks its isolation for
+the :class:`View` (where the workspace, ``HOME`` and ``TMPDIR`` are as the program
+sees them), builds the environment, and asks for a :class:`Launch` per call.
+
+The files a Tool's command names are shown to the sandbox read-only, each file
+alone: the program (as named and as its symlinks resolve) and every absolute
+argument that names a file; never one in ``CORRAL_HOME``, ``/proc``, ``/sys`` or
+``/dev``. A program outside the system directories that lies in an operator-allowed
+directory (``CORRAL_SANDBOX_ALLOWED_PATHS``) brings that whole directory, so an
+interpreter finds its library beside it (a virtualenv's ``python`` needs the
+virtualenv and the interpreter it links to). A bare program name is looked up on
+the sandbox's own ``PATH`` first (the system's ``python3``, not a shim of the server
+user's).
+"""
+
+from __future__ import annotations
+
+import os
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from corral.core.errors import ConfigurationError, ToolError, ToolErrorCode
+from corral.resources.isolation import IsolationLimits, IsolationSpec, bind_problem
+from corral.tools.sandbox.bwrap import SYSTEM_DIRS, WORKSPACE, SandboxLayout, bwrap_argv
+from corral.tools.sandbox.host import SandboxHost
+from corral.tools.sandbox.limits import PidsCgroup, limit_hit, prlimit_argv
+
+__all__ = [
+    "Isolation",
+    "Launch",
+    "Sandboxed",
+    "Unavailable",
+    "Unsandboxed",
+    "View",
+    "resolve_isolation",
+]
+
+
+@dataclass(frozen=True)
+class View:
+    """Paths as the program sees them."""
+
+    workspace: str
+    home: str
+    tmp: str
+
+
+@dataclass
+class Launch:
+    """How to start one call's program, and what to make of how it ended."""
+
+    argv: list[str]
+    #: the host directory the launcher starts in (bwrap changes into the sandbox's own)
+    cwd: Path
+    limits: IsolationLimits
+    sandboxed: bool
+    cgroup: PidsCgroup | None = None
+
+    def limit_hit(self, returncode: int, stderr: str) -> str | None:
+        """The limit the program hit, when it failed and that can be told (see :mod:`.limits`)."""
+        events = self.cgroup.max_events() if self.cgroup is not None else 0
+        return limit_hit(self.limits, returncode, stderr, pids_max_events=events)
+
+    async def aclose(self) -> None:
+        """Release what the launch made (its cgroup), after its processes are gone."""
+        if self.cgroup is not None:
+            await self.cgroup.remove()
+
+
+class Isolation(ABC):
+    """How a tool's programs run; see the module docstring."""
+
+    #: what calls actually run under: ``sandbox``, ``none`` or ``unavailable``
+    mode: str
+
+    def __init__(self, limits: IsolationLimits, host: SandboxHost) -> None:
+        self.limits = limits
+        self.host = host
+
+    @abstractmethod
+    def view(self, workspace: Path) -> View:
+        """Where the program sees its workspace, ``HOME`` and ``TMPDIR``."""
+
+    @abstractmethod
+    def launch(self, argv: Sequence[str], workspace: Path, cwd: str) -> Launch:
+        """The launch of ``argv`` (host paths) in ``cwd`` (relative to the workspace)."""
+
+    def _launch(self, command: list[str], cwd: Path, *, sandboxed: bool) -> Launch:
+        """``command`` (rlimits set), in a pids cgroup where ``RLIMIT_NPROC`` does not bind."""
+        cgroup = None
+        if self.limits.max_processes is not None and os.geteuid() == 0:
+            root = self.host.cgroup_root()
+            if root is not None:
+                cgroup = PidsCgroup(root, self.limits.max_processes)
+                command = [*cgroup.join_argv(), *command]
+        return Launch(command, cwd, self.limits, sandboxed=sandboxed, cgroup=cgroup)
+
+
+class Unsandboxed(Isolation):
+    """The program runs as the server's user, in the host's view (limits still apply)."""
+
+    mode = "none"
+
+    def view(self, workspace: Path) -> View:
+        return View(str(workspace), str(workspace / "home"), str(workspace / "tmp"))
+
+    def launch(self, argv: Sequence[str], workspace: Path, cwd: str) -> Launch:
+        command = [*prlimit_argv(self.limits, nproc=False), *argv]
+        return self._launch(command, workspace / cwd, sandboxed=False)
+
+
+class Unavailable(Isolation):
+    """``mode: sandbox`` where bubblewrap does not work: every call fails closed."""
+
+    mode = "unavailable"
+
+    def __init__(self, limits: IsolationLimits, host: SandboxHost, reason: str) -> None:
+        super().__init__(limits, host)
+        self.reason = reason
+
+    def view(self, workspace: Path) -> View:
+        return View(WORKSPACE, f"{WORKSPACE}/home", "/tmp")
+
+    def launch(self, argv: Sequence[str], workspace: Path, cwd: str) -> Launch:
+        raise ToolError(
+            ToolErrorCode.ISOLATION_UNAVAILABLE,
+            f"this tool must run sandboxed, and the sandbox cannot run here: {self.reason}",
+        )
+
+
+class Sandboxed(Isolation):
+    """The program runs in a bubblewrap sandbox (see :mod:`.bwrap`)."""
+
+    mode = "sandbox"
+
+    def __init__(
+        self,
+        spec: IsolationSpec,
+        host: SandboxHost,
+        bwrap: str,
+        read_only: Sequence[Path] = (),
+        writable: Sequence[Path] = (),
+    ) -> None:
+        super().__init__(spec.limits, host)
+        self.spec = spec
+        self.bwrap = bwrap
+        self.read_only = tuple(read_only)
+        self.writable = tuple(writable)
+
+    def view(self, workspace: Path) -> View:
+        if self.spec.workspace == "rw":
+            return View(WORKSPACE, f"{WORKSPACE}/home", "/tmp")
+        return View(WORKSPACE if self.spec.workspace == "ro" else "/tmp", "/tmp/home", "/tmp")
+
+    def launch(self, argv: Sequence[str], workspace: Path, cwd: str) -> Launch:
+        program = [os.path.abspath(argv[0]), *argv[1:]]
+        if self.spec.workspace == "none":
+            inside = "/tmp"
+        else:
+            inside = os.path.normpath(f"{WORKSPACE}/{cwd}") if cwd else WORKSPACE
+        layout = SandboxLayout(
+            workspace=None if self.spec.workspace == "none" else workspace,
+            workspace_writable=self.spec.workspace == "rw",
+            network=self.spec.network,
+            read_only=self.read_only,
+            writable=self.writable,
+            cwd=inside,
+        )
+        command = bwrap_argv(self.bwrap, layout, [*prlimit_argv(self.limits), *program])
+        return self._launch(command, workspace, sandboxed=True)
+
+
+@dataclass(frozen=True)
+class _Binds:
+    read_only: list[Path] = field(default_factory=list[Path])
+    writable: list[Path] = field(default_factory=list[Path])
+
+
+def _within(path: Path, root: Path) -> bool:
+    return path == root or root in path.parents
+
+
+def _binds(spec: IsolationSpec, argv: Sequence[str], host: SandboxHost, owner: str) -> _Binds:
+    """The extra binds of a sandbox: the declared ones, checked, and the command's files."""
+    binds = _Binds()
+    for paths, into in (
+        (spec.read_only_paths, binds.read_only),
+        (spec.writable_paths, binds.writable),
+    ):
+        for path in paths:
+            problem = bind_problem(path, host.corral_home, host.allowed_paths)
+            if problem is not None:
+                raise ConfigurationError(f"{owner}: isolation: {problem}")
+            into.append(Path(path).resolve())
+    # The program as named and as its symlinks resolve (a venv's python and the
+    # interpreter it links to), then every absolute argument that names a file.
+    program = [Path(os.path.abspath(argv[0])), Path(argv[0]).resolve()]
+    files = [*program, *(Path(a) for a in argv[1:] if os.path.isabs(a) and os.path.isfile(a))]
+    for index, file in enumerate(files):
+        shown = [*map(Path, SYSTEM_DIRS), *binds.read_only, *binds.writable]
+        if any(_within(file, root) for root in shown):
+            continue
+        # An interpreter needs its library beside it: the program brings its allowed root.
+        root = next((r for r in host.allowed_paths if _within(file, r)), None)
+        bind = root if index < len(program) and root is not None else file
+        problem = bind_problem(str(bind), host.corral_home, [bind.resolve()])
+        if problem is not None:
+            raise ConfigurationError(f"{owner}: the sandbox cannot show {str(file)!r}: {problem}")
+        binds.read_only.append(bind)
+    return binds
+
+
+def resolve_isolation(
+    spec: IsolationSpec, argv: Sequence[str], host: SandboxHost, *, owner: str
+) -> Isolation:
+    """The isolation a tool's calls run under (configuration problems raise now).
+
+    Probes bubblewrap unless ``mode: none`` (once per process, blocking the first time).
+    """
+    if spec.mode == "none":
+        return Unsandboxed(spec.limits, host)
+    probe = host.probe()
+    if not probe.works or probe.path is None:
+        if spec.mode == "sandbox":
+            return Unavailable(spec.limits, host, probe.reason)
+        return Unsandboxed(spec.limits, host)
+    binds = _binds(spec, argv, host, owner)
+    return Sandboxed(spec, host, probe.path, binds.read_only, binds.writable)
