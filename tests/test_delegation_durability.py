@@ -46,7 +46,7 @@ async def test_sigkill_while_a_child_runs_resumes_one_child_and_finishes_the_par
 ) -> None:
     await cluster.store.apply(load_text(BOSS, "boss.yaml"))
     cluster.model.add_reply(call("perform", "first", SLOW), FakeReply(text="work done"))
-    parent, _ = await submit_run(cluster.store, "boss", "get the work done")
+    parent, _ = await submit_run(cluster.store, "boss", "get the work done", bus=cluster.bus)
     a = cluster.start_worker("a", lease=2.0)
     await cluster.wait_for_state(parent.id, RunState.WAITING_CHILDREN)
     await cluster.wait_for_effect("first")  # the child is in its slow tool call
