@@ -203,8 +203,8 @@ class AgentLoop:
         ``decisions`` maps call ids to human decisions not yet recorded in the
         events: a :class:`Decision` (who decided and when are journaled with it) or
         ``(approved, reason)``. ``children`` maps run ids to the run's child runs
-        (those finished answer their calls; the others are waited for). Nothing
-        recorded is executed again.
+        (those finished answer their calls, the others are waited for; one that is
+        missing answers with ``child_failed``). Nothing recorded is executed again.
         """
         self.children = children
         checkpoint = replay(events)
@@ -371,8 +371,17 @@ class AgentLoop:
             if call.id in step.results:
                 continue
             if call.id in step.children:
-                child = self.children.get(step.children[call.id])
-                if child is None or not child.state.finished:
+                child_id = step.children[call.id]
+                child = self.children.get(child_id)
+                if child is None:  # deleted: waiting would never end
+                    gone = ToolErrorInfo(
+                        ToolErrorCode.CHILD_FAILED,
+                        f"the child run {child_id} is gone",
+                        details={"run_id": child_id, "state": None, "error": None},
+                    )
+                    outcome = toolset.answered(call, None, gone)
+                    step.results[call.id] = await self._record(step.step, outcome)
+                elif not child.state.finished:
                     waiting.append(call.id)
                 else:
                     step.results[call.id] = await self._child_finished(step.step, call, child)
