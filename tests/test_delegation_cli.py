@@ -150,3 +150,21 @@ def test_run_whose_child_waits_for_approval_exits_3_and_says_where(tmp_path: Pat
     code, out, err = corral(home, "approvals", "list", "-o", "json")
     (approval,) = json.loads(out)
     assert approval["tool"] == "agents_list"
+
+
+def test_remote_run_whose_child_waits_for_approval_exits_3_as_embedded(tmp_path: Path) -> None:
+    from server_harness import LiveServer
+
+    waits = BOSS.replace(
+        "  model: adder-model\n",
+        "  model: adder-model\n  links: [boss]\n  approval: {policy: always}\n",
+    ).replace('    - text: "5"', '    - tool_calls: [{name: agents_list}]\n    - text: "5"')
+    with LiveServer(tmp_path / "server", workers=2) as server:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
+        env.update(CORRAL_URL=server.url, CORRAL_TOKEN=server.admin)
+        path = tmp_path / "boss.yaml"
+        path.write_text(waits)
+        assert invoke(["apply", "-f", str(path)], env).returncode == 0
+        proc = invoke(["run", "boss", "ask the adder"], env)
+        assert proc.returncode == 3, proc.stderr
+        assert "waits for its child tasks" in proc.stderr
