@@ -157,16 +157,24 @@ class LocalRunner:
         )
         if steering is not None and steering.submitted is not None:
             steering.submitted(submitted.record.id)
-        self._shown.add(submitted.record.id)
         claim = (submitted.record, submitted.lease) if submitted.lease is not None else None
-        return await self._see_through(submitted.record.id, claim, steering or Steering())
+        return await self._shown_through(submitted.record.id, claim, steering or Steering())
 
     async def see_through(self, run_id: str, steering: Steering | None = None) -> RunRecord:
         """Execute the run here whenever it is runnable, or follow whoever executes it.
 
         ``NotFoundError`` when the run does not exist or is deleted meanwhile."""
+        return await self._shown_through(run_id, None, steering or Steering())
+
+    async def _shown_through(
+        self, run_id: str, claim: tuple[RunRecord, Lease] | None, steering: Steering
+    ) -> RunRecord:
+        """:meth:`_see_through` with the run's events for the observer (its children's not)."""
         self._shown.add(run_id)
-        return await self._see_through(run_id, None, steering or Steering())
+        try:
+            return await self._see_through(run_id, claim, steering)
+        finally:
+            self._shown.discard(run_id)
 
     async def _see_through(
         self, run_id: str, claim: tuple[RunRecord, Lease] | None, steering: Steering
