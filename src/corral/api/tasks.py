@@ -85,6 +85,10 @@ class Task(FromRecord):
     pending_approvals: list[PendingApprovalOut]
     output_schema: dict[str, Any] | None = None
     labels: dict[str, str] = Field(default_factory=dict[str, str])
+    parent_run_id: str | None = Field(
+        None, description="The task whose agents_exec call started this one (a child task)."
+    )
+    depth: int = Field(0, description="How many parents it has: 0 unless a child task.")
 
     @classmethod
     def from_record(cls, record: RunRecord) -> Self:

@@ -181,6 +181,10 @@ class Backend(ABC):
     async def cancel(self, run_id: str) -> Task: ...
 
     @abstractmethod
+    async def children(self, run_id: str) -> list[Task]:
+        """The run's child runs, oldest first; ``NotFoundError`` when there is no such run."""
+
+    @abstractmethod
     async def follow(self, run_id: str, show: Show, *, follow: bool) -> TaskDetail:
         """Hand each event to ``show``; with ``follow`` until the run ends or pauses.
         ``NotFoundError`` when the run does not exist (or is deleted meanwhile)."""
@@ -359,11 +363,18 @@ class EmbeddedBackend(Backend):
 
         return TaskDetail.from_record(await operations.get_run(self.store, run_id))
 
+    async def children(self, run_id: str) -> list[Task]:
+        from corral.api import Task
+        from corral.runtime import operations
+
+        return [Task.from_record(r) for r in await operations.children(self.store, run_id)]
+
     async def cancel(self, run_id: str) -> Task:
         from corral.api import Task
         from corral.runtime import operations
 
-        return Task.from_record(await operations.cancel(self.store, run_id))
+        async with self._bus() as bus:  # a parent the cancelled child queued is woken
+            return Task.from_record(await operations.cancel(self.store, run_id, bus=bus))
 
     async def follow(self, run_id: str, show: Show, *, follow: bool) -> TaskDetail:
         from corral.api import TaskDetail

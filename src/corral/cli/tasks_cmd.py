@@ -19,6 +19,7 @@ from corral.cli.common import (
 )
 from corral.cli.output import CHANGE_FORMATS, output_option
 from corral.cli.resources_cmd import parsed_selector, selector_option
+from corral.cli.tasks_tree import tasks_tree
 from corral.cli.watch import WATCH, WATCH_INTERVAL, WATCH_TIMEOUT
 from corral.core.limits import MAX_DELAY_SECONDS, MAX_PAGE_ITEMS, MAX_PRIORITY
 
@@ -34,6 +35,7 @@ LABEL = typer.Option(
 )
 
 tasks_app = typer.Typer(help="List, inspect and cancel tasks (durable runs).", no_args_is_help=True)
+tasks_app.command("tree")(tasks_tree)
 
 
 def register(app: typer.Typer) -> None:
@@ -228,16 +230,16 @@ def tasks_describe(task_id: str = typer.Argument(..., help="The task (run) id.")
     """Why a task is where it is: input, state, error, attempts, approvals, times, usage."""
     from corral.cli.describe import describe_task
 
-    async def go() -> tuple[TaskDetail, list[ApprovalOut]]:
+    async def go() -> tuple[TaskDetail, list[ApprovalOut], list[Task]]:
         from corral.cli.connect import open_backend
 
         async with open_backend() as backend:
             task = await backend.get_run(task_id)
             approvals = await backend.list_approvals(task.namespace, None, run_id=task.id)
-            return task, approvals
+            return task, approvals, await backend.children(task.id)
 
-    task, approvals = run_async(go())
-    typer.echo(describe_task(task, approvals))
+    task, approvals, children = run_async(go())
+    typer.echo(describe_task(task, approvals, children))
 
 
 @tasks_app.command("cancel")

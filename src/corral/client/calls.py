@@ -288,6 +288,11 @@ def get_task(task_id: str) -> Call[TaskDetail]:
     return Call("GET", f"/v1/tasks/{_seg(task_id)}", _model(TaskDetail))
 
 
+def task_children(task_id: str) -> Call[TaskPage]:
+    """The tasks the task's ``agents_exec`` calls started, oldest first (one page)."""
+    return Call("GET", f"/v1/tasks/{_seg(task_id)}/children", _model(TaskPage))
+
+
 def cancel_task(task_id: str) -> Call[Task]:
     return Call("POST", f"/v1/tasks/{_seg(task_id)}/cancel", _model(Task))
 

@@ -198,6 +198,10 @@ class ToolErrorCode(StrEnum):
     OUTPUT_TOO_LARGE = "output_too_large"
     BLOCKED_DESTINATION = "blocked_destination"
     UNAVAILABLE = "unavailable"
+    #: a child run (``agents_exec``) ended without an answer: failed, cancelled, dead letter
+    CHILD_FAILED = "child_failed"
+    #: a limit of the calling run refused the call (``max_depth`` of child runs)
+    BUDGET_EXCEEDED = "budget_exceeded"
     #: the tool must run sandboxed and the sandbox cannot run on this machine
     ISOLATION_UNAVAILABLE = "isolation_unavailable"
     #: the program hit one of its isolation limits (``details.limit`` names it)

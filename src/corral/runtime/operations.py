@@ -4,7 +4,7 @@
   already claimed by the caller (``corral run`` executes it at once);
 - :func:`get_run`, :func:`get_approval`: one object, ``NotFoundError`` when it is absent
   or (``namespace`` given) in another namespace - whether or not it exists;
-- :func:`cancel`;
+- :func:`cancel` (a run and its descendants), :func:`children` (a run's child runs);
 - :func:`decide`: approve or reject, and announce the run the decision may have queued;
 - :func:`follow_run`: a run's events to an observer, until it finishes or waits for a human.
 
@@ -144,8 +144,18 @@ async def get_run(store: Store, run_id: str, *, namespace: str | None = None) ->
     return record
 
 
-async def cancel(store: Store, run_id: str, *, namespace: str | None = None) -> RunRecord:
-    """Cancel a run (see :meth:`Store.request_cancel`); ``NotFoundError`` as :func:`get_run`.
+async def children(store: Store, run_id: str, *, namespace: str | None = None) -> list[RunRecord]:
+    """The child runs of a run, oldest first; ``NotFoundError`` as :func:`get_run`."""
+    await get_run(store, run_id, namespace=namespace)
+    return await store.list_children(run_id)
+
+
+async def cancel(
+    store: Store, run_id: str, *, namespace: str | None = None, bus: Bus | None = None
+) -> RunRecord:
+    """Cancel a run and its descendants (see :meth:`Store.request_cancel`); ``NotFoundError``
+    as :func:`get_run`. A child run cancelled at once may have queued its parent: the parent
+    is announced on ``bus`` (when given), so a worker resumes it now.
 
     A run that has already finished is left as it is: ``ConflictError`` ("run X already
     succeeded; nothing cancelled"), so a caller never mistakes it for a cancellation
@@ -157,6 +167,8 @@ async def cancel(store: Store, run_id: str, *, namespace: str | None = None) -> 
     cancelled = await store.request_cancel(run_id)
     if cancelled.state.finished and cancelled.state is not RunState.CANCELLED:
         raise already_finished(cancelled)  # it finished between the read and the request
+    if bus is not None and cancelled.parent_run_id is not None and cancelled.state.finished:
+        await bus.announce_runnable([cancelled.parent_run_id], mark=f"child:{cancelled.id}")
     return cancelled
 
 

@@ -147,6 +147,20 @@ async def get_task(task_id: TaskId, who: Viewer, request: Request) -> TaskDetail
     return TaskDetail.from_record(record)
 
 
+@router.get(
+    "/tasks/{task_id}/children",
+    response_model=TaskPage,
+    tags=["tasks"],
+    summary="List a task's child tasks",
+    responses=responses(404),
+)
+async def task_children(task_id: TaskId, who: Viewer, request: Request) -> TaskPage:
+    """The tasks this task's `agents_exec` calls started, oldest first, all in one page
+    (`next_cursor` is null): a run has at most as many as it made calls."""
+    records = await operations.children(context_of(request).store, task_id, namespace=who.namespace)
+    return TaskPage(items=[Task.from_record(r) for r in records], next_cursor=None)
+
+
 @router.post(
     "/tasks/{task_id}/cancel",
     response_model=Task,
@@ -156,12 +170,14 @@ async def get_task(task_id: TaskId, who: Viewer, request: Request) -> TaskDetail
 )
 async def cancel_task(task_id: TaskId, who: Operator, request: Request) -> Task:
     """A queued or waiting task is cancelled at once; a running one stops at its
-    worker's next heartbeat (`cancel_requested` is true until then). A task that has
-    already finished is left as it is: 409 `already_finished` ("task ... already
-    succeeded; nothing cancelled")."""
+    worker's next heartbeat (`cancel_requested` is true until then). Its unfinished
+    child tasks (and theirs) are cancelled with it. A task that has already finished is
+    left as it is: 409 `already_finished` ("task ... already succeeded; nothing
+    cancelled")."""
+    context = context_of(request)
     try:
         record = await operations.cancel(
-            context_of(request).store, task_id, namespace=who.namespace
+            context.store, task_id, namespace=who.namespace, bus=context.bus
         )
     except ConflictError as exc:
         raise ProblemError(409, exc.message, code="already_finished") from None
