@@ -7,6 +7,7 @@ tests share one ``corral serve`` subprocess, whose admin token works in namespac
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -20,6 +21,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 
 from cli_harness import invoke
 from corral import __version__
@@ -228,6 +230,14 @@ def test_contexts_are_written_0600_and_listed(cli: Cli) -> None:
     assert lines[0].split() == ["CURRENT", "NAME", "URL", "NAMESPACE", "TOKEN"]
     assert lines[1].split() == ["dev", "(local", "store)", "default", "inline"]
     assert lines[2].split() == ["*", "prod", "https://corral.example.com", "team-a", "-"]
+    listed = json.loads(cli("context", "list", "-o", "json").stdout)
+    assert [(c["name"], c["current"], c["token"]) for c in listed] == [
+        ("dev", False, "inline"),
+        ("prod", True, "-"),
+    ]
+    as_yaml = cli("context", "list", "-o", "yaml").stdout
+    assert yaml.safe_load(as_yaml) == listed and "corral_a_b" not in as_yaml
+    assert cli("context", "list", "-o", "name").stdout.split() == ["context/dev", "context/prod"]
     assert cli("context", "use", "dev").stdout.strip() == "current context: dev"
     assert cli("context", "current").stdout.strip() == "dev"
     assert cli("context", "delete", "dev").returncode == 0

@@ -55,6 +55,7 @@ MATRIX = [
         names_object=False,
     ),
     Row("GET", "/v1/tasks/{task_id}", Role.VIEWER),
+    Row("GET", "/v1/tasks/{task_id}/children", Role.VIEWER),
     Row("POST", "/v1/tasks/{task_id}/cancel", Role.OPERATOR),
     Row("GET", "/v1/runs/{run_id}/events", Role.VIEWER),
     Row("GET", "/v1/approvals", Role.VIEWER, names_object=False),

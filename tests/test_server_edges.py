@@ -239,3 +239,28 @@ def test_tokens_page_through_more_than_a_page(server: LiveServer) -> None:
             if cursor is None:
                 break
     assert len(seen) == len(set(seen)) and made <= set(seen)
+
+
+def test_json_apply_keeps_characters_beyond_the_bmp_and_refuses_lone_surrogates(
+    server: LiveServer,
+) -> None:
+    # JSON escapes 👋 as a surrogate pair; the documents must not reach YAML as two halves
+    text = "héllo 👋 世界 \U0010ffff \\ud83d literally"
+    document = {
+        "apiVersion": "corral/v1",
+        "kind": "ModelEndpoint",
+        "metadata": {"name": "wave", "labels": {"émoji": "👋"}},
+        "spec": {"provider": "scripted", "script": [{"text": text}]},
+    }
+    with server.client(server.admin) as client:
+        applied = client.post("/v1/resources", json=document)
+        assert applied.status_code == 200, applied.text
+        stored = client.get("/v1/resources/ModelEndpoint/wave").json()
+        assert stored["spec"]["script"][0]["text"] == text
+        assert stored["metadata"]["labels"] == {"émoji": "👋"}
+        lone = json.dumps(document).replace("\\ud83d\\udc4b", "\\ud83d")
+        refused = client.post(
+            "/v1/resources", content=lone, headers={"Content-Type": "application/json"}
+        )
+        assert refused.status_code == 422, refused.text
+        assert "lone surrogate" in refused.text

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Self
 
-from pydantic import BaseModel, Field
+from pydantic import AfterValidator, BaseModel, Field
 
 from corral.api.common import (
     FromRecord,
@@ -17,10 +17,27 @@ from corral.api.common import (
     Timestamp,
 )
 from corral.core.events import Event, EventType
+from corral.core.labels import labels_problem
 from corral.core.limits import MAX_DELAY_SECONDS, MAX_PRIORITY
 from corral.core.runs import RunRecord, RunState
 
-#: the bounds of a task's priority and delay (the API's and the CLI's, one rule)
+
+def _valid_labels(labels: dict[str, str]) -> dict[str, str]:
+    problem = labels_problem(labels)
+    if problem is not None:
+        raise ValueError(problem)
+    return labels
+
+
+#: a run's labels, held to the rule of ``core/labels.py``
+Labels = Annotated[
+    dict[str, str],
+    AfterValidator(_valid_labels),
+    Field(
+        description="key=value labels: text without `,` `=` `!` (keys 1-63 characters, "
+        "values at most 63, at most 32 labels), selected by `selector` in the list.",
+    ),
+]
 
 
 class Usage(FromRecord):
@@ -67,6 +84,11 @@ class Task(FromRecord):
     lease_expires_at: Timestamp | None = None
     pending_approvals: list[PendingApprovalOut]
     output_schema: dict[str, Any] | None = None
+    labels: dict[str, str] = Field(default_factory=dict[str, str])
+    parent_run_id: str | None = Field(
+        None, description="The task whose agents_exec call started this one (a child task)."
+    )
+    depth: int = Field(0, description="How many parents it has: 0 unless a child task.")
 
     @classmethod
     def from_record(cls, record: RunRecord) -> Self:
@@ -102,6 +124,7 @@ class SubmitTask(Request):
     output_schema: JsonObject | None = Field(
         None, description="A JSON Schema the answer must match (over the agent's own)."
     )
+    labels: Labels = Field(default_factory=dict[str, str])
 
 
 class EventOut(FromRecord):

@@ -30,6 +30,13 @@ def print_approval_hint(
     following the run (``corral run --wait``), so the decision can come from elsewhere."""
     from corral.core.runs import RunState
 
+    if record.state is RunState.WAITING_CHILDREN:
+        _say(
+            console,
+            f"[yellow]run {record.id} waits for its child tasks, one of which waits for a "
+            f"human:[/] corral tasks tree {record.id}; corral approvals list",
+        )
+        return
     if record.state is not RunState.WAITING_APPROVAL:
         return
     if not approvals:  # decided meanwhile, or listed by another command

@@ -141,6 +141,7 @@ class Backend(ABC):
         idempotency_key: str | None = None,
         priority: int = 0,
         delay: float = 0.0,
+        labels: dict[str, str] | None = None,
     ) -> tuple[Task, bool]:
         """Queue a run; ``False`` when the idempotency key was seen (the first run)."""
 
@@ -156,14 +157,21 @@ class Backend(ABC):
         show: Show | None,
         loading: Any,
         control: RunControl | None = None,
+        labels: dict[str, str] | None = None,
     ) -> TaskDetail:
         """Submit a run and see it through until it ends or waits for approval (see
         :class:`RunControl`)."""
 
     @abstractmethod
     async def list_runs(
-        self, namespace: str, agent: str | None, limit: int, states: list[str] | None
-    ) -> list[Task]: ...
+        self,
+        namespace: str,
+        agent: str | None,
+        limit: int,
+        states: list[str] | None,
+        selector: Selector | None = None,
+    ) -> list[Task]:
+        """The newest runs (of ``agent``, in ``states``, whose labels match ``selector``)."""
 
     @abstractmethod
     async def get_run(self, run_id: str) -> TaskDetail:
@@ -171,6 +179,10 @@ class Backend(ABC):
 
     @abstractmethod
     async def cancel(self, run_id: str) -> Task: ...
+
+    @abstractmethod
+    async def children(self, run_id: str) -> list[Task]:
+        """The run's child runs, oldest first; ``NotFoundError`` when there is no such run."""
 
     @abstractmethod
     async def follow(self, run_id: str, show: Show, *, follow: bool) -> TaskDetail:
@@ -276,6 +288,7 @@ class EmbeddedBackend(Backend):
         idempotency_key: str | None = None,
         priority: int = 0,
         delay: float = 0.0,
+        labels: dict[str, str] | None = None,
     ) -> tuple[Task, bool]:
         from corral.api import Task
         from corral.runtime import operations
@@ -290,6 +303,7 @@ class EmbeddedBackend(Backend):
                 idempotency_key=idempotency_key,
                 priority=priority,
                 delay=delay,
+                labels=labels,
                 bus=bus,
             )
         return Task.from_record(record), created
@@ -305,6 +319,7 @@ class EmbeddedBackend(Backend):
         show: Show | None,
         loading: Any,
         control: RunControl | None = None,
+        labels: dict[str, str] | None = None,
     ) -> TaskDetail:
         from corral.api import TaskDetail
         from corral.runtime.local import run_agent
@@ -319,6 +334,7 @@ class EmbeddedBackend(Backend):
                 namespace=namespace,
                 session=session,
                 output_schema=output_schema,
+                labels=labels,
                 observer=_observer(show) if show is not None else None,
                 loading=loading,
                 bus=bus,
@@ -327,15 +343,19 @@ class EmbeddedBackend(Backend):
         return TaskDetail.from_record(record)
 
     async def list_runs(
-        self, namespace: str, agent: str | None, limit: int, states: list[str] | None
+        self,
+        namespace: str,
+        agent: str | None,
+        limit: int,
+        states: list[str] | None,
+        selector: Selector | None = None,
     ) -> list[Task]:
         from corral.api import Task
         from corral.core.runs import RunState
 
         chosen = [RunState(s) for s in states] if states else None
-        return [
-            Task.from_record(r) for r in await self.store.list_runs(namespace, agent, limit, chosen)
-        ]
+        found = await self.store.list_runs(namespace, agent, limit, chosen, selector=selector)
+        return [Task.from_record(r) for r in found]
 
     async def get_run(self, run_id: str) -> TaskDetail:
         from corral.api import TaskDetail
@@ -343,11 +363,18 @@ class EmbeddedBackend(Backend):
 
         return TaskDetail.from_record(await operations.get_run(self.store, run_id))
 
+    async def children(self, run_id: str) -> list[Task]:
+        from corral.api import Task
+        from corral.runtime import operations
+
+        return [Task.from_record(r) for r in await operations.children(self.store, run_id)]
+
     async def cancel(self, run_id: str) -> Task:
         from corral.api import Task
         from corral.runtime import operations
 
-        return Task.from_record(await operations.cancel(self.store, run_id))
+        async with self._bus() as bus:  # a parent the cancelled child queued is woken
+            return Task.from_record(await operations.cancel(self.store, run_id, bus=bus))
 
     async def follow(self, run_id: str, show: Show, *, follow: bool) -> TaskDetail:
         from corral.api import TaskDetail

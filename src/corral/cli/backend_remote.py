@@ -30,6 +30,7 @@ from corral.api import (
 from corral.cli.backend import Backend, RunControl, Show, load_files
 from corral.client import AsyncClient
 from corral.core.errors import Location, NotFoundError, ResourceError
+from corral.core.limits import MAX_TREE_TASKS
 from corral.core.runs import RunState
 from corral.core.selectors import Selector
 from corral.resources.loader import LoadedResource
@@ -144,6 +145,7 @@ class RemoteBackend(Backend):
         idempotency_key: str | None = None,
         priority: int = 0,
         delay: float = 0.0,
+        labels: dict[str, str] | None = None,
     ) -> tuple[Task, bool]:
         task, created = await self.client.submit(
             agent,
@@ -152,6 +154,7 @@ class RemoteBackend(Backend):
             idempotency_key=idempotency_key,
             priority=priority,
             delay_seconds=delay,
+            labels=labels,
         )
         return task, created
 
@@ -166,9 +169,10 @@ class RemoteBackend(Backend):
         show: Show | None,
         loading: Any,
         control: RunControl | None = None,
+        labels: dict[str, str] | None = None,
     ) -> TaskDetail:
         submitted = await self.client.submit(
-            agent, prompt, session=session, output_schema=output_schema
+            agent, prompt, session=session, output_schema=output_schema, labels=labels
         )
         run_id = submitted.task.id
         if control is None:
@@ -193,11 +197,19 @@ class RemoteBackend(Backend):
         return record
 
     async def list_runs(
-        self, namespace: str, agent: str | None, limit: int, states: list[str] | None
+        self,
+        namespace: str,
+        agent: str | None,
+        limit: int,
+        states: list[str] | None,
+        selector: Selector | None = None,
     ) -> list[Task]:
         found: list[Task] = []
         async for task in self.client.iter_tasks(
-            state=states, agent=agent, page_size=min(limit, PAGE)
+            state=states,
+            agent=agent,
+            selector=str(selector) if selector is not None else None,
+            page_size=min(limit, PAGE),
         ):
             found.append(task)
             if len(found) >= limit:
@@ -209,6 +221,9 @@ class RemoteBackend(Backend):
 
     async def cancel(self, run_id: str) -> Task:
         return await self.client.cancel_task(run_id)
+
+    async def children(self, run_id: str) -> list[Task]:
+        return (await self.client.task_children(run_id)).items
 
     async def follow(self, run_id: str, show: Show, *, follow: bool) -> TaskDetail:
         if follow:
@@ -260,12 +275,35 @@ class RemoteBackend(Backend):
             if task is None or (task.state is RunState.WAITING_APPROVAL and on_pause is None):
                 stream.cancel()
                 return
+            if (
+                task.state is RunState.WAITING_CHILDREN
+                and on_pause is None
+                and await self._descendant_waits(run_id)
+            ):  # as embedded mode ends: nothing more happens without a human
+                stream.cancel()
+                return
             if task.state is RunState.WAITING_APPROVAL:
                 pause = tuple(p.call_id for p in task.pending_approvals)
                 if pause != told:
                     told = pause
                     assert on_pause is not None
                     await on_pause(task)
+
+    async def _descendant_waits(self, run_id: str) -> bool:
+        """Whether a child task below ``run_id`` (breadth first, at most a tree's worth)
+        waits for approval."""
+        level, seen = [run_id], 0
+        while level and seen < MAX_TREE_TASKS:
+            below: list[str] = []
+            for parent in level:
+                for child in (await self.client.task_children(parent)).items:
+                    seen += 1
+                    if child.state is RunState.WAITING_APPROVAL:
+                        return True
+                    if child.state is RunState.WAITING_CHILDREN:
+                        below.append(child.id)
+            level = below
+        return False
 
     # ----------------------------------------------------------------------- approvals
 

@@ -30,10 +30,15 @@ EXIT_WAITING_APPROVAL = 3
 
 def exit_code(state: RunState) -> int:
     """The exit code of a command that saw a run through (``run``, ``logs -f``): 0
-    succeeded, 3 waits for approval, 1 any other end (failed, cancelled, dead letter)."""
+    succeeded, 3 waits for approval (``waiting_children``: a child run it waits for does),
+    1 any other end (failed, cancelled, dead letter)."""
     from corral.core.runs import RunState
 
-    exits = {RunState.SUCCEEDED: EXIT_OK, RunState.WAITING_APPROVAL: EXIT_WAITING_APPROVAL}
+    exits = {
+        RunState.SUCCEEDED: EXIT_OK,
+        RunState.WAITING_APPROVAL: EXIT_WAITING_APPROVAL,
+        RunState.WAITING_CHILDREN: EXIT_WAITING_APPROVAL,
+    }
     return exits.get(state, EXIT_FAILED)
 
 

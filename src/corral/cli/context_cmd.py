@@ -9,6 +9,7 @@ typer's: the script calls ``corral`` back with ``_CORRAL_COMPLETE`` set, and
 from __future__ import annotations
 
 import ipaddress
+from dataclasses import dataclass
 from enum import StrEnum
 from urllib.parse import urlsplit
 
@@ -16,6 +17,7 @@ import typer
 
 from corral.cli.common import COMPLETE_ENV, EXIT_BAD_INPUT, EXIT_FAILED, escape, fail
 from corral.cli.contexts import Config, ConfigError, Context, load_config, warn
+from corral.cli.output import Column, View, output_option, print_list
 
 context_app = typer.Typer(
     help="Named contexts: a server, its token and a default namespace.",
@@ -96,38 +98,60 @@ def _loopback(host: str) -> bool:
         return False
 
 
+@dataclass(frozen=True)
+class _Listed:
+    """A context as ``context list`` shows it: never an inline token's value."""
+
+    name: str
+    context: Context
+    current: bool
+
+    @property
+    def token(self) -> str:
+        if self.context.token is not None:
+            return "inline"
+        return f"file {self.context.token_file}" if self.context.token_file is not None else "-"
+
+    def document(self) -> dict[str, object]:
+        return {
+            "name": self.name,
+            "current": self.current,
+            "url": self.context.url,
+            "namespace": self.context.namespace or "default",
+            "token": self.token,
+        }
+
+
+def _context_view() -> View[_Listed]:
+    return View(
+        kind=lambda _: "context",
+        name=lambda c: c.name,
+        columns=[
+            Column("CURRENT", lambda c: "*" if c.current else ""),
+            Column("NAME", lambda c: c.name),
+            Column("URL", lambda c: c.context.url or "(local store)"),
+            Column("NAMESPACE", lambda c: c.context.namespace or "default"),
+            Column("TOKEN", lambda c: c.token),
+        ],
+        shown_as=_Listed.document,
+    )
+
+
 @context_app.command("list")
-def context_list() -> None:
+def context_list(output: str = output_option()) -> None:
     """The contexts; the current one is marked with *."""
     config = _config()
-    if not config.contexts:
+    if not config.contexts and output in ("table", "wide"):
         typer.echo(
-            f"no contexts in {config.path}; add one with 'corral context set NAME --url URL'"
+            f"no contexts in {config.path}; add one with 'corral context set NAME --url URL'",
+            err=True,
         )
         return
-    rows = [("CURRENT", "NAME", "URL", "NAMESPACE", "TOKEN")]
-    for name, context in sorted(config.contexts.items()):
-        token = (
-            "inline"
-            if context.token is not None
-            else f"file {context.token_file}"
-            if context.token_file is not None
-            else "-"
-        )
-        rows.append(
-            (
-                "*" if name == config.current else "",
-                name,
-                context.url or "(local store)",
-                context.namespace or "default",
-                token,
-            )
-        )
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        typer.echo(
-            "   ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
-        )
+    listed = [
+        _Listed(name, context, name == config.current)
+        for name, context in sorted(config.contexts.items())
+    ]
+    print_list(_context_view(), listed, output, namespace=None)
 
 
 @context_app.command("current")

@@ -11,9 +11,10 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from corral.cli.output import ago, when
+from corral.cli.views import run_labels
 
 if TYPE_CHECKING:
-    from corral.api import ApprovalOut, TaskDetail
+    from corral.api import ApprovalOut, Task, TaskDetail
 
 #: the width of a field's label
 LABEL = 20
@@ -46,11 +47,14 @@ def _output(value: Any) -> str:
     return render_output(value)
 
 
-def describe_task(task: TaskDetail, approvals: Sequence[ApprovalOut]) -> str:
-    """The task and its approvals as ``Label: value`` lines."""
+def describe_task(
+    task: TaskDetail, approvals: Sequence[ApprovalOut], children: Sequence[Task] = ()
+) -> str:
+    """The task, its approvals and its child tasks as ``Label: value`` lines."""
     lines = [
         _field("Name", task.id),
         _field("Namespace", task.namespace),
+        _field("Labels", run_labels(task)),
         _field("Agent", task.agent),
         _field("State", task.state.value + (" (cancel requested)" if _cancelling(task) else "")),
         _field("Attempts", f"{task.attempts}/{task.max_attempts}"),
@@ -58,6 +62,8 @@ def describe_task(task: TaskDetail, approvals: Sequence[ApprovalOut]) -> str:
         _field("Session", task.session_id or "<none>"),
         _field("Idempotency Key", task.idempotency_key or "<none>"),
     ]
+    if task.parent_run_id is not None:
+        lines.append(_field("Parent", f"{task.parent_run_id} (depth {task.depth})"))
     if task.lease_owner and not task.state.finished:
         lines.append(_field("Worker", f"{task.lease_owner} (lease {ago(task.lease_expires_at)})"))
     lines += _block("Input", task.input)
@@ -84,7 +90,18 @@ def describe_task(task: TaskDetail, approvals: Sequence[ApprovalOut]) -> str:
         _field("Cost", f"${task.cost_usd:.6f}", 2),
     ]
     lines += _approvals(approvals)
+    lines += _children(children)
     return "\n".join(lines)
+
+
+def _children(children: Sequence[Task]) -> list[str]:
+    """The child tasks (``agents_exec``), when the task started any."""
+    if not children:
+        return []
+    lines = ["Children:"]
+    for child in children:
+        lines.append(f"  {child.id}  {child.agent}  {child.state.value}")
+    return lines
 
 
 def _cancelling(task: TaskDetail) -> bool:

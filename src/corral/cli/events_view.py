@@ -22,7 +22,11 @@ from corral.core.runs import RunState
 
 _PREVIEW = 300
 
-_STATE_COLOUR = {RunState.SUCCEEDED: "green", RunState.WAITING_APPROVAL: "yellow"}
+_STATE_COLOUR = {
+    RunState.SUCCEEDED: "green",
+    RunState.WAITING_APPROVAL: "yellow",
+    RunState.WAITING_CHILDREN: "yellow",
+}
 
 
 def _short(text: str, limit: int = _PREVIEW) -> str:
@@ -105,6 +109,18 @@ class EventPrinter:
             )
         elif kind is EventType.APPROVAL_RESOLVED:
             self._say(approval_resolved_line(data))
+        elif kind is EventType.CHILD_START:
+            self._say(
+                f"[cyan]⇢ {escape(str(data.get('agent')))}[/] "
+                f"[dim]child run {escape(str(data.get('run_id')))}[/]"
+            )
+        elif kind is EventType.CHILD_FINISH:
+            state = str(data.get("state"))
+            colour = "green" if state == RunState.SUCCEEDED.value else "red"
+            self._say(
+                f"[{colour}]⇠ {escape(str(data.get('agent')))} {escape(state)}[/] "
+                f"[dim]child run {escape(str(data.get('run_id')))}[/]"
+            )
         elif kind is EventType.ERROR:
             self._error(data)
         elif kind is EventType.RUN_FINISH and data.get("state") == RunState.CANCELLED.value:

@@ -9,7 +9,6 @@ a backend hands out resources as the API shows them, passed through
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -288,25 +287,14 @@ async def _get(query: Query, *, runs: bool = False) -> tuple[list[ResourceOut], 
 
 async def _watch(query: Query, output: str, seconds: float | None, interval: float) -> None:
     """``get -w``: the list (as without ``-w``), then each change as it is seen."""
+    import anyio
+
     from corral.cli.connect import open_backend
-    from corral.cli.output import dumps_json, dumps_yaml, no_resources
-    from corral.cli.watch import Watch, watch
+    from corral.cli.output import no_resources
+    from corral.cli.watch import Watch, interrupt_sets, printer, watch
     from corral.core.errors import NotFoundError
 
-    view = _get_view(query, None, output)
-    shown: list[ResourceOut] = []  # every row printed: later rows line up with them
-
-    def show(items: Sequence[ResourceOut]) -> None:
-        if output == "json":
-            typer.echo("\n".join(dumps_json(view.document(i)) for i in items))
-        elif output == "yaml":
-            typer.echo("\n".join("---\n" + dumps_yaml(view.document(i)) for i in items))
-        elif output == "name":
-            typer.echo("\n".join(view.names(items)))
-        else:
-            lines = view.table([*shown, *items], output == "wide")
-            typer.echo("\n".join(lines[-len(items) :] if shown else lines))
-            shown.extend(items)
+    show = printer(_get_view(query, None, output), output)
 
     async def fetch() -> list[ResourceOut]:
         try:
@@ -314,14 +302,17 @@ async def _watch(query: Query, output: str, seconds: float | None, interval: flo
         except NotFoundError:  # the one watched was deleted: shown once as gone
             return []
 
-    async with open_backend() as backend:
-        first = await _fetch(backend, query)
-        if first:
-            show(first)
-        else:
-            no_resources(query.namespace)
-        spec = Watch(fetch, _identity, _version, show, interval)
-        await watch(spec, first, seconds=seconds)
+    stop = anyio.Event()
+    # Ctrl-C handled from before the list is printed: one right after it is never lost
+    with interrupt_sets(stop):
+        async with open_backend() as backend:
+            first = await _fetch(backend, query)
+            if first:
+                show(first)
+            else:
+                no_resources(query.namespace)
+            spec = Watch(fetch, _identity, _version, show, interval)
+            await watch(spec, first, seconds=seconds, stop=stop)
 
 
 def _identity(resource: ResourceOut) -> tuple[str, str, str]:

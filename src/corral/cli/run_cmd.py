@@ -11,6 +11,7 @@ import typer
 from corral.cli.common import (
     EXIT_BAD_INPUT,
     EXIT_FAILED,
+    escape,
     exit_code,
     fail,
     namespace_option,
@@ -24,9 +25,11 @@ from corral.cli.interrupts import (
     say_interrupted,
     spinner,
 )
+from corral.cli.tasks_cmd import LABEL, labels_option
 
 if TYPE_CHECKING:
     from corral.api import ApprovalOut, TaskDetail
+    from corral.cli.backend import Backend
 
 NAMESPACE = typer.Option(
     None,
@@ -64,6 +67,7 @@ def run(
         help="When the run stops for approval, wait for the decision and follow it on "
         "until it finishes.",
     ),
+    label: list[str] = LABEL,
 ) -> None:
     """Run an agent on a prompt, streaming what it does.
 
@@ -78,9 +82,20 @@ def run(
         fail('usage: corral run AGENT "PROMPT"  or  corral run -f FILE "PROMPT"', EXIT_BAD_INPUT)
     agent = args[0] if len(args) == 2 else None
     prompt = args[-1]
+    labels = labels_option(label)
     try:
         record = run_async(
-            _run(agent, prompt, file, namespace, output == "json", None, session=session, wait=wait)
+            _run(
+                agent,
+                prompt,
+                file,
+                namespace,
+                output == "json",
+                None,
+                session=session,
+                wait=wait,
+                labels=labels,
+            )
         )
     except Interrupted:
         exit_interrupted()
@@ -94,13 +109,19 @@ def prompt_object(
         None, "--schema", help="A JSON Schema file; defaults to the agent's output_schema."
     ),
     namespace: str = NAMESPACE,
+    label: list[str] = LABEL,
 ) -> None:
-    """Ask an agent for JSON that validates against a schema; print only the JSON."""
+    """Ask an agent for JSON that validates against a schema; print only the JSON on
+    stdout (progress and retries go to stderr). Without ``--schema`` the agent must
+    have an ``output_schema`` (exit 2 otherwise)."""
     schema_doc: dict[str, Any] | None = None
     if schema is not None:
         schema_doc = _read_schema(schema)
+    labels = labels_option(label)
     try:
-        record = run_async(_run(agent, prompt, [], namespace, True, schema_doc, structured=True))
+        record = run_async(
+            _run(agent, prompt, [], namespace, True, schema_doc, structured=True, labels=labels)
+        )
     except Interrupted:
         exit_interrupted()
     from corral.core.runs import RunState  # here, not at the top: `corral --help` never needs it
@@ -123,9 +144,12 @@ async def _run(
     structured: bool = False,
     session: str | None = None,
     wait: bool = False,
+    labels: dict[str, str] | None = None,
 ) -> TaskDetail:
     """Apply ``files``, run the agent and render the run; ``Interrupted`` (said why on
-    stderr) when Ctrl-C stopped it."""
+    stderr) when Ctrl-C stopped it. ``structured`` (``prompt-object``): progress on
+    stderr only, the answer left to the caller; an agent without an output schema
+    when ``schema`` is ``None`` is exit 2."""
     from rich.console import Console
 
     from corral.cli.approval_hints import print_approval_hint
@@ -162,7 +186,11 @@ async def _run(
                     )
                 agent = agents[0]
         assert agent is not None
+        if structured and schema is None:
+            await _check_output_schema(backend, namespace, agent)
         printer = None if quiet else EventPrinter(out, err)
+        if structured:  # progress and retries on stderr; stdout is the JSON alone
+            printer = EventPrinter(out, err, show_text=False)
         record = await backend.run(
             agent,
             prompt,
@@ -172,6 +200,7 @@ async def _run(
             show=printer,
             loading=spinner(err),
             control=control,
+            labels=labels,
         )
         waiting: list[ApprovalOut] = []
         if record.state is RunState.WAITING_APPROVAL and not control.stop.is_set():
@@ -180,11 +209,23 @@ async def _run(
         say_interrupted(err, record)
         raise Interrupted
     if printer is not None:
-        printer.finish(record)
+        printer.finish(record, output=not structured)
     elif not structured:
         out.print(body_json(record), markup=False)
     print_approval_hint(err, record, waiting)
     return record
+
+
+async def _check_output_schema(backend: Backend, namespace: str, agent: str) -> None:
+    """Exit 2 when ``agent`` has no output schema (``prompt-object`` without ``--schema``
+    could only get text); an unknown agent is left to the run to report."""
+    found = await backend.get_resource(namespace, "Agent", agent)
+    if found is not None and getattr(found.spec, "output_schema", None) is None:
+        fail(
+            f"agent {escape(agent)!r} has no output_schema: give prompt-object a JSON Schema "
+            "with --schema FILE, or set spec.output_schema on the agent",
+            EXIT_BAD_INPUT,
+        )
 
 
 def _read_schema(path: Path) -> dict[str, Any]:

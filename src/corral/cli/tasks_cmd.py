@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import typer
@@ -9,18 +11,31 @@ import typer
 from corral.cli.common import (
     EXIT_BAD_INPUT,
     NAMESPACE,
+    escape,
     exit_code,
     fail,
     run_async,
     session_id_option,
 )
 from corral.cli.output import CHANGE_FORMATS, output_option
+from corral.cli.resources_cmd import parsed_selector, selector_option
+from corral.cli.tasks_tree import tasks_tree
+from corral.cli.watch import WATCH, WATCH_INTERVAL, WATCH_TIMEOUT
 from corral.core.limits import MAX_DELAY_SECONDS, MAX_PAGE_ITEMS, MAX_PRIORITY
 
 if TYPE_CHECKING:
     from corral.api import ApprovalOut, EventOut, Task, TaskDetail
 
+#: ``-l key=value`` of ``submit`` and ``run``: labels stored with the run
+LABEL = typer.Option(
+    [],
+    "-l",
+    "--label",
+    help="A label for the run, key=value (repeat, or comma separate, for more).",
+)
+
 tasks_app = typer.Typer(help="List, inspect and cancel tasks (durable runs).", no_args_is_help=True)
+tasks_app.command("tree")(tasks_tree)
 
 
 def register(app: typer.Typer) -> None:
@@ -47,10 +62,12 @@ def submit(
     delay: float = typer.Option(
         0.0, "--delay", min=0.0, max=MAX_DELAY_SECONDS, help="Seconds before the task may start."
     ),
+    label: list[str] = LABEL,
     namespace: str = NAMESPACE,
     output: str | None = output_option(None, CHANGE_FORMATS),
 ) -> None:
     """Queue a run for a worker and print its task id (``-o json``: the task)."""
+    labels = labels_option(label)
     task, created = run_async(
         submit_task(
             agent,
@@ -60,6 +77,7 @@ def submit(
             idempotency_key=idempotency_key,
             priority=priority,
             delay=delay,
+            labels=labels,
         )
     )
     if not created:
@@ -87,28 +105,105 @@ async def submit_task(agent: str, prompt: str, **options: Any) -> tuple[Task, bo
 def tasks_list(
     namespace: str = NAMESPACE,
     agent: str | None = typer.Option(None, "--agent", help="Only this agent's tasks."),
-    state: list[str] = typer.Option([], "--state", help="Only tasks in these states."),
+    state: list[str] = typer.Option(
+        [], "--state", help="Only tasks in these states (comma separated, or repeated)."
+    ),
+    selector: str | None = typer.Option(
+        None,
+        "-l",
+        "--selector",
+        help="Only tasks whose labels match: key=value, key!=value, key, !key; "
+        "comma-separated, all must hold.",
+        callback=selector_option,
+        metavar="SELECTOR",
+    ),
     limit: int = typer.Option(50, "--limit", min=1, max=MAX_PAGE_ITEMS),
     output: str = output_option(),
+    watch: bool = WATCH,
+    watch_timeout: float | None = WATCH_TIMEOUT,
+    watch_interval: float = WATCH_INTERVAL,
 ) -> None:
-    """The newest tasks, newest first (``-o wide``: with their session, tokens and error)."""
+    """The newest tasks, newest first (``-o wide``: with their session, tokens, labels and
+    error; ``-w``: then each task again as it changes, until Ctrl-C)."""
     from corral.cli.output import print_list
     from corral.cli.views import TASK
     from corral.core.runs import RunState
 
-    try:
-        states = [RunState(s) for s in state] or None
-    except ValueError:
-        fail(f"unknown state; states are {', '.join(s.value for s in RunState)}", EXIT_BAD_INPUT)
+    states = choices(state, [s.value for s in RunState], "state") or None
+    chosen = parsed_selector(selector)
 
     async def go() -> list[Task]:
         from corral.cli.connect import open_backend
 
         async with open_backend() as backend:
-            chosen = [s.value for s in states] if states else None
-            return await backend.list_runs(namespace, agent, limit, chosen)
+            return await backend.list_runs(namespace, agent, limit, states, chosen)
 
-    print_list(TASK, run_async(go()), output, namespace=namespace)
+    if not watch:
+        print_list(TASK, run_async(go()), output, namespace=namespace)
+        return
+
+    async def watching() -> None:
+        from corral.api import Task
+        from corral.cli.connect import open_backend
+        from corral.cli.watch import watch_list
+        from corral.core.errors import NotFoundError
+
+        async with open_backend() as backend:
+
+            async def listing() -> list[Task]:
+                return await backend.list_runs(namespace, agent, limit, states, chosen)
+
+            async def ended(tasks: list[Task]) -> list[Task]:
+                found: list[Task] = []
+                for task in tasks:
+                    with contextlib.suppress(NotFoundError):  # deleted meanwhile
+                        detail = await backend.get_run(task.id)
+                        found.append(Task.model_validate(detail.model_dump(exclude={"messages"})))
+                return found
+
+            await watch_list(
+                TASK,
+                listing,
+                lambda t: t.id,
+                _task_version,
+                output,
+                namespace=namespace,
+                ended=ended,
+                interval=watch_interval,
+                seconds=watch_timeout,
+            )
+
+    run_async(watching())
+
+
+def _task_version(task: Task) -> tuple[object, ...]:
+    """What a watch of tasks reports a change of."""
+    return (task.state, task.attempts, task.steps, task.cancel_requested)
+
+
+def choices(values: list[str], allowed: Sequence[str], what: str) -> list[str]:
+    """Repeated and comma separated ``values`` of an option, each one of ``allowed``;
+    an unknown one is exit 2, the error echoing it and the values allowed."""
+    found: list[str] = []
+    for value in values:
+        for part in value.split(","):
+            part = part.strip()
+            if part not in allowed:
+                shown = escape(repr(part if len(part) <= 40 else part[:40] + "…"))
+                fail(f"unknown {what} {shown} ({what}s are {', '.join(allowed)})", EXIT_BAD_INPUT)
+            if part not in found:
+                found.append(part)
+    return found
+
+
+def labels_option(pairs: list[str]) -> dict[str, str]:
+    """``-l key=value`` options as labels (exit 2 naming what breaks the rule)."""
+    from corral.core.labels import LabelError, parse_labels
+
+    try:
+        return parse_labels(pairs)
+    except LabelError as exc:
+        fail(escape(exc.message), EXIT_BAD_INPUT)
 
 
 @tasks_app.command("get")
@@ -135,16 +230,16 @@ def tasks_describe(task_id: str = typer.Argument(..., help="The task (run) id.")
     """Why a task is where it is: input, state, error, attempts, approvals, times, usage."""
     from corral.cli.describe import describe_task
 
-    async def go() -> tuple[TaskDetail, list[ApprovalOut]]:
+    async def go() -> tuple[TaskDetail, list[ApprovalOut], list[Task]]:
         from corral.cli.connect import open_backend
 
         async with open_backend() as backend:
             task = await backend.get_run(task_id)
             approvals = await backend.list_approvals(task.namespace, None, run_id=task.id)
-            return task, approvals
+            return task, approvals, await backend.children(task.id)
 
-    task, approvals = run_async(go())
-    typer.echo(describe_task(task, approvals))
+    task, approvals, children = run_async(go())
+    typer.echo(describe_task(task, approvals, children))
 
 
 @tasks_app.command("cancel")

@@ -39,6 +39,11 @@ def run_error(task: Task) -> str:
     return f"{code}: {one_line(str(message))}" if message else str(code)
 
 
+def run_labels(task: Task) -> str:
+    """A run's labels as ``key=value,...``, ``<none>`` without any."""
+    return ",".join(f"{k}={v}" for k, v in sorted(task.labels.items())) or NONE
+
+
 def _tokens(task: Task) -> str:
     return f"{task.usage.input_tokens}+{task.usage.output_tokens}"
 
@@ -55,6 +60,7 @@ TASK: View[Task] = View(
         Column("AGE", lambda t: age_of(t.created_at)),
         Column("SESSION", lambda t: _or_none(t.session_id), wide=True),
         Column("TOKENS", _tokens, wide=True),
+        Column("LABELS", run_labels, wide=True, free_text=True),
         Column("ERROR", run_error, wide=True, free_text=True),
     ],
 )

@@ -12,9 +12,14 @@ import contextlib
 import signal
 from collections.abc import Awaitable, Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
 
-import anyio
+import typer
+
+from corral.cli.output import View, dumps_json, dumps_yaml, no_resources
+
+if TYPE_CHECKING:
+    import anyio
 
 T = TypeVar("T")
 
@@ -38,7 +43,7 @@ class Watch(Generic[T]):
 
 
 @contextlib.contextmanager
-def _interrupt_sets(stop: anyio.Event) -> Iterator[None]:
+def interrupt_sets(stop: anyio.Event) -> Iterator[None]:
     """Ctrl-C sets ``stop`` (instead of raising KeyboardInterrupt) while in the block."""
     import asyncio
 
@@ -54,11 +59,16 @@ def _interrupt_sets(stop: anyio.Event) -> Iterator[None]:
         loop.remove_signal_handler(signal.SIGINT)
 
 
-async def watch(spec: Watch[T], first: Sequence[T], *, seconds: float | None = None) -> None:
-    """Poll until Ctrl-C or for ``seconds`` (when given); ``first`` is what was printed already."""
+async def watch(
+    spec: Watch[T], first: Sequence[T], *, stop: anyio.Event, seconds: float | None = None
+) -> None:
+    """Poll until ``stop`` is set or for ``seconds`` (when given); ``first`` is what was
+    printed already. ``stop`` is set by the caller's Ctrl-C handler (:func:`interrupt_sets`),
+    installed before the first list is printed so that a Ctrl-C right after it is never lost."""
+    import anyio  # here: `corral --help` imports this module and never needs anyio
+
     seen = {spec.key(item): (spec.version(item), item) for item in first}
-    stop = anyio.Event()
-    with _interrupt_sets(stop), anyio.move_on_after(seconds):
+    with anyio.move_on_after(seconds):
         while True:
             with anyio.move_on_after(spec.interval):
                 await stop.wait()
@@ -73,3 +83,78 @@ async def watch(spec: Watch[T], first: Sequence[T], *, seconds: float | None = N
             seen = {spec.key(item): (spec.version(item), item) for item in now}
             if changed or gone:
                 spec.show([*changed, *gone])
+
+
+# --------------------------------------------------------------------------- printing
+
+#: ``-w``, ``--watch-timeout`` and ``--watch-interval`` of ``tasks list`` and ``approvals list``
+WATCH = typer.Option(False, "-w", "--watch", help="After the list, print items as they change.")
+WATCH_TIMEOUT = typer.Option(
+    None, "--watch-timeout", min=0.0, help="Stop watching after this many seconds (exit 0)."
+)
+WATCH_INTERVAL = typer.Option(
+    INTERVAL, "--watch-interval", min=0.05, max=3600.0, help="Seconds between two looks."
+)
+
+
+def printer(view: View[T], output: str) -> Callable[[Sequence[T]], None]:
+    """Prints a watch's items as ``-o`` asks: table rows in the columns of the rows before
+    them (the header once), JSON Lines, YAML documents after ``---``, or names."""
+    shown: list[T] = []  # every row printed: later rows line up with them
+
+    def show(items: Sequence[T]) -> None:
+        if output == "json":
+            typer.echo("\n".join(dumps_json(view.document(i), indent=None) for i in items))
+        elif output == "yaml":
+            typer.echo("\n".join("---\n" + dumps_yaml(view.document(i)) for i in items))
+        elif output == "name":
+            typer.echo("\n".join(view.names(items)))
+        else:
+            lines = view.table([*shown, *items], output == "wide")
+            typer.echo("\n".join(lines[-len(items) :] if shown else lines))
+            shown.extend(items)
+
+    return show
+
+
+async def watch_list(
+    view: View[T],
+    listing: Callable[[], Awaitable[list[T]]],
+    key: Callable[[T], str],
+    version: Callable[[T], Hashable],
+    output: str,
+    *,
+    namespace: str | None,
+    ended: Callable[[list[T]], Awaitable[list[T]]],
+    interval: float = INTERVAL,
+    seconds: float | None = None,
+) -> None:
+    """``-w`` of a list whose items may leave it (a run no longer in ``--state``, an
+    approval decided): the list, then its changes; an item that left is read once by
+    ``ended`` and shown as it ended, then stays as it was (not shown again as gone)."""
+    import anyio
+
+    show = printer(view, output)
+    stop = anyio.Event()
+    left: dict[str, T] = {}
+
+    async def fetch() -> list[T]:
+        now = await listing()
+        keys = {key(i) for i in now}
+        gone = [item for k, item in previous.items() if k not in keys]
+        if gone:
+            left.update({key(item): item for item in await ended(gone)})
+        for k in keys:
+            left.pop(k, None)  # back in the list
+        previous.clear()
+        previous.update({key(i): i for i in now})
+        return [*now, *left.values()]
+
+    with interrupt_sets(stop):  # from before the list is printed: no Ctrl-C is lost
+        first = await listing()
+        if first:
+            show(first)
+        elif output in ("table", "wide"):
+            no_resources(namespace)
+        previous = {key(i): i for i in first}
+        await watch(Watch(fetch, key, version, show, interval), first, seconds=seconds, stop=stop)

@@ -230,8 +230,10 @@ def submit(
     priority: int = 0,
     delay_seconds: float = 0.0,
     output_schema: Mapping[str, Any] | None = None,
+    labels: Mapping[str, str] | None = None,
 ) -> Call[Submitted]:
-    """Queue a run; ``created`` is false when the idempotency key was seen before."""
+    """Queue a run (with ``labels``: ``{key: value}``); ``created`` is false when the
+    idempotency key was seen before."""
     body: dict[str, Any] = {"agent": agent, "input": input}
     if session is not None:
         body["session"] = session
@@ -243,6 +245,8 @@ def submit(
         body["delay_seconds"] = delay_seconds
     if output_schema is not None:
         body["output_schema"] = dict(output_schema)
+    if labels:
+        body["labels"] = dict(labels)
 
     def parse(response: httpx.Response) -> Submitted:
         task = Task.model_validate_json(response.content)
@@ -255,10 +259,15 @@ def list_tasks(
     *,
     state: str | Sequence[str] | None = None,
     agent: str | None = None,
+    selector: str | None = None,
     limit: int | None = None,
     cursor: str | None = None,
 ) -> Call[TaskPage]:
+    """A page of tasks (in ``state``, of ``agent``, whose labels match ``selector``:
+    ``"team=ml,!draft"``)."""
     params = _states(state) + ([("agent", agent)] if agent is not None else [])
+    if selector is not None:
+        params.append(("selector", selector))
     return Call("GET", "/v1/tasks", _model(TaskPage), params + _paging(limit, cursor))
 
 
@@ -266,14 +275,22 @@ def iter_tasks(
     *,
     state: str | Sequence[str] | None = None,
     agent: str | None = None,
+    selector: str | None = None,
     page_size: int = 50,
 ) -> Pages[Task]:
-    """Every task (newest first), page after page."""
-    return Pages(lambda c: list_tasks(state=state, agent=agent, limit=page_size, cursor=c))
+    """Every task (newest first, matching ``selector``), page after page."""
+    return Pages(
+        lambda c: list_tasks(state=state, agent=agent, selector=selector, limit=page_size, cursor=c)
+    )
 
 
 def get_task(task_id: str) -> Call[TaskDetail]:
     return Call("GET", f"/v1/tasks/{_seg(task_id)}", _model(TaskDetail))
+
+
+def task_children(task_id: str) -> Call[TaskPage]:
+    """The tasks the task's ``agents_exec`` calls started, oldest first (one page)."""
+    return Call("GET", f"/v1/tasks/{_seg(task_id)}/children", _model(TaskPage))
 
 
 def cancel_task(task_id: str) -> Call[Task]:

@@ -178,6 +178,7 @@ class Methods(ABC, Generic[Transport]):
     iter_tasks = iterates(calls.iter_tasks)
     get_task = sends(calls.get_task)
     cancel_task = sends(calls.cancel_task)
+    task_children = sends(calls.task_children)
     events = sends(calls.events)
     follow = iterates(calls.follow)
     # approvals

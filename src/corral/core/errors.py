@@ -13,6 +13,7 @@ converted at the adapter boundary and never travel further up.
     │   ├── AuthError              the HTTP API refused the token (401) or its role (403)
     │   ├── InvalidSessionIdError  a session id breaks the one rule (core/sessions.py)
     │   ├── InvalidSelectorError   a malformed label selector (core/selectors.py)
+    │   ├── LabelError             a run's label breaks the rule (core/labels.py)
     │   └── ConfigError            a broken CLI config file or context (cli/contexts.py)
     ├── ConfigurationError         a stored resource cannot be turned into a live object
     ├── ModelError                 a model call failed (``retryable``, ``status_code``)
@@ -197,6 +198,10 @@ class ToolErrorCode(StrEnum):
     OUTPUT_TOO_LARGE = "output_too_large"
     BLOCKED_DESTINATION = "blocked_destination"
     UNAVAILABLE = "unavailable"
+    #: a child run (``agents_exec``) ended without an answer: failed, cancelled, dead letter
+    CHILD_FAILED = "child_failed"
+    #: a limit of the calling run refused the call (``max_depth`` of child runs)
+    BUDGET_EXCEEDED = "budget_exceeded"
     #: the tool must run sandboxed and the sandbox cannot run on this machine
     ISOLATION_UNAVAILABLE = "isolation_unavailable"
     #: the program hit one of its isolation limits (``details.limit`` names it)

@@ -24,6 +24,10 @@ class EventType(StrEnum):
     TOOL_RESULT = "tool.result"
     APPROVAL_REQUESTED = "approval.requested"
     APPROVAL_RESOLVED = "approval.resolved"
+    #: a tool call started a child run (``agents_exec``); the run waits for it
+    CHILD_START = "child.start"
+    #: the child run of a call finished: its outcome becomes the call's result
+    CHILD_FINISH = "child.finish"
     MESSAGE_CREATE = "message.create"
     STEP_FINISH = "step.finish"
     RUN_FINISH = "run.finish"

@@ -122,3 +122,5 @@ MAX_PAGE_ITEMS = 500
 MAX_PRIORITY = 1_000_000
 #: the longest a submitted task may wait before it may start (a year and a day)
 MAX_DELAY_SECONDS = 366 * 86400
+#: how many tasks ``corral tasks tree`` shows at most (a runaway fan-out stays readable)
+MAX_TREE_TASKS = 1000

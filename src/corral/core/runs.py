@@ -14,6 +14,8 @@ class RunState(StrEnum):
     QUEUED = "queued"
     RUNNING = "running"
     WAITING_APPROVAL = "waiting_approval"
+    #: parked until its child runs (``agents_exec``) finish; holds no worker slot
+    WAITING_CHILDREN = "waiting_children"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     CANCELLED = "cancelled"
@@ -27,6 +29,12 @@ class RunState(StrEnum):
             RunState.CANCELLED,
             RunState.DEAD_LETTER,
         )
+
+    @property
+    def parked(self) -> bool:
+        """Waiting, durably and without a worker, for something outside the run: a human's
+        decision or its child runs. Such a run is queued again when that comes."""
+        return self in (RunState.WAITING_APPROVAL, RunState.WAITING_CHILDREN)
 
 
 @dataclass(frozen=True)
@@ -101,6 +109,12 @@ class RunRecord:
     fencing_token: int = 0
     #: a per-run structured-output schema (``prompt-object --schema``) over the agent's own
     output_schema: dict[str, Any] | None = None
+    #: ``key=value`` labels given at submit (``-l``), checked by :mod:`corral.core.selectors`
+    labels: dict[str, str] = field(default_factory=dict[str, str])
+    #: the run whose ``agents_exec`` call started this one (a child run), if any
+    parent_run_id: str | None = None
+    #: how many parents it has: 0 for a submitted run, its parent's depth + 1 for a child
+    depth: int = 0
 
 
 @dataclass(frozen=True)

@@ -29,8 +29,13 @@ class Budget:
 
     def charge(self, response: ModelResponse) -> None:
         """Count a model turn; raises when a token or cost limit is passed."""
-        self.usage = self.usage + response.usage
-        self.cost_usd += response.cost_usd
+        self.spend(response.usage, response.cost_usd)
+
+    def spend(self, usage: Usage, cost_usd: float) -> None:
+        """Count tokens and cost (a model turn's, or a child run's whole spend); raises when
+        a token or cost limit is passed."""
+        self.usage = self.usage + usage
+        self.cost_usd += cost_usd
         max_tokens = self.limits.max_tokens
         if max_tokens is not None and self.usage.total_tokens > max_tokens:
             raise BudgetExceededError(

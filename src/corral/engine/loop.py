@@ -10,7 +10,11 @@ live :class:`AgentDefinition`, an input and an event sink, and returns a
     run.finish | error run.finish
 
 A tool call that needs a human's approval ends the run in ``waiting_approval``
-after the step's other calls have run; the pending calls are in the result.
+after the step's other calls have run; the pending calls are in the result. A
+call whose tool started a child run (``agents_exec``: ``child.start``) ends it in
+``waiting_children``; :meth:`AgentLoop.resume` with the finished child runs
+records each one's outcome (``child.finish``, its spend charged to this run) as
+the call's result.
 
 Every event is the journal of the run (see :mod:`corral.engine.replay`):
 :meth:`AgentLoop.resume` rebuilds the state from stored events and carries on
@@ -49,7 +53,7 @@ from corral.core.messages import (
     dump,
     dump_messages,
 )
-from corral.core.runs import Decision, PendingApproval, RunState
+from corral.core.runs import Decision, PendingApproval, RunRecord, RunState
 from corral.engine.budget import Budget
 from corral.engine.replay import OpenStep, replay
 from corral.engine.structured import parse_output, repair_prompt, schema_instruction
@@ -169,6 +173,7 @@ class AgentLoop:
         self.messages: list[Message] = []
         self.initial_count = 0
         self.repairs = 0
+        self.children: Mapping[str, RunRecord] = {}
 
     async def run(self, user_input: str, history: Sequence[Message] = ()) -> RunResult:
         """Run to a final answer, a pause for approval, or a failure."""
@@ -188,14 +193,20 @@ class AgentLoop:
         return await self._guarded(self._drive(None, None, {}))
 
     async def resume(
-        self, events: Sequence[Event], decisions: Mapping[str, Decided] = {}
+        self,
+        events: Sequence[Event],
+        decisions: Mapping[str, Decided] = {},
+        children: Mapping[str, RunRecord] = {},
     ) -> RunResult:
         """Carry on a run from its stored events.
 
         ``decisions`` maps call ids to human decisions not yet recorded in the
         events: a :class:`Decision` (who decided and when are journaled with it) or
-        ``(approved, reason)``. Nothing recorded is executed again.
+        ``(approved, reason)``. ``children`` maps run ids to the run's child runs
+        (those finished answer their calls, the others are waited for; one that is
+        missing answers with ``child_failed``). Nothing recorded is executed again.
         """
+        self.children = children
         checkpoint = replay(events)
         if checkpoint.finished:
             raise CorralError(f"run {self.run_id!r} has already finished")
@@ -228,7 +239,7 @@ class AgentLoop:
             if self.raise_retryable and isinstance(exc, ModelError) and exc.retryable:
                 raise
             result = await self._failed(exc)
-        if result.state is not RunState.WAITING_APPROVAL:
+        if not result.state.parked:
             await self._finish(result)
         return result
 
@@ -256,20 +267,21 @@ class AgentLoop:
         decisions: dict[str, Decided],
     ) -> RunResult:
         if open_step is not None:
-            pending = await self._tool_calls(open_step, decisions)
+            pending, waiting = await self._tool_calls(open_step, decisions)
             await self._finish_step(open_step.step)
-            if pending:
-                return self._result(RunState.WAITING_APPROVAL, pending=pending)
+            if pending or waiting:
+                return self._parked(pending)
         message = final
         while True:
             if message is None:
                 message = await self._model_step()
             step = self.budget.steps
             if message.tool_calls:
-                pending = await self._tool_calls(OpenStep(step, message.tool_calls), decisions)
+                calls = OpenStep(step, message.tool_calls)
+                pending, waiting = await self._tool_calls(calls, decisions)
                 await self._finish_step(step)
-                if pending:
-                    return self._result(RunState.WAITING_APPROVAL, pending=pending)
+                if pending or waiting:
+                    return self._parked(pending)
                 message = None
                 continue
             if self.agent.output_schema is None:
@@ -334,10 +346,18 @@ class AgentLoop:
             raise CorralError(f"model {agent.model.name!r} ended its stream without a response")
         return final
 
+    def _parked(self, pending: list[PendingApproval]) -> RunResult:
+        """The result of a step some of whose calls wait: for a human first (a decision
+        is needed whatever the children do), else for child runs."""
+        if pending:
+            return self._result(RunState.WAITING_APPROVAL, pending=pending)
+        return self._result(RunState.WAITING_CHILDREN)
+
     async def _tool_calls(
         self, step: OpenStep, decisions: dict[str, Decided]
-    ) -> list[PendingApproval]:
-        """Run the step's unresolved calls in parallel; returns the calls left waiting.
+    ) -> tuple[list[PendingApproval], list[str]]:
+        """Run the step's unresolved calls in parallel; returns the calls left waiting for
+        a human, and the ids of those waiting for a child run.
 
         Each result is journaled (``tool.result``) as soon as its call ends; the
         tool messages join the conversation in call order once every call of the
@@ -345,9 +365,26 @@ class AgentLoop:
         """
         toolset = self.agent.toolset
         pending: list[PendingApproval] = []
+        waiting: list[str] = []
         runnable: list[tuple[int, ToolCall, bool]] = []
         for index, call in enumerate(step.calls):
             if call.id in step.results:
+                continue
+            if call.id in step.children:
+                child_id = step.children[call.id]
+                child = self.children.get(child_id)
+                if child is None:  # deleted: waiting would never end
+                    gone = ToolErrorInfo(
+                        ToolErrorCode.CHILD_FAILED,
+                        f"the child run {child_id} is gone",
+                        details={"run_id": child_id, "state": None, "error": None},
+                    )
+                    outcome = toolset.answered(call, None, gone)
+                    step.results[call.id] = await self._record(step.step, outcome)
+                elif not child.state.finished:
+                    waiting.append(call.id)
+                else:
+                    step.results[call.id] = await self._child_finished(step.step, call, child)
                 continue
             decision = decisions.pop(call.id, None) or step.decided.get(call.id)
             if decision is not None:
@@ -394,7 +431,18 @@ class AgentLoop:
 
             context = self._context(step.step, index, call)
             outcome = await toolset.invoke(call, context, approved=approved, on_start=started)
-            if outcome.needs_approval:
+            if outcome.child is not None:
+                step.children[call.id] = outcome.child.run_id
+                waiting.append(call.id)
+                await self.emit(
+                    EventType.CHILD_START,
+                    step=step.step,
+                    call_id=call.id,
+                    tool=outcome.ref,
+                    run_id=outcome.child.run_id,
+                    agent=outcome.child.agent,
+                )
+            elif outcome.needs_approval:
                 assert outcome.error is not None
                 approval = self._pending(call, outcome.error.reason)
                 pending.append(approval)
@@ -412,7 +460,36 @@ class AgentLoop:
         if not step.unresolved():
             self.messages += [step.results[c.id] for c in step.calls]
         order = {c.id: i for i, c in enumerate(step.calls)}
-        return sorted(pending, key=lambda p: order[p.call_id])
+        return sorted(pending, key=lambda p: order[p.call_id]), waiting
+
+    async def _child_finished(self, step: int, call: ToolCall, child: RunRecord) -> Message:
+        """Record a finished child run as its call's result: ``child.finish`` (with the
+        child's spend, charged to this run) and ``tool.result`` (its answer, or its error
+        as ``child_failed``), one commit (see the journal). A limit this passes fails the
+        run after both are recorded."""
+        await self.emit(
+            EventType.CHILD_FINISH,
+            step=step,
+            call_id=call.id,
+            run_id=child.id,
+            agent=child.agent,
+            state=child.state.value,
+            usage=dump(child.usage),
+            cost_usd=child.cost_usd,
+        )
+        error = None
+        if child.state is not RunState.SUCCEEDED:
+            cause = child.error or {}
+            what = f": {cause.get('code', 'error')}: {cause.get('message', '')}" if cause else ""
+            error = ToolErrorInfo(
+                ToolErrorCode.CHILD_FAILED,
+                f"the run {child.id} of agent {child.agent!r} ended {child.state.value}{what}",
+                details={"run_id": child.id, "state": child.state.value, "error": child.error},
+            )
+        outcome = self.agent.toolset.answered(call, child.output, error)
+        message = await self._record(step, outcome)
+        self.budget.spend(child.usage, child.cost_usd)
+        return message
 
     async def _interrupted(self, step: int, call: ToolCall) -> PendingApproval:
         ref = self.agent.toolset.ref_of(call.name)

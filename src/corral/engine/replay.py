@@ -4,7 +4,8 @@ The events are the journal: ``run.start`` holds the initial conversation,
 ``message.create`` each model response (with its usage and cost) and each
 message the loop added, ``tool.call`` marks a call whose execution began and
 ``tool.result`` its outcome, ``approval.requested``/``approval.resolved`` the
-human decisions. Replaying them never calls a model or a tool.
+human decisions, ``child.start``/``child.finish`` a call answered by a child run
+(and the child's spend, which counts as the run's). Replaying them never calls a model or a tool.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ class OpenStep:
     decided: dict[str, tuple[bool, str | None]] = field(
         default_factory=dict[str, tuple[bool, str | None]]
     )
+    #: calls whose answer is a child run's (a ``child.start`` event), by call id: its run id
+    children: dict[str, str] = field(default_factory=dict[str, str])
 
     def unresolved(self) -> list[ToolCall]:
         return [c for c in self.calls if c.id not in self.results]
@@ -93,6 +96,12 @@ def replay(events: Sequence[Event]) -> Checkpoint:
             text = tool_message_text(data.get("output", ""), data.get("error"))
             open_step.results[call.id] = Message.tool(call, text, is_error=bool(data.get("error")))
             open_step.started.discard(call.id)
+        elif event.type is EventType.CHILD_START and open_step is not None:
+            open_step.children[data["call_id"]] = str(data["run_id"])
+        elif event.type is EventType.CHILD_FINISH:
+            # a child's spend counts as its parent's (journaled with the call's result)
+            checkpoint.usage = checkpoint.usage + load(Usage, data.get("usage", {}))
+            checkpoint.cost_usd += float(data.get("cost_usd", 0.0))
         elif event.type is EventType.APPROVAL_REQUESTED and open_step is not None:
             open_step.awaiting[data["call_id"]] = str(data.get("reason", ""))
         elif event.type is EventType.APPROVAL_RESOLVED and open_step is not None:

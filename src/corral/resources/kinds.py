@@ -384,11 +384,35 @@ class AgentRoleSpec(Spec):
 # --------------------------------------------------------------------------- Agent
 
 
+#: how deep child runs may nest below a run by default (``limits.max_depth``)
+DEFAULT_MAX_DEPTH = 4
+
+
 class Limits(Spec):
     max_steps: int = Field(default=10, ge=1)
     timeout_seconds: Seconds = 300.0
-    max_tokens: int | None = Field(default=None, ge=1, description="input + output, whole run")
-    max_cost_usd: float | None = Field(default=None, ge=0)
+    max_tokens: int | None = Field(
+        default=None, ge=1, description="input + output, whole run (its child runs' too)"
+    )
+    max_cost_usd: float | None = Field(
+        default=None, ge=0, description="whole run, its child runs' cost included"
+    )
+    max_depth: int = Field(
+        default=DEFAULT_MAX_DEPTH,
+        ge=0,
+        le=32,
+        description=(
+            "how deep child runs (agents_exec) may nest below a run of this agent: a call "
+            "that would start one deeper fails with budget_exceeded (0: no child runs)"
+        ),
+    )
+
+
+class AgentLink(Spec):
+    """An agent this agent may call (``agents_exec``), and what it is for."""
+
+    agent: Name
+    description: str = Field(default="", max_length=2000)
 
 
 class ApprovalPolicy(Spec):
@@ -463,6 +487,31 @@ class AgentSpec(Spec):
         description="runs of this agent executing at once across all workers; more stay queued",
     )
     session: SessionPolicy = Field(default_factory=SessionPolicy)
+    links: list[AgentLink] = Field(
+        default_factory=list[AgentLink],
+        description=(
+            "agents this agent may call through its agents_list, agents_info and agents_exec "
+            "tools: a name, or {agent, description}"
+        ),
+    )
+
+    @field_validator("links", mode="before")
+    @classmethod
+    def _link_names(cls, links: Any) -> Any:
+        """A link given as a bare name is the link with no description."""
+        if isinstance(links, list):
+            return [{"agent": link} if isinstance(link, str) else link for link in links]
+        return links
+
+    @field_validator("links")
+    @classmethod
+    def _distinct_links(cls, links: list[AgentLink]) -> list[AgentLink]:
+        seen: set[str] = set()
+        for link in links:
+            if link.agent in seen:
+                raise ValueError(f"agent {link.agent!r} is linked twice")
+            seen.add(link.agent)
+        return links
 
     @field_validator("output_schema")
     @classmethod

@@ -4,7 +4,8 @@ A reference points from a field of one resource to another resource of a
 known kind in the same namespace: an Agent's ``model`` to a ModelEndpoint, a
 ``tools`` entry to a Tool (or ``mcp:SERVER/...`` to a McpServer), a role to an
 AgentRole, a role's permissions to ToolPermissions, and every ``secret:`` to a
-Secret. :func:`references_of` lists them; :func:`check_references` makes sure
+Secret, and an Agent's ``links`` to other Agents (never itself).
+:func:`references_of` lists them; :func:`check_references` makes sure
 each exists in the batch being applied or in the store, and reports every
 missing one with file, line and field.
 """
@@ -104,6 +105,13 @@ def _references(resource: HasSpec) -> Iterator[Reference | MalformedReference]:
                 yield Reference(parsed[0], parsed[1], field)
         for i, role in enumerate(spec.roles):
             yield Reference("AgentRole", role, ("spec", "roles", i))
+        for i, link in enumerate(spec.links):
+            at: FieldPath = ("spec", "links", i)
+            own_name = getattr(resource, "name", None)
+            if link.agent == own_name:
+                yield MalformedReference(at, f"agent {own_name!r} cannot link to itself")
+            else:
+                yield Reference("Agent", link.agent, at)
     elif isinstance(spec, AgentRoleSpec):
         for i, permission in enumerate(spec.permissions):
             yield Reference("ToolPermission", permission, ("spec", "permissions", i))

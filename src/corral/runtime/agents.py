@@ -31,6 +31,7 @@ from corral.core.settings import Settings
 from corral.engine.loop import AgentDefinition
 from corral.runtime.builder import AgentBuilder
 from corral.store.base import Store
+from corral.tools.agents import Delegation
 
 Loading = Callable[[str], AbstractContextManager[Any]]
 Fingerprint = tuple[int, int, float]
@@ -81,9 +82,16 @@ class AgentCache:
     agent once its runs have ended.
     """
 
-    def __init__(self, store: Store, settings: Settings, loading: Loading | None = None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        settings: Settings,
+        loading: Loading | None = None,
+        delegation: Delegation | None = None,
+    ) -> None:
         self.store = store
         self.settings = settings
+        self.delegation = delegation
         self.loading = loading or (lambda name: nullcontext())
         self._slots: dict[tuple[str, str], _Slot] = {}
         self._reads: dict[str, _Read] = {}  # per namespace: a read not started yet
@@ -191,7 +199,8 @@ class AgentCache:
         """Build one live agent, hand it over, and close it once it is retired and unused."""
         async with AsyncExitStack() as stack:
             try:
-                agent = await AgentBuilder(self.store, self.settings, namespace).build(name, stack)
+                builder = AgentBuilder(self.store, self.settings, namespace, self.delegation)
+                agent = await builder.build(name, stack)
                 with self.loading(agent.model.name):
                     await agent.model.prepare()
             except Exception as exc:  # noqa: BLE001 - handed to the run that asked, which reports it

@@ -28,6 +28,7 @@ from corral.resources.kinds import (
 from corral.resources.kinds import ToolChoice as ToolChoiceSpec
 from corral.resources.secrets import SecretResolver, header_secret
 from corral.store.base import Store
+from corral.tools.agents import Delegation, linked_agent_tools
 from corral.tools.base import Tool
 from corral.tools.governance import GovernedTool, Permissions, ToolPolicy, Toolset
 from corral.tools.registry import build_tool
@@ -56,10 +57,18 @@ def _tool_choice(
 class AgentBuilder:
     """Resolves one namespace's resources into live agents."""
 
-    def __init__(self, store: Store, settings: Settings, namespace: str = "default") -> None:
+    def __init__(
+        self,
+        store: Store,
+        settings: Settings,
+        namespace: str = "default",
+        delegation: Delegation | None = None,
+    ) -> None:
         self.store = store
         self.settings = settings
         self.namespace = namespace
+        #: how the linked-agent tools start child runs (an Agent with links needs one)
+        self.delegation = delegation
         self.secrets = SecretResolver(store, settings)
         #: the machine's side of tool isolation; it never shows a tool this CORRAL_HOME
         self.sandbox_host = SandboxHost.from_env(corral_home=settings.home)
@@ -105,7 +114,9 @@ class AgentBuilder:
             model = await self._model(endpoint)
             stack.push_async_callback(model.aclose)
             models.append(model)
+        permissions = await self._permissions(spec)
         tools = await self._tools(spec, stack)
+        tools += self._linked_agents(name, spec, permissions)
         names: dict[str, str] = {}
         for governed in tools:
             other = names.setdefault(governed.spec.name, governed.tool.ref)
@@ -116,7 +127,7 @@ class AgentBuilder:
                 )
         toolset = Toolset(
             tools,
-            permissions=await self._permissions(spec),
+            permissions=permissions,
             approval=spec.approval,
             redactor=self.redactor(),
         )
@@ -210,6 +221,25 @@ class AgentBuilder:
             tools += [GovernedTool(t, ToolPolicy.of_mcp_server(server_spec)) for t in chosen]
         unique = {t.tool.ref: t for t in tools}  # `mcp:s/*` and `mcp:s/x` may overlap
         return list(unique.values())
+
+    def _linked_agents(
+        self, name: str, spec: AgentSpec, permissions: Permissions
+    ) -> list[GovernedTool]:
+        """The agents_list/agents_info/agents_exec tools of an Agent with links."""
+        if not spec.links:
+            return []
+        if self.delegation is None:
+            raise ConfigurationError(
+                f"agent {name!r} links other agents, which needs a runtime that starts child runs"
+            )
+        tools = linked_agent_tools(
+            spec.links, self.delegation, permissions.allows, max_depth=spec.limits.max_depth
+        )
+        # Starting a child is as risky as what the child may do: medium (approval by risk).
+        exec_policy = ToolPolicy(risk="medium")
+        return [
+            GovernedTool(t, exec_policy if t.ref == "agents_exec" else ToolPolicy()) for t in tools
+        ]
 
     async def _open_mcp(
         self, server: str, stack: AsyncExitStack

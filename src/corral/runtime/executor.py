@@ -32,6 +32,7 @@ from corral.core.settings import Settings
 from corral.engine.loop import AgentDefinition, AgentLoop, Decided, RunResult
 from corral.engine.replay import replay
 from corral.runtime.agents import AgentCache, Loading
+from corral.runtime.delegation import StoreDelegation
 from corral.runtime.health import TRANSIENT, WorkerHealth
 from corral.runtime.journal import FencedSink, Observer
 from corral.runtime.leases import LeaseKeeper, Reason
@@ -78,7 +79,7 @@ class RunExecutor:
         self.lease_seconds = lease_seconds
         self.retry_base_seconds = retry_base_seconds
         self.observer = observer
-        self.agents = AgentCache(store, settings, loading)
+        self.agents = AgentCache(store, settings, loading, StoreDelegation(store, bus))
         self.leases = LeaseKeeper(store, lease_seconds, health, clock)
         # the journal writes in flight of every run (see FencedSink)
         self._writes: anyio.abc.TaskGroup | None = None
@@ -241,7 +242,8 @@ class RunExecutor:
             try:
                 if events:
                     decisions = await self._decisions(record.id)
-                    return await loop.resume(events, decisions)
+                    children = await self._children(record.id, events)
+                    return await loop.resume(events, decisions, children)
                 history = await self._history(record, agent)
                 return await loop.run(record.input, history)
             except ModelError as exc:  # retryable: try the whole run again later, or give up
@@ -292,6 +294,12 @@ class RunExecutor:
             )
         return decided
 
+    async def _children(self, run_id: str, events: list[Event]) -> dict[str, RunRecord]:
+        """The run's child runs by id, when its journal started any (one read then)."""
+        if not any(e.type is EventType.CHILD_START for e in events):
+            return {}
+        return {child.id: child for child in await self.store.list_children(run_id)}
+
     async def _history(self, record: RunRecord, agent: AgentDefinition) -> list[Message]:
         if record.session_id is None:
             return []
@@ -326,9 +334,10 @@ class RunExecutor:
             record.finished_at = self.clock.now()
         if result.state is not RunState.RUNNING:  # as save_run stores it: no lease left
             record.lease_owner = record.lease_expires_at = None
-        if result.state is RunState.WAITING_APPROVAL:
+        if result.state.parked:
             # Attempts count the tries that failed to get anywhere: a run that reached a
-            # human's decision starts over, or its approvals alone would dead-letter it.
+            # human's decision (or its children) starts over, or its pauses alone would
+            # dead-letter it.
             record.attempts = 0
         asked = (
             {a.call_id for a in await self.store.list_approvals(run_id=record.id)}
@@ -357,6 +366,22 @@ class RunExecutor:
             record, lease, approvals, session_messages=added, events=sink.take()
         )
         await sink.announce()
+        await self._announce_woken(record, lease)
+        if record.state is RunState.CANCELLED:
+            # A child started while the cancellation was on its way (after the store's
+            # cascade looked) is cancelled now: cancelling a run cancels its children.
+            await self.store.request_cancel(record.id)
+
+    async def _announce_woken(self, record: RunRecord, lease: Lease) -> None:
+        """Announce the run a save may have queued (see ``Store.save_run``): a finished
+        child's parent, or the run itself parked for children that all finished meanwhile.
+        The mark names the change: the child that finished, the claim that parked it."""
+        if self.bus is None:
+            return
+        if record.state.finished and record.parent_run_id is not None:
+            await self.bus.announce_runnable([record.parent_run_id], mark=f"child:{record.id}")
+        elif record.state is RunState.WAITING_CHILDREN:
+            await self.bus.announce_runnable([record.id], mark=f"parked:{lease.token}")
 
 
 def _internal_error(exc: Exception) -> dict[str, Any]:

@@ -86,6 +86,8 @@ LATER = frozenset(
         EventType.STEP_START,
         EventType.STEP_FINISH,
         EventType.RUN_FINISH,
+        # with the call's tool.result, in one commit: a child's spend is counted once
+        EventType.CHILD_FINISH,
     }
 )
 # The members _when compares with, as plain names: reading an attribute of an enum class

@@ -6,12 +6,18 @@ streams its events. If another worker got there first (a long-lived
 ``corral worker`` on the same store), this process follows the stored events
 instead. Either way the run is journaled, so a crash of this process leaves a
 run that any worker resumes.
+
+A run that parks for its child runs (``agents_exec``) is seen through with them:
+each unfinished child is executed here (or followed, when a worker has it) until
+it ends, concurrently, and then the parent again. The observer sees only the
+events of the runs it asked for; a child's show in its parent's ``child.start``
+and ``child.finish``.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Self
 
@@ -19,6 +25,7 @@ import anyio
 
 from corral.bus.base import Bus
 from corral.bus.local import LocalBus
+from corral.core.events import Event
 from corral.core.runs import Lease, RunRecord, RunState
 from corral.core.settings import Settings
 from corral.runtime.agents import Loading
@@ -58,6 +65,11 @@ class Steering:
         """Whether seeing the run through ends in ``state``."""
         return state.finished or (state is RunState.WAITING_APPROVAL and self.on_pause is None)
 
+    def for_children(self) -> Steering:
+        """How the child runs of a run seen through are steered: paused and stopped
+        alike, never reported as submitted."""
+        return Steering(on_pause=self.on_pause, stop=self.stop)
+
 
 class LocalRunner:
     """Runs agents in this process, one durable run per call, all through one executor.
@@ -92,11 +104,13 @@ class LocalRunner:
         self.poll_seconds = poll_seconds
         self.bus = bus or LocalBus()
         self.owner = default_owner()
+        #: the runs whose events the observer gets (a child's are not its caller's)
+        self._shown: set[str] = set()
         self.executor = RunExecutor(
             store,
             settings,
             lease_seconds=lease_seconds,
-            observer=observer,
+            observer=None if observer is None else self._observe,
             loading=loading,
             bus=bus,
         )
@@ -104,6 +118,13 @@ class LocalRunner:
     async def __aenter__(self) -> Self:
         await self.executor.__aenter__()
         return self
+
+    async def _observe(self, event: Event) -> None:
+        if self.observer is not None and event.run_id in self._shown:
+            await self.observer(event)
+
+    def _observer_of(self, run_id: str) -> Observer | None:
+        return self.observer if run_id in self._shown else None
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.executor.__aexit__(*exc_info)
@@ -116,6 +137,7 @@ class LocalRunner:
         namespace: str = "default",
         session: str | None = None,
         output_schema: dict[str, Any] | None = None,
+        labels: Mapping[str, str] | None = None,
         steering: Steering | None = None,
     ) -> RunRecord:
         """Submit a run and see it through: until it ends or waits for approval (with
@@ -133,23 +155,35 @@ class LocalRunner:
             namespace=namespace,
             session=session,
             output_schema=output_schema,
+            labels=labels,
         )
         if steering is not None and steering.submitted is not None:
             steering.submitted(submitted.record.id)
         claim = (submitted.record, submitted.lease) if submitted.lease is not None else None
-        return await self._see_through(submitted.record.id, claim, steering or Steering())
+        return await self._shown_through(submitted.record.id, claim, steering or Steering())
 
     async def see_through(self, run_id: str, steering: Steering | None = None) -> RunRecord:
         """Execute the run here whenever it is runnable, or follow whoever executes it.
 
         ``NotFoundError`` when the run does not exist or is deleted meanwhile."""
-        return await self._see_through(run_id, None, steering or Steering())
+        return await self._shown_through(run_id, None, steering or Steering())
+
+    async def _shown_through(
+        self, run_id: str, claim: tuple[RunRecord, Lease] | None, steering: Steering
+    ) -> RunRecord:
+        """:meth:`_see_through` with the run's events for the observer (its children's not)."""
+        self._shown.add(run_id)
+        try:
+            return await self._see_through(run_id, claim, steering)
+        finally:
+            self._shown.discard(run_id)
 
     async def _see_through(
         self, run_id: str, claim: tuple[RunRecord, Lease] | None, steering: Steering
     ) -> RunRecord:
         seen = 0  # the last event the observer got
         paused = -1  # the last event when the run's pause was reported (steering.on_pause)
+        observer = self._observer_of(run_id)
         while True:
             if claim is None and not steering.stopped:
                 claims = await self.store.claim_runs(
@@ -159,10 +193,10 @@ class LocalRunner:
             if claim is not None:
                 record, lease = claim
                 claim = None
-                if self.observer is not None:
+                if observer is not None:
                     # The observer only gets events this process emits: catch up first,
                     # then skip what it saw live.
-                    seen = await replay_events(self.store, run_id, seen, self.observer)
+                    seen = await replay_events(self.store, run_id, seen, observer)
                     outcome = await self.executor.execute(record, lease, steering.stop)
                     seen = await replay_events(self.store, run_id, seen, None)
                 else:
@@ -174,15 +208,35 @@ class LocalRunner:
                     assert steering.on_pause is not None
                     await steering.on_pause(record)
                     paused = seen
+                if outcome == "done" and record.state is RunState.WAITING_CHILDREN:
+                    if not await self._children_through(run_id, steering):
+                        return await self._stored(run_id)
+                    continue  # queued again by its last child: claim it
             if steering.stopped:
                 return await self._stored(run_id)
             current, seen, paused = await self._follow(run_id, seen, steering, paused)
             if steering.ends_at(current.state) or steering.stopped:
                 return current
+            if current.state is RunState.WAITING_CHILDREN:
+                if not await self._children_through(run_id, steering):
+                    return await self._stored(run_id)
+                continue
             due_in = current.not_before - time.time()
             if current.state is RunState.QUEUED and due_in > 0:  # a retry's backoff
                 with anyio.move_on_after(due_in):
                     await (steering.stop or anyio.Event()).wait()
+
+    async def _children_through(self, run_id: str, steering: Steering) -> bool:
+        """See the unfinished child runs of a parked run through, all at once; whether
+        they all finished (else one waits for a human, or steering stopped)."""
+        unfinished = [c for c in await self.store.list_children(run_id) if not c.state.finished]
+        children = steering.for_children()
+        async with anyio.create_task_group() as group:
+            for child in unfinished:
+                group.start_soon(self._see_through, child.id, None, children)
+        if steering.stopped:
+            return False
+        return all(c.state.finished for c in await self.store.list_children(run_id))
 
     async def _stored(self, run_id: str) -> RunRecord:
         record = await self.store.get_run(run_id)
@@ -213,10 +267,11 @@ class LocalRunner:
             stop=stop,
         )
         first = True
+        observer = self._observer_of(run_id)
         async for events in follower.batches():
-            if self.observer is not None:
+            if observer is not None:
                 for event in events:
-                    await self.observer(event)
+                    await observer(event)
             record = follower.record
             if (
                 record is not None
@@ -228,7 +283,12 @@ class LocalRunner:
                 paused = follower.last_seq
                 await steering.on_pause(record)
             if steering.stopped or (
-                record is not None and (_due_later(record) or (not first and _claimable(record)))
+                record is not None
+                and (
+                    _due_later(record)
+                    or record.state is RunState.WAITING_CHILDREN  # its children are seen to
+                    or (not first and _claimable(record))
+                )
             ):
                 stop.set()
             first = False
@@ -259,6 +319,7 @@ async def run_agent(
     namespace: str = "default",
     session: str | None = None,
     output_schema: dict[str, Any] | None = None,
+    labels: Mapping[str, str] | None = None,
     observer: Observer | None = None,
     loading: Loading | None = None,
     lease_seconds: float = 30.0,
@@ -275,6 +336,7 @@ async def run_agent(
             namespace=namespace,
             session=session,
             output_schema=output_schema,
+            labels=labels,
             steering=steering,
         )
 

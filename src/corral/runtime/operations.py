@@ -4,7 +4,7 @@
   already claimed by the caller (``corral run`` executes it at once);
 - :func:`get_run`, :func:`get_approval`: one object, ``NotFoundError`` when it is absent
   or (``namespace`` given) in another namespace - whether or not it exists;
-- :func:`cancel`;
+- :func:`cancel` (a run and its descendants), :func:`children` (a run's child runs);
 - :func:`decide`: approve or reject, and announce the run the decision may have queued;
 - :func:`follow_run`: a run's events to an observer, until it finishes or waits for a human.
 
@@ -15,13 +15,15 @@ caller is confined to is passed in.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from corral.bus.base import Bus
-from corral.core.errors import NotFoundError, UserError
+from corral.core.errors import ConflictError, NotFoundError, UserError
 from corral.core.events import Event
 from corral.core.ids import new_id
-from corral.core.runs import Approval, RunRecord
+from corral.core.labels import check_labels
+from corral.core.runs import Approval, RunRecord, RunState
 from corral.core.sessions import check_session_id
 from corral.resources.kinds import json_schema_problem
 from corral.runtime.follow import RunFollower, Until
@@ -40,12 +42,14 @@ async def submit(
     priority: int = 0,
     delay: float = 0.0,
     output_schema: dict[str, Any] | None = None,
+    labels: Mapping[str, str] | None = None,
     bus: Bus | None = None,
 ) -> tuple[RunRecord, bool]:
     """Queue a run of ``agent``; returns ``(run, created)`` (``False``: the key was seen before).
 
     ``NotFoundError`` (nothing stored) when the agent does not exist, ``UserError``
-    when ``output_schema`` is not a valid JSON Schema, ``InvalidSessionIdError`` for a
+    when ``output_schema`` is not a valid JSON Schema, ``LabelError`` for labels that
+    break the rule of ``core/labels.py``, ``InvalidSessionIdError`` for a
     session id that breaks the rule of ``core/sessions.py``. A new run is
     announced on ``bus`` (one due later too: a dispatching bus delivers it again
     when it is due).
@@ -59,6 +63,7 @@ async def submit(
         priority=priority,
         delay=delay,
         output_schema=output_schema,
+        labels=labels,
     )
     submitted = await store.submit_agent_run(record)
     if submitted.created and bus is not None:
@@ -76,12 +81,18 @@ async def submit_claimed(
     namespace: str = "default",
     session: str | None = None,
     output_schema: dict[str, Any] | None = None,
+    labels: Mapping[str, str] | None = None,
 ) -> Submitted:
     """Queue a run claimed by ``owner`` in the same transaction where the store can
     (``lease`` is ``None`` when it could not be claimed); the errors of :func:`submit`.
     Nothing is announced: the caller executes the run."""
     record = new_run(
-        agent, user_input, namespace=namespace, session=session, output_schema=output_schema
+        agent,
+        user_input,
+        namespace=namespace,
+        session=session,
+        output_schema=output_schema,
+        labels=labels,
     )
     return await store.submit_agent_run(record, claim_for=(owner, lease_seconds))
 
@@ -96,6 +107,7 @@ def new_run(
     priority: int = 0,
     delay: float = 0.0,
     output_schema: dict[str, Any] | None,
+    labels: Mapping[str, str] | None = None,
 ) -> RunRecord:
     """A run to submit, its input checked before anything is stored."""
     problem = json_schema_problem(output_schema) if output_schema is not None else None
@@ -115,6 +127,7 @@ def new_run(
         not_before=now + delay,
         created_at=now,
         output_schema=output_schema,
+        labels=check_labels(labels or {}),
     )
 
 
@@ -131,10 +144,38 @@ async def get_run(store: Store, run_id: str, *, namespace: str | None = None) ->
     return record
 
 
-async def cancel(store: Store, run_id: str, *, namespace: str | None = None) -> RunRecord:
-    """Cancel a run (see :meth:`Store.request_cancel`); ``NotFoundError`` as :func:`get_run`."""
+async def children(store: Store, run_id: str, *, namespace: str | None = None) -> list[RunRecord]:
+    """The child runs of a run, oldest first; ``NotFoundError`` as :func:`get_run`."""
     await get_run(store, run_id, namespace=namespace)
-    return await store.request_cancel(run_id)
+    return await store.list_children(run_id)
+
+
+async def cancel(
+    store: Store, run_id: str, *, namespace: str | None = None, bus: Bus | None = None
+) -> RunRecord:
+    """Cancel a run and its descendants (see :meth:`Store.request_cancel`); ``NotFoundError``
+    as :func:`get_run`. A child run cancelled at once may have queued its parent: the parent
+    is announced on ``bus`` (when given), so a worker resumes it now.
+
+    A run that has already finished is left as it is: ``ConflictError`` ("run X already
+    succeeded; nothing cancelled"), so a caller never mistakes it for a cancellation
+    (kubectl's and Temporal's habit; the CLI's exit code 2, the API's 409).
+    """
+    record = await get_run(store, run_id, namespace=namespace)
+    if record.state.finished:
+        raise already_finished(record)
+    cancelled = await store.request_cancel(run_id)
+    if cancelled.state.finished and cancelled.state is not RunState.CANCELLED:
+        raise already_finished(cancelled)  # it finished between the read and the request
+    if bus is not None and cancelled.parent_run_id is not None and cancelled.state.finished:
+        await bus.announce_runnable([cancelled.parent_run_id], mark=f"child:{cancelled.id}")
+    return cancelled
+
+
+def already_finished(record: RunRecord) -> ConflictError:
+    """The error for cancelling a run that has already finished."""
+    ended = {RunState.DEAD_LETTER: "ended as a dead letter"}.get(record.state, record.state.value)
+    return ConflictError(f"task {record.id} already {ended}; nothing cancelled")
 
 
 async def get_approval(store: Store, approval_id: str, *, namespace: str | None = None) -> Approval:

@@ -314,6 +314,8 @@ class Worker:
         if record.state is RunState.WAITING_APPROVAL:
             waiting = len(record.pending_approvals)
             line += f", {waiting} call(s) wait for approval"
+        elif record.state is RunState.WAITING_CHILDREN:
+            line += ", waits for its child runs"
         elif record.error and record.state is not RunState.SUCCEEDED:
             line += f": {record.error.get('code', 'error')}: {record.error.get('message', '')}"
         return line

@@ -13,6 +13,7 @@ tools, MCP server commands): that is why it takes the admin role.
 from __future__ import annotations
 
 import json
+import re
 from typing import Annotated, Any
 
 import anyio
@@ -179,7 +180,24 @@ def _json_as_yaml(text: str, limits: DocumentLimits) -> str:
         if where is not None:
             raise _not_unicode(where, document=index)
     # JSON is YAML (flow style); one document per line keeps its index recoverable.
-    return "\n---\n".join(json.dumps(doc) for doc in documents)
+    return "\n---\n".join(_as_yaml_line(doc) for doc in documents)
+
+
+# A character beyond the BMP as JSON escapes it: a surrogate pair (after an even number
+# of backslashes, so that an escaped backslash followed by "u" is left alone).
+_SURROGATE_PAIR = re.compile(r"(?<!\\)((?:\\\\)*)\\u(d[89ab][0-9a-f]{2})\\u(d[c-f][0-9a-f]{2})")
+
+
+def _as_yaml_line(document: Any) -> str:
+    """``document`` as one line of YAML (JSON, its escapes kept for YAML's reader, which
+    refuses some characters raw) - but a character beyond the BMP is written as itself:
+    YAML reads the two halves of a ``\\ud83d\\udc4b`` escape as two lone surrogates."""
+
+    def joined(match: re.Match[str]) -> str:
+        high, low = int(match.group(2), 16), int(match.group(3), 16)
+        return match.group(1) + chr(0x10000 + ((high - 0xD800) << 10) + (low - 0xDC00))
+
+    return _SURROGATE_PAIR.sub(joined, json.dumps(document))
 
 
 async def _load(

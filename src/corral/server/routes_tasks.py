@@ -16,8 +16,9 @@ from corral.api import (
     TaskDetail,
     TaskPage,
 )
-from corral.core.errors import NotFoundError
+from corral.core.errors import ConflictError, NotFoundError
 from corral.core.runs import RunState
+from corral.core.selectors import MAX_SELECTOR_CHARS, InvalidSelectorError, parse_selector
 from corral.resources.kinds import NAME_PATTERN, json_schema_problem
 from corral.runtime import operations
 from corral.server import pagination
@@ -73,6 +74,7 @@ async def submit_task(
             priority=body.priority,
             delay=body.delay_seconds,
             output_schema=body.output_schema,
+            labels=body.labels,
             bus=context.bus,
         )
     except NotFoundError as exc:
@@ -99,16 +101,34 @@ async def list_tasks(
     agent: Annotated[
         str | None, Query(pattern=NAME_PATTERN, description="Only this agent's tasks.")
     ] = None,
+    selector: Annotated[
+        str | None,
+        Query(
+            max_length=MAX_SELECTOR_CHARS,
+            description="Only tasks whose labels match: `key=value`, `key!=value`, `key` "
+            "(has the label), `!key` (has not), joined by commas (all must hold).",
+        ),
+    ] = None,
     limit: pagination.Limit = 50,
     cursor: pagination.Cursor = None,
 ) -> TaskPage:
     """The namespace's tasks, newest first."""
+    try:
+        chosen = parse_selector(selector) if selector is not None else None
+    except InvalidSelectorError as exc:
+        raise ProblemError(
+            422,
+            exc.message,
+            code="invalid_request",
+            errors=[FieldProblem(field="query.selector", reason=exc.message)],
+        ) from None
     records = await context_of(request).store.list_runs(
         who.namespace,
         agent,
         limit + 1,
         state or None,
         before=pagination.position(cursor, (float, str)),
+        selector=chosen,
     )
     page, next_cursor = pagination.keyset_page(records, limit, lambda r: (r.created_at, r.id))
     return TaskPage(items=[Task.from_record(r) for r in page], next_cursor=next_cursor)
@@ -127,18 +147,40 @@ async def get_task(task_id: TaskId, who: Viewer, request: Request) -> TaskDetail
     return TaskDetail.from_record(record)
 
 
+@router.get(
+    "/tasks/{task_id}/children",
+    response_model=TaskPage,
+    tags=["tasks"],
+    summary="List a task's child tasks",
+    responses=responses(404),
+)
+async def task_children(task_id: TaskId, who: Viewer, request: Request) -> TaskPage:
+    """The tasks this task's `agents_exec` calls started, oldest first, all in one page
+    (`next_cursor` is null): a run has at most as many as it made calls."""
+    records = await operations.children(context_of(request).store, task_id, namespace=who.namespace)
+    return TaskPage(items=[Task.from_record(r) for r in records], next_cursor=None)
+
+
 @router.post(
     "/tasks/{task_id}/cancel",
     response_model=Task,
     tags=["tasks"],
     summary="Cancel a task",
-    responses=responses(404),
+    responses=responses(404, 409),
 )
 async def cancel_task(task_id: TaskId, who: Operator, request: Request) -> Task:
     """A queued or waiting task is cancelled at once; a running one stops at its
-    worker's next heartbeat (`cancel_requested` is true until then). A finished
-    task is returned unchanged."""
-    record = await operations.cancel(context_of(request).store, task_id, namespace=who.namespace)
+    worker's next heartbeat (`cancel_requested` is true until then). Its unfinished
+    child tasks (and theirs) are cancelled with it. A task that has already finished is
+    left as it is: 409 `already_finished` ("task ... already succeeded; nothing
+    cancelled")."""
+    context = context_of(request)
+    try:
+        record = await operations.cancel(
+            context.store, task_id, namespace=who.namespace, bus=context.bus
+        )
+    except ConflictError as exc:
+        raise ProblemError(409, exc.message, code="already_finished") from None
     return Task.from_record(record)
 
 

@@ -185,6 +185,11 @@ class Store(ABC):
         ``session_messages``, appended to the session ``record.session_id`` of the run's
         namespace (a finished run and its session never disagree). ``cancel_requested`` is only ever raised by a save, never
         cleared (the flag belongs to ``request_cancel``).
+
+        Child runs: a save that finishes a child queues its parent in the same
+        transaction when the parent is ``waiting_children`` and this was its last
+        unfinished child; a save into ``waiting_children`` queues the run itself when
+        its children all finished meanwhile (the record still says waiting).
         The lease columns of ``record`` itself are ignored: only claims,
         renewals and releases change them.
         """
@@ -202,13 +207,19 @@ class Store(ABC):
         states: Sequence[RunState] | None = None,
         *,
         before: tuple[float, str] | None = None,
+        selector: Selector | None = None,
     ) -> list[RunRecord]:
-        """The newest runs of a namespace (of one agent, in some states, when given), newest first.
+        """The newest runs of a namespace (of one agent, in some states, whose labels match
+        ``selector``, when given), newest first.
 
         ``before`` is a keyset cursor ``(created_at, id)``: only runs that sort after
         it (older, or as old with a smaller id) are listed, so the next page of a
         listing starts at the last run of the previous one and no run is seen twice.
         """
+
+    @abstractmethod
+    async def list_children(self, run_id: str) -> list[RunRecord]:
+        """The child runs of a run (those its ``agents_exec`` calls started), oldest first."""
 
     @abstractmethod
     async def count_runs(self, *, now: float | None = None) -> RunCounts:
@@ -291,9 +302,13 @@ class Store(ABC):
 
     @abstractmethod
     async def request_cancel(self, run_id: str) -> RunRecord:
-        """Cancel a run: a ``queued`` or ``waiting_approval`` run becomes ``cancelled`` at once
-        (its pending approvals expire); a ``running`` one gets ``cancel_requested`` for its
-        worker to act on. A finished run is returned unchanged. ``NotFoundError`` if absent.
+        """Cancel a run: a ``queued`` or parked (``waiting_approval``, ``waiting_children``)
+        run becomes ``cancelled`` at once (its pending approvals expire); a ``running`` one
+        gets ``cancel_requested`` for its worker to act on. Its unfinished descendants are
+        cancelled the same way, in the same transaction; a parent waiting for a run
+        cancelled at once is queued as by a child's final save. A finished run is returned
+        unchanged (its unfinished descendants are still cancelled). ``NotFoundError`` if
+        absent.
         """
 
     @abstractmethod

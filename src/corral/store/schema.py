@@ -11,7 +11,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import JSONB
 
-LATEST_REVISION = "0005"
+LATEST_REVISION = "0007"
 """The head of ``migrations/versions``; a store at this revision opens without alembic."""
 
 metadata = sa.MetaData(
@@ -68,6 +68,12 @@ runs = sa.Table(
     sa.Column("lease_expires_at", sa.Double, nullable=True),
     sa.Column("fencing_token", sa.BigInteger, nullable=False, server_default="0"),
     sa.Column("output_schema", Json, nullable=True),
+    # A run's labels (0006), selected by JSON path (``tasks list -l``).
+    sa.Column("labels", Json, nullable=False, server_default="{}"),
+    # Child runs (0007): the run whose agents_exec call started this one, and its depth.
+    sa.Column("parent_run_id", sa.String(64), nullable=True),
+    sa.Column("depth", sa.Integer, nullable=False, server_default="0"),
+    sa.Index("ix_runs_parent_run_id", "parent_run_id"),
     sa.Index("ix_runs_namespace_agent_created_at", "namespace", "agent", "created_at"),
     # NULL keys never collide (SQLite and PostgreSQL alike): only keyed submits are deduplicated.
     sa.Index(

@@ -37,7 +37,7 @@ from sqlalchemy.sql.compiler import SQLCompiler
 from corral.core.errors import ConfigurationError, ConflictError
 from corral.core.events import Event
 from corral.core.messages import Message
-from corral.core.runs import Approval, Lease, RunRecord
+from corral.core.runs import Approval, Lease, RunRecord, RunState
 from corral.core.sessions import SessionMessage
 from corral.store._sqlite_lanes import Lane, connect
 from corral.store.base import StoredResource, StoreError, Submitted
@@ -198,6 +198,7 @@ _ANY_APPROVAL_DUE = Compiled(
     sa.select(sa.literal(1)).where(statements.approvals_due(_p("now"))).limit(1)
 )
 _EXPIRE_APPROVALS = _reading(APPROVALS, statements.expire_due_approvals(_p("now")))
+_REQUEUE_PARENT = Compiled(statements.requeue_parent(_p("id"), _p("now")))
 
 
 @functools.lru_cache(maxsize=16)
@@ -406,10 +407,13 @@ class SqliteStore(SqlStore):
         check_events_saved_with(events, record.id)
         event_rows = [EVENTS.params(e) for e in events]
         now = time.time()
+        waking = _woken_by(record)
 
         def write(conn: sqlite3.Connection) -> None:
             if conn.execute(sql, params).rowcount == 0:
                 _refuse(conn, record.id, lease)
+            if waking is not None:  # see statements.wake_parent (the writer's lock is the lock)
+                conn.execute(_REQUEUE_PARENT.sql, _REQUEUE_PARENT.params(id=waking, now=now))
             if approval_rows:
                 conn.executemany(_INSERT_APPROVAL.sql, approval_rows)
             if session_messages and record.session_id is not None:
@@ -647,6 +651,14 @@ class SqliteStore(SqlStore):
             return _records(EVENTS, conn.execute(_EVENTS_AFTER.sql, params))
 
         return await self._lane_read("list run events", read)
+
+
+def _woken_by(record: RunRecord) -> str | None:
+    """The run a save of ``record`` may queue (see ``statements.wake_parent``): a finished
+    child's parent, or the run itself when it parks waiting for its children."""
+    if record.state.finished:
+        return record.parent_run_id
+    return record.id if record.state is RunState.WAITING_CHILDREN else None
 
 
 def _any_agent_limit(conn: sqlite3.Connection) -> bool:

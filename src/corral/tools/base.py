@@ -13,10 +13,10 @@ reported as ``execution_failed`` by the governance layer.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from corral.core.messages import ToolSpec
 
@@ -37,6 +37,16 @@ class ToolContext:
     secrets: Mapping[str, str] = field(default_factory=dict[str, str])
 
 
+@dataclass(frozen=True)
+class ChildRun:
+    """What a tool returns when its answer is another run's (``agents_exec``): the run
+    ``run_id`` of agent ``agent`` was started, and the calling run waits for it, durably
+    and without a worker (``waiting_children``); its outcome becomes the call's result."""
+
+    run_id: str
+    agent: str
+
+
 class Tool(ABC):
     """One callable tool."""
 
@@ -45,6 +55,14 @@ class Tool(ABC):
     ref: str
     #: whether repeating a call has no further effect (decides replay after a crash)
     idempotent: bool = False
+    #: whether permissions are checked on what a call names (:meth:`targets`, after its
+    #: arguments are read) instead of on ``ref`` (the linked-agent tools: ``agent:NAME``)
+    by_target: ClassVar[bool] = False
+
+    def targets(self, arguments: dict[str, Any]) -> Sequence[str]:
+        """The refs a call with these arguments needs permitted (``by_target`` tools); may
+        raise ``ToolError`` when the arguments name something the tool cannot reach."""
+        return ()
 
     @abstractmethod
     async def call(self, arguments: dict[str, Any], ctx: ToolContext) -> Any:

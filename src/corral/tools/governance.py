@@ -53,7 +53,7 @@ from corral.resources.kinds import (
     ToolApproval,
     ToolSpecModel,
 )
-from corral.tools.base import Tool, ToolContext
+from corral.tools.base import ChildRun, Tool, ToolContext
 
 log = logging.getLogger(__name__)
 
@@ -165,6 +165,14 @@ class Permissions:
     def __init__(self, rules: Sequence[tuple[str, Sequence[str]]] | None) -> None:
         self.rules = None if rules is None else [(e, tuple(p)) for e, p in rules]
 
+    def allows(self, ref: str) -> bool:
+        """Whether a call of ``ref`` passes :meth:`check`."""
+        try:
+            self.check(ref)
+        except ToolError:
+            return False
+        return True
+
     def check(self, ref: str) -> None:
         if self.rules is None:
             return
@@ -211,6 +219,8 @@ class ToolOutcome:
     duration_ms: float = 0.0
     #: the retries before the outcome (see :class:`Attempts`), journaled with the result
     retries: tuple[dict[str, Any], ...] = ()
+    #: the child run the call started: no result yet, the run waits for the child's
+    child: ChildRun | None = None
 
     @property
     def needs_approval(self) -> bool:
@@ -418,8 +428,11 @@ class Toolset:
                     ToolErrorCode.UNSUPPORTED_TOOL,
                     f"no tool named {call.name!r} (available: {known})",
                 )
-            self.permissions.check(ref)
+            if not governed.tool.by_target:
+                self.permissions.check(ref)
             arguments = governed.validate(call)
+            for target in governed.tool.targets(arguments):
+                self.permissions.check(target)
             if not approved and needs_approval(self.approval, governed.policy):
                 raise ToolError(
                     ToolErrorCode.APPROVAL_REQUIRED,
@@ -435,9 +448,26 @@ class Toolset:
             error = ToolErrorInfo(info.code, reason, info.retryable, redact.data(info.details))
             retries = tuple(redact.data(r) for r in attempts.retries)
             return ToolOutcome(call, ref, "", error, attempts.count, _ms_since(started), retries)
+        if isinstance(result, ChildRun):
+            ms = _ms_since(started)
+            return ToolOutcome(call, ref, "", None, attempts.count, ms, child=result)
         output = _cap(self._redacted_text(result), governed.policy.max_output_bytes)
         retries = tuple(self.redactor.data(r) for r in attempts.retries)
         return ToolOutcome(call, ref, output, None, attempts.count, _ms_since(started), retries)
+
+    def answered(self, call: ToolCall, result: Any, error: ToolErrorInfo | None) -> ToolOutcome:
+        """The outcome of a call answered from outside the call (a child run's answer):
+        redacted and capped as a result of the tool itself would be."""
+        governed = self.by_name.get(call.name)
+        ref = governed.tool.ref if governed else call.name
+        if error is not None:
+            redact = self.redactor
+            info = ToolErrorInfo(
+                error.code, redact.text(error.reason), error.retryable, redact.data(error.details)
+            )
+            return ToolOutcome(call, ref, "", info)
+        cap = governed.policy.max_output_bytes if governed else ToolPolicy().max_output_bytes
+        return ToolOutcome(call, ref, _cap(self._redacted_text(result), cap))
 
     def _redacted_text(self, result: Any) -> str:
         """The result as text, redacted: data before it is encoded (a secret with a quote in

@@ -18,19 +18,25 @@ from corral.core.errors import NotFoundError
 from corral.core.events import Event
 from corral.core.messages import Message
 from corral.core.runs import Approval, ApprovalState, Lease, RunRecord, RunState
+from corral.core.selectors import Selector
 from corral.store.base import RunCounts
 from corral.store.schema import approvals as approvals_table
 from corral.store.schema import run_events, runs
 from corral.store.sql import keyset
 from corral.store.sql.engine import SqlEngine, fetch_all, fetch_first
+from corral.store.sql.labels import selector_clause
 from corral.store.sql.rows import APPROVALS, EVENTS, RUNS
 from corral.store.sql.rules import check_events_saved_with, saved_run_values
 from corral.store.sql.statements import (
     SAVE_RUN,
     SAVE_RUN_FENCED,
     append_to_session,
+    children_of,
+    parent_of_child,
     refuse,
+    requeue_parent,
     run_by_id,
+    wake_parent,
 )
 
 
@@ -60,18 +66,20 @@ class SqlRuns(SqlEngine):
         namespace, session_id = record.namespace, record.session_id
         check_events_saved_with(events, record.id)
         event_rows = [EVENTS.values(e) for e in events]
+        now = time.time()
 
         async def write(conn: AsyncConnection) -> None:
             result = await conn.execute(statement, values)
             if result.rowcount == 0:
                 await refuse(conn, record.id, lease)
+            await wake_parent(conn, record.id, record.parent_run_id, record.state, now)
             if approvals:
                 await conn.execute(
                     approvals_table.insert(), [APPROVALS.values(a) for a in approvals]
                 )
             if session_messages and session_id is not None:
                 await append_to_session(
-                    conn, namespace, session_id, session_messages, record.id, time.time()
+                    conn, namespace, session_id, session_messages, record.id, now
                 )
             if event_rows:
                 await conn.execute(run_events.insert(), event_rows)
@@ -92,12 +100,15 @@ class SqlRuns(SqlEngine):
         states: Sequence[RunState] | None = None,
         *,
         before: tuple[float, str] | None = None,
+        selector: Selector | None = None,
     ) -> list[RunRecord]:
         query = sa.select(runs).where(runs.c.namespace == namespace)
         if agent is not None:
             query = query.where(runs.c.agent == agent)
         if states is not None:
             query = query.where(runs.c.state.in_([RunState(s).value for s in states]))
+        if selector is not None:
+            query = query.where(selector_clause(self._dialect, runs.c.labels, selector))
         query = keyset.page(
             query, (runs.c.created_at, runs.c.id), limit=limit, position=before, descending=True
         )
@@ -126,7 +137,9 @@ class SqlRuns(SqlEngine):
     async def request_cancel(self, run_id: str) -> RunRecord:
         """See :meth:`Store.request_cancel`. A run cancelled at once gets
         ``finished_at`` and ``cancel_requested``; its pending approvals expire with
-        ``decision_reason = "run cancelled"``."""
+        ``decision_reason = "run cancelled"``. Its unfinished descendants (child runs,
+        their children) are cancelled the same way in the same transaction, and a
+        parent waiting for it is queued when it was its last unfinished child."""
         now = time.time()
 
         async def write(conn: AsyncConnection) -> sa.Row[Any]:
@@ -134,38 +147,32 @@ class SqlRuns(SqlEngine):
             row: sa.Row[Any] | None = (await conn.execute(locked)).first()
             if row is None:
                 raise NotFoundError(f"run {run_id!r} not found")
-            state = RunState(row.state)
-            if state.finished:
-                return row
-            if state is RunState.RUNNING:
-                values: dict[str, Any] = {"cancel_requested": True}
-            else:
-                values = {
-                    "state": RunState.CANCELLED.value,
-                    "cancel_requested": True,
-                    "finished_at": now,
-                    "lease_owner": None,
-                    "lease_expires_at": None,
-                }
-                await conn.execute(
-                    approvals_table.update()
-                    .where(
-                        approvals_table.c.run_id == run_id,
-                        approvals_table.c.state == ApprovalState.PENDING.value,
-                    )
-                    .values(
-                        state=ApprovalState.EXPIRED.value,
-                        decided_at=now,
-                        decision_reason="run cancelled",
-                    )
-                )
-            return (
-                await conn.execute(
-                    runs.update().where(runs.c.id == run_id).values(**values).returning(*runs.c)
-                )
-            ).one()
+            # A finished run's descendants are still cancelled: a parent that ended
+            # cancelled may have started a child after an earlier cascade looked.
+            cancelled = row if RunState(row.state).finished else await _cancel_one(conn, row, now)
+            level = [run_id]
+            while level:  # the descendants, one generation at a time
+                found = (await conn.execute(children_of(level).with_for_update())).all()
+                unfinished = [r for r in found if not RunState(r.state).finished]
+                for child in unfinished:
+                    await _cancel_one(conn, child, now)
+                level = [r.id for r in found]
+            if (
+                cancelled.state == RunState.CANCELLED.value
+                and not RunState(row.state).finished
+                and row.parent_run_id is not None
+            ):
+                await conn.execute(parent_of_child(row.parent_run_id))
+                await conn.execute(requeue_parent(row.parent_run_id, now))
+            return cancelled
 
         return RUNS.record(await self._write(f"cancel run {run_id}", write))
+
+    async def list_children(self, run_id: str) -> list[RunRecord]:
+        rows = await self._read(
+            f"list the children of run {run_id}", fetch_all(children_of([run_id]))
+        )
+        return [RUNS.record(row) for row in rows]
 
     async def prune_runs(
         self,
@@ -175,7 +182,16 @@ class SqlRuns(SqlEngine):
         namespace: str | None = None,
         dry_run: bool = False,
     ) -> int:
-        finished = runs.c.state.in_([s.value for s in RunState if s.finished])
+        finished: sa.ColumnElement[bool] = runs.c.state.in_(
+            [s.value for s in RunState if s.finished]
+        )
+        # A finished child stays while its parent is unfinished: the parent reads its outcome.
+        parent = runs.alias("parent")
+        parent_waits = sa.exists().where(
+            parent.c.id == runs.c.parent_run_id,
+            parent.c.state.in_([s.value for s in RunState if not s.finished]),
+        )
+        finished = sa.and_(finished, ~parent_waits)
         scope = finished if namespace is None else sa.and_(finished, runs.c.namespace == namespace)
         doomed: list[sa.ColumnElement[bool]] = []
         if finished_before is not None:
@@ -205,3 +221,38 @@ class SqlRuns(SqlEngine):
             return int((await conn.execute(delete)).rowcount)
 
         return await self._write("prune runs", write)
+
+
+async def _cancel_one(conn: AsyncConnection, row: sa.Row[Any], now: float) -> sa.Row[Any]:
+    """Cancel one unfinished run (see :meth:`Store.request_cancel`): a running one is asked
+    to stop (its worker saves it cancelled), any other is cancelled now, its pending
+    approvals expired. Returns its row as it is now."""
+    run_id = row.id
+    if RunState(row.state) is RunState.RUNNING:
+        values: dict[str, Any] = {"cancel_requested": True}
+    else:
+        values = {
+            "state": RunState.CANCELLED.value,
+            "cancel_requested": True,
+            "finished_at": now,
+            "lease_owner": None,
+            "lease_expires_at": None,
+        }
+        await conn.execute(
+            approvals_table.update()
+            .where(
+                approvals_table.c.run_id == run_id,
+                approvals_table.c.state == ApprovalState.PENDING.value,
+            )
+            .values(
+                state=ApprovalState.EXPIRED.value,
+                decided_at=now,
+                decision_reason="run cancelled",
+            )
+        )
+    updated: sa.Row[Any] = (
+        await conn.execute(
+            runs.update().where(runs.c.id == run_id).values(**values).returning(*runs.c)
+        )
+    ).one()
+    return updated

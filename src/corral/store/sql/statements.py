@@ -305,6 +305,62 @@ async def requeue_settled_runs(conn: AsyncConnection, run_ids: Sequence[str], no
     await conn.execute(requeue_settled(run_ids, now))
 
 
+def _unfinished(table: Any) -> sa.ColumnElement[bool]:
+    """A run of ``table`` (the runs table or an alias of it) that has not finished.
+
+    Spelled as equalities, not ``IN``: the fast path compiles it once with its
+    constants bound, which an expanding ``IN`` list does not allow."""
+    return sa.or_(*(table.c.state == state.value for state in RunState if not state.finished))
+
+
+def parent_of_child(parent_id: Value) -> sa.Select[Any]:
+    """Lock the parent row of a finishing child (PostgreSQL; SQLite's write lock covers it).
+
+    Siblings that finish at once take turns on it, so the last of them sees every other
+    one finished and queues the parent: without the lock each could see the other still
+    running and neither would."""
+    return sa.select(runs.c.id).where(runs.c.id == parent_id).with_for_update()
+
+
+def requeue_parent(parent_id: Value, now: Value) -> sa.Update:
+    """Queue the run ``parent_id`` when it is ``waiting_children`` and none of its child
+    runs is unfinished any more (a child's final save runs this, and so does the parent's
+    own save into ``waiting_children``: its children may all have finished meanwhile)."""
+    child = runs.alias("child")
+    running_child = sa.exists().where(child.c.parent_run_id == runs.c.id, _unfinished(child))
+    return (
+        runs.update()
+        .where(
+            runs.c.id == parent_id,
+            runs.c.state == RunState.WAITING_CHILDREN.value,
+            ~running_child,
+        )
+        .values(state=RunState.QUEUED.value, not_before=now)
+    )
+
+
+async def wake_parent(
+    conn: AsyncConnection, run_id: str, parent_id: str | None, state: RunState, now: float
+) -> None:
+    """After a save of run ``run_id`` in ``state`` (in the caller's transaction): a finished
+    child queues its waiting parent when it was the last one running, and a run parked in
+    ``waiting_children`` whose children all finished meanwhile is queued at once."""
+    if state.finished and parent_id is not None:
+        await conn.execute(parent_of_child(parent_id))
+        await conn.execute(requeue_parent(parent_id, now))
+    elif state is RunState.WAITING_CHILDREN:
+        await conn.execute(requeue_parent(run_id, now))
+
+
+def children_of(parent_ids: Value) -> sa.Select[Any]:
+    """The child runs of the runs ``parent_ids``, oldest first."""
+    return (
+        sa.select(runs)
+        .where(runs.c.parent_run_id.in_(parent_ids))
+        .order_by(runs.c.created_at, runs.c.id)
+    )
+
+
 def session_key(namespace: str, session_id: str) -> sa.ColumnElement[bool]:
     """The ``sessions`` row of one session (sessions are keyed by namespace and id)."""
     return sa.and_(sessions.c.namespace == namespace, sessions.c.id == session_id)

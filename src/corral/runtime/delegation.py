@@ -1,0 +1,86 @@
+"""Child runs of linked agents: the runtime side of ``agents_exec`` (see
+:mod:`corral.tools.agents` for the tools, :class:`~corral.tools.agents.Delegation`
+for the interface they call).
+
+A child run is an ordinary durable run with ``parent_run_id`` and ``depth``
+set, submitted with an idempotency key derived from the parent's call and
+announced on the bus like any submitted run. Its parent waits for it in
+``waiting_children``, holding no worker: the store queues the parent again in the
+transaction that finishes its last unfinished child (``Store.save_run``), and the
+executor announces the parent then (:meth:`RunExecutor._announce_woken`).
+Cancelling a run cancels its descendants (``Store.request_cancel``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from corral.bus.base import Bus
+from corral.core.errors import ConflictError, NotFoundError, ToolError, ToolErrorCode, UserError
+from corral.resources.kinds import AgentSpec
+from corral.runtime.operations import new_run
+from corral.store.base import Store
+from corral.tools.base import ChildRun, ToolContext
+
+
+class StoreDelegation:
+    """Starts child runs in the store (and announces them on the bus)."""
+
+    def __init__(self, store: Store, bus: Bus | None = None) -> None:
+        self.store = store
+        self.bus = bus
+
+    async def start_child(
+        self,
+        ctx: ToolContext,
+        agent: str,
+        user_input: str,
+        session: str | None,
+        *,
+        key: str,
+        max_depth: int,
+    ) -> ChildRun:
+        parent = await self.store.get_run(ctx.run_id)
+        if parent is None:  # (the calling run is the one executing: never, short of a purge)
+            raise ToolError(ToolErrorCode.UNAVAILABLE, f"the run {ctx.run_id} is gone")
+        depth = parent.depth + 1
+        if depth > max_depth:
+            raise ToolError(
+                ToolErrorCode.BUDGET_EXCEEDED,
+                f"a child run of agent {agent!r} would be {depth} levels deep, past this "
+                f"agent's limit of {max_depth} (limits.max_depth)",
+                details={"limit": "max_depth", "max_depth": max_depth, "depth": depth},
+            )
+        try:
+            record = new_run(
+                agent,
+                user_input,
+                namespace=ctx.namespace,
+                session=session,
+                idempotency_key=key,
+                output_schema=None,
+            )
+            record.parent_run_id = parent.id
+            record.depth = depth
+            # a child goes before the work its parent's siblings queued after it
+            record.priority = parent.priority
+            submitted = await self.store.submit_agent_run(record)
+        except NotFoundError as exc:
+            raise ToolError(ToolErrorCode.UNAVAILABLE, exc.message) from None
+        except (ConflictError, UserError) as exc:  # a session of another agent, a bad id
+            raise ToolError(ToolErrorCode.INVALID_INPUT, exc.message) from None
+        if submitted.created and self.bus is not None:
+            await self.bus.announce_runnable([submitted.record.id], mark="submitted")
+        return ChildRun(submitted.record.id, agent)
+
+    async def describe(self, namespace: str, agent: str) -> dict[str, Any]:
+        stored = await self.store.get_resource(namespace, "Agent", agent)
+        if stored is None or not isinstance(stored.resource.spec, AgentSpec):
+            raise ToolError(
+                ToolErrorCode.UNAVAILABLE, f"agent {agent!r} is not in namespace {namespace!r}"
+            )
+        spec = stored.resource.spec
+        info: dict[str, Any] = {"tools": list(spec.tools)}
+        if spec.output_schema is not None:
+            info["output_schema"] = spec.output_schema
+        return info

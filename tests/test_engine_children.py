@@ -1,0 +1,96 @@
+"""The engine's side of child runs: a tool answering with a ChildRun parks the run in
+``waiting_children``; resuming with the child records its outcome as the call's result."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from corral.core.events import EventType
+from corral.core.messages import Usage
+from corral.core.runs import RunRecord, RunState
+from corral.engine.loop import AgentLoop
+from corral.engine.replay import replay
+from corral.resources.kinds import Limits
+from corral.tools.base import ChildRun
+from test_engine import FunctionTool, Harness, turn
+
+SCRIPT = [turn("", ("delegate", {})), turn("the child said so")]
+
+
+def delegate() -> ChildRun:
+    return ChildRun("run_child", "helper")
+
+
+def child(state: RunState, output: object = None, **fields: object) -> RunRecord:
+    record = RunRecord("run_child", "default", "helper", "x", state=state, output=output)
+    for name, value in fields.items():
+        setattr(record, name, value)
+    return record
+
+
+async def parked(tmp_path: Path, limits: Limits | None = None) -> Harness:
+    h = Harness(list(SCRIPT), [FunctionTool("delegate", delegate)], tmp_path, limits=limits)
+    result = await h.run()
+    assert result.state is RunState.WAITING_CHILDREN
+    kinds = [e.type for e in h.events]
+    assert EventType.RUN_FINISH not in kinds  # parked, not ended
+    assert kinds[-3:] == [EventType.TOOL_CALL, EventType.CHILD_START, EventType.STEP_FINISH]
+    assert replay(h.events).open_step is not None
+    return h
+
+
+async def resume(h: Harness, children: dict[str, RunRecord]) -> tuple[RunState, list[dict]]:
+    journal = list(h.events)
+    h.model.requests = []
+    result = await AgentLoop(h.agent, "run_test", h.sink).resume(journal, {}, children)
+    new = h.events[len(journal) :]
+    return result.state, [e.data for e in new if e.type is EventType.TOOL_RESULT]
+
+
+async def test_a_child_still_running_leaves_the_run_parked(tmp_path: Path) -> None:
+    h = await parked(tmp_path)
+    state, results = await resume(h, {"run_child": child(RunState.RUNNING)})
+    assert (state, results, h.model.requests) == (RunState.WAITING_CHILDREN, [], [])
+
+
+async def test_a_finished_child_answers_the_call_and_its_spend_is_the_runs(
+    tmp_path: Path,
+) -> None:
+    h = await parked(tmp_path)
+    spent = Usage(input_tokens=40, output_tokens=2, requests=1)
+    done = child(RunState.SUCCEEDED, "42", usage=spent, cost_usd=0.5)
+    state, results = await resume(h, {"run_child": done})
+    assert state is RunState.SUCCEEDED
+    assert [r["output"] for r in results] == ["42"]
+    finish = next(e for e in h.events if e.type is EventType.CHILD_FINISH)
+    assert (finish.data["run_id"], finish.data["state"]) == ("run_child", "succeeded")
+    checkpoint = replay(h.events)
+    assert checkpoint.usage.input_tokens == 40 and checkpoint.cost_usd == 0.5
+    assert h.events[-1].data["cost_usd"] == 0.5  # run.finish counts the child's cost
+
+
+async def test_a_failed_or_missing_child_is_a_child_failed_tool_error(tmp_path: Path) -> None:
+    h = await parked(tmp_path)
+    failed = child(RunState.DEAD_LETTER, error={"code": "model_error", "message": "down"})
+    state, results = await resume(h, {"run_child": failed})
+    assert state is RunState.SUCCEEDED
+    (error,) = [r["error"] for r in results]
+    assert error["code"] == "child_failed" and "model_error: down" in error["reason"]
+    assert error["details"]["state"] == "dead_letter"
+
+    h = await parked(tmp_path)
+    state, results = await resume(h, {})  # the child run was deleted
+    assert state is RunState.SUCCEEDED
+    assert results[0]["error"]["code"] == "child_failed"
+    assert "gone" in results[0]["error"]["reason"]
+
+
+async def test_a_childs_cost_past_the_runs_limit_fails_it_after_the_result(
+    tmp_path: Path,
+) -> None:
+    h = await parked(tmp_path, Limits(max_cost_usd=0.1))
+    state, results = await resume(h, {"run_child": child(RunState.SUCCEEDED, "ok", cost_usd=1.0)})
+    assert state is RunState.FAILED
+    assert [r["output"] for r in results] == ["ok"]
+    error = next(e for e in h.events if e.type is EventType.ERROR)
+    assert (error.data["code"], error.data["limit"]) == ("budget_exceeded", "max_cost_usd")

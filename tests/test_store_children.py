@@ -1,0 +1,127 @@
+"""Child runs in the store, on every backend (the SQLite fast path, SQLite through
+SQLAlchemy, PostgreSQL): a child's final save queues its waiting parent, a save into
+``waiting_children`` queues itself when its children are done, cancellation cascades,
+and pruning keeps a finished child while its parent is unfinished."""
+
+from __future__ import annotations
+
+import time
+
+import anyio
+
+from corral.core.runs import Lease, RunRecord, RunState
+from corral.store import Store
+from test_store import (  # noqa: F401 - fixtures
+    cipher_fixture,
+    store_fixture,
+    store_url_fixture,
+)
+
+
+def a_run(run_id: str, parent: str | None = None, depth: int = 0) -> RunRecord:
+    return RunRecord(
+        id=run_id,
+        namespace="default",
+        agent="assistant",
+        input=f"input of {run_id}",
+        parent_run_id=parent,
+        depth=depth,
+    )
+
+
+async def claim(store: Store, run_id: str) -> tuple[RunRecord, Lease]:
+    [(record, lease)] = await store.claim_runs("w", 30.0, run_ids=[run_id])
+    return record, lease
+
+
+async def save(store: Store, run_id: str, state: RunState) -> None:
+    record, lease = await claim(store, run_id)
+    record.state = state
+    if state.finished:
+        record.finished_at = time.time()
+    await store.save_run(record, lease)
+
+
+async def state_of(store: Store, run_id: str) -> RunState:
+    record = await store.get_run(run_id)
+    assert record is not None
+    return record.state
+
+
+async def family(store: Store, children: int) -> list[str]:
+    """A parent parked in waiting_children and its queued children."""
+    await store.submit_run(a_run("run_p"))
+    ids = [f"run_c{i}" for i in range(children)]
+    for child in ids:
+        await store.submit_run(a_run(child, "run_p", 1))
+    await save(store, "run_p", RunState.WAITING_CHILDREN)
+    assert await state_of(store, "run_p") is RunState.WAITING_CHILDREN
+    return ids
+
+
+async def test_the_last_child_to_finish_queues_its_parent(store: Store) -> None:
+    first, second = await family(store, 2)
+    assert [c.id for c in await store.list_children("run_p")] == [first, second]
+    await save(store, first, RunState.SUCCEEDED)
+    assert await state_of(store, "run_p") is RunState.WAITING_CHILDREN
+    await save(store, second, RunState.FAILED)
+    assert await state_of(store, "run_p") is RunState.QUEUED
+    assert [r.id for r, _ in await store.claim_runs("w", 30.0, 5)] == ["run_p"]
+
+
+async def test_children_finishing_at_once_queue_their_parent(store: Store) -> None:
+    children = await family(store, 6)
+    claims = [await claim(store, child) for child in children]
+
+    async def finish(record: RunRecord, lease: Lease) -> None:
+        record.state = RunState.SUCCEEDED
+        await store.save_run(record, lease)
+
+    async with anyio.create_task_group() as group:
+        for record, lease in claims:
+            group.start_soon(finish, record, lease)
+    assert await state_of(store, "run_p") is RunState.QUEUED
+
+
+async def test_a_run_parked_after_its_children_finished_is_queued_at_once(store: Store) -> None:
+    await store.submit_run(a_run("run_p"))
+    record, lease = await claim(store, "run_p")
+    await store.submit_run(a_run("run_c", "run_p", 1))
+    await save(store, "run_c", RunState.SUCCEEDED)  # before its parent parked
+    record.state = RunState.WAITING_CHILDREN
+    await store.save_run(record, lease)
+    assert await state_of(store, "run_p") is RunState.QUEUED
+
+
+async def test_cancelling_a_parent_cancels_its_descendants(store: Store) -> None:
+    await store.submit_run(a_run("run_p"))
+    await store.submit_run(a_run("run_c", "run_p", 1))
+    await store.submit_run(a_run("run_g", "run_c", 2))
+    await store.submit_run(a_run("run_done", "run_p", 1))
+    await save(store, "run_done", RunState.SUCCEEDED)
+    await save(store, "run_p", RunState.WAITING_CHILDREN)
+    await claim(store, "run_g")  # running: asked to stop
+    cancelled = await store.request_cancel("run_p")
+    assert cancelled.state is RunState.CANCELLED
+    assert await state_of(store, "run_c") is RunState.CANCELLED
+    assert await state_of(store, "run_done") is RunState.SUCCEEDED
+    grandchild = await store.get_run("run_g")
+    assert grandchild is not None
+    assert (grandchild.state, grandchild.cancel_requested) == (RunState.RUNNING, True)
+
+
+async def test_a_child_cancelled_at_once_queues_its_waiting_parent(store: Store) -> None:
+    (child,) = await family(store, 1)
+    record = await store.request_cancel(child)
+    assert record.state is RunState.CANCELLED
+    assert await state_of(store, "run_p") is RunState.QUEUED
+
+
+async def test_pruning_keeps_a_finished_child_while_its_parent_waits(store: Store) -> None:
+    first, second = await family(store, 2)
+    await save(store, first, RunState.SUCCEEDED)
+    assert await store.prune_runs(finished_before=time.time() + 60) == 0
+    assert await store.get_run(first) is not None
+    await save(store, second, RunState.SUCCEEDED)
+    await save(store, "run_p", RunState.SUCCEEDED)
+    assert await store.prune_runs(finished_before=time.time() + 60) == 3
