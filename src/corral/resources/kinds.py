@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from corral.core.addresses import url_problem
+from corral.resources.execution import ExecutionSpec, NamespacePolicySpec
 from corral.resources.isolation import IsolationSpec
 from corral.resources.spec import Spec as Spec  # re-exported: every kind is a Spec
 
@@ -419,6 +420,10 @@ class AgentSpec(Spec):
         description="runs of this agent executing at once across all workers; more stay queued",
     )
     session: SessionPolicy = Field(default_factory=SessionPolicy)
+    execution: ExecutionSpec | None = Field(
+        default=None,
+        description="what its tools may be and how they are isolated (over the NamespacePolicy)",
+    )
 
     @field_validator("output_schema")
     @classmethod
@@ -449,6 +454,7 @@ SPEC_TYPES: dict[str, type[Spec]] = {
     "Secret": SecretSpec,
     "AgentRole": AgentRoleSpec,
     "ToolPermission": ToolPermissionSpec,
+    "NamespacePolicy": NamespacePolicySpec,
 }
 KINDS = tuple(SPEC_TYPES)
 
@@ -490,7 +496,7 @@ def kind_of(name: str) -> str:
     lowered = name.lower()
     for kind in KINDS:
         k = kind.lower()
-        if lowered in (k, k + "s", k + "es"):
+        if lowered in (k, k + "s", k + "es") or (k.endswith("y") and lowered == k[:-1] + "ies"):
             return kind
     raise ValueError(f"unknown kind {name!r}; kinds are {', '.join(KINDS)}")
 
