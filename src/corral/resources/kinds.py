@@ -140,11 +140,20 @@ class PythonToolSpec(Spec):
             "cannot interrupt it. Coroutine functions always run on the loop"
         ),
     )
+    isolation: Literal["none", "process"] = Field(
+        default="none",
+        description=(
+            "process: run the function in a worker subprocess that a timeout or cancellation "
+            "kills; none: in this process (a timed-out synchronous call keeps its thread)"
+        ),
+    )
 
     @model_validator(mode="after")
     def _import_path(self) -> PythonToolSpec:
         if ":" not in self.function:
             raise ValueError("function must look like 'package.module:function'")
+        if self.inline and self.isolation == "process":
+            raise ValueError("'inline' runs on the event loop; isolation 'process' cannot")
         return self
 
 
