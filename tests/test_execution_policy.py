@@ -223,6 +223,31 @@ async def test_required_refuses_a_tool_that_says_no_sandbox_at_apply(
         )
 
 
+async def test_mcp_servers_count_as_type_mcp_and_their_isolation_is_checked(
+    env: tuple[Store, Settings],
+) -> None:
+    store, _ = env
+    server = f"""
+apiVersion: corral/v1
+kind: McpServer
+metadata: {{name: calc}}
+spec:
+  transport: stdio
+  command: ["{sys.executable}", "{TESTS / "mcp_servers" / "calc_server.py"}"]
+  isolation: {{mode: none}}
+"""
+    with pytest.raises(ResourceError) as caught:
+        await apply(store, MODEL, server, agent("['mcp:calc/*']", "{allowed_tool_types: [exec]}"))
+    assert "tool 'mcp:calc/*' is of type 'mcp'" in str(caught.value)
+    with pytest.raises(ResourceError, match=r"'mcp:calc/\*' says isolation\.mode 'none'"):
+        await apply(store, MODEL, server, agent("['mcp:calc/*']", "{isolation: required}"))
+    # a dry run makes the same checks
+    with pytest.raises(ResourceError, match="of type 'mcp'"):
+        batch = "---".join([MODEL, server, agent("['mcp:calc/*']", "{allowed_tool_types: []}")])
+        await store.apply(load_text(batch, "policy.yaml"), dry_run=True)
+    await apply(store, MODEL, server, agent("['mcp:calc/*']", "{allowed_tool_types: [mcp]}"))
+
+
 async def test_a_namespace_policy_has_one_name(env: tuple[Store, Settings]) -> None:
     store, _ = env
     with pytest.raises(ResourceError, match="a NamespacePolicy is named 'default'"):
