@@ -40,6 +40,7 @@ from corral.tools import python as python_tool
 from corral.tools import wasm as wasm_tool
 from corral.tools.base import Tool, ToolContext
 from corral.tools.governance import GovernedTool, ToolOutcome, ToolPolicy, Toolset
+from corral.tools.python_process import default_pool
 from http_endpoints import serving
 from mcp_clients import CALC, connected
 
@@ -86,9 +87,15 @@ def parameters(**properties: str) -> dict[str, Any]:
 
 
 @asynccontextmanager
-async def python_kit(workspace: Path) -> AsyncIterator[Kit]:
+async def python_kit(workspace: Path, isolation: str = "none") -> AsyncIterator[Kit]:
     def tool(function: str) -> Tool:
-        block = PythonToolSpec(function=f"corral_sample_tools:{function}", path=str(PROGRAMS))
+        block = PythonToolSpec.model_validate(
+            {
+                "function": f"corral_sample_tools:{function}",
+                "path": str(PROGRAMS),
+                "isolation": isolation,
+            }
+        )
         return python_tool.create(function, ToolSpecModel(type="python", python=block), {})
 
     kit = Kit(
@@ -106,6 +113,16 @@ async def python_kit(workspace: Path) -> AsyncIterator[Kit]:
         yield kit
     finally:
         sample.released.set()  # the threads of abandoned calls end now
+        if isolation == "process":
+            pool = default_pool()
+            assert all(w.process.is_alive() for w in pool.alive)  # none left half-dead
+            pool.close()
+
+
+@asynccontextmanager
+async def python_process_kit(workspace: Path) -> AsyncIterator[Kit]:
+    async with python_kit(workspace, "process") as kit:
+        yield kit
 
 
 @asynccontextmanager
@@ -204,6 +221,7 @@ class ToolKind:
 
 KINDS = [
     ToolKind("python", python_kit),
+    ToolKind("python-process", python_process_kit),
     ToolKind("exec", exec_kit),
     ToolKind("http", http_kit),
     ToolKind("mcp", mcp_kit),

@@ -8,6 +8,7 @@ from pydantic import BaseModel, Field, TypeAdapter
 from pydantic.json_schema import SkipJsonSchema
 
 from corral.api.common import FromRecord, Name, Request, Timestamp
+from corral.resources.execution import NamespacePolicySpec
 from corral.resources.kinds import (
     KINDS,
     STORED,
@@ -25,7 +26,13 @@ from corral.store.base import ApplyAction, ApplyOutcome, StoredResource
 
 #: The kinds as the API takes them in paths and queries: ``Agent``, ``agent`` or ``agents``.
 KIND_NAMES: tuple[str, ...] = tuple(
-    spelling for kind in KINDS for spelling in (kind, kind.lower(), kind.lower() + "s")
+    spelling
+    for kind in KINDS
+    for spelling in (
+        kind,
+        kind.lower(),
+        kind.lower()[:-1] + "ies" if kind.endswith("y") else kind.lower() + "s",
+    )
 )
 
 
@@ -83,6 +90,11 @@ class ToolPermissionDocument(_Document):
     spec: ToolPermissionSpec
 
 
+class NamespacePolicyDocument(_Document):
+    kind: Literal["NamespacePolicy"]
+    spec: NamespacePolicySpec
+
+
 #: A resource document to apply: its ``spec`` is the schema of its ``kind``. Only the
 #: published schema of ``POST /v1/resources``: the server parses bodies with the resource
 #: loader (YAML too, with line numbers).
@@ -93,7 +105,8 @@ ResourceDocument = Annotated[
     | AgentDocument
     | SecretDocument
     | AgentRoleDocument
-    | ToolPermissionDocument,
+    | ToolPermissionDocument
+    | NamespacePolicyDocument,
     Field(discriminator="kind"),
 ]
 
@@ -155,6 +168,11 @@ class ToolPermissionOut(_Stored):
     spec: ToolPermissionSpec
 
 
+class NamespacePolicyOut(_Stored):
+    kind: Literal["NamespacePolicy"]
+    spec: NamespacePolicySpec
+
+
 #: A stored resource: ``spec`` has the schema of its ``kind`` (secret values <redacted>).
 ResourceOut = Annotated[
     ModelEndpointOut
@@ -163,7 +181,8 @@ ResourceOut = Annotated[
     | AgentOut
     | SecretOut
     | AgentRoleOut
-    | ToolPermissionOut,
+    | ToolPermissionOut
+    | NamespacePolicyOut,
     Field(discriminator="kind"),
 ]
 RESOURCE_OUT: TypeAdapter[ResourceOut] = TypeAdapter(ResourceOut)

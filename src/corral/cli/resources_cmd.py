@@ -378,10 +378,10 @@ def describe(
     if not described:
         no_resources(namespace)
         return
-    typer.echo("\n\n".join(_describe_text(found, used_by) for found, used_by in described))
+    typer.echo("\n\n".join(_describe_text(*one) for one in described))
 
 
-def _describe_text(found: ResourceOut, used_by: list[str]) -> str:
+def _describe_text(found: ResourceOut, used_by: list[str], extra: list[str]) -> str:
     import yaml
 
     from corral.cli.output import when
@@ -402,10 +402,43 @@ def _describe_text(found: ResourceOut, used_by: list[str]) -> str:
     ]
     spec_text = yaml.safe_dump(doc["spec"], sort_keys=False, allow_unicode=True)
     lines.extend("  " + line for line in spec_text.rstrip().splitlines())
-    return "\n".join(lines)
+    return "\n".join(lines + extra)
 
 
-async def _describe(query: Query) -> list[tuple[ResourceOut, list[str]]]:
+def _execution_lines(found: ResourceOut, others: list[ResourceOut]) -> list[str]:
+    """An Agent's effective execution policy, each field with where it came from."""
+    from corral.resources.execution import (
+        NAMESPACE_POLICY_KIND,
+        NAMESPACE_POLICY_NAME,
+        NamespacePolicySpec,
+        effective_policy,
+    )
+    from corral.resources.kinds import AgentSpec
+
+    if not isinstance(found.spec, AgentSpec):
+        return []
+    defaults = next(
+        (
+            o.spec.execution
+            for o in others
+            if o.kind == NAMESPACE_POLICY_KIND
+            and o.metadata.name == NAMESPACE_POLICY_NAME
+            and isinstance(o.spec, NamespacePolicySpec)
+        ),
+        None,
+    )
+    policy = effective_policy(found.spec.execution, defaults)
+    sources = dict(policy.sources)
+    return [
+        "Execution (effective):",
+        f"  isolation:          {policy.isolation} ({sources['isolation']})",
+        f"  network:            {policy.network} ({sources['network']})",
+        f"  allowed_tool_types: {', '.join(policy.allowed_tool_types) or '<none>'} "
+        f"({sources['allowed_tool_types']})",
+    ]
+
+
+async def _describe(query: Query) -> list[tuple[ResourceOut, list[str], list[str]]]:
     from corral.cli.connect import open_backend
     from corral.resources.loader import format_path
     from corral.resources.references import referrers
@@ -421,6 +454,7 @@ async def _describe(query: Query) -> list[tuple[ResourceOut, list[str]]]:
                 f"{r.kind.lower()}/{r.metadata.name} ({format_path(field)})"
                 for r, field in referrers((one.kind, one.metadata.name), others)
             ],
+            _execution_lines(one, others),
         )
         for one in found
     ]

@@ -178,6 +178,11 @@ KIND_COLUMNS: dict[str, list[Column[ResourceOut]]] = {
         Column("EFFECT", _attr("effect")),
         Column("TOOLS", _attr("tools"), free_text=True),
     ],
+    "NamespacePolicy": [
+        Column("ISOLATION", _attr("execution", "isolation")),
+        Column("NETWORK", _attr("execution", "network")),
+        Column("TOOL TYPES", _attr("execution", "allowed_tool_types"), free_text=True),
+    ],
 }
 
 

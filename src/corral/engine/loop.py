@@ -84,6 +84,8 @@ class AgentDefinition:
     #: what to do with a non-idempotent call interrupted by a crash: ask a human, or fail
     interrupted_calls: Literal["ask", "fail"] = "ask"
     session_policy: SessionPolicy = field(default_factory=SessionPolicy)
+    #: the effective execution policy its tools were built under, as ``run.start`` records it
+    execution: dict[str, Any] | None = None
 
 
 @dataclass
@@ -184,11 +186,13 @@ class AgentLoop:
         self.messages = [Message.system(system)] if system else []
         self.messages += [*history, Message.user(user_input)]
         self.initial_count = len(self.messages)
+        policy = {"execution": agent.execution} if agent.execution is not None else {}
         await self.emit(
             EventType.RUN_START,
             agent=agent.name,
             input=user_input,
             messages=dump_messages(self.messages),
+            **policy,
         )
         return await self._guarded(self._drive(None, None, {}))
 

@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from corral.core.addresses import url_problem
+from corral.resources.execution import ExecutionSpec, NamespacePolicySpec
 from corral.resources.isolation import IsolationSpec
 from corral.resources.spec import Spec as Spec  # re-exported: every kind is a Spec
 from corral.resources.wasm_module import module_problem
@@ -140,11 +141,20 @@ class PythonToolSpec(Spec):
             "cannot interrupt it. Coroutine functions always run on the loop"
         ),
     )
+    isolation: Literal["none", "process"] = Field(
+        default="none",
+        description=(
+            "process: run the function in a worker subprocess that a timeout or cancellation "
+            "kills; none: in this process (a timed-out synchronous call keeps its thread)"
+        ),
+    )
 
     @model_validator(mode="after")
     def _import_path(self) -> PythonToolSpec:
         if ":" not in self.function:
             raise ValueError("function must look like 'package.module:function'")
+        if self.inline and self.isolation == "process":
+            raise ValueError("'inline' runs on the event loop; isolation 'process' cannot")
         return self
 
 
@@ -512,6 +522,10 @@ class AgentSpec(Spec):
                 raise ValueError(f"agent {link.agent!r} is linked twice")
             seen.add(link.agent)
         return links
+    execution: ExecutionSpec | None = Field(
+        default=None,
+        description="what its tools may be and how they are isolated (over the NamespacePolicy)",
+    )
 
     @field_validator("output_schema")
     @classmethod
@@ -542,6 +556,7 @@ SPEC_TYPES: dict[str, type[Spec]] = {
     "Secret": SecretSpec,
     "AgentRole": AgentRoleSpec,
     "ToolPermission": ToolPermissionSpec,
+    "NamespacePolicy": NamespacePolicySpec,
 }
 KINDS = tuple(SPEC_TYPES)
 
@@ -583,7 +598,7 @@ def kind_of(name: str) -> str:
     lowered = name.lower()
     for kind in KINDS:
         k = kind.lower()
-        if lowered in (k, k + "s", k + "es"):
+        if lowered in (k, k + "s", k + "es") or (k.endswith("y") and lowered == k[:-1] + "ies"):
             return kind
     raise ValueError(f"unknown kind {name!r}; kinds are {', '.join(KINDS)}")
 

@@ -13,6 +13,17 @@ from corral.core.settings import Settings
 from corral.engine.loop import AgentDefinition
 from corral.models.base import Model, ModelSettings, NamedTool, ToolChoice
 from corral.models.registry import build_model, with_fallbacks
+from corral.resources.execution import (
+    NAMESPACE_POLICY_KIND,
+    NAMESPACE_POLICY_NAME,
+    EffectivePolicy,
+    NamespacePolicySpec,
+    effective_policy,
+    isolation_under,
+    loosening_problems,
+    tool_problem,
+)
+from corral.resources.execution_check import tool_facts
 from corral.resources.kinds import (
     AgentRoleSpec,
     AgentSpec,
@@ -63,6 +74,8 @@ class AgentBuilder:
         settings: Settings,
         namespace: str = "default",
         delegation: Delegation | None = None,
+        *,
+        sandbox_host: SandboxHost | None = None,
     ) -> None:
         self.store = store
         self.settings = settings
@@ -71,7 +84,7 @@ class AgentBuilder:
         self.delegation = delegation
         self.secrets = SecretResolver(store, settings)
         #: the machine's side of tool isolation; it never shows a tool this CORRAL_HOME
-        self.sandbox_host = SandboxHost.from_env(corral_home=settings.home)
+        self.sandbox_host = sandbox_host or SandboxHost.from_env(corral_home=settings.home)
         self._resolved: dict[str, str] = {}
         #: what else a run may echo of them: the password of a basic-auth secret
         self._derived: list[tuple[str, str]] = []
@@ -109,13 +122,14 @@ class AgentBuilder:
         self, name: str, stack: AsyncExitStack, output_schema: dict[str, Any] | None
     ) -> AgentDefinition:
         spec = await self.agent_spec(name)
+        policy = await self.execution_policy(name, spec)
         models: list[Model] = []
         for endpoint in [spec.model, *spec.fallback_models]:
             model = await self._model(endpoint)
             stack.push_async_callback(model.aclose)
             models.append(model)
         permissions = await self._permissions(spec)
-        tools = await self._tools(spec, stack)
+        tools = await self._tools(spec, stack, policy)
         tools += self._linked_agents(name, spec, permissions)
         names: dict[str, str] = {}
         for governed in tools:
@@ -151,7 +165,42 @@ class AgentBuilder:
             workspace=workspace,
             interrupted_calls=spec.interrupted_calls,
             session_policy=spec.session,
+            execution=policy.to_dict(),
         )
+
+    async def execution_policy(self, name: str, spec: AgentSpec) -> EffectivePolicy:
+        """The agent's effective execution policy (over its namespace's NamespacePolicy).
+
+        A policy applied after the agent that the agent would loosen is a configuration
+        error here, as it would have been at apply.
+        """
+        stored = await self.store.get_resource(
+            self.namespace, NAMESPACE_POLICY_KIND, NAMESPACE_POLICY_NAME
+        )
+        found = stored.resource.spec if stored is not None else None
+        defaults = found.execution if isinstance(found, NamespacePolicySpec) else None
+        loosened = loosening_problems(spec.execution, defaults)
+        if loosened:
+            reasons = "; ".join(reason for _, reason in loosened)
+            raise ConfigurationError(f"agent {name!r}: execution policy: {reasons}")
+        return effective_policy(spec.execution, defaults)
+
+    def _under_policy(self, policy: EffectivePolicy, ref: str, spec: S) -> S:
+        """``spec`` (a Tool's or McpServer's) with the isolation ``policy`` gives it."""
+        facts = tool_facts(spec)
+        if facts is None:
+            return spec
+        problem = tool_problem(policy, ref, *facts)
+        if problem is not None:
+            raise ConfigurationError(problem)
+        if isinstance(spec, ToolSpecModel) and spec.exec is not None:
+            isolation = isolation_under(policy, spec.exec.isolation)
+            return spec.model_copy(
+                update={"exec": spec.exec.model_copy(update={"isolation": isolation})}
+            )
+        if isinstance(spec, McpServerSpec) and spec.transport == "stdio":
+            return spec.model_copy(update={"isolation": isolation_under(policy, spec.isolation)})
+        return spec
 
     async def _spec(self, kind: str, name: str, spec_type: type[S]) -> S:
         stored = await self.store.get_resource(self.namespace, kind, name)
@@ -192,12 +241,16 @@ class AgentBuilder:
         self._derived += [(f"{endpoint}-api-key", v) for v in model.credentials() if v != api_key]
         return model
 
-    async def _tools(self, agent: AgentSpec, stack: AsyncExitStack) -> list[GovernedTool]:
+    async def _tools(
+        self, agent: AgentSpec, stack: AsyncExitStack, policy: EffectivePolicy
+    ) -> list[GovernedTool]:
         tools: list[GovernedTool] = []
         mcp_tools: dict[str, tuple[McpServerSpec, list[Tool]]] = {}
         for entry in agent.tools:
             if not entry.startswith(MCP_PREFIX):
-                spec = await self._spec("Tool", entry, ToolSpecModel)
+                spec = self._under_policy(
+                    policy, entry, await self._spec("Tool", entry, ToolSpecModel)
+                )
                 env = spec.exec.env if spec.exec else {}
                 auth = spec.http.auth if spec.http else None
                 tool = build_tool(
@@ -208,7 +261,7 @@ class AgentBuilder:
                 continue
             server, _, pattern = entry[len(MCP_PREFIX) :].partition("/")
             if server not in mcp_tools:
-                mcp_tools[server] = await self._open_mcp(server, stack)
+                mcp_tools[server] = await self._open_mcp(server, stack, policy, entry)
             server_spec, offered = mcp_tools[server]
             chosen = [
                 t for t in offered if fnmatch.fnmatchcase(t.ref, f"{MCP_PREFIX}{server}/{pattern}")
@@ -242,11 +295,13 @@ class AgentBuilder:
         ]
 
     async def _open_mcp(
-        self, server: str, stack: AsyncExitStack
+        self, server: str, stack: AsyncExitStack, policy: EffectivePolicy, entry: str
     ) -> tuple[McpServerSpec, list[Tool]]:
         from corral.tools.mcp import open_server_tools
 
-        spec = await self._spec("McpServer", server, McpServerSpec)
+        spec = self._under_policy(
+            policy, entry, await self._spec("McpServer", server, McpServerSpec)
+        )
         secrets = await self._secrets_of(spec.env, spec.auth)
         workspace = self.settings.workspaces / self.namespace / "mcp" / server
         workspace.mkdir(parents=True, exist_ok=True)

@@ -8,6 +8,10 @@ paths (``./tool.py``) have no file to be relative to over HTTP: they are refused
 
 Applying resources is code execution on the server (``exec`` and ``python``
 tools, MCP server commands): that is why it takes the admin role.
+
+A ``NamespacePolicy`` bounds what a namespace's admins may run, so only an admin
+of the ``default`` namespace (the operator) may apply or delete one (403
+otherwise); such an admin may apply one for any namespace.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from corral.core.selectors import (
     Selector,
     parse_selector,
 )
+from corral.resources.execution import NAMESPACE_POLICY_KIND
 from corral.resources.kinds import KINDS, NAME_PATTERN, kind_of
 from corral.resources.loader import LoadedResource, load_text, unanchored_paths
 from corral.resources.secrets import redacted
@@ -58,6 +63,8 @@ router = APIRouter(prefix="/v1", tags=["resources"])
 YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml", "text/x-yaml")
 JSON_TYPE = "application/json"
 
+#: the namespace whose admins are the operator's: they set NamespacePolicies
+OPERATOR_NAMESPACE = "default"
 _KIND_DOC = f"One of {', '.join(KINDS)}, also in lower case and plural (`agent`, `agents`)."
 _KIND_ENUM = {"enum": list(KIND_NAMES)}
 KindParam = Annotated[str, Path(description=_KIND_DOC, json_schema_extra=_KIND_ENUM)]
@@ -208,6 +215,7 @@ async def _load(
         loaded = await anyio.to_thread.run_sync(
             lambda: load_text(text, None, default_namespace=who.namespace, limits=limits)
         )
+        _may_apply_policies(who, loaded)
         for item in loaded:  # YAML escapes ("\\ud800") can make them too
             where = surrogate_path(item.resource.to_document())
             if where is not None:
@@ -218,7 +226,7 @@ async def _load(
                 f"this token applies to namespace {who.namespace!r} only",
             )
             for item in loaded
-            if item.resource.namespace != who.namespace
+            if item.resource.namespace != who.namespace and not _operator_policy(who, item)
         ]
         refused = foreign + unanchored_paths(loaded)
         if refused:
@@ -234,6 +242,27 @@ async def _load(
             problems = [_json_problem(p) for p in problems]
         raise _invalid(problems) from None
     return loaded
+
+
+def _forbidden_policy() -> ProblemError:
+    return ProblemError(
+        403,
+        f"a {NAMESPACE_POLICY_KIND} bounds what a namespace's admins may run: only an admin "
+        f"of namespace {OPERATOR_NAMESPACE!r} (or the store's owner) may apply or delete one",
+        code="forbidden",
+    )
+
+
+def _operator_policy(who: Principal, item: LoadedResource) -> bool:
+    """A NamespacePolicy applied by the operator, who may name any namespace."""
+    return item.resource.kind == NAMESPACE_POLICY_KIND and who.namespace == OPERATOR_NAMESPACE
+
+
+def _may_apply_policies(who: Principal, loaded: list[LoadedResource]) -> None:
+    if who.namespace != OPERATOR_NAMESPACE and any(
+        item.resource.kind == NAMESPACE_POLICY_KIND for item in loaded
+    ):
+        raise _forbidden_policy()
 
 
 def _invalid(problems: list[FieldProblem]) -> ProblemError:
@@ -320,11 +349,15 @@ async def get_resource(
     status_code=204,
     response_class=Response,
     summary="Delete a resource",
-    responses=responses(404, 409),
+    responses=responses(403, 404, 409),
 )
 async def delete_resource(
     kind: KindParam, name: NameParam, who: Admin, request: Request
 ) -> Response:
-    """Refused (409) while another resource references it."""
-    await context_of(request).store.delete_resource(who.namespace, _kind(kind, "path.kind"), name)
+    """Refused (409) while another resource references it; a NamespacePolicy is the
+    operator's (403 for an admin of another namespace than `default`)."""
+    canonical = _kind(kind, "path.kind")
+    if canonical == NAMESPACE_POLICY_KIND and who.namespace != OPERATOR_NAMESPACE:
+        raise _forbidden_policy()
+    await context_of(request).store.delete_resource(who.namespace, canonical, name)
     return Response(status_code=204)

@@ -13,7 +13,9 @@ so its thread is abandoned and finishes on its own. With ``inline: true`` a
 synchronous function is called on the event loop instead: no thread hop (two
 thread wake-ups, ~0.1-0.3 ms a call on a small VM), for functions that return in
 microseconds and never block; nothing else in the process runs meanwhile, and
-neither a timeout nor a cancellation can stop it.
+neither a timeout nor a cancellation can stop it. With ``isolation: process`` the
+function runs in a worker subprocess that a timeout or cancellation kills
+(:mod:`corral.tools.python_process`); it is imported here too, for its schema.
 """
 
 from __future__ import annotations
@@ -166,6 +168,7 @@ class PythonTool(Tool):
         context_param: str | None,
         idempotent: bool,
         inline: bool = False,
+        process: tuple[str, str | None] | None = None,
     ) -> None:
         self.ref = name
         self.spec = ToolSpec(model_tool_name(name), description, parameters)
@@ -175,6 +178,8 @@ class PythonTool(Tool):
         self._context_param = context_param
         self._is_async = _is_coroutine_function(fn)
         self._inline = inline
+        #: ``(function, path)`` to import in a worker subprocess (isolation: process)
+        self._process = process
 
     def _kwargs(self, arguments: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
         if self._model is None:
@@ -194,6 +199,11 @@ class PythonTool(Tool):
 
     async def call(self, arguments: dict[str, Any], ctx: ToolContext) -> Any:
         kwargs = self._kwargs(arguments, ctx)
+        if self._process is not None:
+            from corral.tools.python_process import call_in_process
+
+            function, path = self._process
+            return await call_in_process(function, path, self.ref, kwargs, self._is_async)
         try:
             if self._is_async:
                 result = await self._fn(**kwargs)
@@ -247,6 +257,9 @@ def create(name: str, spec: ToolSpecModel, secrets: Mapping[str, str]) -> Tool:
         context_param=context_param,
         idempotent=spec.idempotent,
         inline=spec.python.inline,
+        process=(
+            (spec.python.function, spec.python.path) if spec.python.isolation == "process" else None
+        ),
     )
 
 

@@ -1,7 +1,7 @@
 """Resources in the SQL store: apply a batch, read, list, fingerprint and delete them.
 
-Applying checks every reference against the batch and the stored resources in
-the same write transaction, and seals Secret values with the store's cipher
+Applying checks every reference and every Agent's execution policy against the
+batch and the stored resources in the same write transaction, and seals Secret values with the store's cipher
 before they are stored.
 """
 
@@ -16,7 +16,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from corral.core.errors import ConflictError, NotFoundError, ResourceError
 from corral.core.selectors import Selector
-from corral.resources.kinds import SPEC_TYPES, Resource, SecretSpec
+from corral.resources.execution_check import check_execution_policies
+from corral.resources.kinds import SPEC_TYPES, Resource, SecretSpec, Spec
 from corral.resources.loader import LoadedResource, format_path
 from corral.resources.references import check_references, locate, referrers, resource_of
 from corral.resources.secrets import seal
@@ -43,7 +44,12 @@ class SqlResources(SqlEngine):
             async def exists(namespace: str, kind: str, name: str) -> bool:
                 return await _fetch_resource(conn, namespace, kind, name) is not None
 
+            async def stored_spec(namespace: str, kind: str, name: str) -> Spec | None:
+                row = await _fetch_resource(conn, namespace, kind, name)
+                return row_to_stored(row).resource.spec if row is not None else None
+
             await check_references(items, exists)
+            await check_execution_policies(items, stored_spec)
             return [await self._apply_one(conn, item, now, dry_run) for item in items]
 
         if dry_run:  # the same checks and comparisons, in a read: nothing is written

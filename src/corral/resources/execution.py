@@ -1,0 +1,209 @@
+"""Execution policies: what an agent's tools may be and how they must be isolated.
+
+An ``Agent`` may say ``execution: {isolation, network, allowed_tool_types}``; a
+``NamespacePolicy`` (one per namespace, named ``default``) gives the namespace's
+default. :func:`effective_policy` is the one place they meet: each field is the
+agent's own, else the namespace's, else the built-in default (isolation
+``preferred`` = each tool's own ``isolation``, network ``allow``, every type).
+
+An agent may tighten its namespace's policy but never loosen it (a tenant's admin
+writes the agent, the operator writes the namespace policy):
+:func:`loosening_problems` names what an agent would loosen, and apply refuses it.
+
+The effective policy acts on tools in two places, both through this module:
+:func:`tool_problem` (apply refuses, the builder raises a configuration error) and
+:func:`isolation_under` (the isolation a tool of the agent actually runs with).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal, get_args
+
+from pydantic import Field, field_validator
+
+from corral.resources.isolation import IsolationSpec
+from corral.resources.spec import Spec
+
+__all__ = [
+    "DEFAULT_POLICY",
+    "NAMESPACE_POLICY_NAME",
+    "TOOL_TYPES",
+    "EffectivePolicy",
+    "ExecutionSpec",
+    "NamespacePolicySpec",
+    "effective_policy",
+    "isolation_under",
+    "loosening_problems",
+    "tool_problem",
+]
+
+IsolationRule = Literal["required", "preferred", "off"]
+NetworkRule = Literal["allow", "deny"]
+#: the tool types a policy can allow: a Tool's ``type``, or ``mcp`` for an McpServer's tools
+ToolType = Literal["python", "exec", "http", "mcp", "wasm"]
+TOOL_TYPES: tuple[str, ...] = get_args(ToolType)
+#: the one name a NamespacePolicy may have
+NAMESPACE_POLICY_NAME = "default"
+#: the kind a namespace's policy is stored as
+NAMESPACE_POLICY_KIND = "NamespacePolicy"
+
+_STRICTNESS: dict[str, int] = {"off": 0, "preferred": 1, "required": 2}
+
+
+class ExecutionSpec(Spec):
+    """An execution policy; an unset field takes the namespace's, then the built-in default."""
+
+    isolation: IsolationRule | None = Field(
+        default=None,
+        description=(
+            "required: every exec tool and stdio MCP server runs sandboxed or its calls fail "
+            "(isolation_unavailable); preferred: as each tool's isolation says (default); off: "
+            "'auto' tools run unsandboxed"
+        ),
+    )
+    network: NetworkRule | None = Field(
+        default=None, description="deny: sandboxes get no network, whatever a tool asks"
+    )
+    allowed_tool_types: list[ToolType] | None = Field(
+        default=None,
+        max_length=len(TOOL_TYPES),
+        description="the tool types the agent may use (unset: all); 'mcp' covers McpServers",
+    )
+
+    @field_validator("isolation", mode="before")
+    @classmethod
+    def _yaml_off(cls, value: object) -> object:
+        # YAML 1.1 reads an unquoted `off` as false: take it as what was written
+        return "off" if value is False else value
+
+    @field_validator("allowed_tool_types")
+    @classmethod
+    def _no_repeats(cls, types: list[ToolType] | None) -> list[ToolType] | None:
+        if types is not None and len(set(types)) != len(types):
+            raise ValueError("a tool type is listed twice")
+        return types
+
+
+class NamespacePolicySpec(Spec):
+    """The defaults of a namespace's agents; only the store's owner or a default admin sets it."""
+
+    execution: ExecutionSpec = Field(default_factory=ExecutionSpec)
+
+
+@dataclass(frozen=True)
+class EffectivePolicy:
+    """The policy an agent's tools run under, and where each field came from."""
+
+    isolation: IsolationRule = "preferred"
+    network: NetworkRule = "allow"
+    allowed_tool_types: tuple[str, ...] = TOOL_TYPES
+    #: field -> ``agent``, ``namespace`` or ``default``
+    sources: tuple[tuple[str, str], ...] = ()
+
+    def allows(self, tool_type: str) -> bool:
+        return tool_type in self.allowed_tool_types
+
+    def to_dict(self) -> dict[str, Any]:
+        """As ``run.start`` records it and ``describe`` shows it."""
+        return {
+            "isolation": self.isolation,
+            "network": self.network,
+            "allowed_tool_types": list(self.allowed_tool_types),
+            "sources": dict(self.sources),
+        }
+
+
+DEFAULT_POLICY = EffectivePolicy()
+
+
+def effective_policy(
+    agent: ExecutionSpec | None, namespace: ExecutionSpec | None
+) -> EffectivePolicy:
+    """Each field: the agent's own, else the namespace's, else the built-in default."""
+    values: dict[str, Any] = {}
+    sources: list[tuple[str, str]] = []
+    for field in ("isolation", "network", "allowed_tool_types"):
+        for source, spec in (("agent", agent), ("namespace", namespace)):
+            value = getattr(spec, field) if spec is not None else None
+            if value is not None:
+                values[field] = tuple(value) if isinstance(value, list) else value
+                sources.append((field, source))
+                break
+        else:
+            values[field] = getattr(DEFAULT_POLICY, field)
+            sources.append((field, "default"))
+    return EffectivePolicy(**values, sources=tuple(sources))
+
+
+def loosening_problems(
+    agent: ExecutionSpec | None, namespace: ExecutionSpec | None
+) -> list[tuple[str, str]]:
+    """``(field, reason)`` for each field where ``agent`` is looser than ``namespace``."""
+    if agent is None or namespace is None:
+        return []
+    problems: list[tuple[str, str]] = []
+    if (
+        agent.isolation is not None
+        and namespace.isolation is not None
+        and _STRICTNESS[agent.isolation] < _STRICTNESS[namespace.isolation]
+    ):
+        problems.append(
+            (
+                "isolation",
+                f"isolation {agent.isolation!r} would loosen the namespace policy's "
+                f"{namespace.isolation!r}",
+            )
+        )
+    if agent.network == "allow" and namespace.network == "deny":
+        problems.append(("network", "network 'allow' would loosen the namespace policy's 'deny'"))
+    if agent.allowed_tool_types is not None and namespace.allowed_tool_types is not None:
+        extra = [t for t in agent.allowed_tool_types if t not in namespace.allowed_tool_types]
+        if extra:
+            problems.append(
+                (
+                    "allowed_tool_types",
+                    f"the namespace policy does not allow {', '.join(extra)} "
+                    f"(it allows {', '.join(namespace.allowed_tool_types) or 'none'})",
+                )
+            )
+    return problems
+
+
+def tool_problem(
+    policy: EffectivePolicy, ref: str, tool_type: str, isolation: IsolationSpec | None
+) -> str | None:
+    """Why the agent's policy refuses tool ``ref`` of ``tool_type``, or ``None``.
+
+    ``isolation`` is the tool's own block (exec tools, stdio MCP servers), else ``None``.
+    """
+    if not policy.allows(tool_type):
+        allowed = ", ".join(policy.allowed_tool_types) or "none"
+        return (
+            f"tool {ref!r} is of type {tool_type!r}, which the agent's execution policy does "
+            f"not allow (allowed_tool_types: {allowed})"
+        )
+    if policy.isolation == "required" and isolation is not None and isolation.mode == "none":
+        return (
+            f"tool {ref!r} says isolation.mode 'none', but the agent's execution policy "
+            "requires a sandbox (isolation: required)"
+        )
+    return None
+
+
+def isolation_under(policy: EffectivePolicy, isolation: IsolationSpec) -> IsolationSpec:
+    """The isolation a tool runs with under ``policy`` (its own, tightened or relaxed).
+
+    ``required`` turns ``auto`` into ``sandbox`` (a call fails closed where bubblewrap
+    does not work); ``off`` turns ``auto`` into ``none``; ``deny`` turns the
+    sandbox's network off. A tool's ``none`` under ``required`` is refused by
+    :func:`tool_problem` before this is asked.
+    """
+    update: dict[str, Any] = {}
+    if policy.isolation == "required" and isolation.mode == "auto":
+        update["mode"] = "sandbox"
+    elif policy.isolation == "off" and isolation.mode == "auto":
+        update["mode"] = "none"
+    if policy.network == "deny" and isolation.network:
+        update["network"] = False
+    return isolation.model_copy(update=update) if update else isolation
