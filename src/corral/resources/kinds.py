@@ -522,6 +522,7 @@ class AgentSpec(Spec):
                 raise ValueError(f"agent {link.agent!r} is linked twice")
             seen.add(link.agent)
         return links
+
     execution: ExecutionSpec | None = Field(
         default=None,
         description="what its tools may be and how they are isolated (over the NamespacePolicy)",

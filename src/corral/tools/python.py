@@ -21,13 +21,10 @@ function runs in a worker subprocess that a timeout or cancellation kills
 from __future__ import annotations
 
 import functools
-import importlib
 import inspect
 import re
-import sys
 import typing
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
 
 import anyio.to_thread
@@ -40,6 +37,7 @@ from corral.core.messages import ToolSpec
 from corral.resources.kinds import ToolSpecModel
 from corral.tools.base import Tool, ToolContext
 from corral.tools.naming import model_tool_name
+from corral.tools.python_import import load_function
 
 __all__ = ["PythonTool", "create", "load_function", "signature_schema"]
 
@@ -121,31 +119,6 @@ def signature_schema(
     schema.pop("title", None)
     schema.setdefault("properties", {})
     return model, context_param, schema
-
-
-def load_function(function: str, path: str | None, *, name: str) -> Callable[..., Any]:
-    """Import ``package.module:attribute`` (after putting ``path`` on ``sys.path``)."""
-    module_name, _, attribute = function.partition(":")
-    if path is not None:
-        directory = str(Path(path).resolve())
-        if directory not in sys.path:
-            sys.path.insert(0, directory)
-            importlib.invalidate_caches()
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as exc:  # module code may raise anything
-        raise ConfigurationError(
-            f"Tool {name!r}: cannot import module {module_name!r}: {type(exc).__name__}: {exc}"
-        ) from exc
-    try:
-        target: Any = functools.reduce(getattr, attribute.split("."), module)
-    except AttributeError as exc:
-        raise ConfigurationError(
-            f"Tool {name!r}: module {module_name!r} has no attribute {attribute!r}"
-        ) from exc
-    if not callable(target):
-        raise ConfigurationError(f"Tool {name!r}: {function!r} is not callable")
-    return typing.cast(Callable[..., Any], target)
 
 
 def _is_coroutine_function(fn: Callable[..., Any]) -> bool:

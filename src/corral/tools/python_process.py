@@ -44,7 +44,7 @@ def _serve(conn: Connection) -> None:
     """The subprocess: answer calls until the pipe closes."""
     import pydantic_core
 
-    from corral.tools.python import load_function
+    from corral.tools.python_import import load_function
 
     loaded: dict[tuple[str, str | None], Any] = {}
     while True:
