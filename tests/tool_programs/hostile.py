@@ -14,6 +14,7 @@ forks     {"count"}: start ``count`` sleeping children; a failed fork is an exit
 memory    {"mb"}: allocate that many MiB
 spin      burn CPU forever
 bigfile   {"mb"}: write a file of that many MiB in /tmp
+environment  {"names": [...]}: the values of those environment variables (null: unset)
 """
 
 import errno
@@ -153,6 +154,8 @@ def main() -> None:
             for _ in range(args["mb"]):
                 f.write(b"x" * 1024 * 1024)
         result = "written"
+    elif mode == "environment":
+        result = {name: os.environ.get(name) for name in args["names"]}
     json.dump(result, sys.stdout)
 
 

@@ -1,0 +1,134 @@
+"""A namespace admin's attacks on the tool sandbox, each a finding of the sandbox review.
+
+The admin writes the Tool (its command, arguments and environment) and the program
+is theirs: these tests try what such a Tool could get of the host beyond what
+tests/test_isolation.py already covers, through a real bubblewrap sandbox.
+"""
+
+from __future__ import annotations
+
+import stat
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from corral.core.errors import ConfigurationError, ToolError
+from corral.resources.isolation import IsolationSpec
+from corral.resources.kinds import ExecToolSpec, ToolSpecModel
+from corral.tools import exec as exec_tool
+from corral.tools.base import Tool, ToolContext
+from corral.tools.sandbox.host import SandboxHost
+from sandboxing import require_bwrap, sandbox_host
+
+HOSTILE = Path(__file__).parent / "tool_programs" / "hostile.py"
+
+
+@pytest.fixture
+def host(tmp_path: Path) -> SandboxHost:
+    home = tmp_path / "corral-home"
+    (home / "workspaces" / "default" / "me").mkdir(parents=True)
+    sandbox = sandbox_host(home)
+    require_bwrap(sandbox)
+    return sandbox
+
+
+def _context(host: SandboxHost) -> ToolContext:
+    return ToolContext(
+        run_id="run-1",
+        agent="me",
+        namespace="default",
+        call_id="call-1",
+        idempotency_key="run-1:1:call-1",
+        workspace=host.corral_home / "workspaces" / "default" / "me",
+    )
+
+
+def _tool(
+    host: SandboxHost, command: list[str], env: dict[str, str] | None = None, **isolation: Any
+) -> Tool:
+    spec = ToolSpecModel(
+        type="exec",
+        parameters={"type": "object"},
+        timeout_seconds=30,
+        exec=ExecToolSpec(
+            command=command,
+            env=env or {},
+            isolation=IsolationSpec.model_validate({"mode": "sandbox", **isolation}),
+        ),
+    )
+    return exec_tool.create("hostile", spec, {}, sandbox_host=host)
+
+
+def test_a_host_file_only_the_server_may_read_is_never_bound_for_an_argument(
+    host: SandboxHost, tmp_path: Path
+) -> None:
+    key = tmp_path / "id_rsa"
+    key.write_text("PRIVATE-KEY")
+    key.chmod(0o600)
+    shadow = Path("/etc/shadow")
+    targets = [key]
+    if shadow.exists() and not shadow.stat().st_mode & stat.S_IROTH:
+        targets.append(shadow)
+    for target in targets:
+        with pytest.raises(ConfigurationError, match="only the server's user may read"):
+            _tool(host, [sys.executable, str(HOSTILE), str(target)])
+
+
+def test_a_world_readable_file_in_a_private_directory_is_not_bound_either(
+    host: SandboxHost, tmp_path: Path
+) -> None:
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    notes = private / "notes.txt"
+    notes.write_text("PRIVATE")
+    notes.chmod(0o644)
+    with pytest.raises(ConfigurationError, match="only the server's user may read"):
+        _tool(host, [sys.executable, str(HOSTILE), str(notes)])
+
+
+def test_a_private_program_outside_the_allowed_paths_is_not_bound(
+    host: SandboxHost, tmp_path: Path
+) -> None:
+    script = tmp_path / "backup.sh"
+    script.write_text("#!/bin/sh\necho PASSWORD=hunter2\n")
+    script.chmod(0o700)
+    with pytest.raises(ConfigurationError, match="only the server's user may read"):
+        _tool(host, [str(script)])
+
+
+async def test_loader_variables_of_a_tool_do_not_reach_the_launchers_on_the_host(
+    host: SandboxHost, tmp_path: Path
+) -> None:
+    # LD_DEBUG_OUTPUT makes the dynamic linker of every process it reaches write a file:
+    # on the host, bwrap (and the cgroup's shell) would write it; inside, there is no such path.
+    # LD_PRELOAD of a library the program wrote into its workspace would run in them likewise.
+    trace = tmp_path / "pwned"
+    env = {"LD_DEBUG": "files", "LD_DEBUG_OUTPUT": str(trace), "GCONV_PATH": "/nowhere"}
+    tool = _tool(
+        host, [sys.executable, str(HOSTILE)], env=env, limits={"max_processes": 64}
+    )
+    seen = await tool.call({"mode": "environment", "names": sorted(env)}, _context(host))
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith("pwned")]
+    # the program itself still gets what its Tool declared
+    assert seen == env
+
+
+async def test_tmp_is_a_bounded_tmpfs(host: SandboxHost) -> None:
+    tool = _tool(host, [sys.executable, str(HOSTILE)], limits={"tmp_mb": 2})
+    with pytest.raises(ToolError) as caught:
+        await tool.call({"mode": "bigfile", "mb": 4}, _context(host))
+    assert "No space left on device" in caught.value.reason
+    default = _tool(host, ["/bin/df", "-k", "--output=size", "/tmp"])
+    size_kib = int(str(await default.call({}, _context(host))).split()[-1])
+    assert size_kib == 256 * 1024
+
+
+async def test_private_keys_of_the_system_are_not_shown(host: SandboxHost) -> None:
+    # a server running as root is root in the sandbox's user namespace too (owner of
+    # root's files): what /etc shows must hold no private key
+    tool = _tool(host, [sys.executable, str(HOSTILE)])
+    listed = await tool.call({"mode": "list", "paths": ["/etc/ssl/private"]}, _context(host))
+    assert listed == {"/etc/ssl/private": "ENOENT"}
+
