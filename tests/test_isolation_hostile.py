@@ -105,13 +105,15 @@ async def test_loader_variables_of_a_tool_do_not_reach_the_launchers_on_the_host
     # on the host, bwrap (and the cgroup's shell) would write it; inside, there is no such path.
     # LD_PRELOAD of a library the program wrote into its workspace would run in them likewise.
     trace = tmp_path / "pwned"
-    env = {"LD_DEBUG": "files", "LD_DEBUG_OUTPUT": str(trace), "GCONV_PATH": "/nowhere"}
-    tool = _tool(
-        host, [sys.executable, str(HOSTILE)], env=env, limits={"max_processes": 64}
-    )
-    seen = await tool.call({"mode": "environment", "names": sorted(env)}, _context(host))
+    attack = {"LD_DEBUG": "files", "LD_DEBUG_OUTPUT": str(trace)}
+    limits = {"max_processes": 64}  # where a pids cgroup is made, its shell runs on the host too
+    tool = _tool(host, [sys.executable, str(HOSTILE)], env=attack, limits=limits)
+    await tool.call({"mode": "environment", "names": []}, _context(host))
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith("pwned")]
     # the program itself still gets what its Tool declared
+    env = {"LD_LIBRARY_PATH": "/nowhere", "GCONV_PATH": "/nowhere", "PLAIN": "yes"}
+    tool = _tool(host, [sys.executable, str(HOSTILE)], env=env, limits=limits)
+    seen = await tool.call({"mode": "environment", "names": sorted(env)}, _context(host))
     assert seen == env
 
 
@@ -119,7 +121,7 @@ async def test_tmp_is_a_bounded_tmpfs(host: SandboxHost) -> None:
     tool = _tool(host, [sys.executable, str(HOSTILE)], limits={"tmp_mb": 2})
     with pytest.raises(ToolError) as caught:
         await tool.call({"mode": "bigfile", "mb": 4}, _context(host))
-    assert "No space left on device" in caught.value.reason
+    assert "No space left on device" in caught.value.info.reason
     default = _tool(host, ["/bin/df", "-k", "--output=size", "/tmp"])
     size_kib = int(str(await default.call({}, _context(host))).split()[-1])
     assert size_kib == 256 * 1024
@@ -131,4 +133,3 @@ async def test_private_keys_of_the_system_are_not_shown(host: SandboxHost) -> No
     tool = _tool(host, [sys.executable, str(HOSTILE)])
     listed = await tool.call({"mode": "list", "paths": ["/etc/ssl/private"]}, _context(host))
     assert listed == {"/etc/ssl/private": "ENOENT"}
-

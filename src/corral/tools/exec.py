@@ -305,10 +305,10 @@ class ExecTool(Tool):
         )
         payload = json.dumps(arguments).encode("utf-8")
         program = os.path.basename(self._argv[0])
-        launch = self.isolation.launch(self._argv, workspace, self._cwd or "")
+        launch = self.isolation.launch(self._argv, workspace, self._cwd or "", env)
         try:
             with anyio.move_on_after(self._wall_seconds or math.inf) as wall:
-                done = await run_program(launch.argv, payload, env=env, cwd=launch.cwd)
+                done = await run_program(launch.argv, payload, env=launch.env, cwd=launch.cwd)
             if wall.cancelled_caught:
                 raise ToolError(
                     ToolErrorCode.RESOURCE_EXHAUSTED,
