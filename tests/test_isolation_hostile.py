@@ -55,7 +55,10 @@ def _tool(
         exec=ExecToolSpec(
             command=command,
             env=env or {},
-            isolation=IsolationSpec.model_validate({"mode": "sandbox", **isolation}),
+            # as stored: the binds are checked against ``host`` when the tool is built
+            isolation=IsolationSpec.model_validate(
+                {"mode": "sandbox", **isolation}, context={"stored": True}
+            ),
         ),
     )
     return exec_tool.create("hostile", spec, {}, sandbox_host=host)
@@ -133,3 +136,27 @@ async def test_private_keys_of_the_system_are_not_shown(host: SandboxHost) -> No
     tool = _tool(host, [sys.executable, str(HOSTILE)])
     listed = await tool.call({"mode": "list", "paths": ["/etc/ssl/private"]}, _context(host))
     assert listed == {"/etc/ssl/private": "ENOENT"}
+
+
+async def test_a_bind_swapped_for_a_symlink_after_the_tool_was_built_is_refused(
+    tmp_path: Path,
+) -> None:
+    # another tool with a writable bind (or anyone writing the allowed directory) replaces
+    # a bound directory by a symlink into CORRAL_HOME between the checks and a call
+    home = tmp_path / "corral-home"
+    (home / "workspaces" / "default" / "me").mkdir(parents=True)
+    (home / "secret.key").write_text("MASTER-KEY")
+    shared = tmp_path / "shared"
+    (shared / "data").mkdir(parents=True)
+    base = sandbox_host(home)
+    host = SandboxHost(home, allowed_paths=(*base.allowed_paths, shared, HOSTILE.parent))
+    require_bwrap(host)
+    tool = _tool(host, [sys.executable, str(HOSTILE)], read_only_paths=[str(shared / "data")])
+    listing = {"mode": "list", "paths": [str(shared / "data")]}
+    assert await tool.call(listing, _context(host)) == {str(shared / "data"): []}
+    (shared / "data").rmdir()
+    (shared / "data").symlink_to(home)
+    with pytest.raises(ToolError) as caught:
+        await tool.call(listing, _context(host))
+    assert caught.value.code == "isolation_unavailable"
+    assert str(home) not in caught.value.info.reason
