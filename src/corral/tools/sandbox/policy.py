@@ -177,6 +177,8 @@ class Sandboxed(Isolation):
         self.bwrap = bwrap
         self.read_only = tuple(read_only)
         self.writable = tuple(writable)
+        # what each bind resolved to when it was checked: a call binds it only unchanged
+        self._checked = {p: os.path.realpath(p) for p in (*self.read_only, *self.writable)}
 
     def view(self, workspace: Path) -> View:
         if self.spec.workspace == "rw":
@@ -186,6 +188,7 @@ class Sandboxed(Isolation):
     def launch(
         self, argv: Sequence[str], workspace: Path, cwd: str, env: Mapping[str, str]
     ) -> Launch:
+        self._recheck()
         program = [os.path.abspath(argv[0]), *argv[1:]]
         if self.spec.workspace == "none":
             inside = "/tmp"
@@ -207,6 +210,21 @@ class Sandboxed(Isolation):
             self.bwrap, layout, [*prlimit_argv(self.limits), *program], setenv=inside_only
         )
         return self._launch(command, workspace, outside, sandboxed=True)
+
+    def _recheck(self) -> None:
+        """Fail the call when a bind now resolves elsewhere than when it was checked.
+
+        A directory writable by some tool (an allowed ``writable_paths``) may be where a
+        bound path lies: a symlink put there after the checks would bind what it points
+        to (``CORRAL_HOME``). This narrows that to the moment between here and ``bwrap``.
+        """
+        for path, checked in self._checked.items():
+            if os.path.realpath(path) != checked:
+                raise ToolError(
+                    ToolErrorCode.ISOLATION_UNAVAILABLE,
+                    f"the sandbox will not show {str(path)!r}: it was replaced "
+                    "(by a symlink, or moved) since the tool was built",
+                )
 
 
 @dataclass(frozen=True)
