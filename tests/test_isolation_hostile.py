@@ -160,3 +160,36 @@ async def test_a_bind_swapped_for_a_symlink_after_the_tool_was_built_is_refused(
         await tool.call(listing, _context(host))
     assert caught.value.code == "isolation_unavailable"
     assert str(home) not in caught.value.info.reason
+
+
+async def test_symlinks_the_program_left_in_its_workspace_make_nothing_on_the_host(
+    host: SandboxHost, tmp_path: Path
+) -> None:
+    # the server creates the call's cwd (and HOME, TMPDIR) in the workspace on the host:
+    # through a symlink the program left there it would create directories anywhere
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    tool = _tool(host, [sys.executable, str(HOSTILE)])
+    for link, target in (("jump", str(outside)), ("home", str(tmp_path / "missing" / "home"))):
+        answer = await tool.call(
+            {"mode": "symlink", "link": f"/workspace/{link}", "target": target}, _context(host)
+        )
+        assert answer == "linked"
+    spec = ToolSpecModel(
+        type="exec",
+        parameters={"type": "object"},
+        timeout_seconds=30,
+        exec=ExecToolSpec(
+            command=[sys.executable, str(HOSTILE)],
+            cwd="jump/made-by-corral",
+            isolation=IsolationSpec(mode="sandbox"),
+        ),
+    )
+    jumping = exec_tool.create("jumping", spec, {}, sandbox_host=host)
+    for called in (jumping, tool):
+        with pytest.raises(ToolError) as caught:
+            await called.call({"mode": "list", "paths": ["."]}, _context(host))
+        assert caught.value.code == "execution_failed"
+        assert "symlink" in caught.value.info.reason
+    assert list(outside.iterdir()) == []
+    assert not (tmp_path / "missing").exists()

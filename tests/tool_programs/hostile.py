@@ -14,6 +14,7 @@ forks     {"count"}: start ``count`` sleeping children; a failed fork is an exit
 memory    {"mb"}: allocate that many MiB
 spin      burn CPU forever
 bigfile   {"mb"}: write a file of that many MiB in /tmp
+symlink   {"link", "target"}: make ``link`` a symlink to ``target`` (replacing what is there)
 environment  {"names": [...]}: the values of those environment variables (null: unset)
 """
 
@@ -154,6 +155,11 @@ def main() -> None:
             for _ in range(args["mb"]):
                 f.write(b"x" * 1024 * 1024)
         result = "written"
+    elif mode == "symlink":
+        if os.path.lexists(args["link"]):
+            os.rename(args["link"], args["link"] + ".old")
+        os.symlink(args["target"], args["link"])
+        result = "linked"
     elif mode == "environment":
         result = {name: os.environ.get(name) for name in args["names"]}
     json.dump(result, sys.stdout)
