@@ -193,3 +193,15 @@ async def test_symlinks_the_program_left_in_its_workspace_make_nothing_on_the_ho
         assert "symlink" in caught.value.info.reason
     assert list(outside.iterdir()) == []
     assert not (tmp_path / "missing").exists()
+
+
+async def test_dev_holds_no_unbounded_memory(host: SandboxHost) -> None:
+    # bubblewrap's /dev is a tmpfs of the host's memory: writable, of no set size
+    tool = _tool(host, [sys.executable, str(HOSTILE)], limits={"tmp_mb": 2})
+    for path, refused in (("/dev/big", "EROFS"), ("/dev/shm/big", "ENOSPC")):
+        answer = await tool.call({"mode": "bigfile", "mb": 4, "path": path}, _context(host))
+        assert answer == refused
+    # what a program writes to /dev/null and its kind still works
+    assert await tool.call({"mode": "bigfile", "mb": 1, "path": "/dev/null"}, _context(host)) == (
+        "written"
+    )
