@@ -7,12 +7,13 @@ What the sandbox holds:
   of its own (``--new-session``: no ``TIOCSTI`` into a terminal); it dies with the
   process that started it (``--die-with-parent``), and when its PID 1 ends the
   kernel kills everything left in its PID namespace, ``setsid()`` daemons included;
-- a fresh ``/proc`` (the sandbox's processes only) and a minimal ``/dev``;
+- a fresh ``/proc`` (the sandbox's processes only) and a minimal ``/dev``, read-only
+  but for its devices and a ``/dev/shm`` of the size of ``/tmp``;
 - the system's ``/usr`` (and ``/bin``, ``/sbin``, ``/lib*``) read-only, and of
   ``/etc`` only the files name resolution, certificates, users and the dynamic linker
   read (:data:`ETC_ENTRIES`);
 - the agent workspace at ``/workspace`` (read-write, read-only, or absent), a tmpfs
-  ``/tmp``, and the extra binds the tool declared and the operator allowed; every
+  ``/tmp`` of ``tmp_mb`` (:data:`DEFAULT_TMP_MB`), and the extra binds the tool declared and the operator allowed; every
   other path is read-only.
 
 Nothing else of the host is there: not ``CORRAL_HOME`` (keys, tokens, the database,
@@ -126,6 +127,9 @@ def bwrap_argv(
     argv += _system_binds()
     size = str(layout.tmp_mb * 1024 * 1024)
     argv += ["--proc", "/proc", "--dev", "/dev", "--size", size, "--tmpfs", "/tmp"]
+    # bubblewrap's /dev is a writable tmpfs of no set size (the host's memory): read-only
+    # (its devices still work), with a /dev/shm as bounded as /tmp
+    argv += ["--remount-ro", "/dev", "--size", size, "--tmpfs", "/dev/shm"]
     argv += ["--dir", "/tmp/home"]
     for path in layout.read_only:
         argv += ["--ro-bind", str(path), str(path)]
