@@ -205,3 +205,22 @@ async def test_dev_holds_no_unbounded_memory(host: SandboxHost) -> None:
     assert await tool.call({"mode": "bigfile", "mb": 1, "path": "/dev/null"}, _context(host)) == (
         "written"
     )
+
+
+async def test_a_sandbox_that_cannot_be_set_up_is_not_the_programs_failure(
+    tmp_path: Path,
+) -> None:
+    home = tmp_path / "corral-home"
+    (home / "workspaces" / "default" / "me").mkdir(parents=True)
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    base = sandbox_host(home)
+    host = SandboxHost(home, allowed_paths=(*base.allowed_paths, scratch, HOSTILE.parent))
+    require_bwrap(host)
+    tool = _tool(host, [sys.executable, str(HOSTILE)], writable_paths=[str(scratch)])
+    scratch.rmdir()  # the operator removed it: bwrap cannot bind it
+    with pytest.raises(ToolError) as caught:
+        await tool.call({"mode": "list", "paths": ["."]}, _context(host))
+    assert caught.value.code == "isolation_unavailable"
+    assert caught.value.info.reason.startswith("the sandbox could not be set up: ")
+    assert "exited with code" not in caught.value.info.reason
