@@ -350,6 +350,9 @@ class ExecTool(Tool):
             limit = launch.limit_hit(done.returncode, stderr)
         finally:
             await launch.aclose()
+        setup_failure = launch.setup_failure(done.returncode, stderr)
+        if setup_failure is not None:
+            raise setup_failure
         if limit is not None:
             tail = stderr.strip()[-_REASON_STDERR_CHARS:]
             raise ToolError(

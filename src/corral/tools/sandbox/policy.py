@@ -77,11 +77,31 @@ class Launch:
     #: the environment ``argv`` starts with (a sandbox's launchers get no loader variables)
     env: dict[str, str] = field(default_factory=dict[str, str])
     cgroup: PidsCgroup | None = None
+    #: named in messages as ``$CORRAL_HOME``
+    corral_home: Path | None = None
 
     def limit_hit(self, returncode: int, stderr: str) -> str | None:
         """The limit the program hit, when it failed and that can be told (see :mod:`.limits`)."""
         events = self.cgroup.max_events() if self.cgroup is not None else 0
         return limit_hit(self.limits, returncode, stderr, pids_max_events=events)
+
+    def setup_failure(self, returncode: int, stderr: str) -> ToolError | None:
+        """The error of a sandbox ``bwrap`` could not set up (its one line, exit code 1).
+
+        ``bwrap`` fails before the program starts, so the program cannot have written
+        anything; a program that fakes the line only mislabels its own failure.
+        """
+        lines = stderr.strip().splitlines()
+        if not self.sandboxed or returncode != 1 or len(lines) != 1:
+            return None
+        if not lines[0].startswith("bwrap: "):
+            return None
+        message = lines[0].removeprefix("bwrap: ")
+        if self.corral_home is not None:  # the workspace's host path names it
+            message = message.replace(str(self.corral_home), "$CORRAL_HOME")
+        return ToolError(
+            ToolErrorCode.ISOLATION_UNAVAILABLE, f"the sandbox could not be set up: {message}"
+        )
 
     async def aclose(self) -> None:
         """Release what the launch made (its cgroup), after its processes are gone."""
@@ -120,7 +140,9 @@ class Isolation(ABC):
             if root is not None:
                 cgroup = PidsCgroup(root, self.limits.max_processes)
                 command = [*cgroup.join_argv(), *command]
-        return Launch(command, cwd, self.limits, sandboxed, dict(env), cgroup)
+        return Launch(
+            command, cwd, self.limits, sandboxed, dict(env), cgroup, self.host.corral_home
+        )
 
 
 class Unsandboxed(Isolation):
