@@ -71,12 +71,14 @@ def test_a_host_file_only_the_server_may_read_is_never_bound_for_an_argument(
     key.write_text("PRIVATE-KEY")
     key.chmod(0o600)
     shadow = Path("/etc/shadow")
-    targets = [key]
+    # the same file through CORRAL_HOME's parent: judged where it lies
+    targets = [key, Path(f"{host.corral_home}/../id_rsa")]
     if shadow.exists() and not shadow.stat().st_mode & stat.S_IROTH:
         targets.append(shadow)
     for target in targets:
-        with pytest.raises(ConfigurationError, match="only the server's user may read"):
+        with pytest.raises(ConfigurationError, match="the sandbox cannot show") as caught:
             _tool(host, [sys.executable, str(HOSTILE), str(target)])
+        assert "only the server's user may read" in str(caught.value) or ".." in str(target)
 
 
 def test_a_world_readable_file_in_a_private_directory_is_not_bound_either(
@@ -224,3 +226,13 @@ async def test_a_sandbox_that_cannot_be_set_up_is_not_the_programs_failure(
     assert caught.value.code == "isolation_unavailable"
     assert caught.value.info.reason.startswith("the sandbox could not be set up: ")
     assert "exited with code" not in caught.value.info.reason
+
+
+async def test_a_symlink_the_program_makes_to_a_host_path_leads_nowhere(host: SandboxHost) -> None:
+    secret = host.corral_home / "secret.key"
+    secret.write_text("MASTER-KEY")
+    tool = _tool(host, [sys.executable, str(HOSTILE)])
+    link = {"mode": "symlink", "link": "/workspace/key", "target": str(secret)}
+    assert await tool.call(link, _context(host)) == "linked"
+    read = await tool.call({"mode": "read", "paths": ["/workspace/key"]}, _context(host))
+    assert read == {"/workspace/key": "ENOENT"}  # resolved in the sandbox, where it is not
