@@ -13,7 +13,10 @@ daemon    {"token", "exit"?}: a double-forked setsid() grandchild sleeping with 
 forks     {"count"}: start ``count`` sleeping children; a failed fork is an exit 1
 memory    {"mb"}: allocate that many MiB
 spin      burn CPU forever
-bigfile   {"mb"}: write a file of that many MiB in /tmp
+bigfile   {"mb", "path"?}: write a file of that many MiB at path (/tmp/big); with a path,
+          a failure is the errno's name
+symlink   {"link", "target"}: make ``link`` a symlink to ``target`` (replacing what is there)
+environment  {"names": [...]}: the values of those environment variables (null: unset)
 """
 
 import errno
@@ -149,10 +152,23 @@ def main() -> None:
         while True:
             pass
     elif mode == "bigfile":
-        with open("/tmp/big", "wb") as f:
-            for _ in range(args["mb"]):
-                f.write(b"x" * 1024 * 1024)
-        result = "written"
+        try:
+            with open(args.get("path", "/tmp/big"), "wb") as f:
+                for _ in range(args["mb"]):
+                    f.write(b"x" * 1024 * 1024)
+        except OSError as exc:
+            if "path" not in args:
+                raise
+            result = _errno(exc)
+        else:
+            result = "written"
+    elif mode == "symlink":
+        if os.path.lexists(args["link"]):
+            os.rename(args["link"], args["link"] + ".old")
+        os.symlink(args["target"], args["link"])
+        result = "linked"
+    elif mode == "environment":
+        result = {name: os.environ.get(name) for name in args["names"]}
     json.dump(result, sys.stdout)
 
 

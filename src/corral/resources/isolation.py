@@ -52,6 +52,12 @@ class IsolationLimits(Spec):
     max_file_mb: int | None = Field(
         default=None, ge=1, description="largest file a process may write (RLIMIT_FSIZE), MiB"
     )
+    tmp_mb: int | None = Field(
+        default=None,
+        ge=1,
+        le=1_048_576,
+        description="size of the sandbox's /tmp, a tmpfs held in memory, MiB (unset: 256)",
+    )
     wall_seconds: float | None = Field(
         default=None, gt=0, description="wall-clock time of the call, then resource_exhausted"
     )

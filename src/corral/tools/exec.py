@@ -57,6 +57,7 @@ __all__ = [
     "locked_environment",
     "parse_output",
     "resolve_program",
+    "workspace_directory",
 ]
 
 #: the PATH a program sees unless its Tool declares another one
@@ -113,14 +114,43 @@ async def locked_environment(
     Nothing is read from the host environment.
     """
     home, tmp = workspace / "home", workspace / "tmp"
-    for directory in (home, tmp):
-        await anyio.Path(directory).mkdir(parents=True, exist_ok=True)
+    await anyio.Path(workspace).mkdir(parents=True, exist_ok=True)
+    for directory in ("home", "tmp"):
+        await anyio.to_thread.run_sync(workspace_directory, workspace, directory)
     if view is None:
         view = View(str(workspace), str(home), str(tmp))
     env = {"PATH": SAFE_PATH, "LANG": "C.UTF-8", "HOME": view.home, "TMPDIR": view.tmp}
     env.update(declared)
     env.update(extra or {})
     return env
+
+
+def workspace_directory(workspace: Path, relative: str) -> None:
+    """Create ``relative`` (and its parents) in ``workspace`` without following a symlink.
+
+    A program writes its workspace: a symlink it left where the server makes the call's
+    directories (``home``, ``tmp``, a Tool's ``cwd``) would otherwise have the server
+    create directories anywhere on the host. Blocking: call it in a thread.
+    """
+    fd = os.open(workspace, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for part in PurePosixPath(relative).parts:
+            if part in (".", "/"):
+                continue
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(part, dir_fd=fd)
+            try:
+                inner = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            except OSError as exc:
+                raise ToolError(
+                    ToolErrorCode.EXECUTION_FAILED,
+                    f"{relative!r} in the workspace is a symlink or not a directory "
+                    f"({exc.strerror}): a program replaced it; remove it from the workspace",
+                ) from exc
+            os.close(fd)
+            fd = inner
+    finally:
+        os.close(fd)
 
 
 def resolve_program(program: str, *, owner: str, prefer_path: str | None = None) -> str:
@@ -296,8 +326,9 @@ class ExecTool(Tool):
 
     async def call(self, arguments: dict[str, Any], ctx: ToolContext) -> Any:
         workspace = ctx.workspace.resolve()
-        cwd = workspace / self._cwd if self._cwd else workspace
-        await anyio.Path(cwd).mkdir(parents=True, exist_ok=True)
+        await anyio.Path(workspace).mkdir(parents=True, exist_ok=True)
+        if self._cwd:
+            await anyio.to_thread.run_sync(workspace_directory, workspace, self._cwd)
         env = await locked_environment(
             workspace,
             self._env,
@@ -310,10 +341,10 @@ class ExecTool(Tool):
         )
         payload = json.dumps(arguments).encode("utf-8")
         program = os.path.basename(self._argv[0])
-        launch = self.isolation.launch(self._argv, workspace, self._cwd or "")
+        launch = self.isolation.launch(self._argv, workspace, self._cwd or "", env)
         try:
             with anyio.move_on_after(self._wall_seconds or math.inf) as wall:
-                done = await run_program(launch.argv, payload, env=env, cwd=launch.cwd)
+                done = await run_program(launch.argv, payload, env=launch.env, cwd=launch.cwd)
             if wall.cancelled_caught:
                 raise ToolError(
                     ToolErrorCode.RESOURCE_EXHAUSTED,
@@ -324,6 +355,9 @@ class ExecTool(Tool):
             limit = launch.limit_hit(done.returncode, stderr)
         finally:
             await launch.aclose()
+        setup_failure = launch.setup_failure(done.returncode, stderr)
+        if setup_failure is not None:
+            raise setup_failure
         if limit is not None:
             tail = stderr.strip()[-_REASON_STDERR_CHARS:]
             raise ToolError(

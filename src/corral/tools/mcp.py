@@ -531,14 +531,14 @@ async def _open_stdio(
     argv = [program, *spec.command[1:]]
     isolation = resolve_isolation(spec.isolation, argv, host, owner=owner)
     await anyio.Path(workspace).mkdir(parents=True, exist_ok=True)
-    # raises isolation_unavailable (the open fails closed) where the sandbox cannot run
-    launch = isolation.launch(argv, workspace, "")
-    # registered first: runs last, once the processes are gone
-    stack.push_async_callback(launch.aclose)
     tree = ProcessTree()
     view = isolation.view(workspace)
     locked = await locked_environment(workspace, declared, view=view)
-    env = tree.environment({**_SDK_INHERITED, **locked})
+    # raises isolation_unavailable (the open fails closed) where the sandbox cannot run
+    launch = isolation.launch(argv, workspace, "", {**_SDK_INHERITED, **locked})
+    # registered first: runs last, once the processes are gone
+    stack.push_async_callback(launch.aclose)
+    env = tree.environment(launch.env)
 
     # stderr goes to a socket we drain into a bounded tail: no file grows, no thread waits.
     ours, theirs = socket.socketpair()

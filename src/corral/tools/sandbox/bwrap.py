@@ -7,28 +7,41 @@ What the sandbox holds:
   of its own (``--new-session``: no ``TIOCSTI`` into a terminal); it dies with the
   process that started it (``--die-with-parent``), and when its PID 1 ends the
   kernel kills everything left in its PID namespace, ``setsid()`` daemons included;
-- a fresh ``/proc`` (the sandbox's processes only) and a minimal ``/dev``;
+- a fresh ``/proc`` (the sandbox's processes only) and a minimal ``/dev``, read-only
+  but for its devices and a ``/dev/shm`` of the size of ``/tmp``;
 - the system's ``/usr`` (and ``/bin``, ``/sbin``, ``/lib*``) read-only, and of
   ``/etc`` only the files name resolution, certificates, users and the dynamic linker
   read (:data:`ETC_ENTRIES`);
 - the agent workspace at ``/workspace`` (read-write, read-only, or absent), a tmpfs
-  ``/tmp``, and the extra binds the tool declared and the operator allowed; every
+  ``/tmp`` of ``tmp_mb`` (:data:`DEFAULT_TMP_MB`), and the extra binds the tool declared and the operator allowed; every
   other path is read-only.
 
 Nothing else of the host is there: not ``CORRAL_HOME`` (keys, tokens, the database,
 other agents' workspaces), not ``/root`` or ``/home``, not other processes. The
 environment is not given on the command line (where ``ps`` would show secrets): the
-``bwrap`` process is started with exactly the tool's environment, which it passes on.
+``bwrap`` process is started with the tool's environment, which it passes on, less
+the variables that steer the dynamic linker, libc or a shell (:func:`host_safe_environment`):
+``bwrap`` runs on the host, as the server's user, and ``LD_PRELOAD`` of a library the
+program wrote into its workspace would run there. Those few reach the program by
+``--setenv`` (on the command line: paths, not secrets).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["ETC_ENTRIES", "SYSTEM_DIRS", "WORKSPACE", "SandboxLayout", "bwrap_argv"]
+__all__ = [
+    "DEFAULT_TMP_MB",
+    "ETC_ENTRIES",
+    "SYSTEM_DIRS",
+    "WORKSPACE",
+    "SandboxLayout",
+    "bwrap_argv",
+    "host_safe_environment",
+]
 
 #: where the agent workspace appears inside a sandbox
 WORKSPACE = "/workspace"
@@ -38,9 +51,19 @@ SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 ETC_ENTRIES = (
     "resolv.conf", "hosts", "host.conf", "nsswitch.conf", "gai.conf", "services",
     "protocols", "passwd", "group", "ld.so.cache", "ld.so.conf", "ld.so.conf.d",
-    "localtime", "ssl", "ca-certificates", "ca-certificates.conf", "alternatives",
-    "mime.types",
+    "localtime", "ssl/certs", "ssl/openssl.cnf", "ca-certificates", "ca-certificates.conf",
+    "alternatives", "mime.types",
 )  # fmt: skip
+#: the size of a sandbox's ``/tmp`` (a tmpfs: memory) unless its limits say otherwise
+DEFAULT_TMP_MB = 256
+#: variables glibc's dynamic linker and libc, or a shell, act on (glibc drops the same
+#: ones for setuid programs), and the prefixes of more
+_HOST_UNSAFE = frozenset({
+    "GCONV_PATH", "GETCONF_DIR", "HOSTALIASES", "LOCALDIR", "LOCPATH", "NIS_PATH",
+    "NLSPATH", "RESOLV_HOST_CONF", "RES_OPTIONS", "TZDIR", "TZ",
+    "ENV", "BASH_ENV", "IFS", "CDPATH", "SHELLOPTS", "BASHOPTS", "PS4",
+})  # fmt: skip
+_HOST_UNSAFE_PREFIXES = ("LD_", "MALLOC_", "GLIBC_", "BASH_FUNC_")
 
 
 @dataclass(frozen=True)
@@ -55,6 +78,18 @@ class SandboxLayout:
     #: the working directory inside the sandbox
     cwd: str = WORKSPACE
     hostname: str = "corral-sandbox"
+    #: the size of the tmpfs ``/tmp``, MiB
+    tmp_mb: int = DEFAULT_TMP_MB
+
+
+def host_safe_environment(env: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+    """``env`` split in what may reach ``bwrap`` on the host and what only the sandbox gets."""
+    outside: dict[str, str] = {}
+    inside: dict[str, str] = {}
+    for name, value in env.items():
+        unsafe = name in _HOST_UNSAFE or name.startswith(_HOST_UNSAFE_PREFIXES)
+        (inside if unsafe else outside)[name] = value
+    return outside, inside
 
 
 def _system_binds() -> list[str]:
@@ -72,8 +107,15 @@ def _system_binds() -> list[str]:
     return argv
 
 
-def bwrap_argv(bwrap: str, layout: SandboxLayout, command: Sequence[str]) -> list[str]:
-    """The full command line running ``command`` in a sandbox laid out as ``layout``."""
+def bwrap_argv(
+    bwrap: str,
+    layout: SandboxLayout,
+    command: Sequence[str],
+    *,
+    setenv: Mapping[str, str] | None = None,
+) -> list[str]:
+    """The full command line running ``command`` in a sandbox laid out as ``layout``,
+    ``setenv`` added to the environment ``bwrap`` passes on."""
     argv = [
         bwrap,
         "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
@@ -83,7 +125,12 @@ def bwrap_argv(bwrap: str, layout: SandboxLayout, command: Sequence[str]) -> lis
     if not layout.network:
         argv.append("--unshare-net")
     argv += _system_binds()
-    argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--dir", "/tmp/home"]
+    size = str(layout.tmp_mb * 1024 * 1024)
+    argv += ["--proc", "/proc", "--dev", "/dev", "--size", size, "--tmpfs", "/tmp"]
+    # bubblewrap's /dev is a writable tmpfs of no set size (the host's memory): read-only
+    # (its devices still work), with a /dev/shm as bounded as /tmp
+    argv += ["--remount-ro", "/dev", "--size", size, "--tmpfs", "/dev/shm"]
+    argv += ["--dir", "/tmp/home"]
     for path in layout.read_only:
         argv += ["--ro-bind", str(path), str(path)]
     for path in layout.writable:
@@ -92,5 +139,7 @@ def bwrap_argv(bwrap: str, layout: SandboxLayout, command: Sequence[str]) -> lis
         bind = "--bind" if layout.workspace_writable else "--ro-bind"
         argv += [bind, str(layout.workspace), WORKSPACE]
     # the sandbox's root is a tmpfs of its own: read-only, so only /tmp and binds take writes
+    for name, value in (setenv or {}).items():
+        argv += ["--setenv", name, value]
     argv += ["--remount-ro", "/", "--chdir", layout.cwd, "--", *command]
     return argv

@@ -26,14 +26,22 @@ user's).
 from __future__ import annotations
 
 import os
+import stat
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from corral.core.errors import ConfigurationError, ToolError, ToolErrorCode
 from corral.resources.isolation import IsolationLimits, IsolationSpec, bind_problem
-from corral.tools.sandbox.bwrap import SYSTEM_DIRS, WORKSPACE, SandboxLayout, bwrap_argv
+from corral.tools.sandbox.bwrap import (
+    DEFAULT_TMP_MB,
+    SYSTEM_DIRS,
+    WORKSPACE,
+    SandboxLayout,
+    bwrap_argv,
+    host_safe_environment,
+)
 from corral.tools.sandbox.host import SandboxHost
 from corral.tools.sandbox.limits import PidsCgroup, limit_hit, prlimit_argv
 
@@ -66,12 +74,34 @@ class Launch:
     cwd: Path
     limits: IsolationLimits
     sandboxed: bool
+    #: the environment ``argv`` starts with (a sandbox's launchers get no loader variables)
+    env: dict[str, str] = field(default_factory=dict[str, str])
     cgroup: PidsCgroup | None = None
+    #: named in messages as ``$CORRAL_HOME``
+    corral_home: Path | None = None
 
     def limit_hit(self, returncode: int, stderr: str) -> str | None:
         """The limit the program hit, when it failed and that can be told (see :mod:`.limits`)."""
         events = self.cgroup.max_events() if self.cgroup is not None else 0
         return limit_hit(self.limits, returncode, stderr, pids_max_events=events)
+
+    def setup_failure(self, returncode: int, stderr: str) -> ToolError | None:
+        """The error of a sandbox ``bwrap`` could not set up (its one line, exit code 1).
+
+        ``bwrap`` fails before the program starts, so the program cannot have written
+        anything; a program that fakes the line only mislabels its own failure.
+        """
+        lines = stderr.strip().splitlines()
+        if not self.sandboxed or returncode != 1 or len(lines) != 1:
+            return None
+        if not lines[0].startswith("bwrap: "):
+            return None
+        message = lines[0].removeprefix("bwrap: ")
+        if self.corral_home is not None:  # the workspace's host path names it
+            message = message.replace(str(self.corral_home), "$CORRAL_HOME")
+        return ToolError(
+            ToolErrorCode.ISOLATION_UNAVAILABLE, f"the sandbox could not be set up: {message}"
+        )
 
     async def aclose(self) -> None:
         """Release what the launch made (its cgroup), after its processes are gone."""
@@ -94,10 +124,15 @@ class Isolation(ABC):
         """Where the program sees its workspace, ``HOME`` and ``TMPDIR``."""
 
     @abstractmethod
-    def launch(self, argv: Sequence[str], workspace: Path, cwd: str) -> Launch:
-        """The launch of ``argv`` (host paths) in ``cwd`` (relative to the workspace)."""
+    def launch(
+        self, argv: Sequence[str], workspace: Path, cwd: str, env: Mapping[str, str]
+    ) -> Launch:
+        """The launch of ``argv`` (host paths) in ``cwd`` (relative to the workspace) with
+        ``env`` (the program's whole environment)."""
 
-    def _launch(self, command: list[str], cwd: Path, *, sandboxed: bool) -> Launch:
+    def _launch(
+        self, command: list[str], cwd: Path, env: Mapping[str, str], *, sandboxed: bool
+    ) -> Launch:
         """``command`` (rlimits set), in a pids cgroup where ``RLIMIT_NPROC`` does not bind."""
         cgroup = None
         if self.limits.max_processes is not None and os.geteuid() == 0:
@@ -105,7 +140,9 @@ class Isolation(ABC):
             if root is not None:
                 cgroup = PidsCgroup(root, self.limits.max_processes)
                 command = [*cgroup.join_argv(), *command]
-        return Launch(command, cwd, self.limits, sandboxed=sandboxed, cgroup=cgroup)
+        return Launch(
+            command, cwd, self.limits, sandboxed, dict(env), cgroup, self.host.corral_home
+        )
 
 
 class Unsandboxed(Isolation):
@@ -116,9 +153,11 @@ class Unsandboxed(Isolation):
     def view(self, workspace: Path) -> View:
         return View(str(workspace), str(workspace / "home"), str(workspace / "tmp"))
 
-    def launch(self, argv: Sequence[str], workspace: Path, cwd: str) -> Launch:
+    def launch(
+        self, argv: Sequence[str], workspace: Path, cwd: str, env: Mapping[str, str]
+    ) -> Launch:
         command = [*prlimit_argv(self.limits, nproc=False), *argv]
-        return self._launch(command, workspace / cwd, sandboxed=False)
+        return self._launch(command, workspace / cwd, env, sandboxed=False)
 
 
 class Unavailable(Isolation):
@@ -133,7 +172,9 @@ class Unavailable(Isolation):
     def view(self, workspace: Path) -> View:
         return View(WORKSPACE, f"{WORKSPACE}/home", "/tmp")
 
-    def launch(self, argv: Sequence[str], workspace: Path, cwd: str) -> Launch:
+    def launch(
+        self, argv: Sequence[str], workspace: Path, cwd: str, env: Mapping[str, str]
+    ) -> Launch:
         raise ToolError(
             ToolErrorCode.ISOLATION_UNAVAILABLE,
             f"this tool must run sandboxed, and the sandbox cannot run here: {self.reason}",
@@ -158,13 +199,18 @@ class Sandboxed(Isolation):
         self.bwrap = bwrap
         self.read_only = tuple(read_only)
         self.writable = tuple(writable)
+        # what each bind resolved to when it was checked: a call binds it only unchanged
+        self._checked = {p: os.path.realpath(p) for p in (*self.read_only, *self.writable)}
 
     def view(self, workspace: Path) -> View:
         if self.spec.workspace == "rw":
             return View(WORKSPACE, f"{WORKSPACE}/home", "/tmp")
         return View(WORKSPACE if self.spec.workspace == "ro" else "/tmp", "/tmp/home", "/tmp")
 
-    def launch(self, argv: Sequence[str], workspace: Path, cwd: str) -> Launch:
+    def launch(
+        self, argv: Sequence[str], workspace: Path, cwd: str, env: Mapping[str, str]
+    ) -> Launch:
+        self._recheck()
         program = [os.path.abspath(argv[0]), *argv[1:]]
         if self.spec.workspace == "none":
             inside = "/tmp"
@@ -177,9 +223,30 @@ class Sandboxed(Isolation):
             read_only=self.read_only,
             writable=self.writable,
             cwd=inside,
+            tmp_mb=self.limits.tmp_mb if self.limits.tmp_mb is not None else DEFAULT_TMP_MB,
         )
-        command = bwrap_argv(self.bwrap, layout, [*prlimit_argv(self.limits), *program])
-        return self._launch(command, workspace, sandboxed=True)
+        # bwrap (and the cgroup's shell) run on the host: the loader variables a Tool
+        # declares (LD_PRELOAD of a library its program wrote) must not reach them
+        outside, inside_only = host_safe_environment(env)
+        command = bwrap_argv(
+            self.bwrap, layout, [*prlimit_argv(self.limits), *program], setenv=inside_only
+        )
+        return self._launch(command, workspace, outside, sandboxed=True)
+
+    def _recheck(self) -> None:
+        """Fail the call when a bind now resolves elsewhere than when it was checked.
+
+        A directory writable by some tool (an allowed ``writable_paths``) may be where a
+        bound path lies: a symlink put there after the checks would bind what it points
+        to (``CORRAL_HOME``). This narrows that to the moment between here and ``bwrap``.
+        """
+        for path, checked in self._checked.items():
+            if os.path.realpath(path) != checked:
+                raise ToolError(
+                    ToolErrorCode.ISOLATION_UNAVAILABLE,
+                    f"the sandbox will not show {str(path)!r}: it was replaced "
+                    "(by a symlink, or moved) since the tool was built",
+                )
 
 
 @dataclass(frozen=True)
@@ -216,10 +283,35 @@ def _binds(spec: IsolationSpec, argv: Sequence[str], host: SandboxHost, owner: s
         root = next((r for r in host.allowed_paths if _within(file, r)), None)
         bind = root if index < len(program) and root is not None else file
         problem = bind_problem(str(bind), host.corral_home, [bind.resolve()])
+        if problem is None and root is None and not _public(file):
+            problem = (
+                "only the server's user may read it; the operator may allow its directory "
+                "with CORRAL_SANDBOX_ALLOWED_PATHS"
+            )
         if problem is not None:
             raise ConfigurationError(f"{owner}: the sandbox cannot show {str(file)!r}: {problem}")
         binds.read_only.append(bind)
     return binds
+
+
+def _public(file: Path) -> bool:
+    """Whether every user of this machine may read ``file`` (as named and as it resolves).
+
+    A Tool's author chooses its command: a file the command names outside the allowed
+    paths is shown only when it discloses nothing (``/etc/shadow``, ``~/.ssh/id_rsa``
+    and whatever lies in a private directory do not qualify).
+    """
+    for path in dict.fromkeys([Path(os.path.abspath(file)), file.resolve()]):
+        try:
+            if not os.stat(path).st_mode & stat.S_IROTH:
+                return False
+            # every directory on the way must be searchable by others (no private parent)
+            for parent in path.parents:
+                if not os.stat(parent).st_mode & stat.S_IXOTH:
+                    return False
+        except OSError:
+            return False
+    return True
 
 
 def resolve_isolation(
