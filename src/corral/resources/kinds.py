@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from corral.core.addresses import url_problem
 from corral.resources.execution import ExecutionSpec, NamespacePolicySpec
 from corral.resources.isolation import IsolationSpec
+from corral.resources.memory import MemoryAccess, MemorySpec, distinct_memories
 from corral.resources.spec import Spec as Spec  # re-exported: every kind is a Spec
 from corral.resources.wasm_module import module_problem
 
@@ -523,6 +524,16 @@ class AgentSpec(Spec):
             seen.add(link.agent)
         return links
 
+    memory: list[MemoryAccess] = Field(
+        default_factory=list[MemoryAccess],
+        description="Memories this agent may use through its memory_* tools: {ref, access}",
+    )
+
+    @field_validator("memory")
+    @classmethod
+    def _distinct_memories(cls, memory: list[MemoryAccess]) -> list[MemoryAccess]:
+        return distinct_memories(memory)
+
     execution: ExecutionSpec | None = Field(
         default=None,
         description="what its tools may be and how they are isolated (over the NamespacePolicy)",
@@ -558,6 +569,7 @@ SPEC_TYPES: dict[str, type[Spec]] = {
     "AgentRole": AgentRoleSpec,
     "ToolPermission": ToolPermissionSpec,
     "NamespacePolicy": NamespacePolicySpec,
+    "Memory": MemorySpec,
 }
 KINDS = tuple(SPEC_TYPES)
 

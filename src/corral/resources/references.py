@@ -4,7 +4,8 @@ A reference points from a field of one resource to another resource of a
 known kind in the same namespace: an Agent's ``model`` to a ModelEndpoint, a
 ``tools`` entry to a Tool (or ``mcp:SERVER/...`` to a McpServer), a role to an
 AgentRole, a role's permissions to ToolPermissions, and every ``secret:`` to a
-Secret, and an Agent's ``links`` to other Agents (never itself).
+Secret, an Agent's ``links`` to other Agents (never itself), and its ``memory``
+entries to Memories.
 :func:`references_of` lists them; :func:`check_references` makes sure
 each exists in the batch being applied or in the store, and reports every
 missing one with file, line and field.
@@ -112,6 +113,8 @@ def _references(resource: HasSpec) -> Iterator[Reference | MalformedReference]:
                 yield MalformedReference(at, f"agent {own_name!r} cannot link to itself")
             else:
                 yield Reference("Agent", link.agent, at)
+        for i, memory in enumerate(spec.memory):
+            yield Reference("Memory", memory.ref, ("spec", "memory", i, "ref"))
     elif isinstance(spec, AgentRoleSpec):
         for i, permission in enumerate(spec.permissions):
             yield Reference("ToolPermission", permission, ("spec", "permissions", i))

@@ -12,14 +12,15 @@ leaves nothing behind.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from types import TracebackType
-from typing import Self
+from typing import Any, Self
 
 from corral.core.errors import CorralError
 from corral.core.events import Event
+from corral.core.memory import MemoryEntry, MemoryHit, MemoryPlace
 from corral.core.messages import Message
 from corral.core.runs import Approval, Lease, RunRecord, RunState
 from corral.core.selectors import Selector
@@ -155,7 +156,7 @@ class Store(ABC):
 
     @abstractmethod
     async def delete_resource(self, namespace: str, kind: str, name: str) -> None:
-        """Delete a resource.
+        """Delete a resource (a Memory with its entries, in the same transaction).
 
         ``NotFoundError`` when it does not exist; ``ConflictError`` naming the
         referrers when another resource references it.
@@ -463,3 +464,68 @@ class Store(ABC):
     @abstractmethod
     async def touch_token(self, token_id: str, when: float) -> None:
         """Record that the token was used at ``when`` (callers throttle this write)."""
+
+    # ----------------------------------------------------------------- memory
+
+    @abstractmethod
+    async def write_memory(
+        self,
+        entry: MemoryEntry,
+        *,
+        max_entries: int | None = None,
+        max_age_days: float | None = None,
+    ) -> tuple[MemoryEntry, bool]:
+        """Store ``entry`` at its place, replacing the text and metadata of an entry with
+        the same key there; returns the entry as stored and whether this call wrote it.
+
+        With ``entry.idempotency_key`` set and an entry of the same Memory written under
+        that key already, nothing is written and that entry comes back with ``False``:
+        a replayed tool call never writes twice. The scope's retention (``max_entries``
+        most recently written, none older than ``max_age_days``) is applied in the same
+        transaction. ``MemoryInputError`` for a text, key or metadata it cannot take.
+        """
+
+    @abstractmethod
+    async def read_memory(self, place: MemoryPlace, key: str) -> MemoryEntry | None:
+        """The entry with ``key`` at ``place``, or ``None``."""
+
+    @abstractmethod
+    async def list_memory(
+        self,
+        place: MemoryPlace,
+        *,
+        prefix: str = "",
+        limit: int = 20,
+        after: str | None = None,
+    ) -> list[MemoryEntry]:
+        """The entries at ``place`` by key (those starting with ``prefix``, after the key
+        ``after``: the last of the previous page), at most ``limit`` (capped at 100)."""
+
+    @abstractmethod
+    async def delete_memory_entry(self, place: MemoryPlace, key: str) -> bool:
+        """Delete one entry; whether it existed."""
+
+    @abstractmethod
+    async def search_memory(
+        self,
+        place: MemoryPlace,
+        query: str,
+        *,
+        top_k: int = 5,
+        filters: Mapping[str, Any] | None = None,
+    ) -> list[MemoryHit]:
+        """The entries at ``place`` whose text matches words of ``query``, best first, at
+        most ``top_k`` (capped at 100); with ``filters``, only those whose metadata has
+        each key equal to its value. Any query text is taken as words, never as syntax:
+        a query without words finds nothing."""
+
+    @abstractmethod
+    async def prune_memory(
+        self,
+        place: MemoryPlace,
+        *,
+        max_entries: int | None = None,
+        max_age_days: float | None = None,
+        now: float | None = None,
+    ) -> int:
+        """Apply retention to one scope now (as a write does); how many entries went."""

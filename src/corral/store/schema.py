@@ -11,7 +11,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import JSONB
 
-LATEST_REVISION = "0007"
+LATEST_REVISION = "0008"
 """The head of ``migrations/versions``; a store at this revision opens without alembic."""
 
 metadata = sa.MetaData(
@@ -182,3 +182,43 @@ api_tokens = sa.Table(
     sa.Column("revoked_at", sa.Double, nullable=True),
     sa.Index("ix_api_tokens_namespace_created_at", "namespace", "created_at"),
 )
+
+# Memory entries (0008). Their full-text index is not a table of this metadata: each
+# dialect has its own (corral.store.sql.memory), made by the migration - an FTS5 table
+# kept in step by triggers on SQLite, a GIN index on the text's tsvector on PostgreSQL.
+memory_entries = sa.Table(
+    "memory_entries",
+    metadata,
+    # The FTS5 rowid on SQLite (an INTEGER PRIMARY KEY is the rowid there).
+    sa.Column(
+        "id",
+        sa.BigInteger().with_variant(sa.Integer(), "sqlite"),
+        primary_key=True,
+        autoincrement=True,
+    ),
+    sa.Column("namespace", sa.String(63), nullable=False),
+    sa.Column("memory", sa.String(63), nullable=False),
+    sa.Column("scope_key", sa.String(255), nullable=False),
+    sa.Column("key", sa.String(255), nullable=False),
+    sa.Column("text", sa.Text, nullable=False),
+    sa.Column("metadata", Json, nullable=False),
+    sa.Column("idempotency_key", sa.String(255), nullable=True),
+    sa.Column("created_at", sa.Double, nullable=False),
+    sa.Column("updated_at", sa.Double, nullable=False),
+    sa.Index("uq_memory_entries_place_key", "namespace", "memory", "scope_key", "key", unique=True),
+    # A tool call writes once: its idempotency key is unique within the Memory.
+    sa.Index(
+        "uq_memory_entries_idempotency_key",
+        "namespace",
+        "memory",
+        "idempotency_key",
+        unique=True,
+    ),
+    # Retention drops a scope's oldest entries first.
+    sa.Index(
+        "ix_memory_entries_place_updated_at", "namespace", "memory", "scope_key", "updated_at"
+    ),
+)
+
+#: name prefixes of what the migrated schema has beyond ``metadata`` (see memory_entries)
+DIALECT_OBJECTS = ("memory_fts", "ix_memory_entries_fts")

@@ -19,7 +19,7 @@ importing alembic at all.
 :class:`SqlStore` is composed of one part per table group, each a module of
 this package over the shared :class:`~corral.store.sql.engine.SqlEngine`:
 resources, runs, claims (runs as tasks), approvals, sessions, events and
-tokens. :mod:`~corral.store.sql.statements` holds the statements several
+tokens, memory entries. :mod:`~corral.store.sql.statements` holds the statements several
 parts share, :mod:`~corral.store.sql.rows` the rows <-> records mapping.
 """
 
@@ -29,6 +29,7 @@ from corral.store.sql.approvals import SqlApprovals
 from corral.store.sql.claims import SqlClaims
 from corral.store.sql.database import BUSY_TIMEOUT_SECONDS, MIGRATIONS_DIR, async_url
 from corral.store.sql.events_tokens import SqlEventsTokens
+from corral.store.sql.memory import SqlMemory
 from corral.store.sql.resources import SqlResources
 from corral.store.sql.runs import SqlRuns
 from corral.store.sql.sessions import SqlSessions
@@ -36,6 +37,8 @@ from corral.store.sql.sessions import SqlSessions
 __all__ = ["BUSY_TIMEOUT_SECONDS", "MIGRATIONS_DIR", "SqlStore", "async_url"]
 
 
-class SqlStore(SqlResources, SqlRuns, SqlClaims, SqlApprovals, SqlSessions, SqlEventsTokens):
+class SqlStore(
+    SqlResources, SqlRuns, SqlClaims, SqlApprovals, SqlSessions, SqlEventsTokens, SqlMemory
+):
     """A :class:`~corral.store.base.Store` on a SQL database. Create it with :meth:`open`
     (or :func:`corral.store.open_store`, which also picks the SQLite fast path)."""

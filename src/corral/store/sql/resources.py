@@ -26,6 +26,7 @@ from corral.store.schema import resources
 from corral.store.sql import keyset
 from corral.store.sql.engine import SqlEngine, fetch_all, fetch_first
 from corral.store.sql.labels import selector_clause
+from corral.store.sql.memory import entries_of_memory
 from corral.store.sql.rows import row_to_stored, spec_json
 from corral.store.sql.statements import resource, resources_fingerprint
 
@@ -159,6 +160,8 @@ class SqlResources(SqlEngine):
                     f"it is referenced by {names}"
                 )
             await conn.execute(resources.delete().where(_resource_key(namespace, kind, name)))
+            if kind == "Memory":  # its entries go with it, in the same transaction
+                await conn.execute(entries_of_memory(namespace, name))
 
         await self._write("delete a resource", write)
 

@@ -1,6 +1,6 @@
 """Rows <-> records for the SQL store, for both of its paths (SQLAlchemy and the SQLite
-fast path): runs, run events, approvals, sessions, session messages, API tokens, and
-resources.
+fast path): runs, run events, approvals, sessions, session messages, API tokens,
+memory entries, and resources.
 
 A record's columns are its own fields (:class:`RecordRows`); the few fields not
 stored as themselves (enums, nested records kept as JSON) are listed in the table
@@ -22,6 +22,7 @@ from pydantic import ValidationError
 
 from corral.core.errors import ConfigurationError
 from corral.core.events import Event, EventType
+from corral.core.memory import MemoryEntry
 from corral.core.messages import Message, Usage, dump, dump_messages, load, load_messages
 from corral.core.runs import Approval, ApprovalState, PendingApproval, RunRecord, RunState
 from corral.core.sessions import Session, SessionMessage
@@ -238,6 +239,8 @@ SESSION_MESSAGES = RecordRows(
     extra=("namespace", "session_id", "position"),
 )
 TOKENS = RecordRows(ApiToken, schema.api_tokens, stored={"role": _as_value(Role)})
+# The id is the full-text index's row id, the store's own: entries are named by their key.
+MEMORY_ENTRIES = RecordRows(MemoryEntry, schema.memory_entries, extra=("id",))
 
 
 def spec_json(spec: Spec) -> dict[str, Any]:

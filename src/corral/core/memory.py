@@ -1,0 +1,142 @@
+"""Memory entries: the records a Memory keeps, and the checks every entry passes.
+
+An entry lives at a :class:`MemoryPlace` - a namespace, a Memory of it, and a scope
+key (``""`` for a namespace-wide Memory, the agent's name or the session id for the
+narrower scopes) - under a key unique there. Its text is searched by full text; its
+metadata is a flat JSON object of scalars, matched by equality in search filters.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from corral.core.errors import UserError
+
+#: the longest text one entry may hold (characters): longer texts are refused, not cut
+MAX_ENTRY_CHARS = 16_000
+#: the longest key (characters)
+MAX_KEY_CHARS = 255
+#: how many metadata keys an entry may have, and how long a string value may be
+MAX_METADATA_KEYS = 32
+MAX_METADATA_VALUE_CHARS = 1000
+#: how many words of a search query are used (the rest are ignored)
+MAX_QUERY_TERMS = 32
+#: the most results one search or listing returns
+MAX_RESULTS = 100
+#: the characters of an entry shown in a search or listing result
+PREVIEW_CHARS = 240
+
+_METADATA_KEY = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+# Words as both full-text engines see them: letters and digits of any script.
+_WORD = re.compile(r"[^\W_]+")
+
+Scalar = str | int | float | bool | None
+
+
+class MemoryInputError(UserError):
+    """An entry, key, query or filter a Memory cannot take (too long, malformed)."""
+
+    code = "invalid_memory_input"
+
+
+@dataclass(frozen=True)
+class MemoryPlace:
+    """Where entries live: a namespace's Memory, and the scope key within it."""
+
+    namespace: str
+    memory: str
+    scope_key: str = ""
+
+
+@dataclass(frozen=True)
+class MemoryEntry:
+    """One stored entry. ``idempotency_key`` is the tool call that wrote it last: a
+    write with a key already stored is not made again."""
+
+    namespace: str
+    memory: str
+    scope_key: str
+    key: str
+    text: str
+    metadata: dict[str, Any] = field(default_factory=dict[str, Any])
+    idempotency_key: str | None = None
+    created_at: float = 0.0
+    updated_at: float = 0.0
+
+    @property
+    def place(self) -> MemoryPlace:
+        return MemoryPlace(self.namespace, self.memory, self.scope_key)
+
+    def preview(self) -> str:
+        """The start of the text, for results (the whole text is one ``read`` away)."""
+        if len(self.text) <= PREVIEW_CHARS:
+            return self.text
+        return self.text[: PREVIEW_CHARS - 1] + "\u2026"
+
+
+@dataclass(frozen=True)
+class MemoryHit:
+    """A search result: the entry and its full-text relevance (higher is better; the
+    scale is the backend's: BM25 on SQLite, ``ts_rank`` on PostgreSQL)."""
+
+    entry: MemoryEntry
+    score: float
+
+
+def check_key(key: str) -> str:
+    """``key`` if usable as an entry key, else :class:`MemoryInputError`."""
+    if not key or len(key) > MAX_KEY_CHARS:
+        raise MemoryInputError(f"a memory key has 1 to {MAX_KEY_CHARS} characters")
+    if any(ord(c) < 32 for c in key):
+        raise MemoryInputError("a memory key has no control characters")
+    return key
+
+
+def check_text(text: str) -> str:
+    """``text`` if it fits in one entry, else :class:`MemoryInputError` saying the cap."""
+    if not text.strip():
+        raise MemoryInputError("a memory entry needs some text")
+    if len(text) > MAX_ENTRY_CHARS:
+        raise MemoryInputError(
+            f"a memory entry holds at most {MAX_ENTRY_CHARS} characters, not {len(text)}: "
+            "write it as several entries"
+        )
+    return text
+
+
+def check_metadata(metadata: dict[str, Any], *, what: str = "metadata") -> dict[str, Scalar]:
+    """A flat object of scalars with plain keys (filters compare them by equality)."""
+    if len(metadata) > MAX_METADATA_KEYS:
+        raise MemoryInputError(f"{what} has at most {MAX_METADATA_KEYS} keys")
+    for key, value in metadata.items():
+        if not isinstance(key, str) or not _METADATA_KEY.match(key):
+            raise MemoryInputError(
+                f"{what} key {key!r} must be 1 to 64 letters, digits, '_' or '-'"
+            )
+        if value is not None and not isinstance(value, str | int | float | bool):
+            raise MemoryInputError(f"{what} value of {key!r} must be a string, number or boolean")
+        if isinstance(value, str) and len(value) > MAX_METADATA_VALUE_CHARS:
+            raise MemoryInputError(
+                f"{what} value of {key!r} is longer than {MAX_METADATA_VALUE_CHARS} characters"
+            )
+    return dict(metadata)
+
+
+def query_terms(query: str) -> list[str]:
+    """The words of a search query, lower-cased, at most :data:`MAX_QUERY_TERMS`.
+
+    Only words reach the full-text engines, each as a plain term: quotes, operators
+    (``AND``, ``NEAR``, ``*``, ``:``, ``!``) and other syntax in a query are never
+    read as query syntax, so no query is malformed. A result matches any of the
+    words; the ranking favours those that match more, and rarer, words.
+    """
+    terms: list[str] = []
+    for word in _WORD.findall(query):
+        lowered = word.lower()
+        if lowered not in terms:
+            terms.append(lowered)
+        if len(terms) == MAX_QUERY_TERMS:
+            break
+    return terms

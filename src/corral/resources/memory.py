@@ -1,0 +1,100 @@
+"""The ``Memory`` kind's spec, and the ``memory`` entries of an Agent.
+
+A Memory is a store of text entries agents write and search across runs. Only the
+``store`` backend exists so far (entries live in the Corral store itself: SQLite
+embedded, PostgreSQL in scale-out, with full-text search); the ``http`` backend and
+embeddings are planned (issue 18) and refused at apply with a clear reason, never
+accepted and ignored.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, model_validator
+
+from corral.resources.spec import Spec
+
+_NAME_PATTERN = r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$"
+
+#: who shares a Memory's entries: every agent of the namespace, each agent on its own,
+#: or the runs of one session
+MemoryScope = Literal["namespace", "agent", "session"]
+MemoryAccessLevel = Literal["read", "write"]
+
+
+class Chunking(Spec):
+    """How long texts are cut into entries (for ingestion; in characters)."""
+
+    size: int = Field(default=1000, ge=100, le=100_000)
+    overlap: int = Field(default=200, ge=0)
+
+    @model_validator(mode="after")
+    def _overlap_below_size(self) -> Chunking:
+        if self.overlap >= self.size:
+            raise ValueError("'overlap' must be smaller than 'size'")
+        return self
+
+
+class Retention(Spec):
+    """What a Memory keeps, per scope (each agent's, each session's entries): at most
+    ``max_entries`` (the most recently written), none older than ``max_age_days``."""
+
+    max_entries: int | None = Field(default=None, ge=1)
+    max_age_days: float | None = Field(default=None, gt=0)
+
+
+class MemorySpec(Spec):
+    """A memory agents write to and search (``Agent.spec.memory``)."""
+
+    backend: Literal["store"] = Field(
+        default="store",
+        description="store: entries in the Corral store (SQLite or PostgreSQL, full-text search)",
+    )
+    scope: MemoryScope = "namespace"
+    chunking: Chunking = Field(default_factory=Chunking)
+    retention: Retention = Field(default_factory=Retention)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _not_built_yet(cls, data: Any) -> Any:
+        # Planned fields get a reason, not pydantic's bare "extra inputs are not permitted".
+        if isinstance(data, dict):
+            if data.get("backend") == "http":
+                raise ValueError("backend 'http' is not built yet: use backend 'store'")
+            if "embedding" in data:
+                raise ValueError(
+                    "'embedding' is not built yet: a Memory searches by full text only"
+                )
+            if data.get("scope") == "system_run":
+                raise ValueError("scope 'system_run' is not built yet")
+        return data
+
+
+class MemoryAccess(Spec):
+    """One Memory an Agent may use, and how: ``read`` (search, read, list) or ``write``
+    (also write and delete)."""
+
+    ref: Annotated[str, Field(pattern=_NAME_PATTERN)]
+    access: MemoryAccessLevel = "read"
+
+
+def distinct_memories(memories: list[MemoryAccess]) -> list[MemoryAccess]:
+    """``memories``, refused when one Memory is named twice."""
+    seen: set[str] = set()
+    for entry in memories:
+        if entry.ref in seen:
+            raise ValueError(f"memory {entry.ref!r} is named twice")
+        seen.add(entry.ref)
+    return memories
+
+
+__all__ = [
+    "Chunking",
+    "MemoryAccess",
+    "MemoryAccessLevel",
+    "MemoryScope",
+    "MemorySpec",
+    "Retention",
+    "distinct_memories",
+]

@@ -1,0 +1,264 @@
+"""Memory entries in the SQL store: write (idempotent, with retention), read, list,
+delete and search them.
+
+Every statement is written once, except where the dialects differ, which is
+here and only here, one function per dialect:
+
+- full-text search: SQLite's FTS5 table ``memory_fts`` (kept in step with
+  ``memory_entries`` by triggers), ranked by BM25; PostgreSQL's
+  ``to_tsvector('simple', text)`` (a GIN index on that expression), ranked by
+  ``ts_rank``. Both see a query as the words of :func:`~corral.core.memory.query_terms`,
+  each a quoted term (FTS5) or a ``plainto_tsquery`` (PostgreSQL): no query text
+  is ever read as query syntax. An entry matches any of the words.
+- metadata filters: equality of one key's JSON value, by ``json_type`` and
+  ``json_extract`` on SQLite and by ``jsonb`` equality on PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from corral.core.memory import (
+    MAX_RESULTS,
+    MemoryEntry,
+    MemoryHit,
+    MemoryPlace,
+    Scalar,
+    check_key,
+    check_metadata,
+    check_text,
+    query_terms,
+)
+from corral.store.schema import memory_entries
+from corral.store.sql.engine import SqlEngine, fetch_all, fetch_first
+from corral.store.sql.rows import MEMORY_ENTRIES
+from corral.store.sql.statements import _insert
+
+_t = memory_entries
+_COLUMNS = len(_t.columns)
+_SIMPLE: sa.ColumnElement[Any] = sa.literal_column("'simple'::regconfig")
+_SECONDS_PER_DAY = 86_400.0
+
+
+def at_place(place: MemoryPlace) -> sa.ColumnElement[bool]:
+    """The entries of one scope of one Memory."""
+    return sa.and_(
+        _t.c.namespace == place.namespace,
+        _t.c.memory == place.memory,
+        _t.c.scope_key == place.scope_key,
+    )
+
+
+def entries_of_memory(namespace: str, memory: str) -> sa.Delete:
+    """Delete every entry of a Memory, all scopes (the Memory itself is being deleted)."""
+    return _t.delete().where(_t.c.namespace == namespace, _t.c.memory == memory)
+
+
+# --------------------------------------------------------------------------- per dialect
+
+
+def _search_sqlite(terms: list[str]) -> tuple[sa.FromClause, sa.ColumnElement[Any], Any]:
+    """FTS5: the join, the match condition, and the rank (lower is better)."""
+    fts = sa.table("memory_fts", sa.column("rowid", sa.Integer))
+    # Each word a quoted FTS5 string ('"' doubled inside): never an operator or a column.
+    match = " OR ".join('"' + term.replace('"', '""') + '"' for term in terms)
+    condition = sa.literal_column("memory_fts").op("MATCH")(sa.bindparam("match", match))
+    rank = sa.func.bm25(sa.literal_column("memory_fts"))
+    return _t.join(fts, fts.c.rowid == _t.c.id), condition, rank
+
+
+def _search_postgresql(terms: list[str]) -> tuple[sa.FromClause, sa.ColumnElement[Any], Any]:
+    """tsvector: the table, the match condition, and the rank (negated: lower is better)."""
+    vector = sa.func.to_tsvector(_SIMPLE, _t.c.text)  # the expression of the GIN index
+    each: list[sa.ColumnElement[Any]] = [
+        sa.func.plainto_tsquery(_SIMPLE, sa.literal(term, sa.Text)) for term in terms
+    ]
+    query = functools.reduce(lambda a, b: a.op("||")(b), each)  # || of tsqueries: OR
+    return _t, vector.op("@@")(query), -sa.func.ts_rank(vector, query)
+
+
+def _equals_sqlite(key: str, value: Scalar) -> sa.ColumnElement[bool]:
+    path = f'$."{key}"'  # keys are plain (check_metadata): no quote to escape
+    kind = sa.func.json_type(_t.c["metadata"], path)
+    if value is None:
+        return kind == "null"
+    if isinstance(value, bool):
+        return kind == ("true" if value else "false")
+    extracted = sa.func.json_extract(_t.c["metadata"], path)
+    if isinstance(value, str):
+        return sa.and_(kind == "text", extracted == value)
+    return sa.and_(kind.in_(("integer", "real")), extracted == value)
+
+
+def _equals_postgresql(key: str, value: Scalar) -> sa.ColumnElement[bool]:
+    # jsonb equality: the type counts ("1" is not 1), 1 and 1.0 are equal
+    element: Any = _t.c["metadata"][key]
+    return element == sa.type_coerce(value, _t.c["metadata"].type)  # type: ignore[no-any-return]
+
+
+_SEARCH: Mapping[str, Callable[[list[str]], tuple[sa.FromClause, sa.ColumnElement[Any], Any]]] = {
+    "sqlite": _search_sqlite,
+    "postgresql": _search_postgresql,
+}
+_EQUALS: Mapping[str, Callable[[str, Scalar], sa.ColumnElement[bool]]] = {
+    "sqlite": _equals_sqlite,
+    "postgresql": _equals_postgresql,
+}
+
+
+# --------------------------------------------------------------------------- operations
+
+
+class SqlMemory(SqlEngine):
+    """The memory operations of :class:`~corral.store.sql.SqlStore`."""
+
+    async def write_memory(
+        self,
+        entry: MemoryEntry,
+        *,
+        max_entries: int | None = None,
+        max_age_days: float | None = None,
+    ) -> tuple[MemoryEntry, bool]:
+        check_key(entry.key)
+        check_text(entry.text)
+        metadata = check_metadata(entry.metadata)
+        now = time.time()
+        place = entry.place
+        upsert = _insert(self._dialect, _t).values(
+            **MEMORY_ENTRIES.values(entry, metadata=metadata, created_at=now, updated_at=now)
+        )
+        upsert = upsert.on_conflict_do_update(
+            index_elements=["namespace", "memory", "scope_key", "key"],
+            set_={
+                "text": upsert.excluded.text,
+                "metadata": upsert.excluded["metadata"],
+                "idempotency_key": upsert.excluded.idempotency_key,
+                "updated_at": upsert.excluded.updated_at,
+            },
+        ).returning(*_t.columns)
+
+        async def write(conn: AsyncConnection) -> tuple[MemoryEntry, bool]:
+            if entry.idempotency_key is not None:
+                done = (
+                    await conn.execute(
+                        sa.select(_t).where(
+                            _t.c.namespace == entry.namespace,
+                            _t.c.memory == entry.memory,
+                            _t.c.idempotency_key == entry.idempotency_key,
+                        )
+                    )
+                ).first()
+                if done is not None:  # this call wrote already (a replay): not again
+                    return MEMORY_ENTRIES.record(done), False
+            row = (await conn.execute(upsert)).one()
+            await _prune(conn, place, now, max_entries, max_age_days)
+            return MEMORY_ENTRIES.record(row), True
+
+        return await self._write(f"write memory {entry.memory}", write)
+
+    async def read_memory(self, place: MemoryPlace, key: str) -> MemoryEntry | None:
+        query = sa.select(_t).where(at_place(place), _t.c.key == key)
+        row = await self._read(f"read memory {place.memory}", fetch_first(query))
+        return MEMORY_ENTRIES.record(row) if row is not None else None
+
+    async def list_memory(
+        self,
+        place: MemoryPlace,
+        *,
+        prefix: str = "",
+        limit: int = 20,
+        after: str | None = None,
+    ) -> list[MemoryEntry]:
+        query = sa.select(_t).where(at_place(place))
+        if prefix:
+            # substr, not LIKE: no wildcard to escape, and case-sensitive on both dialects
+            query = query.where(sa.func.substr(_t.c.key, 1, len(prefix)) == prefix)
+        if after is not None:
+            query = query.where(_t.c.key > after)
+        query = query.order_by(_t.c.key).limit(max(1, min(limit, MAX_RESULTS)))
+        rows = await self._read(f"list memory {place.memory}", fetch_all(query))
+        return [MEMORY_ENTRIES.record(row) for row in rows]
+
+    async def delete_memory_entry(self, place: MemoryPlace, key: str) -> bool:
+        delete = _t.delete().where(at_place(place), _t.c.key == key)
+
+        async def write(conn: AsyncConnection) -> bool:
+            return bool((await conn.execute(delete)).rowcount)
+
+        return await self._write(f"delete from memory {place.memory}", write)
+
+    async def search_memory(
+        self,
+        place: MemoryPlace,
+        query: str,
+        *,
+        top_k: int = 5,
+        filters: Mapping[str, Any] | None = None,
+    ) -> list[MemoryHit]:
+        terms = query_terms(query)
+        if not terms:
+            return []
+        source, matches, rank = _SEARCH[self._dialect](terms)
+        conditions = [matches, at_place(place)]
+        equals = _EQUALS[self._dialect]
+        for key, value in check_metadata(dict(filters or {}), what="filter").items():
+            conditions.append(equals(key, value))
+        statement = (
+            sa.select(_t, rank.label("rank"))
+            .select_from(source)
+            .where(*conditions)
+            .order_by(rank, _t.c.updated_at.desc(), _t.c.id)
+            .limit(max(1, min(top_k, MAX_RESULTS)))
+        )
+        rows = await self._read(f"search memory {place.memory}", fetch_all(statement))
+        return [
+            MemoryHit(MEMORY_ENTRIES.record(tuple(row)[:_COLUMNS]), -float(row.rank))
+            for row in rows
+        ]
+
+    async def prune_memory(
+        self,
+        place: MemoryPlace,
+        *,
+        max_entries: int | None = None,
+        max_age_days: float | None = None,
+        now: float | None = None,
+    ) -> int:
+        when = time.time() if now is None else now
+
+        async def write(conn: AsyncConnection) -> int:
+            return await _prune(conn, place, when, max_entries, max_age_days)
+
+        return await self._write(f"prune memory {place.memory}", write)
+
+
+async def _prune(
+    conn: AsyncConnection,
+    place: MemoryPlace,
+    now: float,
+    max_entries: int | None,
+    max_age_days: float | None,
+) -> int:
+    """Apply a Memory's retention to one scope: drop entries older than ``max_age_days``
+    and all but the ``max_entries`` most recently written. Returns how many went."""
+    removed = 0
+    if max_age_days is not None:
+        cutoff = now - max_age_days * _SECONDS_PER_DAY
+        result = await conn.execute(_t.delete().where(at_place(place), _t.c.updated_at < cutoff))
+        removed += result.rowcount
+    if max_entries is not None:
+        kept = (
+            sa.select(_t.c.id)
+            .where(at_place(place))
+            .order_by(_t.c.updated_at.desc(), _t.c.id.desc())
+            .limit(max_entries)
+        )
+        result = await conn.execute(_t.delete().where(at_place(place), _t.c.id.not_in(kept)))
+        removed += result.rowcount
+    return removed
