@@ -37,11 +37,13 @@ from corral.resources.kinds import (
     ToolSpecModel,
 )
 from corral.resources.kinds import ToolChoice as ToolChoiceSpec
+from corral.resources.memory import MemorySpec
 from corral.resources.secrets import SecretResolver, header_secret
 from corral.store.base import Store
 from corral.tools.agents import Delegation, linked_agent_tools
 from corral.tools.base import Tool
 from corral.tools.governance import GovernedTool, Permissions, ToolPolicy, Toolset
+from corral.tools.memory import MemoryBinding, memory_tools
 from corral.tools.registry import build_tool
 from corral.tools.sandbox.host import SandboxHost
 
@@ -131,6 +133,7 @@ class AgentBuilder:
         permissions = await self._permissions(spec)
         tools = await self._tools(spec, stack, policy)
         tools += self._linked_agents(name, spec, permissions)
+        tools += await self._memory_tools(spec)
         names: dict[str, str] = {}
         for governed in tools:
             other = names.setdefault(governed.spec.name, governed.tool.ref)
@@ -292,6 +295,17 @@ class AgentBuilder:
         exec_policy = ToolPolicy(risk="medium")
         return [
             GovernedTool(t, exec_policy if t.ref == "agents_exec" else ToolPolicy()) for t in tools
+        ]
+
+    async def _memory_tools(self, spec: AgentSpec) -> list[GovernedTool]:
+        """The memory_* tools of an Agent with ``memory``, over the store."""
+        bindings = [
+            MemoryBinding(m.ref, await self._spec("Memory", m.ref, MemorySpec), m.access)
+            for m in spec.memory
+        ]
+        # The redactor is read at each write: every secret the agent resolved by then.
+        return [
+            GovernedTool(t, ToolPolicy()) for t in memory_tools(bindings, self.store, self.redactor)
         ]
 
     async def _open_mcp(

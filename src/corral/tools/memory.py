@@ -1,0 +1,321 @@
+"""The memory tools: ``memory_write``, ``memory_read``, ``memory_search``, ``memory_list``
+and ``memory_delete``, over the Memories an Agent names in ``spec.memory``.
+
+They are governed like every other tool (:mod:`corral.tools.governance`: schema,
+approval, timeout, output cap, redaction). Their permissions are checked on the
+Memory and operation a call names, as ``memory:NAME/OP`` (``by_target``): a
+ToolPermission glob such as ``memory:notes/*`` allows or denies them for an agent
+with roles. A Memory the agent may only read is refused to ``memory_write`` and
+``memory_delete`` before anything else (``permission_denied``); an agent with no
+writable Memory has neither tool.
+
+A write is idempotent by the call: its idempotency key is the call's own (run, step,
+call index) with a digest of its arguments, and the store writes an entry under a
+key it has seen once only, so a replayed run never writes twice. Text and metadata
+are redacted (every secret the agent resolved) before they are stored.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
+
+from corral.core.errors import ToolError, ToolErrorCode
+from corral.core.ids import new_id
+from corral.core.memory import (
+    MAX_KEY_CHARS,
+    MemoryEntry,
+    MemoryInputError,
+    MemoryPlace,
+)
+from corral.core.messages import ToolSpec
+from corral.core.redaction import Redactor
+from corral.resources.memory import MemoryAccessLevel, MemorySpec
+from corral.store.base import Store
+from corral.tools.base import Tool, ToolContext
+
+#: the prefix of a memory tool's permission ref: ``memory:NAME/OP``
+MEMORY_PREFIX = "memory:"
+#: the longest search query a call may send (characters)
+MAX_QUERY_CHARS = 2000
+#: the most results one search call asks for
+MAX_TOP_K = 20
+
+Operation = Literal["write", "read", "search", "list", "delete"]
+_WRITES: frozenset[str] = frozenset({"write", "delete"})
+
+
+@dataclass(frozen=True)
+class MemoryBinding:
+    """One Memory an agent uses: its spec and the agent's access to it."""
+
+    name: str
+    spec: MemorySpec
+    access: MemoryAccessLevel
+
+
+_KEY = {"type": "string", "minLength": 1, "maxLength": MAX_KEY_CHARS}
+_FILTER = {
+    "type": "object",
+    "description": "only entries whose metadata has each of these keys equal to its value",
+    "additionalProperties": {"type": ["string", "number", "boolean", "null"]},
+}
+
+_DESCRIPTIONS: Mapping[str, str] = {
+    "write": (
+        "Remember a text for later runs. Give a key to replace what that key held; "
+        "metadata (flat: strings, numbers, booleans) can be used to filter searches."
+    ),
+    "read": "Read the whole text of one remembered entry, by its key.",
+    "search": (
+        "Search what was remembered by words; results are best first, each with its key, "
+        "a score and a preview (read the key for the whole text)."
+    ),
+    "list": "List remembered entries by key (those starting with prefix), a page at a time.",
+    "delete": "Forget one remembered entry, by its key.",
+}
+
+_PROPERTIES: Mapping[str, dict[str, Any]] = {
+    "write": {
+        "text": {"type": "string", "minLength": 1},
+        "key": _KEY,
+        "metadata": {
+            "type": "object",
+            "additionalProperties": {"type": ["string", "number", "boolean", "null"]},
+        },
+    },
+    "read": {"key": _KEY},
+    "search": {
+        "query": {"type": "string", "minLength": 1, "maxLength": MAX_QUERY_CHARS},
+        "top_k": {"type": "integer", "minimum": 1, "maximum": MAX_TOP_K, "default": 5},
+        "filter": _FILTER,
+    },
+    "list": {
+        "prefix": {"type": "string", "maxLength": MAX_KEY_CHARS},
+        "limit": {"type": "integer", "minimum": 1, "maximum": 100, "default": 20},
+        "cursor": {"type": "string", "maxLength": MAX_KEY_CHARS, "description": "next_cursor"},
+    },
+    "delete": {"key": _KEY},
+}
+_REQUIRED: Mapping[str, list[str]] = {
+    "write": ["text"],
+    "read": ["key"],
+    "search": ["query"],
+    "list": [],
+    "delete": ["key"],
+}
+
+
+class MemoryTool(Tool):
+    """One memory operation over the agent's Memories (the ``memory`` argument picks one;
+    it may be left out when the agent has just one)."""
+
+    by_target: ClassVar[bool] = True
+    # a write is made once per call (its idempotency key), a delete twice is a delete
+    idempotent = True
+
+    def __init__(
+        self,
+        operation: Operation,
+        memories: Sequence[MemoryBinding],
+        store: Store,
+        redactor: Callable[[], Redactor],
+    ) -> None:
+        self.operation = operation
+        self.memories = {m.name: m for m in memories}
+        self.store = store
+        self.redactor = redactor
+        self.ref = f"memory_{operation}"
+        names = sorted(self.memories)
+        properties = {"memory": {"type": "string", "enum": names}, **_PROPERTIES[operation]}
+        required = list(_REQUIRED[operation]) + ([] if len(names) == 1 else ["memory"])
+        self.spec = ToolSpec(
+            name=self.ref,
+            description=f"{_DESCRIPTIONS[operation]} Memories: {', '.join(names)}.",
+            parameters={
+                "type": "object",
+                "properties": properties,
+                "required": required,
+                "additionalProperties": False,
+            },
+        )
+
+    def _memory(self, arguments: dict[str, Any]) -> MemoryBinding:
+        name = arguments.get("memory")
+        if name is None:
+            if len(self.memories) != 1:
+                raise ToolError(ToolErrorCode.INVALID_INPUT, "name the memory to use")
+            return next(iter(self.memories.values()))
+        binding = self.memories.get(str(name))
+        if binding is None:
+            known = ", ".join(sorted(self.memories))
+            raise ToolError(
+                ToolErrorCode.PERMISSION_DENIED,
+                f"memory {name!r} is not one of this agent's (its memories: {known})",
+            )
+        return binding
+
+    def targets(self, arguments: dict[str, Any]) -> Sequence[str]:
+        binding = self._memory(arguments)
+        if self.operation in _WRITES and binding.access != "write":
+            raise ToolError(
+                ToolErrorCode.PERMISSION_DENIED,
+                f"this agent may only read memory {binding.name!r}",
+            )
+        return (f"{MEMORY_PREFIX}{binding.name}/{self.operation}",)
+
+    async def _place(self, binding: MemoryBinding, ctx: ToolContext) -> MemoryPlace:
+        scope = binding.spec.scope
+        if scope == "namespace":
+            return MemoryPlace(ctx.namespace, binding.name)
+        if scope == "agent":
+            return MemoryPlace(ctx.namespace, binding.name, ctx.agent)
+        run = await self.store.get_run(ctx.run_id)
+        if run is None or run.session_id is None:
+            raise ToolError(
+                ToolErrorCode.INVALID_INPUT,
+                f"memory {binding.name!r} is kept per session, and this run has no session",
+            )
+        return MemoryPlace(ctx.namespace, binding.name, run.session_id)
+
+    async def call(self, arguments: dict[str, Any], ctx: ToolContext) -> Any:
+        binding = self._memory(arguments)
+        place = await self._place(binding, ctx)
+        try:
+            return await getattr(self, f"_{self.operation}")(binding, place, arguments, ctx)
+        except MemoryInputError as exc:
+            raise ToolError(ToolErrorCode.INVALID_INPUT, str(exc)) from None
+
+    async def _write(
+        self,
+        binding: MemoryBinding,
+        place: MemoryPlace,
+        arguments: dict[str, Any],
+        ctx: ToolContext,
+    ) -> Any:
+        redact = self.redactor()
+        text = str(arguments["text"])
+        metadata = dict(arguments.get("metadata") or {})
+        if redact:  # a secret the agent saw is never written to memory
+            text = redact.text(text)
+            metadata = redact.data(metadata)
+        key = arguments.get("key")
+        entry = MemoryEntry(
+            place.namespace,
+            place.memory,
+            place.scope_key,
+            str(key) if key is not None else new_id("mem"),
+            text,
+            metadata,
+            idempotency_key=write_key(ctx, arguments),
+        )
+        retention = binding.spec.retention
+        # a replayed call finds the entry its first run wrote, and says the same
+        stored, _ = await self.store.write_memory(
+            entry, max_entries=retention.max_entries, max_age_days=retention.max_age_days
+        )
+        return {"memory": binding.name, "key": stored.key, "stored": True}
+
+    async def _read(
+        self,
+        binding: MemoryBinding,
+        place: MemoryPlace,
+        arguments: dict[str, Any],
+        ctx: ToolContext,
+    ) -> Any:
+        key = str(arguments["key"])
+        entry = await self.store.read_memory(place, key)
+        if entry is None:
+            return {"memory": binding.name, "key": key, "found": False}
+        return {
+            "memory": binding.name,
+            "key": key,
+            "found": True,
+            "text": entry.text,
+            "metadata": entry.metadata,
+            "updated_at": entry.updated_at,
+        }
+
+    async def _search(
+        self,
+        binding: MemoryBinding,
+        place: MemoryPlace,
+        arguments: dict[str, Any],
+        ctx: ToolContext,
+    ) -> Any:
+        hits = await self.store.search_memory(
+            place,
+            str(arguments["query"]),
+            top_k=int(arguments.get("top_k", 5)),
+            filters=arguments.get("filter"),
+        )
+        results = [
+            {
+                "key": hit.entry.key,
+                "score": round(hit.score, 6),
+                "preview": hit.entry.preview(),
+                "metadata": hit.entry.metadata,
+            }
+            for hit in hits
+        ]
+        return {"memory": binding.name, "results": results}
+
+    async def _list(
+        self,
+        binding: MemoryBinding,
+        place: MemoryPlace,
+        arguments: dict[str, Any],
+        ctx: ToolContext,
+    ) -> Any:
+        limit = int(arguments.get("limit", 20))
+        entries = await self.store.list_memory(
+            place,
+            prefix=str(arguments.get("prefix", "")),
+            limit=limit,
+            after=arguments.get("cursor"),
+        )
+        return {
+            "memory": binding.name,
+            "entries": [
+                {"key": e.key, "preview": e.preview(), "metadata": e.metadata} for e in entries
+            ],
+            "next_cursor": entries[-1].key if len(entries) == limit else None,
+        }
+
+    async def _delete(
+        self,
+        binding: MemoryBinding,
+        place: MemoryPlace,
+        arguments: dict[str, Any],
+        ctx: ToolContext,
+    ) -> Any:
+        key = str(arguments["key"])
+        deleted = await self.store.delete_memory_entry(place, key)
+        return {"memory": binding.name, "key": key, "deleted": deleted}
+
+
+def write_key(ctx: ToolContext, arguments: dict[str, Any]) -> str:
+    """The idempotency key of a write: the call's own key (the same on every replay) and a
+    digest of its arguments, so that a model asked again after a crash, and answering
+    differently, still gets its new text written."""
+    digest = hashlib.sha256(
+        json.dumps(arguments, sort_keys=True, ensure_ascii=False).encode()
+    ).hexdigest()[:16]
+    key = f"{ctx.idempotency_key}:{digest}"
+    return key if len(key) <= 255 else "sha256:" + hashlib.sha256(key.encode()).hexdigest()
+
+
+def memory_tools(
+    memories: Sequence[MemoryBinding], store: Store, redactor: Callable[[], Redactor]
+) -> list[Tool]:
+    """The memory tools of an agent with ``memories`` (none without): the reading ones
+    always, ``memory_write`` and ``memory_delete`` when one of them is writable."""
+    if not memories:
+        return []
+    operations: list[Operation] = ["search", "read", "list"]
+    if any(m.access == "write" for m in memories):
+        operations += ["write", "delete"]
+    return [MemoryTool(op, memories, store, redactor) for op in operations]
