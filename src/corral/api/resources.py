@@ -9,6 +9,7 @@ from pydantic.json_schema import SkipJsonSchema
 
 from corral.api.common import FromRecord, Name, Request, Timestamp
 from corral.resources.execution import NamespacePolicySpec
+from corral.resources.memory import MemorySpec
 from corral.resources.kinds import (
     KINDS,
     STORED,
@@ -95,6 +96,11 @@ class NamespacePolicyDocument(_Document):
     spec: NamespacePolicySpec
 
 
+class MemoryDocument(_Document):
+    kind: Literal["Memory"]
+    spec: MemorySpec
+
+
 #: A resource document to apply: its ``spec`` is the schema of its ``kind``. Only the
 #: published schema of ``POST /v1/resources``: the server parses bodies with the resource
 #: loader (YAML too, with line numbers).
@@ -106,7 +112,8 @@ ResourceDocument = Annotated[
     | SecretDocument
     | AgentRoleDocument
     | ToolPermissionDocument
-    | NamespacePolicyDocument,
+    | NamespacePolicyDocument
+    | MemoryDocument,
     Field(discriminator="kind"),
 ]
 
@@ -173,6 +180,11 @@ class NamespacePolicyOut(_Stored):
     spec: NamespacePolicySpec
 
 
+class MemoryOut(_Stored):
+    kind: Literal["Memory"]
+    spec: MemorySpec
+
+
 #: A stored resource: ``spec`` has the schema of its ``kind`` (secret values <redacted>).
 ResourceOut = Annotated[
     ModelEndpointOut
@@ -182,7 +194,8 @@ ResourceOut = Annotated[
     | SecretOut
     | AgentRoleOut
     | ToolPermissionOut
-    | NamespacePolicyOut,
+    | NamespacePolicyOut
+    | MemoryOut,
     Field(discriminator="kind"),
 ]
 RESOURCE_OUT: TypeAdapter[ResourceOut] = TypeAdapter(ResourceOut)

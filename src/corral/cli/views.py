@@ -183,6 +183,7 @@ KIND_COLUMNS: dict[str, list[Column[ResourceOut]]] = {
         Column("NETWORK", _attr("execution", "network")),
         Column("TOOL TYPES", _attr("execution", "allowed_tool_types"), free_text=True),
     ],
+    "Memory": [Column("BACKEND", _attr("backend")), Column("SCOPE", _attr("scope"))],
 }
 
 
