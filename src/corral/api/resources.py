@@ -9,7 +9,6 @@ from pydantic.json_schema import SkipJsonSchema
 
 from corral.api.common import FromRecord, Name, Request, Timestamp
 from corral.resources.execution import NamespacePolicySpec
-from corral.resources.memory import MemorySpec
 from corral.resources.kinds import (
     KINDS,
     STORED,
@@ -21,6 +20,7 @@ from corral.resources.kinds import (
     ToolPermissionSpec,
     ToolSpecModel,
 )
+from corral.resources.memory import MemorySpec
 
 # The store's record types (no database driver comes with them).
 from corral.store.base import ApplyAction, ApplyOutcome, StoredResource
