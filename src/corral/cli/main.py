@@ -96,6 +96,7 @@ def registered_app() -> typer.Typer:
         chat_cmd,
         context_cmd,
         doctor_cmd,
+        memory_cmd,
         resources_cmd,
         run_cmd,
         serve_cmd,
@@ -116,6 +117,7 @@ def registered_app() -> typer.Typer:
     token_cmd.register(app)
     context_cmd.register(app)
     doctor_cmd.register(app)
+    memory_cmd.register(app)
     return app
 
 

@@ -85,6 +85,30 @@ class MemoryHit:
     score: float
 
 
+def place_of(
+    namespace: str,
+    memory: str,
+    scope: str,
+    *,
+    agent: str | None = None,
+    session: str | None = None,
+) -> MemoryPlace:
+    """Where a Memory of ``scope`` keeps the entries of ``agent`` / ``session``:
+    ``MemoryInputError`` when the scope needs the one not given."""
+    if scope == "namespace":
+        return MemoryPlace(namespace, memory)
+    needed = {"agent": agent, "session": session}
+    if scope not in needed:
+        raise MemoryInputError(f"memory {memory!r} has an unknown scope {scope!r}")
+    owner = needed[scope]
+    if not owner:
+        raise MemoryInputError(
+            f"memory {memory!r} is kept per {scope}, and no {scope} was given"
+            + (" (this run has no session)" if scope == "session" else "")
+        )
+    return MemoryPlace(namespace, memory, owner)
+
+
 def check_key(key: str) -> str:
     """``key`` if usable as an entry key, else :class:`MemoryInputError`."""
     if not key or len(key) > MAX_KEY_CHARS:

@@ -30,6 +30,7 @@ from corral.core.memory import (
     MemoryEntry,
     MemoryInputError,
     MemoryPlace,
+    place_of,
 )
 from corral.core.messages import ToolSpec
 from corral.core.redaction import Redactor
@@ -168,23 +169,18 @@ class MemoryTool(Tool):
         return (f"{MEMORY_PREFIX}{binding.name}/{self.operation}",)
 
     async def _place(self, binding: MemoryBinding, ctx: ToolContext) -> MemoryPlace:
-        scope = binding.spec.scope
-        if scope == "namespace":
-            return MemoryPlace(ctx.namespace, binding.name)
-        if scope == "agent":
-            return MemoryPlace(ctx.namespace, binding.name, ctx.agent)
-        run = await self.store.get_run(ctx.run_id)
-        if run is None or run.session_id is None:
-            raise ToolError(
-                ToolErrorCode.INVALID_INPUT,
-                f"memory {binding.name!r} is kept per session, and this run has no session",
-            )
-        return MemoryPlace(ctx.namespace, binding.name, run.session_id)
+        session = None
+        if binding.spec.scope == "session":
+            run = await self.store.get_run(ctx.run_id)
+            session = run.session_id if run is not None else None
+        return place_of(
+            ctx.namespace, binding.name, binding.spec.scope, agent=ctx.agent, session=session
+        )
 
     async def call(self, arguments: dict[str, Any], ctx: ToolContext) -> Any:
         binding = self._memory(arguments)
-        place = await self._place(binding, ctx)
         try:
+            place = await self._place(binding, ctx)
             return await getattr(self, f"_{self.operation}")(binding, place, arguments, ctx)
         except MemoryInputError as exc:
             raise ToolError(ToolErrorCode.INVALID_INPUT, str(exc)) from None

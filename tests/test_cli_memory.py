@@ -1,0 +1,75 @@
+"""``corral memory write|read|search|list|delete`` against a real store in CORRAL_HOME."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from cli_harness import invoke
+
+RESOURCES = """
+apiVersion: corral/v1
+kind: Memory
+metadata: {name: notes}
+spec: {retention: {max_entries: 2}}
+---
+apiVersion: corral/v1
+kind: Memory
+metadata: {name: diary}
+spec: {scope: agent}
+"""
+
+
+def cli(home: Path, *args: str, code: int = 0, input: str | None = None) -> str:
+    env = {"CORRAL_HOME": str(home), "PATH": "/usr/bin:/bin"}
+    result = invoke(args, env, input=input)
+    assert result.returncode == code, f"exit {result.returncode}\n{result.stdout}{result.stderr}"
+    return result.stdout + result.stderr
+
+
+def test_entries_are_written_searched_listed_read_and_deleted(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    manifest = tmp_path / "m.yaml"
+    manifest.write_text(RESOURCES)
+    cli(home, "apply", "-f", str(manifest))
+    cli(
+        home,
+        "memory",
+        "write",
+        "notes",
+        "the red door is locked",
+        "--key",
+        "red",
+        "--meta",
+        "room=hall",
+    )
+    cli(home, "memory", "write", "notes", "-", "--key", "blue", input="the blue door is open\n")
+    hits = json.loads(cli(home, "memory", "search", "notes", 'door" OR NEAR(', "-o", "json"))
+    assert sorted(h["key"] for h in hits) == ["blue", "red"]
+    filtered = json.loads(
+        cli(home, "memory", "search", "notes", "door", "--filter", "room=hall", "-o", "json")
+    )
+    assert [h["key"] for h in filtered] == ["red"]
+    assert cli(home, "memory", "read", "notes", "red") == "the red door is locked\n"
+    # retention: two entries at most, the oldest goes
+    cli(home, "memory", "write", "notes", "a third note", "--key", "third")
+    listed = json.loads(cli(home, "memory", "list", "notes", "-o", "json"))
+    assert [e["key"] for e in listed] == ["blue", "third"]
+    assert "deleted" in cli(home, "memory", "delete", "notes", "blue")
+    assert "no entry 'blue'" in cli(home, "memory", "delete", "notes", "blue", code=2)
+
+
+def test_scopes_unknown_memories_and_huge_texts_get_clear_errors(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    manifest = tmp_path / "m.yaml"
+    manifest.write_text(RESOURCES)
+    cli(home, "apply", "-f", str(manifest))
+    assert "kept per agent, and no agent was given" in cli(
+        home, "memory", "write", "diary", "x", code=2
+    )
+    cli(home, "memory", "write", "diary", "alice's day", "--agent", "alice", "--key", "d")
+    assert cli(home, "memory", "search", "diary", "day", "--agent", "bob") == ""
+    assert "d" in cli(home, "memory", "search", "diary", "day", "--agent", "alice")
+    assert "Memory 'nowhere' not found" in cli(home, "memory", "list", "nowhere", code=2)
+    huge = cli(home, "memory", "write", "notes", "-", input="x" * 20_000, code=2)
+    assert "at most 16000 characters" in huge
