@@ -66,6 +66,11 @@ MATRIX = [
     Row("GET", "/v1/sessions/{session_id}", Role.VIEWER),
     Row("GET", "/v1/sessions/{session_id}/messages", Role.VIEWER),
     Row("DELETE", "/v1/sessions/{session_id}", Role.OPERATOR),
+    Row("GET", "/v1/memories/{name}/entries", Role.VIEWER),
+    Row("POST", "/v1/memories/{name}/entries", Role.OPERATOR, {"text": "t", "key": "new"}),
+    Row("GET", "/v1/memories/{name}/entries/{key}", Role.VIEWER),
+    Row("DELETE", "/v1/memories/{name}/entries/{key}", Role.OPERATOR),
+    Row("POST", "/v1/memories/{name}/search", Role.VIEWER, {"query": "entry"}),
     Row("POST", "/v1/agents/{name}/prompt", Role.OPERATOR, {"input": "x", "timeout_seconds": 5}),
     Row(
         "POST",
@@ -105,6 +110,10 @@ def fresh_objects(admin: httpx.Client, n: int) -> dict[str, str]:
 
     secret = {**SECRET_DOC, "metadata": {"name": f"doomed-{n}"}}
     assert admin.post("/v1/resources", json=secret).status_code == 200
+    memory = {**SECRET_DOC, "kind": "Memory", "metadata": {"name": f"mem-{n}"}, "spec": {}}
+    assert admin.post("/v1/resources", json=memory).status_code == 200
+    entry = {"text": "an entry", "key": "k"}
+    assert admin.post(f"/v1/memories/mem-{n}/entries", json=entry).status_code == 201
     queued = admin.post(
         "/v1/tasks", json={"agent": "helper", "input": "x", "delay_seconds": 3600}
     ).json()["id"]
@@ -120,6 +129,8 @@ def fresh_objects(admin: httpx.Client, n: int) -> dict[str, str]:
         "approve": approval_of(waiting_run()),  # approve and reject need one each
         "reject": approval_of(waiting_run()),
         "session_id": f"sess-{n}",
+        "memory": f"mem-{n}",
+        "key": "k",
         "token_id": admin.post("/v1/tokens", json={"role": "viewer"}).json()["id"],
     }
 
@@ -128,7 +139,11 @@ def url(row: Row, objects: dict[str, str]) -> str:
     """The row's path with this pass's objects in it."""
     values = {
         **objects,
-        "name": objects["agent"] if row.path.startswith("/v1/agents") else objects["resource"],
+        "name": objects["agent"]
+        if row.path.startswith("/v1/agents")
+        else objects["memory"]
+        if row.path.startswith("/v1/memories")
+        else objects["resource"],
         "approval_id": objects["approve" if row.path.endswith("/approve") else "reject"],
     }
     return row.path.format(**values)
@@ -195,7 +210,18 @@ def test_another_namespace_gets_404_and_sees_nothing(server: LiveServer) -> None
 
 def test_no_token_is_401_everywhere(server: LiveServer) -> None:
     objects = dict.fromkeys(
-        ["kind", "resource", "task_id", "run_id", "approve", "reject", "session_id", "token_id"],
+        [
+            "kind",
+            "resource",
+            "task_id",
+            "run_id",
+            "approve",
+            "reject",
+            "session_id",
+            "token_id",
+            "memory",
+            "key",
+        ],
         "x",
     )
     objects["agent"] = "helper"

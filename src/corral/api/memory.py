@@ -1,0 +1,67 @@
+"""Memory entries over the API: what a write and a search take, and what they answer."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Self
+
+from pydantic import BaseModel, Field
+
+from corral.api.common import FromRecord, JsonObject, Name, Request, SessionId, Text, Timestamp
+from corral.core.memory import MAX_KEY_CHARS, MAX_RESULTS, MemoryEntry, MemoryHit
+
+Key = Annotated[str, Field(min_length=1, max_length=MAX_KEY_CHARS, pattern=r"^[^\x00-\x1f]+$")]
+
+
+class _Scoped(Request):
+    agent: Name | None = Field(default=None, description="The agent's entries (scope agent).")
+    session: SessionId | None = Field(default=None, description="The session's (scope session).")
+
+
+class MemoryWriteRequest(_Scoped):
+    """One entry to write (the entry of ``key`` is replaced; a new key without one)."""
+
+    text: Text = Field(min_length=1)
+    key: Key | None = None
+    metadata: JsonObject = Field(default_factory=dict[str, Any])
+
+
+class MemorySearchRequest(_Scoped):
+    query: Text = Field(min_length=1, max_length=2000)
+    top_k: int = Field(default=5, ge=1, le=MAX_RESULTS)
+    filter: JsonObject = Field(
+        default_factory=dict[str, Any], description="Metadata keys and the values they must equal."
+    )
+
+
+class MemoryEntryOut(FromRecord):
+    key: str
+    text: str
+    metadata: dict[str, Any]
+    scope_key: str = Field(description="The agent or session whose entry it is ('' for all).")
+    created_at: Timestamp
+    updated_at: Timestamp
+
+    @classmethod
+    def from_entry(cls, entry: MemoryEntry) -> Self:
+        return cls.model_validate(entry)
+
+
+class MemoryEntryPage(BaseModel):
+    items: list[MemoryEntryOut]
+    next_cursor: str | None
+
+
+class MemoryHitOut(BaseModel):
+    key: str
+    score: float = Field(description="Full-text relevance, higher is better (the backend's scale).")
+    preview: str
+    metadata: dict[str, Any]
+
+    @classmethod
+    def from_hit(cls, hit: MemoryHit) -> Self:
+        entry = hit.entry
+        return cls(key=entry.key, score=hit.score, preview=entry.preview(), metadata=entry.metadata)
+
+
+class MemorySearchResult(BaseModel):
+    items: list[MemoryHitOut]

@@ -1,0 +1,151 @@
+"""Memories: the entries of a Memory resource of the caller's namespace - list, write,
+read, delete, search. A Memory of another namespace is 404, as every object is."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Path, Query, Request, Response
+
+from corral.api.common import Name, SessionId
+from corral.api.memory import (
+    Key,
+    MemoryEntryOut,
+    MemoryEntryPage,
+    MemoryHitOut,
+    MemorySearchRequest,
+    MemorySearchResult,
+    MemoryWriteRequest,
+)
+from corral.core.errors import NotFoundError
+from corral.core.ids import new_id
+from corral.resources.kinds import NAME_PATTERN
+from corral.runtime.memory import memory_place, write_entry
+from corral.server import pagination
+from corral.server.auth import Operator, Viewer
+from corral.server.context import context_of
+from corral.server.problems import responses
+
+router = APIRouter(prefix="/v1", tags=["memories"])
+
+MemoryName = Annotated[Name, Path(description="The Memory.")]
+KeyPath = Annotated[Key, Path(description="The entry's key.")]
+AgentQuery = Annotated[
+    str | None, Query(pattern=NAME_PATTERN, description="The agent's entries (scope agent).")
+]
+SessionQuery = Annotated[SessionId | None, Query(description="The session's (scope session).")]
+
+
+@router.get(
+    "/memories/{name}/entries",
+    response_model=MemoryEntryPage,
+    summary="List a Memory's entries",
+    responses=responses(404),
+)
+async def list_memory_entries(
+    name: MemoryName,
+    who: Viewer,
+    request: Request,
+    prefix: Annotated[str, Query(max_length=255, description="Only keys with this start.")] = "",
+    agent: AgentQuery = None,
+    session: SessionQuery = None,
+    limit: pagination.Limit = 100,
+    cursor: pagination.Cursor = None,
+) -> MemoryEntryPage:
+    """The entries by key."""
+    store = context_of(request).store
+    _, place = await memory_place(store, who.namespace, name, agent=agent, session=session)
+    after = pagination.position(cursor, (str,))
+    found = await store.list_memory(
+        place, prefix=prefix, limit=limit + 1, after=None if after is None else after[0]
+    )
+    page, next_cursor = pagination.keyset_page(found, limit, lambda e: (e.key,))
+    return MemoryEntryPage(
+        items=[MemoryEntryOut.from_entry(e) for e in page], next_cursor=next_cursor
+    )
+
+
+@router.post(
+    "/memories/{name}/entries",
+    response_model=MemoryEntryOut,
+    status_code=201,
+    summary="Write an entry",
+    responses=responses(400, 404),
+)
+async def write_memory_entry(
+    name: MemoryName, body: MemoryWriteRequest, who: Operator, request: Request
+) -> MemoryEntryOut:
+    """Write one entry (replacing the entry of its key), the Memory's retention applied."""
+    entry = await write_entry(
+        context_of(request).store,
+        who.namespace,
+        name,
+        body.text,
+        key=body.key or new_id("mem"),
+        metadata=body.metadata,
+        agent=body.agent,
+        session=body.session,
+    )
+    return MemoryEntryOut.from_entry(entry)
+
+
+@router.get(
+    "/memories/{name}/entries/{key:path}",
+    response_model=MemoryEntryOut,
+    summary="Read an entry",
+    responses=responses(404),
+)
+async def read_memory_entry(
+    name: MemoryName,
+    key: KeyPath,
+    who: Viewer,
+    request: Request,
+    agent: AgentQuery = None,
+    session: SessionQuery = None,
+) -> MemoryEntryOut:
+    store = context_of(request).store
+    _, place = await memory_place(store, who.namespace, name, agent=agent, session=session)
+    entry = await store.read_memory(place, key)
+    if entry is None:
+        raise NotFoundError(f"memory {name!r} has no entry {key!r}")
+    return MemoryEntryOut.from_entry(entry)
+
+
+@router.delete(
+    "/memories/{name}/entries/{key:path}",
+    status_code=204,
+    response_class=Response,
+    summary="Delete an entry",
+    responses=responses(404),
+)
+async def delete_memory_entry(
+    name: MemoryName,
+    key: KeyPath,
+    who: Operator,
+    request: Request,
+    agent: AgentQuery = None,
+    session: SessionQuery = None,
+) -> Response:
+    store = context_of(request).store
+    _, place = await memory_place(store, who.namespace, name, agent=agent, session=session)
+    if not await store.delete_memory_entry(place, key):
+        raise NotFoundError(f"memory {name!r} has no entry {key!r}")
+    return Response(status_code=204)
+
+
+@router.post(
+    "/memories/{name}/search",
+    response_model=MemorySearchResult,
+    summary="Search a Memory",
+    responses=responses(400, 404),
+)
+async def search_memory(
+    name: MemoryName, body: MemorySearchRequest, who: Viewer, request: Request
+) -> MemorySearchResult:
+    """Entries matching words of the query, best first (any text is taken as words)."""
+    store = context_of(request).store
+    _, place = await memory_place(
+        store, who.namespace, name, agent=body.agent, session=body.session
+    )
+    hits = await store.search_memory(place, body.query, top_k=body.top_k, filters=body.filter)
+    return MemorySearchResult(items=[MemoryHitOut.from_hit(h) for h in hits])
