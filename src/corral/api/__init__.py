@@ -29,6 +29,14 @@ from corral.api.common import (
     ToolCallOut,
     surrogate_path,
 )
+from corral.api.memory import (
+    MemoryEntryOut,
+    MemoryEntryPage,
+    MemoryHitOut,
+    MemorySearchRequest,
+    MemorySearchResult,
+    MemoryWriteRequest,
+)
 from corral.api.ops import BackendOut, CapabilitiesOut, Health, Readiness, SandboxOut
 from corral.api.resources import (
     KIND_NAMES,
@@ -104,7 +112,13 @@ __all__ = [
     "McpServerDocument",
     "McpServerOut",
     "MemoryDocument",
+    "MemoryEntryOut",
+    "MemoryEntryPage",
+    "MemoryHitOut",
     "MemoryOut",
+    "MemorySearchRequest",
+    "MemorySearchResult",
+    "MemoryWriteRequest",
     "MessageOut",
     "ModelEndpointDocument",
     "ModelEndpointOut",
