@@ -179,6 +179,22 @@ def test_sessions_list_get_messages_delete(client: Client) -> None:
         client.get_session("s-client")
 
 
+def test_memories_write_list_read_search_delete(client: Client) -> None:
+    memory = {"apiVersion": "corral/v1", "kind": "Memory", "metadata": {"name": "c-notes"}}
+    client.apply({**memory, "spec": {}})
+    written = client.write_memory("c-notes", "tea at five", key="a/1", metadata={"t": "x"})
+    assert (written.key, written.metadata) == ("a/1", {"t": "x"})
+    client.write_memory("c-notes", "coffee at nine", key="a/2")
+    assert client.memory_entries("c-notes", limit=1).next_cursor is not None
+    assert [e.key for e in client.iter_memory_entries("c-notes", page_size=1)] == ["a/1", "a/2"]
+    assert client.read_memory("c-notes", "a/1").text == "tea at five"
+    hits = client.search_memory("c-notes", "TEA OR NEAR(", filter={"t": "x"}).items
+    assert [h.key for h in hits] == ["a/1"]
+    client.delete_memory("c-notes", "a/1")
+    with pytest.raises(NotFoundError):
+        client.read_memory("c-notes", "a/1")
+
+
 def test_tokens_health_and_readiness(server: LiveServer, client: Client) -> None:
     assert client.health().status == "ok"
     assert client.ready().status == "ready"

@@ -29,6 +29,9 @@ from corral.api import (
     EventOut,
     EventPage,
     Health,
+    MemoryEntryOut,
+    MemoryEntryPage,
+    MemorySearchResult,
     Readiness,
     ResourceOut,
     ResourcePage,
@@ -422,6 +425,101 @@ def iter_session_messages(
 
 def delete_session(session_id: str) -> Call[None]:
     return Call("DELETE", f"/v1/sessions/{_seg(session_id)}", _nothing)
+
+
+# --------------------------------------------------------------------------- memories
+
+
+def _scope(agent: str | None, session: str | None) -> dict[str, str]:
+    """The agent or session whose entries, for a Memory of that scope."""
+    scoped = {"agent": agent, "session": session}
+    return {k: v for k, v in scoped.items() if v is not None}
+
+
+def memory_entries(
+    name: str,
+    *,
+    prefix: str = "",
+    agent: str | None = None,
+    session: str | None = None,
+    limit: int | None = None,
+    cursor: str | None = None,
+) -> Call[MemoryEntryPage]:
+    """A page of a Memory's entries, by key."""
+    params: Params = [("prefix", prefix)] if prefix else []
+    params += list(_scope(agent, session).items())
+    return Call(
+        "GET",
+        f"/v1/memories/{_seg(name)}/entries",
+        _model(MemoryEntryPage),
+        params + _paging(limit, cursor),
+    )
+
+
+def iter_memory_entries(
+    name: str,
+    *,
+    prefix: str = "",
+    agent: str | None = None,
+    session: str | None = None,
+    page_size: int = 100,
+) -> Pages[MemoryEntryOut]:
+    """A Memory's entries by key, page after page."""
+    return Pages(
+        lambda c: memory_entries(
+            name, prefix=prefix, agent=agent, session=session, limit=page_size, cursor=c
+        )
+    )
+
+
+def write_memory(
+    name: str,
+    text: str,
+    *,
+    key: str | None = None,
+    metadata: Mapping[str, Any] | None = None,
+    agent: str | None = None,
+    session: str | None = None,
+) -> Call[MemoryEntryOut]:
+    """Write one entry (replacing the entry of ``key``; a new key without one)."""
+    body: dict[str, Any] = {"text": text, **_scope(agent, session)}
+    if key is not None:
+        body["key"] = key
+    if metadata:
+        body["metadata"] = dict(metadata)
+    return Call("POST", f"/v1/memories/{_seg(name)}/entries", _model(MemoryEntryOut), json=body)
+
+
+def read_memory(
+    name: str, key: str, *, agent: str | None = None, session: str | None = None
+) -> Call[MemoryEntryOut]:
+    """One entry (``NotFoundError`` when absent)."""
+    path = f"/v1/memories/{_seg(name)}/entries/{_seg(key)}"
+    return Call("GET", path, _model(MemoryEntryOut), list(_scope(agent, session).items()))
+
+
+def delete_memory(
+    name: str, key: str, *, agent: str | None = None, session: str | None = None
+) -> Call[None]:
+    """Delete one entry (``NotFoundError`` when absent)."""
+    path = f"/v1/memories/{_seg(name)}/entries/{_seg(key)}"
+    return Call("DELETE", path, _nothing, list(_scope(agent, session).items()))
+
+
+def search_memory(
+    name: str,
+    query: str,
+    *,
+    top_k: int = 5,
+    filter: Mapping[str, Any] | None = None,
+    agent: str | None = None,
+    session: str | None = None,
+) -> Call[MemorySearchResult]:
+    """Entries matching words of ``query``, best first (``filter``: metadata equality)."""
+    body: dict[str, Any] = {"query": query, "top_k": top_k, **_scope(agent, session)}
+    if filter:
+        body["filter"] = dict(filter)
+    return Call("POST", f"/v1/memories/{_seg(name)}/search", _model(MemorySearchResult), json=body)
 
 
 # --------------------------------------------------------------------------- prompts

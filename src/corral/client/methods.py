@@ -194,6 +194,13 @@ class Methods(ABC, Generic[Transport]):
     session_messages = sends(calls.session_messages)
     iter_session_messages = iterates(calls.iter_session_messages)
     delete_session = sends(calls.delete_session)
+    # memories
+    memory_entries = sends(calls.memory_entries)
+    iter_memory_entries = iterates(calls.iter_memory_entries)
+    write_memory = sends(calls.write_memory)
+    read_memory = sends(calls.read_memory)
+    delete_memory = sends(calls.delete_memory)
+    search_memory = sends(calls.search_memory)
     # prompts
     prompt = sends(calls.prompt)
     prompt_object = sends(calls.prompt_object)
