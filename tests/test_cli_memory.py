@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from cli_harness import invoke
+from server_harness import LiveServer
 
 RESOURCES = """
 apiVersion: corral/v1
@@ -20,8 +21,14 @@ spec: {scope: agent}
 """
 
 
-def cli(home: Path, *args: str, code: int = 0, input: str | None = None) -> str:
-    env = {"CORRAL_HOME": str(home), "PATH": "/usr/bin:/bin"}
+def cli(
+    home: Path,
+    *args: str,
+    code: int = 0,
+    input: str | None = None,
+    env: dict[str, str] | None = None,
+) -> str:
+    env = {"CORRAL_HOME": str(home), "PATH": "/usr/bin:/bin", **(env or {})}
     result = invoke(args, env, input=input)
     assert result.returncode == code, f"exit {result.returncode}\n{result.stdout}{result.stderr}"
     return result.stdout + result.stderr
@@ -73,3 +80,21 @@ def test_scopes_unknown_memories_and_huge_texts_get_clear_errors(tmp_path: Path)
     assert "Memory 'nowhere' not found" in cli(home, "memory", "list", "nowhere", code=2)
     huge = cli(home, "memory", "write", "notes", "-", input="x" * 20_000, code=2)
     assert "at most 16000 characters" in huge
+
+
+def test_the_commands_work_on_a_server_in_remote_mode(server: LiveServer, tmp_path: Path) -> None:
+    remote = {"CORRAL_URL": server.url, "CORRAL_TOKEN": server.admin}
+    home = tmp_path / "unused-home"
+    manifest = tmp_path / "m.yaml"
+    manifest.write_text(RESOURCES)
+    cli(home, "apply", "-f", str(manifest), env=remote)
+    cli(home, "memory", "write", "notes", "remote words here", "--key", "r/1", env=remote)
+    hits = json.loads(cli(home, "memory", "search", "notes", "WORDS", "-o", "json", env=remote))
+    assert [h["key"] for h in hits] == ["r/1"]
+    assert cli(home, "memory", "read", "notes", "r/1", env=remote) == "remote words here\n"
+    assert "r/1" in cli(home, "memory", "list", "notes", env=remote)
+    assert "no entry 'nope'" in cli(home, "memory", "read", "notes", "nope", code=2, env=remote)
+    assert "not found" in cli(home, "memory", "list", "nowhere", code=2, env=remote)
+    cli(home, "memory", "delete", "notes", "r/1", env=remote)
+    assert cli(home, "memory", "list", "notes", env=remote) == ""
+    assert not home.exists()  # nothing local was opened

@@ -30,6 +30,8 @@ if TYPE_CHECKING:
         AppliedResource,
         ApprovalOut,
         EventOut,
+        MemoryEntryOut,
+        MemoryHitOut,
         ResourceOut,
         SessionMessageOut,
         SessionOut,
@@ -225,6 +227,42 @@ class Backend(ABC):
     @abstractmethod
     async def delete_session(self, namespace: str, session_id: str) -> None:
         """Delete a session; ``ConflictError`` naming the run while one of it is unfinished."""
+
+    # ----------------------------------------------------------------------- memories
+
+    @abstractmethod
+    async def write_memory(
+        self, at: MemoryAt, text: str, *, key: str | None, metadata: dict[str, Any]
+    ) -> MemoryEntryOut:
+        """Write one entry; ``NotFoundError`` when there is no such Memory."""
+
+    @abstractmethod
+    async def read_memory(self, at: MemoryAt, key: str) -> MemoryEntryOut | None: ...
+
+    @abstractmethod
+    async def delete_memory(self, at: MemoryAt, key: str) -> bool:
+        """Delete one entry; whether it was there."""
+
+    @abstractmethod
+    async def memory_entries(
+        self, at: MemoryAt, *, prefix: str, limit: int
+    ) -> list[MemoryEntryOut]:
+        """The first ``limit`` entries by key (those starting with ``prefix``)."""
+
+    @abstractmethod
+    async def search_memory(
+        self, at: MemoryAt, query: str, *, top_k: int, filters: dict[str, Any]
+    ) -> list[MemoryHitOut]: ...
+
+
+@dataclass(frozen=True)
+class MemoryAt:
+    """A Memory of a namespace, and the agent or session whose entries (narrower scopes)."""
+
+    namespace: str
+    name: str
+    agent: str | None = None
+    session: str | None = None
 
 
 class EmbeddedBackend(Backend):
@@ -449,6 +487,59 @@ class EmbeddedBackend(Backend):
 
     async def delete_session(self, namespace: str, session_id: str) -> None:
         await self.store.delete_session(namespace, session_id)
+
+    async def _place(self, at: MemoryAt) -> Any:
+        from corral.runtime.memory import memory_place
+
+        _, place = await memory_place(
+            self.store, at.namespace, at.name, agent=at.agent, session=at.session
+        )
+        return place
+
+    async def write_memory(
+        self, at: MemoryAt, text: str, *, key: str | None, metadata: dict[str, Any]
+    ) -> MemoryEntryOut:
+        from corral.api import MemoryEntryOut
+        from corral.core.ids import new_id
+        from corral.runtime.memory import write_entry
+
+        entry = await write_entry(
+            self.store,
+            at.namespace,
+            at.name,
+            text,
+            key=key or new_id("mem"),
+            metadata=metadata,
+            agent=at.agent,
+            session=at.session,
+        )
+        return MemoryEntryOut.from_entry(entry)
+
+    async def read_memory(self, at: MemoryAt, key: str) -> MemoryEntryOut | None:
+        from corral.api import MemoryEntryOut
+
+        entry = await self.store.read_memory(await self._place(at), key)
+        return MemoryEntryOut.from_entry(entry) if entry is not None else None
+
+    async def delete_memory(self, at: MemoryAt, key: str) -> bool:
+        return await self.store.delete_memory_entry(await self._place(at), key)
+
+    async def memory_entries(
+        self, at: MemoryAt, *, prefix: str, limit: int
+    ) -> list[MemoryEntryOut]:
+        from corral.api import MemoryEntryOut
+
+        found = await self.store.list_memory(await self._place(at), prefix=prefix, limit=limit)
+        return [MemoryEntryOut.from_entry(e) for e in found]
+
+    async def search_memory(
+        self, at: MemoryAt, query: str, *, top_k: int, filters: dict[str, Any]
+    ) -> list[MemoryHitOut]:
+        from corral.api import MemoryHitOut
+
+        place = await self._place(at)
+        hits = await self.store.search_memory(place, query, top_k=top_k, filters=filters)
+        return [MemoryHitOut.from_hit(h) for h in hits]
 
 
 def _resource(stored: StoredResource) -> ResourceOut:

@@ -21,13 +21,15 @@ from corral.api import (
     AppliedResource,
     ApprovalOut,
     EventOut,
+    MemoryEntryOut,
+    MemoryHitOut,
     ResourceOut,
     SessionMessageOut,
     SessionOut,
     Task,
     TaskDetail,
 )
-from corral.cli.backend import Backend, RunControl, Show, load_files
+from corral.cli.backend import Backend, MemoryAt, RunControl, Show, load_files
 from corral.client import AsyncClient
 from corral.core.errors import Location, NotFoundError, ResourceError
 from corral.core.limits import MAX_TREE_TASKS
@@ -342,3 +344,46 @@ class RemoteBackend(Backend):
 
     async def delete_session(self, namespace: str, session_id: str) -> None:
         await self.client.delete_session(session_id)
+
+    # ----------------------------------------------------------------------- memories
+    # (the namespace is the token's: open_backend checked that -n names it)
+
+    async def write_memory(
+        self, at: MemoryAt, text: str, *, key: str | None, metadata: dict[str, Any]
+    ) -> MemoryEntryOut:
+        return await self.client.write_memory(
+            at.name, text, key=key, metadata=metadata, agent=at.agent, session=at.session
+        )
+
+    async def read_memory(self, at: MemoryAt, key: str) -> MemoryEntryOut | None:
+        try:
+            return await self.client.read_memory(at.name, key, agent=at.agent, session=at.session)
+        except NotFoundError as exc:
+            if "has no entry" not in exc.message:  # the Memory itself is missing: say so
+                raise
+            return None
+
+    async def delete_memory(self, at: MemoryAt, key: str) -> bool:
+        try:
+            await self.client.delete_memory(at.name, key, agent=at.agent, session=at.session)
+        except NotFoundError as exc:
+            if "has no entry" not in exc.message:
+                raise
+            return False
+        return True
+
+    async def memory_entries(
+        self, at: MemoryAt, *, prefix: str, limit: int
+    ) -> list[MemoryEntryOut]:
+        page = await self.client.memory_entries(
+            at.name, prefix=prefix, agent=at.agent, session=at.session, limit=limit
+        )
+        return list(page.items)
+
+    async def search_memory(
+        self, at: MemoryAt, query: str, *, top_k: int, filters: dict[str, Any]
+    ) -> list[MemoryHitOut]:
+        found = await self.client.search_memory(
+            at.name, query, top_k=top_k, filter=filters, agent=at.agent, session=at.session
+        )
+        return list(found.items)

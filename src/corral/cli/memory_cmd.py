@@ -1,38 +1,43 @@
 """``corral memory write|read|search|list|delete NAME``: a Memory's entries, by hand.
 
-These work on the store directly (no remote mode yet: the ``/v1/memories`` API is not
-built). ``--agent`` / ``--session`` pick the entries of one agent or session in a
-Memory of that scope. ``-o json`` prints the entries as JSON.
+On the local store, or on the server (``/v1/memories``) in remote mode. ``--agent`` /
+``--session`` pick the entries of one agent or session in a Memory of that scope;
+``-o json`` prints the entries as JSON.
 """
 
 from __future__ import annotations
 
 import json
 import sys
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import typer
 
 from corral.cli.common import EXIT_BAD_INPUT, NAMESPACE, fail, run_async
 
+if TYPE_CHECKING:
+    from corral.cli.backend import Backend, MemoryAt
+
+T = TypeVar("T")
+
 memory_app = typer.Typer(
-    help="The entries of a Memory (store backend): write, read, search, list, delete.",
-    no_args_is_help=True,
+    help="The entries of a Memory: write, read, search, list, delete.", no_args_is_help=True
 )
 
 MEMORY = typer.Argument(..., help="The Memory's name.")
 KEY = typer.Argument(..., help="The entry's key.")
 AGENT = typer.Option(None, "--agent", help="The agent whose entries (a Memory of scope agent).")
 SESSION = typer.Option(None, "--session", help="The session's entries (scope session).")
-JSON_OUTPUT = typer.Option("text", "-o", "--output", help="text or json.")
+OUTPUT = typer.Option("text", "-o", "--output", help="text or json.")
 
 
 def register(app: typer.Typer) -> None:
     app.add_typer(memory_app, name="memory")
 
 
-def _pairs(items: list[str], what: str) -> dict[str, str]:
-    pairs: dict[str, str] = {}
+def _pairs(items: list[str], what: str) -> dict[str, Any]:
+    pairs: dict[str, Any] = {}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key:
@@ -51,10 +56,23 @@ def _show(data: Any, output: str, lines: list[str]) -> None:
         fail(f"-o: 'text' or 'json', not {output!r}", EXIT_BAD_INPUT)
 
 
-def _local() -> None:
-    from corral.cli.connect import require_local
+def _on_backend(
+    namespace: str,
+    name: str,
+    agent: str | None,
+    session: str | None,
+    work: Callable[[Backend, MemoryAt], Awaitable[T]],
+) -> T:
+    """Run ``work`` on this command's backend (a server, or the local store)."""
 
-    require_local("memory")
+    async def go() -> T:
+        from corral.cli.backend import MemoryAt
+        from corral.cli.connect import open_backend
+
+        async with open_backend() as backend:
+            return await work(backend, MemoryAt(namespace, name, agent, session))
+
+    return run_async(go())
 
 
 @memory_app.command("write")
@@ -68,29 +86,16 @@ def memory_write(
     namespace: str = NAMESPACE,
 ) -> None:
     """Write one entry."""
-    _local()
     body = sys.stdin.read() if text == "-" else text
     metadata = _pairs(meta, "--meta")
-
-    async def go() -> str:
-        from corral.cli.connect import open_cli_store
-        from corral.core.ids import new_id
-        from corral.runtime.memory import write_entry
-
-        async with open_cli_store() as (store, _):
-            entry = await write_entry(
-                store,
-                namespace,
-                name,
-                body,
-                key=key or new_id("mem"),
-                metadata=metadata,
-                agent=agent,
-                session=session,
-            )
-            return entry.key
-
-    typer.echo(f"memory/{name} entry {run_async(go())} written")
+    entry = _on_backend(
+        namespace,
+        name,
+        agent,
+        session,
+        lambda backend, at: backend.write_memory(at, body, key=key, metadata=metadata),
+    )
+    typer.echo(f"memory/{name} entry {entry.key} written")
 
 
 @memory_app.command("read")
@@ -100,26 +105,15 @@ def memory_read(
     agent: str | None = AGENT,
     session: str | None = SESSION,
     namespace: str = NAMESPACE,
-    output: str = JSON_OUTPUT,
+    output: str = OUTPUT,
 ) -> None:
     """Print one entry's text."""
-    _local()
-
-    async def go() -> dict[str, Any] | None:
-        from corral.cli.connect import open_cli_store
-        from corral.runtime.memory import memory_place
-
-        async with open_cli_store() as (store, _):
-            _, place = await memory_place(store, namespace, name, agent=agent, session=session)
-            entry = await store.read_memory(place, key)
-        if entry is None:
-            return None
-        return {"key": entry.key, "text": entry.text, "metadata": entry.metadata}
-
-    found = run_async(go())
-    if found is None:
+    entry = _on_backend(
+        namespace, name, agent, session, lambda backend, at: backend.read_memory(at, key)
+    )
+    if entry is None:
         fail(f"memory/{name} has no entry {key!r}", EXIT_BAD_INPUT)
-    _show(found, output, [found["text"]])
+    _show(entry.model_dump(mode="json"), output, [entry.text])
 
 
 @memory_app.command("search")
@@ -131,23 +125,22 @@ def memory_search(
     agent: str | None = AGENT,
     session: str | None = SESSION,
     namespace: str = NAMESPACE,
-    output: str = JSON_OUTPUT,
+    output: str = OUTPUT,
 ) -> None:
     """Search entries by full text, best first."""
-    _local()
     equal = _pairs(filters, "--filter")
-
-    async def go() -> list[dict[str, Any]]:
-        from corral.cli.connect import open_cli_store
-        from corral.runtime.memory import memory_place
-
-        async with open_cli_store() as (store, _):
-            _, place = await memory_place(store, namespace, name, agent=agent, session=session)
-            hits = await store.search_memory(place, query, top_k=top_k, filters=equal)
-        return [{"key": h.entry.key, "score": h.score, "preview": h.entry.preview()} for h in hits]
-
-    hits = run_async(go())
-    _show(hits, output, [f"{h['score']:.4g}  {h['key']}  {h['preview']}" for h in hits])
+    hits = _on_backend(
+        namespace,
+        name,
+        agent,
+        session,
+        lambda backend, at: backend.search_memory(at, query, top_k=top_k, filters=equal),
+    )
+    _show(
+        [h.model_dump(mode="json") for h in hits],
+        output,
+        [f"{h.score:.4g}  {h.key}  {h.preview}" for h in hits],
+    )
 
 
 @memory_app.command("list")
@@ -155,26 +148,24 @@ def memory_list(
     name: str = MEMORY,
     prefix: str = typer.Option("", "--prefix", help="Only keys starting with this."),
     limit: int = typer.Option(20, "--limit", min=1, max=100, help="How many entries."),
-    after: str | None = typer.Option(None, "--after", help="Start after this key."),
     agent: str | None = AGENT,
     session: str | None = SESSION,
     namespace: str = NAMESPACE,
-    output: str = JSON_OUTPUT,
+    output: str = OUTPUT,
 ) -> None:
     """List entries by key."""
-    _local()
-
-    async def go() -> list[dict[str, Any]]:
-        from corral.cli.connect import open_cli_store
-        from corral.runtime.memory import memory_place
-
-        async with open_cli_store() as (store, _):
-            _, place = await memory_place(store, namespace, name, agent=agent, session=session)
-            entries = await store.list_memory(place, prefix=prefix, limit=limit, after=after)
-        return [{"key": e.key, "preview": e.preview(), "metadata": e.metadata} for e in entries]
-
-    entries = run_async(go())
-    _show(entries, output, [f"{e['key']}  {e['preview']}" for e in entries])
+    entries = _on_backend(
+        namespace,
+        name,
+        agent,
+        session,
+        lambda backend, at: backend.memory_entries(at, prefix=prefix, limit=limit),
+    )
+    _show(
+        [e.model_dump(mode="json") for e in entries],
+        output,
+        [f"{e.key}  {e.text[:80]}" for e in entries],
+    )
 
 
 @memory_app.command("delete")
@@ -186,16 +177,9 @@ def memory_delete(
     namespace: str = NAMESPACE,
 ) -> None:
     """Delete one entry."""
-    _local()
-
-    async def go() -> bool:
-        from corral.cli.connect import open_cli_store
-        from corral.runtime.memory import memory_place
-
-        async with open_cli_store() as (store, _):
-            _, place = await memory_place(store, namespace, name, agent=agent, session=session)
-            return await store.delete_memory_entry(place, key)
-
-    if not run_async(go()):
+    deleted = _on_backend(
+        namespace, name, agent, session, lambda backend, at: backend.delete_memory(at, key)
+    )
+    if not deleted:
         fail(f"memory/{name} has no entry {key!r}", EXIT_BAD_INPUT)
     typer.echo(f"memory/{name} entry {key} deleted")
