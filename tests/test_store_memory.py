@@ -193,6 +193,16 @@ async def test_entries_that_do_not_fit_are_refused_with_a_reason(store: Store) -
         await store.write_memory(entry("", "text"))
     with pytest.raises(MemoryInputError, match="must be a string, number or boolean"):
         await store.write_memory(entry("k", "text", metadata={"nested": {"a": 1}}))
+    with pytest.raises(MemoryInputError, match="NUL"):
+        await store.write_memory(entry("k", "before\x00after"))
+    with pytest.raises(MemoryInputError, match="lone surrogate"):
+        await store.write_memory(entry("k", "broken \ud800 text"))
+    with pytest.raises(MemoryInputError, match="NUL"):
+        await store.write_memory(entry("k", "text", metadata={"a": "\x00"}))
+    with pytest.raises(MemoryInputError, match="finite"):
+        await store.write_memory(entry("k", "text", metadata={"a": float("nan")}))
+    # a query of such characters finds nothing and fails nothing
+    assert await store.search_memory(NOTES, "\ud800 \x00") == []
     assert await store.list_memory(NOTES) == []
 
 

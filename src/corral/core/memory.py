@@ -8,6 +8,7 @@ metadata is a flat JSON object of scalars, matched by equality in search filters
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -109,13 +110,25 @@ def place_of(
     return MemoryPlace(namespace, memory, owner)
 
 
+def _storable(text: str, what: str) -> str:
+    """``text`` if both databases can store it: no NUL (PostgreSQL refuses it), no lone
+    surrogate (not UTF-8 at all)."""
+    if "\x00" in text:
+        raise MemoryInputError(f"{what} cannot hold a NUL character")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise MemoryInputError(f"{what} is not valid Unicode (a lone surrogate)") from None
+    return text
+
+
 def check_key(key: str) -> str:
     """``key`` if usable as an entry key, else :class:`MemoryInputError`."""
     if not key or len(key) > MAX_KEY_CHARS:
         raise MemoryInputError(f"a memory key has 1 to {MAX_KEY_CHARS} characters")
     if any(ord(c) < 32 for c in key):
         raise MemoryInputError("a memory key has no control characters")
-    return key
+    return _storable(key, "a memory key")
 
 
 def check_text(text: str) -> str:
@@ -127,7 +140,7 @@ def check_text(text: str) -> str:
             f"a memory entry holds at most {MAX_ENTRY_CHARS} characters, not {len(text)}: "
             "write it as several entries"
         )
-    return text
+    return _storable(text, "a memory entry")
 
 
 def check_metadata(metadata: dict[str, Any], *, what: str = "metadata") -> dict[str, Scalar]:
@@ -145,6 +158,10 @@ def check_metadata(metadata: dict[str, Any], *, what: str = "metadata") -> dict[
             raise MemoryInputError(
                 f"{what} value of {key!r} is longer than {MAX_METADATA_VALUE_CHARS} characters"
             )
+        if isinstance(value, str):
+            _storable(value, f"{what} value of {key!r}")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise MemoryInputError(f"{what} value of {key!r} is not a finite number")
     return dict(metadata)
 
 
