@@ -382,3 +382,37 @@ async def test_an_agent_naming_a_missing_memory_is_refused_at_apply(
 def test_an_entry_preview_is_short() -> None:
     entry = MemoryEntry("default", "notes", "", "k", "word " * 200)
     assert len(entry.preview()) == 240 and entry.preview().endswith("\u2026")
+
+
+async def test_a_run_resumed_after_a_crash_mid_write_writes_once(
+    env: tuple[Store, Settings], tmp_path: Path
+) -> None:
+    from corral.core.events import Event
+    from corral.engine.loop import AgentLoop
+    from test_engine import Harness, turn
+
+    store, _ = env
+    script = [
+        # no key: a second write would be a second entry under a new key
+        turn("", ("memory_write", {"text": "written exactly once"})),
+        turn("", ("memory_search", {"query": "once"})),
+        turn("done"),
+    ]
+    full = Harness(list(script), [tool(store, "write"), tool(store, "search")], tmp_path)
+    assert (await full.run("remember")).state is RunState.SUCCEEDED
+    # The process died after the write, before its result was journaled: the journal
+    # ends with the model's message asking for it.
+    first = next(i for i, e in enumerate(full.events) if e.type is EventType.MESSAGE_CREATE)
+    journal: list[Event] = full.events[: first + 1]
+
+    resumed = Harness([], [tool(store, "write"), tool(store, "search")], tmp_path)
+    resumed.model.turns, resumed.events = list(script), list(journal)
+    result = await AgentLoop(resumed.agent, "run_test", resumed.sink).resume(journal)
+
+    assert result.state is RunState.SUCCEEDED
+    [stored] = await store.list_memory(MemoryPlace("default", "notes"))
+    assert stored.text == "written exactly once"
+    # the resumed run ran the write again (its result is new) and found the first one's entry
+    outputs = [e.data["output"] for e in resumed.events if e.type is EventType.TOOL_RESULT]
+    assert json.loads(outputs[0]) == {"memory": "notes", "key": stored.key, "stored": True}
+    assert [r["key"] for r in json.loads(outputs[1])["results"]] == [stored.key]
