@@ -166,6 +166,7 @@ class AgentBuilder:
             interrupted_calls=spec.interrupted_calls,
             session_policy=spec.session,
             execution=policy.to_dict(),
+            links=tuple(link.agent for link in spec.links),
         )
 
     async def execution_policy(self, name: str, spec: AgentSpec) -> EffectivePolicy:
