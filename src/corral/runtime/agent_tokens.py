@@ -18,6 +18,7 @@ first key signs, every listed key verifies.
 from __future__ import annotations
 
 import secrets as _secrets
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -25,7 +26,6 @@ import jwt
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from corral.core.clock import SYSTEM_CLOCK, Clock
 from corral.core.settings import Settings
 from corral.resources.secrets import SecretCipher
 
@@ -74,19 +74,23 @@ class AgentTokenSigner:
         self,
         secret_keys: Callable[[], Sequence[str]],
         *,
-        clock: Clock = SYSTEM_CLOCK,
+        now: Callable[[], float] = time.time,
         ttl_seconds: float = TOKEN_SECONDS,
     ) -> None:
+        """``secret_keys``: the secret keys, current first (read on first use); ``now``: the
+        wall clock tokens are minted and checked by (a seam for tests)."""
         self._secret_keys = secret_keys
         self._keys: list[bytes] | None = None
-        self.clock = clock
+        self.now = now
         self.ttl_seconds = ttl_seconds
 
     @staticmethod
-    def from_settings(settings: Settings, *, clock: Clock = SYSTEM_CLOCK) -> AgentTokenSigner:
+    def from_settings(
+        settings: Settings, *, now: Callable[[], float] = time.time
+    ) -> AgentTokenSigner:
         """The signer of the deployment's secret key (read, or created, on first use)."""
         cipher = SecretCipher.from_settings(settings)
-        return AgentTokenSigner(cipher.keys, clock=clock)
+        return AgentTokenSigner(cipher.keys, now=now)
 
     def _signing_keys(self) -> list[bytes]:
         if self._keys is None:
@@ -103,7 +107,7 @@ class AgentTokenSigner:
         ttl_seconds: float | None = None,
     ) -> str:
         """A token for run ``run_id`` of ``agent``, valid ``ttl_seconds`` (default the signer's)."""
-        now = self.clock.now()
+        now = self.now()
         claims = {
             "iss": ISSUER,
             "aud": AUDIENCE,
@@ -138,9 +142,9 @@ class AgentTokenSigner:
             break
         if claims is None:
             raise AgentTokenError("token_invalid", "the agent token is not valid")
-        # expiry checked against the signer's clock (a seam for tests), not PyJWT's
+        # expiry checked by the signer's clock (the seam for tests), not PyJWT's
         expires_at = claims.get("exp")
-        if not isinstance(expires_at, int | float) or expires_at <= self.clock.now():
+        if not isinstance(expires_at, int | float) or expires_at <= self.now():
             raise AgentTokenError("token_expired", "the agent token has expired")
         try:
             return AgentClaims(
