@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from corral.runtime.agent_tokens import AgentTokenError, AgentTokenSigner
-from server_harness import LiveServer, apply
+from server_harness import LiveServer, apply, wait_for
 
 TESTS = Path(__file__).parent
 CALLER = TESTS / "tool_programs" / "link_caller.py"
@@ -85,6 +85,49 @@ kind: Agent
 metadata: {{name: stranger}}
 spec:
   model: plain-model
+---
+apiVersion: corral/v1
+kind: ToolPermission
+metadata: {{name: only-adder}}
+spec: {{tools: ["agent:adder"], effect: allow}}
+---
+apiVersion: corral/v1
+kind: AgentRole
+metadata: {{name: adder-caller}}
+spec: {{permissions: [only-adder]}}
+---
+apiVersion: corral/v1
+kind: Agent
+metadata: {{name: guarded}}
+spec:
+  model: plain-model
+  roles: [adder-caller]
+  links: [adder, stranger]
+---
+apiVersion: corral/v1
+kind: ModelEndpoint
+metadata: {{name: waiter-model}}
+spec:
+  provider: scripted
+  script:
+    - {{tool_calls: [{{name: echo, arguments: {{text: "zzz", seconds: 30}}}}]}}
+    - text: woke
+---
+apiVersion: corral/v1
+kind: Tool
+metadata: {{name: echo}}
+spec:
+  type: python
+  python: {{function: "server_tools:slow_echo", path: "{TESTS}"}}
+  timeout_seconds: 60
+---
+apiVersion: corral/v1
+kind: Agent
+metadata: {{name: waiter}}
+spec:
+  model: waiter-model
+  tools: [echo]
+  links: [adder]
 ---
 apiVersion: corral/v1
 kind: Agent
@@ -314,3 +357,51 @@ def _b64encode(data: bytes) -> str:
     import base64
 
     return base64.urlsafe_b64encode(data).decode().rstrip("=")
+
+
+def test_a_linked_agent_its_roles_deny_is_403_and_not_listed(server: LiveServer) -> None:
+    token = signer(server).mint(
+        namespace="default", agent="guarded", run_id="r-x", links=["adder", "stranger"]
+    )
+    with server.client(token) as client:
+        assert [i["agent"] for i in client.get("/v1/links").json()["items"]] == ["adder"]
+        assert client.get("/v1/links/adder").status_code == 200
+        denied = client.get("/v1/links/stranger")
+        assert denied.status_code == 403 and denied.json()["code"] == "permission_denied"
+        denied = client.post("/v1/links/stranger/exec", json={"input": "hi", "wait": False})
+        assert denied.status_code == 403 and denied.json()["code"] == "permission_denied"
+
+
+def test_exec_without_waiting_is_202_and_a_retried_request_finds_its_child(
+    server: LiveServer,
+) -> None:
+    with server.client(server.admin) as admin:
+        parent = admin.post("/v1/tasks", json={"agent": "waiter", "input": "sleep"}).json()
+        wait_for(
+            lambda: admin.get(f"/v1/tasks/{parent['id']}").json()["state"] == "running",
+            message="the waiter to run",
+        )
+        token = signer(server).mint(
+            namespace="default", agent="waiter", run_id=parent["id"], links=["adder"]
+        )
+        with server.client(token) as client:
+            body = {"input": "1 + 1?", "wait": False}
+            key = {"Idempotency-Key": "call-7"}
+            first = client.post("/v1/links/adder/exec", json=body, headers=key)
+            again = client.post("/v1/links/adder/exec", json=body, headers=key)
+            assert first.status_code == 202 and again.status_code in (200, 202)
+            assert first.json()["id"] == again.json()["id"]
+            assert first.headers["Location"] == f"/v1/tasks/{first.json()['id']}"
+            waited = client.post("/v1/links/adder/exec", json={"input": "2 + 2?"})
+            assert waited.status_code == 200 and waited.json()["state"] == "succeeded"
+            # the parent is the token's, whatever the body says
+            forged = client.post(
+                "/v1/links/adder/exec", json={"input": "x", "parent_run_id": "r-other"}
+            )
+            assert forged.status_code == 422
+        children = admin.get(f"/v1/tasks/{parent['id']}/children").json()["items"]
+        assert sorted(c["id"] for c in children) == sorted(
+            [first.json()["id"], waited.json()["id"]]
+        )
+        assert {c["parent_run_id"] for c in children} == {parent["id"]}
+        admin.post(f"/v1/tasks/{parent['id']}/cancel")

@@ -8,7 +8,9 @@ is the token's, never the body's. These routes accept nothing else: an API token
 is 403 ``agent_token_required`` (every other route refuses an agent token with 403
 ``agent_token_not_allowed``); an expired token is 401 ``token_expired``, a
 malformed or tampered one 401 ``token_invalid``. An agent that is not in the
-token's links, or no longer in the calling agent's, is 404 as if it did not exist.
+token's links, or no longer in the calling agent's, is 404 as if it did not exist; one
+its roles deny (``agent:NAME`` in a ToolPermission, as for ``agents_exec``) is 403
+``permission_denied``, and ``GET /v1/links`` leaves it out.
 
 The child is started by :meth:`StoreDelegation.start_child_of`, what ``agents_exec``
 uses; its idempotency key is the caller's run and the request's ``Idempotency-Key``
@@ -32,12 +34,15 @@ from corral.core.errors import ToolError, ToolErrorCode
 from corral.core.ids import new_id
 from corral.resources.kinds import NAME_PATTERN, AgentLink, AgentSpec
 from corral.runtime.agent_tokens import AgentClaims, AgentTokenError, looks_like_agent_token
+from corral.runtime.builder import AgentBuilder
 from corral.runtime.delegation import StoreDelegation
 from corral.runtime.follow import RunFollower, Until
 from corral.server.context import ServerContext, context_of
 from corral.server.limits import address_key, retry_after
 from corral.server.problems import ProblemError, responses
 from corral.server.verifier import unauthenticated
+from corral.tools.agents import AGENT_PREFIX
+from corral.tools.governance import Permissions
 
 router = APIRouter(prefix="/v1", tags=["links"])
 
@@ -106,12 +111,25 @@ async def _links(context: ServerContext, caller: AgentClaims) -> tuple[AgentSpec
     return spec, [link for link in spec.links if link.agent in allowed]
 
 
+async def _permissions(context: ServerContext, caller: AgentClaims, spec: AgentSpec) -> Permissions:
+    """What the calling agent's roles allow: ``agent:NAME`` is checked as ``agents_exec``
+    and ``agents_info`` check it (the links alone without roles)."""
+    builder = AgentBuilder(context.store, context.settings, caller.namespace)
+    return await builder.permissions(spec)
+
+
 async def _link(
     context: ServerContext, caller: AgentClaims, name: str
 ) -> tuple[AgentSpec, AgentLink]:
+    """The linked agent ``name``: 404 when not linked, 403 when the roles deny it."""
     spec, links = await _links(context, caller)
     for link in links:
         if link.agent == name:
+            permissions = await _permissions(context, caller, spec)
+            try:
+                permissions.check(f"{AGENT_PREFIX}{name}")
+            except ToolError as exc:
+                raise ProblemError(403, exc.info.reason, code="permission_denied") from None
             return spec, link
     # as for an object of another namespace: nothing is said of agents it may not call
     raise ProblemError(404, f"no linked agent {name!r}", code="not_found")
@@ -120,8 +138,16 @@ async def _link(
 @router.get("/links", response_model=LinkPage, summary="The calling agent's linked agents")
 async def list_links(caller: Caller, request: Request) -> LinkPage:
     """The agents the token's agent may call (its `links`)."""
-    _, links = await _links(context_of(request), caller)
-    return LinkPage(items=[LinkOut(agent=x.agent, description=x.description) for x in links])
+    context = context_of(request)
+    spec, links = await _links(context, caller)
+    allows = (await _permissions(context, caller, spec)).allows
+    return LinkPage(
+        items=[
+            LinkOut(agent=x.agent, description=x.description)
+            for x in links
+            if allows(f"{AGENT_PREFIX}{x.agent}")
+        ]
+    )
 
 
 @router.get(
