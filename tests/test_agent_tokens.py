@@ -16,10 +16,17 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import httpx
 import pytest
 
+from corral.core.errors import ToolError
+from corral.resources.isolation import IsolationSpec
+from corral.resources.kinds import ExecToolSpec, ToolSpecModel
 from corral.runtime.agent_tokens import AgentTokenError, AgentTokenSigner
+from corral.tools import exec as exec_tool
+from corral.tools.base import ToolContext
+from sandboxing import require_bwrap, sandbox_host
 from server_harness import LiveServer, apply, wait_for
 
 TESTS = Path(__file__).parent
@@ -405,3 +412,40 @@ def test_exec_without_waiting_is_202_and_a_retried_request_finds_its_child(
         )
         assert {c["parent_run_id"] for c in children} == {parent["id"]}
         admin.post(f"/v1/tasks/{parent['id']}/cancel")
+
+
+@pytest.mark.parametrize("network", [True, False])
+def test_a_sandboxed_program_reaches_the_api_only_with_network(
+    server: LiveServer, tmp_path: Path, network: bool
+) -> None:
+    host = sandbox_host(tmp_path / "home")
+    require_bwrap(host)
+    spec = ToolSpecModel(
+        type="exec",
+        parameters={"type": "object"},
+        exec=ExecToolSpec(
+            command=[sys.executable, str(CALLER)],
+            isolation=IsolationSpec(mode="sandbox", network=network),
+        ),
+    )
+    tool = exec_tool.create("link_caller", spec, {}, sandbox_host=host)
+    token = signer(server).mint(namespace="default", agent="boss", run_id="r-x", links=["adder"])
+    workspace = tmp_path / "home" / "workspaces" / "default" / "boss"
+    workspace.mkdir(parents=True)
+    ctx = ToolContext(
+        run_id="r-x",
+        agent="boss",
+        namespace="default",
+        call_id="call-1",
+        idempotency_key="r-x:1:0",
+        workspace=workspace,
+        environment={"CORRAL_URL": server.url, "CORRAL_AGENT_TOKEN": token},
+    )
+    if network:
+        answer = anyio.run(tool.call, {"action": "list"}, ctx)
+        assert answer["status"] == 200
+        assert [i["agent"] for i in answer["body"]["items"]] == ["adder"]
+    else:  # the sandbox's own loopback: nothing listens there
+        with pytest.raises(ToolError) as refused:
+            anyio.run(tool.call, {"action": "list"}, ctx)
+        assert "Connection refused" in refused.value.info.reason
