@@ -46,6 +46,7 @@ BOSS_SCRIPT = [
     call({"action": "raw", "method": "GET", "path": "/v1/tasks"}),
     call({"action": "raw", "method": "GET", "path": "/v1/resources"}),
     call({"action": "leak"}),
+    call({"action": "leak-fail"}),
     "{text: done}",
 ]
 
@@ -227,6 +228,9 @@ def test_the_token_never_shows_in_output_events_or_logs(
 ) -> None:
     leaked = result(boss_run, 7)
     assert leaked == {"token": "[REDACTED:agent_token]"}
+    failed = boss_run["results"][8]["error"]  # the token on stderr, in a failure's reason
+    assert "[REDACTED:agent_token]" in failed["reason"], failed
+    assert "[REDACTED:agent_token]" in failed["details"]["stderr"]
     everything = json.dumps(boss_run["events"]) + json.dumps(boss_run["output"])
     # every agent token is a JWT of the same header: none is in the run's record
     assert "eyJ" not in everything

@@ -8,6 +8,7 @@ info    GET /v1/links/{agent}
 exec    POST /v1/links/{agent}/exec with {"input": input}
 raw     ``method`` ``path`` (any route: to see which refuse the token)
 leak    print the token itself (its redaction is what the test looks at)
+leak-fail  write the token to stderr and exit 1
 
 and prints {"status": HTTP status, "body": the JSON answer}. Standard library only.
 """
@@ -48,6 +49,8 @@ def main() -> None:
     elif action == "leak":
         print("my token is " + os.environ["CORRAL_AGENT_TOKEN"], file=sys.stderr)
         result = {"token": os.environ["CORRAL_AGENT_TOKEN"]}
+    elif action == "leak-fail":
+        sys.exit("failed holding " + os.environ["CORRAL_AGENT_TOKEN"])
     else:
         sys.exit(f"unknown action {action!r}")
     json.dump(result, sys.stdout)

@@ -15,7 +15,9 @@ its roles deny (``agent:NAME`` in a ToolPermission, as for ``agents_exec``) is 4
 The child is started by :meth:`StoreDelegation.start_child_of`, what ``agents_exec``
 uses; its idempotency key is the caller's run and the request's ``Idempotency-Key``
 header (a retried request finds the child it started; without the header each
-request starts a child). ``wait`` (default true) answers 200 with the child's
+request starts a child). The calling run must be ``running`` (409 ``conflict``
+otherwise: a token that outlived its tool call starts nothing under a parked or
+finished run). ``wait`` (default true) answers 200 with the child's
 task once it settles, or 202 when ``timeout_seconds`` passes first.
 """
 
@@ -32,6 +34,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from corral.api import LinkExec, LinkInfo, LinkOut, LinkPage, Task
 from corral.core.errors import ToolError, ToolErrorCode
 from corral.core.ids import new_id
+from corral.core.runs import RunState
 from corral.resources.kinds import NAME_PATTERN, AgentLink, AgentSpec
 from corral.runtime.agent_tokens import AgentClaims, AgentTokenError, looks_like_agent_token
 from corral.runtime.builder import AgentBuilder
@@ -197,8 +200,14 @@ async def exec_link(
     parent = await context.store.get_run(caller.run_id)
     if parent is None or parent.namespace != caller.namespace:
         raise ProblemError(404, f"the calling run {caller.run_id} is gone", code="not_found")
-    if parent.state.finished:
-        raise ProblemError(409, f"the calling run {caller.run_id} has finished", code="conflict")
+    if parent.state is not RunState.RUNNING:
+        # only a running run's tool programs hold its token: one that outlived its call
+        # starts nothing under a parked or finished run
+        raise ProblemError(
+            409,
+            f"the calling run {caller.run_id} is {parent.state.value}, not running",
+            code="conflict",
+        )
     arguments = {"agent": agent, "input": body.input, "session": body.session}
     digest = hashlib.sha256(
         json.dumps(arguments, sort_keys=True, ensure_ascii=False).encode()
