@@ -138,7 +138,12 @@ async def _link(
     raise ProblemError(404, f"no linked agent {name!r}", code="not_found")
 
 
-@router.get("/links", response_model=LinkPage, summary="The calling agent's linked agents")
+@router.get(
+    "/links",
+    response_model=LinkPage,
+    summary="The calling agent's linked agents",
+    responses=responses(404),
+)
 async def list_links(caller: Caller, request: Request) -> LinkPage:
     """The agents the token's agent may call (its `links`)."""
     context = context_of(request)
