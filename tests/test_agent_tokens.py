@@ -10,6 +10,7 @@ Tokens the tests mint themselves are signed with the server's key (the same
 from __future__ import annotations
 
 import json
+import logging
 import sys
 import time
 from collections.abc import Iterator
@@ -21,9 +22,10 @@ import httpx
 import pytest
 
 from corral.core.errors import ToolError
+from corral.core.settings import Settings
 from corral.resources.isolation import IsolationSpec
 from corral.resources.kinds import ExecToolSpec, ToolSpecModel
-from corral.runtime.agent_tokens import AgentTokenError, AgentTokenSigner
+from corral.runtime.agent_tokens import AgentTokenError, AgentTokenIssuer, AgentTokenSigner
 from corral.tools import exec as exec_tool
 from corral.tools.base import ToolContext
 from sandboxing import require_bwrap, sandbox_host
@@ -158,18 +160,41 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
 
 @pytest.fixture(scope="module")
 def boss_run(server: LiveServer) -> dict[str, Any]:
-    """The boss run, finished, with the results of its tool calls in order."""
-    with server.client(server.admin) as admin:
-        response = admin.post(
-            "/v1/agents/boss/prompt", json={"input": "go", "timeout_seconds": 120}
-        )
-        assert response.status_code == 200, response.text
-        run = response.json()
-        events = admin.get(f"/v1/runs/{run['id']}/events", params={"limit": 500}).json()
+    """The boss run, finished, with the results of its tool calls in order, and every log
+    record of the process (the server's thread included) while it ran."""
+    records = _Records()
+    root = logging.getLogger()
+    level = root.level
+    root.addHandler(records)
+    root.setLevel(logging.DEBUG)
+    try:
+        with server.client(server.admin) as admin:
+            response = admin.post(
+                "/v1/agents/boss/prompt", json={"input": "go", "timeout_seconds": 120}
+            )
+            assert response.status_code == 200, response.text
+            run = response.json()
+            events = admin.get(f"/v1/runs/{run['id']}/events", params={"limit": 500}).json()
+    finally:
+        root.removeHandler(records)
+        root.setLevel(level)
     results = [e for e in events["items"] if e["type"] == "tool.result"]
+    run["logs"] = records.lines
     run["results"] = [r["data"] for r in results]
     run["events"] = events["items"]
     return run
+
+
+class _Records(logging.Handler):
+    """Every log record, formatted with its exception."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.lines: list[str] = []
+        self.setFormatter(logging.Formatter("%(name)s %(message)s"))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(self.format(record))
 
 
 def result(run: dict[str, Any], index: int) -> Any:
@@ -238,6 +263,8 @@ def test_the_token_never_shows_in_output_events_or_logs(
         for run in admin.get("/v1/tasks", params={"limit": 100}).json()["items"]:
             events = admin.get(f"/v1/runs/{run['id']}/events", params={"limit": 500}).text
             assert "eyJ" not in events and "eyJ" not in json.dumps(run)
+    assert boss_run["logs"], "no log record was seen: the check below would prove nothing"
+    assert not [line for line in boss_run["logs"] if "eyJ" in line]
     out, err = capfd.readouterr()
     assert "eyJ" not in out + err
 
@@ -453,3 +480,20 @@ def test_a_sandboxed_program_reaches_the_api_only_with_network(
         with pytest.raises(ToolError) as refused:
             anyio.run(tool.call, {"action": "list"}, ctx)
         assert "Connection refused" in refused.value.info.reason
+
+
+def test_the_url_is_planted_only_when_known() -> None:
+    signer_ = AgentTokenSigner(lambda: ["a key"])
+    known = AgentTokenIssuer(signer_, lambda: "http://corral.internal:8080")
+    env = known.environment(namespace="default", agent="boss", run_id="r-1", links=["adder"])
+    assert env["CORRAL_URL"] == "http://corral.internal:8080"
+    assert signer_.verify(env["CORRAL_AGENT_TOKEN"]).links == ("adder",)
+    unknown = AgentTokenIssuer(signer_, lambda: None)  # embedded `corral run`, no public URL
+    env = unknown.environment(namespace="default", agent="boss", run_id="r-1", links=[])
+    assert set(env) == {"CORRAL_AGENT_TOKEN"}
+
+
+def test_corral_public_url_is_read_without_its_trailing_slash(tmp_path: Path) -> None:
+    environ = {"CORRAL_HOME": str(tmp_path), "CORRAL_PUBLIC_URL": "https://corral.example/"}
+    assert Settings.from_env(environ).public_url == "https://corral.example"
+    assert Settings.from_env({"CORRAL_HOME": str(tmp_path)}).public_url is None
