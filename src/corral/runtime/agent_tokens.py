@@ -134,6 +134,7 @@ class AgentTokenSigner:
                     audience=AUDIENCE,
                     issuer=ISSUER,
                     options={"require": ["exp", "iat", "iss", "aud"], "verify_exp": False},
+                    leeway=60,  # the clocks of the worker that minted it and this one
                 )
             except jwt.InvalidSignatureError:
                 continue

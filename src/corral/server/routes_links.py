@@ -213,11 +213,13 @@ async def exec_link(
             f"the calling run {caller.run_id} is {parent.state.value}, not running",
             code="conflict",
         )
-    arguments = {"agent": agent, "input": body.input, "session": body.session}
+    # the request's key and what it asks, digested (any header length makes a short key);
+    # without a key each request is a call of its own
+    asked = {"agent": agent, "input": body.input, "session": body.session}
     digest = hashlib.sha256(
-        json.dumps(arguments, sort_keys=True, ensure_ascii=False).encode()
-    ).hexdigest()[:16]
-    key = f"link:{caller.run_id}:{idempotency_key or new_id('x')}:{digest}"
+        json.dumps([idempotency_key or new_id("x"), asked], ensure_ascii=False).encode()
+    ).hexdigest()[:32]
+    key = f"link:{caller.run_id}:{digest}"
     delegation = StoreDelegation(context.store, context.bus)
     try:
         child = await delegation.start_child_of(
