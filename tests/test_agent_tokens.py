@@ -21,7 +21,8 @@ import anyio
 import httpx
 import pytest
 
-from corral.core.errors import ToolError
+from corral.client import Client
+from corral.core.errors import AuthError, NotFoundError, ToolError
 from corral.core.settings import Settings
 from corral.resources.isolation import IsolationSpec
 from corral.resources.kinds import ExecToolSpec, ToolSpecModel
@@ -497,3 +498,32 @@ def test_corral_public_url_is_read_without_its_trailing_slash(tmp_path: Path) ->
     environ = {"CORRAL_HOME": str(tmp_path), "CORRAL_PUBLIC_URL": "https://corral.example/"}
     assert Settings.from_env(environ).public_url == "https://corral.example"
     assert Settings.from_env({"CORRAL_HOME": str(tmp_path)}).public_url is None
+
+
+def test_the_python_client_calls_linked_agents_with_an_agent_token(server: LiveServer) -> None:
+    with server.client(server.admin) as admin:
+        parent = admin.post("/v1/tasks", json={"agent": "waiter", "input": "sleep"}).json()
+        wait_for(
+            lambda: admin.get(f"/v1/tasks/{parent['id']}").json()["state"] == "running",
+            message="the waiter to run",
+        )
+        token = signer(server).mint(
+            namespace="default", agent="waiter", run_id=parent["id"], links=["adder"]
+        )
+        try:
+            with Client(server.url, token) as client:
+                assert [link.agent for link in client.links().items] == ["adder"]
+                assert client.link_info("adder").agent == "adder"
+                child = client.link_exec("adder", "3 + 4?", idempotency_key="k-1")
+                assert child.state == "succeeded" and child.output == "5"
+                assert child.parent_run_id == parent["id"]
+                again = client.link_exec("adder", "3 + 4?", idempotency_key="k-1", wait=False)
+                assert again.id == child.id
+                with pytest.raises(NotFoundError) as missing:
+                    client.link_info("stranger")
+                assert missing.value.code == "not_found"
+                with pytest.raises(AuthError) as refused:
+                    client.list_tasks()
+                assert refused.value.code == "agent_token_not_allowed"
+        finally:
+            admin.post(f"/v1/tasks/{parent['id']}/cancel")
