@@ -29,6 +29,7 @@ from corral.api.common import (
     ToolCallOut,
     surrogate_path,
 )
+from corral.api.links import LinkExec, LinkInfo, LinkOut, LinkPage
 from corral.api.ops import BackendOut, CapabilitiesOut, Health, Readiness, SandboxOut
 from corral.api.resources import (
     KIND_NAMES,
@@ -99,6 +100,10 @@ __all__ = [
     "Health",
     "Id",
     "JsonObject",
+    "LinkExec",
+    "LinkInfo",
+    "LinkOut",
+    "LinkPage",
     "McpServerDocument",
     "McpServerOut",
     "MessageOut",
