@@ -345,7 +345,8 @@ def _method(results: dict[str, Any]) -> str:
             f"the tool runs: `cat` as an `exec` program with `isolation: none` and in a "
             f"bubblewrap sandbox, the example word-count WASM module (compiled when the tool "
             f"is built, so every call runs a cached module) and a trivial Python function in "
-            f"a worker thread. {i['calls']:,} timed calls of each, interleaved, after untimed "
+            f"a worker thread and in a worker subprocess (`isolation: process`, the arguments "
+            f"and result over a pipe). {i['calls']:,} timed calls of each, interleaved, after untimed "
             f"ones; p50 and p95 per round, {plural(i['rounds'], 'round')}, each a child process."
         )
     parts.append(

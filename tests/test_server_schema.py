@@ -32,6 +32,9 @@ The only exceptions, each narrow and for a reason the schema cannot express, are
 Path parameters of the event, session, session-message and memory operations are fixed
 to objects the fixture made, so those requests reach more than a 404 (a memory write or
 search may also be 400 for what it holds: a text over the cap, nested metadata).
+``/v1/links`` runs with an agent token (of agent ``boss``, linked to ``helper``, for
+the fixture's queued task: its exec answers 409, the task not running), every other
+operation with the admin token.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from string import Template
 
 import pytest
 
+from corral.runtime.agent_tokens import AgentTokenSigner
 from server_harness import LiveServer, apply, echo_turn, resources
 
 #: generated test cases per operation in the fuzzing phase (and stateful scenarios)
@@ -58,6 +62,12 @@ CONFIG = Template("""
 # "validation_mismatch": it is the 422s of meaning below, on apply and submit.
 [warnings]
 fail-on = ["missing_auth", "unresolvable_reference", "unsupported_regex", "unmatched_filter"]
+
+# /v1/links takes an agent token (of the fixture's queued task: exec answers 409 there)
+[[operations]]
+include-operation-id = ["list_links", "get_link", "exec_link"]
+headers = { Authorization = "Bearer $agent_token" }
+checks.positive_data_acceptance.expected-statuses = $meaning
 
 [[operations]]
 include-operation-id = [
@@ -109,13 +119,22 @@ def _objects(live: LiveServer) -> dict[str, str]:
     """An agent, a task of it in a session: what the generated requests can find."""
     with live.client(live.admin) as client:
         apply(client, resources("helper", [echo_turn("x"), "{text: done}"]))
+        apply(client, resources("boss", ["{text: done}"], extra="  links: [helper]"))
         body = {"agent": "helper", "input": "x", "session": "s-1"}
         task = client.post("/v1/tasks", json=body)
         assert task.status_code == 201, task.text
         assert client.get("/v1/sessions/s-1").status_code == 200
         memory = {"apiVersion": "corral/v1", "kind": "Memory", "metadata": {"name": "m"}}
         assert client.post("/v1/resources", json={**memory, "spec": {}}).status_code == 200
-    return {"run_id": task.json()["id"], "session_id": "s-1", "memory": "m"}
+    agent_token = AgentTokenSigner.from_settings(live.settings).mint(
+        namespace="default", agent="boss", run_id=task.json()["id"], links=["helper"]
+    )
+    return {
+        "run_id": task.json()["id"],
+        "session_id": "s-1",
+        "agent_token": agent_token,
+        "memory": "m",
+    }
 
 
 def test_schemathesis_with_every_check_finds_nothing(live: LiveServer, tmp_path: Path) -> None:
@@ -152,4 +171,4 @@ def test_schemathesis_with_every_check_finds_nothing(live: LiveServer, tmp_path:
     run = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert run.returncode == 0, run.stdout[-20000:] + run.stderr[-5000:]
     # every operation was tested, none filtered out
-    assert "Selected: 34/34" in run.stdout and "Tested: 34" in run.stdout, run.stdout
+    assert "Selected: 37/37" in run.stdout and "Tested: 37" in run.stdout, run.stdout

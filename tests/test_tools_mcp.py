@@ -10,6 +10,7 @@ cancellation, the output cap, failures, the idempotency key) is in
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import signal
@@ -137,6 +138,27 @@ async def test_a_call_tells_the_server_its_idempotency_key_run_and_call_in_its_m
         "corral/run_id": "run-5",
         "corral/tool_call_id": "call-1",
     }
+
+
+PLANTED = {"CORRAL_URL": "http://127.0.0.1:9", "CORRAL_AGENT_TOKEN": "eyJhbGciOi.planted.token"}
+
+
+async def test_a_stdio_server_gets_the_calls_agent_token_and_url_in_its_meta(
+    stdio_tools: dict[str, Tool], tmp_path: Path
+) -> None:
+    ctx = dataclasses.replace(context(tmp_path), environment=PLANTED)
+    result = await stdio_tools["mcp:calc/echo"].call({"text": "hi"}, ctx)
+    assert result["meta"]["corral/agent_token"] == PLANTED["CORRAL_AGENT_TOKEN"]
+    assert result["meta"]["corral/url"] == PLANTED["CORRAL_URL"]
+
+
+async def test_a_remote_server_never_gets_the_agent_token(
+    http_tools: dict[str, Tool], tmp_path: Path
+) -> None:
+    ctx = dataclasses.replace(context(tmp_path), environment=PLANTED)
+    result = await http_tools["mcp:calc-http/echo"].call({"text": "hi"}, ctx)
+    assert "corral/agent_token" not in result["meta"] and "corral/url" not in result["meta"]
+    assert result["meta"]["corral/run_id"] == "run-5"
 
 
 async def test_stdio_server_runs_in_a_locked_environment(

@@ -29,6 +29,7 @@ from corral.api.common import (
     ToolCallOut,
     surrogate_path,
 )
+from corral.api.links import LinkExec, LinkInfo, LinkOut, LinkPage
 from corral.api.memory import (
     MemoryEntryOut,
     MemoryEntryPage,
@@ -109,6 +110,10 @@ __all__ = [
     "Health",
     "Id",
     "JsonObject",
+    "LinkExec",
+    "LinkInfo",
+    "LinkOut",
+    "LinkPage",
     "McpServerDocument",
     "McpServerOut",
     "MemoryDocument",

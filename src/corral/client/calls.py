@@ -29,6 +29,8 @@ from corral.api import (
     EventOut,
     EventPage,
     Health,
+    LinkInfo,
+    LinkPage,
     MemoryEntryOut,
     MemoryEntryPage,
     MemorySearchResult,
@@ -570,6 +572,42 @@ def prompt_object(
 
 
 # --------------------------------------------------------------------------- tokens
+
+
+def links() -> Call[LinkPage]:
+    """The calling agent's linked agents (a client made with ``CORRAL_AGENT_TOKEN``)."""
+    return Call("GET", "/v1/links", _model(LinkPage))
+
+
+def link_info(agent: str) -> Call[LinkInfo]:
+    """What a linked agent is: its description, tools and output schema."""
+    return Call("GET", f"/v1/links/{_seg(agent)}", _model(LinkInfo))
+
+
+def link_exec(
+    agent: str,
+    input: str,
+    *,
+    session: str | None = None,
+    wait: bool = True,
+    timeout_seconds: float = 60.0,
+    idempotency_key: str | None = None,
+) -> Call[Task]:
+    """Run a linked agent as a child task of the token's run: the task once it settled,
+    or still going (``wait=False``, or ``timeout_seconds`` passed first). The same
+    ``idempotency_key`` finds the child a retried call started."""
+    body: dict[str, Any] = {"input": input, "wait": wait, "timeout_seconds": timeout_seconds}
+    if session is not None:
+        body["session"] = session
+    headers = {"Idempotency-Key": idempotency_key} if idempotency_key is not None else {}
+    return Call(
+        "POST",
+        f"/v1/links/{_seg(agent)}/exec",
+        _model(Task),
+        json=body,
+        headers=headers,
+        timeout=(timeout_seconds if wait else 0.0) + PROMPT_GRACE_SECONDS,
+    )
 
 
 def list_tokens(*, limit: int | None = None, cursor: str | None = None) -> Call[TokenPage]:

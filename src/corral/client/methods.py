@@ -204,6 +204,10 @@ class Methods(ABC, Generic[Transport]):
     # prompts
     prompt = sends(calls.prompt)
     prompt_object = sends(calls.prompt_object)
+    # linked agents (with an agent token)
+    links = sends(calls.links)
+    link_info = sends(calls.link_info)
+    link_exec = sends(calls.link_exec)
     # tokens
     list_tokens = sends(calls.list_tokens)
     create_token = sends(calls.create_token)

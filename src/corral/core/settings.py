@@ -43,6 +43,9 @@ class Settings:
     The HTTP API (``corral serve``):
 
     ``CORRAL_API_HOST``, ``CORRAL_API_PORT`` where it listens (default 127.0.0.1:8080)
+    ``CORRAL_PUBLIC_URL`` the URL tool programs call the API at (``CORRAL_URL`` in the
+                      environment of an agent with links; default: where ``corral serve``
+                      listens, and none for a worker or CLI of its own)
     ``CORRAL_API_MAX_BODY_BYTES`` the largest request body accepted (default 1 MiB)
     ``CORRAL_API_RATE_LIMIT`` requests per second per token, sustained (default 50;
                       0 turns rate limiting off)
@@ -73,6 +76,8 @@ class Settings:
     sqlite_fast_path: bool = True
     api_host: str = "127.0.0.1"
     api_port: int = 8080
+    #: the URL tool programs reach the API at (``CORRAL_URL`` of agent tokens)
+    public_url: str | None = None
     api_max_body_bytes: int = 1024 * 1024
     api_rate_limit: float = 50.0
     api_rate_burst: int = 100
@@ -113,6 +118,7 @@ class Settings:
             sqlite_fast_path=env.get("CORRAL_SQLITE_FAST_PATH", "1") != "0",
             api_host=env.get("CORRAL_API_HOST") or "127.0.0.1",
             api_port=int(_number(env, "CORRAL_API_PORT", 8080, minimum=0)),
+            public_url=(env.get("CORRAL_PUBLIC_URL") or "").rstrip("/") or None,
             api_max_body_bytes=int(_number(env, "CORRAL_API_MAX_BODY_BYTES", 1024 * 1024)),
             api_rate_limit=_number(env, "CORRAL_API_RATE_LIMIT", 50.0, minimum=0),
             api_rate_burst=int(_number(env, "CORRAL_API_RATE_BURST", 100)),

@@ -27,7 +27,7 @@ is idempotent - otherwise the run asks a human (or fails, per the agent).
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -86,6 +86,12 @@ class AgentDefinition:
     session_policy: SessionPolicy = field(default_factory=SessionPolicy)
     #: the effective execution policy its tools were built under, as ``run.start`` records it
     execution: dict[str, Any] | None = None
+    #: the names of the agents it may call (``spec.links``): its agent tokens carry them
+    links: tuple[str, ...] = ()
+
+
+#: a tool call's planted environment variables, and those of their values to redact by name
+CallEnvironment = Callable[[], tuple[Mapping[str, str], Mapping[str, str]]]
 
 
 @dataclass
@@ -162,11 +168,15 @@ class AgentLoop:
         sink: EventSink,
         *,
         raise_retryable: bool = False,
+        call_environment: CallEnvironment | None = None,
     ) -> None:
         """``raise_retryable``: let a retryable model failure (the endpoints stayed down after
         their own retries) propagate instead of failing the run, so a worker can try the
-        whole run again later; the journal keeps what was done."""
+        whole run again later; the journal keeps what was done. ``call_environment`` gives
+        each tool call its planted variables and the values of them to redact (an agent
+        with links: a fresh agent token per call)."""
         self.agent = agent
+        self.call_environment = call_environment
         self.run_id = run_id
         self.sink = sink
         self.raise_retryable = raise_retryable
@@ -536,6 +546,7 @@ class AgentLoop:
 
     def _context(self, step: int, index: int, call: ToolCall) -> ToolContext:
         agent = self.agent
+        environment, hidden = self.call_environment() if self.call_environment else ({}, {})
         return ToolContext(
             run_id=self.run_id,
             agent=agent.name,
@@ -543,6 +554,8 @@ class AgentLoop:
             call_id=call.id,
             idempotency_key=f"{self.run_id}:{step}:{index}",
             workspace=agent.workspace,
+            environment=environment,
+            hidden=hidden,
         )
 
     async def _finish_step(self, step: int) -> None:

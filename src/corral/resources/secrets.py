@@ -79,9 +79,16 @@ class SecretCipher:
                 "(was CORRAL_SECRET_KEY or the secret.key file changed?)"
             ) from exc
 
+    def keys(self) -> list[str]:
+        """The keys as configured, the current one first (agent tokens derive theirs from
+        them, see :mod:`corral.runtime.agent_tokens`)."""
+        if self._key:
+            return [k.strip() for k in self._key.split(",") if k.strip()]
+        return [self._read_or_create_key_file()]
+
     def _cipher(self) -> MultiFernet:
         if self._fernet is None:
-            keys = self._key.split(",") if self._key else [self._read_or_create_key_file()]
+            keys = self.keys()
             try:
                 self._fernet = MultiFernet([Fernet(k.strip().encode("ascii")) for k in keys])
             except (ValueError, UnicodeError) as exc:

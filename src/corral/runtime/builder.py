@@ -130,7 +130,7 @@ class AgentBuilder:
             model = await self._model(endpoint)
             stack.push_async_callback(model.aclose)
             models.append(model)
-        permissions = await self._permissions(spec)
+        permissions = await self.permissions(spec)
         tools = await self._tools(spec, stack, policy)
         tools += self._linked_agents(name, spec, permissions)
         tools += await self._memory_tools(spec)
@@ -169,6 +169,7 @@ class AgentBuilder:
             interrupted_calls=spec.interrupted_calls,
             session_policy=spec.session,
             execution=policy.to_dict(),
+            links=tuple(link.agent for link in spec.links),
         )
 
     async def execution_policy(self, name: str, spec: AgentSpec) -> EffectivePolicy:
@@ -323,7 +324,9 @@ class AgentBuilder:
             server, spec, secrets, stack, workspace=workspace, sandbox_host=self.sandbox_host
         )
 
-    async def _permissions(self, agent: AgentSpec) -> Permissions:
+    async def permissions(self, agent: AgentSpec) -> Permissions:
+        """What the agent's roles allow (everything without roles); ``/v1/links`` checks
+        ``agent:NAME`` with it as ``agents_exec`` does."""
         if not agent.roles:
             return Permissions(None)
         rules: list[tuple[str, list[str]]] = []

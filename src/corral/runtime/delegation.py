@@ -40,9 +40,33 @@ class StoreDelegation:
         key: str,
         max_depth: int,
     ) -> ChildRun:
-        parent = await self.store.get_run(ctx.run_id)
-        if parent is None:  # (the calling run is the one executing: never, short of a purge)
-            raise ToolError(ToolErrorCode.UNAVAILABLE, f"the run {ctx.run_id} is gone")
+        return await self.start_child_of(
+            ctx.run_id,
+            ctx.namespace,
+            agent,
+            user_input,
+            session,
+            key=key,
+            max_depth=max_depth,
+        )
+
+    async def start_child_of(
+        self,
+        parent_run_id: str,
+        namespace: str,
+        agent: str,
+        user_input: str,
+        session: str | None,
+        *,
+        key: str,
+        max_depth: int,
+    ) -> ChildRun:
+        """Start (or find, by ``key``) a child run of ``parent_run_id``: what ``agents_exec``
+        and ``POST /v1/links/{agent}/exec`` (a tool program's agent token) both do."""
+        parent = await self.store.get_run(parent_run_id)
+        if parent is None or parent.namespace != namespace:
+            # (the calling run is the one executing: never, short of a purge)
+            raise ToolError(ToolErrorCode.UNAVAILABLE, f"the run {parent_run_id} is gone")
         depth = parent.depth + 1
         if depth > max_depth:
             raise ToolError(
@@ -55,7 +79,7 @@ class StoreDelegation:
             record = new_run(
                 agent,
                 user_input,
-                namespace=ctx.namespace,
+                namespace=namespace,
                 session=session,
                 idempotency_key=key,
                 output_schema=None,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Self
 
@@ -29,8 +30,14 @@ from corral.core.messages import Message
 from corral.core.redaction import Redactor
 from corral.core.runs import Approval, ApprovalState, Decision, Lease, RunRecord, RunState
 from corral.core.settings import Settings
-from corral.engine.loop import AgentDefinition, AgentLoop, Decided, RunResult
+from corral.engine.loop import AgentDefinition, AgentLoop, CallEnvironment, Decided, RunResult
 from corral.engine.replay import replay
+from corral.runtime.agent_tokens import (
+    REDACTION_NAME,
+    TOKEN_VARIABLE,
+    AgentTokenIssuer,
+    AgentTokenSigner,
+)
 from corral.runtime.agents import AgentCache, Loading
 from corral.runtime.delegation import StoreDelegation
 from corral.runtime.health import TRANSIENT, WorkerHealth
@@ -71,8 +78,14 @@ class RunExecutor:
         bus: Bus | None = None,
         health: WorkerHealth | None = None,
         clock: Clock = SYSTEM_CLOCK,
+        tokens: AgentTokenIssuer | None = None,
     ) -> None:
+        """``tokens`` mints the agent tokens of agents with links (default: signed with the
+        deployment's secret key, ``CORRAL_URL`` from ``CORRAL_PUBLIC_URL``)."""
         self.store = store
+        self.tokens = tokens or AgentTokenIssuer(
+            AgentTokenSigner.from_settings(settings), lambda: settings.public_url
+        )
         self.clock = clock
         self.bus = bus
         self.settings = settings
@@ -238,6 +251,7 @@ class RunExecutor:
                 record.id,
                 sink,
                 raise_retryable=True,
+                call_environment=self._call_environment(record, agent) if agent.links else None,
             )
             try:
                 if events:
@@ -256,6 +270,18 @@ class RunExecutor:
                 return "released"
         finally:
             release()
+
+    def _call_environment(self, record: RunRecord, agent: AgentDefinition) -> CallEnvironment:
+        """A fresh agent token (and the URL) for each tool call of a run of an agent with
+        links; the token is redacted from the call's outcome."""
+
+        def environment() -> tuple[Mapping[str, str], Mapping[str, str]]:
+            env = self.tokens.environment(
+                namespace=record.namespace, agent=record.agent, run_id=record.id, links=agent.links
+            )
+            return env, {REDACTION_NAME: env[TOKEN_VARIABLE]}
+
+        return environment
 
     async def _announce_released(self, lease: Lease) -> None:
         """Announce a run this lease released: its fencing token marks the release, which

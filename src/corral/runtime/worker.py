@@ -44,6 +44,7 @@ from corral.core.clock import SYSTEM_CLOCK, Clock, move_on_after
 from corral.core.ids import new_id
 from corral.core.runs import Lease, RunRecord, RunState
 from corral.core.settings import Settings
+from corral.runtime.agent_tokens import AgentTokenIssuer
 from corral.runtime.capabilities import announce_isolation
 from corral.runtime.executor import Observer, Outcome, RunExecutor
 from corral.runtime.health import TRANSIENT, Operation, WorkerHealth
@@ -88,6 +89,7 @@ class Worker:
         observer: Observer | None = None,
         on_error: Callable[[Operation], None] | None = None,
         clock: Clock = SYSTEM_CLOCK,
+        tokens: AgentTokenIssuer | None = None,
     ) -> None:
         self.store = store
         self.bus = bus or LocalBus()
@@ -116,6 +118,7 @@ class Worker:
             observer=observer,  # sees every event of the runs this worker executes (metrics)
             health=self.health,
             clock=clock,
+            tokens=tokens,
         )
         self.active: dict[str, Lease] = {}
         self._reserved = 0  # slots of deliveries whose claim is under way

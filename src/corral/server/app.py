@@ -31,6 +31,7 @@ from fastapi.openapi.utils import get_openapi
 from corral import __version__
 from corral.bus.base import Bus
 from corral.core.settings import Settings
+from corral.runtime.agent_tokens import AgentTokenIssuer, AgentTokenSigner
 from corral.runtime.fanout import FanOut, FanOutBus
 from corral.runtime.worker import Worker
 from corral.server import (
@@ -38,6 +39,7 @@ from corral.server import (
     routes_agents,
     routes_approvals,
     routes_capabilities,
+    routes_links,
     routes_memory,
     routes_ops,
     routes_resources,
@@ -85,6 +87,8 @@ def create_app(
     bus = FanOutBus(bus, fan_out)
     context = ServerContext(
         store=store,
+        agent_tokens=AgentTokenSigner.from_settings(settings),
+        public_url=settings.public_url,
         bus=bus,
         fan_out=fan_out,
         settings=settings,
@@ -108,6 +112,8 @@ def create_app(
                     bus=bus,
                     observer=metrics.observe,
                     on_error=metrics.count_worker_error,
+                    # the URL is known once the server listens, after the worker started
+                    tokens=AgentTokenIssuer(context.agent_tokens, lambda: context.public_url),
                     **(worker_options or {}),
                 )
                 context.worker_health = worker.health
@@ -138,6 +144,7 @@ def create_app(
         routes_agents,
         routes_tokens,
         routes_capabilities,
+        routes_links,
         routes_ops,
     ):
         app.include_router(module.router)

@@ -4,7 +4,8 @@ Every ``/v1`` operation declares the least role it needs with :func:`require`:
 viewer reads, operator also submits, cancels, decides approvals, prompts and
 deletes sessions, admin also applies resources and manages tokens. A missing,
 malformed, unknown or revoked token is 401 (with ``WWW-Authenticate``); a role
-below the operation's is 403. Objects of another namespace are answered 404 by
+below the operation's is 403, and so is an agent token (a JWT, see
+:mod:`corral.server.routes_links`, the only routes that take one). Objects of another namespace are answered 404 by
 the routes, never 403: a token learns nothing about namespaces it is not in.
 
 Tokens are checked by the :class:`~corral.server.verifier.TokenVerifier` of the
@@ -26,6 +27,7 @@ from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from corral.core.tokens import ApiToken, Role
+from corral.runtime.agent_tokens import looks_like_agent_token
 from corral.server.context import context_of
 from corral.server.limits import address_key, retry_after
 from corral.server.problems import ProblemError
@@ -74,6 +76,10 @@ def require(role: Role) -> Callable[..., Awaitable[Principal]]:
                 "too many failed authentications from this address; slow down",
                 code="rate_limited",
                 headers={"Retry-After": retry_after(wait)},
+            )
+        if credentials is not None and looks_like_agent_token(credentials.credentials):
+            raise ProblemError(
+                403, "an agent token is accepted only on /v1/links", code="agent_token_not_allowed"
             )
         try:
             if credentials is None or credentials.scheme.lower() != "bearer":

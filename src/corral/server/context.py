@@ -12,6 +12,7 @@ from fastapi import Request
 
 from corral.bus.base import Bus
 from corral.core.settings import Settings
+from corral.runtime.agent_tokens import AgentTokenSigner
 from corral.runtime.fanout import FanOut
 from corral.runtime.follow import Stop
 from corral.runtime.health import WorkerHealth
@@ -40,6 +41,11 @@ class ServerContext:
     auth_failures: RateLimiter
     metrics: Metrics
     fan_out: FanOut
+    #: verifies the agent tokens of /v1/links (and mints those of the embedded worker)
+    agent_tokens: AgentTokenSigner
+    #: the URL tool programs reach this server at (``CORRAL_URL``): ``CORRAL_PUBLIC_URL``,
+    #: else set once the server listens
+    public_url: str | None = None
     #: how long a follower waits for a bus announcement before it reads the store anyway
     poll_seconds: float = 1.0
     #: an SSE stream with nothing to send sends a comment this often

@@ -42,6 +42,19 @@ class CorralServer(uvicorn.Server):
         super().__init__(config)
         self.context = context
 
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        port = self.port
+        if self.context.public_url is None and port is not None:
+            # the embedded worker's tool programs run on this host: loopback reaches a
+            # server listening on every address too
+            host = self.config.host
+            if host in ("0.0.0.0", "::", ""):
+                host = "127.0.0.1"
+            elif ":" in host:
+                host = f"[{host}]"
+            self.context.public_url = f"http://{host}:{port}"
+
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         # Before uvicorn waits for open connections: streams and prompt waits end now.
         self.context.begin_shutdown()

@@ -35,6 +35,12 @@ class ToolContext:
     workspace: Path
     #: resolved secret values by secret name, for tools that authenticate
     secrets: Mapping[str, str] = field(default_factory=dict[str, str])
+    #: variables Corral plants in a process tool's environment for this call
+    #: (``CORRAL_URL``, ``CORRAL_AGENT_TOKEN`` of an agent with links)
+    environment: Mapping[str, str] = field(default_factory=dict[str, str])
+    #: values of this call only that are redacted like secrets from its outcome, by name
+    #: (the agent token: minted per call, so no agent-wide redactor knows it)
+    hidden: Mapping[str, str] = field(default_factory=dict[str, str])
 
 
 @dataclass(frozen=True)

@@ -333,6 +333,7 @@ class ExecTool(Tool):
             workspace,
             self._env,
             {
+                **ctx.environment,
                 "CORRAL_IDEMPOTENCY_KEY": ctx.idempotency_key,
                 "CORRAL_RUN_ID": ctx.run_id,
                 "CORRAL_TOOL_CALL_ID": ctx.call_id,

@@ -421,6 +421,7 @@ class Toolset:
         governed = self.by_name.get(call.name)
         ref = governed.tool.ref if governed else call.name
         attempts = Attempts()
+        redact = self.redactor.merged(Redactor(ctx.hidden)) if ctx.hidden else self.redactor
         try:
             if governed is None:
                 known = ", ".join(sorted(self.by_name)) or "none"
@@ -443,7 +444,6 @@ class Toolset:
             result = await governed.execute(arguments, ctx, attempts)
         except ToolError as exc:
             info = exc.info
-            redact = self.redactor
             reason = redact.text(info.reason)
             error = ToolErrorInfo(info.code, reason, info.retryable, redact.data(info.details))
             retries = tuple(redact.data(r) for r in attempts.retries)
@@ -451,8 +451,8 @@ class Toolset:
         if isinstance(result, ChildRun):
             ms = _ms_since(started)
             return ToolOutcome(call, ref, "", None, attempts.count, ms, child=result)
-        output = _cap(self._redacted_text(result), governed.policy.max_output_bytes)
-        retries = tuple(self.redactor.data(r) for r in attempts.retries)
+        output = _cap(self._redacted_text(result, redact), governed.policy.max_output_bytes)
+        retries = tuple(redact.data(r) for r in attempts.retries)
         return ToolOutcome(call, ref, output, None, attempts.count, _ms_since(started), retries)
 
     def answered(self, call: ToolCall, result: Any, error: ToolErrorInfo | None) -> ToolOutcome:
@@ -467,14 +467,14 @@ class Toolset:
             )
             return ToolOutcome(call, ref, "", info)
         cap = governed.policy.max_output_bytes if governed else ToolPolicy().max_output_bytes
-        return ToolOutcome(call, ref, _cap(self._redacted_text(result), cap))
+        return ToolOutcome(call, ref, _cap(self._redacted_text(result, self.redactor), cap))
 
-    def _redacted_text(self, result: Any) -> str:
+    @staticmethod
+    def _redacted_text(result: Any, redact: Redactor) -> str:
         """The result as text, redacted: data before it is encoded (a secret with a quote in
         it is no longer whole once encoded), then the text (what an object's ``str`` gave).
         Most results name no secret: one scan of the encoded text finds that out."""
         text = _as_text(result)
-        redact = self.redactor
         if not redact.found_in(text):
             return text
         if isinstance(result, str):

@@ -158,14 +158,23 @@ def _lost_error(server: str, tool: str) -> ToolError:
     )
 
 
-def _call_meta(ctx: ToolContext) -> mcp_types.RequestParamsMeta:
+def _call_meta(ctx: ToolContext, *, local: bool) -> mcp_types.RequestParamsMeta:
     """What a server learns of each call, in its request's ``_meta`` (an ``http`` tool's
-    headers, an ``exec`` tool's environment): the idempotency key, the run and the call."""
+    headers, an ``exec`` tool's environment): the idempotency key, the run and the call.
+
+    A ``local`` (stdio) server also gets the call's planted variables (an agent with
+    links: ``CORRAL_URL`` and ``CORRAL_AGENT_TOKEN`` as ``corral/url`` and
+    ``corral/agent_token``): here, not in its environment, since one server process
+    serves many runs and each call carries a fresh token of its own run. A remote
+    server never gets them: the token is for programs of this deployment."""
     meta = {
         "corral/idempotency_key": ctx.idempotency_key,
         "corral/run_id": ctx.run_id,
         "corral/tool_call_id": ctx.call_id,
     }
+    if local:
+        for key, value in ctx.environment.items():
+            meta[f"corral/{key.removeprefix('CORRAL_').lower()}"] = value
     # an open map (PEP 728 extra items), which mypy does not know yet
     return cast(mcp_types.RequestParamsMeta, meta)
 
@@ -188,6 +197,7 @@ class McpTool(Tool):
         #: the server's connection, shared by all its tools
         self.connection = connection
         self._timeout = spec.call_timeout_seconds
+        self._local = spec.transport == "stdio"
 
     async def call(self, arguments: dict[str, Any], ctx: ToolContext) -> Any:
         server, tool = self.server_name, self.tool_name
@@ -195,7 +205,7 @@ class McpTool(Tool):
             result = await self.connection.call(
                 tool,
                 arguments,
-                _call_meta(ctx),
+                _call_meta(ctx, local=self._local),
                 read_timeout=self._timeout,
                 idempotent=self.idempotent,
             )
