@@ -62,6 +62,8 @@ def test_entries_are_written_searched_listed_read_and_deleted(tmp_path: Path) ->
     cli(home, "memory", "write", "notes", "a third note", "--key", "third")
     listed = json.loads(cli(home, "memory", "list", "notes", "-o", "json"))
     assert [e["key"] for e in listed] == ["blue", "third"]
+    described = cli(home, "describe", "memory", "notes")
+    assert "Entries:     2 in 1 scope(s)" in described and "FTS5" in described
     assert "deleted" in cli(home, "memory", "delete", "notes", "blue")
     assert "no entry 'blue'" in cli(home, "memory", "delete", "notes", "blue", code=2)
 
@@ -93,6 +95,7 @@ def test_the_commands_work_on_a_server_in_remote_mode(server: LiveServer, tmp_pa
     assert [h["key"] for h in hits] == ["r/1"]
     assert cli(home, "memory", "read", "notes", "r/1", env=remote) == "remote words here\n"
     assert "r/1" in cli(home, "memory", "list", "notes", env=remote)
+    assert "Entries:     1 in 1 scope(s)" in cli(home, "describe", "memory", "notes", env=remote)
     assert "no entry 'nope'" in cli(home, "memory", "read", "notes", "nope", code=2, env=remote)
     assert "not found" in cli(home, "memory", "list", "nowhere", code=2, env=remote)
     cli(home, "memory", "delete", "notes", "r/1", env=remote)

@@ -66,6 +66,7 @@ MATRIX = [
     Row("GET", "/v1/sessions/{session_id}", Role.VIEWER),
     Row("GET", "/v1/sessions/{session_id}/messages", Role.VIEWER),
     Row("DELETE", "/v1/sessions/{session_id}", Role.OPERATOR),
+    Row("GET", "/v1/memories/{name}", Role.VIEWER),
     Row("GET", "/v1/memories/{name}/entries", Role.VIEWER),
     Row("POST", "/v1/memories/{name}/entries", Role.OPERATOR, {"text": "t", "key": "new"}),
     Row("GET", "/v1/memories/{name}/entries/{key}", Role.VIEWER),

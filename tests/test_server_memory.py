@@ -46,6 +46,9 @@ def test_entries_are_written_listed_read_searched_and_deleted(client: httpx.Clie
     filtered = client.post(f"{base}/search", json={"query": "tea", "filter": {"t": 1}}).json()
     assert [h["key"] for h in filtered["items"]] == [generated]
 
+    stats = client.get(base).json()
+    assert (stats["entries"], stats["scopes"]) == (3, 1) and "FTS5" in stats["index"]
+    assert client.get("/v1/memories/nowhere").status_code == 404
     assert client.delete(f"{base}/entries/user/1").status_code == 204
     missing = client.get(f"{base}/entries/user/1")
     assert missing.status_code == 404 and missing.json()["code"] == "not_found"

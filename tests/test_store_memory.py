@@ -237,3 +237,14 @@ async def test_a_memory_in_use_is_not_deleted_and_its_entries_go_with_it(store: 
     assert await store.read_memory(NOTES, "k") is None
     assert await keys_found(store, "kept") == []
     assert await store.read_memory(other, "k") is not None
+
+
+async def test_stats_count_every_scope_of_one_memory(store: Store, store_url: str) -> None:
+    empty = await store.memory_stats("default", "notes")
+    assert (empty.entries, empty.text_chars, empty.scopes) == (0, 0, 0)
+    await store.write_memory(entry("a", "héllo"))
+    await store.write_memory(entry("b", "world", MemoryPlace("default", "notes", "alice")))
+    await store.write_memory(entry("c", "elsewhere", MemoryPlace("team", "notes")))
+    stats = await store.memory_stats("default", "notes")
+    assert (stats.entries, stats.text_chars, stats.scopes) == (2, 10, 2)
+    assert ("FTS5" if store_url.startswith("sqlite") else "tsvector") in stats.index

@@ -36,6 +36,7 @@ from corral.api.memory import (
     MemoryHitOut,
     MemorySearchRequest,
     MemorySearchResult,
+    MemoryStatsOut,
     MemoryWriteRequest,
 )
 from corral.api.ops import BackendOut, CapabilitiesOut, Health, Readiness, SandboxOut
@@ -123,6 +124,7 @@ __all__ = [
     "MemoryOut",
     "MemorySearchRequest",
     "MemorySearchResult",
+    "MemoryStatsOut",
     "MemoryWriteRequest",
     "MessageOut",
     "ModelEndpointDocument",

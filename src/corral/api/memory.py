@@ -7,7 +7,7 @@ from typing import Annotated, Any, Self
 from pydantic import BaseModel, Field
 
 from corral.api.common import FromRecord, JsonObject, Name, Request, SessionId, Text, Timestamp
-from corral.core.memory import MAX_KEY_CHARS, MAX_RESULTS, MemoryEntry, MemoryHit
+from corral.core.memory import MAX_KEY_CHARS, MAX_RESULTS, MemoryEntry, MemoryHit, MemoryStats
 
 Key = Annotated[str, Field(min_length=1, max_length=MAX_KEY_CHARS, pattern=r"^[^\x00-\x1f]+$")]
 
@@ -65,3 +65,16 @@ class MemoryHitOut(BaseModel):
 
 class MemorySearchResult(BaseModel):
     items: list[MemoryHitOut]
+
+
+class MemoryStatsOut(FromRecord):
+    """What a Memory holds (every scope) and how it is searched."""
+
+    entries: int
+    text_chars: int = Field(description="The size of the entries' text, in characters.")
+    scopes: int = Field(description="How many agents or sessions (or the namespace) have entries.")
+    index: str
+
+    @classmethod
+    def from_stats(cls, stats: MemoryStats) -> Self:
+        return cls.model_validate(stats)

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
         EventOut,
         MemoryEntryOut,
         MemoryHitOut,
+        MemoryStatsOut,
         ResourceOut,
         SessionMessageOut,
         SessionOut,
@@ -229,6 +230,10 @@ class Backend(ABC):
         """Delete a session; ``ConflictError`` naming the run while one of it is unfinished."""
 
     # ----------------------------------------------------------------------- memories
+
+    @abstractmethod
+    async def memory_stats(self, namespace: str, name: str) -> MemoryStatsOut:
+        """What a Memory holds; ``NotFoundError`` when there is no such Memory."""
 
     @abstractmethod
     async def write_memory(
@@ -487,6 +492,13 @@ class EmbeddedBackend(Backend):
 
     async def delete_session(self, namespace: str, session_id: str) -> None:
         await self.store.delete_session(namespace, session_id)
+
+    async def memory_stats(self, namespace: str, name: str) -> MemoryStatsOut:
+        from corral.api import MemoryStatsOut
+        from corral.runtime.memory import memory_spec
+
+        await memory_spec(self.store, namespace, name)
+        return MemoryStatsOut.from_stats(await self.store.memory_stats(namespace, name))
 
     async def _place(self, at: MemoryAt) -> Any:
         from corral.runtime.memory import memory_place

@@ -23,6 +23,7 @@ from corral.api import (
     EventOut,
     MemoryEntryOut,
     MemoryHitOut,
+    MemoryStatsOut,
     ResourceOut,
     SessionMessageOut,
     SessionOut,
@@ -347,6 +348,9 @@ class RemoteBackend(Backend):
 
     # ----------------------------------------------------------------------- memories
     # (the namespace is the token's: open_backend checked that -n names it)
+
+    async def memory_stats(self, namespace: str, name: str) -> MemoryStatsOut:
+        return await self.client.memory_stats(name)
 
     async def write_memory(
         self, at: MemoryAt, text: str, *, key: str | None, metadata: dict[str, Any]

@@ -27,7 +27,7 @@ from corral.cli.common import (
 from corral.cli.output import CHANGE_FORMATS, output_option
 
 if TYPE_CHECKING:
-    from corral.api import AppliedResource, ResourceOut, Task
+    from corral.api import AppliedResource, MemoryStatsOut, ResourceOut, Task
     from corral.cli.backend import Backend
     from corral.cli.output import Column, View
     from corral.core.selectors import Selector
@@ -447,6 +447,11 @@ async def _describe(query: Query) -> list[tuple[ResourceOut, list[str], list[str
     async with open_backend() as backend:
         found = await _fetch(backend, query)
         others = await backend.list_resources(query.namespace, None) if found else []
+        memories = {
+            one.metadata.name: await backend.memory_stats(query.namespace, one.metadata.name)
+            for one in found
+            if one.kind == "Memory"
+        }
     return [
         (
             one,
@@ -454,9 +459,19 @@ async def _describe(query: Query) -> list[tuple[ResourceOut, list[str], list[str
                 f"{r.kind.lower()}/{r.metadata.name} ({format_path(field)})"
                 for r, field in referrers((one.kind, one.metadata.name), others)
             ],
-            _execution_lines(one, others),
+            _execution_lines(one, others) + _memory_lines(memories.get(one.metadata.name)),
         )
         for one in found
+    ]
+
+
+def _memory_lines(stats: MemoryStatsOut | None) -> list[str]:
+    """A Memory's entries (every scope) and its search index."""
+    if stats is None:
+        return []
+    return [
+        f"Entries:     {stats.entries} in {stats.scopes} scope(s), {stats.text_chars} characters",
+        f"Index:       {stats.index}",
     ]
 
 

@@ -34,6 +34,7 @@ from corral.api import (
     MemoryEntryOut,
     MemoryEntryPage,
     MemorySearchResult,
+    MemoryStatsOut,
     Readiness,
     ResourceOut,
     ResourcePage,
@@ -436,6 +437,11 @@ def _scope(agent: str | None, session: str | None) -> dict[str, str]:
     """The agent or session whose entries, for a Memory of that scope."""
     scoped = {"agent": agent, "session": session}
     return {k: v for k, v in scoped.items() if v is not None}
+
+
+def memory_stats(name: str) -> Call[MemoryStatsOut]:
+    """What a Memory holds (every scope) and how it is searched."""
+    return Call("GET", f"/v1/memories/{_seg(name)}", _model(MemoryStatsOut))
 
 
 def memory_entries(

@@ -195,6 +195,7 @@ class Methods(ABC, Generic[Transport]):
     iter_session_messages = iterates(calls.iter_session_messages)
     delete_session = sends(calls.delete_session)
     # memories
+    memory_stats = sends(calls.memory_stats)
     memory_entries = sends(calls.memory_entries)
     iter_memory_entries = iterates(calls.iter_memory_entries)
     write_memory = sends(calls.write_memory)

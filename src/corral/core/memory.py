@@ -86,6 +86,16 @@ class MemoryHit:
     score: float
 
 
+@dataclass(frozen=True)
+class MemoryStats:
+    """What a Memory holds, all scopes together, and how its entries are searched."""
+
+    entries: int
+    text_chars: int
+    scopes: int
+    index: str
+
+
 def place_of(
     namespace: str,
     memory: str,

@@ -15,12 +15,13 @@ from corral.api.memory import (
     MemoryHitOut,
     MemorySearchRequest,
     MemorySearchResult,
+    MemoryStatsOut,
     MemoryWriteRequest,
 )
 from corral.core.errors import NotFoundError
 from corral.core.ids import new_id
 from corral.resources.kinds import NAME_PATTERN
-from corral.runtime.memory import memory_place, write_entry
+from corral.runtime.memory import memory_place, memory_spec, write_entry
 from corral.server import pagination
 from corral.server.auth import Operator, Viewer
 from corral.server.context import context_of
@@ -34,6 +35,19 @@ AgentQuery = Annotated[
     str | None, Query(pattern=NAME_PATTERN, description="The agent's entries (scope agent).")
 ]
 SessionQuery = Annotated[SessionId | None, Query(description="The session's (scope session).")]
+
+
+@router.get(
+    "/memories/{name}",
+    response_model=MemoryStatsOut,
+    summary="Describe a Memory's entries",
+    responses=responses(404),
+)
+async def memory_stats(name: MemoryName, who: Viewer, request: Request) -> MemoryStatsOut:
+    """How many entries it holds (every scope), their size, and its search index."""
+    store = context_of(request).store
+    await memory_spec(store, who.namespace, name)  # 404 for a Memory that is not there
+    return MemoryStatsOut.from_stats(await store.memory_stats(who.namespace, name))
 
 
 @router.get(

@@ -20,7 +20,7 @@ from typing import Any, Self
 
 from corral.core.errors import CorralError
 from corral.core.events import Event
-from corral.core.memory import MemoryEntry, MemoryHit, MemoryPlace
+from corral.core.memory import MemoryEntry, MemoryHit, MemoryPlace, MemoryStats
 from corral.core.messages import Message
 from corral.core.runs import Approval, Lease, RunRecord, RunState
 from corral.core.selectors import Selector
@@ -529,3 +529,8 @@ class Store(ABC):
         now: float | None = None,
     ) -> int:
         """Apply retention to one scope now (as a write does); how many entries went."""
+
+    @abstractmethod
+    async def memory_stats(self, namespace: str, memory: str) -> MemoryStats:
+        """How many entries a Memory holds (all scopes), their text's size in characters,
+        how many scopes have entries, and its search index (no Memory: all zero)."""

@@ -29,6 +29,7 @@ from corral.core.memory import (
     MemoryEntry,
     MemoryHit,
     MemoryPlace,
+    MemoryStats,
     Scalar,
     check_key,
     check_metadata,
@@ -102,6 +103,11 @@ def _equals_postgresql(key: str, value: Scalar) -> sa.ColumnElement[bool]:
     return element == sa.type_coerce(value, _t.c["metadata"].type)  # type: ignore[no-any-return]
 
 
+#: how each dialect searches, for describe and capabilities
+INDEX: Mapping[str, str] = {
+    "sqlite": "full text: SQLite FTS5, ranked by BM25",
+    "postgresql": "full text: PostgreSQL tsvector ('simple') with a GIN index, ranked by ts_rank",
+}
 _SEARCH: Mapping[str, Callable[[list[str]], tuple[sa.FromClause, sa.ColumnElement[Any], Any]]] = {
     "sqlite": _search_sqlite,
     "postgresql": _search_postgresql,
@@ -221,6 +227,17 @@ class SqlMemory(SqlEngine):
             MemoryHit(MEMORY_ENTRIES.record(tuple(row)[:_COLUMNS]), -float(row.rank))
             for row in rows
         ]
+
+    async def memory_stats(self, namespace: str, memory: str) -> MemoryStats:
+        query = sa.select(
+            sa.func.count(),
+            sa.func.coalesce(sa.func.sum(sa.func.length(_t.c.text)), 0),
+            sa.func.count(sa.distinct(_t.c.scope_key)),
+        ).where(_t.c.namespace == namespace, _t.c.memory == memory)
+        row = await self._read(f"describe memory {memory}", fetch_first(query))
+        assert row is not None  # an aggregate without GROUP BY has one row
+        entries, chars, scopes = tuple[Any, ...](row)
+        return MemoryStats(int(entries), int(chars), int(scopes), INDEX[self._dialect])
 
     async def prune_memory(
         self,
