@@ -14,6 +14,7 @@ converted at the adapter boundary and never travel further up.
     │   ├── InvalidSessionIdError  a session id breaks the one rule (core/sessions.py)
     │   ├── InvalidSelectorError   a malformed label selector (core/selectors.py)
     │   ├── LabelError             a run's label breaks the rule (core/labels.py)
+    │   ├── MemoryInputError       an entry, key, query or filter a Memory refuses (core/memory.py)
     │   └── ConfigError            a broken CLI config file or context (cli/contexts.py)
     ├── ConfigurationError         a stored resource cannot be turned into a live object
     ├── ModelError                 a model call failed (``retryable``, ``status_code``)
