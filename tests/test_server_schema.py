@@ -102,7 +102,7 @@ parameters = { "path.session_id" = "$session_id" }
 [[operations]]
 include-operation-id = [
     "memory_stats", "list_memory_entries", "write_memory_entry", "read_memory_entry",
-    "delete_memory_entry", "search_memory",
+    "delete_memory_entry", "search_memory", "ingest_memory",
 ]
 parameters = { "path.name" = "$memory" }
 checks.positive_data_acceptance.expected-statuses = $meaning_or_400

@@ -23,6 +23,7 @@ from corral.api import (
     EventOut,
     MemoryEntryOut,
     MemoryHitOut,
+    MemoryIngestOut,
     MemoryStatsOut,
     ResourceOut,
     SessionMessageOut,
@@ -357,6 +358,25 @@ class RemoteBackend(Backend):
     ) -> MemoryEntryOut:
         return await self.client.write_memory(
             at.name, text, key=key, metadata=metadata, agent=at.agent, session=at.session
+        )
+
+    async def ingest_memory(
+        self,
+        at: MemoryAt,
+        text: str,
+        *,
+        source: str,
+        key_prefix: str | None,
+        metadata: dict[str, Any],
+    ) -> MemoryIngestOut:
+        return await self.client.ingest_memory(
+            at.name,
+            text,
+            source=source,
+            key_prefix=key_prefix,
+            metadata=metadata,
+            agent=at.agent,
+            session=at.session,
         )
 
     async def read_memory(self, at: MemoryAt, key: str) -> MemoryEntryOut | None:
