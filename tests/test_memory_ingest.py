@@ -139,3 +139,50 @@ async def test_an_agent_ingests_a_document_and_finds_it(backend: Backend) -> Non
     [hit] = found["results"]
     assert "kingfisher" in hit["preview"]
     assert hit["metadata"]["chunk"] > 0
+    # the journal says what was written and searched, with previews only
+    events = await store.list_events(run.id)
+    kinds = [e.type for e in events]
+    write = next(e for e in events if e.type is EventType.MEMORY_WRITE)
+    search = next(e for e in events if e.type is EventType.MEMORY_SEARCH)
+    assert kinds.index(EventType.MEMORY_WRITE) < kinds.index(EventType.TOOL_RESULT)
+    assert write.data["memory"] == "notes" and write.data["tool"] == "memory_ingest"
+    assert write.data["chunks"] == write.data["written"] == ingested["chunks"]
+    assert write.data["chars"] == len(DOCUMENT)
+    assert len(write.data["preview"]) <= 80 and DOCUMENT[:40] in write.data["preview"]
+    assert search.data == {
+        "step": 2,
+        "call_id": search.data["call_id"],
+        "tool": "memory_search",
+        "memory": "notes",
+        "query": "kingfisher",
+        "hits": 1,
+    }
+
+
+async def test_write_and_search_events_are_redacted_previews(
+    env: tuple[Store, Settings],
+) -> None:
+    store, _ = env
+    spec = MemorySpec()
+    redactor = Redactor({"api-key": "sk-live-0123456789"})
+    binding = MemoryBinding("notes", spec, "write")
+    write = MemoryTool("write", [binding], store, lambda: redactor)
+    search = MemoryTool("search", [binding], store, lambda: redactor)
+    long_text = "The vault code is sk-live-0123456789. " + "Padding words go on and on. " * 20
+    ctx = context()
+    await write.call({"text": long_text, "key": "v"}, ctx)
+    replay = context()
+    await write.call({"text": long_text, "key": "v"}, replay)
+    [(kind, data)] = ctx.journal
+    assert kind is EventType.MEMORY_WRITE
+    assert data["key"] == "v" and data["written"] is True and data["chars"] > 80
+    assert "sk-live" not in json.dumps(data)
+    assert data["preview"].startswith("The vault code is [REDACTED:api-key]")
+    assert len(data["preview"]) <= 80 and data["preview"].endswith("\u2026")
+    assert replay.journal[0][1]["written"] is False  # a replay writes nothing, and says so
+    searched = context(key="run_1:2:0")
+    await search.call({"query": "vault   code\n" + "x" * 200}, searched)
+    [(kind, data)] = searched.journal
+    assert kind is EventType.MEMORY_SEARCH
+    assert data["hits"] == 1 and data["memory"] == "notes"
+    assert data["query"].startswith("vault code x") and len(data["query"]) <= 80

@@ -13,6 +13,10 @@ A write is idempotent by the call: its idempotency key is the call's own (run, s
 call index) with a digest of its arguments, and the store writes an entry under a
 key it has seen once only, so a replayed run never writes twice. Text and metadata
 are redacted (every secret the agent resolved) before they are stored.
+
+A write or ingest is journaled in the run's events as ``memory.write``, a search as
+``memory.search`` (:attr:`ToolContext.journal`): keys and counts, and of the text or
+query only a short preview, redacted.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from typing import Any, ClassVar, Literal
 
 from corral.core.chunking import MAX_INGEST_CHARS
 from corral.core.errors import ToolError, ToolErrorCode
+from corral.core.events import EventType
 from corral.core.ids import new_id
 from corral.core.memory import (
     MAX_KEY_CHARS,
@@ -46,6 +51,9 @@ MEMORY_PREFIX = "memory:"
 MAX_QUERY_CHARS = 2000
 #: the most results one search call asks for
 MAX_TOP_K = 20
+
+#: the characters of a written text or a query a memory event shows
+EVENT_PREVIEW_CHARS = 80
 
 Operation = Literal["write", "read", "search", "list", "delete", "ingest"]
 _WRITES: frozenset[str] = frozenset({"write", "delete", "ingest"})
@@ -225,8 +233,20 @@ class MemoryTool(Tool):
         )
         retention = binding.spec.retention
         # a replayed call finds the entry its first run wrote, and says the same
-        stored, _ = await self.store.write_memory(
+        stored, fresh = await self.store.write_memory(
             entry, max_entries=retention.max_entries, max_age_days=retention.max_age_days
+        )
+        ctx.journal.append(
+            (
+                EventType.MEMORY_WRITE,
+                {
+                    "memory": binding.name,
+                    "key": stored.key,
+                    "preview": _short(text),
+                    "chars": len(text),
+                    "written": fresh,
+                },
+            )
         )
         return {"memory": binding.name, "key": stored.key, "stored": True}
 
@@ -262,6 +282,13 @@ class MemoryTool(Tool):
             str(arguments["query"]),
             top_k=int(arguments.get("top_k", 5)),
             filters=arguments.get("filter"),
+        )
+        query = str(arguments["query"])
+        ctx.journal.append(
+            (
+                EventType.MEMORY_SEARCH,
+                {"memory": binding.name, "query": _short(query), "hits": len(hits)},
+            )
         )
         results = [
             {
@@ -336,12 +363,33 @@ class MemoryTool(Tool):
             idempotency_key=key,
             metadata=metadata,
         )
+        ctx.journal.append(
+            (
+                EventType.MEMORY_WRITE,
+                {
+                    "memory": binding.name,
+                    "key_prefix": prefix,
+                    "preview": _short(text),
+                    "chars": len(text),
+                    "chunks": done.chunks,
+                    "written": done.written,
+                },
+            )
+        )
         return {
             "memory": binding.name,
             "key_prefix": prefix,
             "chunks": done.chunks,
             "keys": done.keys[:20],
         }
+
+
+def _short(text: str) -> str:
+    """The start of a text or query for an event (never the whole of a long one)."""
+    flat = " ".join(text.split())
+    if len(flat) <= EVENT_PREVIEW_CHARS:
+        return flat
+    return flat[: EVENT_PREVIEW_CHARS - 1] + "\u2026"
 
 
 def write_key(ctx: ToolContext, arguments: dict[str, Any]) -> str:
