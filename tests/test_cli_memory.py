@@ -98,6 +98,13 @@ def test_the_commands_work_on_a_server_in_remote_mode(server: LiveServer, tmp_pa
     assert "Entries:     1 in 1 scope(s)" in cli(home, "describe", "memory", "notes", env=remote)
     assert "no entry 'nope'" in cli(home, "memory", "read", "notes", "nope", code=2, env=remote)
     assert "not found" in cli(home, "memory", "list", "nowhere", code=2, env=remote)
+    # the code, not the message, tells a missing entry from a missing Memory
+    assert "Memory 'nowhere' not found" in cli(
+        home, "memory", "read", "nowhere", "k", code=2, env=remote
+    )
+    assert "Memory 'nowhere' not found" in cli(
+        home, "memory", "delete", "nowhere", "k", code=2, env=remote
+    )
     cli(home, "memory", "delete", "notes", "r/1", env=remote)
     assert cli(home, "memory", "list", "notes", env=remote) == ""
     document = tmp_path / "doc.md"

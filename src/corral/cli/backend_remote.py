@@ -35,6 +35,7 @@ from corral.cli.backend import Backend, MemoryAt, RunControl, Show, load_files
 from corral.client import AsyncClient
 from corral.core.errors import Location, NotFoundError, ResourceError
 from corral.core.limits import MAX_TREE_TASKS
+from corral.core.memory import MemoryEntryNotFoundError
 from corral.core.runs import RunState
 from corral.core.selectors import Selector
 from corral.resources.loader import LoadedResource
@@ -383,7 +384,7 @@ class RemoteBackend(Backend):
         try:
             return await self.client.read_memory(at.name, key, agent=at.agent, session=at.session)
         except NotFoundError as exc:
-            if "has no entry" not in exc.message:  # the Memory itself is missing: say so
+            if exc.code != MemoryEntryNotFoundError.code:  # the Memory itself is missing: say so
                 raise
             return None
 
@@ -391,7 +392,7 @@ class RemoteBackend(Backend):
         try:
             await self.client.delete_memory(at.name, key, agent=at.agent, session=at.session)
         except NotFoundError as exc:
-            if "has no entry" not in exc.message:
+            if exc.code != MemoryEntryNotFoundError.code:
                 raise
             return False
         return True

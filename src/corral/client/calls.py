@@ -521,7 +521,8 @@ def ingest_memory(
 def read_memory(
     name: str, key: str, *, agent: str | None = None, session: str | None = None
 ) -> Call[MemoryEntryOut]:
-    """One entry (``NotFoundError`` when absent)."""
+    """One entry (``NotFoundError`` when absent: code ``memory_entry_not_found``, or
+    ``not_found`` when the Memory is)."""
     path = f"/v1/memories/{_seg(name)}/entries/{_seg(key)}"
     return Call("GET", path, _model(MemoryEntryOut), list(_scope(agent, session).items()))
 
@@ -529,7 +530,8 @@ def read_memory(
 def delete_memory(
     name: str, key: str, *, agent: str | None = None, session: str | None = None
 ) -> Call[None]:
-    """Delete one entry (``NotFoundError`` when absent)."""
+    """Delete one entry (``NotFoundError`` when absent: code ``memory_entry_not_found``, or
+    ``not_found`` when the Memory is)."""
     path = f"/v1/memories/{_seg(name)}/entries/{_seg(key)}"
     return Call("DELETE", path, _nothing, list(_scope(agent, session).items()))
 

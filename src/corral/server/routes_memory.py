@@ -20,8 +20,8 @@ from corral.api.memory import (
     MemoryStatsOut,
     MemoryWriteRequest,
 )
-from corral.core.errors import NotFoundError
 from corral.core.ids import new_id
+from corral.core.memory import MemoryEntryNotFoundError
 from corral.resources.kinds import NAME_PATTERN
 from corral.runtime.memory import ingest_document, memory_place, memory_spec, write_entry
 from corral.server import pagination
@@ -151,7 +151,7 @@ async def read_memory_entry(
     _, place = await memory_place(store, who.namespace, name, agent=agent, session=session)
     entry = await store.read_memory(place, key)
     if entry is None:
-        raise NotFoundError(f"memory {name!r} has no entry {key!r}")
+        raise MemoryEntryNotFoundError(f"memory {name!r} has no entry {key!r}")
     return MemoryEntryOut.from_entry(entry)
 
 
@@ -173,7 +173,7 @@ async def delete_memory_entry(
     store = context_of(request).store
     _, place = await memory_place(store, who.namespace, name, agent=agent, session=session)
     if not await store.delete_memory_entry(place, key):
-        raise NotFoundError(f"memory {name!r} has no entry {key!r}")
+        raise MemoryEntryNotFoundError(f"memory {name!r} has no entry {key!r}")
     return Response(status_code=204)
 
 
