@@ -26,6 +26,10 @@ _SENTENCE = re.compile(r"[.!?\u2026][\"'\u201d\u2019)\]]*\s+|[\u3002\uff01\uff1f
 _LINE = re.compile(r"\n+")
 _SPACE = re.compile(r"\s+|[\u3001\uff0c\uff1b\uff1a]")
 _LEVELS = (_PARAGRAPH, _SENTENCE, _LINE, _SPACE)
+# the characters _cjk accepts, to skip its character-by-character search where there are none
+_CJK = re.compile(
+    "[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uac00-\ud7af\U00020000-\U0002ffff]"
+)
 
 
 def _is_mark(char: str) -> bool:
@@ -76,6 +80,8 @@ def _cut(text: str, start: int, limit: int, past: int) -> int:
             ends = [e for e in ends if e < len(window) or _word_break(text, start + e)]
             if ends:
                 return start + ends[-1]
+        if not _CJK.search(window):
+            continue
         for at in range(limit, start + floor - 1, -1):  # CJK: between two characters
             if _word_break(text, at) and (_cjk(text[at - 1]) or _cjk(text[at])):
                 return at
