@@ -1,4 +1,4 @@
-"""``corral memory write|read|search|list|delete`` against a real store in CORRAL_HOME."""
+"""``corral memory write|read|search|list|delete|ingest`` against a real store in CORRAL_HOME."""
 
 from __future__ import annotations
 
@@ -88,7 +88,7 @@ def test_the_commands_work_on_a_server_in_remote_mode(server: LiveServer, tmp_pa
     remote = {"CORRAL_URL": server.url, "CORRAL_TOKEN": server.admin}
     home = tmp_path / "unused-home"
     manifest = tmp_path / "m.yaml"
-    manifest.write_text(RESOURCES)
+    manifest.write_text(RESOURCES + "---" + INGEST)
     cli(home, "apply", "-f", str(manifest), env=remote)
     cli(home, "memory", "write", "notes", "remote words here", "--key", "r/1", env=remote)
     hits = json.loads(cli(home, "memory", "search", "notes", "WORDS", "-o", "json", env=remote))
@@ -98,6 +98,93 @@ def test_the_commands_work_on_a_server_in_remote_mode(server: LiveServer, tmp_pa
     assert "Entries:     1 in 1 scope(s)" in cli(home, "describe", "memory", "notes", env=remote)
     assert "no entry 'nope'" in cli(home, "memory", "read", "notes", "nope", code=2, env=remote)
     assert "not found" in cli(home, "memory", "list", "nowhere", code=2, env=remote)
+    # the code, not the message, tells a missing entry from a missing Memory
+    assert "Memory 'nowhere' not found" in cli(
+        home, "memory", "read", "nowhere", "k", code=2, env=remote
+    )
+    assert "Memory 'nowhere' not found" in cli(
+        home, "memory", "delete", "nowhere", "k", code=2, env=remote
+    )
     cli(home, "memory", "delete", "notes", "r/1", env=remote)
     assert cli(home, "memory", "list", "notes", env=remote) == ""
+    document = tmp_path / "doc.md"
+    document.write_text("# Remote\n\nA heron waits by the water.\n")
+    done = json.loads(
+        cli(home, "memory", "ingest", "book", str(document), "-o", "json", env=remote)
+    )
+    assert done[0]["chunks"] == 1 and done[0]["keys"] == [f"{document}#0"]
+    again = cli(home, "memory", "ingest", "book", str(document), env=remote)
+    assert "1 chunks, 0 written (1 already there)" in again
+    hits = json.loads(cli(home, "memory", "search", "book", "heron", "-o", "json", env=remote))
+    assert hits[0]["metadata"] == {"source": str(document), "chunk": 0, "chunks": 1}
     assert not home.exists()  # nothing local was opened
+
+
+INGEST = """
+apiVersion: corral/v1
+kind: Memory
+metadata: {name: book}
+spec: {chunking: {size: 200, overlap: 40}}
+"""
+
+
+def test_ingest_takes_files_directories_and_stdin_once_each(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    manifest = tmp_path / "m.yaml"
+    manifest.write_text(INGEST)
+    cli(home, "apply", "-f", str(manifest))
+    docs = tmp_path / "docs"
+    (docs / "deep").mkdir(parents=True)
+    long_text = "\n\n".join(f"Chapter {i}. The otter swims upstream today." * 3 for i in range(6))
+    (docs / "a.md").write_text(long_text)
+    (docs / "deep" / "b.txt").write_text("Der Fluss fließt ruhig. 川は静かに流れる。")
+    (docs / "image.png").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00binary")
+    (docs / "latin1.txt").write_bytes("caf\xe9".encode("latin-1"))
+    (docs / ".hidden").write_text("not ingested")
+    out = cli(home, "memory", "ingest", "book", str(docs))
+    assert f"skipped {docs / 'image.png'}: not a UTF-8 text file" in out
+    assert f"skipped {docs / 'latin1.txt'}: not a UTF-8 text file" in out
+    assert "[1/2]" in out and "[2/2]" in out  # progress on stderr for several files
+    listed = json.loads(cli(home, "memory", "list", "book", "--limit", "100", "-o", "json"))
+    keys = [e["key"] for e in listed]
+    assert f"{docs / 'deep' / 'b.txt'}#0" in keys
+    chunks = [e for e in listed if e["key"].startswith(f"{docs / 'a.md'}#")]
+    assert len(chunks) > 3 and all(len(e["text"]) <= 200 for e in chunks)
+    assert all(e["metadata"]["source"] == str(docs / "a.md") for e in chunks)
+    # again: nothing written twice
+    assert "0 written" in cli(home, "memory", "ingest", "book", str(docs))
+    assert len(json.loads(cli(home, "memory", "list", "book", "-o", "json"))) == len(listed)
+    # stdin, with a prefix and metadata
+    out = cli(
+        home,
+        "memory",
+        "ingest",
+        "book",
+        "-",
+        "--key-prefix",
+        "piped",
+        "--meta",
+        "lang=en",
+        input="A beaver builds a dam.",
+    )
+    assert "1 chunks, 1 written" in out
+    [hit] = json.loads(cli(home, "memory", "search", "book", "beaver", "-o", "json"))
+    assert hit["key"] == "piped#0"
+    assert hit["metadata"] == {"lang": "en", "source": "stdin", "chunk": 0, "chunks": 1}
+
+
+def test_ingest_errors_are_clear(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    manifest = tmp_path / "m.yaml"
+    manifest.write_text(INGEST)
+    cli(home, "apply", "-f", str(manifest))
+    assert "no such file or directory" in cli(
+        home, "memory", "ingest", "book", str(tmp_path / "nope"), code=2
+    )
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "blank.md").write_text("  \n")
+    out = cli(home, "memory", "ingest", "book", str(empty), code=2)
+    assert "skipped" in out and "no text to ingest" in out
+    assert "not found" in cli(home, "memory", "ingest", "nowhere", "-", input="x", code=2)
+    assert "Traceback" not in out

@@ -191,8 +191,15 @@ def test_memories_write_list_read_search_delete(client: Client) -> None:
     hits = client.search_memory("c-notes", "TEA OR NEAR(", filter={"t": "x"}).items
     assert [h.key for h in hits] == ["a/1"]
     client.delete_memory("c-notes", "a/1")
-    with pytest.raises(NotFoundError):
+    with pytest.raises(NotFoundError) as entry:
         client.read_memory("c-notes", "a/1")
+    assert entry.value.code == "memory_entry_not_found"
+    with pytest.raises(NotFoundError) as memory_missing:
+        client.read_memory("c-nowhere", "a/1")
+    assert memory_missing.value.code == "not_found"
+    done = client.ingest_memory("c-notes", "A long text. " * 200, source="doc.txt")
+    assert done.key_prefix == "doc.txt" and done.chunks == done.written > 1
+    assert client.ingest_memory("c-notes", "A long text. " * 200, source="doc.txt").written == 0
 
 
 def test_tokens_health_and_readiness(server: LiveServer, client: Client) -> None:

@@ -341,6 +341,7 @@ async def test_the_tools_an_agent_gets_follow_its_access(env: tuple[Store, Setti
     assert sorted(reader.toolset.by_name) == ["memory_list", "memory_read", "memory_search"]
     assert sorted(writer.toolset.by_name) == [
         "memory_delete",
+        "memory_ingest",
         "memory_list",
         "memory_read",
         "memory_search",

@@ -50,8 +50,16 @@ def test_entries_are_written_listed_read_searched_and_deleted(client: httpx.Clie
     assert (stats["entries"], stats["scopes"]) == (3, 1) and "FTS5" in stats["index"]
     assert client.get("/v1/memories/nowhere").status_code == 404
     assert client.delete(f"{base}/entries/user/1").status_code == 204
+    # no such entry, and no such Memory: two codes
     missing = client.get(f"{base}/entries/user/1")
-    assert missing.status_code == 404 and missing.json()["code"] == "not_found"
+    assert missing.status_code == 404 and missing.json()["code"] == "memory_entry_not_found"
+    gone = client.delete(f"{base}/entries/user/1")
+    assert gone.status_code == 404 and gone.json()["code"] == "memory_entry_not_found"
+    for answer in (
+        client.get("/v1/memories/nowhere/entries/user/1"),
+        client.delete("/v1/memories/nowhere/entries/user/1"),
+    ):
+        assert answer.status_code == 404 and answer.json()["code"] == "not_found"
 
 
 def test_bad_writes_and_unknown_memories_get_stable_codes(client: httpx.Client) -> None:
@@ -73,3 +81,42 @@ def test_bad_writes_and_unknown_memories_get_stable_codes(client: httpx.Client) 
     assert mine.status_code == 201 and mine.json()["scope_key"] == "alice"
     bobs = client.post("/v1/memories/api-diary/search", json={"query": "day", "agent": "bob"})
     assert bobs.json()["items"] == []
+
+
+def test_a_document_is_ingested_in_chunks_once(client: httpx.Client) -> None:
+    apply(
+        client,
+        MEMORY
+        + "---\n"
+        + "apiVersion: corral/v1\nkind: Memory\nmetadata: {name: api-book}\n"
+        + "spec: {chunking: {size: 100, overlap: 20}}\n",
+    )
+    text = " ".join(f"Line {i} of the book has words." for i in range(40))
+    body = {"text": text, "source": "book.txt", "metadata": {"shelf": "a"}}
+    first = client.post("/v1/memories/api-book/ingest", json=body)
+    assert first.status_code == 200, first.text
+    done = first.json()
+    assert done["key_prefix"] == "book.txt" and done["chunks"] == done["written"] > 5
+    assert done["keys"][:2] == ["book.txt#0", "book.txt#1"]
+    again = client.post("/v1/memories/api-book/ingest", json=body).json()
+    assert again["written"] == 0 and again["keys"] == done["keys"]
+    entry = client.get("/v1/memories/api-book/entries/book.txt#1".replace("#", "%23")).json()
+    assert entry["metadata"] == {
+        "shelf": "a",
+        "source": "book.txt",
+        "chunk": 1,
+        "chunks": done["chunks"],
+    }
+    assert len(entry["text"]) <= 100
+    prefixed = client.post(
+        "/v1/memories/api-book/ingest", json={"text": "short", "key_prefix": "p"}
+    ).json()
+    assert prefixed["keys"] == ["p#0"]
+    # errors keep their codes
+    assert client.post("/v1/memories/nowhere/ingest", json={"text": "x"}).json()["code"] == (
+        "not_found"
+    )
+    blank = client.post("/v1/memories/api-book/ingest", json={"text": "   "})
+    assert blank.status_code == 400 and blank.json()["code"] == "invalid_memory_input"
+    huge = client.post("/v1/memories/api-book/ingest", json={"text": "x" * 5_000_001})
+    assert huge.status_code in (413, 422), huge.text

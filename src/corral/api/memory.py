@@ -7,6 +7,7 @@ from typing import Annotated, Any, Self
 from pydantic import BaseModel, Field
 
 from corral.api.common import FromRecord, JsonObject, Name, Request, SessionId, Text, Timestamp
+from corral.core.chunking import MAX_INGEST_CHARS
 from corral.core.memory import MAX_KEY_CHARS, MAX_RESULTS, MemoryEntry, MemoryHit, MemoryStats
 
 Key = Annotated[str, Field(min_length=1, max_length=MAX_KEY_CHARS, pattern=r"^[^\x00-\x1f]+$")]
@@ -23,6 +24,23 @@ class MemoryWriteRequest(_Scoped):
     text: Text = Field(min_length=1)
     key: Key | None = None
     metadata: JsonObject = Field(default_factory=dict[str, Any])
+
+
+class MemoryIngestRequest(_Scoped):
+    """A long text to cut by the Memory's ``spec.chunking``, each chunk one entry
+    ``KEY_PREFIX#N`` with metadata ``source``, ``chunk`` and ``chunks``."""
+
+    text: Text = Field(min_length=1, max_length=MAX_INGEST_CHARS)
+    source: str = Field(default="api", min_length=1, max_length=1000)
+    key_prefix: Key | None = Field(default=None, description="The entries' keys' start.")
+    metadata: JsonObject = Field(default_factory=dict[str, Any])
+
+
+class MemoryIngestOut(BaseModel):
+    key_prefix: str
+    chunks: int
+    written: int = Field(description="Chunks written now (the others were written before).")
+    keys: list[str]
 
 
 class MemorySearchRequest(_Scoped):

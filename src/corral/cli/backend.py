@@ -32,6 +32,7 @@ if TYPE_CHECKING:
         EventOut,
         MemoryEntryOut,
         MemoryHitOut,
+        MemoryIngestOut,
         MemoryStatsOut,
         ResourceOut,
         SessionMessageOut,
@@ -240,6 +241,18 @@ class Backend(ABC):
         self, at: MemoryAt, text: str, *, key: str | None, metadata: dict[str, Any]
     ) -> MemoryEntryOut:
         """Write one entry; ``NotFoundError`` when there is no such Memory."""
+
+    @abstractmethod
+    async def ingest_memory(
+        self,
+        at: MemoryAt,
+        text: str,
+        *,
+        source: str,
+        key_prefix: str | None,
+        metadata: dict[str, Any],
+    ) -> MemoryIngestOut:
+        """Ingest one document, chunked; ``NotFoundError`` when there is no such Memory."""
 
     @abstractmethod
     async def read_memory(self, at: MemoryAt, key: str) -> MemoryEntryOut | None: ...
@@ -526,6 +539,33 @@ class EmbeddedBackend(Backend):
             session=at.session,
         )
         return MemoryEntryOut.from_entry(entry)
+
+    async def ingest_memory(
+        self,
+        at: MemoryAt,
+        text: str,
+        *,
+        source: str,
+        key_prefix: str | None,
+        metadata: dict[str, Any],
+    ) -> MemoryIngestOut:
+        from corral.api import MemoryIngestOut
+        from corral.runtime.memory import ingest_document
+
+        prefix, done = await ingest_document(
+            self.store,
+            at.namespace,
+            at.name,
+            text,
+            source=source,
+            key_prefix=key_prefix,
+            metadata=metadata,
+            agent=at.agent,
+            session=at.session,
+        )
+        return MemoryIngestOut(
+            key_prefix=prefix, chunks=done.chunks, written=done.written, keys=done.keys
+        )
 
     async def read_memory(self, at: MemoryAt, key: str) -> MemoryEntryOut | None:
         from corral.api import MemoryEntryOut

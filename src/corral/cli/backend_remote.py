@@ -23,6 +23,7 @@ from corral.api import (
     EventOut,
     MemoryEntryOut,
     MemoryHitOut,
+    MemoryIngestOut,
     MemoryStatsOut,
     ResourceOut,
     SessionMessageOut,
@@ -34,6 +35,7 @@ from corral.cli.backend import Backend, MemoryAt, RunControl, Show, load_files
 from corral.client import AsyncClient
 from corral.core.errors import Location, NotFoundError, ResourceError
 from corral.core.limits import MAX_TREE_TASKS
+from corral.core.memory import MemoryEntryNotFoundError
 from corral.core.runs import RunState
 from corral.core.selectors import Selector
 from corral.resources.loader import LoadedResource
@@ -359,11 +361,30 @@ class RemoteBackend(Backend):
             at.name, text, key=key, metadata=metadata, agent=at.agent, session=at.session
         )
 
+    async def ingest_memory(
+        self,
+        at: MemoryAt,
+        text: str,
+        *,
+        source: str,
+        key_prefix: str | None,
+        metadata: dict[str, Any],
+    ) -> MemoryIngestOut:
+        return await self.client.ingest_memory(
+            at.name,
+            text,
+            source=source,
+            key_prefix=key_prefix,
+            metadata=metadata,
+            agent=at.agent,
+            session=at.session,
+        )
+
     async def read_memory(self, at: MemoryAt, key: str) -> MemoryEntryOut | None:
         try:
             return await self.client.read_memory(at.name, key, agent=at.agent, session=at.session)
         except NotFoundError as exc:
-            if "has no entry" not in exc.message:  # the Memory itself is missing: say so
+            if exc.code != MemoryEntryNotFoundError.code:  # the Memory itself is missing: say so
                 raise
             return None
 
@@ -371,7 +392,7 @@ class RemoteBackend(Backend):
         try:
             await self.client.delete_memory(at.name, key, agent=at.agent, session=at.session)
         except NotFoundError as exc:
-            if "has no entry" not in exc.message:
+            if exc.code != MemoryEntryNotFoundError.code:
                 raise
             return False
         return True

@@ -1,4 +1,4 @@
-"""``corral memory write|read|search|list|delete NAME``: a Memory's entries, by hand.
+"""``corral memory write|read|search|list|delete|ingest NAME``: a Memory's entries, by hand.
 
 On the local store, or on the server (``/v1/memories``) in remote mode. ``--agent`` /
 ``--session`` pick the entries of one agent or session in a Memory of that scope;
@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import typer
@@ -17,12 +18,14 @@ import typer
 from corral.cli.common import EXIT_BAD_INPUT, NAMESPACE, fail, run_async
 
 if TYPE_CHECKING:
+    from corral.api import MemoryIngestOut
     from corral.cli.backend import Backend, MemoryAt
 
 T = TypeVar("T")
 
 memory_app = typer.Typer(
-    help="The entries of a Memory: write, read, search, list, delete.", no_args_is_help=True
+    help="The entries of a Memory: write, read, search, list, delete, ingest.",
+    no_args_is_help=True,
 )
 
 MEMORY = typer.Argument(..., help="The Memory's name.")
@@ -183,3 +186,93 @@ def memory_delete(
     if not deleted:
         fail(f"memory/{name} has no entry {key!r}", EXIT_BAD_INPUT)
     typer.echo(f"memory/{name} entry {key} deleted")
+
+
+#: a document this long (characters), or more than one, gets progress lines on stderr
+LARGE_INGEST_CHARS = 100_000
+
+
+def _documents(source: str) -> list[tuple[str, str]]:
+    """The (name, text) of each document ``source`` names: stdin (``-``), a file, or
+    the files under a directory (sorted; hidden ones and binary or non-UTF-8 files
+    skipped, each with a line on stderr)."""
+    if source == "-":
+        return [("stdin", sys.stdin.read())]
+    path = Path(source)
+    if path.is_file():
+        files = [path]
+    elif path.is_dir():
+        files = sorted(
+            p
+            for p in path.rglob("*")
+            if p.is_file() and not any(part.startswith(".") for part in p.relative_to(path).parts)
+        )
+    else:
+        fail(f"{source}: no such file or directory", EXIT_BAD_INPUT)
+    documents = []
+    for file in files:
+        try:
+            text = file.read_bytes().decode("utf-8")
+        except UnicodeDecodeError:
+            text = "\x00"
+        except OSError as exc:
+            fail(f"{file}: {exc.strerror}", EXIT_BAD_INPUT)
+        if "\x00" in text:  # binary (or not UTF-8): not a text or Markdown document
+            typer.echo(f"skipped {file}: not a UTF-8 text file", err=True)
+        elif not text.strip():
+            typer.echo(f"skipped {file}: empty", err=True)
+        else:
+            documents.append((str(file), text))
+    if not documents:
+        fail(f"{source}: no text to ingest", EXIT_BAD_INPUT)
+    return documents
+
+
+@memory_app.command("ingest")
+def memory_ingest(
+    name: str = MEMORY,
+    source: str = typer.Argument(..., help="A file, a directory (recursively), or '-' (stdin)."),
+    key_prefix: str | None = typer.Option(
+        None, "--key-prefix", help="The entries' keys' start (default: each file's path)."
+    ),
+    meta: list[str] = typer.Option([], "--meta", help="Metadata KEY=VALUE (repeatable)."),
+    agent: str | None = AGENT,
+    session: str | None = SESSION,
+    namespace: str = NAMESPACE,
+    output: str = OUTPUT,
+) -> None:
+    """Ingest text and Markdown documents, cut by the Memory's spec.chunking."""
+    metadata = _pairs(meta, "--meta")
+    documents = _documents(source)
+    chatty = len(documents) > 1 or len(documents[0][1]) > LARGE_INGEST_CHARS
+    several = len(documents) > 1
+
+    async def work(backend: Backend, at: MemoryAt) -> list[MemoryIngestOut]:
+        done = []
+        for number, (path, text) in enumerate(documents, 1):
+            prefix = key_prefix
+            if key_prefix is not None and several:  # one prefix per file
+                prefix = f"{key_prefix}/{path}"
+            result = await backend.ingest_memory(
+                at, text, source=path, key_prefix=prefix, metadata=metadata
+            )
+            done.append(result)
+            if chatty:
+                typer.echo(
+                    f"[{number}/{len(documents)}] {path}: {result.chunks} chunks "
+                    f"({result.written} written)",
+                    err=True,
+                )
+        return done
+
+    results = _on_backend(namespace, name, agent, session, work)
+    chunks = sum(r.chunks for r in results)
+    written = sum(r.written for r in results)
+    _show(
+        [r.model_dump(mode="json") for r in results],
+        output,
+        [
+            f"memory/{name}: {len(results)} document(s), {chunks} chunks, "
+            f"{written} written ({chunks - written} already there)"
+        ],
+    )

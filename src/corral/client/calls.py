@@ -33,6 +33,7 @@ from corral.api import (
     LinkPage,
     MemoryEntryOut,
     MemoryEntryPage,
+    MemoryIngestOut,
     MemorySearchResult,
     MemoryStatsOut,
     Readiness,
@@ -498,10 +499,30 @@ def write_memory(
     return Call("POST", f"/v1/memories/{_seg(name)}/entries", _model(MemoryEntryOut), json=body)
 
 
+def ingest_memory(
+    name: str,
+    text: str,
+    *,
+    source: str = "api",
+    key_prefix: str | None = None,
+    metadata: Mapping[str, Any] | None = None,
+    agent: str | None = None,
+    session: str | None = None,
+) -> Call[MemoryIngestOut]:
+    """Cut ``text`` by the Memory's chunking, each chunk one entry ``KEY_PREFIX#N``."""
+    body: dict[str, Any] = {"text": text, "source": source, **_scope(agent, session)}
+    if key_prefix is not None:
+        body["key_prefix"] = key_prefix
+    if metadata:
+        body["metadata"] = dict(metadata)
+    return Call("POST", f"/v1/memories/{_seg(name)}/ingest", _model(MemoryIngestOut), json=body)
+
+
 def read_memory(
     name: str, key: str, *, agent: str | None = None, session: str | None = None
 ) -> Call[MemoryEntryOut]:
-    """One entry (``NotFoundError`` when absent)."""
+    """One entry (``NotFoundError`` when absent: code ``memory_entry_not_found``, or
+    ``not_found`` when the Memory is)."""
     path = f"/v1/memories/{_seg(name)}/entries/{_seg(key)}"
     return Call("GET", path, _model(MemoryEntryOut), list(_scope(agent, session).items()))
 
@@ -509,7 +530,8 @@ def read_memory(
 def delete_memory(
     name: str, key: str, *, agent: str | None = None, session: str | None = None
 ) -> Call[None]:
-    """Delete one entry (``NotFoundError`` when absent)."""
+    """Delete one entry (``NotFoundError`` when absent: code ``memory_entry_not_found``, or
+    ``not_found`` when the Memory is)."""
     path = f"/v1/memories/{_seg(name)}/entries/{_seg(key)}"
     return Call("DELETE", path, _nothing, list(_scope(agent, session).items()))
 

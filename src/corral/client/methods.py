@@ -199,6 +199,7 @@ class Methods(ABC, Generic[Transport]):
     memory_entries = sends(calls.memory_entries)
     iter_memory_entries = iterates(calls.iter_memory_entries)
     write_memory = sends(calls.write_memory)
+    ingest_memory = sends(calls.ingest_memory)
     read_memory = sends(calls.read_memory)
     delete_memory = sends(calls.delete_memory)
     search_memory = sends(calls.search_memory)

@@ -9,6 +9,7 @@ converted at the adapter boundary and never travel further up.
     │   ├── ResourceError          an invalid resource document (file, line, field)
     │   ├── DocumentTooComplexError a YAML/JSON document over a parsing limit (``limit``)
     │   ├── NotFoundError          a named object does not exist
+    │   │   └── MemoryEntryNotFoundError a Memory has no entry of a key (core/memory.py)
     │   ├── ConflictError          the operation contradicts stored state
     │   ├── AuthError              the HTTP API refused the token (401) or its role (403)
     │   ├── InvalidSessionIdError  a session id breaks the one rule (core/sessions.py)

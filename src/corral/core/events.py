@@ -29,6 +29,10 @@ class EventType(StrEnum):
     #: the child run of a call finished: its outcome becomes the call's result
     CHILD_FINISH = "child.finish"
     MESSAGE_CREATE = "message.create"
+    #: a memory tool wrote (``memory_write``, ``memory_ingest``): no text beyond a preview
+    MEMORY_WRITE = "memory.write"
+    #: a memory tool searched (``memory_search``): the query's preview and the hit count
+    MEMORY_SEARCH = "memory.search"
     STEP_FINISH = "step.finish"
     RUN_FINISH = "run.finish"
     ERROR = "error"

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from corral.core.errors import UserError
+from corral.core.errors import NotFoundError, UserError
 
 #: the longest text one entry may hold (characters): longer texts are refused, not cut
 MAX_ENTRY_CHARS = 16_000
@@ -40,6 +40,13 @@ class MemoryInputError(UserError):
     """An entry, key, query or filter a Memory cannot take (too long, malformed)."""
 
     code = "invalid_memory_input"
+
+
+class MemoryEntryNotFoundError(NotFoundError):
+    """A Memory that exists has no entry of a key (404 ``memory_entry_not_found`` over
+    the API; a missing Memory is plain ``not_found``)."""
+
+    code = "memory_entry_not_found"
 
 
 @dataclass(frozen=True)

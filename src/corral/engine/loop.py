@@ -445,6 +445,8 @@ class AgentLoop:
 
             context = self._context(step.step, index, call)
             outcome = await toolset.invoke(call, context, approved=approved, on_start=started)
+            for kind, data in context.journal:  # what the call did, before its result
+                await self.emit(kind, step=step.step, call_id=call.id, tool=outcome.ref, **data)
             if outcome.child is not None:
                 step.children[call.id] = outcome.child.run_id
                 waiting.append(call.id)

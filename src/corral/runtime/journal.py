@@ -88,6 +88,9 @@ LATER = frozenset(
         EventType.RUN_FINISH,
         # with the call's tool.result, in one commit: a child's spend is counted once
         EventType.CHILD_FINISH,
+        # emitted just before the call's tool.result, and written with it
+        EventType.MEMORY_WRITE,
+        EventType.MEMORY_SEARCH,
     }
 )
 # The members _when compares with, as plain names: reading an attribute of an enum class

@@ -1,5 +1,6 @@
-"""Memory operations for the front doors (``corral memory ...``): a Memory's entries read,
-written, searched, listed and deleted by a person, not by an agent's tool call.
+"""Memory operations for the front doors (``corral memory ...``, ``/v1/memories``): a
+Memory's entries read, written, ingested, searched, listed and deleted by a person, not
+by an agent's tool call.
 
 A Memory is found by namespace and name (``NotFoundError`` when absent, as for any
 resource); its scope decides which entries an operation sees: a namespace-wide
@@ -9,13 +10,14 @@ by ``agent`` / ``session`` (``MemoryInputError`` when the scope needs the one no
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from corral.core.errors import ConfigurationError, NotFoundError
 from corral.core.memory import MemoryEntry, MemoryPlace, place_of
 from corral.resources.memory import MemorySpec
 from corral.store.base import Store
+from corral.tools.memory_ingest import IngestResult, content_key, ingest_text
 
 MEMORY_KIND = "Memory"
 
@@ -66,3 +68,36 @@ async def write_entry(
         max_age_days=spec.retention.max_age_days,
     )
     return stored
+
+
+async def ingest_document(
+    store: Store,
+    namespace: str,
+    name: str,
+    text: str,
+    *,
+    source: str,
+    key_prefix: str | None = None,
+    metadata: Mapping[str, Any] | None = None,
+    agent: str | None = None,
+    session: str | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> tuple[str, IngestResult]:
+    """Cut ``text`` by the Memory's chunking and write each chunk as ``KEY_PREFIX#N``
+    (the prefix ``source`` when none is given). The ingest's idempotency key is its
+    prefix and text: ingesting the same document again writes nothing twice. Returns
+    the prefix used and what was written."""
+    spec, place = await memory_place(store, namespace, name, agent=agent, session=session)
+    prefix = key_prefix or source
+    done = await ingest_text(
+        store,
+        place,
+        spec,
+        text,
+        source=source,
+        key_prefix=prefix,
+        idempotency_key=content_key(prefix, text),
+        metadata=metadata,
+        progress=progress,
+    )
+    return prefix, done

@@ -186,7 +186,8 @@ def from_corral_error(exc: CorralError) -> JSONResponse:
         detail = "the resource documents are invalid; nothing was applied"
         return problem_response(422, exc.code, detail, resource_problems(exc))
     if isinstance(exc, NotFoundError):
-        return problem_response(404, "not_found", exc.message)
+        # "not_found", or a finer code (memory_entry_not_found: the Memory is there)
+        return problem_response(404, exc.code, exc.message)
     if isinstance(exc, ConflictError):
         return problem_response(409, "conflict", exc.message)
     if isinstance(exc, UserError):

@@ -1,5 +1,5 @@
 """Memories: the entries of a Memory resource of the caller's namespace - list, write,
-read, delete, search. A Memory of another namespace is 404, as every object is."""
+ingest, read, delete, search. A Memory of another namespace is 404, as every object is."""
 
 from __future__ import annotations
 
@@ -13,15 +13,17 @@ from corral.api.memory import (
     MemoryEntryOut,
     MemoryEntryPage,
     MemoryHitOut,
+    MemoryIngestOut,
+    MemoryIngestRequest,
     MemorySearchRequest,
     MemorySearchResult,
     MemoryStatsOut,
     MemoryWriteRequest,
 )
-from corral.core.errors import NotFoundError
 from corral.core.ids import new_id
+from corral.core.memory import MemoryEntryNotFoundError
 from corral.resources.kinds import NAME_PATTERN
-from corral.runtime.memory import memory_place, memory_spec, write_entry
+from corral.runtime.memory import ingest_document, memory_place, memory_spec, write_entry
 from corral.server import pagination
 from corral.server.auth import Operator, Viewer
 from corral.server.context import context_of
@@ -103,6 +105,34 @@ async def write_memory_entry(
     return MemoryEntryOut.from_entry(entry)
 
 
+@router.post(
+    "/memories/{name}/ingest",
+    response_model=MemoryIngestOut,
+    summary="Ingest a long text, chunked",
+    responses=responses(400, 404),
+)
+async def ingest_memory(
+    name: MemoryName, body: MemoryIngestRequest, who: Operator, request: Request
+) -> MemoryIngestOut:
+    """Cut the text by the Memory's ``spec.chunking``, each chunk one entry
+    ``KEY_PREFIX#N`` (the prefix is ``source`` when none is given); the same text under
+    the same prefix again writes nothing twice."""
+    prefix, done = await ingest_document(
+        context_of(request).store,
+        who.namespace,
+        name,
+        body.text,
+        source=body.source,
+        key_prefix=body.key_prefix,
+        metadata=body.metadata,
+        agent=body.agent,
+        session=body.session,
+    )
+    return MemoryIngestOut(
+        key_prefix=prefix, chunks=done.chunks, written=done.written, keys=done.keys
+    )
+
+
 @router.get(
     "/memories/{name}/entries/{key:path}",
     response_model=MemoryEntryOut,
@@ -121,7 +151,7 @@ async def read_memory_entry(
     _, place = await memory_place(store, who.namespace, name, agent=agent, session=session)
     entry = await store.read_memory(place, key)
     if entry is None:
-        raise NotFoundError(f"memory {name!r} has no entry {key!r}")
+        raise MemoryEntryNotFoundError(f"memory {name!r} has no entry {key!r}")
     return MemoryEntryOut.from_entry(entry)
 
 
@@ -143,7 +173,7 @@ async def delete_memory_entry(
     store = context_of(request).store
     _, place = await memory_place(store, who.namespace, name, agent=agent, session=session)
     if not await store.delete_memory_entry(place, key):
-        raise NotFoundError(f"memory {name!r} has no entry {key!r}")
+        raise MemoryEntryNotFoundError(f"memory {name!r} has no entry {key!r}")
     return Response(status_code=204)
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from corral.core.events import EventType
 from corral.core.messages import ToolSpec
 
 
@@ -41,6 +42,11 @@ class ToolContext:
     #: values of this call only that are redacted like secrets from its outcome, by name
     #: (the agent token: minted per call, so no agent-wide redactor knows it)
     hidden: Mapping[str, str] = field(default_factory=dict[str, str])
+    #: events the call asks to be journaled with its result (the engine emits them,
+    #: redacted, before the call's ``tool.result``): what a memory tool wrote or searched
+    journal: list[tuple[EventType, dict[str, Any]]] = field(
+        default_factory=list[tuple[EventType, dict[str, Any]]]
+    )
 
 
 @dataclass(frozen=True)

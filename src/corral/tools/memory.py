@@ -1,18 +1,22 @@
-"""The memory tools: ``memory_write``, ``memory_read``, ``memory_search``, ``memory_list``
-and ``memory_delete``, over the Memories an Agent names in ``spec.memory``.
+"""The memory tools: ``memory_write``, ``memory_read``, ``memory_search``, ``memory_list``,
+``memory_delete`` and ``memory_ingest``, over the Memories an Agent names in ``spec.memory``.
 
 They are governed like every other tool (:mod:`corral.tools.governance`: schema,
 approval, timeout, output cap, redaction). Their permissions are checked on the
 Memory and operation a call names, as ``memory:NAME/OP`` (``by_target``): a
 ToolPermission glob such as ``memory:notes/*`` allows or denies them for an agent
-with roles. A Memory the agent may only read is refused to ``memory_write`` and
-``memory_delete`` before anything else (``permission_denied``); an agent with no
-writable Memory has neither tool.
+with roles. A Memory the agent may only read is refused to ``memory_write``,
+``memory_delete`` and ``memory_ingest`` before anything else (``permission_denied``);
+an agent with no writable Memory has none of them.
 
 A write is idempotent by the call: its idempotency key is the call's own (run, step,
 call index) with a digest of its arguments, and the store writes an entry under a
 key it has seen once only, so a replayed run never writes twice. Text and metadata
 are redacted (every secret the agent resolved) before they are stored.
+
+A write or ingest is journaled in the run's events as ``memory.write``, a search as
+``memory.search`` (:attr:`ToolContext.journal`): keys and counts, and of the text or
+query only a short preview, redacted.
 """
 
 from __future__ import annotations
@@ -23,7 +27,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
+from corral.core.chunking import MAX_INGEST_CHARS
 from corral.core.errors import ToolError, ToolErrorCode
+from corral.core.events import EventType
 from corral.core.ids import new_id
 from corral.core.memory import (
     MAX_KEY_CHARS,
@@ -37,6 +43,7 @@ from corral.core.redaction import Redactor
 from corral.resources.memory import MemoryAccessLevel, MemorySpec
 from corral.store.base import Store
 from corral.tools.base import Tool, ToolContext
+from corral.tools.memory_ingest import MAX_PREFIX_CHARS, ingest_text
 
 #: the prefix of a memory tool's permission ref: ``memory:NAME/OP``
 MEMORY_PREFIX = "memory:"
@@ -45,8 +52,11 @@ MAX_QUERY_CHARS = 2000
 #: the most results one search call asks for
 MAX_TOP_K = 20
 
-Operation = Literal["write", "read", "search", "list", "delete"]
-_WRITES: frozenset[str] = frozenset({"write", "delete"})
+#: the characters of a written text or a query a memory event shows
+EVENT_PREVIEW_CHARS = 80
+
+Operation = Literal["write", "read", "search", "list", "delete", "ingest"]
+_WRITES: frozenset[str] = frozenset({"write", "delete", "ingest"})
 
 
 @dataclass(frozen=True)
@@ -77,6 +87,10 @@ _DESCRIPTIONS: Mapping[str, str] = {
     ),
     "list": "List remembered entries by key (those starting with prefix), a page at a time.",
     "delete": "Forget one remembered entry, by its key.",
+    "ingest": (
+        "Remember a long text (a document): it is cut into chunks, each one entry with "
+        "metadata source and chunk; key_prefix names them (KEY_PREFIX#0, #1, ...)."
+    ),
 }
 
 _PROPERTIES: Mapping[str, dict[str, Any]] = {
@@ -100,6 +114,14 @@ _PROPERTIES: Mapping[str, dict[str, Any]] = {
         "cursor": {"type": "string", "maxLength": MAX_KEY_CHARS, "description": "next_cursor"},
     },
     "delete": {"key": _KEY},
+    "ingest": {
+        "text": {"type": "string", "minLength": 1, "maxLength": MAX_INGEST_CHARS},
+        "key_prefix": {"type": "string", "minLength": 1, "maxLength": MAX_PREFIX_CHARS},
+        "metadata": {
+            "type": "object",
+            "additionalProperties": {"type": ["string", "number", "boolean", "null"]},
+        },
+    },
 }
 _REQUIRED: Mapping[str, list[str]] = {
     "write": ["text"],
@@ -107,6 +129,7 @@ _REQUIRED: Mapping[str, list[str]] = {
     "search": ["query"],
     "list": [],
     "delete": ["key"],
+    "ingest": ["text"],
 }
 
 
@@ -210,8 +233,20 @@ class MemoryTool(Tool):
         )
         retention = binding.spec.retention
         # a replayed call finds the entry its first run wrote, and says the same
-        stored, _ = await self.store.write_memory(
+        stored, fresh = await self.store.write_memory(
             entry, max_entries=retention.max_entries, max_age_days=retention.max_age_days
+        )
+        ctx.journal.append(
+            (
+                EventType.MEMORY_WRITE,
+                {
+                    "memory": binding.name,
+                    "key": stored.key,
+                    "preview": _short(text),
+                    "chars": len(text),
+                    "written": fresh,
+                },
+            )
         )
         return {"memory": binding.name, "key": stored.key, "stored": True}
 
@@ -247,6 +282,13 @@ class MemoryTool(Tool):
             str(arguments["query"]),
             top_k=int(arguments.get("top_k", 5)),
             filters=arguments.get("filter"),
+        )
+        query = str(arguments["query"])
+        ctx.journal.append(
+            (
+                EventType.MEMORY_SEARCH,
+                {"memory": binding.name, "query": _short(query), "hits": len(hits)},
+            )
         )
         results = [
             {
@@ -292,6 +334,63 @@ class MemoryTool(Tool):
         deleted = await self.store.delete_memory_entry(place, key)
         return {"memory": binding.name, "key": key, "deleted": deleted}
 
+    async def _ingest(
+        self,
+        binding: MemoryBinding,
+        place: MemoryPlace,
+        arguments: dict[str, Any],
+        ctx: ToolContext,
+    ) -> Any:
+        redact = self.redactor()
+        text = str(arguments["text"])
+        metadata = dict(arguments.get("metadata") or {})
+        if redact:  # as for a write: no secret the agent saw is stored
+            text = redact.text(text)
+            metadata = redact.data(metadata)
+        key = write_key(ctx, arguments)
+        # no prefix given: one derived from the call, the same on a replay
+        prefix = (
+            arguments.get("key_prefix") or "ingest-" + hashlib.sha256(key.encode()).hexdigest()[:12]
+        )
+        source = metadata.pop("source", None)
+        done = await ingest_text(
+            self.store,
+            place,
+            binding.spec,
+            text,
+            source=str(source) if source is not None else f"run {ctx.run_id}",
+            key_prefix=str(prefix),
+            idempotency_key=key,
+            metadata=metadata,
+        )
+        ctx.journal.append(
+            (
+                EventType.MEMORY_WRITE,
+                {
+                    "memory": binding.name,
+                    "key_prefix": prefix,
+                    "preview": _short(text),
+                    "chars": len(text),
+                    "chunks": done.chunks,
+                    "written": done.written,
+                },
+            )
+        )
+        return {
+            "memory": binding.name,
+            "key_prefix": prefix,
+            "chunks": done.chunks,
+            "keys": done.keys[:20],
+        }
+
+
+def _short(text: str) -> str:
+    """The start of a text or query for an event (never the whole of a long one)."""
+    flat = " ".join(text.split())
+    if len(flat) <= EVENT_PREVIEW_CHARS:
+        return flat
+    return flat[: EVENT_PREVIEW_CHARS - 1] + "\u2026"
+
 
 def write_key(ctx: ToolContext, arguments: dict[str, Any]) -> str:
     """The idempotency key of a write: the call's own key (the same on every replay) and a
@@ -308,10 +407,11 @@ def memory_tools(
     memories: Sequence[MemoryBinding], store: Store, redactor: Callable[[], Redactor]
 ) -> list[Tool]:
     """The memory tools of an agent with ``memories`` (none without): the reading ones
-    always, ``memory_write`` and ``memory_delete`` when one of them is writable."""
+    always, ``memory_write``, ``memory_delete`` and ``memory_ingest`` when one of them
+    is writable."""
     if not memories:
         return []
     operations: list[Operation] = ["search", "read", "list"]
     if any(m.access == "write" for m in memories):
-        operations += ["write", "delete"]
+        operations += ["write", "delete", "ingest"]
     return [MemoryTool(op, memories, store, redactor) for op in operations]

@@ -1,0 +1,101 @@
+"""Ingesting a long text into a Memory: cut by the Memory's ``spec.chunking``
+(:func:`corral.core.chunking.chunk_text`), each chunk one entry.
+
+One operation for the ``memory_ingest`` tool and the front doors (``corral memory
+ingest``, ``POST /v1/memories/{name}/ingest``). An ingest is idempotent by its key:
+chunk ``i`` is written with the idempotency key ``KEY:i``, so an ingest replayed
+(a run resumed after a crash mid-ingest, a file ingested again) writes no chunk twice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from corral.core.chunking import chunk_text
+from corral.core.memory import (
+    MAX_KEY_CHARS,
+    MAX_METADATA_VALUE_CHARS,
+    MemoryEntry,
+    MemoryInputError,
+    MemoryPlace,
+)
+from corral.resources.memory import MemorySpec
+from corral.store.base import Store
+
+#: the longest key prefix (the chunk's number follows it)
+MAX_PREFIX_CHARS = MAX_KEY_CHARS - 16
+
+
+@dataclass(frozen=True)
+class IngestResult:
+    """What an ingest did: its chunks' keys, and how many were written now (the others
+    were written by an earlier run of the same ingest)."""
+
+    keys: list[str]
+    written: int
+
+    @property
+    def chunks(self) -> int:
+        return len(self.keys)
+
+
+def chunk_key(idempotency_key: str, index: int) -> str:
+    """The idempotency key of chunk ``index`` of the ingest keyed ``idempotency_key``."""
+    key = f"{idempotency_key}:{index}"
+    return key if len(key) <= 255 else "sha256:" + hashlib.sha256(key.encode()).hexdigest()
+
+
+def content_key(*parts: str) -> str:
+    """An idempotency key from what is ingested (for ingests that are not tool calls):
+    the same text under the same prefix is not written twice."""
+    digest = hashlib.sha256("\x00".join(parts).encode("utf-8", "surrogatepass"))
+    return "ingest:" + digest.hexdigest()[:32]
+
+
+async def ingest_text(
+    store: Store,
+    place: MemoryPlace,
+    spec: MemorySpec,
+    text: str,
+    *,
+    source: str,
+    key_prefix: str,
+    idempotency_key: str,
+    metadata: Mapping[str, Any] | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> IngestResult:
+    """Cut ``text`` and write each chunk as the entry ``KEY_PREFIX#N`` with metadata
+    ``{..., source, chunk: N, chunks}``; ``progress(done, total)`` after each chunk."""
+    if not key_prefix or len(key_prefix) > MAX_PREFIX_CHARS:
+        raise MemoryInputError(f"a key prefix has 1 to {MAX_PREFIX_CHARS} characters")
+    chunks = chunk_text(text, spec.chunking.size, spec.chunking.overlap)
+    if not chunks:
+        raise MemoryInputError("nothing to ingest: the text is empty")
+    source = source[:MAX_METADATA_VALUE_CHARS]
+    keys: list[str] = []
+    written = 0
+    retention = spec.retention
+    for index, chunk in enumerate(chunks):
+        entry = MemoryEntry(
+            place.namespace,
+            place.memory,
+            place.scope_key,
+            f"{key_prefix}#{index}",
+            chunk,
+            {**(metadata or {}), "source": source, "chunk": index, "chunks": len(chunks)},
+            idempotency_key=chunk_key(idempotency_key, index),
+        )
+        stored, fresh = await store.write_memory(
+            entry, max_entries=retention.max_entries, max_age_days=retention.max_age_days
+        )
+        keys.append(stored.key)
+        written += fresh
+        if progress is not None:
+            progress(index + 1, len(chunks))
+    return IngestResult(keys, written)
+
+
+__all__ = ["MAX_PREFIX_CHARS", "IngestResult", "chunk_key", "content_key", "ingest_text"]
