@@ -72,6 +72,9 @@ MATRIX = [
     Row("GET", "/v1/memories/{name}/entries/{key}", Role.VIEWER),
     Row("DELETE", "/v1/memories/{name}/entries/{key}", Role.OPERATOR),
     Row("POST", "/v1/memories/{name}/search", Role.VIEWER, {"query": "entry"}),
+    Row(
+        "POST", "/v1/memories/{name}/ingest", Role.OPERATOR, {"text": "a. b.", "key_prefix": "doc"}
+    ),
     Row("POST", "/v1/agents/{name}/prompt", Role.OPERATOR, {"input": "x", "timeout_seconds": 5}),
     Row(
         "POST",
