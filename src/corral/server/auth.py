@@ -29,7 +29,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from corral.core.tokens import ApiToken, Role
 from corral.runtime.agent_tokens import looks_like_agent_token
 from corral.server.context import context_of
-from corral.server.limits import address_key, retry_after
+from corral.server.limits import address_key, refuse_while_waiting
 from corral.server.problems import ProblemError
 from corral.server.verifier import unauthenticated
 
@@ -69,14 +69,9 @@ def require(role: Role) -> Callable[..., Awaitable[Principal]]:
     ) -> Principal:
         context = context_of(request)
         address = address_key(request.client.host if request.client else None)
-        wait = context.auth_failures.wait(address)
-        if wait is not None:
-            raise ProblemError(
-                429,
-                "too many failed authentications from this address; slow down",
-                code="rate_limited",
-                headers={"Retry-After": retry_after(wait)},
-            )
+        refuse_while_waiting(
+            context.auth_failures.wait(address), "failed authentications from this address"
+        )
         if credentials is not None and looks_like_agent_token(credentials.credentials):
             raise ProblemError(
                 403, "an agent token is accepted only on /v1/links", code="agent_token_not_allowed"
@@ -88,14 +83,7 @@ def require(role: Role) -> Callable[..., Awaitable[Principal]]:
         except ProblemError:  # only 401s: a store error is not the caller's failure
             context.auth_failures.acquire(address)
             raise
-        wait = context.limiter.acquire(token.id)
-        if wait is not None:
-            raise ProblemError(
-                429,
-                "too many requests for this token; slow down",
-                code="rate_limited",
-                headers={"Retry-After": retry_after(wait)},
-            )
+        refuse_while_waiting(context.limiter.acquire(token.id), "requests for this token")
         if not token.role.allows(role):
             raise ProblemError(
                 403,

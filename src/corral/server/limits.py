@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from corral.server.problems import problem_response
+from corral.server.problems import ProblemError, problem_response
 
 
 class _TooLarge(HTTPException):
@@ -156,6 +156,18 @@ class RateLimiter:
 def retry_after(seconds: float) -> str:
     """``Retry-After`` in whole seconds, at least 1."""
     return str(max(1, math.ceil(seconds)))
+
+
+def refuse_while_waiting(wait: float | None, what: str) -> None:
+    """A 429 ``rate_limited`` (``too many WHAT; slow down``, with ``Retry-After``) while a
+    bucket or the failed-authentication counter says to wait."""
+    if wait is not None:
+        raise ProblemError(
+            429,
+            f"too many {what}; slow down",
+            code="rate_limited",
+            headers={"Retry-After": retry_after(wait)},
+        )
 
 
 def address_key(host: str | None) -> str:

@@ -41,7 +41,7 @@ from corral.runtime.builder import AgentBuilder
 from corral.runtime.delegation import StoreDelegation
 from corral.runtime.follow import RunFollower, Until
 from corral.server.context import ServerContext, context_of
-from corral.server.limits import address_key, retry_after
+from corral.server.limits import address_key, refuse_while_waiting
 from corral.server.problems import ProblemError, responses
 from corral.server.verifier import unauthenticated
 from corral.tools.agents import AGENT_PREFIX
@@ -66,14 +66,9 @@ async def agent_caller(
     """The calling run, from its agent token (see the module docstring for the answers)."""
     context = context_of(request)
     address = address_key(request.client.host if request.client else None)
-    wait = context.auth_failures.wait(address)
-    if wait is not None:
-        raise ProblemError(
-            429,
-            "too many failed authentications from this address; slow down",
-            code="rate_limited",
-            headers={"Retry-After": retry_after(wait)},
-        )
+    refuse_while_waiting(
+        context.auth_failures.wait(address), "failed authentications from this address"
+    )
     if credentials is None or credentials.scheme.lower() != "bearer":
         context.auth_failures.acquire(address)
         raise unauthenticated("send Authorization: Bearer <agent token>")
@@ -90,14 +85,7 @@ async def agent_caller(
         problem = unauthenticated(exc.message)
         problem.code = exc.code
         raise problem from None
-    wait = context.limiter.acquire(f"run:{claims.run_id}")
-    if wait is not None:
-        raise ProblemError(
-            429,
-            "too many requests for this run; slow down",
-            code="rate_limited",
-            headers={"Retry-After": retry_after(wait)},
-        )
+    refuse_while_waiting(context.limiter.acquire(f"run:{claims.run_id}"), "requests for this run")
     return claims
 
 
