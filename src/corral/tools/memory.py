@@ -208,6 +208,17 @@ class MemoryTool(Tool):
         except MemoryInputError as exc:
             raise ToolError(ToolErrorCode.INVALID_INPUT, str(exc)) from None
 
+    def _redacted(self, arguments: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        """A write's text and metadata with every secret the agent saw redacted: no secret
+        is ever stored in a memory."""
+        redact = self.redactor()
+        text = str(arguments["text"])
+        metadata = dict(arguments.get("metadata") or {})
+        if redact:
+            text = redact.text(text)
+            metadata = redact.data(metadata)
+        return text, metadata
+
     async def _write(
         self,
         binding: MemoryBinding,
@@ -215,12 +226,7 @@ class MemoryTool(Tool):
         arguments: dict[str, Any],
         ctx: ToolContext,
     ) -> Any:
-        redact = self.redactor()
-        text = str(arguments["text"])
-        metadata = dict(arguments.get("metadata") or {})
-        if redact:  # a secret the agent saw is never written to memory
-            text = redact.text(text)
-            metadata = redact.data(metadata)
+        text, metadata = self._redacted(arguments)
         key = arguments.get("key")
         entry = MemoryEntry(
             place.namespace,
@@ -236,18 +242,7 @@ class MemoryTool(Tool):
         stored, fresh = await self.store.write_memory(
             entry, max_entries=retention.max_entries, max_age_days=retention.max_age_days
         )
-        ctx.journal.append(
-            (
-                EventType.MEMORY_WRITE,
-                {
-                    "memory": binding.name,
-                    "key": stored.key,
-                    "preview": _short(text),
-                    "chars": len(text),
-                    "written": fresh,
-                },
-            )
-        )
+        _journal_write(ctx, binding, text, key=stored.key, written=fresh)
         return {"memory": binding.name, "key": stored.key, "stored": True}
 
     async def _read(
@@ -341,12 +336,7 @@ class MemoryTool(Tool):
         arguments: dict[str, Any],
         ctx: ToolContext,
     ) -> Any:
-        redact = self.redactor()
-        text = str(arguments["text"])
-        metadata = dict(arguments.get("metadata") or {})
-        if redact:  # as for a write: no secret the agent saw is stored
-            text = redact.text(text)
-            metadata = redact.data(metadata)
+        text, metadata = self._redacted(arguments)
         key = write_key(ctx, arguments)
         # no prefix given: one derived from the call, the same on a replay
         prefix = (
@@ -363,18 +353,8 @@ class MemoryTool(Tool):
             idempotency_key=key,
             metadata=metadata,
         )
-        ctx.journal.append(
-            (
-                EventType.MEMORY_WRITE,
-                {
-                    "memory": binding.name,
-                    "key_prefix": prefix,
-                    "preview": _short(text),
-                    "chars": len(text),
-                    "chunks": done.chunks,
-                    "written": done.written,
-                },
-            )
+        _journal_write(
+            ctx, binding, text, key_prefix=prefix, chunks=done.chunks, written=done.written
         )
         return {
             "memory": binding.name,
@@ -415,3 +395,9 @@ def memory_tools(
     if any(m.access == "write" for m in memories):
         operations += ["write", "delete", "ingest"]
     return [MemoryTool(op, memories, store, redactor) for op in operations]
+
+
+def _journal_write(ctx: ToolContext, binding: MemoryBinding, text: str, **fields: Any) -> None:
+    """The call's ``memory.write`` event: a short preview of the (redacted) text, never all."""
+    event = {"memory": binding.name, **fields, "preview": _short(text), "chars": len(text)}
+    ctx.journal.append((EventType.MEMORY_WRITE, event))
