@@ -8,7 +8,7 @@ read events from the store, falling back to polling when no signal comes.
 
 from __future__ import annotations
 
-from corral.bus.base import Bus, Delivery, EventWatch
+from corral.bus.base import Bus, Delivery, EventWatch, MessageDelivery
 from corral.bus.local import LocalBus
 from corral.core.settings import Settings
 
@@ -46,4 +46,12 @@ async def open_settings_bus(settings: Settings, *, name: str | None = None) -> B
     )
 
 
-__all__ = ["Bus", "Delivery", "EventWatch", "LocalBus", "open_bus", "open_settings_bus"]
+__all__ = [
+    "Bus",
+    "Delivery",
+    "EventWatch",
+    "LocalBus",
+    "MessageDelivery",
+    "open_bus",
+    "open_settings_bus",
+]

@@ -34,6 +34,8 @@ from contextlib import AbstractAsyncContextManager
 from types import TracebackType
 from typing import Self
 
+import anyio
+
 
 class EventWatch(ABC):
     """A registration for one run's events; created *before* the first read of the store.
@@ -87,6 +89,43 @@ class Delivery(ABC):
     @abstractmethod
     async def term(self) -> None:
         """Never deliver it again (it cannot be understood); nothing was done with it."""
+
+
+class MessageDelivery(ABC):
+    """One delivery of an agent message (:class:`~corral.core.agent_messages.AgentMessage`)
+    to the inbox consumer of this process, from a bus that delivers agent messages.
+
+    It carries only where to look: the message itself is read from the store, which
+    is the source of truth (a delivery grants nothing; the child run keyed by the
+    message id decides whether the message's agent runs). Settled exactly once with
+    :meth:`ack`, :meth:`nak` or :meth:`term`; none of them raises.
+    """
+
+    #: the stored message this delivery is about
+    message_id: str
+    #: the inbox it came through: the receiving agent and its namespace
+    namespace: str
+    agent: str
+    #: 1 for the first delivery, more for a redelivery
+    attempt: int
+    #: whether this is the last delivery: unsettled or nak'ed it goes to the dead letters
+    last: bool
+
+    @abstractmethod
+    async def ack(self) -> None:
+        """Handled: the message's child run exists (or the message needs nothing more)."""
+
+    @abstractmethod
+    async def nak(self, delay: float = 0.0) -> None:
+        """Not now (a retryable failure): deliver it again after ``delay`` seconds."""
+
+    @abstractmethod
+    async def in_progress(self) -> None:
+        """Still handling it: do not deliver it again for another ack wait."""
+
+    @abstractmethod
+    async def term(self) -> None:
+        """Never deliver it again (it cannot be understood or no longer exists)."""
 
 
 class Bus(ABC):
@@ -145,3 +184,21 @@ class Bus(ABC):
     @abstractmethod
     def watch_events(self, run_id: str) -> AbstractAsyncContextManager[EventWatch]:
         """Register for announcements of ``run_id``'s events for the life of the context."""
+
+    #: whether :meth:`take_agent_messages` hands out message deliveries (``False``: the
+    #: system run's coordinator delivers its stored messages itself)
+    delivers_messages: bool = False
+
+    async def send_agent_message(self, namespace: str, agent: str, message_id: str) -> None:
+        """Publish a stored agent message to ``agent``'s inbox (after the commit that
+        stored it). Never raises; a lost publish leaves the message to the store sweep.
+        The default bus delivers no messages: this does nothing."""
+        del namespace, agent, message_id
+
+    async def take_agent_messages(self, limit: int, seconds: float) -> list[MessageDelivery]:
+        """Up to ``limit`` deliveries of agent messages sent to any inbox, waiting up to
+        ``seconds`` for the first. A bus that does not :attr:`delivers_messages` waits
+        ``seconds`` and returns none."""
+        del limit
+        await anyio.sleep(seconds)
+        return []
