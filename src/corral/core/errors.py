@@ -24,6 +24,7 @@ converted at the adapter boundary and never travel further up.
     │   └── AllModelsFailedError   every model of a fallback chain failed (models/gateway.py)
     ├── ToolError                  a tool call failed (``code``, ``reason``, ``retryable``)
     ├── BudgetExceededError        a run passed one of its limits
+    ├── SystemFailed               a system run cannot go on (runtime/systems.py)
     ├── LeaseLostError             a worker's lease on a run was taken over (fencing)
     ├── StoreError                 the database could not complete an operation (store/base.py)
     ├── BusError                   the message bus (NATS) cannot be reached or set up

@@ -28,6 +28,13 @@ class EventType(StrEnum):
     CHILD_START = "child.start"
     #: the child run of a call finished: its outcome becomes the call's result
     CHILD_FINISH = "child.finish"
+    #: a system run stored an agent message (its input to the entry, a node's output to a
+    #: next node, the gathered outputs into a join)
+    MESSAGE_SEND = "message.send"
+    #: a system run's message reached its agent: the node run that handles it exists
+    MESSAGE_DELIVER = "message.deliver"
+    #: a join node of a system run gathered its inputs (or dropped a late one)
+    BRANCH_JOIN = "branch.join"
     MESSAGE_CREATE = "message.create"
     #: a memory tool wrote (``memory_write``, ``memory_ingest``): no text beyond a preview
     MEMORY_WRITE = "memory.write"

@@ -115,6 +115,17 @@ class RunRecord:
     parent_run_id: str | None = None
     #: how many parents it has: 0 for a submitted run, its parent's depth + 1 for a child
     depth: int = 0
+    #: the AgentSystem this run belongs to: set on a system run (``branch_id`` unset: the
+    #: run its coordinator executes) and on each of its node runs (``branch_id`` set)
+    system: str | None = None
+    #: a node run's branch of its system run, and the branch that one forked from
+    branch_id: str | None = None
+    parent_branch_id: str | None = None
+
+    @property
+    def is_system_run(self) -> bool:
+        """Whether this is a system run (executed by its coordinator, not an agent loop)."""
+        return self.system is not None and self.branch_id is None
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from corral.resources.execution import ExecutionSpec, NamespacePolicySpec
 from corral.resources.isolation import IsolationSpec
 from corral.resources.memory import MemoryAccess, MemorySpec, distinct_memories
 from corral.resources.spec import Spec as Spec  # re-exported: every kind is a Spec
+from corral.resources.systems import AgentSystemSpec
 from corral.resources.wasm_module import module_problem
 
 API_VERSION = "corral/v1"
@@ -570,6 +571,7 @@ SPEC_TYPES: dict[str, type[Spec]] = {
     "ToolPermission": ToolPermissionSpec,
     "NamespacePolicy": NamespacePolicySpec,
     "Memory": MemorySpec,
+    "AgentSystem": AgentSystemSpec,
 }
 KINDS = tuple(SPEC_TYPES)
 

@@ -44,6 +44,7 @@ from corral.runtime.health import TRANSIENT, WorkerHealth
 from corral.runtime.journal import FencedSink, Observer
 from corral.runtime.leases import LeaseKeeper, Reason
 from corral.runtime.sessions import missing_session, session_history
+from corral.runtime.systems import SystemCoordinator
 from corral.store.base import Store
 
 Outcome = Literal["done", "released", "lost"]
@@ -94,6 +95,7 @@ class RunExecutor:
         self.observer = observer
         self.agents = AgentCache(store, settings, loading, StoreDelegation(store, bus))
         self.leases = LeaseKeeper(store, lease_seconds, health, clock)
+        self.systems = SystemCoordinator(store, bus, clock)
         # the journal writes in flight of every run (see FencedSink)
         self._writes: anyio.abc.TaskGroup | None = None
 
@@ -233,6 +235,8 @@ class RunExecutor:
             await sink.emit(EventType.ERROR, **error)
             await sink.emit(EventType.RUN_FINISH, state=RunState.DEAD_LETTER.value)
             return RunResult(state=RunState.DEAD_LETTER, error=error)
+        if record.is_system_run:  # a graph of agents: its coordinator, not an agent loop
+            return await self.systems.run(record, lease, sink, events)
         gone = await missing_session(self.store, record)
         if gone is not None:
             return await self._failed_to_start(sink, gone, events, record)

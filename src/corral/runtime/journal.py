@@ -88,6 +88,11 @@ LATER = frozenset(
         EventType.RUN_FINISH,
         # with the call's tool.result, in one commit: a child's spend is counted once
         EventType.CHILD_FINISH,
+        # a system run's coordinator: what it records is in the store already, and on a
+        # replay it writes whatever of it the journal is missing (runtime/systems.py)
+        EventType.MESSAGE_SEND,
+        EventType.MESSAGE_DELIVER,
+        EventType.BRANCH_JOIN,
         # emitted just before the call's tool.result, and written with it
         EventType.MEMORY_WRITE,
         EventType.MEMORY_SEARCH,

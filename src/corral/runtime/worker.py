@@ -162,8 +162,12 @@ class Worker:
                 while not stop.is_set():
                     if until_idle:
                         await self._upkeep()
+                    ended = self.executed
                     claimed = await self._claim(group, "claim")
-                    if until_idle and not claimed and not self.active and self.health.due("claim"):
+                    # (a run that ended during the claim may have queued another, committed
+                    # after the claim looked: look again before calling it idle)
+                    idle = not claimed and not self.active and self.executed == ended
+                    if until_idle and idle and self.health.due("claim"):
                         break
                     if not claimed:
                         await self._idle_wait(stop)
@@ -295,7 +299,10 @@ class Worker:
             log.exception("run %s failed in the worker", record.id)
             return None
         finally:
-            self.active.pop(record.id, None)
+            # (only this claim's entry: a run that parked and was queued again at once may
+            # already be claimed anew, and that execution is active now)
+            if self.active.get(record.id) is lease:
+                del self.active[record.id]
             self.executed += 1
             self._wake.set()
             if not self.active:

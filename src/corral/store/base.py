@@ -18,6 +18,7 @@ from enum import StrEnum
 from types import TracebackType
 from typing import Any, Self
 
+from corral.core.agent_messages import AgentMessage, MessageState
 from corral.core.errors import CorralError
 from corral.core.events import Event
 from corral.core.memory import MemoryEntry, MemoryHit, MemoryPlace, MemoryStats
@@ -534,3 +535,44 @@ class Store(ABC):
     async def memory_stats(self, namespace: str, memory: str) -> MemoryStats:
         """How many entries a Memory holds (all scopes), their text's size in characters,
         how many scopes have entries, and its search index (no Memory: all zero)."""
+
+    # ----------------------------------------------------------------- agent messages
+
+    @abstractmethod
+    async def add_agent_messages(self, messages: Sequence[AgentMessage]) -> list[bool]:
+        """Store messages of system runs, each unless one with its id is stored already
+        (insert-or-ignore: a coordinator that runs again sends the same ids); returns, in
+        order, whether each was stored by this call. ``NotFoundError`` when a message's
+        system run does not exist (nothing stored)."""
+
+    @abstractmethod
+    async def get_agent_message(self, message_id: str) -> AgentMessage | None:
+        """One message, or ``None``."""
+
+    @abstractmethod
+    async def list_agent_messages(
+        self,
+        system_run_id: str,
+        *,
+        limit: int | None = None,
+        after: tuple[float, str] | None = None,
+    ) -> list[AgentMessage]:
+        """The messages of a system run, oldest first (by ``created_at``, then id); at most
+        ``limit``, those after the keyset ``after`` = ``(created_at, id)`` when given."""
+
+    @abstractmethod
+    async def mark_agent_message(
+        self,
+        message_id: str,
+        state: MessageState,
+        *,
+        child_run_id: str | None = None,
+        error: dict[str, Any] | None = None,
+        attempt: int | None = None,
+        now: float | None = None,
+    ) -> AgentMessage | None:
+        """Move a message forward to ``state`` (``pending`` -> ``delivered`` -> ``done`` or
+        ``failed``; any unfinished state -> ``dead_letter``), setting its child run, error,
+        delivery count and the time of the change (``delivered_at`` or ``finished_at``).
+        Returns the message as changed, or ``None`` when it is absent or that move is not
+        one forward from its state (a repeated or late mark changes nothing)."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import JSONB
 
-LATEST_REVISION = "0008"
+LATEST_REVISION = "0009"
 """The head of ``migrations/versions``; a store at this revision opens without alembic."""
 
 metadata = sa.MetaData(
@@ -73,6 +73,10 @@ runs = sa.Table(
     # Child runs (0007): the run whose agents_exec call started this one, and its depth.
     sa.Column("parent_run_id", sa.String(64), nullable=True),
     sa.Column("depth", sa.Integer, nullable=False, server_default="0"),
+    # Agent systems (0009): the system of a system run and of its node runs, their branch.
+    sa.Column("system", sa.String(63), nullable=True),
+    sa.Column("branch_id", sa.String(255), nullable=True),
+    sa.Column("parent_branch_id", sa.String(255), nullable=True),
     sa.Index("ix_runs_parent_run_id", "parent_run_id"),
     sa.Index("ix_runs_namespace_agent_created_at", "namespace", "agent", "created_at"),
     # NULL keys never collide (SQLite and PostgreSQL alike): only keyed submits are deduplicated.
@@ -218,6 +222,38 @@ memory_entries = sa.Table(
     sa.Index(
         "ix_memory_entries_place_updated_at", "namespace", "memory", "scope_key", "updated_at"
     ),
+)
+
+# Agent messages (0009): the hops of a system run between its nodes (core/agent_messages.py).
+agent_messages = sa.Table(
+    "agent_messages",
+    metadata,
+    sa.Column("id", sa.String(64), primary_key=True),
+    sa.Column("namespace", sa.String(63), nullable=False),
+    sa.Column(
+        "system_run_id",
+        sa.String(64),
+        sa.ForeignKey("runs.id", ondelete="CASCADE"),
+        nullable=False,
+    ),
+    sa.Column("from_agent", sa.String(63), nullable=True),
+    sa.Column("to_agent", sa.String(63), nullable=False),
+    sa.Column("branch_id", sa.String(255), nullable=False),
+    sa.Column("parent_branch_id", sa.String(255), nullable=True),
+    sa.Column("type", sa.String(16), nullable=False),
+    sa.Column("payload", Json, nullable=True),
+    sa.Column("idempotency_key", sa.String(255), nullable=False),
+    sa.Column("state", sa.String(16), nullable=False),
+    sa.Column("attempt", sa.Integer, nullable=False),
+    sa.Column("hop", sa.Integer, nullable=False),
+    sa.Column("child_run_id", sa.String(64), nullable=True),
+    sa.Column("trace_id", sa.String(64), nullable=True),
+    sa.Column("error", Json, nullable=True),
+    sa.Column("created_at", sa.Double, nullable=False),
+    sa.Column("delivered_at", sa.Double, nullable=True),
+    sa.Column("finished_at", sa.Double, nullable=True),
+    # A system run's messages are listed in keyset pages of (created_at, id).
+    sa.Index("ix_agent_messages_system_run_id_created_at_id", "system_run_id", "created_at", "id"),
 )
 
 #: name prefixes of what the migrated schema has beyond ``metadata`` (see memory_entries)

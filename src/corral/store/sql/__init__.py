@@ -19,12 +19,13 @@ importing alembic at all.
 :class:`SqlStore` is composed of one part per table group, each a module of
 this package over the shared :class:`~corral.store.sql.engine.SqlEngine`:
 resources, runs, claims (runs as tasks), approvals, sessions, events and
-tokens, memory entries. :mod:`~corral.store.sql.statements` holds the statements several
+tokens, memory entries, agent messages. :mod:`~corral.store.sql.statements` holds the statements several
 parts share, :mod:`~corral.store.sql.rows` the rows <-> records mapping.
 """
 
 from __future__ import annotations
 
+from corral.store.sql.agent_messages import SqlAgentMessages
 from corral.store.sql.approvals import SqlApprovals
 from corral.store.sql.claims import SqlClaims
 from corral.store.sql.database import BUSY_TIMEOUT_SECONDS, MIGRATIONS_DIR, async_url
@@ -38,7 +39,14 @@ __all__ = ["BUSY_TIMEOUT_SECONDS", "MIGRATIONS_DIR", "SqlStore", "async_url"]
 
 
 class SqlStore(
-    SqlResources, SqlRuns, SqlClaims, SqlApprovals, SqlSessions, SqlEventsTokens, SqlMemory
+    SqlResources,
+    SqlRuns,
+    SqlClaims,
+    SqlApprovals,
+    SqlSessions,
+    SqlEventsTokens,
+    SqlMemory,
+    SqlAgentMessages,
 ):
     """A :class:`~corral.store.base.Store` on a SQL database. Create it with :meth:`open`
     (or :func:`corral.store.open_store`, which also picks the SQLite fast path)."""

@@ -21,6 +21,7 @@ from corral.resources.kinds import SPEC_TYPES, Resource, SecretSpec, Spec
 from corral.resources.loader import LoadedResource, format_path
 from corral.resources.references import check_references, locate, referrers, resource_of
 from corral.resources.secrets import seal
+from corral.resources.systems import check_systems
 from corral.store.base import ApplyAction, ApplyOutcome, StoredResource
 from corral.store.schema import resources
 from corral.store.sql import keyset
@@ -50,6 +51,7 @@ class SqlResources(SqlEngine):
                 return row_to_stored(row).resource.spec if row is not None else None
 
             await check_references(items, exists)
+            await check_systems(items, stored_spec, locate, resource_of)
             await check_execution_policies(items, stored_spec)
             return [await self._apply_one(conn, item, now, dry_run) for item in items]
 

@@ -1,6 +1,6 @@
 """Rows <-> records for the SQL store, for both of its paths (SQLAlchemy and the SQLite
 fast path): runs, run events, approvals, sessions, session messages, API tokens,
-memory entries, and resources.
+memory entries, agent messages, and resources.
 
 A record's columns are its own fields (:class:`RecordRows`); the few fields not
 stored as themselves (enums, nested records kept as JSON) are listed in the table
@@ -20,6 +20,7 @@ from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 import sqlalchemy as sa
 from pydantic import ValidationError
 
+from corral.core.agent_messages import AgentMessage, MessageState
 from corral.core.errors import ConfigurationError
 from corral.core.events import Event, EventType
 from corral.core.memory import MemoryEntry
@@ -239,6 +240,11 @@ SESSION_MESSAGES = RecordRows(
     extra=("namespace", "session_id", "position"),
 )
 TOKENS = RecordRows(ApiToken, schema.api_tokens, stored={"role": _as_value(Role)})
+AGENT_MESSAGES = RecordRows(
+    AgentMessage,
+    schema.agent_messages,
+    stored={"state": _as_value(MessageState), "payload": Stored(dump, lambda data: data)},
+)
 # The id is the full-text index's row id, the store's own: entries are named by their key.
 MEMORY_ENTRIES = RecordRows(MemoryEntry, schema.memory_entries, extra=("id",))
 

@@ -1,0 +1,801 @@
+"""Agent system runs: the deterministic coordinator of a graph of agents (not an LLM).
+
+A system run (``RunRecord.system`` set, no ``branch_id``) is an ordinary durable run
+that a worker claims like any other; instead of an agent loop the executor hands it
+to :class:`SystemCoordinator`. Each claim rebuilds the run's position from the store -
+its agent messages (:mod:`corral.core.agent_messages`) and its node runs (child runs
+with ``parent_run_id`` = the system run) - and makes one pass:
+
+1. **Finished nodes.** A delivered message whose node run finished becomes ``done``
+   (its output taken) or ``failed``; a failed node fails the system run, its error
+   naming the node (the other node runs still going are cancelled).
+2. **Routing.** The output of each done node goes to its ``next`` agents (``route:
+   fixed``) or to those its structured output names in its ``next`` field (``route:
+   by_output``: a name or a list of names; one not among ``next`` fails the system).
+   One target continues the sender's branch; several fork one branch each
+   (``<branch>.<n>``, ``n`` the target's place in ``next``, ``parent_branch_id`` the
+   sender's). Message ids are derived from the system run, the message the sender
+   handled and the target, and stored insert-or-ignore: a pass that runs again after
+   a crash stores nothing twice.
+3. **Joins.** A message to a node with ``join: all`` or ``first`` is an *arrival* and is
+   not delivered on its own. ``all`` runs the node once, when an arrival came from
+   every input, or when nothing still running could bring another (a ``by_output``
+   route skipped it): a ``join`` message then carries the gathered outputs,
+   ``{"inputs": [{"from": AGENT, "branch_id": ..., "output": ...}, ...]}`` (JSON text
+   as the node run's input, sorted by agent and branch), and continues the branch
+   the arrivals forked from. ``first`` runs it once with the earliest arrival (by the
+   time its sender finished); later ones are recorded (``done`` with a ``dropped``
+   error) and dropped. ``any`` (like a node with one input) runs once per arrival.
+4. **Delivery.** Each pending message becomes a node run: a child run keyed by the
+   message id (so a message delivered twice never runs its agent twice), with the
+   branch fields set, and the message is marked ``delivered``. A bus that
+   :attr:`~corral.bus.base.Bus.delivers_messages` gets each new message published
+   after the commit and its inbox consumer (:func:`deliver`, run by the worker)
+   creates the node run; the coordinator still delivers, itself, any message left
+   pending past :data:`DELIVERY_GRACE_SECONDS` (a lost publish).
+5. **Limits** (``spec.limits``): a message past ``max_hops`` from the input, more than
+   ``max_messages`` messages, the run older than ``timeout_seconds`` or its node runs'
+   cost past ``max_cost_usd`` end it ``failed`` with ``budget_exceeded`` naming the limit.
+6. **Park or finish.** While node runs are unfinished the run parks in
+   ``waiting_children`` (no worker held); the store queues it again when the last of
+   them finishes, so a system advances in waves: a branch's next node starts when
+   every node run started before it has finished. With nothing left in flight the run
+   succeeds with the output of ``spec.output``'s node (its last, in a cycle).
+
+The events (``message.send``, ``message.deliver``, ``child.start``, ``child.finish``,
+``branch.join``, ``run.finish``) are written after the store changes they report;
+each pass writes those its journal is missing, so a crash between a change and its
+event loses nothing and repeats nothing. The spec the run follows is the one its
+``run.start`` recorded: changing the AgentSystem changes later runs only. A node
+run's spend is counted in the system run's (``child.finish`` carries it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from corral.bus.base import Bus
+from corral.core.agent_messages import AgentMessage, MessageState
+from corral.core.clock import SYSTEM_CLOCK, Clock
+from corral.core.errors import (
+    BudgetExceededError,
+    ConflictError,
+    CorralError,
+    NotFoundError,
+    UserError,
+)
+from corral.core.events import Event, EventType
+from corral.core.messages import Usage, dump
+from corral.core.runs import Lease, RunRecord, RunState
+from corral.engine.loop import RunResult
+from corral.resources.systems import AgentSystemSpec
+from corral.runtime.journal import FencedSink
+from corral.runtime.operations import new_run
+from corral.store.base import Store
+
+#: how long a message published on a bus that delivers messages may stay pending before
+#: the coordinator delivers it itself (the publish, or its consumer, was lost)
+DELIVERY_GRACE_SECONDS = 5.0
+#: the branch of the system's input
+ROOT_BRANCH = "1"
+KIND = "AgentSystem"
+
+
+def message_id(system_run_id: str, source: str, to_agent: str) -> str:
+    """The id of the message to ``to_agent`` that ``source`` (the message its sender
+    handled, ``input``, or ``join``) leads to in a system run: the same on every pass."""
+    digest = hashlib.sha256(f"{system_run_id}\x00{source}\x00{to_agent}".encode()).hexdigest()
+    return f"msg_{digest[:32]}"
+
+
+def node_input(message: AgentMessage) -> str:
+    """The input of the node run that handles ``message``: text as it is, anything else
+    (a structured output, a join's gathered outputs) as JSON text."""
+    if isinstance(message.payload, str):
+        return message.payload
+    return json.dumps(message.payload, ensure_ascii=False)
+
+
+async def deliver(
+    store: Store, bus: Bus | None, message: AgentMessage, *, attempt: int | None = None
+) -> RunRecord:
+    """Deliver ``message``: create (or find, by its id) the node run that handles it and
+    mark it ``delivered``; the node run is announced on ``bus`` when new. What the
+    coordinator does for a pending message and what a bus's inbox consumer does for a
+    delivery. ``NotFoundError`` when the system run or the agent is gone."""
+    parent = await store.get_run(message.system_run_id)
+    if parent is None:
+        raise NotFoundError(f"system run {message.system_run_id!r} not found")
+    record = new_run(
+        message.to_agent,
+        node_input(message),
+        namespace=message.namespace,
+        session=None,
+        idempotency_key=message.id,
+        output_schema=None,
+    )
+    record.parent_run_id = parent.id
+    record.depth = parent.depth + 1
+    record.priority = parent.priority
+    record.system = parent.system
+    record.branch_id = message.branch_id
+    record.parent_branch_id = message.parent_branch_id
+    submitted = await store.submit_agent_run(record)
+    await store.mark_agent_message(
+        message.id, MessageState.DELIVERED, child_run_id=submitted.record.id, attempt=attempt
+    )
+    if submitted.created and bus is not None:
+        await bus.announce_runnable([submitted.record.id], mark="submitted")
+    return submitted.record
+
+
+class SystemFailed(CorralError):
+    """A system run cannot go on (a failed node, a bad route, a missing output)."""
+
+    code = "system_failed"
+
+
+@dataclass
+class _Pass:
+    """What one pass of the coordinator knows."""
+
+    record: RunRecord
+    spec: AgentSystemSpec
+    messages: dict[str, AgentMessage]
+    children: dict[str, RunRecord]
+    #: (event type, key) of the events the journal has: what not to write again
+    journaled: set[tuple[str, str]] = field(default_factory=set[tuple[str, str]])
+    #: messages this pass wants published on the bus after their commit
+    to_publish: list[AgentMessage] = field(default_factory=list[AgentMessage])
+
+    def ordered(self) -> list[AgentMessage]:
+        return sorted(self.messages.values(), key=lambda m: (m.created_at, m.id))
+
+    def child_of(self, message: AgentMessage) -> RunRecord | None:
+        return self.children.get(message.child_run_id) if message.child_run_id else None
+
+
+class SystemCoordinator:
+    """Executes system runs for a :class:`~corral.runtime.executor.RunExecutor`."""
+
+    def __init__(self, store: Store, bus: Bus | None, clock: Clock = SYSTEM_CLOCK) -> None:
+        self.store = store
+        self.bus = bus
+        self.clock = clock
+
+    async def run(
+        self, record: RunRecord, lease: Lease, sink: FencedSink, events: list[Event]
+    ) -> RunResult | Literal["released"]:
+        """One pass over the system run ``record`` (claimed under ``lease``): the result
+        to save (parked, succeeded or failed), or ``released`` (waiting for deliveries
+        of a bus, due again after the grace)."""
+        spec = await self._spec(record, sink, events)
+        if isinstance(spec, RunResult):
+            return spec
+        state = _Pass(
+            record,
+            spec,
+            {m.id: m for m in await self.store.list_agent_messages(record.id)},
+            {c.id: c for c in await self.store.list_children(record.id)},
+        )
+        state.journaled = {(e.type.value, _key(e)) for e in events}
+        try:
+            return await self._advance(state, lease, sink)
+        except (SystemFailed, BudgetExceededError) as exc:
+            return await self._fail(state, sink, exc.to_dict())
+
+    # ----------------------------------------------------------------- the spec
+
+    async def _spec(
+        self, record: RunRecord, sink: FencedSink, events: list[Event]
+    ) -> AgentSystemSpec | RunResult:
+        """The spec the run follows: recorded in its ``run.start`` (written at the first
+        claim, from the stored AgentSystem)."""
+        if events:
+            recorded = events[0].data.get("system_spec")
+            return AgentSystemSpec.model_validate(recorded)
+        assert record.system is not None
+        stored = await self.store.get_resource(record.namespace, KIND, record.system)
+        await sink.emit(
+            EventType.RUN_START,
+            agent=record.agent,
+            input=record.input,
+            system=record.system,
+            system_spec=(
+                stored.resource.spec.model_dump(mode="json") if stored is not None else None
+            ),
+        )
+        if stored is None or not isinstance(stored.resource.spec, AgentSystemSpec):
+            error = {
+                "code": NotFoundError.code,
+                "message": f"AgentSystem {record.system!r} not found in namespace "
+                f"{record.namespace!r}",
+            }
+            await sink.emit(EventType.ERROR, **error)
+            await sink.emit(EventType.RUN_FINISH, state=RunState.FAILED.value)
+            return RunResult(state=RunState.FAILED, error=error)
+        return stored.resource.spec
+
+    # ----------------------------------------------------------------- one pass
+
+    async def _advance(
+        self, state: _Pass, lease: Lease, sink: FencedSink
+    ) -> RunResult | Literal["released"]:
+        record, spec = state.record, state.spec
+        if not state.messages:
+            entry = AgentMessage(
+                id=message_id(record.id, "input", spec.entry),
+                namespace=record.namespace,
+                system_run_id=record.id,
+                from_agent=None,
+                to_agent=spec.entry,
+                branch_id=ROOT_BRANCH,
+                parent_branch_id=None,
+                type="input",
+                payload=record.input,
+                idempotency_key=message_id(record.id, "input", spec.entry),
+                created_at=record.created_at,
+            )
+            await self._send(state, sink, [entry])
+        await self._journal_sent(state, sink)
+        self._check_time_and_cost(state)
+        await self._take_finished(state, sink)
+        for message in state.ordered():
+            child = state.child_of(message)
+            if message.state is MessageState.DONE and child is not None:
+                await self._send(state, sink, self._route(state, message, child))
+        await self._join(state, sink)
+        released = await self._deliver_pending(state, sink)
+        await self._publish(state)
+        if _children_running(state):
+            return self._result(state, RunState.WAITING_CHILDREN)
+        if released is not None:
+            await sink.flush()
+            await self.store.release_run(lease, not_before=released, refund_attempt=True)
+            return "released"
+        return await self._finish(state, sink)
+
+    async def _journal_sent(self, state: _Pass, sink: FencedSink) -> None:
+        """``message.send`` for every stored message the journal does not have yet (a pass
+        that stored it and stopped before its events were written)."""
+        for message in state.ordered():
+            if ("message.send", message.id) not in state.journaled:
+                await self._event(state, sink, EventType.MESSAGE_SEND, _sent(message))
+
+    def _check_time_and_cost(self, state: _Pass) -> None:
+        limits, record = state.spec.limits, state.record
+        started = record.started_at or record.created_at
+        if self.clock.now() - started > limits.timeout_seconds:
+            raise BudgetExceededError(
+                "timeout_seconds",
+                f"system run {record.id} ran past its limit of {limits.timeout_seconds:g} s "
+                "(limits.timeout_seconds)",
+            )
+        if limits.max_cost_usd is not None:
+            spent = _spend(state.children.values())[1]
+            if spent > limits.max_cost_usd:
+                raise BudgetExceededError(
+                    "max_cost_usd",
+                    f"system run {record.id} spent ${spent:.6f}, past its limit of "
+                    f"${limits.max_cost_usd:g} (limits.max_cost_usd)",
+                )
+
+    async def _take_finished(self, state: _Pass, sink: FencedSink) -> None:
+        """Mark the messages whose node runs finished ``done`` or ``failed`` (in the order
+        the node runs finished), with their ``child.finish`` events; a failed one fails
+        the system."""
+        delivered = [
+            (child, message)
+            for message in state.messages.values()
+            if (child := state.child_of(message)) is not None and child.state.finished
+        ]
+        delivered.sort(key=lambda pair: (pair[0].finished_at or 0.0, pair[0].id))
+        failed: tuple[AgentMessage, RunRecord] | None = None
+        for child, message in delivered:
+            if ("child.finish", child.id) not in state.journaled:
+                await self._event(
+                    state,
+                    sink,
+                    EventType.CHILD_FINISH,
+                    {
+                        "run_id": child.id,
+                        "agent": child.agent,
+                        "state": child.state.value,
+                        "usage": dump(child.usage),
+                        "cost_usd": child.cost_usd,
+                        "message_id": message.id,
+                        "branch_id": message.branch_id,
+                    },
+                )
+            succeeded = child.state is RunState.SUCCEEDED
+            if message.state is MessageState.DELIVERED:
+                marked = await self.store.mark_agent_message(
+                    message.id,
+                    MessageState.DONE if succeeded else MessageState.FAILED,
+                    error=None if succeeded else _child_error(child),
+                    now=child.finished_at,
+                )
+                if marked is not None:
+                    state.messages[message.id] = marked
+            if not succeeded and failed is None:
+                failed = (message, child)
+        if failed is not None:
+            message, child = failed
+            cause = child.error or {}
+            raise SystemFailed(
+                f"agent {child.agent!r} (branch {message.branch_id}) ended "
+                f"{child.state.value}: {cause.get('message', cause.get('code', 'no error'))}"
+            )
+
+    # ----------------------------------------------------------------- routing
+
+    def _route(self, state: _Pass, message: AgentMessage, child: RunRecord) -> list[AgentMessage]:
+        """The messages the output of ``child`` (the node run of ``message``) sends on."""
+        node = state.spec.node(message.to_agent)
+        targets = list(node.next)
+        if node.route == "by_output":
+            targets = _chosen(message.to_agent, node.next, child.output)
+        fork = len(targets) > 1
+        sent: list[AgentMessage] = []
+        for target in targets:
+            if fork:
+                branch = f"{message.branch_id}.{node.next.index(target) + 1}"
+                parent_branch: str | None = message.branch_id
+            else:
+                branch, parent_branch = message.branch_id, message.parent_branch_id
+            ident = message_id(state.record.id, message.id, target)
+            sent.append(
+                AgentMessage(
+                    id=ident,
+                    namespace=state.record.namespace,
+                    system_run_id=state.record.id,
+                    from_agent=message.to_agent,
+                    to_agent=target,
+                    branch_id=branch,
+                    parent_branch_id=parent_branch,
+                    type="output",
+                    payload=child.output,
+                    idempotency_key=ident,
+                    hop=message.hop + 1,
+                    # when its sender's output was stored: the same on every pass
+                    created_at=child.finished_at or self.clock.now(),
+                )
+            )
+        return sent
+
+    async def _send(self, state: _Pass, sink: FencedSink, messages: list[AgentMessage]) -> None:
+        """Store ``messages`` (those not stored yet), within the limits."""
+        new = [m for m in messages if m.id not in state.messages]
+        if not new:
+            return
+        limits = state.spec.limits
+        for message in new:
+            if limits.max_hops is not None and message.hop > limits.max_hops:
+                raise BudgetExceededError(
+                    "max_hops",
+                    f"a message from {message.from_agent!r} to {message.to_agent!r} would be "
+                    f"hop {message.hop}, past the system's limit of {limits.max_hops} "
+                    "(limits.max_hops)",
+                )
+        if len(state.messages) + len(new) > limits.max_messages:
+            raise BudgetExceededError(
+                "max_messages",
+                f"system run {state.record.id} would send more than its limit of "
+                f"{limits.max_messages} messages (limits.max_messages)",
+            )
+        await self.store.add_agent_messages(new)
+        for message in new:
+            state.messages[message.id] = message
+            await self._event(state, sink, EventType.MESSAGE_SEND, _sent(message))
+
+    # ----------------------------------------------------------------- joins
+
+    async def _join(self, state: _Pass, sink: FencedSink) -> None:
+        """Run the join nodes whose inputs are in (see the module docstring)."""
+        spec = state.spec
+        joins = [name for name in spec.nodes() if spec.node(name).join in ("all", "first")]
+        waiting: list[str] = []
+        for name in joins:
+            arrivals = _arrivals(state, name)
+            fired = message_id(state.record.id, "join", name) in state.messages
+            if fired:
+                await self._drop(state, sink, name, [a for a in arrivals if _unfinished(a)])
+                continue
+            if not arrivals:
+                continue
+            if spec.node(name).join == "first":
+                await self._fire(state, sink, name, arrivals[:1], arrivals[1:])
+            elif {a.from_agent for a in arrivals} >= set(spec.inputs(name)):
+                await self._fire(state, sink, name, arrivals, [])
+            else:
+                waiting.append(name)
+        if waiting and not _in_flight(state):
+            # Nothing running can bring another input: the joins that no other waiting
+            # join leads to go ahead with what came (those downstream wait for them).
+            downstream = {d for name in waiting for d in _descendants(spec, name)}
+            for name in waiting:
+                if name not in downstream:
+                    await self._fire(state, sink, name, _arrivals(state, name), [])
+
+    async def _fire(
+        self,
+        state: _Pass,
+        sink: FencedSink,
+        node: str,
+        taken: list[AgentMessage],
+        dropped: list[AgentMessage],
+    ) -> None:
+        """Send ``node`` the join of ``taken`` (once), and drop ``dropped``."""
+        record = state.record
+        ident = message_id(record.id, "join", node)
+        branch = _common_branch([m.branch_id for m in taken])
+        inputs = sorted(taken, key=lambda m: (m.from_agent or "", m.branch_id))
+        join = AgentMessage(
+            id=ident,
+            namespace=record.namespace,
+            system_run_id=record.id,
+            from_agent=None,
+            to_agent=node,
+            branch_id=branch,
+            parent_branch_id=_parent_branch(branch),
+            type="join",
+            payload={
+                "inputs": [
+                    {"from": m.from_agent, "branch_id": m.branch_id, "output": m.payload}
+                    for m in inputs
+                ]
+            },
+            idempotency_key=ident,
+            hop=max(m.hop for m in taken),
+            created_at=self.clock.now(),
+        )
+        await self._send(state, sink, [join])
+        if ("branch.join", ident) not in state.journaled:
+            await self._event(
+                state,
+                sink,
+                EventType.BRANCH_JOIN,
+                {
+                    "agent": node,
+                    "join": state.spec.node(node).join,
+                    "message_id": ident,
+                    "branch_id": branch,
+                    "inputs": [m.id for m in inputs],
+                    "dropped": [m.id for m in dropped],
+                },
+            )
+        for message in taken:
+            if _unfinished(message):
+                await self._mark(state, message, MessageState.DONE, None)
+        await self._drop(state, sink, node, [m for m in dropped if _unfinished(m)], quiet=True)
+
+    async def _drop(
+        self,
+        state: _Pass,
+        sink: FencedSink,
+        node: str,
+        late: list[AgentMessage],
+        *,
+        quiet: bool = False,
+    ) -> None:
+        """Record arrivals at a join that already ran as dropped."""
+        for message in late:
+            error = {
+                "code": "dropped",
+                "message": f"the join of {node!r} had run when this input came",
+            }
+            await self._mark(state, message, MessageState.DONE, error)
+            if not quiet and ("branch.join", message.id) not in state.journaled:
+                await self._event(
+                    state,
+                    sink,
+                    EventType.BRANCH_JOIN,
+                    {"agent": node, "message_id": message.id, "dropped": [message.id]},
+                )
+
+    async def _mark(
+        self,
+        state: _Pass,
+        message: AgentMessage,
+        to: MessageState,
+        error: dict[str, Any] | None,
+    ) -> None:
+        marked = await self.store.mark_agent_message(message.id, to, error=error)
+        if marked is not None:
+            state.messages[message.id] = marked
+
+    # ----------------------------------------------------------------- delivery
+
+    async def _deliver_pending(self, state: _Pass, sink: FencedSink) -> float | None:
+        """Deliver the pending messages (see the module docstring); returns when to look
+        again if some wait for a bus's delivery, else ``None``."""
+        bus_delivers = self.bus is not None and self.bus.delivers_messages
+        now = self.clock.now()
+        again: float | None = None
+        for message in state.ordered():
+            if message.state is not MessageState.PENDING or _is_arrival(state.spec, message):
+                continue
+            if bus_delivers and message.attempt == 0:
+                # (attempt 0: the bus has not taken it; sent after the commit below)
+                due = _sent_at(message, now) + DELIVERY_GRACE_SECONDS
+                if now < due:
+                    state.to_publish.append(message)
+                    again = due if again is None else min(again, due)
+                    continue
+            try:
+                started = await deliver(self.store, self.bus, message)
+            except (NotFoundError, ConflictError, UserError) as exc:
+                raise SystemFailed(
+                    f"the message to agent {message.to_agent!r} (branch "
+                    f"{message.branch_id}) could not be delivered: {exc.message}"
+                ) from None
+            state.children[started.id] = started
+            marked = await self.store.get_agent_message(message.id)
+            if marked is not None:
+                state.messages[message.id] = marked
+        for message in state.ordered():
+            child = state.child_of(message)
+            if child is None:
+                continue
+            if ("message.deliver", message.id) not in state.journaled:
+                await self._event(
+                    state,
+                    sink,
+                    EventType.MESSAGE_DELIVER,
+                    {
+                        "message_id": message.id,
+                        "to": message.to_agent,
+                        "run_id": child.id,
+                        "branch_id": message.branch_id,
+                    },
+                )
+            if ("child.start", child.id) not in state.journaled:
+                await self._event(
+                    state,
+                    sink,
+                    EventType.CHILD_START,
+                    {
+                        "run_id": child.id,
+                        "agent": child.agent,
+                        "message_id": message.id,
+                        "branch_id": message.branch_id,
+                        "parent_branch_id": message.parent_branch_id,
+                    },
+                )
+        return again
+
+    async def _publish(self, state: _Pass) -> None:
+        """Hand the messages waiting for the bus to it (they are stored: committed)."""
+        if self.bus is None:
+            return
+        for message in state.to_publish:
+            await self.bus.send_agent_message(message.namespace, message.to_agent, message.id)
+
+    # ----------------------------------------------------------------- the end
+
+    async def _finish(self, state: _Pass, sink: FencedSink) -> RunResult:
+        """Nothing is left in flight: the system's output is its output node's last."""
+        node = state.spec.output_node()
+        outputs = [
+            (child.finished_at or 0.0, child.id, child.output)
+            for message in state.messages.values()
+            if message.to_agent == node
+            and message.state is MessageState.DONE
+            and (child := state.child_of(message)) is not None
+        ]
+        if not outputs:
+            raise SystemFailed(
+                f"the system ended without a run of its output agent {node!r} (spec.output): "
+                "no route led there"
+            )
+        output = max(outputs)[2]
+        await sink.emit(EventType.RUN_FINISH, state=RunState.SUCCEEDED.value, output=output)
+        return self._result(state, RunState.SUCCEEDED, output=output)
+
+    async def _fail(self, state: _Pass, sink: FencedSink, error: dict[str, Any]) -> RunResult:
+        """End the system run ``failed`` with ``error``; its unfinished node runs are
+        cancelled (their spend so far is not counted: only finished ones report it)."""
+        for child in state.children.values():
+            if not child.state.finished:
+                with contextlib.suppress(NotFoundError):  # (deleted meanwhile)
+                    await self.store.request_cancel(child.id)
+        await sink.emit(EventType.ERROR, **error)
+        await sink.emit(EventType.RUN_FINISH, state=RunState.FAILED.value)
+        return self._result(state, RunState.FAILED, error=error)
+
+    def _result(
+        self,
+        state: _Pass,
+        to: RunState,
+        *,
+        output: Any = None,
+        error: dict[str, Any] | None = None,
+    ) -> RunResult:
+        """The run's result: its spend is its finished node runs' (``steps``: how many)."""
+        finished = [c for c in state.children.values() if c.state.finished]
+        usage, cost = _spend(finished)
+        return RunResult(
+            state=to,
+            output=output,
+            error=error,
+            steps=len(finished),
+            usage=usage,
+            cost_usd=cost,
+        )
+
+    async def _event(
+        self, state: _Pass, sink: FencedSink, kind: EventType, data: dict[str, Any]
+    ) -> None:
+        state.journaled.add((kind.value, _key_of(kind, data)))
+        await sink.emit(kind, **data)
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _key_of(kind: EventType, data: dict[str, Any]) -> str:
+    """What an event of a system run is about (one event of each type per key)."""
+    if kind in (EventType.CHILD_START, EventType.CHILD_FINISH):
+        return str(data.get("run_id"))
+    return str(data.get("message_id"))
+
+
+def _key(event: Event) -> str:
+    return _key_of(event.type, event.data)
+
+
+def _sent(message: AgentMessage) -> dict[str, Any]:
+    return {
+        "message_id": message.id,
+        "from": message.from_agent,
+        "to": message.to_agent,
+        "kind": message.type,
+        "branch_id": message.branch_id,
+        "parent_branch_id": message.parent_branch_id,
+        "hop": message.hop,
+    }
+
+
+def _sent_at(message: AgentMessage, now: float) -> float:
+    # a message's created_at is when its sender finished: never later than now
+    return min(message.created_at, now)
+
+
+def _unfinished(message: AgentMessage) -> bool:
+    return not message.state.finished
+
+
+def _is_arrival(spec: AgentSystemSpec, message: AgentMessage) -> bool:
+    """Whether ``message`` waits at a join (``all``/``first``) rather than being delivered."""
+    return message.type == "output" and spec.node(message.to_agent).join in ("all", "first")
+
+
+def _arrivals(state: _Pass, node: str) -> list[AgentMessage]:
+    """The arrivals at join ``node``, earliest first."""
+    return [m for m in state.ordered() if m.to_agent == node and _is_arrival(state.spec, m)]
+
+
+def _children_running(state: _Pass) -> bool:
+    """Whether a delivered message's node run is unfinished (or was created after this
+    pass read the node runs: by a bus's inbox consumer)."""
+    for message in state.messages.values():
+        if message.state is MessageState.DELIVERED:
+            child = state.child_of(message)
+            if child is None or not child.state.finished:
+                return True
+    return False
+
+
+def _in_flight(state: _Pass) -> bool:
+    """Whether a message is still on its way to a node run or a node run is unfinished."""
+    for message in state.messages.values():
+        if message.state is MessageState.PENDING and not _is_arrival(state.spec, message):
+            return True
+        if message.state is MessageState.DELIVERED:
+            child = state.child_of(message)
+            if child is None or not child.state.finished:
+                return True
+    return False
+
+
+def _descendants(spec: AgentSystemSpec, node: str) -> set[str]:
+    seen: set[str] = set()
+    todo = list(spec.node(node).next)
+    while todo:
+        name = todo.pop()
+        if name not in seen:
+            seen.add(name)
+            todo.extend(spec.node(name).next)
+    return seen
+
+
+def _chosen(node: str, allowed: Sequence[str], output: Any) -> list[str]:
+    """The next agents a ``by_output`` node's output names (its ``next`` field)."""
+    named = output.get("next") if isinstance(output, dict) else None
+    if isinstance(named, str):
+        named = [named]
+    if not isinstance(named, list) or not all(isinstance(n, str) for n in named):
+        raise SystemFailed(
+            f"agent {node!r} routes by its output, whose 'next' field must name one of "
+            f"{list(allowed)} (or list several); it gave {named!r}"
+        )
+    unknown = [n for n in named if n not in allowed]
+    if unknown:
+        raise SystemFailed(
+            f"agent {node!r} routed its output to {unknown[0]!r}, which is not among its "
+            f"next agents {list(allowed)}"
+        )
+    return [n for n in allowed if n in named]
+
+
+def _common_branch(branches: Sequence[str]) -> str:
+    """The branch ``branches`` forked from (their longest common prefix of parts)."""
+    parts = [b.split(".") for b in branches]
+    common: list[str] = []
+    for column in zip(*parts, strict=False):
+        if len(set(column)) != 1:
+            break
+        common.append(column[0])
+    if len(branches) == 1:
+        return branches[0]
+    return ".".join(common) or ROOT_BRANCH
+
+
+def _parent_branch(branch: str) -> str | None:
+    head, dot, _ = branch.rpartition(".")
+    return head if dot else None
+
+
+def _child_error(child: RunRecord) -> dict[str, Any]:
+    return {
+        "code": "child_failed",
+        "message": f"the run {child.id} of agent {child.agent!r} ended {child.state.value}",
+        "details": {"run_id": child.id, "state": child.state.value, "error": child.error},
+    }
+
+
+def _spend(children: Iterable[RunRecord]) -> tuple[Usage, float]:
+    usage, cost = Usage(), 0.0
+    for child in children:
+        if child.state.finished:
+            usage = usage + child.usage
+            cost += child.cost_usd
+    return usage, cost
+
+
+def system_run_record(
+    spec_name: str,
+    user_input: str,
+    *,
+    namespace: str,
+    idempotency_key: str | None = None,
+    labels: Mapping[str, str] | None = None,
+) -> RunRecord:
+    """A system run to submit: a run of the system ``spec_name`` (its ``agent`` too)."""
+    record = new_run(
+        spec_name,
+        user_input,
+        namespace=namespace,
+        session=None,
+        idempotency_key=idempotency_key,
+        output_schema=None,
+        labels=labels,
+    )
+    record.system = spec_name
+    return record
+
+
+__all__ = [
+    "DELIVERY_GRACE_SECONDS",
+    "SystemCoordinator",
+    "SystemFailed",
+    "deliver",
+    "message_id",
+    "node_input",
+    "system_run_record",
+]

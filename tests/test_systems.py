@@ -1,0 +1,417 @@
+"""Agent systems: graphs of agents run by the system run's coordinator, on real workers.
+
+Every test runs twice (:mod:`backends`): on the embedded SQLite store, and on
+PostgreSQL + NATS JetStream, where system runs, node runs and woken system runs
+reach the worker only as NATS deliveries.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from backends import Backend, backend_fixture, deployment_fixture
+from corral.core.agent_messages import MessageState
+from corral.core.errors import ConflictError, NotFoundError, ResourceError
+from corral.core.events import EventType
+from corral.core.runs import RunRecord, RunState
+from corral.resources.loader import load_text
+from corral.runtime import operations, system_runs
+from corral.store import Store
+from nats_servers import nats_prefix_fixture, nats_server_url_fixture
+
+__all__ = [
+    "backend_fixture",
+    "deployment_fixture",
+    "nats_prefix_fixture",
+    "nats_server_url_fixture",
+]
+
+
+def model(name: str, *turns: dict[str, Any]) -> str:
+    """A scripted ModelEndpoint: each turn a dict (text, tool_calls, tokens)."""
+    return json.dumps(
+        {
+            "apiVersion": "corral/v1",
+            "kind": "ModelEndpoint",
+            "metadata": {"name": name},
+            "spec": {"provider": "scripted", "script": list(turns)},
+        }
+    )
+
+
+def agent(name: str, model_name: str, **spec: Any) -> str:
+    return json.dumps(
+        {
+            "apiVersion": "corral/v1",
+            "kind": "Agent",
+            "metadata": {"name": name},
+            "spec": {"model": model_name, **spec},
+        }
+    )
+
+
+def system(name: str, **spec: Any) -> str:
+    return json.dumps(
+        {
+            "apiVersion": "corral/v1",
+            "kind": "AgentSystem",
+            "metadata": {"name": name},
+            "spec": spec,
+        }
+    )
+
+
+def answering(name: str, *texts: str, **spec: Any) -> list[str]:
+    """An agent on a scripted model of its own that answers ``texts`` in turn."""
+    turns = [{"text": t, "input_tokens": 10, "output_tokens": 2} for t in texts]
+    return [model(f"{name}-model", *turns), agent(name, f"{name}-model", **spec)]
+
+
+async def apply(store: Store, *docs: str) -> None:
+    await store.apply(load_text("\n---\n".join(docs), "t.yaml"))
+
+
+async def get(store: Store, run: RunRecord) -> RunRecord:
+    stored = await store.get_run(run.id)
+    assert stored is not None
+    return stored
+
+
+DIAMOND = dict(
+    entry="planner",
+    graph={
+        "planner": {"next": ["researcher", "critic"]},
+        "researcher": {"next": ["writer"]},
+        "critic": {"next": ["writer"]},
+        "writer": {"join": "all"},
+    },
+)
+
+
+async def diamond(store: Store, **limits: Any) -> None:
+    await apply(
+        store,
+        *answering("planner", "the plan"),
+        *answering("researcher", "the facts"),
+        *answering("critic", "the doubts"),
+        *answering("writer", "the report"),
+        system("team", **DIAMOND, **({"limits": limits} if limits else {})),
+    )
+
+
+async def test_a_fan_out_joined_by_all_gives_the_writer_both_outputs_once(
+    backend: Backend,
+) -> None:
+    store = backend.store
+    await diamond(store)
+    run, created = await system_runs.submit_system(
+        store, "team", "write about otters", bus=backend.bus
+    )
+    assert created and run.system == "team" and run.branch_id is None
+    await backend.drain()
+
+    done = await get(store, run)
+    assert (done.state, done.output) == (RunState.SUCCEEDED, "the report"), done.error
+    children = await store.list_children(run.id)
+    by_agent = Counter(c.agent for c in children)
+    assert by_agent == {"planner": 1, "researcher": 1, "critic": 1, "writer": 1}
+    assert all(c.state is RunState.SUCCEEDED and c.system == "team" for c in children)
+    branches = {c.agent: (c.branch_id, c.parent_branch_id) for c in children}
+    assert branches == {
+        "planner": ("1", None),
+        "researcher": ("1.1", "1"),
+        "critic": ("1.2", "1"),
+        "writer": ("1", None),
+    }
+    (writer,) = [c for c in children if c.agent == "writer"]
+    assert json.loads(writer.input) == {
+        "inputs": [
+            {"from": "critic", "branch_id": "1.2", "output": "the doubts"},
+            {"from": "researcher", "branch_id": "1.1", "output": "the facts"},
+        ]
+    }
+    # the node runs' spend is the system run's
+    assert done.usage.input_tokens == 40 and done.usage.output_tokens == 8
+    assert done.steps == 4
+
+    messages = await store.list_agent_messages(run.id)
+    kinds = Counter((m.type, m.to_agent) for m in messages)
+    assert kinds == {
+        ("input", "planner"): 1,
+        ("output", "researcher"): 1,
+        ("output", "critic"): 1,
+        ("output", "writer"): 2,
+        ("join", "writer"): 1,
+    }
+    assert all(m.state is MessageState.DONE for m in messages)
+    assert max(m.hop for m in messages) == 2
+
+    events = await store.list_events(run.id)
+    counts = Counter(e.type for e in events)
+    assert counts[EventType.RUN_START] == counts[EventType.RUN_FINISH] == 1
+    assert counts[EventType.MESSAGE_SEND] == 6
+    assert counts[EventType.MESSAGE_DELIVER] == 4
+    assert counts[EventType.CHILD_START] == counts[EventType.CHILD_FINISH] == 4
+    assert counts[EventType.BRANCH_JOIN] == 1
+    (join,) = [e.data for e in events if e.type is EventType.BRANCH_JOIN]
+    assert (join["agent"], join["join"], len(join["inputs"]), join["dropped"]) == (
+        "writer",
+        "all",
+        2,
+        [],
+    )
+    assert events[-1].data == {"state": "succeeded", "output": "the report"}
+
+
+ROUTER_SCHEMA = {
+    "type": "object",
+    "properties": {"next": {"type": "string"}, "topic": {"type": "string"}},
+    "required": ["next", "topic"],
+}
+
+
+async def test_route_by_output_sends_the_output_only_where_it_names(backend: Backend) -> None:
+    store = backend.store
+    await apply(
+        store,
+        *answering("router", '{"next": "billing", "topic": "refund"}', output_schema=ROUTER_SCHEMA),
+        *answering("billing", "refunded"),
+        *answering("support", "helped"),
+        system(
+            "desk",
+            entry="router",
+            graph={"router": {"next": ["billing", "support"], "route": "by_output"}},
+            output="billing",
+        ),
+    )
+    run, _ = await system_runs.submit_system(store, "desk", "I want my money", bus=backend.bus)
+    await backend.drain()
+    done = await get(store, run)
+    assert (done.state, done.output) == (RunState.SUCCEEDED, "refunded"), done.error
+    agents = sorted(c.agent for c in await store.list_children(run.id))
+    assert agents == ["billing", "router"]
+    (billing,) = [c for c in await store.list_children(run.id) if c.agent == "billing"]
+    assert json.loads(billing.input) == {"next": "billing", "topic": "refund"}
+    assert billing.branch_id == "1"  # one target: the branch goes on
+
+
+async def test_route_by_output_to_an_agent_not_in_next_fails_the_system(
+    backend: Backend,
+) -> None:
+    store = backend.store
+    await apply(
+        store,
+        *answering("router", '{"next": "sales", "topic": "x"}', output_schema=ROUTER_SCHEMA),
+        *answering("billing", "refunded"),
+        *answering("support", "helped"),
+        system(
+            "desk",
+            entry="router",
+            graph={"router": {"next": ["billing", "support"], "route": "by_output"}},
+            output="billing",
+        ),
+    )
+    run, _ = await system_runs.submit_system(store, "desk", "hello", bus=backend.bus)
+    await backend.drain()
+    done = await get(store, run)
+    assert done.state is RunState.FAILED
+    assert done.error is not None and done.error["code"] == "system_failed"
+    assert "'sales'" in done.error["message"] and "router" in done.error["message"]
+
+
+async def test_join_first_runs_once_with_the_first_arrival_and_drops_the_other(
+    backend: Backend,
+) -> None:
+    store = backend.store
+    await apply(
+        store,
+        *answering("planner", "the plan"),
+        *answering("researcher", "the facts"),
+        *answering("critic", "the doubts"),
+        *answering("writer", "the report"),
+        system("team", **{**DIAMOND, "graph": {**DIAMOND["graph"], "writer": {"join": "first"}}}),
+    )
+    run, _ = await system_runs.submit_system(store, "team", "go", bus=backend.bus)
+    await backend.drain()
+    done = await get(store, run)
+    assert (done.state, done.output) == (RunState.SUCCEEDED, "the report"), done.error
+    writers = [c for c in await store.list_children(run.id) if c.agent == "writer"]
+    assert len(writers) == 1
+    (taken,) = json.loads(writers[0].input)["inputs"]
+    assert taken["from"] in ("researcher", "critic")
+    arrivals = [
+        m
+        for m in await store.list_agent_messages(run.id)
+        if m.type == "output" and m.to_agent == "writer"
+    ]
+    dropped = [m for m in arrivals if m.error is not None]
+    assert len(arrivals) == 2 and len(dropped) == 1
+    assert dropped[0].error is not None and dropped[0].error["code"] == "dropped"
+    assert dropped[0].from_agent != taken["from"]
+
+
+async def test_join_any_runs_the_node_once_per_arrival(backend: Backend) -> None:
+    store = backend.store
+    await apply(
+        store,
+        *answering("planner", "the plan"),
+        *answering("researcher", "the facts"),
+        *answering("critic", "the doubts"),
+        *answering("writer", "report one", "report two"),
+        system(
+            "team",
+            **{**DIAMOND, "graph": {**DIAMOND["graph"], "writer": {"join": "any"}}},
+        ),
+    )
+    run, _ = await system_runs.submit_system(store, "team", "go", bus=backend.bus)
+    await backend.drain()
+    done = await get(store, run)
+    assert done.state is RunState.SUCCEEDED, done.error
+    writers = [c for c in await store.list_children(run.id) if c.agent == "writer"]
+    assert sorted(w.input for w in writers) == ["the doubts", "the facts"]
+    assert done.output in ("report one", "report two")
+
+
+PING_PONG = [
+    *answering("ping", *["ping"] * 20),
+    *answering("pong", *["pong"] * 20),
+]
+
+
+async def test_a_ping_pong_loop_is_stopped_by_max_hops(backend: Backend) -> None:
+    store = backend.store
+    await apply(
+        store,
+        *PING_PONG,
+        system(
+            "loop",
+            entry="ping",
+            graph={"ping": {"next": ["pong"]}, "pong": {"next": ["ping"]}},
+            output="pong",
+            limits={"max_hops": 5},
+        ),
+    )
+    run, _ = await system_runs.submit_system(store, "loop", "serve", bus=backend.bus)
+    await backend.drain()
+    done = await get(store, run)
+    assert done.state is RunState.FAILED
+    assert done.error is not None
+    assert (done.error["code"], done.error["limit"]) == ("budget_exceeded", "max_hops")
+    assert "max_hops" in done.error["message"]
+    assert len(await store.list_children(run.id)) == 6  # hops 0..5
+
+
+async def test_a_ping_pong_loop_is_stopped_by_max_messages(backend: Backend) -> None:
+    store = backend.store
+    await apply(
+        store,
+        *PING_PONG,
+        system(
+            "loop",
+            entry="ping",
+            graph={"ping": {"next": ["pong"]}, "pong": {"next": ["ping"]}},
+            output="pong",
+            limits={"max_hops": 100, "max_messages": 3},
+        ),
+    )
+    run, _ = await system_runs.submit_system(store, "loop", "serve", bus=backend.bus)
+    await backend.drain()
+    done = await get(store, run)
+    assert done.state is RunState.FAILED and done.error is not None
+    assert (done.error["code"], done.error["limit"]) == ("budget_exceeded", "max_messages")
+    assert len(await store.list_agent_messages(run.id)) == 3
+
+
+async def test_the_cost_of_the_node_runs_is_held_to_max_cost_usd(backend: Backend) -> None:
+    store = backend.store
+    priced = {"input_per_million": 1_000_000.0, "output_per_million": 0.0}
+    await apply(
+        store,
+        json.dumps(
+            {
+                "apiVersion": "corral/v1",
+                "kind": "ModelEndpoint",
+                "metadata": {"name": "dear"},
+                "spec": {
+                    "provider": "scripted",
+                    "pricing": priced,
+                    "script": [{"text": "pricey", "input_tokens": 1}] * 10,
+                },
+            }
+        ),
+        agent("ping", "dear"),
+        agent("pong", "dear"),
+        system(
+            "loop",
+            entry="ping",
+            graph={"ping": {"next": ["pong"]}, "pong": {"next": ["ping"]}},
+            output="pong",
+            limits={"max_hops": 100, "max_cost_usd": 2.5},
+        ),
+    )
+    run, _ = await system_runs.submit_system(store, "loop", "serve", bus=backend.bus)
+    await backend.drain()
+    done = await get(store, run)
+    assert done.state is RunState.FAILED and done.error is not None
+    assert (done.error["code"], done.error["limit"]) == ("budget_exceeded", "max_cost_usd")
+    assert done.cost_usd > 2.5
+
+
+async def test_a_failed_node_fails_the_system_naming_it(backend: Backend) -> None:
+    store = backend.store
+    await apply(
+        store,
+        *answering("planner", "the plan"),
+        model("broken-model"),  # no turns: its first model call fails
+        agent("researcher", "broken-model", max_attempts=1),
+        *answering("critic", "the doubts"),
+        *answering("writer", "the report"),
+        system("team", **DIAMOND),
+    )
+    run, _ = await system_runs.submit_system(store, "team", "go", bus=backend.bus)
+    await backend.drain()
+    done = await get(store, run)
+    assert done.state is RunState.FAILED and done.error is not None
+    assert "'researcher'" in done.error["message"] and "1.1" in done.error["message"]
+    assert not [c for c in await store.list_children(run.id) if c.agent == "writer"]
+
+
+async def test_cancelling_a_system_run_cancels_its_node_runs(backend: Backend) -> None:
+    store = backend.store
+    await diamond(store)
+    run, _ = await system_runs.submit_system(store, "team", "go", bus=backend.bus)
+    await operations.cancel(store, run.id, bus=backend.bus)
+    await backend.drain()
+    assert (await get(store, run)).state is RunState.CANCELLED
+    assert all(c.state.finished for c in await store.list_children(run.id))
+
+
+async def test_submitting_a_system_that_does_not_exist_is_not_found(backend: Backend) -> None:
+    with pytest.raises(NotFoundError, match="AgentSystem 'nope'"):
+        await system_runs.submit_system(backend.store, "nope", "x", bus=backend.bus)
+    await diamond(backend.store)
+    with pytest.raises(NotFoundError):  # in another namespace
+        await system_runs.submit_system(backend.store, "team", "x", namespace="other")
+
+
+async def test_an_agent_of_a_system_cannot_be_deleted(backend: Backend) -> None:
+    await diamond(backend.store)
+    with pytest.raises(ConflictError, match="AgentSystem 'team'"):
+        await backend.store.delete_resource("default", "Agent", "critic")
+
+
+async def test_an_unknown_agent_in_a_graph_is_refused_naming_the_field(
+    backend: Backend,
+) -> None:
+    await apply(backend.store, *answering("planner", "x"))
+    with pytest.raises(ResourceError) as caught:
+        await apply(
+            backend.store,
+            system("team", entry="planner", graph={"planner": {"next": ["ghost"]}}),
+        )
+    assert "spec.graph.planner.next[0]" in str(caught.value)
+    assert "Agent 'ghost' not found" in str(caught.value)
