@@ -57,6 +57,8 @@ MATRIX = [
     Row("GET", "/v1/tasks/{task_id}", Role.VIEWER),
     Row("GET", "/v1/tasks/{task_id}/children", Role.VIEWER),
     Row("POST", "/v1/tasks/{task_id}/cancel", Role.OPERATOR),
+    Row("GET", "/v1/tasks/{task_id}/messages", Role.VIEWER),
+    Row("POST", "/v1/systems/{name}/tasks", Role.OPERATOR, {"input": "x"}),
     Row("GET", "/v1/runs/{run_id}/events", Role.VIEWER),
     Row("GET", "/v1/approvals", Role.VIEWER, names_object=False),
     Row("GET", "/v1/approvals/{approval_id}", Role.VIEWER),
@@ -116,6 +118,13 @@ def fresh_objects(admin: httpx.Client, n: int) -> dict[str, str]:
     assert admin.post("/v1/resources", json=secret).status_code == 200
     memory = {**SECRET_DOC, "kind": "Memory", "metadata": {"name": f"mem-{n}"}, "spec": {}}
     assert admin.post("/v1/resources", json=memory).status_code == 200
+    system = {
+        **SECRET_DOC,
+        "kind": "AgentSystem",
+        "metadata": {"name": "team"},
+        "spec": {"entry": "helper"},
+    }
+    assert admin.post("/v1/resources", json=system).status_code == 200
     entry = {"text": "an entry", "key": "k"}
     assert admin.post(f"/v1/memories/mem-{n}/entries", json=entry).status_code == 201
     queued = admin.post(
@@ -134,6 +143,7 @@ def fresh_objects(admin: httpx.Client, n: int) -> dict[str, str]:
         "reject": approval_of(waiting_run()),
         "session_id": f"sess-{n}",
         "memory": f"mem-{n}",
+        "system": "team",
         "key": "k",
         "token_id": admin.post("/v1/tokens", json={"role": "viewer"}).json()["id"],
     }
@@ -147,6 +157,8 @@ def url(row: Row, objects: dict[str, str]) -> str:
         if row.path.startswith("/v1/agents")
         else objects["memory"]
         if row.path.startswith("/v1/memories")
+        else objects["system"]
+        if row.path.startswith("/v1/systems")
         else objects["resource"],
         "approval_id": objects["approve" if row.path.endswith("/approve") else "reject"],
     }
@@ -225,6 +237,7 @@ def test_no_token_is_401_everywhere(server: LiveServer) -> None:
             "session_id",
             "token_id",
             "memory",
+            "system",
             "key",
         ],
         "x",

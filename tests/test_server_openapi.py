@@ -81,7 +81,7 @@ def test_no_parameter_is_published_as_nullable_and_no_cursor_as_empty(
             cursors += 1
             assert parameter["schema"]["minLength"] == 1, where
             assert not re.fullmatch(parameter["schema"]["pattern"], ""), where
-    assert cursors == 8
+    assert cursors == 9
     with live.client(live.admin) as client:
         for query in ("?cursor=", "?cursor=null"):
             refused = client.get(f"/v1/tasks{query}")

@@ -49,6 +49,8 @@ from corral.api.resources import (
     AgentOut,
     AgentRoleDocument,
     AgentRoleOut,
+    AgentSystemDocument,
+    AgentSystemOut,
     AppliedResource,
     ApplyResult,
     DocumentMetadata,
@@ -74,6 +76,7 @@ from corral.api.resources import (
     resource_out,
 )
 from corral.api.sessions import SessionMessageOut, SessionMessagePage, SessionOut, SessionPage
+from corral.api.systems import AgentMessageOut, AgentMessagePage, SubmitSystemTask
 from corral.api.tasks import (
     EventOut,
     EventPage,
@@ -95,9 +98,13 @@ __all__ = [
     "MAX_PRIORITY",
     "RESOURCE_OUT",
     "AgentDocument",
+    "AgentMessageOut",
+    "AgentMessagePage",
     "AgentOut",
     "AgentRoleDocument",
     "AgentRoleOut",
+    "AgentSystemDocument",
+    "AgentSystemOut",
     "AppliedResource",
     "ApplyResult",
     "ApprovalOut",
@@ -154,6 +161,7 @@ __all__ = [
     "SessionMessagePage",
     "SessionOut",
     "SessionPage",
+    "SubmitSystemTask",
     "SubmitTask",
     "Task",
     "TaskDetail",

@@ -21,6 +21,7 @@ from corral.resources.kinds import (
     ToolSpecModel,
 )
 from corral.resources.memory import MemorySpec
+from corral.resources.systems import AgentSystemSpec
 
 # The store's record types (no database driver comes with them).
 from corral.store.base import ApplyAction, ApplyOutcome, StoredResource
@@ -101,6 +102,11 @@ class MemoryDocument(_Document):
     spec: MemorySpec
 
 
+class AgentSystemDocument(_Document):
+    kind: Literal["AgentSystem"]
+    spec: AgentSystemSpec
+
+
 #: A resource document to apply: its ``spec`` is the schema of its ``kind``. Only the
 #: published schema of ``POST /v1/resources``: the server parses bodies with the resource
 #: loader (YAML too, with line numbers).
@@ -113,7 +119,8 @@ ResourceDocument = Annotated[
     | AgentRoleDocument
     | ToolPermissionDocument
     | NamespacePolicyDocument
-    | MemoryDocument,
+    | MemoryDocument
+    | AgentSystemDocument,
     Field(discriminator="kind"),
 ]
 
@@ -185,6 +192,11 @@ class MemoryOut(_Stored):
     spec: MemorySpec
 
 
+class AgentSystemOut(_Stored):
+    kind: Literal["AgentSystem"]
+    spec: AgentSystemSpec
+
+
 #: A stored resource: ``spec`` has the schema of its ``kind`` (secret values <redacted>).
 ResourceOut = Annotated[
     ModelEndpointOut
@@ -195,7 +207,8 @@ ResourceOut = Annotated[
     | AgentRoleOut
     | ToolPermissionOut
     | NamespacePolicyOut
-    | MemoryOut,
+    | MemoryOut
+    | AgentSystemOut,
     Field(discriminator="kind"),
 ]
 RESOURCE_OUT: TypeAdapter[ResourceOut] = TypeAdapter(ResourceOut)

@@ -89,6 +89,13 @@ class Task(FromRecord):
         None, description="The task whose agents_exec call started this one (a child task)."
     )
     depth: int = Field(0, description="How many parents it has: 0 unless a child task.")
+    system: str | None = Field(
+        None, description="The AgentSystem of a system task, and of each of its node tasks."
+    )
+    branch_id: str | None = Field(
+        None, description="A node task's branch of its system task (null: the system task)."
+    )
+    parent_branch_id: str | None = Field(None, description="The branch this one forked from.")
 
     @classmethod
     def from_record(cls, record: RunRecord) -> Self:

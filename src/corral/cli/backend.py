@@ -27,6 +27,7 @@ import anyio
 
 if TYPE_CHECKING:
     from corral.api import (
+        AgentMessageOut,
         AppliedResource,
         ApprovalOut,
         EventOut,
@@ -192,6 +193,19 @@ class Backend(ABC):
     async def follow(self, run_id: str, show: Show, *, follow: bool) -> TaskDetail:
         """Hand each event to ``show``; with ``follow`` until the run ends or pauses.
         ``NotFoundError`` when the run does not exist (or is deleted meanwhile)."""
+
+    # ----------------------------------------------------------------------- systems
+
+    @abstractmethod
+    async def run_system(
+        self, system: str, prompt: str, *, namespace: str, show: Show, loading: Any
+    ) -> TaskDetail:
+        """Submit a run of an AgentSystem and see it through with its node runs, handing
+        ``show`` the events of all of them, until it ends (or a node waits for a human)."""
+
+    @abstractmethod
+    async def messages(self, run_id: str) -> list[AgentMessageOut]:
+        """The agent messages of a system run, oldest first (``NotFoundError``: no run)."""
 
     @abstractmethod
     async def see_through(
@@ -441,6 +455,34 @@ class EmbeddedBackend(Backend):
                 self.store, bus, run_id, _observer(show), follow=follow
             )
         return TaskDetail.from_record(record)
+
+    async def run_system(
+        self, system: str, prompt: str, *, namespace: str, show: Show, loading: Any
+    ) -> TaskDetail:
+        from corral.api import TaskDetail
+        from corral.runtime.local import LocalRunner
+        from corral.runtime.system_runs import submit_system
+
+        async with self._bus() as bus:
+            record, _ = await submit_system(
+                self.store, system, prompt, namespace=namespace, bus=bus
+            )
+            async with LocalRunner(
+                self.store,
+                self.settings,
+                observer=_observer(show),
+                loading=loading,
+                bus=bus,
+                descendants=True,
+            ) as runner:
+                record = await runner.see_through(record.id)
+        return TaskDetail.from_record(record)
+
+    async def messages(self, run_id: str) -> list[AgentMessageOut]:
+        from corral.api import AgentMessageOut
+        from corral.runtime.system_runs import messages
+
+        return [AgentMessageOut.from_record(m) for m in await messages(self.store, run_id)]
 
     async def see_through(
         self, run_id: str, show: Show, *, loading: Any, control: RunControl

@@ -18,6 +18,7 @@ from typing import Any
 import anyio
 
 from corral.api import (
+    AgentMessageOut,
     AppliedResource,
     ApprovalOut,
     EventOut,
@@ -229,6 +230,18 @@ class RemoteBackend(Backend):
 
     async def children(self, run_id: str) -> list[Task]:
         return (await self.client.task_children(run_id)).items
+
+    async def run_system(
+        self, system: str, prompt: str, *, namespace: str, show: Show, loading: Any
+    ) -> TaskDetail:
+        del namespace, loading  # the token's namespace; the server's workers execute it
+        from corral.cli.systems_view import follow_tree
+
+        submitted = await self.client.submit_system(system, prompt)
+        return await follow_tree(self.follow, submitted.task.id, show, live=True)
+
+    async def messages(self, run_id: str) -> list[AgentMessageOut]:
+        return [m async for m in self.client.iter_task_messages(run_id)]
 
     async def follow(self, run_id: str, show: Show, *, follow: bool) -> TaskDetail:
         if follow:

@@ -101,6 +101,7 @@ def registered_app() -> typer.Typer:
         run_cmd,
         serve_cmd,
         sessions_cmd,
+        systems_cmd,
         tasks_cmd,
         token_cmd,
         worker_cmd,
@@ -118,6 +119,7 @@ def registered_app() -> typer.Typer:
     context_cmd.register(app)
     doctor_cmd.register(app)
     memory_cmd.register(app)
+    systems_cmd.register(app)
     return app
 
 

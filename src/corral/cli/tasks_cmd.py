@@ -306,7 +306,15 @@ def logs(
         from corral.core.runs import RunState
 
         async with open_backend() as backend:
-            record = await backend.follow(run_id, show, follow=follow)
+            task = await backend.get_run(run_id)
+            if task.system is not None and task.branch_id is None and output == "text":
+                # a system run: its node runs' events too, each under its agent
+                from corral.cli.systems_view import TreePrinter, follow_tree
+
+                tree = TreePrinter(printer.err, run_id, timestamps=timestamps)
+                record = await follow_tree(backend.follow, run_id, tree, live=follow)
+            else:
+                record = await backend.follow(run_id, show, follow=follow)
             waiting: list[ApprovalOut] = []
             if output == "text" and record.state is RunState.WAITING_APPROVAL:
                 waiting = await backend.list_approvals(

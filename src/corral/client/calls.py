@@ -22,6 +22,8 @@ from pydantic import BaseModel
 
 from corral.api import (
     RESOURCE_OUT,
+    AgentMessageOut,
+    AgentMessagePage,
     ApplyResult,
     ApprovalOut,
     ApprovalPage,
@@ -298,6 +300,45 @@ def get_task(task_id: str) -> Call[TaskDetail]:
 def task_children(task_id: str) -> Call[TaskPage]:
     """The tasks the task's ``agents_exec`` calls started, oldest first (one page)."""
     return Call("GET", f"/v1/tasks/{_seg(task_id)}/children", _model(TaskPage))
+
+
+def submit_system(
+    system: str,
+    input: str,
+    *,
+    idempotency_key: str | None = None,
+    labels: Mapping[str, str] | None = None,
+) -> Call[Submitted]:
+    """Queue a run of the AgentSystem ``system``; ``created`` is false when the
+    idempotency key was seen before."""
+    body: dict[str, Any] = {"input": input}
+    if idempotency_key is not None:
+        body["idempotency_key"] = idempotency_key
+    if labels:
+        body["labels"] = dict(labels)
+
+    def parse(response: httpx.Response) -> Submitted:
+        task = Task.model_validate_json(response.content)
+        return Submitted(task, response.status_code == 201)
+
+    return Call("POST", f"/v1/systems/{_seg(system)}/tasks", parse, json=body)
+
+
+def task_messages(
+    task_id: str, *, limit: int | None = None, cursor: str | None = None
+) -> Call[AgentMessagePage]:
+    """A page of a system task's agent messages, oldest first."""
+    return Call(
+        "GET",
+        f"/v1/tasks/{_seg(task_id)}/messages",
+        _model(AgentMessagePage),
+        _paging(limit, cursor),
+    )
+
+
+def iter_task_messages(task_id: str, *, page_size: int = 50) -> Pages[AgentMessageOut]:
+    """Every agent message of a system task, page after page."""
+    return Pages(lambda c: task_messages(task_id, limit=page_size, cursor=c))
 
 
 def cancel_task(task_id: str) -> Call[Task]:

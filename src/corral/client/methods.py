@@ -179,6 +179,10 @@ class Methods(ABC, Generic[Transport]):
     get_task = sends(calls.get_task)
     cancel_task = sends(calls.cancel_task)
     task_children = sends(calls.task_children)
+    # agent systems
+    submit_system = sends(calls.submit_system)
+    task_messages = sends(calls.task_messages)
+    iter_task_messages = iterates(calls.iter_task_messages)
     events = sends(calls.events)
     follow = iterates(calls.follow)
     # approvals

@@ -97,8 +97,12 @@ class LocalRunner:
         lease_seconds: float = 30.0,
         bus: Bus | None = None,
         poll_seconds: float = FOLLOW_POLL_SECONDS,
+        descendants: bool = False,
     ) -> None:
+        """``descendants``: the observer also gets the events of the child runs seen
+        through (``corral systems run`` shows a system run's whole tree)."""
         self.store = store
+        self.descendants = descendants
         self.observer = observer
         self.lease_seconds = lease_seconds
         self.poll_seconds = poll_seconds
@@ -120,11 +124,11 @@ class LocalRunner:
         return self
 
     async def _observe(self, event: Event) -> None:
-        if self.observer is not None and event.run_id in self._shown:
+        if self.observer is not None and (self.descendants or event.run_id in self._shown):
             await self.observer(event)
 
     def _observer_of(self, run_id: str) -> Observer | None:
-        return self.observer if run_id in self._shown else None
+        return self.observer if self.descendants or run_id in self._shown else None
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.executor.__aexit__(*exc_info)

@@ -44,6 +44,7 @@ from corral.server import (
     routes_ops,
     routes_resources,
     routes_sessions,
+    routes_systems,
     routes_tasks,
     routes_tokens,
 )
@@ -138,6 +139,7 @@ def create_app(
     for module in (
         routes_resources,
         routes_tasks,
+        routes_systems,
         routes_approvals,
         routes_sessions,
         routes_memory,
