@@ -10,7 +10,6 @@ when it finishes.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -145,8 +144,10 @@ async def follow_tree(follow: Follow, root: str, show: Show, *, live: bool) -> T
         async def shown(event: EventOut) -> None:
             await show(event)
             if event.run_id == root and event.type is EventType.CHILD_START:
-                node = str(event.data["run_id"])
-                group.start_soon(functools.partial(follow, node, show, follow=live))
+                group.start_soon(node_of, str(event.data["run_id"]))
+
+        async def node_of(run_id: str) -> None:
+            await follow(run_id, show, follow=live)
 
         record = await follow(root, shown, follow=live)
     return record
