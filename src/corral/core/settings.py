@@ -10,7 +10,6 @@ from pathlib import Path
 from corral.core.errors import ConfigurationError
 from corral.core.limits import LIMIT_VARIABLES, DocumentLimits
 
-
 #: how long a SQLite write waits for another process's write lock, by default
 SQLITE_BUSY_TIMEOUT_SECONDS = 30.0
 
