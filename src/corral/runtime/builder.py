@@ -304,7 +304,9 @@ class AgentBuilder:
         bindings = []
         for m in spec.memory:
             memory = await self._spec("Memory", m.ref, MemorySpec)
-            backend = open_memory_backend(m.ref, memory, self.store)
+            auth = memory.http.auth if memory.http is not None else None
+            secrets = await self._secrets_of({}, auth)
+            backend = open_memory_backend(m.ref, memory, self.store, secrets)
             stack.push_async_callback(backend.aclose)
             bindings.append(MemoryBinding(m.ref, memory, m.access, backend))
         # The redactor is read at each write: every secret the agent resolved by then.

@@ -28,6 +28,7 @@ from corral.core.memory import (
 )
 from corral.core.settings import Settings
 from corral.resources.memory import MemorySpec
+from corral.resources.secrets import SecretResolver
 from corral.store.base import Store
 from corral.tools.memory_backend import MemoryBackend, open_memory_backend
 from corral.tools.memory_ingest import IngestResult, content_key, ingest_text
@@ -82,7 +83,13 @@ class Memories:
             if every_scope
             else place_of(namespace, name, spec.scope, agent=agent, session=session)
         )
-        backend = open_memory_backend(name, spec, self.store)
+        secrets: dict[str, str] = {}
+        if spec.http is not None and spec.http.auth is not None:
+            resolver = SecretResolver(self.store, self.settings)
+            secrets[spec.http.auth.secret] = await resolver.resolve(
+                namespace, spec.http.auth.secret
+            )
+        backend = open_memory_backend(name, spec, self.store, secrets)
         try:
             yield OpenMemory(spec, place, backend)
         finally:

@@ -47,7 +47,7 @@ def _memories(request: Request) -> Memories:
     "/memories/{name}",
     response_model=MemoryStatsOut,
     summary="Describe a Memory's entries",
-    responses=responses(404),
+    responses=responses(404, 502),
 )
 async def memory_stats(name: MemoryName, who: Viewer, request: Request) -> MemoryStatsOut:
     """How many entries it holds (every scope), their size, and its search index."""
@@ -58,7 +58,7 @@ async def memory_stats(name: MemoryName, who: Viewer, request: Request) -> Memor
     "/memories/{name}/entries",
     response_model=MemoryEntryPage,
     summary="List a Memory's entries",
-    responses=responses(404),
+    responses=responses(404, 502),
 )
 async def list_memory_entries(
     name: MemoryName,
@@ -92,7 +92,7 @@ async def list_memory_entries(
     response_model=MemoryEntryOut,
     status_code=201,
     summary="Write an entry",
-    responses=responses(400, 404),
+    responses=responses(400, 404, 502),
 )
 async def write_memory_entry(
     name: MemoryName, body: MemoryWriteRequest, who: Operator, request: Request
@@ -114,7 +114,7 @@ async def write_memory_entry(
     "/memories/{name}/ingest",
     response_model=MemoryIngestOut,
     summary="Ingest a long text, chunked",
-    responses=responses(400, 404),
+    responses=responses(400, 404, 502),
 )
 async def ingest_memory(
     name: MemoryName, body: MemoryIngestRequest, who: Operator, request: Request
@@ -141,7 +141,7 @@ async def ingest_memory(
     "/memories/{name}/entries/{key:path}",
     response_model=MemoryEntryOut,
     summary="Read an entry",
-    responses=responses(404),
+    responses=responses(404, 502),
 )
 async def read_memory_entry(
     name: MemoryName,
@@ -160,7 +160,7 @@ async def read_memory_entry(
     status_code=204,
     response_class=Response,
     summary="Delete an entry",
-    responses=responses(404),
+    responses=responses(404, 502),
 )
 async def delete_memory_entry(
     name: MemoryName,
@@ -178,7 +178,7 @@ async def delete_memory_entry(
     "/memories/{name}/search",
     response_model=MemorySearchResult,
     summary="Search a Memory",
-    responses=responses(400, 404),
+    responses=responses(400, 404, 502),
 )
 async def search_memory(
     name: MemoryName, body: MemorySearchRequest, who: Viewer, request: Request

@@ -33,6 +33,7 @@ from corral.core.events import EventType
 from corral.core.ids import new_id
 from corral.core.memory import (
     MAX_KEY_CHARS,
+    MemoryBackendError,
     MemoryEntry,
     MemoryInputError,
     MemoryPlace,
@@ -55,6 +56,13 @@ MAX_TOP_K = 20
 
 #: the characters of a written text or a query a memory event shows
 EVENT_PREVIEW_CHARS = 80
+
+#: the tool error of each code of a remote backend's failure (MemoryBackendError)
+_BACKEND_CODES: Mapping[str, ToolErrorCode] = {
+    "memory_backend_unavailable": ToolErrorCode.UNAVAILABLE,
+    "memory_backend_timeout": ToolErrorCode.TIMEOUT,
+    "memory_backend_blocked": ToolErrorCode.BLOCKED_DESTINATION,
+}
 
 Operation = Literal["write", "read", "search", "list", "delete", "ingest"]
 _WRITES: frozenset[str] = frozenset({"write", "delete", "ingest"})
@@ -210,6 +218,14 @@ class MemoryTool(Tool):
             return await getattr(self, f"_{self.operation}")(binding, place, arguments, ctx)
         except MemoryInputError as exc:
             raise ToolError(ToolErrorCode.INVALID_INPUT, str(exc)) from None
+        except MemoryBackendError as exc:
+            # a remote backend's failure, said as the tool's (its message holds no secret)
+            raise ToolError(
+                _BACKEND_CODES.get(exc.code, ToolErrorCode.EXECUTION_FAILED),
+                exc.message,
+                retryable=exc.retryable,
+                details={"memory_backend": exc.code},
+            ) from None
 
     def _redacted(self, arguments: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         """A write's text and metadata with every secret the agent saw redacted: no secret

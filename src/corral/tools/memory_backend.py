@@ -6,7 +6,9 @@ bound to one Memory's spec. :func:`open_memory_backend` is the one place a
 Memory's ``spec.backend`` picks the implementation:
 
 - ``store`` (:class:`StoreMemoryBackend`): the entries in the Corral store itself
-  (SQLite embedded, PostgreSQL in scale-out), searched by its full-text index.
+  (SQLite embedded, PostgreSQL in scale-out), searched by its full-text index;
+- ``http`` (:class:`corral.tools.memory_http.HttpMemoryBackend`): a remote memory
+  service speaking the contract of docs/memory-http.md.
 
 A backend applies its Memory's retention on every write (``spec.retention``) and
 takes entries and places already checked by the caller (:mod:`corral.core.memory`);
@@ -131,4 +133,8 @@ def open_memory_backend(
     backend's auth); the caller closes the backend (:meth:`MemoryBackend.aclose`)."""
     if spec.backend == "store":
         return StoreMemoryBackend(store, spec)
+    if spec.backend == "http":
+        from corral.tools.memory_http import HttpMemoryBackend
+
+        return HttpMemoryBackend(name, spec, secrets or {})
     raise ConfigurationError(f"Memory {name!r}: unknown backend {spec.backend!r}")
