@@ -10,13 +10,16 @@ own module (``tests/test_bus_nats.py``).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import anyio
 import pytest
 
 from corral.bus import Bus, LocalBus, MessageDelivery
+from corral.runtime.fanout import FanOut, FanOutBus
+from corral.store import open_store
 from nats_servers import (
     OpenBus,
     connect_fixture,
@@ -45,7 +48,18 @@ class BusKind:
 BUSES = [
     BusKind("local", "local_peers"),
     BusKind("nats", "nats_peers"),
+    # the bus of a server process: the in-process bus behind its FanOut wrapper
+    BusKind("fanout", "fanout_peers"),
 ]
+
+
+@pytest.fixture
+async def fan_out(tmp_path: Path) -> AsyncIterator[FanOut]:
+    store = await open_store(f"sqlite:///{tmp_path / 'corral.db'}")
+    try:
+        yield FanOut(store)
+    finally:
+        await store.close()
 
 
 @pytest.fixture
@@ -54,6 +68,16 @@ def local_peers() -> Peer:
 
     async def peer() -> Bus:
         return bus  # one process: every peer holds the same bus
+
+    return peer
+
+
+@pytest.fixture
+def fanout_peers(fan_out: FanOut) -> Peer:
+    bus = FanOutBus(LocalBus(), fan_out)
+
+    async def peer() -> Bus:
+        return bus
 
     return peer
 
@@ -178,6 +202,18 @@ def local_inboxes() -> InboxPeer:
     async def peer(**options: float) -> Bus:
         if not buses:  # one process: every peer holds the same bus
             buses.append(LocalBus(**options))  # type: ignore[arg-type]
+        return buses[0]
+
+    return peer
+
+
+@pytest.fixture
+def fanout_inboxes(fan_out: FanOut) -> InboxPeer:
+    buses: list[Bus] = []
+
+    async def peer(**options: float) -> Bus:
+        if not buses:
+            buses.append(FanOutBus(LocalBus(**options), fan_out))  # type: ignore[arg-type]
         return buses[0]
 
     return peer
