@@ -32,6 +32,7 @@ from corral.resources.kinds import (
     is_valid_name,
 )
 from corral.resources.loader import FieldPath, LoadedResource, format_path
+from corral.resources.memory import MemorySpec
 from corral.resources.systems import AgentSystemSpec
 
 MCP_PREFIX = "mcp:"
@@ -136,6 +137,8 @@ def _references(resource: HasSpec) -> Iterator[Reference | MalformedReference]:
     elif isinstance(spec, McpServerSpec):
         yield from _env_secrets(spec.env, ("spec", "env"))
         yield from _auth_secret(spec.auth, ("spec", "auth"))
+    elif isinstance(spec, MemorySpec) and spec.http is not None:
+        yield from _auth_secret(spec.http.auth, ("spec", "http", "auth"))
 
 
 def _env_secrets(env: dict[str, str | EnvValue], prefix: FieldPath) -> Iterator[Reference]:
