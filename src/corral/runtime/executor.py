@@ -236,7 +236,7 @@ class RunExecutor:
             await sink.emit(EventType.RUN_FINISH, state=RunState.DEAD_LETTER.value)
             return RunResult(state=RunState.DEAD_LETTER, error=error)
         if record.is_system_run:  # a graph of agents: its coordinator, not an agent loop
-            return await self.systems.run(record, lease, sink, events)
+            return await self.systems.run(record, sink, events)
         gone = await missing_session(self.store, record)
         if gone is not None:
             return await self._failed_to_start(sink, gone, events, record)

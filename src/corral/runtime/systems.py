@@ -57,7 +57,7 @@ import hashlib
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from corral.bus.base import Bus
 from corral.core.agent_messages import AgentMessage, MessageState
@@ -71,7 +71,7 @@ from corral.core.errors import (
 )
 from corral.core.events import Event, EventType
 from corral.core.messages import Usage, dump
-from corral.core.runs import Lease, RunRecord, RunState
+from corral.core.runs import RunRecord, RunState
 from corral.engine.loop import RunResult
 from corral.resources.systems import AgentSystemSpec
 from corral.runtime.journal import FencedSink
@@ -81,6 +81,8 @@ from corral.store.base import Store
 #: how long a message published on a bus that delivers messages may stay pending before
 #: the coordinator delivers it itself (the publish, or its consumer, was lost)
 DELIVERY_GRACE_SECONDS = 5.0
+#: how often the coordinator looks whether the bus's consumers delivered its messages
+BUS_DELIVERY_POLL_SECONDS = 0.05
 #: the branch of the system's input
 ROOT_BRANCH = "1"
 KIND = "AgentSystem"
@@ -150,8 +152,6 @@ class _Pass:
     children: dict[str, RunRecord]
     #: (event type, key) of the events the journal has: what not to write again
     journaled: set[tuple[str, str]] = field(default_factory=set[tuple[str, str]])
-    #: messages this pass wants published on the bus after their commit
-    to_publish: list[AgentMessage] = field(default_factory=list[AgentMessage])
 
     def ordered(self) -> list[AgentMessage]:
         return sorted(self.messages.values(), key=lambda m: (m.created_at, m.id))
@@ -168,12 +168,9 @@ class SystemCoordinator:
         self.bus = bus
         self.clock = clock
 
-    async def run(
-        self, record: RunRecord, lease: Lease, sink: FencedSink, events: list[Event]
-    ) -> RunResult | Literal["released"]:
-        """One pass over the system run ``record`` (claimed under ``lease``): the result
-        to save (parked, succeeded or failed), or ``released`` (waiting for deliveries
-        of a bus, due again after the grace)."""
+    async def run(self, record: RunRecord, sink: FencedSink, events: list[Event]) -> RunResult:
+        """One pass over the claimed system run ``record``: the result to save (parked in
+        ``waiting_children``, succeeded or failed)."""
         spec = await self._spec(record, sink, events)
         if isinstance(spec, RunResult):
             return spec
@@ -185,7 +182,7 @@ class SystemCoordinator:
         )
         state.journaled = {(e.type.value, _key(e)) for e in events}
         try:
-            return await self._advance(state, lease, sink)
+            return await self._advance(state, sink)
         except (SystemFailed, BudgetExceededError) as exc:
             return await self._fail(state, sink, exc.to_dict())
 
@@ -223,9 +220,7 @@ class SystemCoordinator:
 
     # ----------------------------------------------------------------- one pass
 
-    async def _advance(
-        self, state: _Pass, lease: Lease, sink: FencedSink
-    ) -> RunResult | Literal["released"]:
+    async def _advance(self, state: _Pass, sink: FencedSink) -> RunResult:
         record, spec = state.record, state.spec
         if not state.messages:
             entry = AgentMessage(
@@ -243,6 +238,9 @@ class SystemCoordinator:
             )
             await self._send(state, sink, [entry])
         await self._journal_sent(state, sink)
+        dead = [m for m in state.ordered() if m.state is MessageState.DEAD_LETTER]
+        if dead:
+            raise SystemFailed(_undeliverable(dead[0]))
         self._check_time_and_cost(state)
         await self._take_finished(state, sink)
         for message in state.ordered():
@@ -250,14 +248,9 @@ class SystemCoordinator:
             if message.state is MessageState.DONE and child is not None:
                 await self._send(state, sink, self._route(state, message, child))
         await self._join(state, sink)
-        released = await self._deliver_pending(state, sink)
-        await self._publish(state)
+        await self._deliver_pending(state, sink)
         if _children_running(state):
             return self._result(state, RunState.WAITING_CHILDREN)
-        if released is not None:
-            await sink.flush()
-            await self.store.release_run(lease, not_before=released, refund_attempt=True)
-            return "released"
         return await self._finish(state, sink)
 
     async def _journal_sent(self, state: _Pass, sink: FencedSink) -> None:
@@ -511,22 +504,25 @@ class SystemCoordinator:
 
     # ----------------------------------------------------------------- delivery
 
-    async def _deliver_pending(self, state: _Pass, sink: FencedSink) -> float | None:
-        """Deliver the pending messages (see the module docstring); returns when to look
-        again if some wait for a bus's delivery, else ``None``."""
-        bus_delivers = self.bus is not None and self.bus.delivers_messages
-        now = self.clock.now()
-        again: float | None = None
-        for message in state.ordered():
-            if message.state is not MessageState.PENDING or _is_arrival(state.spec, message):
-                continue
-            if bus_delivers and message.attempt == 0:
-                # (attempt 0: the bus has not taken it; sent after the commit below)
-                due = _sent_at(message, now) + DELIVERY_GRACE_SECONDS
-                if now < due:
-                    state.to_publish.append(message)
-                    again = due if again is None else min(again, due)
-                    continue
+    async def _deliver_pending(self, state: _Pass, sink: FencedSink) -> None:
+        """Deliver the pending messages (see the module docstring): through the bus's
+        inboxes when it delivers messages across workers, waiting up to the grace for
+        their node runs to appear, then, for whatever is still pending, here."""
+        pending = [
+            m
+            for m in state.ordered()
+            if m.state is MessageState.PENDING and not _is_arrival(state.spec, m)
+        ]
+        if self._bus_delivers() and pending:
+            now = self.clock.now()
+            due = min(_sent_at(m, now) for m in pending) + DELIVERY_GRACE_SECONDS
+            for message in pending:
+                assert self.bus is not None
+                await self.bus.send_agent_message(message.namespace, message.to_agent, message.id)
+            while pending and self.clock.now() < due:
+                await self.clock.sleep(BUS_DELIVERY_POLL_SECONDS)
+                pending = await self._still_pending(state, pending)
+        for message in pending:
             try:
                 started = await deliver(self.store, self.bus, message)
             except (NotFoundError, ConflictError, UserError) as exc:
@@ -538,6 +534,35 @@ class SystemCoordinator:
             marked = await self.store.get_agent_message(message.id)
             if marked is not None:
                 state.messages[message.id] = marked
+        await self._journal_delivered(state, sink)
+
+    def _bus_delivers(self) -> bool:
+        """Whether messages go through the bus's inboxes: a bus that delivers them to the
+        inbox consumers of the workers (NATS). In one process (the in-process bus) the
+        coordinator delivers them itself: the same :func:`deliver`, one hop less."""
+        return self.bus is not None and self.bus.delivers_messages and self.bus.dispatches
+
+    async def _still_pending(self, state: _Pass, waiting: list[AgentMessage]) -> list[AgentMessage]:
+        """Read ``waiting`` again: those a consumer delivered meanwhile are taken in (their
+        node runs too); a dead-lettered one fails the system."""
+        left: list[AgentMessage] = []
+        for message in waiting:
+            stored = await self.store.get_agent_message(message.id)
+            if stored is None:
+                continue
+            state.messages[message.id] = stored
+            if stored.state is MessageState.PENDING:
+                left.append(stored)
+            elif stored.state is MessageState.DEAD_LETTER:
+                raise SystemFailed(_undeliverable(stored))
+            elif stored.child_run_id is not None:
+                child = await self.store.get_run(stored.child_run_id)
+                if child is not None:
+                    state.children[child.id] = child
+        return left
+
+    async def _journal_delivered(self, state: _Pass, sink: FencedSink) -> None:
+        """``message.deliver`` and ``child.start`` for each delivered message (once)."""
         for message in state.ordered():
             child = state.child_of(message)
             if child is None:
@@ -567,14 +592,6 @@ class SystemCoordinator:
                         "parent_branch_id": message.parent_branch_id,
                     },
                 )
-        return again
-
-    async def _publish(self, state: _Pass) -> None:
-        """Hand the messages waiting for the bus to it (they are stored: committed)."""
-        if self.bus is None:
-            return
-        for message in state.to_publish:
-            await self.bus.send_agent_message(message.namespace, message.to_agent, message.id)
 
     # ----------------------------------------------------------------- the end
 
@@ -681,26 +698,18 @@ def _arrivals(state: _Pass, node: str) -> list[AgentMessage]:
 
 
 def _children_running(state: _Pass) -> bool:
-    """Whether a delivered message's node run is unfinished (or was created after this
-    pass read the node runs: by a bus's inbox consumer)."""
-    for message in state.messages.values():
-        if message.state is MessageState.DELIVERED:
-            child = state.child_of(message)
-            if child is None or not child.state.finished:
-                return True
-    return False
+    """Whether a delivered message awaits its node run's end. One that ended during this
+    pass (after the pass took the finished ones) counts too: the run parks, and the
+    store queues it again at once (its children all finished), for the next pass."""
+    return any(m.state is MessageState.DELIVERED for m in state.messages.values())
 
 
 def _in_flight(state: _Pass) -> bool:
     """Whether a message is still on its way to a node run or a node run is unfinished."""
-    for message in state.messages.values():
-        if message.state is MessageState.PENDING and not _is_arrival(state.spec, message):
-            return True
-        if message.state is MessageState.DELIVERED:
-            child = state.child_of(message)
-            if child is None or not child.state.finished:
-                return True
-    return False
+    return _children_running(state) or any(
+        m.state is MessageState.PENDING and not _is_arrival(state.spec, m)
+        for m in state.messages.values()
+    )
 
 
 def _descendants(spec: AgentSystemSpec, node: str) -> set[str]:
@@ -749,6 +758,14 @@ def _common_branch(branches: Sequence[str]) -> str:
 def _parent_branch(branch: str) -> str | None:
     head, dot, _ = branch.rpartition(".")
     return head if dot else None
+
+
+def _undeliverable(message: AgentMessage) -> str:
+    cause = (message.error or {}).get("message", "no delivery worked")
+    return (
+        f"the message to agent {message.to_agent!r} (branch {message.branch_id}) could not be "
+        f"delivered after {message.attempt} attempt(s): {cause}"
+    )
 
 
 def _child_error(child: RunRecord) -> dict[str, Any]:

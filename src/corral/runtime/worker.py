@@ -48,6 +48,7 @@ from corral.runtime.agent_tokens import AgentTokenIssuer
 from corral.runtime.capabilities import announce_isolation
 from corral.runtime.executor import Observer, Outcome, RunExecutor
 from corral.runtime.health import TRANSIENT, Operation, WorkerHealth
+from corral.runtime.inbox import InboxConsumer
 from corral.store.base import Store
 from corral.tools.sandbox.host import SandboxHost
 
@@ -120,6 +121,7 @@ class Worker:
             clock=clock,
             tokens=tokens,
         )
+        self.inbox = InboxConsumer(store, self.bus)
         self.active: dict[str, Lease] = {}
         self._reserved = 0  # slots of deliveries whose claim is under way
         self._bus_quiet = True  # whether the last fetch of deliveries came back empty
@@ -157,6 +159,9 @@ class Worker:
                 # (with ``until_idle`` it goes before each claim, so a drain sees its effect).
                 if not until_idle:
                     background.start_soon(self._upkeep_forever)
+                if self.bus.delivers_messages and self.bus.dispatches and not until_idle:
+                    # agent messages of system runs, published by their coordinators
+                    background.start_soon(self.inbox.serve, stop)
                 if self.bus.dispatches and not until_idle:
                     await self._serve_dispatched(stop, group)
                 while not stop.is_set():
