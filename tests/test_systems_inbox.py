@@ -1,0 +1,120 @@
+"""The inbox consumer (runtime/inbox.py) over the in-process bus, which delivers agent
+messages with the NATS bus's semantics: a delivery becomes one node run keyed by the
+message id, duplicates find it, an unknown message is terminated, an undeliverable one
+is dead-lettered and fails its system run with a clear error."""
+
+from __future__ import annotations
+
+import anyio
+
+from corral.bus.local import LocalBus
+from corral.core.agent_messages import AgentMessage, MessageState
+from corral.core.runs import RunState
+from corral.core.settings import Settings
+from corral.resources.loader import load_text
+from corral.runtime.inbox import InboxConsumer
+from corral.runtime.system_runs import submit_system
+from corral.runtime.systems import message_id
+from corral.runtime.worker import Worker
+from corral.store import Store
+
+TEAM = """
+apiVersion: corral/v1
+kind: ModelEndpoint
+metadata: {name: m}
+spec: {provider: scripted, script: [{text: "an answer"}]}
+---
+apiVersion: corral/v1
+kind: Agent
+metadata: {name: solo}
+spec: {model: m}
+---
+apiVersion: corral/v1
+kind: AgentSystem
+metadata: {name: team}
+spec: {entry: solo}
+"""
+
+
+def a_message(run_id: str, to: str) -> AgentMessage:
+    ident = message_id(run_id, "input", to)
+    return AgentMessage(
+        id=ident,
+        namespace="default",
+        system_run_id=run_id,
+        from_agent=None,
+        to_agent=to,
+        branch_id="1",
+        parent_branch_id=None,
+        type="input",
+        payload="hello",
+        idempotency_key=ident,
+    )
+
+
+async def take_all(bus: LocalBus, consumer: InboxConsumer) -> None:
+    for delivery in await bus.take_agent_messages(10, 0.5):
+        await consumer.handle(delivery)
+
+
+async def test_a_delivery_becomes_one_node_run_however_often_it_comes(
+    env: tuple[Store, Settings],
+) -> None:
+    store, _ = env
+    await store.apply(load_text(TEAM, "team.yaml"))
+    run, _ = await submit_system(store, "team", "hello")
+    message = a_message(run.id, "solo")
+    await store.add_agent_messages([message])
+    bus = LocalBus()
+    consumer = InboxConsumer(store, bus)
+    await bus.send_agent_message("default", "solo", message.id)
+    await take_all(bus, consumer)
+    stored = await store.get_agent_message(message.id)
+    assert stored is not None and stored.state is MessageState.DELIVERED
+    assert stored.attempt == 1 and stored.child_run_id is not None
+    (child,) = await store.list_children(run.id)
+    assert (child.id, child.agent, child.input, child.branch_id) == (
+        stored.child_run_id,
+        "solo",
+        "hello",
+        "1",
+    )
+    # delivered again (a redelivery, a second publish after the duplicate window): acked
+    delivery_count = consumer.delivered
+    again = LocalBus()
+    await again.send_agent_message("default", "solo", message.id)
+    await take_all(again, InboxConsumer(store, again))
+    assert consumer.delivered == delivery_count
+    assert len(await store.list_children(run.id)) == 1
+
+
+async def test_an_unknown_message_is_terminated(env: tuple[Store, Settings]) -> None:
+    store, _ = env
+    bus = LocalBus()
+    await bus.send_agent_message("default", "solo", "msg_nope")
+    await take_all(bus, InboxConsumer(store, bus))
+    assert await bus.take_agent_messages(10, 0.1) == []  # never delivered again
+    assert list(bus.dead_letters) == []
+
+
+async def test_an_undeliverable_message_fails_its_system_run_clearly(
+    env: tuple[Store, Settings],
+) -> None:
+    store, settings = env
+    await store.apply(load_text(TEAM, "team.yaml"))
+    run, _ = await submit_system(store, "team", "hello")
+    message = a_message(run.id, "ghost")  # no such Agent: it can never be delivered
+    await store.add_agent_messages([message])
+    bus = LocalBus()
+    await bus.send_agent_message("default", "ghost", message.id)
+    await take_all(bus, InboxConsumer(store, bus))
+    stored = await store.get_agent_message(message.id)
+    assert stored is not None and stored.state is MessageState.DEAD_LETTER
+    assert stored.error is not None and "ghost" in stored.error["message"]
+    worker = Worker(store, settings, bus=bus, poll_seconds=0.05)
+    with anyio.fail_after(20):
+        await worker.serve(anyio.Event(), until_idle=True)
+    failed = await store.get_run(run.id)
+    assert failed is not None and failed.state is RunState.FAILED and failed.error is not None
+    assert "could not be delivered" in failed.error["message"]
+    assert "'ghost'" in failed.error["message"]
