@@ -421,3 +421,24 @@ async def test_an_unknown_agent_in_a_graph_is_refused_naming_the_field(
         )
     assert "spec.graph.planner.next[0]" in str(caught.value)
     assert "Agent 'ghost' not found" in str(caught.value)
+
+
+async def test_a_system_run_past_its_timeout_fails_naming_the_limit(backend: Backend) -> None:
+    store = backend.store
+    await apply(
+        store,
+        *PING_PONG,
+        system(
+            "loop",
+            entry="ping",
+            graph={"ping": {"next": ["pong"]}, "pong": {"next": ["ping"]}},
+            output="pong",
+            limits={"max_hops": 1000, "timeout_seconds": 0.001},
+        ),
+    )
+    run, _ = await system_runs.submit_system(store, "loop", "serve", bus=backend.bus)
+    await backend.drain()
+    done = await get(store, run)
+    assert done.state is RunState.FAILED and done.error is not None
+    assert (done.error["code"], done.error.get("limit")) == ("budget_exceeded", "timeout_seconds")
+    assert all(c.state.finished for c in await store.list_children(run.id))

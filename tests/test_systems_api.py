@@ -178,6 +178,13 @@ def test_systems_run_embedded_streams_the_tree_and_logs_shows_each_node(
     assert "⇢ planner branch 1" in out and "  planner ✓ an answer" in out
     assert "    critic ✓ an answer" in out
 
+    code, out, err = _corral(home, "describe", "agentsystem", "team")
+    assert code == 0, err
+    assert "  planner -> researcher, critic  [entry]" in out
+    assert "  writer -> (end)  [output, join all]" in out
+    code, out, err = _corral(home, "get", "agentsystems", "-o", "name")
+    assert (code, out.strip()) == (0, "agentsystem/team"), err
+
     code, out, err = _corral(home, "systems", "run", "nope", "x")
     assert code == 2 and "AgentSystem 'nope'" in err
 

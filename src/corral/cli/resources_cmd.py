@@ -405,6 +405,31 @@ def _describe_text(found: ResourceOut, used_by: list[str], extra: list[str]) -> 
     return "\n".join(lines + extra)
 
 
+def _graph_lines(found: ResourceOut) -> list[str]:
+    """An AgentSystem's graph, one node a line: where its output goes and how it joins."""
+    from corral.resources.systems import AgentSystemSpec
+
+    spec = found.spec
+    if not isinstance(spec, AgentSystemSpec):
+        return []
+    lines = ["Graph:"]
+    output = spec.output_node()
+    for name in spec.nodes():
+        node = spec.node(name)
+        marks = [
+            m
+            for m in ("entry" if name == spec.entry else "", "output" if name == output else "")
+            if m
+        ]
+        if node.join is not None:
+            marks.append(f"join {node.join}")
+        targets = ", ".join(node.next) or "(end)"
+        route = " by output" if node.route == "by_output" else ""
+        note = f"  [{', '.join(marks)}]" if marks else ""
+        lines.append(f"  {name} ->{route} {targets}{note}")
+    return lines
+
+
 def _execution_lines(found: ResourceOut, others: list[ResourceOut]) -> list[str]:
     """An Agent's effective execution policy, each field with where it came from."""
     from corral.resources.execution import (
@@ -459,7 +484,9 @@ async def _describe(query: Query) -> list[tuple[ResourceOut, list[str], list[str
                 f"{r.kind.lower()}/{r.metadata.name} ({format_path(field)})"
                 for r, field in referrers((one.kind, one.metadata.name), others)
             ],
-            _execution_lines(one, others) + _memory_lines(memories.get(one.metadata.name)),
+            _execution_lines(one, others)
+            + _memory_lines(memories.get(one.metadata.name))
+            + _graph_lines(one),
         )
         for one in found
     ]

@@ -28,11 +28,13 @@ with ``parent_run_id`` = the system run) - and makes one pass:
    error) and dropped. ``any`` (like a node with one input) runs once per arrival.
 4. **Delivery.** Each pending message becomes a node run: a child run keyed by the
    message id (so a message delivered twice never runs its agent twice), with the
-   branch fields set, and the message is marked ``delivered``. A bus that
-   :attr:`~corral.bus.base.Bus.delivers_messages` gets each new message published
-   after the commit and its inbox consumer (:func:`deliver`, run by the worker)
-   creates the node run; the coordinator still delivers, itself, any message left
-   pending past :data:`DELIVERY_GRACE_SECONDS` (a lost publish).
+   branch fields set, and the message is marked ``delivered`` (:func:`deliver`). On a
+   bus that delivers agent messages across workers (NATS) the message is published to
+   its agent's inbox and a worker's inbox consumer (:mod:`corral.runtime.inbox`) calls
+   :func:`deliver`; the pass waits for that up to :data:`DELIVERY_GRACE_SECONDS` and
+   delivers whatever is still pending itself (a lost publish, a consumer gone). In one
+   process (the in-process bus) the coordinator delivers directly. A message the
+   consumer dead-lettered fails the system run, naming it.
 5. **Limits** (``spec.limits``): a message past ``max_hops`` from the input, more than
    ``max_messages`` messages, the run older than ``timeout_seconds`` or its node runs'
    cost past ``max_cost_usd`` end it ``failed`` with ``budget_exceeded`` naming the limit.
