@@ -358,7 +358,6 @@ async def test_the_tools_an_agent_gets_follow_its_access(env: tuple[Store, Setti
     [
         ({"backend": "http"}, "backend 'http' needs an 'http' block"),
         ({"embedding": {"model": "e"}}, "'embedding' is not built yet"),
-        ({"scope": "system_run"}, "scope 'system_run' is not built yet"),
         ({"chunking": {"size": 500, "overlap": 500}}, "'overlap' must be smaller"),
     ],
 )

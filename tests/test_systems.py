@@ -442,3 +442,55 @@ async def test_a_system_run_past_its_timeout_fails_naming_the_limit(backend: Bac
     assert done.state is RunState.FAILED and done.error is not None
     assert (done.error["code"], done.error.get("limit")) == ("budget_exceeded", "timeout_seconds")
     assert all(c.state.finished for c in await store.list_children(run.id))
+
+
+async def test_a_system_run_memory_is_shared_by_its_agents_and_no_other_run(
+    backend: Backend,
+) -> None:
+    store = backend.store
+    write = {"name": "memory_write", "arguments": {"text": "otters hold hands", "key": "fact"}}
+    read = {"name": "memory_read", "arguments": {"key": "fact"}}
+    await apply(
+        store,
+        json.dumps(
+            {
+                "apiVersion": "corral/v1",
+                "kind": "Memory",
+                "metadata": {"name": "scratch"},
+                "spec": {"scope": "system_run"},
+            }
+        ),
+        model("noter-model", {"tool_calls": [write]}, {"text": "noted"}),
+        model(
+            "reader-model",
+            *[t for _ in range(2) for t in ({"tool_calls": [read]}, {"text": "read"})],
+        ),
+        agent("noter", "noter-model", memory=[{"ref": "scratch", "access": "write"}]),
+        agent("reader", "reader-model", memory=[{"ref": "scratch"}]),
+        system("pair", entry="noter", graph={"noter": {"next": ["reader"]}}),
+        system("alone", entry="reader", graph={}),
+    )
+    run, _ = await system_runs.submit_system(store, "pair", "go", bus=backend.bus)
+    await backend.drain()
+    assert (await get(store, run)).state is RunState.SUCCEEDED
+    (reader,) = [c for c in await store.list_children(run.id) if c.agent == "reader"]
+    (found,) = [
+        _json(e.data["output"])
+        for e in await store.list_events(reader.id)
+        if e.type is EventType.TOOL_RESULT
+    ]
+    assert found["found"] and found["text"] == "otters hold hands"
+    # another system run has entries of its own: none yet
+    other, _ = await system_runs.submit_system(store, "alone", "go", bus=backend.bus)
+    await backend.drain()
+    (lonely,) = await store.list_children(other.id)
+    (missing,) = [
+        _json(e.data["output"])
+        for e in await store.list_events(lonely.id)
+        if e.type is EventType.TOOL_RESULT
+    ]
+    assert missing["found"] is False
+
+
+def _json(output: Any) -> Any:
+    return json.loads(output) if isinstance(output, str) else output

@@ -143,19 +143,24 @@ def place_of(
     *,
     agent: str | None = None,
     session: str | None = None,
+    system_run: str | None = None,
 ) -> MemoryPlace:
-    """Where a Memory of ``scope`` keeps the entries of ``agent`` / ``session``:
-    ``MemoryInputError`` when the scope needs the one not given."""
+    """Where a Memory of ``scope`` keeps the entries of ``agent`` / ``session`` / the
+    agents of one ``system_run`` (its id): ``MemoryInputError`` when the scope needs the
+    one not given."""
     if scope == "namespace":
         return MemoryPlace(namespace, memory)
-    needed = {"agent": agent, "session": session}
+    needed = {"agent": agent, "session": session, "system_run": system_run}
     if scope not in needed:
         raise MemoryInputError(f"memory {memory!r} has an unknown scope {scope!r}")
     owner = needed[scope]
     if not owner:
+        why = {
+            "session": " (this run has no session)",
+            "system_run": " (this run is not part of an agent system's run)",
+        }
         raise MemoryInputError(
-            f"memory {memory!r} is kept per {scope}, and no {scope} was given"
-            + (" (this run has no session)" if scope == "session" else "")
+            f"memory {memory!r} is kept per {scope}, and no {scope} was given" + why.get(scope, "")
         )
     return MemoryPlace(namespace, memory, owner)
 

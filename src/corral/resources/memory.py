@@ -21,7 +21,7 @@ _NAME_PATTERN = r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$"
 
 #: who shares a Memory's entries: every agent of the namespace, each agent on its own,
 #: or the runs of one session
-MemoryScope = Literal["namespace", "agent", "session"]
+MemoryScope = Literal["namespace", "agent", "session", "system_run"]
 MemoryAccessLevel = Literal["read", "write"]
 
 
@@ -102,13 +102,8 @@ class MemorySpec(Spec):
     @classmethod
     def _not_built_yet(cls, data: Any) -> Any:
         # Planned fields get a reason, not pydantic's bare "extra inputs are not permitted".
-        if isinstance(data, dict):
-            if "embedding" in data:
-                raise ValueError(
-                    "'embedding' is not built yet: a Memory searches by full text only"
-                )
-            if data.get("scope") == "system_run":
-                raise ValueError("scope 'system_run' is not built yet")
+        if isinstance(data, dict) and "embedding" in data:
+            raise ValueError("'embedding' is not built yet: a Memory searches by full text only")
         return data
 
 

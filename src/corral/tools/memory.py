@@ -203,12 +203,23 @@ class MemoryTool(Tool):
         return (f"{MEMORY_PREFIX}{binding.name}/{self.operation}",)
 
     async def _place(self, binding: MemoryBinding, ctx: ToolContext) -> MemoryPlace:
-        session = None
-        if binding.spec.scope == "session":
+        session = system_run = None
+        if binding.spec.scope in ("session", "system_run"):
             run = await self.store.get_run(ctx.run_id)
-            session = run.session_id if run is not None else None
+            if run is not None:
+                session = run.session_id
+                # the node runs of one system run share its entries (keyed by its id)
+                if run.is_system_run:
+                    system_run = run.id
+                elif run.system is not None and run.branch_id is not None:
+                    system_run = run.parent_run_id
         return place_of(
-            ctx.namespace, binding.name, binding.spec.scope, agent=ctx.agent, session=session
+            ctx.namespace,
+            binding.name,
+            binding.spec.scope,
+            agent=ctx.agent,
+            session=session,
+            system_run=system_run,
         )
 
     async def call(self, arguments: dict[str, Any], ctx: ToolContext) -> Any:
