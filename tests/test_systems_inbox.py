@@ -5,6 +5,9 @@ is dead-lettered and fails its system run with a clear error."""
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import anyio
 
 from corral.bus.local import LocalBus
@@ -15,8 +18,10 @@ from corral.resources.loader import load_text
 from corral.runtime.inbox import InboxConsumer
 from corral.runtime.system_runs import submit_system
 from corral.runtime.systems import message_id
+from corral.resources.secrets import SecretCipher
 from corral.runtime.worker import Worker
-from corral.store import Store
+from corral.store import Store, StoreError
+from corral.store.sql import SqlStore
 
 TEAM = """
 apiVersion: corral/v1
@@ -118,3 +123,64 @@ async def test_an_undeliverable_message_fails_its_system_run_clearly(
     assert failed is not None and failed.state is RunState.FAILED and failed.error is not None
     assert "could not be delivered" in failed.error["message"]
     assert "'ghost'" in failed.error["message"]
+
+
+class LockedStore(SqlStore):
+    """A real store whose run submits fail (a locked database) while ``locked`` is set."""
+
+    locked = False
+
+    async def submit_agent_run(self, *args: Any, **kwargs: Any) -> Any:
+        if self.locked:
+            raise StoreError("cannot submit a run: the database stayed locked")
+        return await super().submit_agent_run(*args, **kwargs)
+
+
+async def test_a_store_failure_naks_the_delivery_and_a_redelivery_makes_the_node_run(
+    tmp_path: Path,
+) -> None:
+    url = f"sqlite:///{tmp_path / 'corral.db'}"
+    store = await LockedStore.open(url, cipher=SecretCipher(key=SecretCipher.generate_key()))
+    try:
+        await store.apply(load_text(TEAM, "team.yaml"))
+        run, _ = await submit_system(store, "team", "hello")
+        message = a_message(run.id, "solo")
+        await store.add_agent_messages([message])
+        bus = LocalBus(max_deliver=3)
+        consumer = InboxConsumer(store, bus)
+        await bus.send_agent_message("default", "solo", message.id)
+        store.locked = True
+        await take_all(bus, consumer)  # first delivery: nak'ed with a delay
+        stored = await store.get_agent_message(message.id)
+        assert stored is not None and stored.state is MessageState.PENDING
+        store.locked = False
+        with anyio.fail_after(10):
+            while consumer.delivered == 0:
+                await take_all(bus, consumer)
+        stored = await store.get_agent_message(message.id)
+        assert stored is not None and stored.state is MessageState.DELIVERED
+        assert stored.attempt == 2
+        assert len(await store.list_children(run.id)) == 1
+        assert list(bus.dead_letters) == []
+    finally:
+        await store.close()
+
+
+async def test_the_last_delivery_failing_dead_letters_the_message(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'corral.db'}"
+    store = await LockedStore.open(url, cipher=SecretCipher(key=SecretCipher.generate_key()))
+    try:
+        await store.apply(load_text(TEAM, "team.yaml"))
+        run, _ = await submit_system(store, "team", "hello")
+        message = a_message(run.id, "solo")
+        await store.add_agent_messages([message])
+        bus = LocalBus(max_deliver=1)  # the first delivery is the last
+        await bus.send_agent_message("default", "solo", message.id)
+        store.locked = True
+        await take_all(bus, InboxConsumer(store, bus))
+        stored = await store.get_agent_message(message.id)
+        assert stored is not None and stored.state is MessageState.DEAD_LETTER
+        assert stored.error is not None and "locked" in stored.error["message"]
+        assert await store.list_children(run.id) == []
+    finally:
+        await store.close()
