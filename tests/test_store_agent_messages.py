@@ -155,3 +155,47 @@ async def test_messages_go_with_their_pruned_system_run(store: Store) -> None:
     await store.save_run(record, lease)
     assert await store.prune_runs(finished_before=time.time()) == 1
     assert await store.get_agent_message("msg_a") is None
+
+
+async def test_a_parked_system_run_is_queued_when_one_node_run_ends(store: Store) -> None:
+    """Not when the last one does, as a parent of agents_exec children is: each branch
+    moves on as its node ends."""
+    await system_run(store)
+    for name in ("run_a", "run_b"):
+        await store.submit_run(
+            RunRecord(
+                id=name,
+                namespace="default",
+                agent="node",
+                input="x",
+                parent_run_id="run_s",
+                depth=1,
+                system="team",
+                branch_id="1",
+            )
+        )
+        await store.add_agent_messages([a_message(f"msg_{name}")])
+        await store.mark_agent_message(f"msg_{name}", MessageState.DELIVERED, child_run_id=name)
+    [(record, lease)] = await store.claim_runs("w", 30.0, run_ids=["run_s"])
+    record.state = RunState.WAITING_CHILDREN
+    await store.save_run(record, lease)
+    assert (await _state(store, "run_s")) is RunState.WAITING_CHILDREN
+
+    [(node, node_lease)] = await store.claim_runs("w", 30.0, run_ids=["run_a"])
+    node.state = RunState.SUCCEEDED
+    node.finished_at = time.time()
+    await store.save_run(node, node_lease)
+    assert (await _state(store, "run_s")) is RunState.QUEUED  # run_b still runs
+
+    # taken (its message done), the system run parks again and stays parked
+    await store.mark_agent_message("msg_run_a", MessageState.DONE)
+    [(record, lease)] = await store.claim_runs("w", 30.0, run_ids=["run_s"])
+    record.state = RunState.WAITING_CHILDREN
+    await store.save_run(record, lease)
+    assert (await _state(store, "run_s")) is RunState.WAITING_CHILDREN
+
+
+async def _state(store: Store, run_id: str) -> RunState:
+    record = await store.get_run(run_id)
+    assert record is not None
+    return record.state

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -494,3 +495,57 @@ async def test_a_system_run_memory_is_shared_by_its_agents_and_no_other_run(
 
 def _json(output: Any) -> Any:
     return json.loads(output) if isinstance(output, str) else output
+
+
+async def test_a_branch_moves_on_while_its_sibling_waits(backend: Backend) -> None:
+    """Not in waves: the quick branch's next node runs while the other branch's node is
+    parked for a human's approval."""
+    store = backend.store
+    tests = Path(__file__).parent
+    add = {"name": "add", "arguments": {"a": 2, "b": 3}}
+    await apply(
+        store,
+        json.dumps(
+            {
+                "apiVersion": "corral/v1",
+                "kind": "Tool",
+                "metadata": {"name": "add"},
+                "spec": {
+                    "type": "python",
+                    "python": {"function": "agent_tools:add", "path": str(tests)},
+                },
+            }
+        ),
+        *answering("planner", "the plan"),
+        model("gated-model", {"tool_calls": [add]}, {"text": "added"}),
+        agent("gated", "gated-model", tools=["add"], approval={"policy": "always"}),
+        *answering("quick", "quick"),
+        *answering("after", "after"),
+        *answering("end", "the end"),
+        system(
+            "split",
+            entry="planner",
+            graph={
+                "planner": {"next": ["gated", "quick"]},
+                "quick": {"next": ["after"]},
+                "after": {"next": ["end"]},
+                "gated": {"next": ["end"]},
+                "end": {"join": "all"},
+            },
+        ),
+    )
+    run, _ = await system_runs.submit_system(store, "split", "go", bus=backend.bus)
+    await backend.drain()
+    assert (await get(store, run)).state is RunState.WAITING_CHILDREN
+    states = {c.agent: c.state for c in await store.list_children(run.id)}
+    assert states == {
+        "planner": RunState.SUCCEEDED,
+        "gated": RunState.WAITING_APPROVAL,
+        "quick": RunState.SUCCEEDED,
+        "after": RunState.SUCCEEDED,  # ran while gated waits
+    }
+    (approval,) = await store.list_approvals(states=["pending"])
+    await backend.decide(approval.id, True)
+    await backend.drain()
+    done = await get(store, run)
+    assert (done.state, done.output) == (RunState.SUCCEEDED, "the end"), done.error

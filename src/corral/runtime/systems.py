@@ -39,10 +39,10 @@ with ``parent_run_id`` = the system run) - and makes one pass:
    ``max_messages`` messages, the run older than ``timeout_seconds`` or its node runs'
    cost past ``max_cost_usd`` end it ``failed`` with ``budget_exceeded`` naming the limit.
 6. **Park or finish.** While node runs are unfinished the run parks in
-   ``waiting_children`` (no worker held); the store queues it again when the last of
-   them finishes, so a system advances in waves: a branch's next node starts when
-   every node run started before it has finished. With nothing left in flight the run
-   succeeds with the output of ``spec.output``'s node (its last, in a cycle).
+   ``waiting_children`` (no worker held); the store queues it again as soon as one of
+   them ends (``statements.requeue_parent``), so each branch moves on as its node ends.
+   With nothing left in flight the run succeeds with the output of ``spec.output``'s
+   node (its last, in a cycle).
 
 The events (``message.send``, ``message.deliver``, ``child.start``, ``child.finish``,
 ``branch.join``, ``run.finish``) are written after the store changes they report;

@@ -12,11 +12,20 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from corral.core.agent_messages import MessageState
 from corral.core.errors import ConfigurationError, ConflictError
 from corral.core.messages import Message
 from corral.core.runs import ApprovalState, Lease, RunState
 from corral.core.sessions import SessionMessage
-from corral.store.schema import approvals, resources, run_events, runs, session_messages, sessions
+from corral.store.schema import (
+    agent_messages,
+    approvals,
+    resources,
+    run_events,
+    runs,
+    session_messages,
+    sessions,
+)
 from corral.store.sql.rows import SESSION_MESSAGES
 from corral.store.sql.rules import check_session_agent, judge_token, numbered, session_not_found
 
@@ -325,15 +334,27 @@ def parent_of_child(parent_id: Value) -> sa.Select[Any]:
 def requeue_parent(parent_id: Value, now: Value) -> sa.Update:
     """Queue the run ``parent_id`` when it is ``waiting_children`` and none of its child
     runs is unfinished any more (a child's final save runs this, and so does the parent's
-    own save into ``waiting_children``: its children may all have finished meanwhile)."""
+    own save into ``waiting_children``: its children may all have finished meanwhile).
+
+    A system run (``system`` set, no ``branch_id``) is queued as soon as *one* of its node
+    runs has finished whose message it has not taken yet (still ``delivered``): its
+    coordinator moves each branch on as its node ends, not when its slowest sibling does."""
     child = runs.alias("child")
     running_child = sa.exists().where(child.c.parent_run_id == runs.c.id, _unfinished(child))
+    ended = runs.alias("ended")
+    untaken = sa.exists().where(
+        agent_messages.c.system_run_id == runs.c.id,
+        agent_messages.c.state == MessageState.DELIVERED.value,
+        ended.c.id == agent_messages.c.child_run_id,
+        sa.not_(_unfinished(ended)),
+    )
+    system_run = sa.and_(runs.c.system.is_not(None), runs.c.branch_id.is_(None))
     return (
         runs.update()
         .where(
             runs.c.id == parent_id,
             runs.c.state == RunState.WAITING_CHILDREN.value,
-            ~running_child,
+            sa.or_(~running_child, sa.and_(system_run, untaken)),
         )
         .values(state=RunState.QUEUED.value, not_before=now)
     )
