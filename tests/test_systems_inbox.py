@@ -17,8 +17,8 @@ from corral.core.settings import Settings
 from corral.resources.loader import load_text
 from corral.resources.secrets import SecretCipher
 from corral.runtime.inbox import InboxConsumer
+from corral.runtime.system_messages import message_id
 from corral.runtime.system_runs import submit_system
-from corral.runtime.systems import message_id
 from corral.runtime.worker import Worker
 from corral.store import Store, StoreError
 from corral.store.sql import SqlStore

@@ -29,7 +29,7 @@ from corral.bus.base import Bus, MessageDelivery
 from corral.core.agent_messages import MessageState
 from corral.core.errors import ConflictError, NotFoundError, UserError
 from corral.runtime.health import TRANSIENT
-from corral.runtime.systems import deliver
+from corral.runtime.system_messages import deliver
 from corral.store.base import Store
 
 log = logging.getLogger(__name__)

@@ -15,7 +15,7 @@ from corral.core.errors import NotFoundError
 from corral.core.runs import RunRecord
 from corral.resources.systems import AgentSystemSpec
 from corral.runtime.operations import get_run
-from corral.runtime.systems import KIND, system_run_record
+from corral.runtime.system_messages import KIND, system_run_record
 from corral.store.base import Store
 
 

@@ -28,10 +28,10 @@ with ``parent_run_id`` = the system run) - and makes one pass:
    error) and dropped. ``any`` (like a node with one input) runs once per arrival.
 4. **Delivery.** Each pending message becomes a node run: a child run keyed by the
    message id (so a message delivered twice never runs its agent twice), with the
-   branch fields set, and the message is marked ``delivered`` (:func:`deliver`). On a
+   branch fields set, and the message is marked ``delivered`` (:func:`~corral.runtime.system_messages.deliver`). On a
    bus that delivers agent messages across workers (NATS) the message is published to
    its agent's inbox and a worker's inbox consumer (:mod:`corral.runtime.inbox`) calls
-   :func:`deliver`; the pass waits for that up to :data:`DELIVERY_GRACE_SECONDS` and
+   :func:`~corral.runtime.system_messages.deliver`; the pass waits for that up to :data:`DELIVERY_GRACE_SECONDS` and
    delivers whatever is still pending itself (a lost publish, a consumer gone). In one
    process (the in-process bus) the coordinator delivers directly. A message the
    consumer dead-lettered fails the system run, naming it.
@@ -55,9 +55,7 @@ run's spend is counted in the system run's (``child.finish`` carries it).
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -77,7 +75,7 @@ from corral.core.runs import RunRecord, RunState
 from corral.engine.loop import RunResult
 from corral.resources.systems import AgentSystemSpec
 from corral.runtime.journal import FencedSink
-from corral.runtime.operations import new_run
+from corral.runtime.system_messages import KIND, deliver, message_id
 from corral.store.base import Store
 
 #: how long a message published on a bus that delivers messages may stay pending before
@@ -87,55 +85,6 @@ DELIVERY_GRACE_SECONDS = 5.0
 BUS_DELIVERY_POLL_SECONDS = 0.05
 #: the branch of the system's input
 ROOT_BRANCH = "1"
-KIND = "AgentSystem"
-
-
-def message_id(system_run_id: str, source: str, to_agent: str) -> str:
-    """The id of the message to ``to_agent`` that ``source`` (the message its sender
-    handled, ``input``, or ``join``) leads to in a system run: the same on every pass."""
-    digest = hashlib.sha256(f"{system_run_id}\x00{source}\x00{to_agent}".encode()).hexdigest()
-    return f"msg_{digest[:32]}"
-
-
-def node_input(message: AgentMessage) -> str:
-    """The input of the node run that handles ``message``: text as it is, anything else
-    (a structured output, a join's gathered outputs) as JSON text."""
-    if isinstance(message.payload, str):
-        return message.payload
-    return json.dumps(message.payload, ensure_ascii=False)
-
-
-async def deliver(
-    store: Store, bus: Bus | None, message: AgentMessage, *, attempt: int | None = None
-) -> RunRecord:
-    """Deliver ``message``: create (or find, by its id) the node run that handles it and
-    mark it ``delivered``; the node run is announced on ``bus`` when new. What the
-    coordinator does for a pending message and what a bus's inbox consumer does for a
-    delivery. ``NotFoundError`` when the system run or the agent is gone."""
-    parent = await store.get_run(message.system_run_id)
-    if parent is None:
-        raise NotFoundError(f"system run {message.system_run_id!r} not found")
-    record = new_run(
-        message.to_agent,
-        node_input(message),
-        namespace=message.namespace,
-        session=None,
-        idempotency_key=message.id,
-        output_schema=None,
-    )
-    record.parent_run_id = parent.id
-    record.depth = parent.depth + 1
-    record.priority = parent.priority
-    record.system = parent.system
-    record.branch_id = message.branch_id
-    record.parent_branch_id = message.parent_branch_id
-    submitted = await store.submit_agent_run(record)
-    await store.mark_agent_message(
-        message.id, MessageState.DELIVERED, child_run_id=submitted.record.id, attempt=attempt
-    )
-    if submitted.created and bus is not None:
-        await bus.announce_runnable([submitted.record.id], mark="submitted")
-    return submitted.record
 
 
 class SystemFailed(CorralError):
@@ -787,34 +736,4 @@ def _spend(children: Iterable[RunRecord]) -> tuple[Usage, float]:
     return usage, cost
 
 
-def system_run_record(
-    spec_name: str,
-    user_input: str,
-    *,
-    namespace: str,
-    idempotency_key: str | None = None,
-    labels: Mapping[str, str] | None = None,
-) -> RunRecord:
-    """A system run to submit: a run of the system ``spec_name`` (its ``agent`` too)."""
-    record = new_run(
-        spec_name,
-        user_input,
-        namespace=namespace,
-        session=None,
-        idempotency_key=idempotency_key,
-        output_schema=None,
-        labels=labels,
-    )
-    record.system = spec_name
-    return record
-
-
-__all__ = [
-    "DELIVERY_GRACE_SECONDS",
-    "SystemCoordinator",
-    "SystemFailed",
-    "deliver",
-    "message_id",
-    "node_input",
-    "system_run_record",
-]
+__all__ = ["DELIVERY_GRACE_SECONDS", "SystemCoordinator", "SystemFailed"]

@@ -1,0 +1,97 @@
+"""Agent messages of system runs: their ids, what a node run is given, and delivery.
+
+What the coordinator (:mod:`corral.runtime.systems`), the inbox consumer
+(:mod:`corral.runtime.inbox`) and the front doors (:mod:`corral.runtime.system_runs`)
+share: a message id derived from where the message comes from, the input of the node
+run that handles a message, :func:`deliver` (a message -> its node run, keyed by the
+message id) and the record of a system run to submit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+
+from corral.bus.base import Bus
+from corral.core.agent_messages import AgentMessage, MessageState
+from corral.core.errors import NotFoundError
+from corral.core.runs import RunRecord
+from corral.runtime.operations import new_run
+from corral.store.base import Store
+
+#: the kind of the resource a system run runs
+KIND = "AgentSystem"
+
+
+def message_id(system_run_id: str, source: str, to_agent: str) -> str:
+    """The id of the message to ``to_agent`` that ``source`` (the message its sender
+    handled, ``input``, or ``join``) leads to in a system run: the same on every pass."""
+    digest = hashlib.sha256(f"{system_run_id}\x00{source}\x00{to_agent}".encode()).hexdigest()
+    return f"msg_{digest[:32]}"
+
+
+def node_input(message: AgentMessage) -> str:
+    """The input of the node run that handles ``message``: text as it is, anything else
+    (a structured output, a join's gathered outputs) as JSON text."""
+    if isinstance(message.payload, str):
+        return message.payload
+    return json.dumps(message.payload, ensure_ascii=False)
+
+
+async def deliver(
+    store: Store, bus: Bus | None, message: AgentMessage, *, attempt: int | None = None
+) -> RunRecord:
+    """Deliver ``message``: create (or find, by its id) the node run that handles it and
+    mark it ``delivered``; the node run is announced on ``bus`` when new. What the
+    coordinator does for a pending message and what a bus's inbox consumer does for a
+    delivery. ``NotFoundError`` when the system run or the agent is gone."""
+    parent = await store.get_run(message.system_run_id)
+    if parent is None:
+        raise NotFoundError(f"system run {message.system_run_id!r} not found")
+    record = new_run(
+        message.to_agent,
+        node_input(message),
+        namespace=message.namespace,
+        session=None,
+        idempotency_key=message.id,
+        output_schema=None,
+    )
+    record.parent_run_id = parent.id
+    record.depth = parent.depth + 1
+    record.priority = parent.priority
+    record.system = parent.system
+    record.branch_id = message.branch_id
+    record.parent_branch_id = message.parent_branch_id
+    submitted = await store.submit_agent_run(record)
+    await store.mark_agent_message(
+        message.id, MessageState.DELIVERED, child_run_id=submitted.record.id, attempt=attempt
+    )
+    if submitted.created and bus is not None:
+        await bus.announce_runnable([submitted.record.id], mark="submitted")
+    return submitted.record
+
+
+def system_run_record(
+    spec_name: str,
+    user_input: str,
+    *,
+    namespace: str,
+    idempotency_key: str | None = None,
+    labels: Mapping[str, str] | None = None,
+) -> RunRecord:
+    """A system run to submit: a run of the system ``spec_name`` (its ``agent`` too)."""
+    record = new_run(
+        spec_name,
+        user_input,
+        namespace=namespace,
+        session=None,
+        idempotency_key=idempotency_key,
+        output_schema=None,
+        labels=labels,
+    )
+    record.system = spec_name
+    return record
+
+
+__all__ = ["KIND", "deliver", "message_id", "node_input", "system_run_record"]
