@@ -395,3 +395,15 @@ def test_the_api_serves_an_http_memory_and_says_its_failures_as_502_or_503(
             assert TOKEN not in answer.text
         svc.misbehave = None
         assert client.get(f"{base}/entries/tea").status_code == 200
+        # a secret the server cannot read: the request says so, the server goes on
+        unset = {**http, "auth": {"type": "bearer", "secret": "unset"}}
+        apply(
+            client,
+            _doc("Secret", "unset", {"from_env": "MEMORY_SERVICE_TOKEN_NOT_SET"})
+            + "\n---\n"
+            + _doc("Memory", "unset", {"backend": "http", "http": unset}),
+        )
+        answer = client.post("/v1/memories/unset/search", json={"query": "tea"})
+        assert answer.status_code == 502 and answer.json()["code"] == "memory_backend_unconfigured"
+        assert "MEMORY_SERVICE_TOKEN_NOT_SET" in answer.json()["detail"]
+        assert client.get(f"{base}/entries/tea").status_code == 200
