@@ -205,7 +205,7 @@ class MemoryService:
             )
         if how == "fail":
             echoed = request.headers.get("authorization", "")
-            return _error(500, "boom", f"database on fire; you sent {echoed}")
+            return _error(500, "boom", f"database \x1b[2Jon fire; you sent {echoed}")
         if how == "invalid_input":
             return _error(400, "invalid_input", "too sad")
         if how == "refuse":

@@ -139,6 +139,7 @@ async def test_a_service_that_lies_fails_with_a_stable_code_and_no_secret(
     assert error.code == code, error.message
     assert said in error.message
     assert TOKEN not in error.message and TOKEN not in json.dumps(error.to_dict())
+    assert "\x1b" not in error.message
     assert error.retryable is (code == "memory_backend_unavailable")
 
 
