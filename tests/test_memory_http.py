@@ -120,6 +120,7 @@ async def test_a_wrong_token_is_refused_and_the_message_holds_no_secret(
         ("huge", "memory_backend_bad_answer", "larger than"),
         ("redirect", "memory_backend_bad_answer", "redirect, not followed"),
         ("fail", "memory_backend_unavailable", "HTTP 500"),
+        ("die", "memory_backend_unavailable", "RemoteProtocolError"),
         ("refuse", "memory_backend_refused", "HTTP 403"),
         ("foreign_key", "memory_backend_bad_answer", "answered key"),
     ],
