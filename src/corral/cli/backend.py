@@ -252,8 +252,11 @@ class Backend(ABC):
         source: str,
         key_prefix: str | None,
         metadata: dict[str, Any],
+        progress: Callable[[int, int], None] | None = None,
     ) -> MemoryIngestOut:
-        """Ingest one document, chunked; ``NotFoundError`` when there is no such Memory."""
+        """Ingest one document, chunked; ``NotFoundError`` when there is no such Memory.
+        ``progress(done, chunks)`` as chunks are written (remote: once, when the server
+        answers)."""
 
     @abstractmethod
     async def read_memory(self, at: MemoryAt, key: str) -> MemoryEntryOut | None: ...
@@ -542,6 +545,7 @@ class EmbeddedBackend(Backend):
         source: str,
         key_prefix: str | None,
         metadata: dict[str, Any],
+        progress: Callable[[int, int], None] | None = None,
     ) -> MemoryIngestOut:
         from corral.api import MemoryIngestOut
 
@@ -554,6 +558,7 @@ class EmbeddedBackend(Backend):
             metadata=metadata,
             agent=at.agent,
             session=at.session,
+            progress=progress,
         )
         return MemoryIngestOut(
             key_prefix=prefix, chunks=done.chunks, written=done.written, keys=done.keys

@@ -369,8 +369,9 @@ class RemoteBackend(Backend):
         source: str,
         key_prefix: str | None,
         metadata: dict[str, Any],
+        progress: Callable[[int, int], None] | None = None,
     ) -> MemoryIngestOut:
-        return await self.client.ingest_memory(
+        done = await self.client.ingest_memory(
             at.name,
             text,
             source=source,
@@ -379,6 +380,9 @@ class RemoteBackend(Backend):
             agent=at.agent,
             session=at.session,
         )
+        if progress is not None:  # the server cuts and writes in one request
+            progress(done.chunks, done.chunks)
+        return done
 
     async def read_memory(self, at: MemoryAt, key: str) -> MemoryEntryOut | None:
         try:
