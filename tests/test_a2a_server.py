@@ -27,13 +27,16 @@ from a2a.types.a2a_pb2 import (
     SendMessageConfiguration,
     SendMessageRequest,
     StreamResponse,
+    SubscribeToTaskRequest,
     Task,
     TaskState,
 )
 from a2a.utils.errors import (
     ContentTypeNotSupportedError,
+    InvalidParamsError,
     TaskNotCancelableError,
     TaskNotFoundError,
+    UnsupportedOperationError,
 )
 from google.protobuf.json_format import MessageToDict
 
@@ -50,6 +53,7 @@ AGENTS = [
     # one turn only: its second model call fails the run
     resources("broken", [echo_turn("x")]),
     resources("asker", [echo_turn("x"), "{text: done}"], approval="always"),
+    resources("chatty", ["{text: one}", "{text: two}"]),
 ]
 
 
@@ -374,3 +378,52 @@ async def test_a_json_rpc_0_3_message_send_is_served_too(
     result = response.json()["result"]
     assert (result["kind"], result["status"]["state"]) == ("task", "completed")
     assert result["artifacts"][0]["parts"][0]["text"] == "hello there"
+
+
+async def test_a_follow_up_in_the_same_context_continues_the_session(
+    live: LiveServer, operator: httpx.AsyncClient
+) -> None:
+    client = await sdk_client(live, operator, "chatty")
+    first = await only_task(client, text_message("first"))
+    second = await only_task(client, text_message("second", context_id=first.context_id))
+
+    assert second.context_id == first.context_id
+    assert [a.parts[0].text for a in (*first.artifacts, *second.artifacts)] == ["one", "two"]
+    messages = (await operator.get(f"{live.url}/v1/sessions/{first.context_id}/messages")).json()
+    assert [m["message"]["content"] for m in messages["items"]] == ["first", "one", "second", "two"]
+    # a context of another agent is refused, not mixed into
+    worker = await sdk_client(live, operator, "worker")
+    with pytest.raises(InvalidParamsError, match="contextId"):
+        await send(worker, text_message("intrude", context_id=first.context_id))
+
+
+async def test_subscribe_to_task_follows_a_running_task_until_it_ends(
+    live: LiveServer, operator: httpx.AsyncClient
+) -> None:
+    client = await sdk_client(live, operator, "sleeper", streaming=True)
+    request = text_message("sleep")
+    request.configuration.CopyFrom(SendMessageConfiguration(return_immediately=True))
+    sleeper = await sdk_client(live, operator, "sleeper")
+    task = await only_task(sleeper, request)
+
+    seen: list[StreamResponse] = []
+    async for event in client.subscribe(SubscribeToTaskRequest(id=task.id)):
+        seen.append(event)
+        if len(seen) == 1:
+            await sleeper.cancel_task(CancelTaskRequest(id=task.id))
+    assert seen[0].task.id == task.id
+    assert seen[-1].status_update.status.state == TaskState.TASK_STATE_CANCELED
+    with pytest.raises(UnsupportedOperationError, match="has finished"):
+        async for _ in client.subscribe(SubscribeToTaskRequest(id=task.id)):
+            pass
+
+
+async def test_a_protocol_version_it_does_not_speak_is_refused(
+    live: LiveServer, operator: httpx.AsyncClient
+) -> None:
+    body = {"jsonrpc": "2.0", "id": 1, "method": "GetTask", "params": {"id": "x"}}
+    response = await operator.post(
+        agent_url(live, "greeter"), json=body, headers={"A2A-Version": "2.0"}
+    )
+
+    assert (response.status_code, response.json()["error"]["code"]) == (200, -32009)
