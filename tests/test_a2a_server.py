@@ -54,6 +54,9 @@ AGENTS = [
     resources("broken", [echo_turn("x")]),
     resources("asker", [echo_turn("x"), "{text: done}"], approval="always"),
     resources("chatty", ["{text: one}", "{text: two}"]),
+    resources(
+        "structured", ["{text: '{\"answer\": 42}'}"], extra="  output_schema: {type: object}"
+    ),
 ]
 
 
@@ -164,6 +167,15 @@ async def test_send_message_runs_the_agent_and_answers_a_completed_task_with_its
     detail = (await operator.get(f"{live.url}/v1/tasks/{task.id}")).json()
     assert (detail["agent"], detail["state"], detail["input"]) == ("greeter", "succeeded", "hi")
     assert detail["session_id"] == task.context_id
+
+
+async def test_json_output_is_a_data_part(live: LiveServer, operator: httpx.AsyncClient) -> None:
+    client = await sdk_client(live, operator, "structured")
+    task = await only_task(client, text_message("answer"))
+
+    assert task.status.state == TaskState.TASK_STATE_COMPLETED, task.status
+    [part] = task.artifacts[0].parts
+    assert (MessageToDict(part)["data"], part.media_type) == ({"answer": 42}, "application/json")
 
 
 async def test_the_same_message_id_twice_is_one_run(
@@ -344,6 +356,9 @@ async def test_malformed_json_rpc_answers_json_rpc_errors_and_the_server_serves_
     nul = json.loads(json.dumps(empty))
     nul["params"]["message"]["parts"] = [{"text": "a\u0000b"}]
     assert (await error_of(json.dumps(nul)))["code"] == -32602
+    long_id = json.loads(json.dumps(empty))
+    long_id["params"]["message"] |= {"messageId": "m" * 201, "parts": [{"text": "x"}]}
+    assert (await error_of(json.dumps(long_id)))["code"] == -32602
     data_part = json.loads(json.dumps(empty))
     data_part["params"]["message"]["parts"] = [{"data": {"a": 1}}]
     assert (await error_of(json.dumps(data_part)))["code"] == -32005

@@ -186,3 +186,63 @@ spec:
             events = client.get(f"/v1/runs/{answer['id']}/events").json()["items"]
     [result] = [e["data"] for e in events if e["type"] == "tool.result"]
     assert result["output"] == "done: compile the report", result
+
+
+def test_a_corral_agent_calls_a_corral_agent_over_a2a_with_a_token_from_a_secret(
+    tmp_path: Path,
+) -> None:
+    with LiveServer(tmp_path / "home", workers=2) as live:
+        token = live.mint("default", Role.OPERATOR)
+        arguments = json.dumps({"input": "hi colleague"})
+        documents = f"""
+apiVersion: corral/v1
+kind: ModelEndpoint
+metadata: {{name: models}}
+spec:
+  provider: scripted
+  script:
+    - {{tool_calls: [{{name: colleague, arguments: {arguments}}}]}}
+    - {{text: relayed}}
+---
+apiVersion: corral/v1
+kind: ModelEndpoint
+metadata: {{name: greeter-model}}
+spec:
+  provider: scripted
+  script: [{{text: hello from greeter}}]
+---
+apiVersion: corral/v1
+kind: Agent
+metadata: {{name: greeter}}
+spec: {{model: greeter-model}}
+---
+apiVersion: corral/v1
+kind: Secret
+metadata: {{name: corral-token}}
+spec: {{value: "{token}"}}
+---
+apiVersion: corral/v1
+kind: Tool
+metadata: {{name: colleague}}
+spec:
+  type: a2a
+  a2a:
+    url: "{live.url}/a2a/default/greeter"
+    allow_private: true
+    auth: {{type: bearer, secret: corral-token}}
+---
+apiVersion: corral/v1
+kind: Agent
+metadata: {{name: caller}}
+spec: {{model: models, tools: [colleague]}}
+"""
+        with live.client(live.admin) as admin:
+            apply(admin, documents)
+            answer = admin.post("/v1/agents/caller/prompt", json={"input": "go"}).json()
+            assert (answer["state"], answer["output"]) == ("succeeded", "relayed"), answer
+            events = admin.get(f"/v1/runs/{answer['id']}/events").json()["items"]
+            [result] = [e["data"] for e in events if e["type"] == "tool.result"]
+            assert result["output"] == "hello from greeter", result
+            # the remote task is a run of greeter, keyed by the calling tool call
+            [remote] = admin.get("/v1/tasks", params={"agent": "greeter"}).json()["items"]
+            assert remote["idempotency_key"].startswith(f"a2a:{answer['id']}:")

@@ -167,12 +167,12 @@ def to_task(record: RunRecord) -> Task:
     )
     if record.state is RunState.SUCCEEDED and record.output is not None:
         task.artifacts.append(output_artifact(record))
-    for message in record.messages:
+    for index, message in enumerate(record.messages):
         if message.role in ("user", "assistant") and message.content:
             role = Role.ROLE_USER if message.role == "user" else Role.ROLE_AGENT
             task.history.append(
                 Message(
-                    message_id=new_id("msg"),
+                    message_id=f"{record.id}-{index}",  # the same in every answer
                     context_id=task.context_id,
                     task_id=record.id,
                     role=role,
@@ -181,7 +181,7 @@ def to_task(record: RunRecord) -> Task:
             )
     if not task.history:
         user = Message(
-            message_id=new_id("msg"), role=Role.ROLE_USER, parts=[Part(text=record.input)]
+            message_id=f"{record.id}-input", role=Role.ROLE_USER, parts=[Part(text=record.input)]
         )
         user.task_id, user.context_id = record.id, task.context_id
         task.history.append(user)
