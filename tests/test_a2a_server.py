@@ -11,7 +11,14 @@ bearer auth and roles, other namespaces, and the hostile inputs of the JSON-RPC 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -442,3 +449,61 @@ async def test_a_protocol_version_it_does_not_speak_is_refused(
     )
 
     assert (response.status_code, response.json()["error"]["code"]) == (200, -32009)
+
+
+def test_without_the_a2a_extra_the_routes_answer_501_and_a2a_tools_fail_clearly(
+    tmp_path: Path,
+) -> None:
+    """``corral serve`` where ``import a2a`` fails, as without ``pip install 'corral[a2a]'``."""
+    shadow = tmp_path / "shadow" / "a2a"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text(
+        "raise ModuleNotFoundError(\"No module named 'a2a'\", name='a2a')\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
+    env.update(
+        CORRAL_HOME=str(tmp_path / "home"),
+        PYTHONPATH=os.pathsep.join([str(shadow.parent), env.get("PYTHONPATH", "")]),
+    )
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    command = [sys.executable, "-m", "corral", "serve", "--port", str(port), "--workers", "1"]
+    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert process.poll() is None, process.stderr.read() if process.stderr else ""
+            assert time.monotonic() < deadline, "corral serve did not start"
+            try:
+                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.1)
+        card = httpx.get(f"{url}/a2a/default/x/.well-known/agent-card.json")
+        assert (card.status_code, card.json()["code"]) == (501, "a2a_unavailable")
+        assert "corral[a2a]" in card.json()["detail"]
+        token = (tmp_path / "home" / "admin.token").read_text().strip()
+        headers = {"Authorization": f"Bearer {token}"}
+        with httpx.Client(base_url=url, headers=headers, timeout=30) as client:
+            tool = """
+apiVersion: corral/v1
+kind: Tool
+metadata: {name: remote}
+spec: {type: a2a, a2a: {url: "https://agents.example/x"}}
+"""
+            apply(client, resources("needs-remote", ["{text: x}"]) + "---" + tool)
+            client.post(
+                "/v1/resources",
+                content=resources("needs-remote", ["{text: x}"]).replace(
+                    "tools: [echo]", "tools: [echo, remote]"
+                ),
+                headers={"Content-Type": "application/yaml"},
+            ).raise_for_status()
+            answer = client.post("/v1/agents/needs-remote/prompt", json={"input": "x"}).json()
+        assert answer["state"] in ("failed", "dead_letter"), answer
+        assert "corral[a2a]" in answer["error"]["message"], answer["error"]
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=30)
