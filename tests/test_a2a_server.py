@@ -20,6 +20,8 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import anyio
+import anyio.to_thread
 import httpx
 import pytest
 from a2a.client import A2ACardResolver, ClientConfig, ClientFactory
@@ -507,3 +509,33 @@ spec: {type: a2a, a2a: {url: "https://agents.example/x"}}
     finally:
         process.send_signal(signal.SIGTERM)
         process.wait(timeout=30)
+
+
+async def test_an_open_stream_ends_when_the_server_shuts_down(tmp_path: Path) -> None:
+    live = LiveServer(tmp_path / "home", workers=1).start()
+    stopped = False
+    try:
+        token = live.mint("default", TokenRole.OPERATOR)
+        with live.client(live.admin) as admin:
+            apply(admin, resources("sleeper", [echo_turn("zzz", seconds=30), "{text: woke}"]))
+        headers = {"Authorization": f"Bearer {token}"}
+        async with httpx.AsyncClient(headers=headers, timeout=60) as http:
+            factory = ClientFactory(ClientConfig(httpx_client=http, streaming=True))
+            client = await factory.create_from_url(f"{live.url}/a2a/default/sleeper")
+            seen: list[StreamResponse] = []
+            with anyio.fail_after(30):
+                try:
+                    async for event in client.send_message(text_message("sleep")):
+                        seen.append(event)
+                        if len(seen) == 2:  # the task, then run.start: the run is going
+                            await anyio.to_thread.run_sync(live.stop)
+                            stopped = True
+                except A2AClientError:
+                    pass  # the connection closed under the stream: the client may resubscribe
+        assert stopped and seen[0].HasField("task")
+        assert TaskState.TASK_STATE_COMPLETED not in [
+            e.status_update.status.state for e in seen if e.HasField("status_update")
+        ]
+    finally:
+        if not stopped:
+            live.stop()
