@@ -42,6 +42,7 @@ from a2a.types.a2a_pb2 import (
 )
 from a2a.utils.errors import (
     ContentTypeNotSupportedError,
+    InternalError,
     InvalidParamsError,
     TaskNotCancelableError,
     TaskNotFoundError,
@@ -50,6 +51,7 @@ from a2a.utils.errors import (
 from google.protobuf.json_format import MessageToDict
 
 from corral.core.tokens import Role as TokenRole
+from corral.server.a2a_tasks import internal_errors
 from server_harness import LiveServer, apply, echo_turn, resources
 
 NS = "alpha"
@@ -539,3 +541,16 @@ async def test_an_open_stream_ends_when_the_server_shuts_down(tmp_path: Path) ->
     finally:
         if not stopped:
             live.stop()
+
+
+def test_an_unexpected_failure_answers_a_plain_internal_error_and_keeps_details_in_the_log(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # the SDK would answer str(exc) to the client: a driver's message, a path
+    with pytest.raises(InternalError) as caught, internal_errors():
+        raise RuntimeError("database at /srv/secret/corral.db is locked")
+
+    assert caught.value.message == "internal error; see the server log"
+    assert "/srv/secret" in caplog.text
+    with pytest.raises(TaskNotFoundError), internal_errors():
+        raise TaskNotFoundError("task 'x' not found")  # A2A errors pass as they are

@@ -22,10 +22,13 @@ run). File and data parts are refused (``ContentTypeNotSupportedError``).
 
 from __future__ import annotations
 
+import functools
 import json
-from collections.abc import AsyncGenerator
+import logging
+from collections.abc import AsyncGenerator, Callable, Coroutine, Iterator
+from contextlib import aclosing, contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 import anyio
 from a2a.server.context import ServerCallContext
@@ -56,8 +59,10 @@ from a2a.types.a2a_pb2 import (
     TaskStatusUpdateEvent,
 )
 from a2a.utils.errors import (
+    A2AError,
     ContentTypeNotSupportedError,
     ExtendedAgentCardNotConfiguredError,
+    InternalError,
     InvalidParamsError,
     PushNotificationNotSupportedError,
     TaskNotCancelableError,
@@ -76,6 +81,11 @@ from corral.core.runs import RunRecord, RunState
 from corral.runtime import operations
 from corral.runtime.follow import RunFollower, Until
 from corral.server.context import ServerContext
+from corral.store.base import StoreError
+
+log = logging.getLogger("corral.server")
+P = ParamSpec("P")
+T = TypeVar("T")
 
 #: the key of :class:`Caller` in the SDK's ``ServerCallContext.state``
 CALLER = "corral_caller"
@@ -206,6 +216,50 @@ def input_text(message: Message) -> str:
     return text
 
 
+@contextmanager
+def internal_errors() -> Iterator[None]:
+    """What is not an A2A error becomes a plain internal one: the SDK would answer
+    ``str(exc)`` (a driver's message, a path) to the client; the details go to the log."""
+    try:
+        yield
+    except A2AError:
+        raise
+    except StoreError as exc:
+        log.warning("A2A request: the store could not complete %s", exc.message)
+        raise InternalError("the store could not complete the request; try again") from None
+    except Exception:
+        log.exception("A2A request failed")
+        raise InternalError("internal error; see the server log") from None
+
+
+def _answered(
+    method: Callable[P, Coroutine[Any, Any, T]],
+) -> Callable[P, Coroutine[Any, Any, T]]:
+    """A handler method with :func:`internal_errors`."""
+
+    @functools.wraps(method)
+    async def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
+        with internal_errors():
+            return await method(*args, **kwargs)
+
+    return wrapper
+
+
+def _streamed(
+    method: Callable[P, AsyncGenerator[T, None]],
+) -> Callable[P, AsyncGenerator[T, None]]:
+    """A streaming handler method with :func:`internal_errors`."""
+
+    @functools.wraps(method)
+    async def wrapper(*args: P.args, **kwargs: P.kwargs) -> AsyncGenerator[T, None]:
+        with internal_errors():
+            async with aclosing(method(*args, **kwargs)) as items:
+                async for item in items:
+                    yield item
+
+    return wrapper
+
+
 def _caller(context: ServerCallContext) -> Caller:
     caller = context.state.get(CALLER)
     if not isinstance(caller, Caller):  # the routes always set it: a bug if not
@@ -277,6 +331,7 @@ class CorralRequestHandler(RequestHandler):
 
     # ------------------------------------------------------------------ messages
 
+    @_answered
     async def on_message_send(
         self, params: SendMessageRequest, context: ServerCallContext
     ) -> Task | Message:
@@ -290,6 +345,7 @@ class CorralRequestHandler(RequestHandler):
         task = to_task(await self._current(record))
         return apply_history_length(task, params.configuration)
 
+    @_streamed
     async def on_message_send_stream(
         self, params: SendMessageRequest, context: ServerCallContext
     ) -> AsyncGenerator[A2AEvent]:
@@ -298,6 +354,7 @@ class CorralRequestHandler(RequestHandler):
         async for event in self._stream(record):
             yield event
 
+    @_streamed
     async def on_subscribe_to_task(
         self, params: SubscribeToTaskRequest, context: ServerCallContext
     ) -> AsyncGenerator[A2AEvent]:
@@ -350,11 +407,13 @@ class CorralRequestHandler(RequestHandler):
 
     # ------------------------------------------------------------------ tasks
 
+    @_answered
     async def on_get_task(self, params: GetTaskRequest, context: ServerCallContext) -> Task | None:
         validate_history_length(params)
         record = await self._run(params.id, _caller(context))
         return apply_history_length(to_task(record), params)
 
+    @_answered
     async def on_cancel_task(
         self, params: CancelTaskRequest, context: ServerCallContext
     ) -> Task | None:
