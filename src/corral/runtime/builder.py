@@ -257,7 +257,7 @@ class AgentBuilder:
                     policy, entry, await self._spec("Tool", entry, ToolSpecModel)
                 )
                 env = spec.exec.env if spec.exec else {}
-                auth = spec.http.auth if spec.http else None
+                auth = spec.http.auth if spec.http else spec.a2a.auth if spec.a2a else None
                 tool = build_tool(
                     entry, spec, await self._secrets_of(env, auth), sandbox_host=self.sandbox_host
                 )
