@@ -11,6 +11,7 @@ bearer auth and roles, other namespaces, and the hostile inputs of the JSON-RPC 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import socket
@@ -336,8 +337,9 @@ async def test_no_token_a_bad_token_and_a_foreign_token_are_refused(live: LiveSe
 
 
 async def test_malformed_json_rpc_answers_json_rpc_errors_and_the_server_serves_on(
-    live: LiveServer, operator: httpx.AsyncClient
+    live: LiveServer, operator: httpx.AsyncClient, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, logger="a2a")
     url = agent_url(live, "greeter")
     headers = {"A2A-Version": "1.0"}
 
@@ -381,6 +383,10 @@ async def test_malformed_json_rpc_answers_json_rpc_errors_and_the_server_serves_
     assert (await only_task(client, text_message("still there?"))).status.state == (
         TaskState.TASK_STATE_COMPLETED
     )
+    # A client's malformed request is one warning line in the log, never a traceback.
+    sdk = [r for r in caplog.records if r.name.startswith("a2a.")]
+    assert any("a malformed A2A request" in r.getMessage() for r in sdk), sdk
+    assert not [r for r in sdk if r.exc_info or r.levelno >= logging.ERROR], sdk
 
 
 async def test_a_json_rpc_0_3_message_send_is_served_too(

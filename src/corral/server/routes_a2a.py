@@ -24,6 +24,7 @@ the A2A specification, not an OpenAPI operation.
 from __future__ import annotations
 
 import json
+import logging
 from typing import Annotated
 
 from a2a.server.context import ServerCallContext
@@ -75,6 +76,30 @@ OPERATOR_METHODS = frozenset(
     }
 )
 BEARER = "bearer"
+
+
+#: what the SDK's dispatcher logs, with a traceback, when a client sends a malformed request
+CLIENT_FAULTS = frozenset(
+    {"Failed to validate base JSON-RPC request", "Failed to parse request params"}
+)
+
+
+class _ClientFaultsWithoutTraceback(logging.Filter):
+    """A malformed request is the client's fault: one warning line, not a traceback at
+    ERROR level that any caller could make the server write (log flooding)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg in CLIENT_FAULTS:
+            error = record.exc_info[1] if record.exc_info else None
+            record.msg = f"{record.msg} (a malformed A2A request): {type(error).__name__}"
+            record.exc_info = record.exc_text = None
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return True
+
+
+_SDK_DISPATCHER_LOG = logging.getLogger(JsonRpcDispatcher.__module__)
+if not any(isinstance(f, _ClientFaultsWithoutTraceback) for f in _SDK_DISPATCHER_LOG.filters):
+    _SDK_DISPATCHER_LOG.addFilter(_ClientFaultsWithoutTraceback())
 
 
 class _ContextBuilder(DefaultServerCallContextBuilder):
