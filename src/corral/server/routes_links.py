@@ -38,7 +38,7 @@ from corral.core.runs import RunState
 from corral.resources.kinds import NAME_PATTERN, AgentLink, AgentSpec
 from corral.runtime.agent_tokens import AgentClaims, AgentTokenError, looks_like_agent_token
 from corral.runtime.builder import AgentBuilder
-from corral.runtime.delegation import StoreDelegation
+from corral.runtime.delegation import StoreDelegation, link_child_key
 from corral.runtime.follow import RunFollower, Until
 from corral.server.context import ServerContext, context_of
 from corral.server.limits import address_key, refuse_while_waiting
@@ -207,7 +207,7 @@ async def exec_link(
     digest = hashlib.sha256(
         json.dumps([idempotency_key or new_id("x"), asked], ensure_ascii=False).encode()
     ).hexdigest()[:32]
-    key = f"link:{caller.run_id}:{digest}"
+    key = link_child_key(caller.run_id, digest)
     delegation = StoreDelegation(context.store, context.bus)
     try:
         child = await delegation.start_child_of(
