@@ -387,7 +387,7 @@ class RunExecutor:
                 id=new_id("apr"),
                 run_id=record.id,
                 namespace=record.namespace,
-                agent=record.agent,
+                agent=result.agent or record.agent,  # whose call it is (after a handoff)
                 call_id=p.call_id,
                 tool=p.tool,
                 arguments=p.arguments,
