@@ -121,6 +121,13 @@ class EventPrinter:
                 f"[{colour}]⇠ {escape(str(data.get('agent')))} {escape(state)}[/] "
                 f"[dim]child run {escape(str(data.get('run_id')))}[/]"
             )
+        elif kind is EventType.HANDOFF:
+            reason = str(data.get("reason") or "")
+            self._say(
+                f"[magenta]⇒ {escape(str(data.get('to')))}[/] "
+                f"[dim]handoff from {escape(str(data.get('from')))}"
+                f"{': ' + escape(_short(reason)) if reason else ''}[/]"
+            )
         elif kind is EventType.ERROR:
             self._error(data)
         elif kind is EventType.RUN_FINISH and data.get("state") == RunState.CANCELLED.value:
