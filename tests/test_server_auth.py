@@ -46,6 +46,12 @@ MATRIX = [
     Row("POST", "/v1/resources", Role.ADMIN, SECRET_DOC, names_object=False),
     Row("GET", "/v1/resources/{kind}/{name}", Role.VIEWER),
     Row("DELETE", "/v1/resources/{kind}/{name}", Role.ADMIN),
+    Row(
+        "POST",
+        "/v1/resources/delete",
+        Role.ADMIN,
+        {"items": [{"kind": "secret", "name": "{together}"}]},
+    ),
     Row("GET", "/v1/tasks", Role.VIEWER, names_object=False),
     Row(
         "POST",
@@ -114,6 +120,8 @@ def fresh_objects(admin: httpx.Client, n: int) -> dict[str, str]:
 
     secret = {**SECRET_DOC, "metadata": {"name": f"doomed-{n}"}}
     assert admin.post("/v1/resources", json=secret).status_code == 200
+    secret = {**SECRET_DOC, "metadata": {"name": f"together-{n}"}}
+    assert admin.post("/v1/resources", json=secret).status_code == 200
     memory = {**SECRET_DOC, "kind": "Memory", "metadata": {"name": f"mem-{n}"}, "spec": {}}
     assert admin.post("/v1/resources", json=memory).status_code == 200
     entry = {"text": "an entry", "key": "k"}
@@ -127,6 +135,7 @@ def fresh_objects(admin: httpx.Client, n: int) -> dict[str, str]:
     return {
         "kind": "secret",
         "resource": f"doomed-{n}",
+        "together": f"together-{n}",
         "agent": "helper",
         "task_id": queued,
         "run_id": waiting_run(),
@@ -154,7 +163,13 @@ def url(row: Row, objects: dict[str, str]) -> str:
 
 
 def call(client: httpx.Client, row: Row, objects: dict[str, str]) -> httpx.Response:
-    return client.request(row.method, url(row, objects), json=row.body)
+    body = row.body
+    if body is not None:  # a body naming this pass's objects
+        text = json.dumps(body)
+        for key, value in objects.items():
+            text = text.replace("{" + key + "}", value)
+        body = json.loads(text)
+    return client.request(row.method, url(row, objects), json=body)
 
 
 def test_the_matrix_covers_every_v1_endpoint(server: LiveServer) -> None:
@@ -226,6 +241,7 @@ def test_no_token_is_401_everywhere(server: LiveServer) -> None:
             "token_id",
             "memory",
             "key",
+            "together",
         ],
         "x",
     )
