@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from backends import Backend, backend_fixture, deployment_fixture
 from corral.core.events import EventType
 from corral.core.runs import RunState
@@ -93,14 +95,19 @@ async def test_a_run_parked_after_a_handoff_resumes_under_the_target(backend: Ba
     assert json.loads(listed["output"]) == [{"agent": "triage", "description": ""}]
 
 
-async def test_a_handoff_waits_for_approval_like_every_tool(backend: Backend) -> None:
+@pytest.mark.parametrize(
+    "approval", [{"policy": "always"}, {"policy": "by_risk", "min_risk": "medium"}]
+)
+async def test_a_handoff_waits_for_approval_like_every_tool(
+    backend: Backend, approval: dict[str, str]
+) -> None:
     store = backend.store
     await apply(
         store,
         model("triage-model", handoff("billing")),
         model("billing-model", {"text": "-"}, {"text": "billing answers"}),
         agent("billing", "billing-model"),
-        agent("triage", "triage-model", links=["billing"], approval={"policy": "always"}),
+        agent("triage", "triage-model", links=["billing"], approval=approval),
     )
     run, _ = await backend.submit("triage", "go")
     await backend.drain()

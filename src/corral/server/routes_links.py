@@ -19,6 +19,12 @@ request starts a child). The calling run must be ``running`` (409 ``conflict``
 otherwise: a token that outlived its tool call starts nothing under a parked or
 finished run). ``wait`` (default true) answers 200 with the child's
 task once it settles, or 202 when ``timeout_seconds`` passes first.
+
+The calling run does not park: its tool call holds this request, so the run stays
+``running`` (its worker slot and lease kept, the tool's timeout bounding the wait). The
+child's spend is charged to it like an ``agents_exec`` child's: the loop journals a
+``child.finish`` (no ``call_id``) once the calls of the step that started it are done
+(see ``_LinkedCalls`` in :mod:`corral.runtime.executor`).
 """
 
 from __future__ import annotations
