@@ -207,3 +207,40 @@ async def test_a_handoff_ping_pong_stops_at_max_handoffs(backend: Backend) -> No
     refused = tool_results(events)[-1]
     assert refused["error"]["code"] == "budget_exceeded"
     assert refused["error"]["details"] == {"limit": "max_handoffs", "max_handoffs": 2}
+
+
+async def test_a_sessions_next_run_sees_the_handed_off_conversation(backend: Backend) -> None:
+    store = backend.store
+    await apply(
+        store,
+        # triage has no instructions: billing's system prompt is put first, not replaced
+        model("triage-model", handoff("billing"), {"text": "-"}, {"text": "triage again"}),
+        model("billing-model", {"text": "-"}, {"text": "you owe 5"}),
+        agent("billing", "billing-model", instructions="You are billing."),
+        agent("triage", "triage-model", links=["billing"]),
+    )
+    first, _ = await backend.submit("triage", "what do I owe?", session="s-handoff")
+    await backend.drain()
+    assert (await get(store, first)).output == "you owe 5"
+    stored = [m.message for m in await store.session_messages("default", "s-handoff")]
+    # the session keeps the conversation, never a system prompt
+    assert [m.role for m in stored] == ["user", "assistant", "tool", "assistant"]
+    assert stored[-1].content == "you owe 5"
+
+    second, _ = await backend.submit("triage", "thanks", session="s-handoff")
+    await backend.drain()
+    again = await get(store, second)
+    # a session's run starts under the submitted agent, with the whole history
+    assert (again.state, again.output, again.active_agent) == (
+        RunState.SUCCEEDED,
+        "triage again",
+        None,
+    )
+    assert [m.role for m in again.messages] == [
+        "user",
+        "assistant",
+        "tool",
+        "assistant",
+        "user",
+        "assistant",
+    ]
