@@ -191,6 +191,8 @@ async def test_a_run_resumed_after_a_crash_past_a_handoff_goes_on_under_the_targ
         "system", "user", "assistant", "tool", "assistant", "tool", "assistant",
     ]  # fmt: skip
     assert result.messages[0].content == "You are billing."
+    # the journal of both processes replays to that conversation
+    assert replay(again.events).messages == result.messages
 
 
 async def test_a_handoff_loop_is_stopped_by_max_handoffs(tmp_path: Path) -> None:
@@ -300,3 +302,44 @@ async def test_the_targets_limits_apply_with_the_spend_so_far(tmp_path: Path) ->
     assert result.error is not None
     assert (result.error["code"], result.error["limit"]) == ("budget_exceeded", "max_tokens")
     assert result.usage.total_tokens == 160
+
+
+async def test_hostile_handoff_calls_get_stable_tool_errors_and_hand_off_nothing(
+    tmp_path: Path,
+) -> None:
+    agents = Agents(tmp_path)
+    hostile: list[dict[str, Any] | str] = [
+        {"agent": ""},
+        {"agent": "billing", "reason": "x" * 3000},
+        {"agent": "bílling\u0000"},
+        {"agent": "billing", "force": True},
+        {"agent": {"name": "billing"}},
+        {},
+        '{"agent": "billing"',  # not JSON
+        {"agent": "billing" * 20},
+    ]
+    agents.add_agent(
+        "triage",
+        [turn("", ("handoff", arguments)) for arguments in hostile] + [turn("still triage")],
+        links=("billing",),
+    )
+    agents.add_agent("billing", [turn("never")])
+    result = await agents.run("triage")
+
+    assert (result.state, result.output, result.agent) == (
+        RunState.SUCCEEDED,
+        "still triage",
+        "triage",
+    )
+    codes = [r["error"]["code"] for r in agents.of(EventType.TOOL_RESULT)]
+    assert codes == [
+        "invalid_input",
+        "invalid_input",
+        "permission_denied",
+        "invalid_input",
+        "invalid_input",
+        "invalid_input",
+        "invalid_input",
+        "invalid_input",
+    ]
+    assert agents.switched == [] and agents.of(EventType.HANDOFF) == []

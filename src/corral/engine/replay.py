@@ -90,6 +90,11 @@ def replay(events: Sequence[Event]) -> Checkpoint:
         data = event.data
         if event.type is EventType.MESSAGE_CREATE:
             message = load(Message, data["message"])
+            if open_step is not None and not open_step.unresolved():
+                # a step whose step.finish was never journaled (a run resumed with all its
+                # results in): its tool messages come before what followed it
+                _append_results(checkpoint, open_step)
+                open_step = None
             checkpoint.messages.append(message)
             if message.role != "assistant":
                 checkpoint.repairs += 1
