@@ -54,6 +54,12 @@ MATRIX = [
     Row("POST", "/v1/resources", Role.ADMIN, SECRET_DOC, names_object=False),
     Row("GET", "/v1/resources/{kind}/{name}", Role.VIEWER),
     Row("DELETE", "/v1/resources/{kind}/{name}", Role.ADMIN),
+    Row(
+        "POST",
+        "/v1/resources/delete",
+        Role.ADMIN,
+        {"items": [{"kind": "secret", "name": "{together}"}]},
+    ),
     Row("GET", "/v1/tasks", Role.VIEWER, names_object=False),
     Row(
         "POST",
@@ -143,6 +149,8 @@ def fresh_objects(admin: httpx.Client, n: int) -> dict[str, str]:
 
     secret = {**SECRET_DOC, "metadata": {"name": f"doomed-{n}"}}
     assert admin.post("/v1/resources", json=secret).status_code == 200
+    secret = {**SECRET_DOC, "metadata": {"name": f"together-{n}"}}
+    assert admin.post("/v1/resources", json=secret).status_code == 200
     memory = {**SECRET_DOC, "kind": "Memory", "metadata": {"name": f"mem-{n}"}, "spec": {}}
     assert admin.post("/v1/resources", json=memory).status_code == 200
     entry = {"text": "an entry", "key": "k"}
@@ -156,6 +164,7 @@ def fresh_objects(admin: httpx.Client, n: int) -> dict[str, str]:
     return {
         "kind": "secret",
         "resource": f"doomed-{n}",
+        "together": f"together-{n}",
         "agent": "helper",
         "task_id": queued,
         "run_id": waiting_run(),
@@ -273,6 +282,7 @@ def test_no_token_is_401_everywhere(server: LiveServer) -> None:
             "memory",
             "key",
             "n",
+            "together",
         ],
         "x",
     )

@@ -133,6 +133,10 @@ class Backend(ABC):
     @abstractmethod
     async def delete_resource(self, namespace: str, kind: str, name: str) -> None: ...
 
+    @abstractmethod
+    async def delete_resources(self, namespace: str, keys: Sequence[tuple[str, str]]) -> None:
+        """Delete ``(kind, name)`` resources of ``namespace`` together, all or none."""
+
     # ----------------------------------------------------------------------- runs
 
     @abstractmethod
@@ -337,6 +341,9 @@ class EmbeddedBackend(Backend):
 
     async def delete_resource(self, namespace: str, kind: str, name: str) -> None:
         await self.store.delete_resource(namespace, kind, name)
+
+    async def delete_resources(self, namespace: str, keys: Sequence[tuple[str, str]]) -> None:
+        await self.store.delete_resources(namespace, keys)
 
     async def submit(
         self,

@@ -130,13 +130,20 @@ class RemoteBackend(Backend):
             return None
 
     async def delete_resource(self, namespace: str, kind: str, name: str) -> None:
+        await self._deletable_in(namespace, f"{kind} {name!r}")
+        await self.client.delete_resource(kind, name)
+
+    async def delete_resources(self, namespace: str, keys: Sequence[tuple[str, str]]) -> None:
+        await self._deletable_in(namespace, ", ".join(f"{k} {n!r}" for k, n in keys))
+        await self.client.delete_resources(keys)
+
+    async def _deletable_in(self, namespace: str, what: str) -> None:
         token_namespace = await self._token_namespace()
         if namespace != token_namespace:  # the server would delete the token namespace's
             raise NotFoundError(
-                f"{kind} {name!r} not found in namespace {namespace!r}: the token works in "
+                f"{what} not found in namespace {namespace!r}: the token works in "
                 f"namespace {token_namespace!r} only"
             )
-        await self.client.delete_resource(kind, name)
 
     # ----------------------------------------------------------------------- runs
 

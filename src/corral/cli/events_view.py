@@ -125,6 +125,13 @@ class EventPrinter:
             self._say(memory_write_line(data))
         elif kind is EventType.MEMORY_SEARCH:
             self._say(memory_search_line(data))
+        elif kind is EventType.HANDOFF:
+            reason = str(data.get("reason") or "")
+            self._say(
+                f"[magenta]⇒ {escape(str(data.get('to')))}[/] "
+                f"[dim]handoff from {escape(str(data.get('from')))}"
+                f"{': ' + escape(_short(reason)) if reason else ''}[/]"
+            )
         elif kind is EventType.ERROR:
             self._error(data)
         elif kind is EventType.RUN_FINISH and data.get("state") == RunState.CANCELLED.value:

@@ -28,6 +28,8 @@ class EventType(StrEnum):
     CHILD_START = "child.start"
     #: the child run of a call finished: its outcome becomes the call's result
     CHILD_FINISH = "child.finish"
+    #: the conversation goes on under another agent (a ``handoff`` call): from, to, reason
+    HANDOFF = "handoff"
     MESSAGE_CREATE = "message.create"
     #: a memory tool wrote (``memory_write``, ``memory_ingest``): no text beyond a preview
     MEMORY_WRITE = "memory.write"

@@ -115,6 +115,9 @@ class RunRecord:
     parent_run_id: str | None = None
     #: how many parents it has: 0 for a submitted run, its parent's depth + 1 for a child
     depth: int = 0
+    #: the agent the conversation goes on under after a ``handoff`` (``None``: ``agent``,
+    #: the submitted one); saved with the run when it parks or ends
+    active_agent: str | None = None
 
 
 @dataclass(frozen=True)

@@ -441,6 +441,8 @@ class AgentRoleSpec(Spec):
 
 #: how deep child runs may nest below a run by default (``limits.max_depth``)
 DEFAULT_MAX_DEPTH = 4
+#: how many handoffs a run may make by default (``limits.max_handoffs``)
+DEFAULT_MAX_HANDOFFS = 4
 
 
 class Limits(Spec):
@@ -459,6 +461,15 @@ class Limits(Spec):
         description=(
             "how deep child runs (agents_exec) may nest below a run of this agent: a call "
             "that would start one deeper fails with budget_exceeded (0: no child runs)"
+        ),
+    )
+    max_handoffs: int = Field(
+        default=DEFAULT_MAX_HANDOFFS,
+        ge=0,
+        le=32,
+        description=(
+            "how many handoffs a run may have made when this agent hands off: one more "
+            "fails the handoff call with budget_exceeded (0: this agent never hands off)"
         ),
     )
 
