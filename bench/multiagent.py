@@ -269,22 +269,56 @@ def target_rows(result: dict[str, Any], verdict: Any) -> list[list[str]]:
     ]
 
 
-def reading(result: dict[str, Any]) -> list[str]:
-    """What the figures say."""
+#: the write transactions a delegation adds to a parent run making a plain tool call: the
+#: child's submit, claim and save, the parent's park and its second claim (counted by
+#: wrapping the store around one run of each; the reads of the resume come on top)
+DELEGATION_COMMITS = 5
+
+
+def method(result: dict[str, Any]) -> str:
+    """The page's paragraph on how this section measures."""
+    return (
+        f"- **Multi-agent** (`bench/multiagent.py`). Durable runs on a fresh SQLite store, one "
+        f"in-process worker (32 slots, every submit and child announced on its bus), the "
+        f"`scripted` provider (no model time in any figure). Delegation: a parent whose first "
+        f"turn calls `agents_exec` on a linked one-turn agent, then answers, against the same "
+        f"parent calling a plain `python` tool; {result['runs']:,} runs of each, one at a time, "
+        f"interleaved. Fan-out: one turn calling `agents_exec` {result['fan_out']} times (10 "
+        f"child runs at once, slots free) against once; {result['fan_runs']:,} runs of each, "
+        f"interleaved. Each parent run is timed from its record's `created_at` to its "
+        f"`finished_at` (the store's clock, not the driver's waiting); p50 and p95 per round, "
+        f"{result['rounds']} rounds, each a child process after an untimed warm-up."
+    )
+
+
+def reading(result: dict[str, Any], disk_commits_per_s: list[float]) -> list[str]:
+    """What the figures say (``disk_commits_per_s``: the run's probes of the disk)."""
     adds, ratio = delegation_adds(result), fan_out_ratios(result)
     plain = p50s(result, "plain")
     said = []
     if adds and plain:
-        said.append(
+        line = (
             f"A parent run that delegates to a one-turn agent took {fmt(median(adds), 1)} ms "
             f"(p50) more than one making a plain tool call ({fmt(median(plain), 1)} ms): the "
-            "child's submit, claim, execution and save, and the parent's park, wake-up, "
-            "second claim and journal replay."
+            f"child's submit, claim, execution and save, and the parent's park, second claim "
+            f"and journal replay, {DELEGATION_COMMITS} more write transactions"
         )
+        if disk_commits_per_s:
+            fast, slow = (
+                1000 / rate for rate in (max(disk_commits_per_s), min(disk_commits_per_s))
+            )
+            line += (
+                f"; with one commit (an fsync) taking {fmt(fast, 1)}-{fmt(slow, 1)} ms on this "
+                f"disk, those alone come to {fmt(DELEGATION_COMMITS * fast, 0)}-"
+                f"{fmt(DELEGATION_COMMITS * slow, 0)} ms unless commits share an fsync"
+            )
+        said.append(line + ".")
     if ratio:
         said.append(
             f"Fanning out to {result['fan_out']} children in one turn took "
-            f"{fmt(median(ratio), 2)}x the wall time of one child."
+            f"{fmt(median(ratio), 2)}x the wall time of one child: the children's submits "
+            "and saves are separate write transactions, which the store's group commit "
+            "shares between them."
         )
     return said
 
