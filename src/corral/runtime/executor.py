@@ -276,7 +276,7 @@ class RunExecutor:
             )
             try:
                 if events:
-                    decisions = await self._decisions(record.id)
+                    decisions = await self._decisions(record.id, events)
                     children = await self._children(record.id, events)
                     return await loop.resume(events, decisions, children)
                 history = await self._history(record, agent)
@@ -313,9 +313,13 @@ class RunExecutor:
         backoff = jittered_backoff(record.attempts, self.retry_base_seconds, RUN_RETRY_MAX_SECONDS)
         return self.clock.now() + backoff
 
-    async def _decisions(self, run_id: str) -> dict[str, Decided]:
-        """The run's decided approvals, with who decided and when (journaled on resume)."""
+    async def _decisions(self, run_id: str, events: list[Event]) -> dict[str, Decided]:
+        """The run's decided approvals, with who decided and when (journaled on resume),
+        when its journal asked for any (one read then: a resumed parent of children asked
+        for none)."""
         decided: dict[str, Decided] = {}
+        if not any(e.type is EventType.APPROVAL_REQUESTED for e in events):
+            return decided
         for approval in await self.store.list_approvals(run_id=run_id):
             if approval.state is ApprovalState.PENDING:
                 continue
