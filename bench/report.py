@@ -12,6 +12,7 @@ from typing import Any
 
 import http_api
 import isolation
+import multiagent
 import overhead
 import scale
 import scaleout
@@ -37,6 +38,7 @@ SECTIONS = {
     "http": ("5. HTTP API", http_api.render),
     "scaleout": ("6. Scale-out: worker processes on PostgreSQL + NATS", scaleout.render),
     "isolation": ("7. Isolation: one tool call, sandboxed or not", isolation.render),
+    "multiagent": ("8. Multi-agent: delegation and fan-out", multiagent.render),
 }
 
 
@@ -170,6 +172,8 @@ def target_rows(results: dict[str, Any]) -> list[list[str]]:
                 _verdict(median(wasm) <= limit if wasm else None, quick),
             ]
         )
+    if (section := results.get("multiagent")) is not None:
+        rows += multiagent.target_rows(section, lambda met: _verdict(met, quick))
     return rows
 
 
@@ -349,6 +353,8 @@ def _method(results: dict[str, Any]) -> str:
             f"and result over a pipe). {i['calls']:,} timed calls of each, interleaved, after untimed "
             f"ones; p50 and p95 per round, {plural(i['rounds'], 'round')}, each a child process."
         )
+    if (a := results.get("multiagent")) is not None:
+        parts.append(multiagent.method(a))
     parts.append(
         "- Figures are medians with min-max in brackets. Child processes run one at a "
         "time; the fake server and the measured process each have a core of their own "
@@ -535,6 +541,8 @@ def reading(results: dict[str, Any]) -> list[str]:
                 f"fresh store, instance and WASI context per call and no process, against "
                 f"{fmt(median(none), 1)} ms for starting a program."
             )
+    if (a := results.get("multiagent")) is not None:
+        said += multiagent.reading(a, results["meta"].get("disk_commits_per_s", []))
     return said
 
 

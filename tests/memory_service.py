@@ -34,6 +34,7 @@ from corral.store import Store, open_store
 MISBEHAVIOURS = (
     "hang",  # never answers
     "trickle",  # sends its answer a byte a second
+    "die",  # dies halfway through its answer (the connection drops)
     "not_json",  # 200 with an HTML page
     "deep",  # 200 with JSON nested 100,000 deep
     "wrong_shape",  # 200 with {"version": 1, "entries": "many"}
@@ -188,6 +189,13 @@ class MemoryService:
                     await asyncio.sleep(1)
 
             return StreamingResponse(drip(), media_type="application/json")
+        if how == "die":
+
+            async def half() -> AsyncIterator[bytes]:
+                yield b'{"version": 1, "ent'
+                raise ConnectionAbortedError("the service died")
+
+            return StreamingResponse(half(), media_type="application/json")
         if how == "not_json":
             return Response("<html>Bad gateway</html>", 200, media_type="text/html")
         if how == "deep":
@@ -205,7 +213,7 @@ class MemoryService:
             )
         if how == "fail":
             echoed = request.headers.get("authorization", "")
-            return _error(500, "boom", f"database on fire; you sent {echoed}")
+            return _error(500, "boom", f"database \x1b[2Jon fire; you sent {echoed}")
         if how == "invalid_input":
             return _error(400, "invalid_input", "too sad")
         if how == "refuse":

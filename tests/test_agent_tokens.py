@@ -141,6 +141,38 @@ spec:
   links: [adder]
 ---
 apiVersion: corral/v1
+kind: ModelEndpoint
+metadata: {{name: costly-model}}
+spec:
+  provider: scripted
+  script:
+    - {{text: pricey, input_tokens: 500}}
+---
+apiVersion: corral/v1
+kind: Agent
+metadata: {{name: costly}}
+spec:
+  model: costly-model
+---
+apiVersion: corral/v1
+kind: ModelEndpoint
+metadata: {{name: spender-model}}
+spec:
+  provider: scripted
+  script:
+    - {call({"action": "exec", "agent": "costly", "input": "spend"})}
+    - text: never asked
+---
+apiVersion: corral/v1
+kind: Agent
+metadata: {{name: spender}}
+spec:
+  model: spender-model
+  tools: [link_caller]
+  links: [costly]
+  limits: {{max_tokens: 100}}
+---
+apiVersion: corral/v1
 kind: Agent
 metadata: {{name: boss}}
 spec:
@@ -233,6 +265,34 @@ def test_exec_starts_a_child_of_the_calling_run_and_answers_its_result(
     with server.client(server.admin) as admin:
         children = admin.get(f"/v1/tasks/{boss_run['id']}/children").json()["items"]
     assert [c["id"] for c in children] == [child["id"]]
+    # its spend is the caller's, journaled once its call was done (no call answers with it)
+    finished = [e["data"] for e in boss_run["events"] if e["type"] == "child.finish"]
+    assert [(f["run_id"], f["call_id"], f["state"]) for f in finished] == [
+        (child["id"], None, "succeeded")
+    ]
+    assert boss_run["usage"]["requests"] == len(BOSS_SCRIPT) + 1
+
+
+def test_a_childs_spend_started_over_the_api_counts_against_the_callers_budget(
+    server: LiveServer,
+) -> None:
+    with server.client(server.admin) as admin:
+        response = admin.post(
+            "/v1/agents/spender/prompt", json={"input": "go", "timeout_seconds": 120}
+        )
+        assert response.status_code == 200, response.text
+        run = response.json()
+        events = admin.get(f"/v1/runs/{run['id']}/events", params={"limit": 500}).json()
+        (child,) = admin.get(f"/v1/tasks/{run['id']}/children").json()["items"]
+    assert (child["agent"], child["state"], child["output"]) == ("costly", "succeeded", "pricey")
+    assert run["state"] == "failed"
+    assert (run["error"]["code"], run["error"]["limit"]) == ("budget_exceeded", "max_tokens")
+    assert run["usage"]["input_tokens"] == 500
+    kinds = [e["type"] for e in events["items"]]
+    # the call's result (the child's answer, as the program got it), then the charge
+    assert kinds.index("tool.result") < kinds.index("child.finish") < kinds.index("error")
+    (result_event,) = [e["data"] for e in events["items"] if e["type"] == "tool.result"]
+    assert json.loads(result_event["output"])["body"]["output"] == "pricey"
 
 
 def test_an_agent_not_linked_is_404_as_if_it_did_not_exist(boss_run: dict[str, Any]) -> None:

@@ -71,6 +71,12 @@ def test_quick_benchmark_run_produces_every_section(tmp_path: Path) -> None:
     assert isolation["samples"]["wasm (cached module)"], isolation
     assert isolation["samples"]["python, isolation: process"], isolation
 
+    multiagent = results["multiagent"]
+    assert not multiagent["errors"], multiagent
+    for row in ("plain", "boss", "fan-1", "fan-10"):
+        [sample] = multiagent["samples"][row]
+        assert 0 < sample["p50_ms"] <= sample["p95_ms"], (row, sample)
+
     headings = (
         "Agent-loop overhead",
         "Task throughput",
@@ -79,6 +85,7 @@ def test_quick_benchmark_run_produces_every_section(tmp_path: Path) -> None:
         "HTTP API",
         "Scale-out",
         "Isolation",
+        "Multi-agent",
         "Targets",
     )
     for heading in headings:

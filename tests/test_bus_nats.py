@@ -407,3 +407,22 @@ async def test_agent_messages_ride_out_a_nats_restart(private_nats: NatsServerPr
         [after] = await take_messages(bus)
         assert (after.message_id, after.attempt) == ("msg_after", 1)
         await after.ack()
+
+
+async def test_a_deployment_from_before_agent_messages_gets_its_streams_brought_up_to_date(
+    connect: OpenBus, nats_server_url: str, nats_prefix: str
+) -> None:
+    client = await nats.connect(nats_server_url)
+    try:  # the dead-letter stream as a bus without agent messages made it
+        await client.jetstream().add_stream(
+            name=f"{nats_prefix}_dead", subjects=[f"{nats_prefix}.dead"]
+        )
+    finally:
+        await client.close()
+    bus = await connect(max_deliver=2)
+    info = await bus.js.stream_info(bus.dead_stream)
+    assert sorted(info.config.subjects or []) == [bus.dead_subject, bus.dead_messages_subject]
+    await bus.send_agent_message("team", "writer", "msg_1")
+    [delivery] = await take_messages(bus)
+    assert delivery.message_id == "msg_1"
+    await delivery.ack()

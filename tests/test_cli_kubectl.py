@@ -259,6 +259,47 @@ def test_delete_from_files_stdin_and_directories(cli: Cli) -> None:
     ]
 
 
+MUTUAL = (
+    MODEL
+    + """\
+---
+apiVersion: corral/v1
+kind: Agent
+metadata: {name: a}
+spec: {model: m, links: [b]}
+---
+apiVersion: corral/v1
+kind: Agent
+metadata: {name: b}
+spec: {model: m, links: [a]}
+"""
+)
+
+
+def test_agents_that_link_each_other_are_deleted_together_not_alone(cli: Cli) -> None:
+    cli("apply", "-n", cli.ns, "-f", "-", input=MUTUAL)
+    alone = cli("delete", "agent", "a", "-n", cli.ns, check=2)
+    assert "it is referenced by Agent 'b' (spec.links[0])" in alone.stderr
+    done = cli("delete", "agent", "a", "b", "-n", cli.ns)
+    assert done.stdout.splitlines() == ["agent/a deleted", "agent/b deleted"]
+    assert cli("get", "agents", "-n", cli.ns).stdout == ""
+    # from a file, with the model both use
+    cli("apply", "-n", cli.ns, "-f", "-", input=MUTUAL)
+    done = cli("delete", "-n", cli.ns, "-f", cli.file("mutual.yaml", MUTUAL))
+    assert done.stdout.splitlines() == [
+        "modelendpoint/m deleted",
+        "agent/a deleted",
+        "agent/b deleted",
+    ]
+    # one still referenced from outside the group stays, with its reason
+    cli("apply", "-n", cli.ns, "-f", "-", input=MUTUAL + "---\n" + AGENTS)
+    partial = cli("delete", "-n", cli.ns, "-f", cli.file("mutual.yaml", MUTUAL), check=2)
+    assert partial.stdout.splitlines() == ["agent/a deleted", "agent/b deleted"]
+    assert "referenced by Agent 'x'" in partial.stderr
+    assert names(cli("get", "agents", "-n", cli.ns).stdout) == ["x", "y"]
+    assert names(cli("get", "modelendpoints", "-n", cli.ns).stdout) == ["m"]
+
+
 def test_delete_says_what_it_needs(cli: Cli) -> None:
     assert "say what to delete" in cli("delete", check=2).stderr
     assert "name what to delete" in cli("delete", "agent", check=2).stderr

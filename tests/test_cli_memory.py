@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
+import pty
+import re
+import select
+import subprocess
+import sys
 from pathlib import Path
 
 from cli_harness import invoke
@@ -188,3 +194,111 @@ def test_ingest_errors_are_clear(tmp_path: Path) -> None:
     assert "skipped" in out and "no text to ingest" in out
     assert "not found" in cli(home, "memory", "ingest", "nowhere", "-", input="x", code=2)
     assert "Traceback" not in out
+
+
+AGENT_WITH_MEMORY = """
+apiVersion: corral/v1
+kind: Memory
+metadata: {name: notes}
+spec: {chunking: {size: 200, overlap: 20}}
+---
+apiVersion: corral/v1
+kind: ModelEndpoint
+metadata: {name: scripted-notes}
+spec:
+  provider: scripted
+  script:
+    - tool_calls: [{name: memory_write, arguments: {text: "The launch code word is pineapple", key: launch}}]
+    - tool_calls: [{name: memory_ingest, arguments: {text: "%s", key_prefix: handbook}}]
+    - tool_calls: [{name: memory_search, arguments: {query: "code word", top_k: 3}}]
+    - text: done
+---
+apiVersion: corral/v1
+kind: Agent
+metadata: {name: keeper}
+spec: {model: scripted-notes, memory: [{ref: notes, access: write}]}
+"""
+
+
+def test_logs_show_what_a_run_wrote_to_and_searched_in_a_memory(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    manifest = tmp_path / "m.yaml"
+    handbook = " ".join(f"Rule {i}: keep the gate shut at night." for i in range(20))
+    manifest.write_text(AGENT_WITH_MEMORY % handbook)
+    cli(home, "apply", "-f", str(manifest))
+    cli(home, "run", "keeper", "remember and look")
+    [task] = json.loads(cli(home, "tasks", "list", "-o", "json"))
+    shown = cli(home, "logs", task["id"])
+    assert "✎ memory notes: wrote launch, 33 chars “The launch code word is pineapple”" in shown
+    assert re.search(r"✎ memory notes: ingested \d+ chunk\(s\) as handbook#N", shown), shown
+    assert "⌕ memory notes: “code word” → 1 hit(s)" in shown
+    assert "Traceback" not in shown
+
+
+def test_describe_memory_shows_its_backend_entries_index_and_embedding(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    manifest = tmp_path / "m.yaml"
+    manifest.write_text(
+        RESOURCES
+        + """---
+apiVersion: corral/v1
+kind: Memory
+metadata: {name: remote}
+spec:
+  backend: http
+  http: {url: "http://127.0.0.1:9/memory/v1", allow_private: true, timeout_seconds: 2}
+"""
+    )
+    cli(home, "apply", "-f", str(manifest))
+    cli(home, "memory", "write", "notes", "hello world", "--key", "h")
+    described = cli(home, "describe", "memory", "notes")
+    assert "Backend:     store" in described
+    assert "Entries:     1 in 1 scope(s), 11 characters" in described
+    assert "Index:" in described and "Embedding:   <none> (full-text search only)" in described
+    # a remote backend that is not there: described all the same, saying why
+    remote = cli(home, "describe", "memory", "remote")
+    assert "Backend:     http (http://127.0.0.1:9/memory/v1)" in remote
+    assert "Entries:     unavailable (memory_backend_unavailable:" in remote
+    assert "Traceback" not in remote
+
+
+def test_a_large_ingest_on_a_terminal_shows_a_progress_bar_on_stderr(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    manifest = tmp_path / "m.yaml"
+    manifest.write_text(INGEST)
+    cli(home, "apply", "-f", str(manifest))
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    for i in range(3):
+        (docs / f"{i}.md").write_text(f"Part {i}. The heron waits by the water. " * 40)
+    controller, terminal = pty.openpty()
+    env = {**os.environ, "CORRAL_HOME": str(home), "COLUMNS": "120", "TERM": "xterm"}
+    env.pop("CORRAL_DB_URL", None)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "corral", "memory", "ingest", "book", str(docs), "-o", "json"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=terminal,
+    )
+    os.close(terminal)
+    seen = b""
+    # read the terminal while the command runs (a full terminal buffer would block it)
+    while True:
+        if select.select([controller], [], [], 1.0)[0]:
+            try:
+                piece = os.read(controller, 65536)
+            except OSError:  # the command closed its end
+                break
+            if not piece:
+                break
+            seen += piece
+        elif proc.poll() is not None:
+            break
+    out, _ = proc.communicate(timeout=120)
+    os.close(controller)
+    assert proc.returncode == 0, seen.decode(errors="replace")
+    stderr = seen.decode(errors="replace")
+    assert "ingest" in stderr and "100%" in stderr and "━" in stderr, stderr
+    assert "[1/3]" not in stderr  # the bar, not the lines of a pipe
+    # stdout stays the answer alone
+    assert [d["chunks"] > 1 for d in json.loads(out)] == [True, True, True]

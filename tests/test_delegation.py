@@ -236,6 +236,67 @@ async def test_a_ping_pong_between_two_linked_agents_stops_at_max_depth(backend:
     assert "max_depth" in refused["error"]["reason"]
 
 
+def priced_model(name: str, *turns: dict[str, Any]) -> str:
+    """A scripted ModelEndpoint whose every 1000 input tokens cost one dollar."""
+    document = json.loads(model(name, *turns))
+    document["spec"]["pricing"] = {"input_per_million": 1000.0}
+    return json.dumps(document)
+
+
+@pytest.mark.parametrize(
+    ("limits", "limit"),
+    [({"max_cost_usd": 5.0}, "max_cost_usd"), ({"max_steps": 1}, "max_steps")],
+)
+async def test_a_ping_pong_is_stopped_by_the_top_runs_budget_naming_the_limit(
+    backend: Backend, limits: dict[str, Any], limit: str
+) -> None:
+    store = backend.store
+    # Each turn costs $1 (1000 input tokens). The chain ping > pong > ping > pong is cut
+    # at depth 3; unwinding, each run is charged its child's whole spend: the top ping
+    # ($1 + its child's $6, past $5), or a ping past its one step, fails with the limit.
+    await apply(
+        store,
+        priced_model(
+            "ping-model",
+            {**call("agents_exec", agent="pong", input="ping"), "input_tokens": 1000},
+            {"text": "ping done", "input_tokens": 1000},
+        ),
+        priced_model(
+            "pong-model",
+            {**call("agents_exec", agent="ping", input="pong"), "input_tokens": 1000},
+            {"text": "pong done", "input_tokens": 1000},
+        ),
+        agent("ping", "ping-model", links=["pong"], limits={"max_depth": 3, **limits}),
+        agent("pong", "pong-model", links=["ping"], limits={"max_depth": 3}),
+    )
+    run, _ = await backend.submit("ping", "start")
+    await backend.drain()
+    top = await get(store, run)
+    assert top.state is RunState.FAILED
+    assert top.error is not None
+    assert (top.error["code"], top.error["limit"]) == ("budget_exceeded", limit)
+    assert "limit" in top.error["message"]
+    chain = [top]
+    while children := await store.list_children(chain[-1].id):
+        (child,) = children
+        chain.append(child)
+    assert [r.depth for r in chain] == [0, 1, 2, 3]  # max_depth cut the chain
+    assert all(r.state.finished for r in chain)
+    if limit == "max_cost_usd":
+        assert [r.state for r in chain[1:]] == [RunState.SUCCEEDED] * 3
+        assert [round(r.cost_usd, 6) for r in chain] == [7.0, 6.0, 4.0, 2.0]
+    else:  # every ping stops at its second step; a pong answers its failed child
+        assert [r.state for r in chain] == [
+            RunState.FAILED,
+            RunState.SUCCEEDED,
+            RunState.FAILED,
+            RunState.SUCCEEDED,
+        ]
+        (answer,) = tool_results(await store.list_events(chain[1].id))
+        assert answer["error"]["code"] == "child_failed"
+    assert [e.type for e in await store.list_events(run.id)].count(EventType.RUN_FINISH) == 1
+
+
 async def test_cancelling_a_parent_cancels_its_waiting_child(backend: Backend) -> None:
     store = backend.store
     await apply(
@@ -429,8 +490,10 @@ async def test_cancelling_a_running_parent_cancels_the_child_it_started(
     )
     run, _ = await backend.submit("boss", "go")
     async with backend.serving():
+        # (the child exists once its submit committed; the parent journals its child.start
+        # a moment later on its clock, which this test holds still)
         with anyio.fail_after(10):
-            while not any(e.type is EventType.CHILD_START for e in await store.list_events(run.id)):
+            while not await store.list_children(run.id):
                 await anyio.sleep(0.05)
         (child,) = await store.list_children(run.id)
         await store.request_cancel(run.id)  # the parent is running: its worker stops it

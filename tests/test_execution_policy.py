@@ -147,7 +147,7 @@ def test_policy_turns_a_tools_isolation_tighter_or_looser() -> None:
             "allowed_tool_types[1]': Input should be 'python'",
         ),
         ("{allowed_tool_types: [python, python]}", "a tool type is listed twice"),
-        ("{allowed_tool_types: [" + ", ".join(["exec"] * 5000) + "]}", "at most 5 items"),
+        ("{allowed_tool_types: [" + ", ".join(["exec"] * 5000) + "]}", "at most 6 items"),
         ("{isolation: sometimes}", "isolation"),
         ("{network: maybe}", "network"),
         ("{sandbox: true}", "sandbox"),
@@ -384,7 +384,7 @@ def test_embedded_cli_apply_refusal_exits_2_and_describe_shows_the_policy(tmp_pa
     assert "Execution (effective):" in described.stdout
     assert "isolation:          required (namespace)" in described.stdout
     assert "network:            deny (agent)" in described.stdout
-    assert "allowed_tool_types: python, exec, http, mcp, wasm (default)" in described.stdout
+    assert "allowed_tool_types: python, exec, http, mcp, wasm, a2a (default)" in described.stdout
     listed = invoke(["get", "namespacepolicies"], env)
     assert listed.returncode == 0 and "required" in listed.stdout
 

@@ -118,6 +118,49 @@ async def test_the_result_of_a_call_that_is_not_idempotent_waits_for_its_commit(
         assert await stored(store) == [1, 2]
 
 
+async def test_child_events_ride_with_the_park_or_the_next_write_or_go_a_moment_later(
+    claimed: tuple[Store, Lease],
+) -> None:
+    store, lease = claimed
+    gated = GatedStore(store)
+    clock = FakeClock()
+    async with FencedSink(gated, lease, None, clock=clock) as sink:  # type: ignore[arg-type]
+        gated.gate = anyio.Event()
+        await sink(event(1, EventType.MESSAGE_CREATE, message={"role": "assistant"}))
+        with anyio.fail_after(5):  # the child is committed already: nothing to wait for
+            await sink(event(2, EventType.CHILD_START, call_id="c1", run_id="run_child"))
+        assert gated.started == 0
+        assert [e.seq for e in sink.take()] == [1, 2]  # what the park's commit stores
+        clock.advance(BEHIND_AFTER_SECONDS)
+        await anyio.sleep(0)
+        assert gated.started == 0  # taken: the behind write has nothing left to write
+
+        # resumed: the finished children's outcomes and results, which the engine does not
+        # wait for (the children's records hold the outcomes for a replay): one write
+        with anyio.fail_after(5):
+            await sink(event(3, EventType.CHILD_FINISH, call_id="c1", run_id="run_child"))
+            await sink(event(4, EventType.TOOL_RESULT, call_id="c1"))
+            await sink(event(5, EventType.CHILD_FINISH, call_id="c3", run_id="run_child_3"))
+            await sink(event(6, EventType.TOOL_RESULT, call_id="c3"))
+        assert gated.started == 0
+        clock.advance(BEHIND_AFTER_SECONDS)  # the model's next answer takes its time
+        await gated.until_started(1)
+        gated.gate.set()
+        await sink.settle()
+        assert await stored(store) == [3, 4, 5, 6]  # one commit: each spend counted once
+        assert gated.started == 1
+
+        # a run that goes on instead of parking (another call of the step still runs)
+        # writes its child.start a moment later, so that followers see the child start
+        await sink(event(7, EventType.CHILD_START, call_id="c2", run_id="run_child_2"))
+        await sink.settle()
+        assert await stored(store) == [3, 4, 5, 6]
+        clock.advance(BEHIND_AFTER_SECONDS)
+        with anyio.fail_after(5):
+            while await stored(store) != [3, 4, 5, 6, 7]:
+                await anyio.sleep(0.01)
+
+
 async def test_an_idempotent_call_still_running_is_written_behind_after_a_moment(
     claimed: tuple[Store, Lease],
 ) -> None:

@@ -120,6 +120,7 @@ async def test_a_wrong_token_is_refused_and_the_message_holds_no_secret(
         ("huge", "memory_backend_bad_answer", "larger than"),
         ("redirect", "memory_backend_bad_answer", "redirect, not followed"),
         ("fail", "memory_backend_unavailable", "HTTP 500"),
+        ("die", "memory_backend_unavailable", "RemoteProtocolError"),
         ("refuse", "memory_backend_refused", "HTTP 403"),
         ("foreign_key", "memory_backend_bad_answer", "answered key"),
     ],
@@ -139,6 +140,7 @@ async def test_a_service_that_lies_fails_with_a_stable_code_and_no_secret(
     assert error.code == code, error.message
     assert said in error.message
     assert TOKEN not in error.message and TOKEN not in json.dumps(error.to_dict())
+    assert "\x1b" not in error.message
     assert error.retryable is (code == "memory_backend_unavailable")
 
 
@@ -394,4 +396,16 @@ def test_the_api_serves_an_http_memory_and_says_its_failures_as_502_or_503(
             assert answer.json()["code"] == code
             assert TOKEN not in answer.text
         svc.misbehave = None
+        assert client.get(f"{base}/entries/tea").status_code == 200
+        # a secret the server cannot read: the request says so, the server goes on
+        unset = {**http, "auth": {"type": "bearer", "secret": "unset"}}
+        apply(
+            client,
+            _doc("Secret", "unset", {"from_env": "MEMORY_SERVICE_TOKEN_NOT_SET"})
+            + "\n---\n"
+            + _doc("Memory", "unset", {"backend": "http", "http": unset}),
+        )
+        answer = client.post("/v1/memories/unset/search", json={"query": "tea"})
+        assert answer.status_code == 502 and answer.json()["code"] == "memory_backend_unconfigured"
+        assert "MEMORY_SERVICE_TOKEN_NOT_SET" in answer.json()["detail"]
         assert client.get(f"{base}/entries/tea").status_code == 200

@@ -24,7 +24,7 @@ from typing import Any
 import httpx
 import pytest
 
-from corral.core.redaction import Redactor, install_log_redaction
+from corral.core.redaction import SCAN_FORMS, Redactor, install_log_redaction
 from corral.testing.fake_anthropic import FakeAnthropicServer
 from corral.testing.fake_openai import FakeOpenAIServer, FakeReply, FakeToolCall
 from fixtures_models import (
@@ -474,11 +474,17 @@ def test_logs_never_print_a_secret_an_agent_of_the_process_resolved(
     assert_clean(printed)
 
 
+#: other secrets enough for a redactor past SCAN_FORMS forms (it matches with a regex then)
+CROWD = {f"other-{n}": f"other+secret/{n:04d}" for n in range(30)}
+
+
+@pytest.mark.parametrize("crowded", [False, True], ids=["few-forms", "many-forms"])
 @pytest.mark.parametrize(
     "secret", [MODEL_KEY, TOOL_SECRET, "p@ss:w/o+rd=", "\u00e9t\u00e9-\U0001f511-cl\u00e9"]
 )
-def test_every_form_of_a_secret_is_redacted_wherever_it_sits(secret: str) -> None:
-    redactor = Redactor({"s": secret})
+def test_every_form_of_a_secret_is_redacted_wherever_it_sits(secret: str, crowded: bool) -> None:
+    redactor = Redactor({"s": secret, **(CROWD if crowded else {})})
+    assert (len(redactor._names) > SCAN_FORMS) is crowded
     raw = secret.encode()
     forms = [
         secret,
@@ -515,9 +521,12 @@ def test_short_values_are_not_redacted_and_encoded_forms_only_from_eight_charact
     assert not Redactor({"tiny": "abc"})
 
 
-def test_overlapping_secrets_leave_no_character_of_either() -> None:
-    redactor = Redactor({"a": "abcdefgh", "b": "xyzabc"})
+@pytest.mark.parametrize("crowded", [False, True], ids=["few-forms", "many-forms"])
+def test_overlapping_secrets_leave_no_character_of_either(crowded: bool) -> None:
+    redactor = Redactor({"a": "abcdefgh", "b": "xyzabc", **(CROWD if crowded else {})})
     assert redactor.text("..xyzabcdefgh..") == "..[REDACTED:b].."
+    assert redactor.found_in("..xyzabc..") and not redactor.found_in("..xyz abc..")
+    assert redactor.cut_after("..xyzabcdefgh..", 4) == 8  # past the secret begun before it
 
 
 def test_a_secret_split_across_streamed_pieces_is_caught() -> None:

@@ -369,6 +369,58 @@ def test_resources_list_get_delete_and_conflicts(client: httpx.Client) -> None:
     assert "hunter2" not in shown and "redacted" in shown
 
 
+def test_resources_that_link_each_other_are_deleted_together(
+    client: httpx.Client, server: LiveServer
+) -> None:
+    apply(client, resources("ping", ["{text: x}"]))
+    apply(client, resources("pong", ["{text: x}"], extra="  links: [ping]"))
+    apply(client, resources("ping", ["{text: x}"], extra="  links: [pong]"))
+    alone = client.delete("/v1/resources/agent/ping")
+    assert (alone.status_code, alone.json()["code"]) == (409, "conflict")
+    assert "Agent 'pong' (spec.links[0])" in alone.json()["detail"]
+
+    def delete(*items: dict[str, object]) -> httpx.Response:
+        return client.post("/v1/resources/delete", json={"items": list(items)})
+
+    # hostile bodies: stable 422s naming the field, nothing deleted
+    for body, field in [
+        ({"items": []}, "body.items"),
+        ({"items": [{"kind": "agent", "name": "ping"}] * 101}, "body.items"),
+        ({"items": [{"kind": "widget", "name": "ping"}]}, "body.items[0].kind"),
+        ({"items": [{"kind": "agent", "name": "../ping"}]}, "body.items[0].name"),
+        ({"items": [{"kind": "agent", "name": "ping", "force": True}]}, "body.items[0].force"),
+        ({"items": "ping"}, "body.items"),
+    ]:
+        refused = client.post("/v1/resources/delete", json=body)
+        assert refused.status_code == 422, (body, refused.text)
+        assert refused.json()["errors"][0]["field"] == field, refused.text
+    missing = delete({"kind": "agent", "name": "ping"}, {"kind": "agent", "name": "gone"})
+    assert (missing.status_code, missing.json()["code"]) == (404, "not_found")
+    # an agent not in the group (pong) links ping: it holds the group back, all or none
+    held = delete(
+        {"kind": "agent", "name": "ping"}, {"kind": "modelendpoint", "name": "ping-model"}
+    )
+    assert held.status_code == 409 and "Agent 'pong'" in held.json()["detail"]
+    assert client.get("/v1/resources/modelendpoint/ping-model").status_code == 200
+    assert client.get("/v1/resources/agent/ping").status_code == 200
+    # a namespace's admin deletes no NamespacePolicy, not even with others
+    other = server.mint("elsewhere", "admin")
+    with server.client(other) as foreign:
+        policy = foreign.post(
+            "/v1/resources/delete", json={"items": [{"kind": "namespacepolicy", "name": "p"}]}
+        )
+        assert policy.status_code == 403
+        # nor another namespace's agents: they are not found in its own
+        theirs = foreign.post(
+            "/v1/resources/delete", json={"items": [{"kind": "agent", "name": "ping"}]}
+        )
+        assert theirs.status_code == 404
+    both = delete({"kind": "Agent", "name": "ping"}, {"kind": "agents", "name": "pong"})
+    assert both.status_code == 204, both.text
+    assert client.get("/v1/resources/agent/ping").status_code == 404
+    assert client.get("/v1/resources/agent/pong").status_code == 404
+
+
 def test_sessions_over_the_api(client: httpx.Client) -> None:
     apply(client, resources("chatty", ["{text: one}", "{text: two}"]))
     for text in ("first", "second"):

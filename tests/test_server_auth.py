@@ -41,11 +41,25 @@ SECRET_DOC = {
     "spec": {"value": "v"},
 }
 
+A2A = "/a2a/{namespace}/{agent}"
+
+
+def rpc(method: str, params: dict[str, Any]) -> dict[str, Any]:
+    """A JSON-RPC request body (A2A 0.3 method names: no A2A-Version header needed)."""
+    return {"jsonrpc": "2.0", "id": 1, "method": method, "params": params}
+
+
 MATRIX = [
     Row("GET", "/v1/resources", Role.VIEWER, names_object=False),
     Row("POST", "/v1/resources", Role.ADMIN, SECRET_DOC, names_object=False),
     Row("GET", "/v1/resources/{kind}/{name}", Role.VIEWER),
     Row("DELETE", "/v1/resources/{kind}/{name}", Role.ADMIN),
+    Row(
+        "POST",
+        "/v1/resources/delete",
+        Role.ADMIN,
+        {"items": [{"kind": "secret", "name": "{together}"}]},
+    ),
     Row("GET", "/v1/tasks", Role.VIEWER, names_object=False),
     Row(
         "POST",
@@ -90,6 +104,27 @@ MATRIX = [
     Row("POST", "/v1/tokens", Role.ADMIN, {"role": "viewer"}, names_object=False),
     Row("GET", "/v1/tokens/{token_id}", Role.ADMIN),
     Row("POST", "/v1/tokens/{token_id}/revoke", Role.ADMIN),
+    # A2A (server/routes_a2a.py): the card, and JSON-RPC with the role of each method
+    Row("GET", A2A + "/.well-known/agent-card.json", Role.VIEWER),
+    Row("POST", A2A, Role.VIEWER, rpc("tasks/get", {"id": "{task_id}"})),
+    Row(
+        "POST",
+        A2A,
+        Role.OPERATOR,
+        rpc(
+            "message/send",
+            {
+                "message": {
+                    "kind": "message",
+                    "messageId": "{n}",
+                    "role": "user",
+                    "parts": [{"kind": "text", "text": "x"}],
+                },
+                "configuration": {"blocking": False},
+            },
+        ),
+    ),
+    Row("POST", A2A, Role.OPERATOR, rpc("tasks/cancel", {"id": "{run_id}"})),
 ]
 
 
@@ -116,6 +151,8 @@ def fresh_objects(admin: httpx.Client, n: int) -> dict[str, str]:
 
     secret = {**SECRET_DOC, "metadata": {"name": f"doomed-{n}"}}
     assert admin.post("/v1/resources", json=secret).status_code == 200
+    secret = {**SECRET_DOC, "metadata": {"name": f"together-{n}"}}
+    assert admin.post("/v1/resources", json=secret).status_code == 200
     memory = {**SECRET_DOC, "kind": "Memory", "metadata": {"name": f"mem-{n}"}, "spec": {}}
     assert admin.post("/v1/resources", json=memory).status_code == 200
     system = {
@@ -136,6 +173,7 @@ def fresh_objects(admin: httpx.Client, n: int) -> dict[str, str]:
     return {
         "kind": "secret",
         "resource": f"doomed-{n}",
+        "together": f"together-{n}",
         "agent": "helper",
         "task_id": queued,
         "run_id": waiting_run(),
@@ -146,6 +184,8 @@ def fresh_objects(admin: httpx.Client, n: int) -> dict[str, str]:
         "system": "team",
         "key": "k",
         "token_id": admin.post("/v1/tokens", json={"role": "viewer"}).json()["id"],
+        "namespace": NS,
+        "n": f"pass-{n}",
     }
 
 
@@ -165,8 +205,19 @@ def url(row: Row, objects: dict[str, str]) -> str:
     return row.path.format(**values)
 
 
+def filled(body: Any, objects: dict[str, str]) -> Any:
+    """``body`` with this pass's objects in its strings."""
+    if isinstance(body, str):
+        return body.format(**objects)
+    if isinstance(body, dict):
+        return {key: filled(value, objects) for key, value in body.items()}
+    if isinstance(body, list):
+        return [filled(value, objects) for value in body]
+    return body
+
+
 def call(client: httpx.Client, row: Row, objects: dict[str, str]) -> httpx.Response:
-    return client.request(row.method, url(row, objects), json=row.body)
+    return client.request(row.method, url(row, objects), json=filled(row.body, objects))
 
 
 def test_the_matrix_covers_every_v1_endpoint(server: LiveServer) -> None:
@@ -178,7 +229,9 @@ def test_the_matrix_covers_every_v1_endpoint(server: LiveServer) -> None:
         if path.startswith("/v1/") and not path.startswith("/v1/links")
         for method in operations
     }
-    assert documented == {(row.method, row.path) for row in MATRIX}
+    assert documented == {(row.method, row.path) for row in MATRIX if row.path.startswith("/v1/")}
+    # A2A's contract is its agent card, not an OpenAPI operation
+    assert not [path for path in spec["paths"] if path.startswith("/a2a")]
 
 
 @pytest.mark.parametrize("role", list(Role))
@@ -193,6 +246,8 @@ def test_each_role_may_call_exactly_its_endpoints(server: LiveServer, role: Role
                 assert response.status_code in (200, 201, 202, 204), (
                     f"{role} {row.method} {row.path}: {response.status_code} {response.text}"
                 )
+                if row.path.startswith("/a2a") and row.method == "POST":  # JSON-RPC: no error
+                    assert "result" in response.json(), f"{role} {row.body}: {response.text}"
             else:
                 assert response.status_code == 403, f"{role} {row.method} {row.path}"
                 assert response.json()["code"] == "forbidden"
@@ -239,10 +294,13 @@ def test_no_token_is_401_everywhere(server: LiveServer) -> None:
             "memory",
             "system",
             "key",
+            "n",
+            "together",
         ],
         "x",
     )
     objects["agent"] = "helper"
+    objects["namespace"] = NS
     with server.client() as anonymous:
         for row in MATRIX:
             response = call(anonymous, row, objects)

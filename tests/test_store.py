@@ -303,6 +303,48 @@ async def test_delete_refuses_while_referenced_and_names_the_referrers(store: St
     assert keys(await store.list_resources("default")) == [("default", "Secret", "key")]
 
 
+MUTUAL = """\
+apiVersion: corral/v1
+kind: Agent
+metadata: {name: a}
+spec: {model: gpt, links: [b]}
+---
+apiVersion: corral/v1
+kind: Agent
+metadata: {name: b}
+spec: {model: gpt, links: [a]}
+---
+apiVersion: corral/v1
+kind: Agent
+metadata: {name: c}
+spec: {model: gpt}
+"""
+
+
+async def test_resources_that_reference_each_other_are_deleted_together_or_not_at_all(
+    store: Store,
+) -> None:
+    await store.apply(load_text(BASE + "---\n" + MUTUAL))
+    # alone, each is held back by the other
+    with pytest.raises(ConflictError, match=r"referenced by Agent 'b' \(spec.links\[0\]\)"):
+        await store.delete_resource("default", "Agent", "a")
+    with pytest.raises(ConflictError, match="referenced by Agent 'a'"):
+        await store.delete_resource("default", "Agent", "b")
+    # with a model both use: references from outside the group hold it back, all or none
+    group = [("Agent", "a"), ("Agent", "b"), ("ModelEndpoint", "gpt")]
+    with pytest.raises(
+        ConflictError, match=r"ModelEndpoint 'gpt' .* referenced by Agent 'assistant'"
+    ):
+        await store.delete_resources("default", group)
+    with pytest.raises(NotFoundError, match="Agent 'ghost' not found"):
+        await store.delete_resources("default", [("Agent", "a"), ("Agent", "ghost")])
+    names = {name for _, _, name in keys(await store.list_resources("default", "Agent"))}
+    assert names == {"a", "b", "c", "assistant"}  # nothing went
+    await store.delete_resources("default", [("Agent", "b"), ("Agent", "a"), ("Agent", "a")])
+    names = {name for _, _, name in keys(await store.list_resources("default", "Agent"))}
+    assert names == {"c", "assistant"}
+
+
 async def test_the_resources_fingerprint_changes_with_every_apply_and_delete(
     store: Store,
 ) -> None:

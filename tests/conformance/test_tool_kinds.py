@@ -6,7 +6,8 @@ idempotency key it was given, one that sleeps, one that writes a lot, and one th
 The tests check invalid input, the delivery of the idempotency key, timeouts,
 cancellation, the output cap and the mapping of a failure to a tool error, once per row
 of :data:`KINDS`. A new kind gets these tests by a row and a kit. What only one kind does
-(exec's process trees, http's SSRF guard, MCP's lost sessions, wasm's fuel) stays in its own module
+(exec's process trees, http's SSRF guard, MCP's lost sessions, wasm's fuel, a2a's remote
+task states) stays in its own module
 (``tests/test_tools_*.py``).
 """
 
@@ -25,8 +26,10 @@ import anyio
 import pytest
 import pytest_asyncio
 
+from a2a_remotes import serving as serving_a2a
 from corral.core.messages import ToolCall
 from corral.resources.kinds import (
+    A2aToolSpec,
     ExecToolSpec,
     HttpToolSpec,
     McpServerSpec,
@@ -34,6 +37,7 @@ from corral.resources.kinds import (
     ToolSpecModel,
     WasmToolSpec,
 )
+from corral.tools import a2a as a2a_tool
 from corral.tools import exec as exec_tool
 from corral.tools import http as http_tool
 from corral.tools import python as python_tool
@@ -213,6 +217,33 @@ async def wasm_kit(workspace: Path) -> AsyncIterator[Kit]:
     )
 
 
+@asynccontextmanager
+async def a2a_kit(workspace: Path) -> AsyncIterator[Kit]:
+    """Remote agents built with the a2a-sdk (tests/a2a_remotes.py), one per tool."""
+    with serving_a2a() as remote:
+
+        def tool(agent: str, schema: dict[str, Any]) -> Tool:
+            block = A2aToolSpec(url=remote.card(agent), allow_private=True)
+            return a2a_tool.create(
+                agent, ToolSpecModel(type="a2a", parameters=schema, a2a=block), {}
+            )
+
+        kit = Kit(
+            tool("echo", parameters(text="string")),
+            tool("slow", parameters(seconds="number")),
+            tool("flood", parameters(size="integer")),
+            tool("fail", parameters(reason="string")),
+            echoed=lambda result: (result["text"], result["idempotency_key"]),
+            failure=f"the remote agent's task failed: {FAILURE}",
+            workspace=workspace,
+        )
+        try:
+            yield kit
+        finally:
+            for each in (kit.echo, kit.slow, kit.flood, kit.fail):
+                await each.aclose()
+
+
 @dataclass(frozen=True)
 class ToolKind:
     name: str
@@ -226,6 +257,7 @@ KINDS = [
     ToolKind("http", http_kit),
     ToolKind("mcp", mcp_kit),
     ToolKind("wasm", wasm_kit),
+    ToolKind("a2a", a2a_kit),
 ]
 
 

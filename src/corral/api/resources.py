@@ -242,3 +242,20 @@ class ApplyResult(BaseModel):
     """What applying a batch did, one entry per document in order."""
 
     outcomes: list[AppliedResource]
+
+
+#: the most resources one ``POST /v1/resources/delete`` deletes
+MAX_DELETED_TOGETHER = 100
+
+
+class ResourceKey(Request):
+    """One resource of the token's namespace: its kind (any spelling ``GET`` takes) and name."""
+
+    kind: str = Field(min_length=1, max_length=64, json_schema_extra={"enum": list(KIND_NAMES)})
+    name: Name
+
+
+class ResourceDeletion(Request):
+    """Resources to delete together, all or none (``POST /v1/resources/delete``)."""
+
+    items: list[ResourceKey] = Field(min_length=1, max_length=MAX_DELETED_TOGETHER)

@@ -89,6 +89,13 @@ class Task(FromRecord):
         None, description="The task whose agents_exec call started this one (a child task)."
     )
     depth: int = Field(0, description="How many parents it has: 0 unless a child task.")
+    active_agent: str | None = Field(
+        None,
+        description=(
+            "The agent the conversation went on under after a handoff (null: `agent`); "
+            "updated when the task parks or ends"
+        ),
+    )
     system: str | None = Field(
         None, description="The AgentSystem of a system task, and of each of its node tasks."
     )

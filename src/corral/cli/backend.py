@@ -134,6 +134,10 @@ class Backend(ABC):
     @abstractmethod
     async def delete_resource(self, namespace: str, kind: str, name: str) -> None: ...
 
+    @abstractmethod
+    async def delete_resources(self, namespace: str, keys: Sequence[tuple[str, str]]) -> None:
+        """Delete ``(kind, name)`` resources of ``namespace`` together, all or none."""
+
     # ----------------------------------------------------------------------- runs
 
     @abstractmethod
@@ -266,8 +270,11 @@ class Backend(ABC):
         source: str,
         key_prefix: str | None,
         metadata: dict[str, Any],
+        progress: Callable[[int, int], None] | None = None,
     ) -> MemoryIngestOut:
-        """Ingest one document, chunked; ``NotFoundError`` when there is no such Memory."""
+        """Ingest one document, chunked; ``NotFoundError`` when there is no such Memory.
+        ``progress(done, chunks)`` as chunks are written (remote: once, when the server
+        answers)."""
 
     @abstractmethod
     async def read_memory(self, at: MemoryAt, key: str) -> MemoryEntryOut | None: ...
@@ -348,6 +355,9 @@ class EmbeddedBackend(Backend):
 
     async def delete_resource(self, namespace: str, kind: str, name: str) -> None:
         await self.store.delete_resource(namespace, kind, name)
+
+    async def delete_resources(self, namespace: str, keys: Sequence[tuple[str, str]]) -> None:
+        await self.store.delete_resources(namespace, keys)
 
     async def submit(
         self,
@@ -584,6 +594,7 @@ class EmbeddedBackend(Backend):
         source: str,
         key_prefix: str | None,
         metadata: dict[str, Any],
+        progress: Callable[[int, int], None] | None = None,
     ) -> MemoryIngestOut:
         from corral.api import MemoryIngestOut
 
@@ -596,6 +607,7 @@ class EmbeddedBackend(Backend):
             metadata=metadata,
             agent=at.agent,
             session=at.session,
+            progress=progress,
         )
         return MemoryIngestOut(
             key_prefix=prefix, chunks=done.chunks, written=done.written, keys=done.keys

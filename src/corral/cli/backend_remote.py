@@ -131,13 +131,20 @@ class RemoteBackend(Backend):
             return None
 
     async def delete_resource(self, namespace: str, kind: str, name: str) -> None:
+        await self._deletable_in(namespace, f"{kind} {name!r}")
+        await self.client.delete_resource(kind, name)
+
+    async def delete_resources(self, namespace: str, keys: Sequence[tuple[str, str]]) -> None:
+        await self._deletable_in(namespace, ", ".join(f"{k} {n!r}" for k, n in keys))
+        await self.client.delete_resources(keys)
+
+    async def _deletable_in(self, namespace: str, what: str) -> None:
         token_namespace = await self._token_namespace()
         if namespace != token_namespace:  # the server would delete the token namespace's
             raise NotFoundError(
-                f"{kind} {name!r} not found in namespace {namespace!r}: the token works in "
+                f"{what} not found in namespace {namespace!r}: the token works in "
                 f"namespace {token_namespace!r} only"
             )
-        await self.client.delete_resource(kind, name)
 
     # ----------------------------------------------------------------------- runs
 
@@ -382,8 +389,9 @@ class RemoteBackend(Backend):
         source: str,
         key_prefix: str | None,
         metadata: dict[str, Any],
+        progress: Callable[[int, int], None] | None = None,
     ) -> MemoryIngestOut:
-        return await self.client.ingest_memory(
+        done = await self.client.ingest_memory(
             at.name,
             text,
             source=source,
@@ -392,6 +400,9 @@ class RemoteBackend(Backend):
             agent=at.agent,
             session=at.session,
         )
+        if progress is not None:  # the server cuts and writes in one request
+            progress(done.chunks, done.chunks)
+        return done
 
     async def read_memory(self, at: MemoryAt, key: str) -> MemoryEntryOut | None:
         try:

@@ -3,7 +3,11 @@
 Resources are deleted one at a time through the backend (embedded or remote alike).
 One that another resource still references is refused by the store; when the
 referrer is among those being deleted (an agent and its tool, in any order), the
-refused ones are tried again after the others, until a round makes no progress.
+refused ones are tried again after the others, until a round makes no progress. Those
+still refused then are tried together, one request per namespace (all or none), then,
+if that is refused, every group of one fewer: what only references among themselves
+hold back (two agents that link each other) goes then, and whatever a resource not
+being deleted references stays, with its reason.
 """
 
 from __future__ import annotations
@@ -11,8 +15,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from corral.core.errors import ConflictError, UserError
+
+if TYPE_CHECKING:
+    from corral.cli.backend import Backend
 
 
 @dataclass(frozen=True)
@@ -57,6 +65,36 @@ async def delete_all(
                 except UserError as exc:
                     outcome[target] = exc.message
             if len(refused) == len(pending):
-                break
+                # tried again alone afterwards: what else went may free them, and their
+                # refusals then name the referrers left
+                if not await _together(backend, refused, outcome):
+                    break
+                refused = [t for t in refused if outcome[t] is not None]
             pending = refused
     return [(target, outcome[target]) for target in dict.fromkeys(targets)]
+
+
+async def _together(
+    backend: Backend, refused: list[Target], outcome: dict[Target, str | None]
+) -> bool:
+    """Delete the resources each refused alone together, per namespace (all or none); when
+    the group is refused (one of them is referenced from outside it), each group of one
+    fewer is tried. Whether any went."""
+    by_namespace: dict[str, list[Target]] = {}
+    for target in refused:
+        by_namespace.setdefault(target.namespace, []).append(target)
+    went = False
+    for namespace, group in by_namespace.items():
+        tries = [group] + [group[:i] + group[i + 1 :] for i in range(len(group))]
+        for members in tries:
+            if len(members) < 2 or (members is not group and len(group) == 2):
+                continue
+            try:
+                await backend.delete_resources(namespace, [(t.kind, t.name) for t in members])
+            except UserError:  # a referrer outside the group (or one gone meanwhile)
+                continue
+            for target in members:
+                outcome[target] = None
+            went = True
+            break
+    return went

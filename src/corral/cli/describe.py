@@ -62,6 +62,8 @@ def describe_task(
         _field("Session", task.session_id or "<none>"),
         _field("Idempotency Key", task.idempotency_key or "<none>"),
     ]
+    if task.active_agent is not None:
+        lines.append(_field("Active Agent", f"{task.active_agent} (after a handoff)"))
     if task.parent_run_id is not None:
         lines.append(_field("Parent", f"{task.parent_run_id} (depth {task.depth})"))
     if task.lease_owner and not task.state.finished:

@@ -121,6 +121,17 @@ class EventPrinter:
                 f"[{colour}]⇠ {escape(str(data.get('agent')))} {escape(state)}[/] "
                 f"[dim]child run {escape(str(data.get('run_id')))}[/]"
             )
+        elif kind is EventType.MEMORY_WRITE:
+            self._say(memory_write_line(data))
+        elif kind is EventType.MEMORY_SEARCH:
+            self._say(memory_search_line(data))
+        elif kind is EventType.HANDOFF:
+            reason = str(data.get("reason") or "")
+            self._say(
+                f"[magenta]⇒ {escape(str(data.get('to')))}[/] "
+                f"[dim]handoff from {escape(str(data.get('from')))}"
+                f"{': ' + escape(_short(reason)) if reason else ''}[/]"
+            )
         elif kind is EventType.ERROR:
             self._error(data)
         elif kind is EventType.RUN_FINISH and data.get("state") == RunState.CANCELLED.value:
@@ -210,6 +221,32 @@ def retry_line(retry: dict[str, Any]) -> str:
     if code and cause:
         return f"{text}: {_short(str(cause))} ({code})"
     return f"{text}: {_short(str(cause or code or 'failed'))}"
+
+
+def memory_write_line(data: dict[str, Any]) -> str:
+    """A ``memory.write`` event: what a tool call wrote to which Memory (one entry, or the
+    chunks of an ingest), and a preview of the (redacted) text the event carries."""
+    memory = escape(str(data.get("memory")))
+    preview = escape(_short(str(data.get("preview", "")), 80))
+    if "key_prefix" in data:
+        chunks, written = data.get("chunks"), data.get("written")
+        what = f"ingested {chunks} chunk(s) as {escape(str(data['key_prefix']))}#N"
+        if written != chunks:
+            what += f" ({written} new: the others were written before)"
+    else:
+        what = f"wrote {escape(str(data.get('key')))}"
+        if data.get("written") is False:
+            what += " (written before: not again)"
+    chars = f", {data['chars']} chars" if data.get("chars") is not None else ""
+    return f"[magenta]✎ memory {memory}:[/] {what}[dim]{chars} “{preview}”[/]"
+
+
+def memory_search_line(data: dict[str, Any]) -> str:
+    """A ``memory.search`` event: the Memory, the query's preview and how many hits."""
+    memory = escape(str(data.get("memory")))
+    query = escape(_short(str(data.get("query", "")), 80))
+    hits = data.get("hits")
+    return f"[magenta]⌕ memory {memory}:[/] “{query}” [dim]→ {hits} hit(s)[/]"
 
 
 def approval_resolved_line(data: dict[str, Any]) -> str:

@@ -18,6 +18,8 @@ import typer
 from corral.cli.common import EXIT_BAD_INPUT, NAMESPACE, fail, run_async
 
 if TYPE_CHECKING:
+    from rich.progress import Progress, TaskID
+
     from corral.api import MemoryIngestOut
     from corral.cli.backend import Backend, MemoryAt
 
@@ -228,6 +230,69 @@ def _documents(source: str) -> list[tuple[str, str]]:
     return documents
 
 
+class _IngestProgress:
+    """How far a large ingest is, on stderr only: a bar over the documents' characters
+    when stderr is a terminal, else a line per document (logs and pipes keep lines)."""
+
+    def __init__(self, documents: list[tuple[str, str]], *, shown: bool) -> None:
+        self.documents = documents
+        self.shown = shown
+        self.bar: Progress | None = None
+        self.task: TaskID | None = None
+        if shown and sys.stderr.isatty():
+            from rich.console import Console
+            from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn
+
+            self.bar = Progress(
+                TextColumn("ingest"),
+                BarColumn(),
+                TaskProgressColumn(),
+                TextColumn("{task.fields[document]}", style="dim"),
+                console=Console(stderr=True),
+                transient=False,
+            )
+
+    def __enter__(self) -> _IngestProgress:
+        if self.bar is not None:
+            self.bar.start()
+            total = sum(len(text) for _, text in self.documents)
+            self.task = self.bar.add_task("ingest", total=total, document="")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+    def _before(self, number: int) -> int:
+        return sum(len(text) for _, text in self.documents[: number - 1])
+
+    def chunks(self, number: int) -> Callable[[int, int], None] | None:
+        """The progress callback of document ``number`` (chunks written of its chunks)."""
+        bar, task = self.bar, self.task
+        if bar is None or task is None:
+            return None
+        path, text = self.documents[number - 1]
+        before = self._before(number)
+
+        def advance(done: int, chunks: int) -> None:
+            part = len(text) * done // max(chunks, 1)
+            bar.update(task, completed=before + part, document=path)
+
+        return advance
+
+    def document(self, number: int, result: MemoryIngestOut) -> None:
+        """Document ``number`` is done."""
+        path, text = self.documents[number - 1]
+        if self.bar is not None and self.task is not None:
+            self.bar.update(self.task, completed=self._before(number) + len(text))
+        elif self.shown:
+            typer.echo(
+                f"[{number}/{len(self.documents)}] {path}: {result.chunks} chunks "
+                f"({result.written} written)",
+                err=True,
+            )
+
+
 @memory_app.command("ingest")
 def memory_ingest(
     name: str = MEMORY,
@@ -249,20 +314,21 @@ def memory_ingest(
 
     async def work(backend: Backend, at: MemoryAt) -> list[MemoryIngestOut]:
         done = []
-        for number, (path, text) in enumerate(documents, 1):
-            prefix = key_prefix
-            if key_prefix is not None and several:  # one prefix per file
-                prefix = f"{key_prefix}/{path}"
-            result = await backend.ingest_memory(
-                at, text, source=path, key_prefix=prefix, metadata=metadata
-            )
-            done.append(result)
-            if chatty:
-                typer.echo(
-                    f"[{number}/{len(documents)}] {path}: {result.chunks} chunks "
-                    f"({result.written} written)",
-                    err=True,
+        with _IngestProgress(documents, shown=chatty) as progress:
+            for number, (path, text) in enumerate(documents, 1):
+                prefix = key_prefix
+                if key_prefix is not None and several:  # one prefix per file
+                    prefix = f"{key_prefix}/{path}"
+                result = await backend.ingest_memory(
+                    at,
+                    text,
+                    source=path,
+                    key_prefix=prefix,
+                    metadata=metadata,
+                    progress=progress.chunks(number),
                 )
+                done.append(result)
+                progress.document(number, result)
         return done
 
     results = _on_backend(namespace, name, agent, session, work)

@@ -473,7 +473,7 @@ async def _describe(query: Query) -> list[tuple[ResourceOut, list[str], list[str
         found = await _fetch(backend, query)
         others = await backend.list_resources(query.namespace, None) if found else []
         memories = {
-            one.metadata.name: await backend.memory_stats(query.namespace, one.metadata.name)
+            one.metadata.name: await _memory_stats(backend, query.namespace, one.metadata.name)
             for one in found
             if one.kind == "Memory"
         }
@@ -485,21 +485,43 @@ async def _describe(query: Query) -> list[tuple[ResourceOut, list[str], list[str
                 for r, field in referrers((one.kind, one.metadata.name), others)
             ],
             _execution_lines(one, others)
-            + _memory_lines(memories.get(one.metadata.name))
+            + (_memory_lines(one, memories[one.metadata.name]) if one.kind == "Memory" else [])
             + _graph_lines(one),
         )
         for one in found
     ]
 
 
-def _memory_lines(stats: MemoryStatsOut | None) -> list[str]:
-    """A Memory's entries (every scope) and its search index."""
-    if stats is None:
-        return []
-    return [
-        f"Entries:     {stats.entries} in {stats.scopes} scope(s), {stats.text_chars} characters",
-        f"Index:       {stats.index}",
-    ]
+async def _memory_stats(backend: Backend, namespace: str, name: str) -> MemoryStatsOut | str:
+    """A Memory's stats, or why they cannot be had (a remote backend that is down):
+    the Memory is described all the same."""
+    from corral.core.errors import CorralError
+
+    try:
+        return await backend.memory_stats(namespace, name)
+    except CorralError as exc:
+        return f"unavailable ({exc.code}: {exc.message})"
+
+
+def _memory_lines(memory: ResourceOut, stats: MemoryStatsOut | str) -> list[str]:
+    """A Memory's backend, its entries (every scope), its search index and embedding."""
+    spec = memory.spec.model_dump(mode="json")
+    backend = str(spec.get("backend", "store"))
+    if backend == "http" and isinstance(spec.get("http"), dict):
+        backend += f" ({spec['http'].get('url')})"
+    embedding = spec.get("embedding")
+    model = embedding.get("model") if isinstance(embedding, dict) else None
+    lines = [f"Backend:     {backend}"]
+    if isinstance(stats, str):
+        lines.append(f"Entries:     {stats}")
+    else:
+        lines += [
+            f"Entries:     {stats.entries} in {stats.scopes} scope(s), "
+            f"{stats.text_chars} characters",
+            f"Index:       {stats.index}",
+        ]
+    lines.append(f"Embedding:   {model or '<none> (full-text search only)'}")
+    return lines
 
 
 # --------------------------------------------------------------------------- delete

@@ -44,6 +44,14 @@ def run_labels(task: Task) -> str:
     return ",".join(f"{k}={v}" for k, v in sorted(task.labels.items())) or NONE
 
 
+def task_agent(task: Task) -> str:
+    """The submitted agent, and the one the run went on under after a handoff:
+    ``triage→billing``."""
+    if task.active_agent is None or task.active_agent == task.agent:
+        return task.agent
+    return f"{task.agent}→{task.active_agent}"
+
+
 def _tokens(task: Task) -> str:
     return f"{task.usage.input_tokens}+{task.usage.output_tokens}"
 
@@ -53,7 +61,7 @@ TASK: View[Task] = View(
     name=lambda t: t.id,
     columns=[
         Column("ID", lambda t: t.id),
-        Column("AGENT", lambda t: t.agent),
+        Column("AGENT", task_agent),
         Column("STATE", lambda t: t.state.value),
         Column("ATTEMPTS", lambda t: f"{t.attempts}/{t.max_attempts}"),
         Column("STEPS", lambda t: str(t.steps)),

@@ -227,6 +227,13 @@ def delete_resource(kind: str, name: str) -> Call[None]:
     return Call("DELETE", f"/v1/resources/{_seg(kind)}/{_seg(name)}", _nothing)
 
 
+def delete_resources(keys: Sequence[tuple[str, str]]) -> Call[None]:
+    """Delete ``(kind, name)`` resources together, all or none (references among them do
+    not hold them back); ``ConflictError`` while a resource not among them references one."""
+    body = {"items": [{"kind": kind, "name": name} for kind, name in keys]}
+    return Call("POST", "/v1/resources/delete", _nothing, json=body)
+
+
 # --------------------------------------------------------------------------- tasks
 
 

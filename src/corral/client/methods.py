@@ -172,6 +172,7 @@ class Methods(ABC, Generic[Transport]):
     iter_resources = iterates(calls.iter_resources)
     get_resource = sends(calls.get_resource)
     delete_resource = sends(calls.delete_resource)
+    delete_resources = sends(calls.delete_resources)
     # tasks
     submit = sends(calls.submit)
     list_tasks = sends(calls.list_tasks)

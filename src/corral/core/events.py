@@ -35,6 +35,8 @@ class EventType(StrEnum):
     MESSAGE_DELIVER = "message.deliver"
     #: a join node of a system run gathered its inputs (or dropped a late one)
     BRANCH_JOIN = "branch.join"
+    #: the conversation goes on under another agent (a ``handoff`` call): from, to, reason
+    HANDOFF = "handoff"
     MESSAGE_CREATE = "message.create"
     #: a memory tool wrote (``memory_write``, ``memory_ingest``): no text beyond a preview
     MEMORY_WRITE = "memory.write"

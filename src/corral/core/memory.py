@@ -58,7 +58,9 @@ class MemoryBackendError(CorralError):
     - ``memory_backend_refused``: it refused the request (401, 403, 404, another 4xx);
     - ``memory_backend_bad_answer``: an answer the contract does not allow (not JSON,
       the wrong shape or version, too large, a redirect);
-    - ``memory_backend_blocked``: the SSRF guard refused its URL.
+    - ``memory_backend_blocked``: the SSRF guard refused its URL;
+    - ``memory_backend_unconfigured``: it cannot be opened in this process (its auth
+      secret cannot be read here).
     """
 
     code = "memory_backend_error"
@@ -69,6 +71,7 @@ class MemoryBackendError(CorralError):
             "memory_backend_refused",
             "memory_backend_bad_answer",
             "memory_backend_blocked",
+            "memory_backend_unconfigured",
         }
     )
 

@@ -13,9 +13,13 @@ once text about it was encoded elsewhere:
   encoded text, so ``Basic base64(user:password)`` is caught), and hex.
 
 Values shorter than :data:`MIN_SECRET_LENGTH` characters are not redacted: they
-would mangle ordinary text. All forms are one compiled regex alternation; text
-without a match costs one ``search``, and a redactor without secrets is falsy so
-callers skip it.
+would mangle ordinary text. A redactor of a few forms (at most :data:`SCAN_FORMS`:
+a handful of secrets) looks for them with plain substring searches; one of more
+forms uses one compiled regex alternation, so text without a match costs one
+``search``. The regexes are compiled when first needed: a run of an agent with
+links gets a fresh agent token, and a redactor for it, per tool call, and
+compiling the alternation of a token's forms took milliseconds. A redactor
+without secrets is falsy so callers skip it.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import logging
 import re
 import urllib.parse
 from collections.abc import Iterable, Iterator, Mapping
+from functools import cached_property
 from typing import Any
 
 from corral.core.errors import CorralError
@@ -38,6 +43,8 @@ from corral.core.runs import PendingApproval
 MIN_SECRET_LENGTH = 4
 #: base64, base64url and hex forms are redacted only for values at least this long
 MIN_ENCODED_LENGTH = 8
+#: up to this many forms, a redactor finds them by substring search, without a regex
+SCAN_FORMS = 64
 
 Secrets = Mapping[str, str] | Iterable[tuple[str, str]]
 
@@ -59,19 +66,36 @@ class Redactor:
         self._names = names
         #: the length of the longest form (what a stream holds back, see :meth:`stream`)
         self.longest = max(map(len, names), default=0)
-        self._pattern: re.Pattern[str] | None = None
-        self._overlapping: re.Pattern[str] | None = None
-        self._encoded: re.Pattern[str] | None = None
-        if names:
-            # longest first: at one position the longest form wins (re takes the first that matches)
-            alternation = _alternation(names)
-            self._pattern = re.compile(alternation)
-            self._overlapping = re.compile(f"(?=({alternation}))")
-            # what any form looks like once the data holding it is encoded (see data())
-            self._encoded = re.compile(_alternation({_ENCODE(f)[1:-1] for f in names} | set(names)))
+        self._scan = len(names) <= SCAN_FORMS
 
     def __bool__(self) -> bool:
-        return self._pattern is not None
+        return bool(self._names)
+
+    @cached_property
+    def _pattern(self) -> re.Pattern[str]:
+        # longest first: at one position the longest form wins (re takes the first that matches)
+        return re.compile(_alternation(self._names))
+
+    @cached_property
+    def _overlapping(self) -> re.Pattern[str]:
+        return re.compile(f"(?=({_alternation(self._names)}))")
+
+    @cached_property
+    def _encoded_forms(self) -> frozenset[str]:
+        """What any form looks like once the data holding it is encoded (see :meth:`data`)."""
+        return frozenset({_ENCODE(f)[1:-1] for f in self._names} | set(self._names))
+
+    @cached_property
+    def _encoded(self) -> re.Pattern[str]:
+        return re.compile(_alternation(self._encoded_forms))
+
+    def _first(self, text: str) -> int:
+        """Where the first form in ``text`` begins (-1: none is in it)."""
+        if self._scan:
+            found = [at for form in self._names if (at := text.find(form)) >= 0]
+            return min(found, default=-1)
+        match = self._pattern.search(text)
+        return -1 if match is None else match.start()
 
     def merged(self, other: Redactor) -> Redactor:
         """A redactor that knows the secrets of both."""
@@ -84,17 +108,17 @@ class Redactor:
 
     def text(self, value: str) -> str:
         """``value`` with every form of every secret replaced."""
-        if self._pattern is None:
+        if not self._names:
             return value
-        found = self._pattern.search(value)
-        if found is None:
+        start = self._first(value)
+        if start < 0:
             return value
-        return self._replace(value, found.start())
+        return self._replace(value, start)
 
     def data(self, value: Any) -> Any:
         """JSON-like data with every string in it (keys too) redacted: ``value`` itself when
         nothing in it names a secret, else a redacted copy."""
-        if self._pattern is None:
+        if not self._names:
             return value
         if isinstance(value, str):
             return self.text(value)
@@ -102,13 +126,17 @@ class Redactor:
         # escapes each character on its own, so a string holding any form shows that form
         # escaped in the encoding, and `_encoded` knows every form escaped.
         with contextlib.suppress(TypeError, ValueError):  # not JSON data: walk it below
-            if self._encoded is not None and self._encoded.search(_ENCODE(value)) is None:
+            encoded = _ENCODE(value)
+            if self._scan:
+                if not any(form in encoded for form in self._encoded_forms):
+                    return value
+            elif self._encoded.search(encoded) is None:
                 return value
         return self._data(value)
 
     def found_in(self, text: str) -> bool:
         """Whether ``text`` holds any form of any secret."""
-        return self._pattern is not None and self._pattern.search(text) is not None
+        return bool(self._names) and self._first(text) >= 0
 
     def _data(self, value: Any) -> Any:
         if isinstance(value, str):
@@ -122,7 +150,7 @@ class Redactor:
     def messages(self, messages: list[Message]) -> list[Message]:
         """The messages with every string in them redacted (the same list when there is
         nothing to redact)."""
-        if self._pattern is None or not messages:
+        if not self._names or not messages:
             return messages
         dumped = dump_messages(messages)
         redacted = self.data(dumped)
@@ -130,7 +158,7 @@ class Redactor:
 
     def approval(self, pending: PendingApproval) -> PendingApproval:
         """A pending approval with its arguments and reason redacted."""
-        if self._pattern is None:
+        if not self._names:
             return pending
         return dataclasses.replace(
             pending, arguments=self.text(pending.arguments), reason=self.text(pending.reason)
@@ -138,7 +166,7 @@ class Redactor:
 
     def cut_after(self, text: str, cut: int) -> int:
         """``cut``, moved past the end of any secret that begins before it."""
-        if self._pattern is not None:
+        if self._names and self._first(text) >= 0:
             for match in self._pattern.finditer(text):
                 if match.start() >= cut:
                     break
@@ -151,7 +179,7 @@ class Redactor:
 
     def error(self, exc: CorralError) -> CorralError:
         """``exc`` itself when it names no secret, else a :class:`RedactedError` in its place."""
-        if self._pattern is None:
+        if not self._names:
             return exc
         data = exc.to_dict()
         redacted = self.data(data)
@@ -160,7 +188,6 @@ class Redactor:
     def _replace(self, value: str, start: int) -> str:
         """Replace every occurrence from ``start``; occurrences that overlap (one value
         ends where another begins) are replaced as one, so no character of either is left."""
-        assert self._overlapping is not None
         spans: list[tuple[int, int, str]] = []
         for match in self._overlapping.finditer(value, start):
             form = match.group(1)

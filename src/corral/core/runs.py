@@ -115,6 +115,9 @@ class RunRecord:
     parent_run_id: str | None = None
     #: how many parents it has: 0 for a submitted run, its parent's depth + 1 for a child
     depth: int = 0
+    #: the agent the conversation goes on under after a ``handoff`` (``None``: ``agent``,
+    #: the submitted one); saved with the run when it parks or ends
+    active_agent: str | None = None
     #: the AgentSystem this run belongs to: set on a system run (``branch_id`` unset: the
     #: run its coordinator executes) and on each of its node runs (``branch_id`` set)
     system: str | None = None

@@ -16,6 +16,15 @@ call whose tool started a child run (``agents_exec``: ``child.start``) ends it i
 records each one's outcome (``child.finish``, its spend charged to this run) as
 the call's result.
 
+A ``handoff`` call (:class:`~corral.tools.base.Handoff`) hands the conversation to
+another agent: once every other call of its step has a result, the loop asks its
+``switch`` for the target's :class:`AgentDefinition`, journals a ``handoff`` event
+(from, to, reason, and the target's system prompt, which replaces the first one)
+and goes on under the target: its model, tools, instructions and limits, with
+the spend so far and the same conversation. Only the first ``handoff`` call of a
+step hands off (later ones are refused with ``invalid_input``); one past the
+handing agent's ``limits.max_handoffs`` is refused with ``budget_exceeded``.
+
 Every event is the journal of the run (see :mod:`corral.engine.replay`):
 :meth:`AgentLoop.resume` rebuilds the state from stored events and carries on
 from the first thing not recorded, without calling a model or a tool again. A
@@ -55,11 +64,11 @@ from corral.core.messages import (
 )
 from corral.core.runs import Decision, PendingApproval, RunRecord, RunState
 from corral.engine.budget import Budget
-from corral.engine.replay import OpenStep, replay
+from corral.engine.replay import OpenStep, replace_system, replay
 from corral.engine.structured import parse_output, repair_prompt, schema_instruction
 from corral.models.base import Model, ModelSettings
 from corral.resources.kinds import Limits, SessionPolicy
-from corral.tools.base import ToolContext
+from corral.tools.base import Handoff, ToolContext
 from corral.tools.governance import ToolOutcome, Toolset
 
 #: a human decision handed to :meth:`AgentLoop.resume`: a Decision, or ``(approved, reason)``
@@ -92,6 +101,15 @@ class AgentDefinition:
 
 #: a tool call's planted environment variables, and those of their values to redact by name
 CallEnvironment = Callable[[], tuple[Mapping[str, str], Mapping[str, str]]]
+#: the live definition of the agent a ``handoff`` names (raises ``CorralError`` when it
+#: cannot be built)
+Switch = Callable[[str], Awaitable[AgentDefinition]]
+#: the run's child runs started outside its journal (a tool program's
+#: ``POST /v1/links/{agent}/exec``) that finished and are not in ``known`` (run ids)
+OutsideChildren = Callable[[set[str]], Awaitable[Sequence[RunRecord]]]
+
+#: the ref of the built-in handoff tool (:class:`corral.tools.agents.HandOff`)
+HANDOFF_TOOL = "handoff"
 
 
 @dataclass
@@ -108,6 +126,8 @@ class RunResult:
     cost_usd: float = 0.0
     #: how many leading messages were the run's starting point (system prompt, history, input)
     initial_count: int = 0
+    #: the agent the run ended under (another than the submitted one after a handoff)
+    agent: str = ""
 
     @property
     def new_messages(self) -> list[Message]:
@@ -128,7 +148,8 @@ class Emitter:
         self.run_id = run_id
         self._sink = sink
         # (an agent without secrets has nothing to redact: no call per event)
-        self._redact = toolset.redactor.data if toolset.redactor else None
+        self._redactor = toolset.redactor if toolset.redactor else None
+        self._redact = self._redactor.data if self._redactor is not None else None
         self._seq = last_seq
         self._lock: anyio.Lock | None = None
 
@@ -146,6 +167,16 @@ class Emitter:
         if self._redact is not None:
             data = self._redact(data)
         return Event(self.run_id, self._seq, type, data, time.time())
+
+    def redact_also(self, toolset: Toolset) -> None:
+        """Redact the secrets of ``toolset`` from now on too (a handoff's target: the
+        conversation still holds what the earlier agent's tools saw)."""
+        if toolset.redactor:
+            redactor = toolset.redactor
+            if self._redactor is not None:
+                redactor = self._redactor.merged(redactor)
+            self._redactor = redactor
+            self._redact = redactor.data
 
     @contextmanager
     def parallel(self) -> Iterator[None]:
@@ -169,14 +200,26 @@ class AgentLoop:
         *,
         raise_retryable: bool = False,
         call_environment: CallEnvironment | None = None,
+        switch: Switch | None = None,
+        outside_children: OutsideChildren | None = None,
     ) -> None:
         """``raise_retryable``: let a retryable model failure (the endpoints stayed down after
         their own retries) propagate instead of failing the run, so a worker can try the
         whole run again later; the journal keeps what was done. ``call_environment`` gives
         each tool call its planted variables and the values of them to redact (an agent
-        with links: a fresh agent token per call)."""
+        with links: a fresh agent token per call). ``switch`` builds the target of a
+        ``handoff`` (without it, handoffs are refused). ``outside_children`` finds the
+        finished child runs a tool program started over the API during a step: their
+        spend is charged to this run (``child.finish``) when the step's calls are done."""
         self.agent = agent
         self.call_environment = call_environment
+        self.switch = switch
+        self.outside_children = outside_children
+        #: child runs whose spend is journaled (``child.finish``), by run id
+        self.charged: set[str] = set()
+        self.handoffs = 0
+        self._deadline_scope: anyio.CancelScope | None = None
+        self._started_at = 0.0
         self.run_id = run_id
         self.sink = sink
         self.raise_retryable = raise_retryable
@@ -204,7 +247,7 @@ class AgentLoop:
             messages=dump_messages(self.messages),
             **policy,
         )
-        return await self._guarded(self._drive(None, None, {}))
+        return await self._guarded(self._drive(None, None, {}, None))
 
     async def resume(
         self,
@@ -230,18 +273,24 @@ class AgentLoop:
         self.budget.steps = checkpoint.steps
         self.budget.usage = checkpoint.usage
         self.budget.cost_usd = checkpoint.cost_usd
+        self.charged = set(checkpoint.charged)
+        self.handoffs = checkpoint.handoffs
         self.emit = Emitter(self.run_id, self.sink, self.agent.toolset, checkpoint.last_seq)
         return await self._guarded(
-            self._drive(checkpoint.final, checkpoint.open_step, dict(decisions))
+            self._drive(
+                checkpoint.final, checkpoint.open_step, dict(decisions), checkpoint.handoff_due
+            )
         )
 
     async def _guarded(self, drive: Awaitable[RunResult]) -> RunResult:
         # anyio.fail_after, spelled out: it costs every run two generator-based context
         # managers more. Nothing else cancels this scope, so if it caught a cancellation,
         # its deadline passed.
-        deadline = anyio.current_time() + self.agent.limits.timeout_seconds
+        self._started_at = anyio.current_time()
+        deadline = self._started_at + self.agent.limits.timeout_seconds
         try:
             with anyio.CancelScope(deadline=deadline) as limit:
+                self._deadline_scope = limit
                 result = await drive
             if limit.cancelled_caught:
                 raise TimeoutError
@@ -279,12 +328,17 @@ class AgentLoop:
         final: Message | None,
         open_step: OpenStep | None,
         decisions: dict[str, Decided],
+        handoff_due: tuple[int, str, Handoff] | None,
     ) -> RunResult:
+        if handoff_due is not None:  # its step's results were journaled, the switch was not
+            await self._hand_off(*handoff_due)
         if open_step is not None:
             pending, waiting = await self._tool_calls(open_step, decisions)
-            await self._finish_step(open_step.step)
             if pending or waiting:
+                await self._finish_step(open_step.step)
                 return self._parked(pending)
+            await self._step_done(open_step)
+            await self._finish_step(open_step.step)
         message = final
         while True:
             if message is None:
@@ -293,9 +347,11 @@ class AgentLoop:
             if message.tool_calls:
                 calls = OpenStep(step, message.tool_calls)
                 pending, waiting = await self._tool_calls(calls, decisions)
-                await self._finish_step(step)
                 if pending or waiting:
+                    await self._finish_step(step)
                     return self._parked(pending)
+                await self._step_done(calls)
+                await self._finish_step(step)
                 message = None
                 continue
             if self.agent.output_schema is None:
@@ -381,8 +437,17 @@ class AgentLoop:
         pending: list[PendingApproval] = []
         waiting: list[str] = []
         runnable: list[tuple[int, ToolCall, bool]] = []
+        handoffs = [c.id for c in step.calls if toolset.ref_of(c.name) == HANDOFF_TOOL]
         for index, call in enumerate(step.calls):
             if call.id in step.results:
+                continue
+            if call.id in handoffs[1:]:  # one handoff per turn: the first one
+                refused = ToolErrorInfo(
+                    ToolErrorCode.INVALID_INPUT,
+                    "only one handoff per turn: this turn's first handoff call hands off",
+                )
+                outcome = ToolOutcome(call, HANDOFF_TOOL, "", refused)
+                step.results[call.id] = await self._record(step.step, outcome)
                 continue
             if call.id in step.children:
                 child_id = step.children[call.id]
@@ -458,6 +523,18 @@ class AgentLoop:
                     run_id=outcome.child.run_id,
                     agent=outcome.child.agent,
                 )
+            elif outcome.handoff is not None:
+                outcome = self._handoff_allowed(outcome)
+                extra: dict[str, Any] = {}
+                if outcome.handoff is not None:
+                    step.handoff = (call.id, outcome.handoff)
+                    extra = {
+                        "handoff": {
+                            "agent": outcome.handoff.agent,
+                            "reason": outcome.handoff.reason,
+                        }
+                    }
+                step.results[call.id] = await self._record(step.step, outcome, **extra)
             elif outcome.needs_approval:
                 assert outcome.error is not None
                 approval = self._pending(call, outcome.error.reason)
@@ -477,6 +554,78 @@ class AgentLoop:
             self.messages += [step.results[c.id] for c in step.calls]
         order = {c.id: i for i, c in enumerate(step.calls)}
         return sorted(pending, key=lambda p: order[p.call_id]), waiting
+
+    def _handoff_allowed(self, outcome: ToolOutcome) -> ToolOutcome:
+        """The outcome of a ``handoff`` call: itself, or a refusal when the run may not
+        hand off (no ``switch``; ``limits.max_handoffs`` of the handing agent reached)."""
+        assert outcome.handoff is not None
+        limit = self.agent.limits.max_handoffs
+        error: ToolErrorInfo | None = None
+        if self.switch is None:
+            error = ToolErrorInfo(ToolErrorCode.UNAVAILABLE, "this runtime cannot hand off")
+        elif self.handoffs >= limit:
+            error = ToolErrorInfo(
+                ToolErrorCode.BUDGET_EXCEEDED,
+                f"the run has handed off {self.handoffs} times, this agent's limit of "
+                f"{limit} (limits.max_handoffs)",
+                details={"limit": "max_handoffs", "max_handoffs": limit},
+            )
+        if error is None:
+            return outcome
+        return ToolOutcome(outcome.call, outcome.ref, "", error, outcome.attempts)
+
+    async def _step_done(self, step: OpenStep) -> None:
+        """What follows a step whose calls all have results, before its ``step.finish``:
+        the spend of child runs its tool programs started over the API, then its handoff."""
+        if self.outside_children is not None:
+            for child in await self.outside_children(self.charged):
+                await self._charge_outside(step.step, child)
+        if step.handoff is not None:
+            call_id, handoff = step.handoff
+            await self._hand_off(step.step, call_id, handoff)
+
+    async def _charge_outside(self, step: int, child: RunRecord) -> None:
+        """Journal the spend of a finished child run a tool program started (no call of
+        this run answers with it) and charge it; a limit this passes fails the run."""
+        self.charged.add(child.id)
+        await self.emit(
+            EventType.CHILD_FINISH,
+            step=step,
+            call_id=None,
+            run_id=child.id,
+            agent=child.agent,
+            state=child.state.value,
+            usage=dump(child.usage),
+            cost_usd=child.cost_usd,
+        )
+        self.budget.spend(child.usage, child.cost_usd)
+
+    async def _hand_off(self, step: int, call_id: str, handoff: Handoff) -> None:
+        """Go on under ``handoff.agent``: journal the switch, then take its definition,
+        its system prompt (in place of the first) and its limits (the spend so far kept)."""
+        assert self.switch is not None
+        target = await self.switch(handoff.agent)
+        system = target.instructions
+        if target.output_schema is not None:
+            system = f"{system}\n\n{schema_instruction(target.output_schema)}".strip()
+        await self.emit(
+            EventType.HANDOFF,
+            step=step,
+            call_id=call_id,
+            **{"from": self.agent.name},
+            to=target.name,
+            reason=handoff.reason,
+            system=system,
+        )
+        self.initial_count += replace_system(self.messages, system)
+        self.agent = target
+        self.handoffs += 1
+        self.budget = Budget(
+            target.limits, self.budget.steps, self.budget.usage, self.budget.cost_usd
+        )
+        self.emit.redact_also(target.toolset)
+        if self._deadline_scope is not None:  # the target's time limit, from the run's start
+            self._deadline_scope.deadline = self._started_at + target.limits.timeout_seconds
 
     async def _child_finished(self, step: int, call: ToolCall, child: RunRecord) -> Message:
         """Record a finished child run as its call's result: ``child.finish`` (with the
@@ -504,6 +653,7 @@ class AgentLoop:
             )
         outcome = self.agent.toolset.answered(call, child.output, error)
         message = await self._record(step, outcome)
+        self.charged.add(child.id)
         self.budget.spend(child.usage, child.cost_usd)
         return message
 
@@ -532,7 +682,7 @@ class AgentLoop:
             now + ttl if ttl else None,
         )
 
-    async def _record(self, step: int, outcome: ToolOutcome) -> Message:
+    async def _record(self, step: int, outcome: ToolOutcome, **extra: Any) -> Message:
         await self.emit(
             EventType.TOOL_RESULT,
             step=step,
@@ -543,6 +693,7 @@ class AgentLoop:
             attempts=outcome.attempts,
             duration_ms=outcome.duration_ms,
             **({"retries": list(outcome.retries)} if outcome.retries else {}),
+            **extra,
         )
         return Message.tool(outcome.call, outcome.model_text(), is_error=outcome.error is not None)
 
@@ -591,4 +742,5 @@ class AgentLoop:
             usage=self.budget.usage,
             cost_usd=self.budget.cost_usd,
             initial_count=self.initial_count,
+            agent=self.agent.name,
         )

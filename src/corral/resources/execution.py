@@ -41,7 +41,7 @@ __all__ = [
 IsolationRule = Literal["required", "preferred", "off"]
 NetworkRule = Literal["allow", "deny"]
 #: the tool types a policy can allow: a Tool's ``type``, or ``mcp`` for an McpServer's tools
-ToolType = Literal["python", "exec", "http", "mcp", "wasm"]
+ToolType = Literal["python", "exec", "http", "mcp", "wasm", "a2a"]
 TOOL_TYPES: tuple[str, ...] = get_args(ToolType)
 #: the one name a NamespacePolicy may have
 NAMESPACE_POLICY_NAME = "default"

@@ -259,12 +259,51 @@ class HttpToolSpec(Spec):
     @field_validator("url")
     @classmethod
     def _callable_url(cls, url: str, info: ValidationInfo) -> str:
-        if info.context is not None and info.context.get("stored"):
-            return url
-        problem = url_problem(url, allow_private=info.data.get("allow_private") is True)
-        if problem is not None:
-            raise ValueError(problem)
+        return callable_url(url, info)
+
+
+def callable_url(url: str, info: ValidationInfo) -> str:
+    """``url`` when an outbound tool may call it (see :class:`HttpToolSpec`); a stored
+    one is not checked again."""
+    if info.context is not None and info.context.get("stored"):
         return url
+    problem = url_problem(url, allow_private=info.data.get("allow_private") is True)
+    if problem is not None:
+        raise ValueError(problem)
+    return url
+
+
+class A2aToolSpec(Spec):
+    """The remote A2A agent an ``a2a`` tool sends its calls to (``message/send``).
+
+    ``url`` is the agent's card (``https://host/agent/.well-known/agent-card.json``) or
+    its base URL (the card is read from ``/.well-known/agent-card.json`` under it),
+    checked like an ``http`` tool's url; every request (the card, then the interface
+    the card names) passes the SSRF guard.
+    """
+
+    # Declared before ``url`` so that the url's validator can read it.
+    allow_private: bool = Field(
+        default=False,
+        description="allow loopback, link-local and private destinations (SSRF guard off)",
+    )
+    url: str = Field(description="the remote agent card, or the agent's base URL")
+    headers: dict[str, str] = Field(default_factory=dict)
+    auth: HttpAuth | None = None
+
+    @field_validator("url")
+    @classmethod
+    def _callable_url(cls, url: str, info: ValidationInfo) -> str:
+        return callable_url(url, info)
+
+
+#: the arguments of an ``a2a`` tool that declares none: one text message
+A2A_PARAMETERS: dict[str, Any] = {
+    "type": "object",
+    "properties": {"input": {"type": "string", "description": "the message to the agent"}},
+    "required": ["input"],
+    "additionalProperties": False,
+}
 
 
 class CircuitBreakerPolicy(Spec):
@@ -273,9 +312,10 @@ class CircuitBreakerPolicy(Spec):
 
 
 class ToolSpecModel(Spec):
-    """A tool an agent may call. Exactly one of ``python``, ``exec``, ``http``, ``wasm`` is set."""
+    """A tool an agent may call. Exactly one of ``python``, ``exec``, ``http``, ``wasm``,
+    ``a2a`` is set."""
 
-    type: Literal["python", "exec", "http", "wasm"]
+    type: Literal["python", "exec", "http", "wasm", "a2a"]
     description: str = ""
     parameters: dict[str, Any] | None = Field(
         default=None, description="JSON Schema of the arguments (python: derived when absent)"
@@ -284,6 +324,7 @@ class ToolSpecModel(Spec):
     exec: ExecToolSpec | None = None
     http: HttpToolSpec | None = None
     wasm: WasmToolSpec | None = None
+    a2a: A2aToolSpec | None = None
     risk: RiskLevel = "low"
     approval: ToolApproval = "inherit"
     idempotent: bool = False
@@ -299,12 +340,20 @@ class ToolSpecModel(Spec):
 
     @model_validator(mode="after")
     def _matching_block(self) -> ToolSpecModel:
-        blocks = {"python": self.python, "exec": self.exec, "http": self.http, "wasm": self.wasm}
+        blocks = {
+            "python": self.python,
+            "exec": self.exec,
+            "http": self.http,
+            "wasm": self.wasm,
+            "a2a": self.a2a,
+        }
         if blocks[self.type] is None:
             raise ValueError(f"type {self.type!r} needs a {self.type!r} block")
         extra = [k for k, v in blocks.items() if v is not None and k != self.type]
         if extra:
             raise ValueError(f"type {self.type!r} does not take {', '.join(extra)!s}")
+        if self.type == "a2a" and self.parameters is None:
+            self.parameters = dict(A2A_PARAMETERS)
         if self.type != "python" and self.parameters is None:
             raise ValueError(f"type {self.type!r} needs 'parameters' (a JSON Schema)")
         return self
@@ -393,6 +442,8 @@ class AgentRoleSpec(Spec):
 
 #: how deep child runs may nest below a run by default (``limits.max_depth``)
 DEFAULT_MAX_DEPTH = 4
+#: how many handoffs a run may make by default (``limits.max_handoffs``)
+DEFAULT_MAX_HANDOFFS = 4
 
 
 class Limits(Spec):
@@ -411,6 +462,15 @@ class Limits(Spec):
         description=(
             "how deep child runs (agents_exec) may nest below a run of this agent: a call "
             "that would start one deeper fails with budget_exceeded (0: no child runs)"
+        ),
+    )
+    max_handoffs: int = Field(
+        default=DEFAULT_MAX_HANDOFFS,
+        ge=0,
+        le=32,
+        description=(
+            "how many handoffs a run may have made when this agent hands off: one more "
+            "fails the handoff call with budget_exceeded (0: this agent never hands off)"
         ),
     )
 

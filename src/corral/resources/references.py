@@ -134,6 +134,8 @@ def _references(resource: HasSpec) -> Iterator[Reference | MalformedReference]:
             yield from _env_secrets(spec.exec.env, ("spec", "exec", "env"))
         if spec.http is not None:
             yield from _auth_secret(spec.http.auth, ("spec", "http", "auth"))
+        if spec.a2a is not None:
+            yield from _auth_secret(spec.a2a.auth, ("spec", "a2a", "auth"))
     elif isinstance(spec, McpServerSpec):
         yield from _env_secrets(spec.env, ("spec", "env"))
         yield from _auth_secret(spec.auth, ("spec", "auth"))

@@ -257,7 +257,7 @@ class AgentBuilder:
                     policy, entry, await self._spec("Tool", entry, ToolSpecModel)
                 )
                 env = spec.exec.env if spec.exec else {}
-                auth = spec.http.auth if spec.http else None
+                auth = spec.http.auth if spec.http else spec.a2a.auth if spec.a2a else None
                 tool = build_tool(
                     entry, spec, await self._secrets_of(env, auth), sandbox_host=self.sandbox_host
                 )
@@ -283,7 +283,7 @@ class AgentBuilder:
     def _linked_agents(
         self, name: str, spec: AgentSpec, permissions: Permissions
     ) -> list[GovernedTool]:
-        """The agents_list/agents_info/agents_exec tools of an Agent with links."""
+        """The agents_list/agents_info/agents_exec/handoff tools of an Agent with links."""
         if not spec.links:
             return []
         if self.delegation is None:
@@ -293,10 +293,12 @@ class AgentBuilder:
         tools = linked_agent_tools(
             spec.links, self.delegation, permissions.allows, max_depth=spec.limits.max_depth
         )
-        # Starting a child is as risky as what the child may do: medium (approval by risk).
-        exec_policy = ToolPolicy(risk="medium")
+        # Starting a child, or handing the conversation over, is as risky as what the other
+        # agent may do: medium (approval by risk).
+        acting = ToolPolicy(risk="medium")
         return [
-            GovernedTool(t, exec_policy if t.ref == "agents_exec" else ToolPolicy()) for t in tools
+            GovernedTool(t, acting if t.ref in ("agents_exec", "handoff") else ToolPolicy())
+            for t in tools
         ]
 
     async def _memory_tools(self, spec: AgentSpec, stack: AsyncExitStack) -> list[GovernedTool]:

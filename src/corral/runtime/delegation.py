@@ -17,10 +17,27 @@ from typing import Any
 
 from corral.bus.base import Bus
 from corral.core.errors import ConflictError, NotFoundError, ToolError, ToolErrorCode, UserError
+from corral.core.runs import RunRecord
 from corral.resources.kinds import AgentSpec
 from corral.runtime.operations import new_run
 from corral.store.base import Store
 from corral.tools.base import ChildRun, ToolContext
+
+#: how the idempotency key of a child run a tool program started over the API begins
+LINK_KEY_PREFIX = "link:"
+
+
+def link_child_key(run_id: str, digest: str) -> str:
+    """The idempotency key of a child of run ``run_id`` started by ``POST
+    /v1/links/{agent}/exec`` (``digest``: of the request's key and body)."""
+    return f"{LINK_KEY_PREFIX}{run_id}:{digest}"
+
+
+def started_by_a_tool_program(child: RunRecord, parent_run_id: str) -> bool:
+    """Whether ``child`` was started over the API by a tool program of its parent's run
+    (not by an ``agents_exec`` call): its spend is charged to the parent when the step
+    whose call started it is done (see :class:`~corral.engine.loop.AgentLoop`)."""
+    return (child.idempotency_key or "").startswith(f"{LINK_KEY_PREFIX}{parent_run_id}:")
 
 
 class StoreDelegation:

@@ -30,7 +30,12 @@ from corral.core.messages import Message
 from corral.core.redaction import Redactor
 from corral.core.runs import Approval, ApprovalState, Decision, Lease, RunRecord, RunState
 from corral.core.settings import Settings
-from corral.engine.loop import AgentDefinition, AgentLoop, CallEnvironment, Decided, RunResult
+from corral.engine.loop import (
+    AgentDefinition,
+    AgentLoop,
+    Decided,
+    RunResult,
+)
 from corral.engine.replay import replay
 from corral.runtime.agent_tokens import (
     REDACTION_NAME,
@@ -39,7 +44,7 @@ from corral.runtime.agent_tokens import (
     AgentTokenSigner,
 )
 from corral.runtime.agents import AgentCache, Loading
-from corral.runtime.delegation import StoreDelegation
+from corral.runtime.delegation import StoreDelegation, started_by_a_tool_program
 from corral.runtime.health import TRANSIENT, WorkerHealth
 from corral.runtime.journal import FencedSink, Observer
 from corral.runtime.leases import LeaseKeeper, Reason
@@ -240,26 +245,42 @@ class RunExecutor:
         gone = await missing_session(self.store, record)
         if gone is not None:
             return await self._failed_to_start(sink, gone, events, record)
+        # the agent the conversation is under: the submitted one, or the last handoff's
+        active = _active_agent(events) or record.agent
         try:
             agent, release = await self.agents.acquire(
-                record.namespace, record.agent, output_schema=record.output_schema
+                record.namespace, active, output_schema=record.output_schema
             )
         except TRANSIENT:  # reading the resources failed, not the Agent: the worker's error
             raise
         except CorralError as exc:  # (the builder redacted it)
             return await self._failed_to_start(sink, exc, events, record)
         sink.redactor = agent.toolset.redactor
+        releases = [release]
+        calls = _LinkedCalls(self, record, agent, resumed=bool(events))
+
+        async def switch(name: str) -> AgentDefinition:
+            target, give_back = await self.agents.acquire(
+                record.namespace, name, output_schema=record.output_schema
+            )
+            releases.append(give_back)
+            sink.redactor = sink.redactor.merged(target.toolset.redactor)
+            calls.agent = target
+            return target
+
         try:
             loop = AgentLoop(
                 agent,
                 record.id,
                 sink,
                 raise_retryable=True,
-                call_environment=self._call_environment(record, agent) if agent.links else None,
+                call_environment=calls.environment,
+                switch=switch,
+                outside_children=calls.finished_children,
             )
             try:
                 if events:
-                    decisions = await self._decisions(record.id)
+                    decisions = await self._decisions(record.id, events)
                     children = await self._children(record.id, events)
                     return await loop.resume(events, decisions, children)
                 history = await self._history(record, agent)
@@ -273,19 +294,8 @@ class RunExecutor:
                 await self.store.release_run(lease, not_before=retry_at)
                 return "released"
         finally:
-            release()
-
-    def _call_environment(self, record: RunRecord, agent: AgentDefinition) -> CallEnvironment:
-        """A fresh agent token (and the URL) for each tool call of a run of an agent with
-        links; the token is redacted from the call's outcome."""
-
-        def environment() -> tuple[Mapping[str, str], Mapping[str, str]]:
-            env = self.tokens.environment(
-                namespace=record.namespace, agent=record.agent, run_id=record.id, links=agent.links
-            )
-            return env, {REDACTION_NAME: env[TOKEN_VARIABLE]}
-
-        return environment
+            for give_back in releases:
+                give_back()
 
     async def _announce_released(self, lease: Lease) -> None:
         """Announce a run this lease released: its fencing token marks the release, which
@@ -307,9 +317,13 @@ class RunExecutor:
         backoff = jittered_backoff(record.attempts, self.retry_base_seconds, RUN_RETRY_MAX_SECONDS)
         return self.clock.now() + backoff
 
-    async def _decisions(self, run_id: str) -> dict[str, Decided]:
-        """The run's decided approvals, with who decided and when (journaled on resume)."""
+    async def _decisions(self, run_id: str, events: list[Event]) -> dict[str, Decided]:
+        """The run's decided approvals, with who decided and when (journaled on resume),
+        when its journal asked for any (one read then: a resumed parent of children asked
+        for none)."""
         decided: dict[str, Decided] = {}
+        if not any(e.type is EventType.APPROVAL_REQUESTED for e in events):
+            return decided
         for approval in await self.store.list_approvals(run_id=run_id):
             if approval.state is ApprovalState.PENDING:
                 continue
@@ -360,6 +374,8 @@ class RunExecutor:
         record.usage = result.usage if result.steps else record.usage
         record.cost_usd = result.cost_usd or record.cost_usd
         record.pending_approvals = result.pending_approvals
+        if result.agent:  # (a result the loop made: it knows the agent it ended under)
+            record.active_agent = result.agent if result.agent != record.agent else None
         if result.state.finished:
             record.finished_at = self.clock.now()
         if result.state is not RunState.RUNNING:  # as save_run stores it: no lease left
@@ -379,7 +395,7 @@ class RunExecutor:
                 id=new_id("apr"),
                 run_id=record.id,
                 namespace=record.namespace,
-                agent=record.agent,
+                agent=result.agent or record.agent,  # whose call it is (after a handoff)
                 call_id=p.call_id,
                 tool=p.tool,
                 arguments=p.arguments,
@@ -412,6 +428,54 @@ class RunExecutor:
             await self.bus.announce_runnable([record.parent_run_id], mark=f"child:{record.id}")
         elif record.state is RunState.WAITING_CHILDREN:
             await self.bus.announce_runnable([record.id], mark=f"parked:{lease.token}")
+
+
+class _LinkedCalls:
+    """What a run's tool calls get from the runtime for its links: a fresh agent token
+    (and the URL) per call of an agent with links, redacted from the call's outcome, for
+    the agent the run is under now; and the child runs those calls' programs started
+    over the API (``POST /v1/links/{agent}/exec``) once finished, for the loop to charge."""
+
+    def __init__(
+        self, executor: RunExecutor, record: RunRecord, agent: AgentDefinition, *, resumed: bool
+    ) -> None:
+        self.tokens = executor.tokens
+        self.store = executor.store
+        self.record = record
+        self.agent = agent
+        # whether a token went out since the children were last looked for (a resumed run:
+        # maybe, before the crash)
+        self.minted = resumed
+
+    def environment(self) -> tuple[Mapping[str, str], Mapping[str, str]]:
+        agent, record = self.agent, self.record
+        if not agent.links:
+            return {}, {}
+        self.minted = True
+        env = self.tokens.environment(
+            namespace=record.namespace, agent=agent.name, run_id=record.id, links=agent.links
+        )
+        return env, {REDACTION_NAME: env[TOKEN_VARIABLE]}
+
+    async def finished_children(self, known: set[str]) -> list[RunRecord]:
+        if not self.minted:  # no token, no child over the API: no read
+            return []
+        self.minted = False
+        return [
+            child
+            for child in await self.store.list_children(self.record.id)
+            if child.state.finished
+            and child.id not in known
+            and started_by_a_tool_program(child, self.record.id)
+        ]
+
+
+def _active_agent(events: list[Event]) -> str | None:
+    """The agent of the journal's last ``handoff``, if any."""
+    for event in reversed(events):
+        if event.type is EventType.HANDOFF:
+            return str(event.data["to"])
+    return None
 
 
 def _internal_error(exc: Exception) -> dict[str, Any]:

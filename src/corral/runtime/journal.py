@@ -19,7 +19,15 @@ decides, event by event, when it must be on disk:
   at once, and the call (with the model's message) is written when the tool's
   ``tool.result`` is (one commit for both), or :data:`BEHIND_AFTER_SECONDS`
   after the call if the tool is still running then - the write starts, and the
-  tool goes on while it is in flight.
+  tool goes on while it is in flight. And a ``child.start``: the child run is
+  committed before it and a replay of the call finds that child by its
+  idempotency key, so it rides with the run's park in ``waiting_children`` (one
+  commit) when the run parks at once, and is written a moment later when the
+  run goes on (other calls of the step), so followers still see the child start.
+  The ``tool.result`` of a call whose child run finished (after its
+  ``child.finish``) as well: the child's record keeps the outcome, so a replay
+  records the same result again; the results of all the children a resumed run
+  finds finished ride in one write (with the run's outcome, when it ends at once).
 - **ahead** - the ``tool.result`` of an idempotent tool's call: its write starts
   at once (with the call, when that is still waiting) and the engine goes on
   without waiting for it: the next model call is on the wire while it commits.
@@ -106,6 +114,8 @@ _STEP_FINISH = EventType.STEP_FINISH
 _TOOL_CALL = EventType.TOOL_CALL
 _TOOL_RESULT = EventType.TOOL_RESULT
 _MESSAGE_CREATE = EventType.MESSAGE_CREATE
+_CHILD_FINISH = EventType.CHILD_FINISH
+_CHILD_START = EventType.CHILD_START
 
 
 class FencedSink:
@@ -153,6 +163,7 @@ class FencedSink:
         self._behind_timer: Timer | None = None
         self._behind_write: asyncio.Task[None] | None = None  # (a reference keeps it alive)
         self._idempotent_calls: set[str] = set()  # ids of calls whose result is written ahead
+        self._finished_children: set[str] = set()  # ids of calls whose child.finish came
 
     async def __aenter__(self) -> Self:
         if self._shared is not None:
@@ -218,9 +229,18 @@ class FencedSink:
         elif kind is _TOOL_CALL and event.data.get("idempotent"):
             self._idempotent_calls.add(event.data["call_id"])
             return "behind"
+        elif kind is _TOOL_RESULT and event.data.get("call_id") in self._finished_children:
+            self._finished_children.discard(event.data["call_id"])
+            return "behind"
         elif kind is _TOOL_RESULT and event.data.get("call_id") in self._idempotent_calls:
             self._idempotent_calls.discard(event.data["call_id"])
             return "ahead"
+        elif kind is _CHILD_START:
+            return "behind"
+        elif kind is _CHILD_FINISH:
+            # the child's record keeps its outcome: the call's result is written behind
+            self._finished_children.add(event.data["call_id"])
+            return "later"
         if kind in LATER:
             return "later"
         if kind is _MESSAGE_CREATE:

@@ -19,6 +19,7 @@ from typing import Any
 
 from corral.core.errors import ConfigurationError, NotFoundError
 from corral.core.memory import (
+    MemoryBackendError,
     MemoryEntry,
     MemoryEntryNotFoundError,
     MemoryHit,
@@ -83,17 +84,28 @@ class Memories:
             if every_scope
             else place_of(namespace, name, spec.scope, agent=agent, session=session)
         )
-        secrets: dict[str, str] = {}
-        if spec.http is not None and spec.http.auth is not None:
-            resolver = SecretResolver(self.store, self.settings)
-            secrets[spec.http.auth.secret] = await resolver.resolve(
-                namespace, spec.http.auth.secret
-            )
-        backend = open_memory_backend(name, spec, self.store, secrets)
+        backend = await self._backend(namespace, name, spec)
         try:
             yield OpenMemory(spec, place, backend)
         finally:
             await backend.aclose()
+
+    async def _backend(self, namespace: str, name: str, spec: MemorySpec) -> MemoryBackend:
+        """The Memory's backend, its auth secret resolved in this process. A secret that
+        cannot be had here is the backend's failure (``memory_backend_unconfigured``),
+        not the server's: the request says so, and the process goes on serving."""
+        secrets: dict[str, str] = {}
+        try:
+            if spec.http is not None and spec.http.auth is not None:
+                resolver = SecretResolver(self.store, self.settings)
+                secrets[spec.http.auth.secret] = await resolver.resolve(
+                    namespace, spec.http.auth.secret
+                )
+            return open_memory_backend(name, spec, self.store, secrets)
+        except ConfigurationError as exc:
+            raise MemoryBackendError(
+                f"memory {name!r}: {exc.message}", code="memory_backend_unconfigured"
+            ) from None
 
     async def stats(self, namespace: str, name: str) -> MemoryStats:
         """How many entries the Memory holds (every scope), their size, its index."""

@@ -137,6 +137,7 @@ def create_app(
     app.state.corral = context
     problems.install(app)
     for module in (
+        *_a2a_routes(),
         routes_resources,
         routes_tasks,
         routes_systems,
@@ -155,6 +156,19 @@ def create_app(
     app.add_middleware(HttpMetricsMiddleware, metrics=metrics)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app
+
+
+def _a2a_routes() -> list[Any]:
+    """The A2A routes, when the ``a2a`` extra (``a2a-sdk``) is installed; else a 501 for each."""
+    try:
+        from corral.server import routes_a2a
+    except ImportError as exc:
+        if not (exc.name or "").startswith(("a2a", "google", "sse_starlette")):
+            raise
+        from corral.server import routes_a2a_missing
+
+        return [routes_a2a_missing]
+    return [routes_a2a]
 
 
 def _not_null(schema: dict[str, Any]) -> dict[str, Any]:

@@ -19,6 +19,12 @@ request starts a child). The calling run must be ``running`` (409 ``conflict``
 otherwise: a token that outlived its tool call starts nothing under a parked or
 finished run). ``wait`` (default true) answers 200 with the child's
 task once it settles, or 202 when ``timeout_seconds`` passes first.
+
+The calling run does not park: its tool call holds this request, so the run stays
+``running`` (its worker slot and lease kept, the tool's timeout bounding the wait). The
+child's spend is charged to it like an ``agents_exec`` child's: the loop journals a
+``child.finish`` (no ``call_id``) once the calls of the step that started it are done
+(see ``_LinkedCalls`` in :mod:`corral.runtime.executor`).
 """
 
 from __future__ import annotations
@@ -38,7 +44,7 @@ from corral.core.runs import RunState
 from corral.resources.kinds import NAME_PATTERN, AgentLink, AgentSpec
 from corral.runtime.agent_tokens import AgentClaims, AgentTokenError, looks_like_agent_token
 from corral.runtime.builder import AgentBuilder
-from corral.runtime.delegation import StoreDelegation
+from corral.runtime.delegation import StoreDelegation, link_child_key
 from corral.runtime.follow import RunFollower, Until
 from corral.server.context import ServerContext, context_of
 from corral.server.limits import address_key, refuse_while_waiting
@@ -207,7 +213,7 @@ async def exec_link(
     digest = hashlib.sha256(
         json.dumps([idempotency_key or new_id("x"), asked], ensure_ascii=False).encode()
     ).hexdigest()[:32]
-    key = f"link:{caller.run_id}:{digest}"
+    key = link_child_key(caller.run_id, digest)
     delegation = StoreDelegation(context.store, context.bus)
     try:
         child = await delegation.start_child_of(

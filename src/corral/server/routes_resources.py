@@ -28,6 +28,7 @@ from corral.api import (
     KIND_NAMES,
     AppliedResource,
     ApplyResult,
+    ResourceDeletion,
     ResourceDocument,
     ResourceOut,
     ResourcePage,
@@ -360,4 +361,24 @@ async def delete_resource(
     if canonical == NAMESPACE_POLICY_KIND and who.namespace != OPERATOR_NAMESPACE:
         raise _forbidden_policy()
     await context_of(request).store.delete_resource(who.namespace, canonical, name)
+    return Response(status_code=204)
+
+
+@router.post(
+    "/resources/delete",
+    status_code=204,
+    response_class=Response,
+    summary="Delete resources together",
+    responses=responses(403, 404, 409),
+)
+async def delete_resources(body: ResourceDeletion, who: Admin, request: Request) -> Response:
+    """All or none, in one transaction: references among them do not hold them back (two
+    agents that link each other are deleted together), one from a resource not among them
+    does (409); one that does not exist is 404 and nothing is deleted."""
+    keys = [
+        (_kind(item.kind, f"body.items[{i}].kind"), item.name) for i, item in enumerate(body.items)
+    ]
+    if who.namespace != OPERATOR_NAMESPACE and any(k == NAMESPACE_POLICY_KIND for k, _ in keys):
+        raise _forbidden_policy()
+    await context_of(request).store.delete_resources(who.namespace, keys)
     return Response(status_code=204)

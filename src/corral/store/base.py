@@ -155,13 +155,21 @@ class Store(ABC):
             max((item.updated_at for item in items), default=0.0),
         )
 
-    @abstractmethod
     async def delete_resource(self, namespace: str, kind: str, name: str) -> None:
         """Delete a resource (a Memory with its entries, in the same transaction).
 
         ``NotFoundError`` when it does not exist; ``ConflictError`` naming the
         referrers when another resource references it.
         """
+        await self.delete_resources(namespace, [(kind, name)])
+
+    @abstractmethod
+    async def delete_resources(self, namespace: str, keys: Sequence[tuple[str, str]]) -> None:
+        """Delete several resources of one namespace, ``(kind, name)`` each, in one
+        transaction: all or none. References among them do not hold them back (two
+        agents that link each other go together); ``ConflictError`` naming the referrers
+        when a resource not among them references one, ``NotFoundError`` when one does
+        not exist."""
 
     # ----------------------------------------------------------------- runs
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import JSONB
 
-LATEST_REVISION = "0009"
+LATEST_REVISION = "0011"
 """The head of ``migrations/versions``; a store at this revision opens without alembic."""
 
 metadata = sa.MetaData(
@@ -77,6 +77,8 @@ runs = sa.Table(
     sa.Column("system", sa.String(63), nullable=True),
     sa.Column("branch_id", sa.String(255), nullable=True),
     sa.Column("parent_branch_id", sa.String(255), nullable=True),
+    # Handoffs (0011): the agent the run went on under (NULL: the submitted one).
+    sa.Column("active_agent", sa.String(63), nullable=True),
     sa.Index("ix_runs_parent_run_id", "parent_run_id"),
     sa.Index("ix_runs_namespace_agent_created_at", "namespace", "agent", "created_at"),
     # NULL keys never collide (SQLite and PostgreSQL alike): only keyed submits are deduplicated.

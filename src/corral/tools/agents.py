@@ -1,6 +1,6 @@
-"""The linked-agent tools: ``agents_list``, ``agents_info`` and ``agents_exec``.
+"""The linked-agent tools: ``agents_list``, ``agents_info``, ``agents_exec`` and ``handoff``.
 
-An Agent with ``links`` gets these three built-in tools, governed like every
+An Agent with ``links`` gets these four built-in tools, governed like every
 other tool (:mod:`corral.tools.governance`: schema, approval, timeout, output
 cap, redaction). Their permissions are checked on the agent a call names, as
 ``agent:NAME`` (``by_target``): a ToolPermission's glob such as ``agent:*``
@@ -14,6 +14,11 @@ without holding a worker, and the child's answer becomes the call's result.
 The child's idempotency key is derived from the call's (run, step, call index)
 and its arguments, so a replay of the call after a crash finds the child it
 started instead of starting another.
+
+``handoff`` checks that its target still exists and returns a
+:class:`~corral.tools.base.Handoff`: the loop (:mod:`corral.engine.loop`) goes on
+under the target agent once the step's other calls are done, with the whole
+conversation so far, and journals the switch as a ``handoff`` event.
 """
 
 from __future__ import annotations
@@ -26,12 +31,14 @@ from typing import Any, ClassVar, Protocol
 from corral.core.errors import ToolError, ToolErrorCode
 from corral.core.messages import ToolSpec
 from corral.resources.kinds import DEFAULT_MAX_DEPTH, AgentLink
-from corral.tools.base import ChildRun, Tool, ToolContext
+from corral.tools.base import ChildRun, Handoff, Tool, ToolContext
 
 #: the prefix of the permission ref of a linked agent: ``agent:NAME``
 AGENT_PREFIX = "agent:"
 #: the longest input an ``agents_exec`` call may hand a child run
 MAX_CHILD_INPUT_CHARS = 32_000
+#: the longest reason a ``handoff`` call may give
+MAX_HANDOFF_REASON_CHARS = 2_000
 
 
 class Delegation(Protocol):
@@ -58,7 +65,7 @@ class Delegation(Protocol):
 
 
 class _LinkedAgentTool(Tool):
-    """What the three tools share: the links, and the check of the agent a call names."""
+    """What the four tools share: the links, and the check of the agent a call names."""
 
     by_target: ClassVar[bool] = True
     idempotent = True
@@ -195,6 +202,40 @@ class AgentsExec(_LinkedAgentTool):
         )
 
 
+class HandOff(_LinkedAgentTool):
+    """``handoff(agent, reason?)``: the conversation goes on under a linked agent (its
+    instructions, model, tools and limits), which sees everything said so far."""
+
+    ref = "handoff"
+
+    def __init__(
+        self, links: Sequence[AgentLink], delegation: Delegation, permitted: Callable[[str], bool]
+    ) -> None:
+        super().__init__(links, delegation, permitted)
+        self.spec = ToolSpec(
+            name=self.ref,
+            description=(
+                "Hand the conversation over to another agent: it answers from now on, seeing "
+                "everything said so far. Call it alone, as your last call. Linked agents:\n"
+                + self._catalogue()
+            ),
+            parameters={
+                "type": "object",
+                "properties": {
+                    "agent": _AGENT_ARGUMENT,
+                    "reason": {"type": "string", "maxLength": MAX_HANDOFF_REASON_CHARS},
+                },
+                "required": ["agent"],
+                "additionalProperties": False,
+            },
+        )
+
+    async def call(self, arguments: dict[str, Any], ctx: ToolContext) -> Any:
+        name = str(arguments["agent"])
+        await self.delegation.describe(ctx.namespace, name)  # gone: unavailable, now
+        return Handoff(name, str(arguments.get("reason") or ""))
+
+
 def child_key(ctx: ToolContext, arguments: dict[str, Any]) -> str:
     """The idempotency key of the child run a call starts: the call's own key (run, step,
     call index: the same on every replay) and a digest of its arguments, so that a model
@@ -213,7 +254,7 @@ def linked_agent_tools(
     *,
     max_depth: int = DEFAULT_MAX_DEPTH,
 ) -> list[Tool]:
-    """The three tools of an agent with ``links`` (none without); ``permitted`` says whether
+    """The four tools of an agent with ``links`` (none without); ``permitted`` says whether
     the agent's roles allow a ref (``agents_list`` lists only those), ``max_depth`` is the
     agent's ``limits.max_depth``."""
     if not links:
@@ -222,4 +263,5 @@ def linked_agent_tools(
         AgentsList(links, delegation, permitted),
         AgentsInfo(links, delegation, permitted),
         AgentsExec(links, delegation, permitted, max_depth),
+        HandOff(links, delegation, permitted),
     ]

@@ -59,6 +59,16 @@ class ChildRun:
     agent: str
 
 
+@dataclass(frozen=True)
+class Handoff:
+    """What a tool returns when the conversation is to go on under another agent
+    (``handoff``): the loop switches to agent ``agent`` once the step's other calls are
+    done, and journals the switch (a ``handoff`` event)."""
+
+    agent: str
+    reason: str = ""
+
+
 class Tool(ABC):
     """One callable tool."""
 

@@ -53,7 +53,7 @@ from corral.resources.kinds import (
     ToolApproval,
     ToolSpecModel,
 )
-from corral.tools.base import ChildRun, Tool, ToolContext
+from corral.tools.base import ChildRun, Handoff, Tool, ToolContext
 
 log = logging.getLogger(__name__)
 
@@ -221,6 +221,8 @@ class ToolOutcome:
     retries: tuple[dict[str, Any], ...] = ()
     #: the child run the call started: no result yet, the run waits for the child's
     child: ChildRun | None = None
+    #: the agent the call hands the conversation to (``handoff``)
+    handoff: Handoff | None = None
 
     @property
     def needs_approval(self) -> bool:
@@ -451,6 +453,10 @@ class Toolset:
         if isinstance(result, ChildRun):
             ms = _ms_since(started)
             return ToolOutcome(call, ref, "", None, attempts.count, ms, child=result)
+        if isinstance(result, Handoff):
+            output = f"handing the conversation to agent {result.agent!r}"
+            ms = _ms_since(started)
+            return ToolOutcome(call, ref, output, None, attempts.count, ms, handoff=result)
         output = _cap(self._redacted_text(result, redact), governed.policy.max_output_bytes)
         retries = tuple(redact.data(r) for r in attempts.retries)
         return ToolOutcome(call, ref, output, None, attempts.count, _ms_since(started), retries)

@@ -257,9 +257,9 @@ class HttpMemoryBackend:
         answer = await self._call("stats", body, _StatsAnswer)
         if min(answer.entries, answer.text_chars, answer.scopes) < 0:
             raise self._bad("stats", "a negative count")
-        return MemoryStats(
-            answer.entries, answer.text_chars, answer.scopes, f"http: {answer.index[:80]}"
-        )
+        # shown on terminals: printable characters only (no escape sequences), and short
+        index = "".join(c for c in answer.index if c.isprintable())[:80]
+        return MemoryStats(answer.entries, answer.text_chars, answer.scopes, f"http: {index}")
 
     async def prune(self, place: MemoryPlace, *, now: float | None = None) -> int:
         retention = self.spec.retention
@@ -369,8 +369,10 @@ class HttpMemoryBackend:
     # ------------------------------------------------------------------ failures
 
     def _said(self, text: str) -> str:
-        """What the service said, short and without a secret."""
-        flat = " ".join(text.split())[:_SAID_CHARS]
+        """What the service said, short, printable (no terminal escapes) and without a
+        secret."""
+        printable = "".join(c for c in " ".join(text.split()) if c.isprintable())
+        flat = printable[:_SAID_CHARS]
         return self._redactor.text(flat) if self._redactor else flat
 
     def _error(self, code: str, reason: str, *, retryable: bool = False) -> MemoryBackendError:

@@ -20,6 +20,7 @@ KINDS: dict[str, str] = {
     "exec": "corral.tools.exec",
     "http": "corral.tools.http",
     "wasm": "corral.tools.wasm",
+    "a2a": "corral.tools.a2a",
 }
 #: the kinds whose programs run under an isolation (they take ``sandbox_host``)
 SANDBOXED_KINDS = frozenset({"exec"})
@@ -39,7 +40,14 @@ def build_tool(
     module_name = KINDS.get(spec.type)
     if module_name is None:
         raise ConfigurationError(f"tool {name!r}: unsupported tool type {spec.type!r}")
-    module = importlib.import_module(module_name)
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        if spec.type != "a2a" or not (exc.name or "").startswith(("a2a", "google")):
+            raise
+        raise ConfigurationError(
+            f"tool {name!r}: type 'a2a' needs the a2a-sdk: pip install 'corral[a2a]'"
+        ) from None
     if spec.type in SANDBOXED_KINDS:
         sandboxed: Tool = module.create(name, spec, secrets, sandbox_host=sandbox_host)
         return sandboxed

@@ -140,32 +140,39 @@ class SqlResources(SqlEngine):
         count, generations, latest = tuple[Any, ...](row)
         return int(count), int(generations), float(latest)
 
-    async def delete_resource(self, namespace: str, kind: str, name: str) -> None:
+    async def delete_resources(self, namespace: str, keys: Sequence[tuple[str, str]]) -> None:
+        doomed = list(dict.fromkeys(keys))
+
         async def write(conn: AsyncConnection) -> None:
-            if await _fetch_resource(conn, namespace, kind, name) is None:
-                raise NotFoundError(f"{kind} {name!r} not found in namespace {namespace!r}")
+            for kind, name in doomed:
+                if await _fetch_resource(conn, namespace, kind, name) is None:
+                    raise NotFoundError(f"{kind} {name!r} not found in namespace {namespace!r}")
             rows = (
                 await conn.execute(sa.select(resources).where(resources.c.namespace == namespace))
             ).all()
+            gone = {(namespace, kind, name) for kind, name in doomed}
             others = [
                 stored.resource
                 for stored in map(row_to_stored, rows)
-                if stored.resource.key != (namespace, kind, name)
+                if stored.resource.key not in gone
             ]
-            found = referrers((kind, name), others)
-            if found:
-                names = ", ".join(
-                    f"{r.kind} {r.name!r} ({format_path(field)})" for r, field in found
-                )
-                raise ConflictError(
-                    f"cannot delete {kind} {name!r} in namespace {namespace!r}: "
-                    f"it is referenced by {names}"
-                )
-            await conn.execute(resources.delete().where(_resource_key(namespace, kind, name)))
-            if kind == "Memory":  # its entries go with it, in the same transaction
-                await conn.execute(entries_of_memory(namespace, name))
+            for kind, name in doomed:
+                found = referrers((kind, name), others)
+                if found:
+                    names = ", ".join(
+                        f"{r.kind} {r.name!r} ({format_path(field)})" for r, field in found
+                    )
+                    raise ConflictError(
+                        f"cannot delete {kind} {name!r} in namespace {namespace!r}: "
+                        f"it is referenced by {names}"
+                    )
+            for kind, name in doomed:
+                await conn.execute(resources.delete().where(_resource_key(namespace, kind, name)))
+                if kind == "Memory":  # its entries go with it, in the same transaction
+                    await conn.execute(entries_of_memory(namespace, name))
 
-        await self._write("delete a resource", write)
+        what = "delete a resource" if len(doomed) == 1 else f"delete {len(doomed)} resources"
+        await self._write(what, write)
 
 
 def _check_kinds(items: Sequence[Resource | LoadedResource]) -> None:

@@ -1,0 +1,220 @@
+"""Each agent as an A2A server (the Agent2Agent protocol, spec 1.0, with 0.3 compatibility).
+
+    GET  /a2a/{namespace}/{agent}/.well-known/agent-card.json   the agent card (viewer)
+    POST /a2a/{namespace}/{agent}                                JSON-RPC 2.0
+
+The agent's base URL is ``/a2a/{namespace}/{agent}``: the SDK's client resolves the
+card at ``<base>/.well-known/agent-card.json`` and the card names the base as its
+JSON-RPC interface. Methods: ``SendMessage`` and ``SendStreamingMessage`` (0.3:
+``message/send``, ``message/stream``) need the operator role, ``CancelTask``
+(``tasks/cancel``) too; ``GetTask`` (``tasks/get``) and ``SubscribeToTask``
+(``tasks/resubscribe``) the viewer role. Push notifications, ``ListTasks`` and the
+extended card are not offered (their A2A errors).
+
+Authentication is the API's (:func:`corral.server.auth.require`): a bearer token,
+401/403/429 as ``application/problem+json`` before any JSON-RPC is read. A namespace
+other than the token's, or an agent that does not exist, is 404 ``not_found``, as
+everywhere. What the JSON-RPC layer refuses (malformed JSON, an unknown method, bad
+params, a file part) is a JSON-RPC error with HTTP 200, rendered by the SDK.
+
+The routes are left out of ``/openapi.json``: their contract is the agent card and
+the A2A specification, not an OpenAPI operation.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Annotated
+
+from a2a.server.context import ServerCallContext
+from a2a.server.jsonrpc_models import JSONParseError
+from a2a.server.request_handlers.response_helpers import (
+    agent_card_to_dict,
+    build_error_response,
+)
+from a2a.server.routes.common import DefaultServerCallContextBuilder
+from a2a.server.routes.jsonrpc_dispatcher import JsonRpcDispatcher
+from a2a.types.a2a_pb2 import (
+    AgentCapabilities,
+    AgentCard,
+    AgentInterface,
+    AgentProvider,
+    AgentSkill,
+    HTTPAuthSecurityScheme,
+    SecurityRequirement,
+    SecurityScheme,
+    StringList,
+)
+from a2a.utils.constants import PROTOCOL_VERSION_0_3, PROTOCOL_VERSION_1_0, TransportProtocol
+from fastapi import APIRouter, Path, Request
+from fastapi.responses import JSONResponse
+from starlette.responses import Response
+
+from corral import __version__
+from corral.core.tokens import Role
+from corral.resources.kinds import NAME_PATTERN
+from corral.server.a2a_tasks import CALLER, Caller, CorralRequestHandler
+from corral.server.auth import Principal, Viewer
+from corral.server.context import ServerContext, context_of
+from corral.server.problems import ProblemError
+
+router = APIRouter(prefix="/a2a", include_in_schema=False)
+
+Namespace = Annotated[str, Path(pattern=NAME_PATTERN, max_length=63)]
+AgentName = Annotated[str, Path(pattern=NAME_PATTERN, max_length=253)]
+
+#: the JSON-RPC methods (1.0 and 0.3 names) that start or stop runs: operator role
+OPERATOR_METHODS = frozenset(
+    {
+        "SendMessage",
+        "SendStreamingMessage",
+        "CancelTask",
+        "message/send",
+        "message/stream",
+        "tasks/cancel",
+    }
+)
+BEARER = "bearer"
+
+
+#: what the SDK's dispatcher logs, with a traceback, when a client sends a malformed request
+CLIENT_FAULTS = frozenset(
+    {"Failed to validate base JSON-RPC request", "Failed to parse request params"}
+)
+
+
+class _ClientFaultsWithoutTraceback(logging.Filter):
+    """A malformed request is the client's fault: one warning line, not a traceback at
+    ERROR level that any caller could make the server write (log flooding)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg in CLIENT_FAULTS:
+            error = record.exc_info[1] if record.exc_info else None
+            record.msg = f"{record.msg} (a malformed A2A request): {type(error).__name__}"
+            record.exc_info = record.exc_text = None
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return True
+
+
+_SDK_DISPATCHER_LOG = logging.getLogger(JsonRpcDispatcher.__module__)
+if not any(isinstance(f, _ClientFaultsWithoutTraceback) for f in _SDK_DISPATCHER_LOG.filters):
+    _SDK_DISPATCHER_LOG.addFilter(_ClientFaultsWithoutTraceback())
+
+
+class _ContextBuilder(DefaultServerCallContextBuilder):
+    """The SDK's call context, with the caller the route established."""
+
+    def build(self, request: Request) -> ServerCallContext:
+        context = super().build(request)
+        context.state[CALLER] = request.state.a2a_caller
+        return context
+
+
+def _dispatcher(request: Request) -> JsonRpcDispatcher:
+    """The app's one dispatcher (made on first use) over its one request handler."""
+    dispatcher = getattr(request.app.state, "a2a_dispatcher", None)
+    if not isinstance(dispatcher, JsonRpcDispatcher):
+        dispatcher = JsonRpcDispatcher(
+            CorralRequestHandler(context_of(request)),
+            context_builder=_ContextBuilder(),
+            enable_v0_3_compat=True,
+        )
+        request.app.state.a2a_dispatcher = dispatcher
+    return dispatcher
+
+
+async def _caller(context: ServerContext, who: Principal, namespace: str, agent: str) -> Caller:
+    """The agent of the URL, when it is in the token's namespace and exists; else 404."""
+    if namespace != who.namespace or (
+        await context.store.get_resource(namespace, "Agent", agent) is None
+    ):
+        raise ProblemError(404, f"agent {agent!r} not found", code="not_found")
+    return Caller(namespace, agent)
+
+
+def base_url(context: ServerContext, request: Request, namespace: str, agent: str) -> str:
+    """The agent's A2A URL: under ``CORRAL_PUBLIC_URL`` when set, else as the client called."""
+    root = context.settings.public_url or str(request.base_url).rstrip("/")
+    return f"{root}/a2a/{namespace}/{agent}"
+
+
+def agent_card(url: str, caller: Caller) -> AgentCard:
+    """The card of one agent: its JSON-RPC interface, streaming, bearer auth, one skill."""
+    return AgentCard(
+        name=caller.agent,
+        description=f"The Corral agent {caller.agent!r} of namespace {caller.namespace!r}.",
+        version=__version__,
+        provider=AgentProvider(organization="Corral", url=url.split("/a2a/", 1)[0]),
+        # one endpoint serves both versions (the dispatcher's 0.3 compatibility)
+        supported_interfaces=[
+            AgentInterface(
+                url=url, protocol_binding=TransportProtocol.JSONRPC.value, protocol_version=version
+            )
+            for version in (PROTOCOL_VERSION_1_0, PROTOCOL_VERSION_0_3)
+        ],
+        capabilities=AgentCapabilities(streaming=True, push_notifications=False),
+        security_schemes={
+            BEARER: SecurityScheme(
+                http_auth_security_scheme=HTTPAuthSecurityScheme(
+                    scheme="Bearer",
+                    bearer_format="corral_<id>_<secret>",
+                    description="A Corral API token of the agent's namespace (operator to send).",
+                )
+            )
+        },
+        security_requirements=[SecurityRequirement(schemes={BEARER: StringList()})],
+        default_input_modes=["text/plain"],
+        default_output_modes=["text/plain", "application/json"],
+        skills=[
+            AgentSkill(
+                id=caller.agent,
+                name=caller.agent,
+                description=f"Run the Corral agent {caller.agent!r} on a text message.",
+                tags=["corral"],
+            )
+        ],
+    )
+
+
+@router.get("/{namespace}/{agent}/.well-known/agent-card.json")
+async def get_agent_card(
+    namespace: Namespace, agent: AgentName, who: Viewer, request: Request
+) -> JSONResponse:
+    """The agent card of one agent (A2A discovery)."""
+    context = context_of(request)
+    caller = await _caller(context, who, namespace, agent)
+    card = agent_card(base_url(context, request, namespace, agent), caller)
+    return JSONResponse(agent_card_to_dict(card))
+
+
+@router.post("/{namespace}/{agent}")
+async def a2a_jsonrpc(
+    namespace: Namespace, agent: AgentName, who: Viewer, request: Request
+) -> Response:
+    """The agent's A2A JSON-RPC endpoint (see the module docstring)."""
+    context = context_of(request)
+    caller = await _caller(context, who, namespace, agent)
+    try:
+        method = _method(await request.body())
+    except RecursionError:  # the SDK would answer an internal error
+        error = JSONParseError(message="the JSON nests too deeply")
+        return JSONResponse(build_error_response(None, error))
+    if method in OPERATOR_METHODS and not who.role.allows(Role.OPERATOR):
+        raise ProblemError(
+            403,
+            f"{method} needs the operator role; the token has {who.role.value}",
+            code="forbidden",
+        )
+    request.state.a2a_caller = caller
+    return await _dispatcher(request).handle_requests(request)
+
+
+def _method(body: bytes) -> str | None:
+    """The JSON-RPC method of a request body, when it has one (the SDK judges the rest)."""
+    try:
+        document = json.loads(body)
+    except ValueError:
+        return None
+    method = document.get("method") if isinstance(document, dict) else None
+    return method if isinstance(method, str) else None
