@@ -239,7 +239,9 @@ class FencedSink:
             return "behind"
         elif kind is _CHILD_FINISH:
             # the child's record keeps its outcome: the call's result is written behind
-            self._finished_children.add(event.data["call_id"])
+            # (a system run's node runs answer no call: its coordinator has no call_id)
+            if event.data.get("call_id") is not None:
+                self._finished_children.add(event.data["call_id"])
             return "later"
         if kind in LATER:
             return "later"
