@@ -11,7 +11,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import JSONB
 
-LATEST_REVISION = "0008"
+LATEST_REVISION = "0010"
 """The head of ``migrations/versions``; a store at this revision opens without alembic."""
 
 metadata = sa.MetaData(
@@ -221,4 +221,4 @@ memory_entries = sa.Table(
 )
 
 #: name prefixes of what the migrated schema has beyond ``metadata`` (see memory_entries)
-DIALECT_OBJECTS = ("memory_fts", "ix_memory_entries_fts")
+DIALECT_OBJECTS = ("memory_fts", "ix_memory_entries_fts", "memory_vectors")
