@@ -355,7 +355,7 @@ async def test_the_tools_an_agent_gets_follow_its_access(env: tuple[Store, Setti
     ("spec", "reason"),
     [
         ({"backend": "http"}, "backend 'http' is not built yet"),
-        ({"embedding": {"model": "e"}}, "'embedding' is not built yet"),
+        ({"embedding": {"model": "nowhere", "dimensions": 8}}, "ModelEndpoint 'nowhere'"),
         ({"scope": "system_run"}, "scope 'system_run' is not built yet"),
         ({"chunking": {"size": 500, "overlap": 500}}, "'overlap' must be smaller"),
     ],

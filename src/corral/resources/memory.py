@@ -2,9 +2,11 @@
 
 A Memory is a store of text entries agents write and search across runs. Only the
 ``store`` backend exists so far (entries live in the Corral store itself: SQLite
-embedded, PostgreSQL in scale-out, with full-text search); the ``http`` backend and
-embeddings are planned (issue 18) and refused at apply with a clear reason, never
-accepted and ignored.
+embedded, PostgreSQL in scale-out, with full-text search); the ``http`` backend is
+planned (issue 18) and refused at apply with a clear reason, never accepted and
+ignored. ``embedding`` names a ModelEndpoint that embeds (a reference, checked at
+apply) and the dimensions of its vectors: entries are embedded when written and the
+query when searched, and search is hybrid (full text and vectors, fused).
 """
 
 from __future__ import annotations
@@ -44,6 +46,19 @@ class Retention(Spec):
     max_age_days: float | None = Field(default=None, gt=0)
 
 
+#: the longest vector a Memory takes (pgvector's limit for an indexed vector is 2000,
+#: its storage limit 16000; the largest common embedding models answer 3072)
+MAX_DIMENSIONS = 16_000
+
+
+class EmbeddingSettings(Spec):
+    """The embedding model of a Memory and the length of its vectors (fixed: a model
+    answering another length is an error, and nothing is written)."""
+
+    model: Annotated[str, Field(pattern=_NAME_PATTERN, description="A ModelEndpoint that embeds.")]
+    dimensions: int = Field(ge=1, le=MAX_DIMENSIONS)
+
+
 class MemorySpec(Spec):
     """A memory agents write to and search (``Agent.spec.memory``)."""
 
@@ -52,6 +67,10 @@ class MemorySpec(Spec):
         description="store: entries in the Corral store (SQLite or PostgreSQL, full-text search)",
     )
     scope: MemoryScope = "namespace"
+    embedding: EmbeddingSettings | None = Field(
+        default=None,
+        description="embed entries and queries with this model: hybrid search (else full text)",
+    )
     chunking: Chunking = Field(default_factory=Chunking)
     retention: Retention = Field(default_factory=Retention)
 
@@ -62,10 +81,6 @@ class MemorySpec(Spec):
         if isinstance(data, dict):
             if data.get("backend") == "http":
                 raise ValueError("backend 'http' is not built yet: use backend 'store'")
-            if "embedding" in data:
-                raise ValueError(
-                    "'embedding' is not built yet: a Memory searches by full text only"
-                )
             if data.get("scope") == "system_run":
                 raise ValueError("scope 'system_run' is not built yet")
         return data
@@ -90,7 +105,9 @@ def distinct_memories(memories: list[MemoryAccess]) -> list[MemoryAccess]:
 
 
 __all__ = [
+    "MAX_DIMENSIONS",
     "Chunking",
+    "EmbeddingSettings",
     "MemoryAccess",
     "MemoryAccessLevel",
     "MemoryScope",

@@ -5,7 +5,7 @@ known kind in the same namespace: an Agent's ``model`` to a ModelEndpoint, a
 ``tools`` entry to a Tool (or ``mcp:SERVER/...`` to a McpServer), a role to an
 AgentRole, a role's permissions to ToolPermissions, and every ``secret:`` to a
 Secret, an Agent's ``links`` to other Agents (never itself), and its ``memory``
-entries to Memories.
+entries to Memories, a Memory's ``embedding.model`` to a ModelEndpoint.
 :func:`references_of` lists them; :func:`check_references` makes sure
 each exists in the batch being applied or in the store, and reports every
 missing one with file, line and field.
@@ -32,6 +32,7 @@ from corral.resources.kinds import (
     is_valid_name,
 )
 from corral.resources.loader import FieldPath, LoadedResource, format_path
+from corral.resources.memory import MemorySpec
 
 MCP_PREFIX = "mcp:"
 _MCP_TOOL = re.compile(r"^mcp:(?P<server>[^/]+)/(?P<tool>.+)$")
@@ -115,6 +116,9 @@ def _references(resource: HasSpec) -> Iterator[Reference | MalformedReference]:
                 yield Reference("Agent", link.agent, at)
         for i, memory in enumerate(spec.memory):
             yield Reference("Memory", memory.ref, ("spec", "memory", i, "ref"))
+    elif isinstance(spec, MemorySpec):
+        if spec.embedding is not None:
+            yield Reference("ModelEndpoint", spec.embedding.model, ("spec", "embedding", "model"))
     elif isinstance(spec, AgentRoleSpec):
         for i, permission in enumerate(spec.permissions):
             yield Reference("ToolPermission", permission, ("spec", "permissions", i))
