@@ -123,7 +123,7 @@ async def delete_streams(url: str, prefix: str) -> None:
     client = await nats.connect(url, allow_reconnect=False, connect_timeout=2)
     try:
         js = client.jetstream()
-        for stream in (f"{prefix}_runnable", f"{prefix}_dead"):
+        for stream in (f"{prefix}_runnable", f"{prefix}_messages", f"{prefix}_dead"):
             with contextlib.suppress(nats.js.errors.NotFoundError):
                 await js.delete_stream(stream)
     finally:

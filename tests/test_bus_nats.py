@@ -8,16 +8,19 @@ Each test has a subject and stream prefix of its own on the shared server
 
 from __future__ import annotations
 
+import json
+import re
 import time
 from collections.abc import Awaitable, Callable
 
 import anyio
 import nats
 import pytest
+from nats.aio.msg import Msg
 
 from corral.bus import LocalBus, open_bus
-from corral.bus.base import Delivery
-from corral.bus.nats import NatsBus
+from corral.bus.base import Delivery, MessageDelivery
+from corral.bus.nats import NatsBus, inbox_subject, inbox_token
 from corral.core.errors import BusError, ConfigurationError
 from nats_servers import (
     NatsServerProcess,
@@ -50,12 +53,13 @@ async def until(check: Callable[[], Awaitable[bool]], timeout: float = 10.0) -> 
 
 
 async def dead_letters(bus: NatsBus) -> list[tuple[str, dict[str, str]]]:
-    """The dead-letter stream's messages: (run id, headers)."""
+    """The dead-letter stream's run dispatches: (run id, headers)."""
     info = await bus.js.stream_info(bus.dead_stream)
     found = []
     for seq in range(info.state.first_seq, info.state.last_seq + 1):
         stored = await bus.js.get_msg(bus.dead_stream, seq)
-        found.append(((stored.data or b"").decode(), dict(stored.headers or {})))
+        if stored.subject == bus.dead_subject:
+            found.append(((stored.data or b"").decode(), dict(stored.headers or {})))
     return found
 
 
@@ -258,3 +262,148 @@ async def test_the_bus_rides_out_a_nats_restart(private_nats: NatsServerProcess)
                 return await watch.wait(0.2)
 
             await until(fanned_out)
+
+
+# --------------------------------------------------------------------------- agent messages
+
+
+async def take_messages(bus: NatsBus, seconds: float = 5.0) -> list[MessageDelivery]:
+    return await bus.take_agent_messages(10, seconds)
+
+
+async def dead_messages(bus: NatsBus) -> list[tuple[dict[str, str], dict[str, str]]]:
+    """The agent messages in the dead-letter stream: (payload, headers)."""
+    info = await bus.js.stream_info(bus.dead_stream)
+    found = []
+    for seq in range(info.state.first_seq, info.state.last_seq + 1):
+        stored = await bus.js.get_msg(bus.dead_stream, seq)
+        if stored.subject == bus.dead_messages_subject:
+            found.append((json.loads(stored.data or b""), dict(stored.headers or {})))
+    return found
+
+
+def test_every_inbox_is_one_literal_subject_of_its_own() -> None:
+    names = ["writer", "a", "b", "a.b", "b.c", "a.b.c", "*", ">", "a.*", "a.>", "a b", "a\tb"]
+    names += ["A", "a-b", "a_b", "_" + "0" * 40, "x612e62", "\u0000", "é" * 64, "n" * 300, ""]
+    names += ["ünïcødé-名前", "\ud800"]  # a lone surrogate, as a broken decoder leaves it
+    subjects = {(ns, agent): inbox_subject("p", ns, agent) for ns in names for agent in names}
+    assert len(set(subjects.values())) == len(subjects)  # no two inboxes share a subject
+    for subject in subjects.values():
+        tokens = subject.split(".")
+        assert tokens[:2] == ["p", "inbox"] and len(tokens) == 4, subject
+        assert all(t and t not in ("*", ">") and not re.search(r"\s", t) for t in tokens)
+        assert subject.isascii() and len(subject) < 120
+    assert inbox_token("writer") == "writer"  # a plain name stays readable
+
+
+async def test_a_subscriber_of_one_inbox_sees_only_that_inbox(
+    connect: OpenBus, nats_server_url: str
+) -> None:
+    bus = await connect()
+    client = await nats.connect(nats_server_url)
+    seen: dict[str, list[bytes]] = {}
+    try:
+        for name in ("a", "a.b", "*", ">"):
+
+            async def record(msg: Msg, name: str = name) -> None:
+                seen.setdefault(name, []).append(msg.data)
+
+            await client.subscribe(bus.inbox_subject("ns", name), cb=record)
+        await client.flush()
+        for number, name in enumerate(("a", "a.b", "*", ">", "b")):
+            await bus.send_agent_message("ns", name, f"msg_{number}")
+
+        async def all_seen() -> bool:
+            return sum(map(len, seen.values())) >= 4
+
+        await until(all_seen)
+        await anyio.sleep(0.2)  # anything misrouted would have come by now
+    finally:
+        await client.close()
+    assert {name: [json.loads(d)["agent"] for d in data] for name, data in seen.items()} == {
+        "a": ["a"],
+        "a.b": ["a.b"],
+        "*": ["*"],
+        ">": [">"],
+    }
+
+
+async def test_a_message_on_an_inbox_it_does_not_name_is_terminated(
+    connect: OpenBus, nats_server_url: str
+) -> None:
+    bus = await connect(ack_wait_seconds=1.0)
+    client = await nats.connect(nats_server_url)
+    try:
+        js = client.jetstream()
+        forged = {"id": "msg_forged", "namespace": "other", "agent": "admin"}
+        await js.publish(bus.inbox_subject("ns", "writer"), json.dumps(forged).encode())
+        await js.publish(bus.inbox_subject("ns", "writer"), b"\xff not json")
+        await js.publish(bus.inbox_subject("ns", "writer"), b'{"id": 1, "namespace": []}')
+    finally:
+        await client.close()
+    assert await take_messages(bus, 1.0) == []
+    assert await take_messages(bus, 1.5) == []  # not delivered again either
+
+
+async def test_an_agent_message_past_max_deliver_moves_to_the_dead_letters(
+    connect: OpenBus,
+) -> None:
+    bus = await connect(ack_wait_seconds=1.0, max_deliver=2)
+    await bus.send_agent_message("team", "writer", "msg_poison")
+    [first] = await take_messages(bus)
+    await first.nak()
+    [last] = await take_messages(bus)
+    assert last.last
+    await last.nak()
+
+    async def dead() -> bool:
+        assert await take_messages(bus, 0.3) == []  # a pending fetch lets the server notice
+        return bool(await dead_messages(bus))
+
+    await until(dead)
+    [(payload, headers)] = await dead_messages(bus)
+    assert payload == {"id": "msg_poison", "namespace": "team", "agent": "writer"}
+    assert headers["Corral-Message-Id"] == "msg_poison"
+    assert headers["Corral-Deliveries"] == "2"
+    info = await bus.js.stream_info(bus.messages_stream)
+    assert info.state.messages == 0  # deleted from the inboxes
+    assert await dead_letters(bus) == []  # no run dispatch among the dead letters
+
+
+async def test_agent_messages_ride_out_a_nats_restart(private_nats: NatsServerProcess) -> None:
+    prefix = "restart"
+    async with (
+        await NatsBus.connect(private_nats.url, prefix=prefix, ack_wait_seconds=1.0) as bus,
+        await NatsBus.connect(private_nats.url, prefix=prefix) as sender,
+    ):
+        await sender.send_agent_message("team", "writer", "msg_before")
+        held = await take_messages(bus)
+        assert [d.message_id for d in held] == ["msg_before"]  # taken, never settled
+
+        await anyio.to_thread.run_sync(private_nats.stop)
+
+        async def noticed() -> bool:
+            return not bus.client.is_connected and not sender.client.is_connected
+
+        await until(noticed)
+        started = time.monotonic()
+        await sender.send_agent_message("team", "writer", "msg_during")  # the sweep's
+        assert await bus.take_agent_messages(5, 0.3) == []
+        await held[0].in_progress()
+        assert time.monotonic() - started < 5
+
+        await anyio.to_thread.run_sync(private_nats.start)
+        seen: list[str] = []
+
+        async def redelivered() -> bool:
+            for delivery in await take_messages(bus, 1.0):
+                seen.append(delivery.message_id)
+                await delivery.ack()
+            return "msg_before" in seen
+
+        await until(redelivered, timeout=30)
+        assert "msg_during" not in seen
+        await sender.send_agent_message("team", "writer", "msg_after")
+        [after] = await take_messages(bus)
+        assert (after.message_id, after.attempt) == ("msg_after", 1)
+        await after.ack()

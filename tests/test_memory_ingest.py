@@ -22,6 +22,7 @@ from corral.resources.memory import Chunking, MemorySpec
 from corral.store import Store
 from corral.tools.base import ToolContext
 from corral.tools.memory import MemoryBinding, MemoryTool
+from corral.tools.memory_backend import StoreMemoryBackend
 from nats_servers import nats_prefix_fixture, nats_server_url_fixture
 
 __all__ = [
@@ -51,7 +52,7 @@ def context(key: str = "run_1:1:0") -> ToolContext:
 
 def ingest_tool(store: Store, access: str = "write") -> MemoryTool:
     spec = MemorySpec(chunking=Chunking(size=200, overlap=40))
-    binding = MemoryBinding("notes", spec, access)  # type: ignore[arg-type]
+    binding = MemoryBinding("notes", spec, access, StoreMemoryBackend(store, spec))  # type: ignore[arg-type]
     redactor = Redactor({"api-key": "sk-live-0123456789"})
     return MemoryTool("ingest", [binding], store, lambda: redactor)  # type: ignore[arg-type]
 
@@ -165,7 +166,7 @@ async def test_write_and_search_events_are_redacted_previews(
     store, _ = env
     spec = MemorySpec()
     redactor = Redactor({"api-key": "sk-live-0123456789"})
-    binding = MemoryBinding("notes", spec, "write")
+    binding = MemoryBinding("notes", spec, "write", StoreMemoryBackend(store, spec))
     write = MemoryTool("write", [binding], store, lambda: redactor)
     search = MemoryTool("search", [binding], store, lambda: redactor)
     long_text = "The vault code is sk-live-0123456789. " + "Padding words go on and on. " * 20

@@ -27,6 +27,7 @@ from corral.runtime.builder import AgentBuilder
 from corral.store import Store
 from corral.tools.base import ToolContext
 from corral.tools.memory import MemoryBinding, MemoryTool
+from corral.tools.memory_backend import StoreMemoryBackend
 from nats_servers import nats_prefix_fixture, nats_server_url_fixture
 
 __all__ = [
@@ -264,7 +265,8 @@ def context(run_id: str = "run_1", key: str = "run_1:1:0") -> ToolContext:
 
 
 def tool(store: Store, op: str, **spec: Any) -> MemoryTool:
-    binding = MemoryBinding("notes", MemorySpec(**spec), "write")
+    memory = MemorySpec(**spec)
+    binding = MemoryBinding("notes", memory, "write", StoreMemoryBackend(store, memory))
     redactor = Redactor({"api-key": "sk-live-0123456789"})
     return MemoryTool(op, [binding], store, lambda: redactor)  # type: ignore[arg-type]
 
@@ -354,8 +356,12 @@ async def test_the_tools_an_agent_gets_follow_its_access(env: tuple[Store, Setti
 @pytest.mark.parametrize(
     ("spec", "reason"),
     [
-        ({"backend": "http"}, "backend 'http' is not built yet"),
+        ({"backend": "http"}, "backend 'http' needs an 'http' block"),
         ({"embedding": {"model": "nowhere", "dimensions": 8}}, "ModelEndpoint 'nowhere'"),
+        (
+            {"backend": "http", "embedding": {"model": "e", "dimensions": 8}},
+            "'embedding' is for backend 'store'",
+        ),
         ({"scope": "system_run"}, "scope 'system_run' is not built yet"),
         ({"chunking": {"size": 500, "overlap": 500}}, "'overlap' must be smaller"),
     ],

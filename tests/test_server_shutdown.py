@@ -37,9 +37,9 @@ def free_port() -> int:
 class ServeProcess:
     """``python -m corral serve`` on a free port over ``home``."""
 
-    def __init__(self, home: Path, grace_seconds: float) -> None:
+    def __init__(self, home: Path, grace_seconds: float, env: dict[str, str] | None = None) -> None:
         self.port = free_port()
-        env = {**os.environ, "CORRAL_HOME": str(home)}
+        env = {**os.environ, "CORRAL_HOME": str(home), **(env or {})}
         env.pop("CORRAL_DB_URL", None)
         self.home = home
         options = ["--port", str(self.port), "--workers", "2", "--lease-seconds", "3"]

@@ -36,7 +36,7 @@ from corral.runtime.operations import submit as submit_run
 from corral.runtime.worker import RETRY_DELIVERY_SECONDS
 from corral.store import Store, open_store
 from corral.store.base import StoreError
-from corral.store.sql import BUSY_TIMEOUT_SECONDS, SqlStore
+from corral.store.sql import SqlStore
 from databases import PostgresServer
 from fake_clock import FakeClock
 from postgres_cluster import PrivateCluster
@@ -258,9 +258,14 @@ def test_a_crashed_embedded_worker_fails_readiness_and_the_api_keeps_serving(
         assert client.get("/readyz").status_code == 503  # for good: nothing restarts it
 
 
+#: the busy timeout of the server under test (CORRAL_SQLITE_BUSY_TIMEOUT_SECONDS; 30 s by default)
+BUSY_TIMEOUT_SECONDS = 3.0
+
+
 @pytest.fixture
 def serve(tmp_path: Path) -> Iterator[ServeProcess]:
-    server = ServeProcess(tmp_path / "home", grace_seconds=5)
+    busy = {"CORRAL_SQLITE_BUSY_TIMEOUT_SECONDS": str(BUSY_TIMEOUT_SECONDS)}
+    server = ServeProcess(tmp_path / "home", grace_seconds=5, env=busy)
     try:
         yield server
     finally:

@@ -1,4 +1,5 @@
-"""Messaging between the parts of Corral: wake-ups for workers and for event followers.
+"""Messaging between the parts of Corral: wake-ups for workers and for event followers,
+dispatch of runnable runs, and delivery of agent messages.
 
 The store is the source of truth; the bus only says *look now*. A lost,
 delayed or duplicated bus message costs latency, never a run: workers still
@@ -23,11 +24,13 @@ async def open_bus(
 ) -> Bus:
     """The bus at ``url``: NATS JetStream for ``nats://...``, the in-process bus when ``None``.
 
+    ``ack_wait_seconds`` and ``max_deliver`` apply to the deliveries of either bus.
+
     ``BusError`` when NATS cannot be reached or set up. The caller closes the bus
     (it is an async context manager).
     """
     if not url:
-        return LocalBus()
+        return LocalBus(ack_wait_seconds=ack_wait_seconds, max_deliver=max_deliver)
     from corral.bus.nats import NatsBus  # nats-py is imported only by those who use it
 
     return await NatsBus.connect(

@@ -109,6 +109,9 @@ class MessageDelivery(ABC):
     #: 1 for the first delivery, more for a redelivery
     attempt: int
     #: whether this is the last delivery: unsettled or nak'ed it goes to the dead letters
+    #: (NATS: the ``<prefix>.dead.messages`` subject; in process: ``LocalBus.dead_letters``),
+    #: which only tell an operator; the stored message is untouched, so a consumer that gives
+    #: up on a last delivery settles the message in the store itself (``dead_letter``)
     last: bool
 
     @abstractmethod

@@ -6,8 +6,13 @@ a random one each):
 ``<prefix>.runnable``  a work-queue stream ``<prefix>_runnable``: one message per
                        announced run (payload: the run id), consumed by the
                        durable pull consumer ``workers`` that every worker shares
+``<prefix>.inbox.<namespace>.<agent>``  a work-queue stream ``<prefix>_messages``:
+                       one subject per agent inbox, one message per stored agent
+                       message (payload: its id and its inbox), consumed by the
+                       durable pull consumer ``inboxes`` that every worker shares
 ``<prefix>.dead``      a stream ``<prefix>_dead``: dispatches delivered
-                       ``max_deliver`` times without being settled
+                       ``max_deliver`` times without being settled; agent messages
+                       that ran out of deliveries go to ``<prefix>.dead.messages``
 ``<prefix>.wake``      core NATS: "something became runnable" (:meth:`wait_runnable`)
 ``<prefix>.events.<run>``  core NATS: "events stored up to <seq>" (payload: the seq)
 
@@ -26,6 +31,21 @@ dead: it stays in the store, where the workers' sweep and its ``max_attempts``
 decide what becomes of it; the dead letter tells an operator that dispatching
 it kept failing.
 
+Agent messages. :meth:`NatsBus.send_agent_message` publishes a stored message's
+id to its receiving agent's inbox subject with ``Nats-Msg-Id`` = the message id,
+so a coordinator that sends the same message again within the duplicate window
+(after a crash, or from a second replica) publishes nothing new. The namespace
+and the agent become one subject token each (:func:`inbox_token`): a plain name
+is itself, anything else (dots, wildcards, spaces, unicode, long names) a hash,
+so no name can reach into another inbox or match several. The payload repeats
+the namespace and agent, and a delivery whose subject is not the inbox its
+payload names is terminated, never handed out. They live in a stream of their
+own rather than beside ``<prefix>.runnable``: its duplicate window, age limit
+and dead letters are its own, and an operator can look at (or purge) the
+inboxes without touching run dispatch. The dead letter of a message is for an
+operator too: the message stays in the store, where its consumer (told by
+``last``) or the coordinator's sweep settles it.
+
 Failures. Connecting at open is the only place that raises (:class:`BusError`).
 Afterwards nats-py reconnects by itself, forever; announcements made while the
 connection is down are dropped with a log line (the store sweep finds the work),
@@ -37,6 +57,7 @@ Nothing from ``nats`` travels past this module.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import re
@@ -54,7 +75,7 @@ from nats.aio.subscription import Subscription
 from nats.js import api
 from nats.js.client import JetStreamContext
 
-from corral.bus.base import Bus, Delivery, EventWatch
+from corral.bus.base import Bus, Delivery, EventWatch, MessageDelivery
 from corral.bus.local import SignalWatch
 from corral.core.errors import BusError, ConfigurationError
 
@@ -64,6 +85,8 @@ log = logging.getLogger(__name__)
 NATS_FAILURES = (nats.errors.Error, OSError, TimeoutError)
 
 CONSUMER = "workers"
+#: the durable consumer of the agent inboxes, shared by the workers
+INBOX_CONSUMER = "inboxes"
 #: how long a publish waits for JetStream's acknowledgement
 PUBLISH_TIMEOUT_SECONDS = 2.0
 #: how long the dead-letter stream keeps a message
@@ -79,6 +102,11 @@ ENSURE_INTERVAL_SECONDS = 1.0
 
 _PREFIX = re.compile(r"^[A-Za-z0-9_-]+$")
 _TOKEN = re.compile(r"^[^.*>\s]+$")
+#: a namespace or agent name used as its inbox token as it is ("_" never appears in one)
+_PLAIN_NAME = re.compile(r"^[A-Za-z0-9-]{1,64}$")
+#: a message id used as its Nats-Msg-Id as it is (printable ASCII, no spaces, not
+#: starting with "_", which marks the hash of any other id)
+_PLAIN_ID = re.compile(r"^[\x21-\x5e\x60-\x7e][\x21-\x7e]{0,199}$")
 
 Callback = Callable[[], Awaitable[None]]
 
@@ -88,14 +116,39 @@ def subject_token(text: str) -> str:
     return text if _TOKEN.match(text) else "x" + text.encode().hex()
 
 
-class _NatsDelivery(Delivery):
-    """A JetStream message of the work queue, settled at most once."""
+def inbox_token(name: str) -> str:
+    """``name`` (a namespace or an agent) as the subject token of its inbox.
 
-    def __init__(self, msg: Msg, run_id: str, max_deliver: int) -> None:
-        self._msg = msg
-        self.run_id = run_id
-        self.attempt = msg.metadata.num_delivered
-        self.last = self.attempt >= max_deliver
+    A plain name (letters, digits, ``-``; at most 64) is itself; any other becomes
+    ``_`` and a 160-bit hash of it, which no plain name can equal (plain names have
+    no ``_``) and which holds no ``.``, ``*``, ``>`` or space: two names never share
+    an inbox, and no name is a wildcard or spans tokens.
+    """
+    if _PLAIN_NAME.match(name):
+        return name
+    return "_" + hashlib.blake2b(name.encode(errors="surrogatepass"), digest_size=20).hexdigest()
+
+
+def inbox_subject(prefix: str, namespace: str, agent: str) -> str:
+    """The subject of ``agent``'s inbox in ``namespace`` under ``prefix``."""
+    return f"{prefix}.inbox.{inbox_token(namespace)}.{inbox_token(agent)}"
+
+
+def message_msg_id(message_id: str) -> str:
+    """The ``Nats-Msg-Id`` of a message: its id, or a hash of an id unfit for a header."""
+    if _PLAIN_ID.match(message_id):
+        return message_id
+    digest = hashlib.blake2b(message_id.encode(errors="surrogatepass"), digest_size=20)
+    return "_" + digest.hexdigest()
+
+
+class _Settling:
+    """Settles one JetStream message at most once; a settlement lost is logged, never raised."""
+
+    _msg: Msg
+
+    def _what(self) -> str:
+        raise NotImplementedError
 
     async def ack(self) -> None:
         await self._settle("ack", self._msg.ack)
@@ -114,7 +167,37 @@ class _NatsDelivery(Delivery):
             await send()
         except NATS_FAILURES as exc:
             # Lost with the connection: the delivery comes again after its ack wait.
-            log.info("bus: %s of run %s not sent (%s)", what, self.run_id, _describe(exc))
+            log.info("bus: %s of %s not sent (%s)", what, self._what(), _describe(exc))
+
+
+class _NatsDelivery(_Settling, Delivery):
+    """A JetStream message of the work queue, settled at most once."""
+
+    def __init__(self, msg: Msg, run_id: str, max_deliver: int) -> None:
+        self._msg = msg
+        self.run_id = run_id
+        self.attempt = msg.metadata.num_delivered
+        self.last = self.attempt >= max_deliver
+
+    def _what(self) -> str:
+        return f"run {self.run_id}"
+
+
+class _NatsMessageDelivery(_Settling, MessageDelivery):
+    """A JetStream message of an agent inbox, settled at most once."""
+
+    def __init__(
+        self, msg: Msg, message_id: str, namespace: str, agent: str, max_deliver: int
+    ) -> None:
+        self._msg = msg
+        self.message_id = message_id
+        self.namespace = namespace
+        self.agent = agent
+        self.attempt = msg.metadata.num_delivered
+        self.last = self.attempt >= max_deliver
+
+    def _what(self) -> str:
+        return f"agent message {self.message_id}"
 
 
 @dataclass
@@ -130,6 +213,7 @@ class NatsBus(Bus):
     """The bus of a scale-out deployment; open it with :meth:`connect` (or ``open_bus``)."""
 
     dispatches = True
+    delivers_messages = True
 
     def __init__(
         self,
@@ -155,6 +239,9 @@ class NatsBus(Bus):
         self.runnable_subject = f"{prefix}.runnable"
         self.dead_subject = f"{prefix}.dead"
         self.wake_subject = f"{prefix}.wake"
+        self.messages_stream = f"{prefix}_messages"
+        self.inbox_subjects = f"{prefix}.inbox.>"
+        self.dead_messages_subject = f"{prefix}.dead.messages"
         self._closed = False
         self._runnable = anyio.Event()
         self._wake_subscription: Subscription | None = None
@@ -162,6 +249,9 @@ class NatsBus(Bus):
         self._pull: JetStreamContext.PullSubscription | None = None
         self._advisories: Subscription | None = None
         self._fetching = anyio.Lock()
+        self._inbox_pull: JetStreamContext.PullSubscription | None = None
+        self._inbox_advisories: Subscription | None = None
+        self._fetching_messages = anyio.Lock()
         self._next_ensure = 0.0
         self._reconnected = False
 
@@ -229,8 +319,18 @@ class NatsBus(Bus):
         )
         await self._ensure_stream(
             api.StreamConfig(
+                name=self.messages_stream,
+                subjects=[self.inbox_subjects],
+                retention=api.RetentionPolicy.WORK_QUEUE,
+                storage=api.StorageType.FILE,
+                duplicate_window=DUPLICATE_WINDOW_SECONDS,
+                max_age=RUNNABLE_MAX_AGE_SECONDS,
+            )
+        )
+        await self._ensure_stream(
+            api.StreamConfig(
                 name=self.dead_stream,
-                subjects=[self.dead_subject],
+                subjects=[self.dead_subject, self.dead_messages_subject],
                 retention=api.RetentionPolicy.LIMITS,
                 storage=api.StorageType.FILE,
                 duplicate_window=DUPLICATE_WINDOW_SECONDS,
@@ -248,6 +348,17 @@ class NatsBus(Bus):
                 max_deliver=self.max_deliver,
                 max_ack_pending=-1,
                 filter_subject=self.runnable_subject,
+            ),
+        )
+        await self.js.add_consumer(
+            self.messages_stream,
+            api.ConsumerConfig(
+                durable_name=INBOX_CONSUMER,
+                ack_policy=api.AckPolicy.EXPLICIT,
+                ack_wait=self.ack_wait_seconds,
+                max_deliver=self.max_deliver,
+                max_ack_pending=-1,
+                filter_subject=self.inbox_subjects,
             ),
         )
 
@@ -381,28 +492,26 @@ class NatsBus(Bus):
         if self._pull is None:
             self._pull = await self.js.pull_subscribe_bind(CONSUMER, stream=self.stream)
         if self._advisories is None:
-            advisory = f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{self.stream}.{CONSUMER}"
-            # A queue group: one bus of the deployment moves each dead letter.
-            self._advisories = await self.client.subscribe(
-                advisory, queue=f"{self.prefix}-dead-letters", cb=self._on_max_deliveries
+            self._advisories = await self._watch_max_deliveries(
+                self.stream, CONSUMER, self._on_max_deliveries
             )
         return self._pull
 
+    async def _watch_max_deliveries(
+        self, stream: str, consumer: str, callback: Callable[[Msg], Awaitable[None]]
+    ) -> Subscription:
+        advisory = f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{stream}.{consumer}"
+        # A queue group: one bus of the deployment moves each dead letter.
+        return await self.client.subscribe(
+            advisory, queue=f"{self.prefix}-dead-letters", cb=callback
+        )
+
     async def _on_max_deliveries(self, msg: Msg) -> None:
         """Move a dispatch that ran out of deliveries to the dead-letter stream."""
-        try:
-            advisory = json.loads(msg.data)
-            sequence, deliveries = int(advisory["stream_seq"]), int(advisory["deliveries"])
-        except (ValueError, KeyError, TypeError):
-            log.warning("bus: unreadable max-deliveries advisory: %r", msg.data[:200])
+        found = await self._exhausted(msg, self.stream)
+        if found is None:
             return
-        try:
-            stored = await self.js.get_msg(self.stream, sequence)
-        except nats.js.errors.NotFoundError:
-            return  # settled or moved already
-        except NATS_FAILURES as exc:
-            log.warning("bus: dead letter %d not moved (%s)", sequence, _describe(exc))
-            return
+        stored, sequence, deliveries = found
         run_id = (stored.data or b"").decode(errors="replace")
         headers = {
             "Nats-Msg-Id": f"{self.stream}:{sequence}",
@@ -421,6 +530,141 @@ class NatsBus(Bus):
             run_id,
             deliveries,
             self.dead_subject,
+        )
+
+    async def _exhausted(
+        self, advisory_msg: Msg, stream: str
+    ) -> tuple[api.RawStreamMsg, int, int] | None:
+        """The stored message a max-deliveries advisory is about, its sequence and deliveries
+        (``None``: unreadable, or settled or moved already)."""
+        try:
+            advisory = json.loads(advisory_msg.data)
+            sequence, deliveries = int(advisory["stream_seq"]), int(advisory["deliveries"])
+        except (ValueError, KeyError, TypeError):
+            log.warning("bus: unreadable max-deliveries advisory: %r", advisory_msg.data[:200])
+            return None
+        try:
+            stored = await self.js.get_msg(stream, sequence)
+        except nats.js.errors.NotFoundError:
+            return None  # settled or moved already
+        except NATS_FAILURES as exc:
+            log.warning("bus: dead letter %s:%d not moved (%s)", stream, sequence, _describe(exc))
+            return None
+        return stored, sequence, deliveries
+
+    # ----------------------------------------------------------------- agent messages
+
+    def inbox_subject(self, namespace: str, agent: str) -> str:
+        """The subject of ``agent``'s inbox in ``namespace`` on this bus."""
+        return inbox_subject(self.prefix, namespace, agent)
+
+    async def send_agent_message(self, namespace: str, agent: str, message_id: str) -> None:
+        if self._closed:
+            return
+        if not self.client.is_connected:
+            log.info("bus: NATS unreachable, agent message %s left to the sweep", message_id)
+            return
+        payload = json.dumps({"id": message_id, "namespace": namespace, "agent": agent})
+        try:
+            await self.js.publish(
+                self.inbox_subject(namespace, agent),
+                payload.encode(errors="surrogatepass"),
+                headers={"Nats-Msg-Id": message_msg_id(message_id)},
+            )
+        except NATS_FAILURES as exc:
+            log.warning(
+                "bus: agent message %s not confirmed (%s); if it was lost, the sweep finds it",
+                message_id,
+                _describe(exc),
+            )
+            if not isinstance(exc, TimeoutError):
+                await self._repair()
+
+    async def take_agent_messages(self, limit: int, seconds: float) -> list[MessageDelivery]:
+        if self._closed:
+            await anyio.sleep(seconds)
+            return []
+        async with self._fetching_messages:
+            if self._reconnected:
+                await self._repair()
+            try:
+                pull = await self._inbox_consumer()
+                messages = await self._fetch(pull, limit, seconds)
+            except TimeoutError:
+                return []
+            except NATS_FAILURES as exc:
+                log.info("bus: fetching agent messages failed (%s)", _describe(exc))
+                await self._repair()
+                await anyio.sleep(min(seconds, 1.0))
+                return []
+        deliveries: list[MessageDelivery] = []
+        for msg in messages:
+            delivery = await self._message_delivery(msg)
+            if delivery is not None:
+                deliveries.append(delivery)
+        return deliveries
+
+    async def _message_delivery(self, msg: Msg) -> MessageDelivery | None:
+        """The delivery of an inbox message, or ``None`` (terminated: never delivered again)
+        when it is not one of ours or came through another inbox than its payload names."""
+        try:
+            body = json.loads(msg.data)
+            message_id, namespace, agent = body["id"], body["namespace"], body["agent"]
+            if not all(isinstance(v, str) for v in (message_id, namespace, agent)):
+                raise TypeError
+        except (ValueError, KeyError, TypeError):
+            message_id = namespace = agent = ""
+        delivery = _NatsMessageDelivery(msg, message_id, namespace, agent, self.max_deliver)
+        if message_id and msg.subject == self.inbox_subject(namespace, agent):
+            return delivery
+        log.warning("bus: a foreign message on %s terminated", msg.subject[:200])
+        await delivery.term()
+        return None
+
+    async def _inbox_consumer(self) -> JetStreamContext.PullSubscription:
+        """The shared inbox consumer, bound on first use (with its dead-letter advisories)."""
+        if self._inbox_pull is None:
+            self._inbox_pull = await self.js.pull_subscribe_bind(
+                INBOX_CONSUMER, stream=self.messages_stream
+            )
+        if self._inbox_advisories is None:
+            self._inbox_advisories = await self._watch_max_deliveries(
+                self.messages_stream, INBOX_CONSUMER, self._on_message_max_deliveries
+            )
+        return self._inbox_pull
+
+    async def _on_message_max_deliveries(self, msg: Msg) -> None:
+        """Move an agent message that ran out of deliveries to the dead letters."""
+        found = await self._exhausted(msg, self.messages_stream)
+        if found is None:
+            return
+        stored, sequence, deliveries = found
+        try:
+            body = json.loads(stored.data or b"")
+            message_id = str(body["id"])
+            inbox = f"{body['namespace']}/{body['agent']}"
+        except (ValueError, KeyError, TypeError):
+            message_id, inbox = "", ""
+        headers = {
+            "Nats-Msg-Id": f"{self.messages_stream}:{sequence}",
+            "Corral-Message-Id": message_msg_id(message_id),
+            "Corral-Deliveries": str(deliveries),
+        }
+        try:
+            await self.js.publish(self.dead_messages_subject, stored.data or b"", headers=headers)
+            await self.js.delete_msg(self.messages_stream, sequence)
+        except NATS_FAILURES as exc:
+            log.warning(
+                "bus: dead letter of agent message %s not moved (%s)", message_id, _describe(exc)
+            )
+            return
+        log.warning(
+            "bus: agent message %s to %s was delivered %d times without being settled; it "
+            "went to %s (the message stays in the store, where it is settled)",
+            message_id,
+            inbox,
+            deliveries,
+            self.dead_messages_subject,
         )
 
     # ----------------------------------------------------------------- events
@@ -536,4 +780,4 @@ def _logged(level: int, message: str) -> Callback:
     return callback
 
 
-__all__ = ["NATS_FAILURES", "NatsBus", "subject_token"]
+__all__ = ["NATS_FAILURES", "NatsBus", "inbox_subject", "inbox_token", "subject_token"]

@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     from corral.core.settings import Settings
     from corral.resources.loader import LoadedResource
     from corral.runtime.local import Steering
+    from corral.runtime.memory import Memories
     from corral.store.base import Store, StoredResource
 
 #: Receives each event of a followed run, in order.
@@ -506,30 +507,23 @@ class EmbeddedBackend(Backend):
     async def delete_session(self, namespace: str, session_id: str) -> None:
         await self.store.delete_session(namespace, session_id)
 
+    def _memories(self) -> Memories:
+        from corral.runtime.memory import Memories
+
+        return Memories(self.store, self.settings)
+
     async def memory_stats(self, namespace: str, name: str) -> MemoryStatsOut:
         from corral.api import MemoryStatsOut
-        from corral.runtime.memory import memory_spec
 
-        await memory_spec(self.store, namespace, name)
-        return MemoryStatsOut.from_stats(await self.store.memory_stats(namespace, name))
-
-    async def _place(self, at: MemoryAt) -> Any:
-        from corral.runtime.memory import memory_place
-
-        _, place = await memory_place(
-            self.store, at.namespace, at.name, agent=at.agent, session=at.session
-        )
-        return place
+        return MemoryStatsOut.from_stats(await self._memories().stats(namespace, name))
 
     async def write_memory(
         self, at: MemoryAt, text: str, *, key: str | None, metadata: dict[str, Any]
     ) -> MemoryEntryOut:
         from corral.api import MemoryEntryOut
         from corral.core.ids import new_id
-        from corral.runtime.memory import write_entry
 
-        entry = await write_entry(
-            self.store,
+        entry = await self._memories().write(
             at.namespace,
             at.name,
             text,
@@ -550,10 +544,8 @@ class EmbeddedBackend(Backend):
         metadata: dict[str, Any],
     ) -> MemoryIngestOut:
         from corral.api import MemoryIngestOut
-        from corral.runtime.memory import ingest_document
 
-        prefix, done = await ingest_document(
-            self.store,
+        prefix, done = await self._memories().ingest(
             at.namespace,
             at.name,
             text,
@@ -569,19 +561,35 @@ class EmbeddedBackend(Backend):
 
     async def read_memory(self, at: MemoryAt, key: str) -> MemoryEntryOut | None:
         from corral.api import MemoryEntryOut
+        from corral.core.memory import MemoryEntryNotFoundError
 
-        entry = await self.store.read_memory(await self._place(at), key)
-        return MemoryEntryOut.from_entry(entry) if entry is not None else None
+        try:
+            entry = await self._memories().read(
+                at.namespace, at.name, key, agent=at.agent, session=at.session
+            )
+        except MemoryEntryNotFoundError:
+            return None
+        return MemoryEntryOut.from_entry(entry)
 
     async def delete_memory(self, at: MemoryAt, key: str) -> bool:
-        return await self.store.delete_memory_entry(await self._place(at), key)
+        from corral.core.memory import MemoryEntryNotFoundError
+
+        try:
+            await self._memories().delete(
+                at.namespace, at.name, key, agent=at.agent, session=at.session
+            )
+        except MemoryEntryNotFoundError:
+            return False
+        return True
 
     async def memory_entries(
         self, at: MemoryAt, *, prefix: str, limit: int
     ) -> list[MemoryEntryOut]:
         from corral.api import MemoryEntryOut
 
-        found = await self.store.list_memory(await self._place(at), prefix=prefix, limit=limit)
+        found = await self._memories().list_entries(
+            at.namespace, at.name, prefix=prefix, limit=limit, agent=at.agent, session=at.session
+        )
         return [MemoryEntryOut.from_entry(e) for e in found]
 
     async def search_memory(
@@ -589,8 +597,15 @@ class EmbeddedBackend(Backend):
     ) -> list[MemoryHitOut]:
         from corral.api import MemoryHitOut
 
-        place = await self._place(at)
-        hits = await self.store.search_memory(place, query, top_k=top_k, filters=filters)
+        hits = await self._memories().search(
+            at.namespace,
+            at.name,
+            query,
+            top_k=top_k,
+            filters=filters,
+            agent=at.agent,
+            session=at.session,
+        )
         return [MemoryHitOut.from_hit(h) for h in hits]
 
 

@@ -18,6 +18,7 @@ converted at the adapter boundary and never travel further up.
     │   ├── MemoryInputError       an entry, key, query or filter a Memory refuses (core/memory.py)
     │   └── ConfigError            a broken CLI config file or context (cli/contexts.py)
     ├── ConfigurationError         a stored resource cannot be turned into a live object
+    ├── MemoryBackendError         a Memory's remote backend failed (code; core/memory.py)
     ├── ModelError                 a model call failed (``retryable``, ``status_code``)
     │   ├── ModelTimeoutError
     │   ├── ModelConnectionError

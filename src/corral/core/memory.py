@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from corral.core.errors import NotFoundError, UserError
+from corral.core.errors import CorralError, NotFoundError, UserError
 
 #: the longest text one entry may hold (characters): longer texts are refused, not cut
 MAX_ENTRY_CHARS = 16_000
@@ -47,6 +47,39 @@ class MemoryEntryNotFoundError(NotFoundError):
     the API; a missing Memory is plain ``not_found``)."""
 
     code = "memory_entry_not_found"
+
+
+class MemoryBackendError(CorralError):
+    """A Memory's remote backend (``backend: http``) failed. ``code`` says how, stably:
+
+    - ``memory_backend_unavailable``: no connection, or it answered 408, 429 or 5xx
+      (``retryable``);
+    - ``memory_backend_timeout``: no whole answer within the Memory's timeout (``retryable``);
+    - ``memory_backend_refused``: it refused the request (401, 403, 404, another 4xx);
+    - ``memory_backend_bad_answer``: an answer the contract does not allow (not JSON,
+      the wrong shape or version, too large, a redirect);
+    - ``memory_backend_blocked``: the SSRF guard refused its URL.
+    """
+
+    code = "memory_backend_error"
+    CODES = frozenset(
+        {
+            "memory_backend_unavailable",
+            "memory_backend_timeout",
+            "memory_backend_refused",
+            "memory_backend_bad_answer",
+            "memory_backend_blocked",
+        }
+    )
+
+    def __init__(self, message: str, *, code: str, retryable: bool = False) -> None:
+        super().__init__(message)
+        assert code in self.CODES, code
+        self.code = code
+        self.retryable = retryable
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**super().to_dict(), "retryable": self.retryable}
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,9 @@ from pathlib import Path
 from corral.core.errors import ConfigurationError
 from corral.core.limits import LIMIT_VARIABLES, DocumentLimits
 
+#: how long a SQLite write waits for another process's write lock, by default
+SQLITE_BUSY_TIMEOUT_SECONDS = 30.0
+
 
 @dataclass(frozen=True)
 class Settings:
@@ -23,6 +26,9 @@ class Settings:
     ``CORRAL_SQLITE_FAST_PATH`` ``0`` keeps a SQLite file on the SQLAlchemy statements
                       (the ones PostgreSQL uses) instead of the raw-``sqlite3``
                       group-commit path (default ``1``)
+    ``CORRAL_SQLITE_BUSY_TIMEOUT_SECONDS`` how long a SQLite write waits for another
+                      process's write lock before it fails with ``store_error``
+                      (default 30)
     ``CORRAL_SECRET_KEY`` the key encrypting inline secret values (default: a
                       key file created in ``CORRAL_HOME`` with mode 0600)
     ``CORRAL_RUN_RETENTION_DAYS`` when set, workers delete finished runs (their
@@ -74,6 +80,7 @@ class Settings:
     run_retention_days: float | None = None
     db_pool_size: int = 10
     sqlite_fast_path: bool = True
+    sqlite_busy_timeout_seconds: float = SQLITE_BUSY_TIMEOUT_SECONDS
     api_host: str = "127.0.0.1"
     api_port: int = 8080
     #: the URL tool programs reach the API at (``CORRAL_URL`` of agent tokens)
@@ -116,6 +123,9 @@ class Settings:
             run_retention_days=retention_days,
             db_pool_size=int(_number(env, "CORRAL_DB_POOL_SIZE", 10)),
             sqlite_fast_path=env.get("CORRAL_SQLITE_FAST_PATH", "1") != "0",
+            sqlite_busy_timeout_seconds=_number(
+                env, "CORRAL_SQLITE_BUSY_TIMEOUT_SECONDS", SQLITE_BUSY_TIMEOUT_SECONDS, minimum=0.1
+            ),
             api_host=env.get("CORRAL_API_HOST") or "127.0.0.1",
             api_port=int(_number(env, "CORRAL_API_PORT", 8080, minimum=0)),
             public_url=(env.get("CORRAL_PUBLIC_URL") or "").rstrip("/") or None,

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from corral.core.addresses import url_problem
 from corral.resources.execution import ExecutionSpec, NamespacePolicySpec
+from corral.resources.http_auth import HttpAuth as HttpAuth  # re-exported: its old home
 from corral.resources.isolation import IsolationSpec
 from corral.resources.memory import MemoryAccess, MemorySpec, distinct_memories
 from corral.resources.spec import Spec as Spec  # re-exported: every kind is a Spec
@@ -232,12 +233,6 @@ class WasmToolSpec(Spec):
         if problem is not None:
             raise ValueError(problem)
         return module
-
-
-class HttpAuth(Spec):
-    type: Literal["bearer", "api-key", "basic"]
-    secret: Name = Field(description="for basic: a secret holding 'user:password'")
-    header: str = Field(default="X-API-Key", description="header name for api-key auth")
 
 
 class HttpToolSpec(Spec):

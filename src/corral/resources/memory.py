@@ -1,20 +1,22 @@
 """The ``Memory`` kind's spec, and the ``memory`` entries of an Agent.
 
-A Memory is a store of text entries agents write and search across runs. Only the
-``store`` backend exists so far (entries live in the Corral store itself: SQLite
-embedded, PostgreSQL in scale-out, with full-text search); the ``http`` backend is
-planned (issue 18) and refused at apply with a clear reason, never accepted and
-ignored. ``embedding`` names a ModelEndpoint that embeds (a reference, checked at
-apply) and the dimensions of its vectors: entries are embedded when written and the
-query when searched, and search is hybrid (full text and vectors, fused).
+A Memory is a store of text entries agents write and search across runs. Its
+``backend`` says where they live: ``store`` (the Corral store itself: SQLite embedded,
+PostgreSQL in scale-out, with full-text search) or ``http`` (a remote memory service
+speaking the contract of docs/memory-http.md, at ``spec.http.url``). ``embedding``
+(store backend) names a ModelEndpoint that embeds (a reference, checked at apply) and
+the dimensions of its vectors: entries are embedded when written and the query when
+searched, and search is hybrid (full text and vectors, fused).
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
+from corral.core.addresses import url_problem
+from corral.resources.http_auth import HttpAuth
 from corral.resources.spec import Spec
 
 _NAME_PATTERN = r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$"
@@ -59,13 +61,46 @@ class EmbeddingSettings(Spec):
     dimensions: int = Field(ge=1, le=MAX_DIMENSIONS)
 
 
+class MemoryHttp(Spec):
+    """Where a Memory of ``backend: http`` keeps its entries: a remote memory service
+    (docs/memory-http.md), called past the SSRF guard like an ``http`` Tool.
+
+    ``url`` is checked when applied (http or https, a host, no credentials, and unless
+    ``allow_private`` no loopback, private or metadata address); every call checks it
+    again, resolving its name, and goes to the checked address.
+    """
+
+    # Declared before ``url`` so that the url's validator can read it.
+    allow_private: bool = Field(
+        default=False,
+        description="allow loopback, link-local and private destinations (SSRF guard off)",
+    )
+    url: str = Field(description="the service's base URL (each operation is a path under it)")
+    auth: HttpAuth | None = None
+    timeout_seconds: float = Field(default=10.0, gt=0, le=300)
+
+    @field_validator("url")
+    @classmethod
+    def _callable_url(cls, url: str, info: ValidationInfo) -> str:
+        if info.context is not None and info.context.get("stored"):
+            return url
+        problem = url_problem(url, allow_private=info.data.get("allow_private") is True)
+        if problem is not None:
+            raise ValueError(problem)
+        return url
+
+
 class MemorySpec(Spec):
     """A memory agents write to and search (``Agent.spec.memory``)."""
 
-    backend: Literal["store"] = Field(
+    backend: Literal["store", "http"] = Field(
         default="store",
-        description="store: entries in the Corral store (SQLite or PostgreSQL, full-text search)",
+        description=(
+            "store: entries in the Corral store (SQLite or PostgreSQL, full-text search); "
+            "http: a remote memory service (spec.http)"
+        ),
     )
+    http: MemoryHttp | None = None
     scope: MemoryScope = "namespace"
     embedding: EmbeddingSettings | None = Field(
         default=None,
@@ -74,13 +109,24 @@ class MemorySpec(Spec):
     chunking: Chunking = Field(default_factory=Chunking)
     retention: Retention = Field(default_factory=Retention)
 
+    @model_validator(mode="after")
+    def _http_for_http(self) -> MemorySpec:
+        if self.backend == "http" and self.http is None:
+            raise ValueError("backend 'http' needs an 'http' block (url, auth, timeout_seconds)")
+        if self.backend != "http" and self.http is not None:
+            raise ValueError("'http' is for backend 'http' only")
+        return self
+
     @model_validator(mode="before")
     @classmethod
     def _not_built_yet(cls, data: Any) -> Any:
         # Planned fields get a reason, not pydantic's bare "extra inputs are not permitted".
         if isinstance(data, dict):
-            if data.get("backend") == "http":
-                raise ValueError("backend 'http' is not built yet: use backend 'store'")
+            if data.get("backend") == "http" and data.get("embedding") is not None:
+                raise ValueError(
+                    "'embedding' is for backend 'store': an http memory service searches "
+                    "its entries itself"
+                )
             if data.get("scope") == "system_run":
                 raise ValueError("scope 'system_run' is not built yet")
         return data
@@ -110,6 +156,7 @@ __all__ = [
     "EmbeddingSettings",
     "MemoryAccess",
     "MemoryAccessLevel",
+    "MemoryHttp",
     "MemoryScope",
     "MemorySpec",
     "Retention",

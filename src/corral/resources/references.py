@@ -133,6 +133,8 @@ def _references(resource: HasSpec) -> Iterator[Reference | MalformedReference]:
     elif isinstance(spec, McpServerSpec):
         yield from _env_secrets(spec.env, ("spec", "env"))
         yield from _auth_secret(spec.auth, ("spec", "auth"))
+    elif isinstance(spec, MemorySpec) and spec.http is not None:
+        yield from _auth_secret(spec.http.auth, ("spec", "http", "auth"))
 
 
 def _env_secrets(env: dict[str, str | EnvValue], prefix: FieldPath) -> Iterator[Reference]:

@@ -44,6 +44,7 @@ from corral.tools.agents import Delegation, linked_agent_tools
 from corral.tools.base import Tool
 from corral.tools.governance import GovernedTool, Permissions, ToolPolicy, Toolset
 from corral.tools.memory import MemoryBinding, memory_tools
+from corral.tools.memory_backend import open_memory_backend
 from corral.tools.registry import build_tool
 from corral.tools.sandbox.host import SandboxHost
 
@@ -133,7 +134,7 @@ class AgentBuilder:
         permissions = await self.permissions(spec)
         tools = await self._tools(spec, stack, policy)
         tools += self._linked_agents(name, spec, permissions)
-        tools += await self._memory_tools(spec)
+        tools += await self._memory_tools(spec, stack)
         names: dict[str, str] = {}
         for governed in tools:
             other = names.setdefault(governed.spec.name, governed.tool.ref)
@@ -298,12 +299,16 @@ class AgentBuilder:
             GovernedTool(t, exec_policy if t.ref == "agents_exec" else ToolPolicy()) for t in tools
         ]
 
-    async def _memory_tools(self, spec: AgentSpec) -> list[GovernedTool]:
-        """The memory_* tools of an Agent with ``memory``, over the store."""
-        bindings = [
-            MemoryBinding(m.ref, await self._spec("Memory", m.ref, MemorySpec), m.access)
-            for m in spec.memory
-        ]
+    async def _memory_tools(self, spec: AgentSpec, stack: AsyncExitStack) -> list[GovernedTool]:
+        """The memory_* tools of an Agent with ``memory``, each Memory over its backend."""
+        bindings = []
+        for m in spec.memory:
+            memory = await self._spec("Memory", m.ref, MemorySpec)
+            auth = memory.http.auth if memory.http is not None else None
+            secrets = await self._secrets_of({}, auth)
+            backend = open_memory_backend(m.ref, memory, self.store, secrets)
+            stack.push_async_callback(backend.aclose)
+            bindings.append(MemoryBinding(m.ref, memory, m.access, backend))
         # The redactor is read at each write: every secret the agent resolved by then.
         return [
             GovernedTool(t, ToolPolicy()) for t in memory_tools(bindings, self.store, self.redactor)

@@ -23,7 +23,7 @@ from contextlib import AbstractAsyncContextManager
 
 import anyio
 
-from corral.bus.base import Bus, Delivery, EventWatch
+from corral.bus.base import Bus, Delivery, EventWatch, MessageDelivery
 from corral.core.events import Event
 from corral.store.base import Store
 
@@ -84,6 +84,7 @@ class FanOutBus(Bus):
         # A dispatching inner bus (NATS) dispatches through this one too.
         self.dispatches = inner.dispatches
         self.ack_wait_seconds = inner.ack_wait_seconds
+        self.delivers_messages = inner.delivers_messages
 
     async def close(self) -> None:
         await self.inner.close()
@@ -103,3 +104,9 @@ class FanOutBus(Bus):
 
     def watch_events(self, run_id: str) -> AbstractAsyncContextManager[EventWatch]:
         return self.inner.watch_events(run_id)
+
+    async def send_agent_message(self, namespace: str, agent: str, message_id: str) -> None:
+        await self.inner.send_agent_message(namespace, agent, message_id)
+
+    async def take_agent_messages(self, limit: int, seconds: float) -> list[MessageDelivery]:
+        return await self.inner.take_agent_messages(limit, seconds)

@@ -6,17 +6,31 @@ A Memory is found by namespace and name (``NotFoundError`` when absent, as for a
 resource); its scope decides which entries an operation sees: a namespace-wide
 Memory has one set, an ``agent`` or ``session`` Memory one per agent or session, named
 by ``agent`` / ``session`` (``MemoryInputError`` when the scope needs the one not given).
+Each operation opens the Memory's backend (:func:`open_memory_backend`: the store, or
+a remote service) and closes it when done.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from corral.core.errors import ConfigurationError, NotFoundError
-from corral.core.memory import MemoryEntry, MemoryPlace, place_of
+from corral.core.memory import (
+    MemoryEntry,
+    MemoryEntryNotFoundError,
+    MemoryHit,
+    MemoryPlace,
+    MemoryStats,
+    place_of,
+)
+from corral.core.settings import Settings
 from corral.resources.memory import MemorySpec
+from corral.resources.secrets import SecretResolver
 from corral.store.base import Store
+from corral.tools.memory_backend import MemoryBackend, open_memory_backend
 from corral.tools.memory_ingest import IngestResult, content_key, ingest_text
 
 MEMORY_KIND = "Memory"
@@ -33,71 +47,170 @@ async def memory_spec(store: Store, namespace: str, name: str) -> MemorySpec:
     return spec
 
 
-async def memory_place(
-    store: Store,
-    namespace: str,
-    name: str,
-    *,
-    agent: str | None = None,
-    session: str | None = None,
-) -> tuple[MemorySpec, MemoryPlace]:
-    """The Memory's spec and the place of the entries ``agent`` / ``session`` see."""
-    spec = await memory_spec(store, namespace, name)
-    return spec, place_of(namespace, name, spec.scope, agent=agent, session=session)
+@dataclass(frozen=True)
+class OpenMemory:
+    """A Memory opened for one operation: its spec, the place of the entries asked
+    for, and its backend."""
+
+    spec: MemorySpec
+    place: MemoryPlace
+    backend: MemoryBackend
 
 
-async def write_entry(
-    store: Store,
-    namespace: str,
-    name: str,
-    text: str,
-    *,
-    key: str,
-    metadata: Mapping[str, Any] | None = None,
-    agent: str | None = None,
-    session: str | None = None,
-) -> MemoryEntry:
-    """Write one entry (replacing the entry of ``key``), the Memory's retention applied."""
-    spec, place = await memory_place(store, namespace, name, agent=agent, session=session)
-    entry = MemoryEntry(
-        place.namespace, place.memory, place.scope_key, key, text, dict(metadata or {})
-    )
-    stored, _ = await store.write_memory(
-        entry,
-        max_entries=spec.retention.max_entries,
-        max_age_days=spec.retention.max_age_days,
-    )
-    return stored
+class Memories:
+    """The memory operations both front doors offer, over one store (and the settings
+    its secrets are read with: a remote backend's auth)."""
 
+    def __init__(self, store: Store, settings: Settings) -> None:
+        self.store = store
+        self.settings = settings
 
-async def ingest_document(
-    store: Store,
-    namespace: str,
-    name: str,
-    text: str,
-    *,
-    source: str,
-    key_prefix: str | None = None,
-    metadata: Mapping[str, Any] | None = None,
-    agent: str | None = None,
-    session: str | None = None,
-    progress: Callable[[int, int], None] | None = None,
-) -> tuple[str, IngestResult]:
-    """Cut ``text`` by the Memory's chunking and write each chunk as ``KEY_PREFIX#N``
-    (the prefix ``source`` when none is given). The ingest's idempotency key is its
-    prefix and text: ingesting the same document again writes nothing twice. Returns
-    the prefix used and what was written."""
-    spec, place = await memory_place(store, namespace, name, agent=agent, session=session)
-    prefix = key_prefix or source
-    done = await ingest_text(
-        store,
-        place,
-        spec,
-        text,
-        source=source,
-        key_prefix=prefix,
-        idempotency_key=content_key(prefix, text),
-        metadata=metadata,
-        progress=progress,
-    )
-    return prefix, done
+    @asynccontextmanager
+    async def open(
+        self,
+        namespace: str,
+        name: str,
+        *,
+        agent: str | None = None,
+        session: str | None = None,
+        every_scope: bool = False,
+    ) -> AsyncIterator[OpenMemory]:
+        """The Memory ``name`` and the place of the entries ``agent`` / ``session`` see
+        (with ``every_scope``, its namespace-wide place: for operations on all scopes)."""
+        spec = await memory_spec(self.store, namespace, name)
+        place = (
+            MemoryPlace(namespace, name)
+            if every_scope
+            else place_of(namespace, name, spec.scope, agent=agent, session=session)
+        )
+        secrets: dict[str, str] = {}
+        if spec.http is not None and spec.http.auth is not None:
+            resolver = SecretResolver(self.store, self.settings)
+            secrets[spec.http.auth.secret] = await resolver.resolve(
+                namespace, spec.http.auth.secret
+            )
+        backend = open_memory_backend(name, spec, self.store, secrets)
+        try:
+            yield OpenMemory(spec, place, backend)
+        finally:
+            await backend.aclose()
+
+    async def stats(self, namespace: str, name: str) -> MemoryStats:
+        """How many entries the Memory holds (every scope), their size, its index."""
+        async with self.open(namespace, name, every_scope=True) as memory:
+            return await memory.backend.stats(namespace, name)
+
+    async def write(
+        self,
+        namespace: str,
+        name: str,
+        text: str,
+        *,
+        key: str,
+        metadata: Mapping[str, Any] | None = None,
+        agent: str | None = None,
+        session: str | None = None,
+    ) -> MemoryEntry:
+        """Write one entry (replacing the entry of ``key``), the Memory's retention applied."""
+        async with self.open(namespace, name, agent=agent, session=session) as memory:
+            place = memory.place
+            entry = MemoryEntry(
+                place.namespace, place.memory, place.scope_key, key, text, dict(metadata or {})
+            )
+            stored, _ = await memory.backend.write(entry)
+            return stored
+
+    async def ingest(
+        self,
+        namespace: str,
+        name: str,
+        text: str,
+        *,
+        source: str,
+        key_prefix: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        agent: str | None = None,
+        session: str | None = None,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> tuple[str, IngestResult]:
+        """Cut ``text`` by the Memory's chunking and write each chunk as ``KEY_PREFIX#N``
+        (the prefix ``source`` when none is given). The ingest's idempotency key is its
+        prefix and text: ingesting the same document again writes nothing twice. Returns
+        the prefix used and what was written."""
+        prefix = key_prefix or source
+        async with self.open(namespace, name, agent=agent, session=session) as memory:
+            done = await ingest_text(
+                memory.backend,
+                memory.place,
+                memory.spec,
+                text,
+                source=source,
+                key_prefix=prefix,
+                idempotency_key=content_key(prefix, text),
+                metadata=metadata,
+                progress=progress,
+            )
+        return prefix, done
+
+    async def read(
+        self,
+        namespace: str,
+        name: str,
+        key: str,
+        *,
+        agent: str | None = None,
+        session: str | None = None,
+    ) -> MemoryEntry:
+        """The entry of ``key`` (``MemoryEntryNotFoundError`` when absent)."""
+        async with self.open(namespace, name, agent=agent, session=session) as memory:
+            entry = await memory.backend.read(memory.place, key)
+        if entry is None:
+            raise MemoryEntryNotFoundError(f"memory {name!r} has no entry {key!r}")
+        return entry
+
+    async def delete(
+        self,
+        namespace: str,
+        name: str,
+        key: str,
+        *,
+        agent: str | None = None,
+        session: str | None = None,
+    ) -> None:
+        """Delete the entry of ``key`` (``MemoryEntryNotFoundError`` when absent)."""
+        async with self.open(namespace, name, agent=agent, session=session) as memory:
+            deleted = await memory.backend.delete(memory.place, key)
+        if not deleted:
+            raise MemoryEntryNotFoundError(f"memory {name!r} has no entry {key!r}")
+
+    async def list_entries(
+        self,
+        namespace: str,
+        name: str,
+        *,
+        prefix: str = "",
+        limit: int = 20,
+        after: str | None = None,
+        agent: str | None = None,
+        session: str | None = None,
+    ) -> list[MemoryEntry]:
+        """The entries by key (starting with ``prefix``, after the key ``after``)."""
+        async with self.open(namespace, name, agent=agent, session=session) as memory:
+            return await memory.backend.list_entries(
+                memory.place, prefix=prefix, limit=limit, after=after
+            )
+
+    async def search(
+        self,
+        namespace: str,
+        name: str,
+        query: str,
+        *,
+        top_k: int = 5,
+        filters: Mapping[str, Any] | None = None,
+        agent: str | None = None,
+        session: str | None = None,
+    ) -> list[MemoryHit]:
+        """The entries matching ``query``, best first."""
+        async with self.open(namespace, name, agent=agent, session=session) as memory:
+            return await memory.backend.search(memory.place, query, top_k=top_k, filters=filters)

@@ -43,6 +43,7 @@ from corral.core.errors import (
     ResourceError,
     UserError,
 )
+from corral.core.memory import MemoryBackendError
 from corral.resources.loader import format_path
 from corral.store.base import StoreError
 
@@ -192,6 +193,11 @@ def from_corral_error(exc: CorralError) -> JSONResponse:
         return problem_response(409, "conflict", exc.message)
     if isinstance(exc, UserError):
         return problem_response(400, exc.code, exc.message)
+    if isinstance(exc, MemoryBackendError):
+        # a Memory's remote service failed: the gateway's trouble, not this server's
+        retryable = exc.code in ("memory_backend_unavailable", "memory_backend_timeout")
+        headers = {"Retry-After": str(STORE_RETRY_AFTER_SECONDS)} if retryable else None
+        return problem_response(503 if retryable else 502, exc.code, exc.message, headers=headers)
     if isinstance(exc, StoreError):
         # Driver messages may name files and statements: they stay in the server log.
         log.error("store error: %s", exc.message)
@@ -303,6 +309,7 @@ def responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
         404: "No such object in the token's namespace.",
         409: "The operation contradicts stored state.",
         415: "Unsupported request body type.",
+        502: "A Memory's remote backend failed or answered outside its contract.",
     }
     found = dict(COMMON_RESPONSES)
     for status in statuses:

@@ -21,9 +21,8 @@ from corral.api.memory import (
     MemoryWriteRequest,
 )
 from corral.core.ids import new_id
-from corral.core.memory import MemoryEntryNotFoundError
 from corral.resources.kinds import NAME_PATTERN
-from corral.runtime.memory import ingest_document, memory_place, memory_spec, write_entry
+from corral.runtime.memory import Memories
 from corral.server import pagination
 from corral.server.auth import Operator, Viewer
 from corral.server.context import context_of
@@ -39,24 +38,27 @@ AgentQuery = Annotated[
 SessionQuery = Annotated[SessionId | None, Query(description="The session's (scope session).")]
 
 
+def _memories(request: Request) -> Memories:
+    context = context_of(request)
+    return Memories(context.store, context.settings)
+
+
 @router.get(
     "/memories/{name}",
     response_model=MemoryStatsOut,
     summary="Describe a Memory's entries",
-    responses=responses(404),
+    responses=responses(404, 502),
 )
 async def memory_stats(name: MemoryName, who: Viewer, request: Request) -> MemoryStatsOut:
     """How many entries it holds (every scope), their size, and its search index."""
-    store = context_of(request).store
-    await memory_spec(store, who.namespace, name)  # 404 for a Memory that is not there
-    return MemoryStatsOut.from_stats(await store.memory_stats(who.namespace, name))
+    return MemoryStatsOut.from_stats(await _memories(request).stats(who.namespace, name))
 
 
 @router.get(
     "/memories/{name}/entries",
     response_model=MemoryEntryPage,
     summary="List a Memory's entries",
-    responses=responses(404),
+    responses=responses(404, 502),
 )
 async def list_memory_entries(
     name: MemoryName,
@@ -69,11 +71,15 @@ async def list_memory_entries(
     cursor: pagination.Cursor = None,
 ) -> MemoryEntryPage:
     """The entries by key."""
-    store = context_of(request).store
-    _, place = await memory_place(store, who.namespace, name, agent=agent, session=session)
     after = pagination.position(cursor, (str,))
-    found = await store.list_memory(
-        place, prefix=prefix, limit=limit + 1, after=None if after is None else after[0]
+    found = await _memories(request).list_entries(
+        who.namespace,
+        name,
+        prefix=prefix,
+        limit=limit + 1,
+        after=None if after is None else after[0],
+        agent=agent,
+        session=session,
     )
     page, next_cursor = pagination.keyset_page(found, limit, lambda e: (e.key,))
     return MemoryEntryPage(
@@ -86,14 +92,13 @@ async def list_memory_entries(
     response_model=MemoryEntryOut,
     status_code=201,
     summary="Write an entry",
-    responses=responses(400, 404),
+    responses=responses(400, 404, 502),
 )
 async def write_memory_entry(
     name: MemoryName, body: MemoryWriteRequest, who: Operator, request: Request
 ) -> MemoryEntryOut:
     """Write one entry (replacing the entry of its key), the Memory's retention applied."""
-    entry = await write_entry(
-        context_of(request).store,
+    entry = await _memories(request).write(
         who.namespace,
         name,
         body.text,
@@ -109,7 +114,7 @@ async def write_memory_entry(
     "/memories/{name}/ingest",
     response_model=MemoryIngestOut,
     summary="Ingest a long text, chunked",
-    responses=responses(400, 404),
+    responses=responses(400, 404, 502),
 )
 async def ingest_memory(
     name: MemoryName, body: MemoryIngestRequest, who: Operator, request: Request
@@ -117,8 +122,7 @@ async def ingest_memory(
     """Cut the text by the Memory's ``spec.chunking``, each chunk one entry
     ``KEY_PREFIX#N`` (the prefix is ``source`` when none is given); the same text under
     the same prefix again writes nothing twice."""
-    prefix, done = await ingest_document(
-        context_of(request).store,
+    prefix, done = await _memories(request).ingest(
         who.namespace,
         name,
         body.text,
@@ -137,7 +141,7 @@ async def ingest_memory(
     "/memories/{name}/entries/{key:path}",
     response_model=MemoryEntryOut,
     summary="Read an entry",
-    responses=responses(404),
+    responses=responses(404, 502),
 )
 async def read_memory_entry(
     name: MemoryName,
@@ -147,11 +151,7 @@ async def read_memory_entry(
     agent: AgentQuery = None,
     session: SessionQuery = None,
 ) -> MemoryEntryOut:
-    store = context_of(request).store
-    _, place = await memory_place(store, who.namespace, name, agent=agent, session=session)
-    entry = await store.read_memory(place, key)
-    if entry is None:
-        raise MemoryEntryNotFoundError(f"memory {name!r} has no entry {key!r}")
+    entry = await _memories(request).read(who.namespace, name, key, agent=agent, session=session)
     return MemoryEntryOut.from_entry(entry)
 
 
@@ -160,7 +160,7 @@ async def read_memory_entry(
     status_code=204,
     response_class=Response,
     summary="Delete an entry",
-    responses=responses(404),
+    responses=responses(404, 502),
 )
 async def delete_memory_entry(
     name: MemoryName,
@@ -170,10 +170,7 @@ async def delete_memory_entry(
     agent: AgentQuery = None,
     session: SessionQuery = None,
 ) -> Response:
-    store = context_of(request).store
-    _, place = await memory_place(store, who.namespace, name, agent=agent, session=session)
-    if not await store.delete_memory_entry(place, key):
-        raise MemoryEntryNotFoundError(f"memory {name!r} has no entry {key!r}")
+    await _memories(request).delete(who.namespace, name, key, agent=agent, session=session)
     return Response(status_code=204)
 
 
@@ -181,15 +178,19 @@ async def delete_memory_entry(
     "/memories/{name}/search",
     response_model=MemorySearchResult,
     summary="Search a Memory",
-    responses=responses(400, 404),
+    responses=responses(400, 404, 502),
 )
 async def search_memory(
     name: MemoryName, body: MemorySearchRequest, who: Viewer, request: Request
 ) -> MemorySearchResult:
     """Entries matching words of the query, best first (any text is taken as words)."""
-    store = context_of(request).store
-    _, place = await memory_place(
-        store, who.namespace, name, agent=body.agent, session=body.session
+    hits = await _memories(request).search(
+        who.namespace,
+        name,
+        body.query,
+        top_k=body.top_k,
+        filters=body.filter,
+        agent=body.agent,
+        session=body.session,
     )
-    hits = await store.search_memory(place, body.query, top_k=body.top_k, filters=body.filter)
     return MemorySearchResult(items=[MemoryHitOut.from_hit(h) for h in hits])

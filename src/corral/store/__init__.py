@@ -58,4 +58,9 @@ async def open_store(
         from corral.store.sqlite import SqliteStore
 
         store_class = SqliteStore
-    return await store_class.open(url, cipher=cipher, pool_size=settings.db_pool_size)
+    return await store_class.open(
+        url,
+        cipher=cipher,
+        pool_size=settings.db_pool_size,
+        busy_timeout_seconds=settings.sqlite_busy_timeout_seconds,
+    )

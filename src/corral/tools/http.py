@@ -28,7 +28,14 @@ from corral.tools.base import Tool, ToolContext
 from corral.tools.naming import declared_spec
 from corral.tools.ssrf import Resolver, check_destination, system_resolver
 
-__all__ = ["MAX_RESPONSE_BYTES", "HttpTool", "auth_headers", "create"]
+__all__ = [
+    "MAX_RESPONSE_BYTES",
+    "HttpTool",
+    "auth_headers",
+    "create",
+    "http_client",
+    "send_checked",
+]
 
 #: a response body larger than this fails the call with ``output_too_large``
 MAX_RESPONSE_BYTES = 4 * 1024 * 1024
@@ -100,6 +107,82 @@ def _status_error(response: httpx.Response, body: bytes, url: str) -> ToolError:
     )
 
 
+def http_client(
+    timeout: httpx.Timeout, transport: httpx.AsyncBaseTransport | None
+) -> httpx.AsyncClient:
+    """A client for calls past the SSRF guard: no redirects followed, no proxies or
+    credentials from the environment."""
+    return httpx.AsyncClient(
+        transport=transport, follow_redirects=False, trust_env=False, timeout=timeout
+    )
+
+
+async def send_checked(
+    client: httpx.AsyncClient,
+    method: str,
+    url: str,
+    *,
+    content: bytes,
+    headers: Mapping[str, str],
+    allow_private: bool,
+    resolver: Resolver = system_resolver,
+    max_bytes: int = MAX_RESPONSE_BYTES,
+) -> tuple[httpx.Response, bytes]:
+    """Send one request to ``url`` past the SSRF guard (to the checked address, with the
+    name's ``Host`` and SNI) and read its answer, at most ``max_bytes`` of it.
+
+    Whatever the status, the response and its body come back. ``ToolError``:
+    ``blocked_destination`` (the guard), ``timeout``, ``unavailable`` (no connection,
+    retryable), ``output_too_large`` (a longer body), ``execution_failed`` (anything
+    else httpx raises).
+    """
+    destination = await check_destination(url, allow_private=allow_private, resolver=resolver)
+    extensions = {}
+    if destination.sni_hostname is not None:
+        extensions["sni_hostname"] = destination.sni_hostname
+    request = client.build_request(
+        method,
+        destination.pinned_url,
+        content=content,
+        headers={**headers, "Host": destination.host_header},
+        extensions=extensions,
+    )
+    try:
+        response = await client.send(request, stream=True)
+        try:
+            body = await _read_capped(response, url, max_bytes)
+        finally:
+            await response.aclose()
+    except httpx.TimeoutException as exc:
+        raise ToolError(
+            ToolErrorCode.TIMEOUT, f"{url}: {type(exc).__name__}", retryable=True
+        ) from exc
+    except httpx.TransportError as exc:
+        raise ToolError(
+            ToolErrorCode.UNAVAILABLE,
+            f"{url}: {type(exc).__name__}: {exc}",
+            retryable=True,
+            details={"url": url},
+        ) from exc
+    except httpx.HTTPError as exc:
+        raise ToolError(
+            ToolErrorCode.EXECUTION_FAILED, f"{url}: {type(exc).__name__}: {exc}"
+        ) from exc
+    return response, body
+
+
+async def _read_capped(response: httpx.Response, url: str, max_bytes: int) -> bytes:
+    body = bytearray()
+    async for chunk in response.aiter_bytes():
+        body += chunk
+        if len(body) > max_bytes:
+            raise ToolError(
+                ToolErrorCode.OUTPUT_TOO_LARGE,
+                f"{url}: the response is larger than {max_bytes} bytes",
+            )
+    return bytes(body)
+
+
 class HttpTool(Tool):
     """A Tool that sends each call to an HTTP endpoint; see the module docstring.
 
@@ -128,74 +211,31 @@ class HttpTool(Tool):
 
     def _get_client(self) -> httpx.AsyncClient:
         if self._client is None:
-            self._client = httpx.AsyncClient(
-                transport=self._transport,
-                follow_redirects=False,
-                trust_env=False,
-                timeout=self._timeout,
-            )
+            self._client = http_client(self._timeout, self._transport)
         return self._client
 
     async def call(self, arguments: dict[str, Any], ctx: ToolContext) -> Any:
         url = self._http.url
-        destination = await check_destination(
-            url, allow_private=self._http.allow_private, resolver=self._resolver
-        )
         headers = {
             "Accept": "application/json, text/plain;q=0.9, */*;q=0.5",
             **self._headers,
             "Content-Type": "application/json",
-            "Host": destination.host_header,
             "Idempotency-Key": ctx.idempotency_key,
             "X-Corral-Run-Id": ctx.run_id,
             "X-Corral-Tool-Call-Id": ctx.call_id,
         }
-        extensions = {}
-        if destination.sni_hostname is not None:
-            extensions["sni_hostname"] = destination.sni_hostname
-        request = self._get_client().build_request(
+        response, body = await send_checked(
+            self._get_client(),
             self._http.method,
-            destination.pinned_url,
+            url,
             content=json.dumps(arguments).encode("utf-8"),
             headers=headers,
-            extensions=extensions,
+            allow_private=self._http.allow_private,
+            resolver=self._resolver,
         )
-        try:
-            response = await self._get_client().send(request, stream=True)
-            try:
-                body = await self._read(response, url)
-            finally:
-                await response.aclose()
-        except httpx.TimeoutException as exc:
-            raise ToolError(
-                ToolErrorCode.TIMEOUT, f"{url}: {type(exc).__name__}", retryable=True
-            ) from exc
-        except httpx.TransportError as exc:
-            raise ToolError(
-                ToolErrorCode.UNAVAILABLE,
-                f"{url}: {type(exc).__name__}: {exc}",
-                retryable=True,
-                details={"url": url},
-            ) from exc
-        except httpx.HTTPError as exc:
-            raise ToolError(
-                ToolErrorCode.EXECUTION_FAILED, f"{url}: {type(exc).__name__}: {exc}"
-            ) from exc
         if not response.is_success:
             raise _status_error(response, body, url)
         return _decode(response, body)
-
-    @staticmethod
-    async def _read(response: httpx.Response, url: str) -> bytes:
-        body = bytearray()
-        async for chunk in response.aiter_bytes():
-            body += chunk
-            if len(body) > MAX_RESPONSE_BYTES:
-                raise ToolError(
-                    ToolErrorCode.OUTPUT_TOO_LARGE,
-                    f"{url}: the response is larger than {MAX_RESPONSE_BYTES} bytes",
-                )
-        return bytes(body)
 
     async def aclose(self) -> None:
         """Close the connection pool."""

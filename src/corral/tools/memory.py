@@ -10,7 +10,7 @@ with roles. A Memory the agent may only read is refused to ``memory_write``,
 an agent with no writable Memory has none of them.
 
 A write is idempotent by the call: its idempotency key is the call's own (run, step,
-call index) with a digest of its arguments, and the store writes an entry under a
+call index) with a digest of its arguments, and the backend writes an entry under a
 key it has seen once only, so a replayed run never writes twice. Text and metadata
 are redacted (every secret the agent resolved) before they are stored.
 
@@ -33,6 +33,7 @@ from corral.core.events import EventType
 from corral.core.ids import new_id
 from corral.core.memory import (
     MAX_KEY_CHARS,
+    MemoryBackendError,
     MemoryEntry,
     MemoryInputError,
     MemoryPlace,
@@ -43,6 +44,7 @@ from corral.core.redaction import Redactor
 from corral.resources.memory import MemoryAccessLevel, MemorySpec
 from corral.store.base import Store
 from corral.tools.base import Tool, ToolContext
+from corral.tools.memory_backend import MemoryBackend
 from corral.tools.memory_ingest import MAX_PREFIX_CHARS, ingest_text
 
 #: the prefix of a memory tool's permission ref: ``memory:NAME/OP``
@@ -55,17 +57,26 @@ MAX_TOP_K = 20
 #: the characters of a written text or a query a memory event shows
 EVENT_PREVIEW_CHARS = 80
 
+#: the tool error of each code of a remote backend's failure (MemoryBackendError)
+_BACKEND_CODES: Mapping[str, ToolErrorCode] = {
+    "memory_backend_unavailable": ToolErrorCode.UNAVAILABLE,
+    "memory_backend_timeout": ToolErrorCode.TIMEOUT,
+    "memory_backend_blocked": ToolErrorCode.BLOCKED_DESTINATION,
+}
+
 Operation = Literal["write", "read", "search", "list", "delete", "ingest"]
 _WRITES: frozenset[str] = frozenset({"write", "delete", "ingest"})
 
 
 @dataclass(frozen=True)
 class MemoryBinding:
-    """One Memory an agent uses: its spec and the agent's access to it."""
+    """One Memory an agent uses: its spec, the agent's access to it, and the backend
+    holding its entries (:func:`corral.tools.memory_backend.open_memory_backend`)."""
 
     name: str
     spec: MemorySpec
     access: MemoryAccessLevel
+    backend: MemoryBackend
 
 
 _KEY = {"type": "string", "minLength": 1, "maxLength": MAX_KEY_CHARS}
@@ -207,6 +218,14 @@ class MemoryTool(Tool):
             return await getattr(self, f"_{self.operation}")(binding, place, arguments, ctx)
         except MemoryInputError as exc:
             raise ToolError(ToolErrorCode.INVALID_INPUT, str(exc)) from None
+        except MemoryBackendError as exc:
+            # a remote backend's failure, said as the tool's (its message holds no secret)
+            raise ToolError(
+                _BACKEND_CODES.get(exc.code, ToolErrorCode.EXECUTION_FAILED),
+                exc.message,
+                retryable=exc.retryable,
+                details={"memory_backend": exc.code},
+            ) from None
 
     def _redacted(self, arguments: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         """A write's text and metadata with every secret the agent saw redacted: no secret
@@ -237,11 +256,8 @@ class MemoryTool(Tool):
             metadata,
             idempotency_key=write_key(ctx, arguments),
         )
-        retention = binding.spec.retention
         # a replayed call finds the entry its first run wrote, and says the same
-        stored, fresh = await self.store.write_memory(
-            entry, max_entries=retention.max_entries, max_age_days=retention.max_age_days
-        )
+        stored, fresh = await binding.backend.write(entry)
         _journal_write(ctx, binding, text, key=stored.key, written=fresh)
         return {"memory": binding.name, "key": stored.key, "stored": True}
 
@@ -253,7 +269,7 @@ class MemoryTool(Tool):
         ctx: ToolContext,
     ) -> Any:
         key = str(arguments["key"])
-        entry = await self.store.read_memory(place, key)
+        entry = await binding.backend.read(place, key)
         if entry is None:
             return {"memory": binding.name, "key": key, "found": False}
         return {
@@ -272,7 +288,7 @@ class MemoryTool(Tool):
         arguments: dict[str, Any],
         ctx: ToolContext,
     ) -> Any:
-        hits = await self.store.search_memory(
+        hits = await binding.backend.search(
             place,
             str(arguments["query"]),
             top_k=int(arguments.get("top_k", 5)),
@@ -304,7 +320,7 @@ class MemoryTool(Tool):
         ctx: ToolContext,
     ) -> Any:
         limit = int(arguments.get("limit", 20))
-        entries = await self.store.list_memory(
+        entries = await binding.backend.list_entries(
             place,
             prefix=str(arguments.get("prefix", "")),
             limit=limit,
@@ -326,7 +342,7 @@ class MemoryTool(Tool):
         ctx: ToolContext,
     ) -> Any:
         key = str(arguments["key"])
-        deleted = await self.store.delete_memory_entry(place, key)
+        deleted = await binding.backend.delete(place, key)
         return {"memory": binding.name, "key": key, "deleted": deleted}
 
     async def _ingest(
@@ -344,7 +360,7 @@ class MemoryTool(Tool):
         )
         source = metadata.pop("source", None)
         done = await ingest_text(
-            self.store,
+            binding.backend,
             place,
             binding.spec,
             text,

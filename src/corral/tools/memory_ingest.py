@@ -23,7 +23,7 @@ from corral.core.memory import (
     MemoryPlace,
 )
 from corral.resources.memory import MemorySpec
-from corral.store.base import Store
+from corral.tools.memory_backend import MemoryBackend
 
 #: the longest key prefix (the chunk's number follows it)
 MAX_PREFIX_CHARS = MAX_KEY_CHARS - 16
@@ -56,7 +56,7 @@ def content_key(*parts: str) -> str:
 
 
 async def ingest_text(
-    store: Store,
+    backend: MemoryBackend,
     place: MemoryPlace,
     spec: MemorySpec,
     text: str,
@@ -77,7 +77,6 @@ async def ingest_text(
     source = source[:MAX_METADATA_VALUE_CHARS]
     keys: list[str] = []
     written = 0
-    retention = spec.retention
     for index, chunk in enumerate(chunks):
         entry = MemoryEntry(
             place.namespace,
@@ -88,9 +87,7 @@ async def ingest_text(
             {**(metadata or {}), "source": source, "chunk": index, "chunks": len(chunks)},
             idempotency_key=chunk_key(idempotency_key, index),
         )
-        stored, fresh = await store.write_memory(
-            entry, max_entries=retention.max_entries, max_age_days=retention.max_age_days
-        )
+        stored, fresh = await backend.write(entry)
         keys.append(stored.key)
         written += fresh
         if progress is not None:

@@ -24,12 +24,13 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from corral.core.errors import ConfigurationError, ConflictError
+from corral.core.settings import SQLITE_BUSY_TIMEOUT_SECONDS
 from corral.store.base import StoreError
 from corral.store.schema import LATEST_REVISION
 from corral.store.sql.vectors import setup_connection
 
 MIGRATIONS_DIR = Path(__file__).parent.parent / "migrations"
-BUSY_TIMEOUT_SECONDS = 30.0
+BUSY_TIMEOUT_SECONDS = SQLITE_BUSY_TIMEOUT_SECONDS
 DEFAULT_POOL_SIZE = 10
 """PostgreSQL connections a store keeps open (``CORRAL_DB_POOL_SIZE``)."""
 MIGRATION_LOCK = -5138809972234850590
