@@ -472,6 +472,7 @@ def _memory_lines(stats: MemoryStatsOut | None) -> list[str]:
     return [
         f"Entries:     {stats.entries} in {stats.scopes} scope(s), {stats.text_chars} characters",
         f"Index:       {stats.index}",
+        *([f"Vectors:     {stats.vectors}"] if stats.vectors else []),
     ]
 
 

@@ -18,11 +18,28 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Literal
 
 from corral.core.errors import ConfigurationError, EmbeddingDimensionsError, ModelError
-from corral.core.messages import Message, ModelResponse, StreamItem, TextDelta, ToolSpec, Usage
+from corral.core.messages import (
+    Embeddings,
+    Message,
+    ModelResponse,
+    StreamItem,
+    TextDelta,
+    ToolSpec,
+)
+
+__all__ = [
+    "EMBEDDING_PROVIDERS",
+    "Embeddings",
+    "Model",
+    "ModelSettings",
+    "NamedTool",
+    "ToolChoice",
+    "checked_vectors",
+]
 
 #: the providers whose models embed (the others refuse :meth:`Model.embed`)
 EMBEDDING_PROVIDERS = frozenset({"openai", "azure-openai", "ollama", "llama-cpp"})
@@ -47,24 +64,6 @@ class ModelSettings:
     temperature: float | None = None
     max_output_tokens: int | None = None
     tool_choice: ToolChoice = None
-
-
-@dataclass(frozen=True)
-class Embeddings:
-    """The vectors of one batch of texts, in the texts' order, and what they cost."""
-
-    vectors: list[list[float]]
-    usage: Usage = field(default_factory=Usage)
-    model: str = ""
-    endpoint: str = ""
-    cost_usd: float = 0.0
-    #: the retries it took (``RetryingModel``), as for a chat turn
-    retries: tuple[dict[str, Any], ...] = ()
-
-    @property
-    def dimensions(self) -> int:
-        """The length of every vector (0 for an empty batch)."""
-        return len(self.vectors[0]) if self.vectors else 0
 
 
 def checked_vectors(

@@ -116,9 +116,6 @@ def _references(resource: HasSpec) -> Iterator[Reference | MalformedReference]:
                 yield Reference("Agent", link.agent, at)
         for i, memory in enumerate(spec.memory):
             yield Reference("Memory", memory.ref, ("spec", "memory", i, "ref"))
-    elif isinstance(spec, MemorySpec):
-        if spec.embedding is not None:
-            yield Reference("ModelEndpoint", spec.embedding.model, ("spec", "embedding", "model"))
     elif isinstance(spec, AgentRoleSpec):
         for i, permission in enumerate(spec.permissions):
             yield Reference("ToolPermission", permission, ("spec", "permissions", i))
@@ -133,8 +130,11 @@ def _references(resource: HasSpec) -> Iterator[Reference | MalformedReference]:
     elif isinstance(spec, McpServerSpec):
         yield from _env_secrets(spec.env, ("spec", "env"))
         yield from _auth_secret(spec.auth, ("spec", "auth"))
-    elif isinstance(spec, MemorySpec) and spec.http is not None:
-        yield from _auth_secret(spec.http.auth, ("spec", "http", "auth"))
+    elif isinstance(spec, MemorySpec):
+        if spec.http is not None:
+            yield from _auth_secret(spec.http.auth, ("spec", "http", "auth"))
+        if spec.embedding is not None:
+            yield Reference("ModelEndpoint", spec.embedding.model, ("spec", "embedding", "model"))
 
 
 def _env_secrets(env: dict[str, str | EnvValue], prefix: FieldPath) -> Iterator[Reference]:

@@ -27,8 +27,11 @@ from corral.core.memory import (
     place_of,
 )
 from corral.core.settings import Settings
+from corral.models.base import EMBEDDING_PROVIDERS, Model
+from corral.models.registry import build_model
+from corral.resources.kinds import ModelEndpointSpec
 from corral.resources.memory import MemorySpec
-from corral.resources.secrets import SecretResolver
+from corral.resources.secrets import SecretResolver, header_secret
 from corral.store.base import Store
 from corral.tools.memory_backend import MemoryBackend, open_memory_backend
 from corral.tools.memory_ingest import IngestResult, content_key, ingest_text
@@ -45,6 +48,38 @@ async def memory_spec(store: Store, namespace: str, name: str) -> MemorySpec:
     if not isinstance(spec, MemorySpec):  # the store returns validated specs
         raise ConfigurationError(f"Memory {name!r}: stored spec has the wrong type")
     return spec
+
+
+def check_embeds(endpoint: str, spec: ModelEndpointSpec) -> None:
+    """``ConfigurationError`` unless the ModelEndpoint's provider has embeddings."""
+    if spec.provider not in EMBEDDING_PROVIDERS:
+        raise ConfigurationError(
+            f"the embedding model {endpoint!r} of a Memory: provider {spec.provider!r} "
+            f"has no embeddings (providers that embed: {', '.join(sorted(EMBEDDING_PROVIDERS))})"
+        )
+
+
+async def embedding_model(
+    store: Store, settings: Settings, namespace: str, spec: MemorySpec
+) -> Model:
+    """The model of a Memory's ``spec.embedding`` (its ModelEndpoint, with the endpoint's
+    retries and pricing), refused with a clear reason when its provider cannot embed."""
+    assert spec.embedding is not None
+    endpoint = spec.embedding.model
+    stored = await store.get_resource(namespace, "ModelEndpoint", endpoint)
+    if stored is None or not isinstance(stored.resource.spec, ModelEndpointSpec):
+        raise NotFoundError(f"ModelEndpoint {endpoint!r} not found in namespace {namespace!r}")
+    model_spec = stored.resource.spec
+    check_embeds(endpoint, model_spec)
+    api_key = None
+    if model_spec.api_key is not None:
+        secret = model_spec.api_key.secret
+        api_key = header_secret(
+            await SecretResolver(store, settings).resolve(namespace, secret),
+            owner=f"model endpoint {endpoint!r}",
+            secret=secret,
+        )
+    return build_model(endpoint, model_spec, api_key)
 
 
 @dataclass(frozen=True)
@@ -89,11 +124,18 @@ class Memories:
             secrets[spec.http.auth.secret] = await resolver.resolve(
                 namespace, spec.http.auth.secret
             )
-        backend = open_memory_backend(name, spec, self.store, secrets)
+        embedder = None
+        if spec.embedding is not None and spec.backend == "store":
+            embedder = await embedding_model(self.store, self.settings, namespace, spec)
         try:
-            yield OpenMemory(spec, place, backend)
+            backend = open_memory_backend(name, spec, self.store, secrets, embedder)
+            try:
+                yield OpenMemory(spec, place, backend)
+            finally:
+                await backend.aclose()
         finally:
-            await backend.aclose()
+            if embedder is not None:
+                await embedder.aclose()
 
     async def stats(self, namespace: str, name: str) -> MemoryStats:
         """How many entries the Memory holds (every scope), their size, its index."""
