@@ -55,7 +55,8 @@ from corral.store.sql.vectors import (
     pack,
     postgres_distance,
     postgres_embedding_type,
-    postgres_stored,
+    postgres_param,
+    postgres_value,
     sqlite_distance,
     sqlite_vector_index,
     unit,
@@ -68,6 +69,9 @@ _SECONDS_PER_DAY = 86_400.0
 _v = memory_vectors
 #: how many candidates each signal of a hybrid search ranks before they are fused
 FUSION_POOL = 50
+#: the most entries one statement of a batch write carries (bound parameters: SQLite
+#: takes 32,766 per statement, asyncpg 32,767)
+ROWS_PER_STATEMENT = 500
 
 
 def at_place(place: MemoryPlace) -> sa.ColumnElement[bool]:
@@ -188,13 +192,124 @@ class SqlMemory(SqlEngine):
         places = list(dict.fromkeys(entry.place for entry in entries))
 
         async def write(conn: AsyncConnection) -> list[tuple[MemoryEntry, bool]]:
-            done = [await self._write_one(conn, *item, now) for item in prepared]
+            done = await self._write_batch(conn, prepared, now)
             for place in places:
                 await _prune(conn, place, now, max_entries, max_age_days)
             return done
 
         name = entries[0].memory if entries else "?"
         return await self._write(f"write memory {name}", write)
+
+    async def _write_batch(
+        self,
+        conn: AsyncConnection,
+        prepared: list[tuple[MemoryEntry, dict[str, Any], MemoryVector | None]],
+        now: float,
+    ) -> list[tuple[MemoryEntry, bool]]:
+        """Write many entries with a few statements: replays looked up at once, then one
+        upsert (and one vector insert) per :data:`ROWS_PER_STATEMENT` entries. A batch
+        naming one key or idempotency key twice is written entry by entry, in order."""
+        keys = [(entry.place, entry.key) for entry, _, _ in prepared]
+        replays = [e.idempotency_key for e, _, _ in prepared if e.idempotency_key is not None]
+        if len(set(keys)) < len(keys) or len(set(replays)) < len(replays):
+            return [await self._write_one(conn, *item, now) for item in prepared]
+        results: dict[int, tuple[MemoryEntry, bool]] = {}
+        if replays:
+            written = await self._replayed(conn, [entry for entry, _, _ in prepared])
+            for n, (entry, _, _) in enumerate(prepared):
+                if entry.idempotency_key in written:
+                    results[n] = (written[entry.idempotency_key], False)
+        todo = [n for n in range(len(prepared)) if n not in results]
+        for start in range(0, len(todo), ROWS_PER_STATEMENT):
+            part = todo[start : start + ROWS_PER_STATEMENT]
+            upsert = _insert(self._dialect, _t).values(
+                [
+                    MEMORY_ENTRIES.values(
+                        prepared[n][0], metadata=prepared[n][1], created_at=now, updated_at=now
+                    )
+                    for n in part
+                ]
+            )
+            upsert = upsert.on_conflict_do_update(
+                index_elements=["namespace", "memory", "scope_key", "key"],
+                set_={
+                    "text": upsert.excluded.text,
+                    "metadata": upsert.excluded["metadata"],
+                    "idempotency_key": upsert.excluded.idempotency_key,
+                    "updated_at": upsert.excluded.updated_at,
+                },
+            ).returning(*_t.columns)
+            rows = {
+                (row.namespace, row.memory, row.scope_key, row.key): row
+                for row in (await conn.execute(upsert)).all()
+            }
+            ids: list[int] = []
+            vectors: list[dict[str, Any]] = []
+            for n in part:
+                entry, _, vector = prepared[n]
+                row = rows[(entry.namespace, entry.memory, entry.scope_key, entry.key)]
+                results[n] = (MEMORY_ENTRIES.record(row), True)
+                ids.append(row.id)
+                if vector is not None:
+                    vectors.append(
+                        {"entry_id": row.id, "embedder": vector.embedder, "values": vector.values}
+                    )
+            # a rewritten entry's old vector no longer says what its text means
+            await conn.execute(_v.delete().where(_v.c.entry_id.in_(ids)))
+            if vectors:
+                await self._insert_vectors(conn, vectors)
+        return [results[n] for n in range(len(prepared))]
+
+    async def _replayed(
+        self, conn: AsyncConnection, entries: list[MemoryEntry]
+    ) -> dict[str, MemoryEntry]:
+        """The entries already written under the idempotency keys of ``entries``."""
+        found: dict[str, MemoryEntry] = {}
+        memories: dict[tuple[str, str], list[str]] = {}
+        for entry in entries:
+            if entry.idempotency_key is not None:
+                memories.setdefault((entry.namespace, entry.memory), []).append(
+                    entry.idempotency_key
+                )
+        for (namespace, memory), keys in memories.items():
+            for start in range(0, len(keys), ROWS_PER_STATEMENT):
+                query = sa.select(_t).where(
+                    _t.c.namespace == namespace,
+                    _t.c.memory == memory,
+                    _t.c.idempotency_key.in_(keys[start : start + ROWS_PER_STATEMENT]),
+                )
+                for row in (await conn.execute(query)).all():
+                    found[row.idempotency_key] = MEMORY_ENTRIES.record(row)
+        return found
+
+    async def _insert_vectors(self, conn: AsyncConnection, vectors: list[dict[str, Any]]) -> None:
+        """Insert ``{entry_id, embedder, values}`` rows, as one statement run for many."""
+        kind = await self._vector_kind(conn)
+        if kind == "blob":
+            statement = _v.insert()
+            params = [
+                {
+                    "entry_id": v["entry_id"],
+                    "embedder": v["embedder"],
+                    "embedding": pack(v["values"]),
+                }
+                for v in vectors
+            ]
+        else:
+            statement = _v.insert().values(
+                entry_id=sa.bindparam("entry_id"),
+                embedder=sa.bindparam("embedder"),
+                embedding=postgres_param(kind),
+            )
+            params = [
+                {
+                    "entry_id": v["entry_id"],
+                    "embedder": v["embedder"],
+                    "embedding": postgres_value(kind, v["values"]),
+                }
+                for v in vectors
+            ]
+        await conn.execute(statement, params)
 
     async def _write_one(
         self,
@@ -229,15 +344,10 @@ class SqlMemory(SqlEngine):
             },
         ).returning(*_t.columns)
         row = (await conn.execute(upsert)).one()
-        # a rewritten entry's old vector no longer says what its text means
         await conn.execute(_v.delete().where(_v.c.entry_id == row.id))
         if vector is not None:
-            await conn.execute(
-                _v.insert().values(
-                    entry_id=row.id,
-                    embedder=vector.embedder,
-                    embedding=await self._stored_vector(conn, vector.values),
-                )
+            await self._insert_vectors(
+                conn, [{"entry_id": row.id, "embedder": vector.embedder, "values": vector.values}]
             )
         return MEMORY_ENTRIES.record(row), True
 
@@ -251,10 +361,6 @@ class SqlMemory(SqlEngine):
                 kind = str((await conn.execute(postgres_embedding_type())).scalar_one())
             self._memory_vector_kind = kind
         return kind
-
-    async def _stored_vector(self, conn: AsyncConnection, values: list[float]) -> Any:
-        kind = await self._vector_kind(conn)
-        return pack(values) if kind == "blob" else postgres_stored(kind, values)
 
     async def memory_by_idempotency_key(
         self, namespace: str, memory: str, idempotency_key: str

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import importlib.metadata
+import math
 import sqlite3
 from collections.abc import Sequence
 from typing import Any
@@ -65,19 +66,21 @@ def pack(values: Sequence[float]) -> bytes:
 
 
 @functools.lru_cache(maxsize=8)
-def _query_vector(blob: bytes) -> Any:
-    return np.frombuffer(blob, dtype="<f4").astype(np.float64)
+def _query_vector(blob: bytes) -> tuple[Any, float]:
+    vector = np.frombuffer(blob, dtype="<f4")
+    return vector, math.sqrt(float(np.dot(vector, vector)))
 
 
 def _cosine_distance(stored: bytes | None, query: bytes | None) -> float | None:
-    """sqlite-vec's ``vec_distance_cosine`` for float32 blobs, in numpy: 1 - cosine."""
+    """sqlite-vec's ``vec_distance_cosine`` for float32 blobs, in numpy: 1 - cosine.
+    (Called once per stored vector: dot products only, the query's norm computed once.)"""
     if stored is None or query is None:
         return None
     a = np.frombuffer(stored, dtype="<f4")
-    b = _query_vector(query)  # the same query blob for every row of one search
+    b, b_norm = _query_vector(query)  # the same query blob for every row of one search
     if a.shape != b.shape:
         raise ValueError("vector dimensions differ")
-    denominator = float(np.linalg.norm(a)) * float(np.linalg.norm(b))
+    denominator = math.sqrt(float(np.dot(a, a))) * b_norm
     if denominator == 0.0:
         return None
     return 1.0 - float(np.dot(a, b)) / denominator
@@ -158,6 +161,21 @@ def postgres_stored(kind: str, values: Sequence[float]) -> sa.ColumnElement[Any]
     if kind == PGVECTOR:
         return sa.cast(sa.literal(postgres_vector_literal(values), sa.Text), _Vector())
     return sa.cast(sa.literal([float(x) for x in values], _REAL_ARRAY), _REAL_ARRAY)
+
+
+def postgres_param(kind: str) -> sa.ColumnElement[Any]:
+    """The ``embedding`` of an INSERT run for many rows: the parameter ``embedding`` holds
+    :func:`postgres_value` of each vector."""
+    if kind == PGVECTOR:
+        return sa.cast(sa.bindparam("embedding", type_=sa.Text), _Vector())
+    return sa.bindparam("embedding", type_=_REAL_ARRAY)
+
+
+def postgres_value(kind: str, values: Sequence[float]) -> Any:
+    """A vector as the parameter of :func:`postgres_param` takes it."""
+    if kind == PGVECTOR:
+        return postgres_vector_literal(values)
+    return [float(x) for x in values]
 
 
 def postgres_distance(kind: str, values: Sequence[float]) -> sa.ColumnElement[Any]:
