@@ -1,11 +1,11 @@
 """The benchmark suite: ``make bench`` runs this in ``bench/.venv`` (peers installed).
 
     bench/.venv/bin/python bench/run.py [--quick] [--write-docs [PATH]] [--json PATH]
-        [--sections overhead,throughput,scale,startup,http,scaleout,isolation] [--frameworks ...]
+        [--sections overhead,throughput,scale,startup,http,scaleout,isolation,memory] [--frameworks ...]
         [--rounds N] [--note TEXT]
     bench/.venv/bin/python bench/run.py --from-json PATH --write-docs   # re-render only
 
-Seven sections (see each module's docstring): agent-loop overhead against the
+Eight sections (see each module's docstring): agent-loop overhead against the
 floor and the peer frameworks (``overhead.py``), durable task throughput
 (``throughput.py``), 1,000 runs in flight on one worker (``scale.py``),
 start-up of whole ``corral`` processes (``startup.py``), the HTTP API's
@@ -13,7 +13,8 @@ submit throughput and SSE fan-out latency (``http_api.py``), and ``corral
 worker`` processes on PostgreSQL + NATS JetStream beside SQLite
 (``scaleout.py``; rows say "not reachable" without those servers), and what a tool
 call costs isolated: exec with and without the sandbox, wasm, python
-(``isolation.py``). Progress goes to
+(``isolation.py``), and a Memory's ingest and hybrid search beside ChromaDB at 10k
+and 100k entries (``memory.py``). Progress goes to
 stderr, the tables to stdout; ``--write-docs`` writes ``docs/benchmarks.md``
 from this run's results, ``--json`` keeps the raw figures.
 
@@ -35,6 +36,7 @@ from typing import Any
 
 import http_api
 import isolation
+import memory
 import overhead
 import report
 import scale
@@ -51,7 +53,16 @@ from _common import (
 )
 from peers import FRAMEWORKS
 
-SECTIONS = ("overhead", "throughput", "scale", "startup", "http", "scaleout", "isolation")
+SECTIONS = (
+    "overhead",
+    "throughput",
+    "scale",
+    "startup",
+    "http",
+    "scaleout",
+    "isolation",
+    "memory",
+)
 
 
 def log(line: str) -> None:
@@ -94,6 +105,15 @@ def configs(args: argparse.Namespace) -> dict[str, Any]:
                 timeout=120,
             ),
             "isolation": isolation.Config(rounds=1, calls=5, warmup=1, timeout=120),
+            # SQLite and ChromaDB (not installed in Corral's own .venv: a row says so)
+            "memory": memory.Config(
+                sizes=(200,),
+                dims=16,
+                queries=3,
+                batch=100,
+                rows=("corral, SQLite", "chromadb"),
+                timeout=120,
+            ),
         }
     else:
         found = {
@@ -104,6 +124,7 @@ def configs(args: argparse.Namespace) -> dict[str, Any]:
             "http": http_api.Config(),
             "scaleout": scaleout.Config(),
             "isolation": isolation.Config(),
+            "memory": memory.Config(),
         }
     if args.rounds:
         for key in ("overhead", "throughput"):
@@ -152,6 +173,7 @@ SECTION_RUNNERS = {
     "http": http_api.run,
     "scaleout": scaleout.run,
     "isolation": isolation.run,
+    "memory": memory.run,
 }
 
 

@@ -71,6 +71,11 @@ def test_quick_benchmark_run_produces_every_section(tmp_path: Path) -> None:
     assert isolation["samples"]["wasm (cached module)"], isolation
     assert isolation["samples"]["python, isolation: process"], isolation
 
+    memory = results["memory"]
+    sqlite = memory["samples"]["corral, SQLite@200"]
+    assert sqlite["ingest_per_s"] > 0 and sqlite["p50_ms"] > 0, memory
+    assert memory["status"]["chromadb"] == "ok" or "not installed" in memory["status"]["chromadb"]
+
     headings = (
         "Agent-loop overhead",
         "Task throughput",
@@ -79,6 +84,7 @@ def test_quick_benchmark_run_produces_every_section(tmp_path: Path) -> None:
         "HTTP API",
         "Scale-out",
         "Isolation",
+        "Memory",
         "Targets",
     )
     for heading in headings:
