@@ -270,3 +270,20 @@ def test_the_numpy_stand_in_agrees_with_sqlite_vec() -> None:
     expected = json.loads(run.stdout)
     ours = [vectors._cosine_distance(vectors.pack(a), vectors.pack(b)) for a, b in pairs]
     assert ours == pytest.approx(expected, abs=1e-6)
+
+
+async def test_deleting_a_memory_deletes_its_vectors(store: Store) -> None:
+    from corral.resources.loader import load_text
+
+    await store.apply(
+        load_text("apiVersion: corral/v1\nkind: Memory\nmetadata: {name: notes}\nspec: {}\n", "m")
+    )
+    other = MemoryPlace("team", "notes")
+    await store.write_memory(entry("k", "x"), vector=vec(1, 0, 0, 0))
+    await store.write_memory(entry("k", "x", other), vector=vec(1, 0, 0, 0))
+    await store.delete_resource("default", "Memory", "notes")
+    assert (await store.memory_stats("default", "notes")).vectors == 0
+    assert (await store.memory_stats("team", "notes")).vectors == 1
+    # no orphan: a new entry reusing the freed id gets no stale vector
+    await store.write_memory(entry("fresh", "y"))
+    assert await store.search_memory(NOTES, "zzz", vector=vec(1, 0, 0, 0)) == []
