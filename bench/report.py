@@ -12,6 +12,7 @@ from typing import Any
 
 import http_api
 import isolation
+import memory
 import multiagent
 import overhead
 import scale
@@ -39,6 +40,7 @@ SECTIONS = {
     "scaleout": ("6. Scale-out: worker processes on PostgreSQL + NATS", scaleout.render),
     "isolation": ("7. Isolation: one tool call, sandboxed or not", isolation.render),
     "multiagent": ("8. Multi-agent: delegation and fan-out", multiagent.render),
+    "memory": ("9. Memory: ingest and hybrid search, beside ChromaDB", memory.render),
 }
 
 
@@ -174,6 +176,39 @@ def target_rows(results: dict[str, Any]) -> list[list[str]]:
         )
     if (section := results.get("multiagent")) is not None:
         rows += multiagent.target_rows(section, lambda met: _verdict(met, quick))
+    rows += memory_target_rows(results, quick)
+    return rows
+
+
+def memory_target_rows(results: dict[str, Any], quick: bool) -> list[list[str]]:
+    """The memory section's targets: SQLite search p50 at 100k, ingest against ChromaDB."""
+    section = results.get("memory")
+    if section is None:
+        return []
+    size = max(section["sizes"])
+    limit = section["target_sqlite_p50_ms"]
+    sqlite = memory.sample(section, "corral, SQLite", size)
+    rows = [
+        [
+            f"Memory search p50 at {size:,} entries on SQLite under {limit:g} ms",
+            f"{fmt(sqlite['p50_ms'], 2)} ms ({sqlite['index']})" if sqlite else "failed",
+            _verdict(sqlite["p50_ms"] < limit if sqlite else None, quick),
+        ]
+    ]
+    for row in ("corral, SQLite", "corral, PostgreSQL"):
+        ours, chroma = memory.sample(section, row, size), memory.sample(section, "chromadb", size)
+        rows.append(
+            [
+                f"Memory ingest at {size:,} entries ({row}) at least ChromaDB's",
+                f"{fmt(ours['ingest_per_s'], 0)}/s against {fmt(chroma['ingest_per_s'], 0)}/s"
+                if ours and chroma
+                else section["status"].get(row if not ours else "chromadb", "failed"),
+                _verdict(
+                    ours["ingest_per_s"] >= chroma["ingest_per_s"] if ours and chroma else None,
+                    quick,
+                ),
+            ]
+        )
     return rows
 
 
@@ -355,6 +390,18 @@ def _method(results: dict[str, Any]) -> str:
         )
     if (a := results.get("multiagent")) is not None:
         parts.append(multiagent.method(a))
+    if (m := results.get("memory")) is not None:
+        parts.append(
+            f"- **Memory** (`bench/memory.py`). The same precomputed texts (40 made-up words "
+            f"each) and unit vectors of {m['dims']} floats for every row; no embedding model "
+            f"runs. Corral: the store's `write_memories` in batches of {m['batch']:,} (entries, "
+            f"full-text index and vectors in one transaction each), then `search_memory` with "
+            f"the query's words and vector: full text and an exact cosine over every vector "
+            f"of the scope, fused by reciprocal rank fusion, top 10. ChromaDB: an embedded "
+            f"`PersistentClient`, `add` in the same batches, `query` by vector (HNSW: "
+            f"approximate, vectors only). Each row and size is a child process; search "
+            f"latency after a few untimed queries."
+        )
     parts.append(
         "- Figures are medians with min-max in brackets. Child processes run one at a "
         "time; the fake server and the measured process each have a core of their own "

@@ -1,12 +1,13 @@
 """The benchmark suite: ``make bench`` runs this in ``bench/.venv`` (peers installed).
 
     bench/.venv/bin/python bench/run.py [--quick] [--write-docs [PATH]] [--json PATH]
-        [--sections overhead,throughput,scale,startup,http,scaleout,isolation,multiagent]
+        [--sections overhead,throughput,scale,startup,http,scaleout,isolation,multiagent,
+                    memory]
         [--frameworks ...]
         [--rounds N] [--note TEXT]
     bench/.venv/bin/python bench/run.py --from-json PATH --write-docs   # re-render only
 
-Eight sections (see each module's docstring): agent-loop overhead against the
+Nine sections (see each module's docstring): agent-loop overhead against the
 floor and the peer frameworks (``overhead.py``), durable task throughput
 (``throughput.py``), 1,000 runs in flight on one worker (``scale.py``),
 start-up of whole ``corral`` processes (``startup.py``), the HTTP API's
@@ -14,8 +15,9 @@ submit throughput and SSE fan-out latency (``http_api.py``), and ``corral
 worker`` processes on PostgreSQL + NATS JetStream beside SQLite
 (``scaleout.py``; rows say "not reachable" without those servers), and what a tool
 call costs isolated: exec with and without the sandbox, wasm, python
-(``isolation.py``), and what a delegation to a linked agent and a fan-out to 10
-child runs cost (``multiagent.py``). Progress goes to
+(``isolation.py``), what a delegation to a linked agent and a fan-out to 10
+child runs cost (``multiagent.py``), and a Memory's ingest and hybrid search beside
+ChromaDB at 10k and 100k entries (``memory.py``). Progress goes to
 stderr, the tables to stdout; ``--write-docs`` writes ``docs/benchmarks.md``
 from this run's results, ``--json`` keeps the raw figures.
 
@@ -37,6 +39,7 @@ from typing import Any
 
 import http_api
 import isolation
+import memory
 import multiagent
 import overhead
 import report
@@ -63,6 +66,7 @@ SECTIONS = (
     "scaleout",
     "isolation",
     "multiagent",
+    "memory",
 )
 
 
@@ -107,6 +111,15 @@ def configs(args: argparse.Namespace) -> dict[str, Any]:
             ),
             "isolation": isolation.Config(rounds=1, calls=5, warmup=1, timeout=120),
             "multiagent": multiagent.Config(rounds=1, runs=2, fan_runs=2, warmup=1, timeout=120),
+            # SQLite and ChromaDB (not installed in Corral's own .venv: a row says so)
+            "memory": memory.Config(
+                sizes=(200,),
+                dims=16,
+                queries=3,
+                batch=100,
+                rows=("corral, SQLite", "chromadb"),
+                timeout=120,
+            ),
         }
     else:
         found = {
@@ -118,6 +131,7 @@ def configs(args: argparse.Namespace) -> dict[str, Any]:
             "scaleout": scaleout.Config(),
             "isolation": isolation.Config(),
             "multiagent": multiagent.Config(),
+            "memory": memory.Config(),
         }
     if args.rounds:
         for key in ("overhead", "throughput"):
@@ -167,6 +181,7 @@ SECTION_RUNNERS = {
     "scaleout": scaleout.run,
     "isolation": isolation.run,
     "multiagent": multiagent.run,
+    "memory": memory.run,
 }
 
 

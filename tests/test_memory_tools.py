@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from backends import Backend, backend_fixture, deployment_fixture
-from corral.core.errors import ResourceError
+from corral.core.errors import ConfigurationError, ResourceError
 from corral.core.events import EventType
 from corral.core.memory import MemoryEntry, MemoryPlace
 from corral.core.redaction import Redactor
@@ -357,7 +357,11 @@ async def test_the_tools_an_agent_gets_follow_its_access(env: tuple[Store, Setti
     ("spec", "reason"),
     [
         ({"backend": "http"}, "backend 'http' needs an 'http' block"),
-        ({"embedding": {"model": "e"}}, "'embedding' is not built yet"),
+        ({"embedding": {"model": "nowhere", "dimensions": 8}}, "ModelEndpoint 'nowhere'"),
+        (
+            {"backend": "http", "embedding": {"model": "e", "dimensions": 8}},
+            "'embedding' is for backend 'store'",
+        ),
         ({"chunking": {"size": 500, "overlap": 500}}, "'overlap' must be smaller"),
     ],
 )
@@ -418,3 +422,59 @@ async def test_a_run_resumed_after_a_crash_mid_write_writes_once(
     outputs = [e.data["output"] for e in resumed.events if e.type is EventType.TOOL_RESULT]
     assert json.loads(outputs[0]) == {"memory": "notes", "key": stored.key, "stored": True}
     assert [r["key"] for r in json.loads(outputs[1])["results"]] == [stored.key]
+
+
+async def test_agents_with_an_embedding_memory_embed_writes_and_searches_once_each(
+    backend: Backend,
+) -> None:
+    """The builder gives the Memory its ModelEndpoint's model: the writer's entry is
+    embedded once (a replayed write would be answered before embedding), the reader's
+    query once, and the hit says both signals found it."""
+    from corral.testing.fake_openai import FakeOpenAIServer
+
+    store = backend.store
+    with FakeOpenAIServer(embedding_dimensions=8) as fake:
+        await apply(
+            store,
+            doc(
+                "ModelEndpoint",
+                "embedder",
+                {
+                    "provider": "openai",
+                    "model": "e",
+                    "base_url": fake.base_url,
+                },
+            ),
+            doc("Memory", "facts", {"embedding": {"model": "embedder", "dimensions": 8}}),
+            scripted("w", call("memory_write", text="The launch code word is pineapple"), DONE),
+            scripted("r", call("memory_search", query="launch code", top_k=3), DONE),
+            doc("Agent", "writer", {"model": "w", "memory": [{"ref": "facts", "access": "write"}]}),
+            doc("Agent", "reader", {"model": "r", "memory": [{"ref": "facts"}]}),
+        )
+        wrote, _ = await backend.submit("writer", "remember")
+        await backend.drain()
+        searched, _ = await backend.submit("reader", "recall")
+        await backend.drain()
+        inputs = [r.json["input"] for r in fake.requests if r.path.endswith("/embeddings")]
+    [written] = await results(store, wrote)
+    assert written["stored"] is True
+    [found] = await results(store, searched)
+    [hit] = found["results"]
+    assert hit["signals"] == ["fulltext", "vector"]
+    assert inputs == [["The launch code word is pineapple"], ["launch code"]]
+
+
+async def test_a_memory_whose_embedding_model_cannot_embed_fails_the_agent_build(
+    env: tuple[Store, Settings],
+) -> None:
+    store, settings = env
+    await apply(
+        store,
+        doc("ModelEndpoint", "chat", {"provider": "anthropic", "model": "claude"}),
+        doc("Memory", "facts", {"embedding": {"model": "chat", "dimensions": 8}}),
+        scripted("m", DONE),
+        doc("Agent", "a", {"model": "m", "memory": [{"ref": "facts"}]}),
+    )
+    async with AsyncExitStack() as stack:
+        with pytest.raises(ConfigurationError, match="provider 'anthropic' has no embeddings"):
+            await AgentBuilder(store, settings).build("a", stack)

@@ -7,13 +7,16 @@ in-process; they are skipped only when ``llama_cpp`` itself is not installed.
 from __future__ import annotations
 
 import importlib.util
+import math
+from dataclasses import replace
 from pathlib import Path
 
 import anyio
 import pytest
 
-from corral.core.errors import ConfigurationError, ModelError
+from corral.core.errors import ConfigurationError, EmbeddingDimensionsError, ModelError
 from corral.core.messages import Message, ToolCall, ToolSpec
+from corral.models import llama_cpp
 from corral.models.base import Model, ModelSettings, NamedTool
 from corral.models.llama_cpp import create, offered_tools, render_chatml, unload_all
 from corral.resources.kinds import ModelEndpointSpec
@@ -252,3 +255,46 @@ async def test_a_model_reloads_after_unload_all(smollm2: Model) -> None:
         [Message.user("Say hello.")], [], ModelSettings(max_output_tokens=8)
     )
     assert response.message.content
+
+
+# --------------------------------------------------------------------------- embeddings
+
+
+@pytest.mark.slow
+@needs_llama_cpp
+async def test_smollm2_embeds_in_a_second_instance_and_still_chats(smollm2: Model) -> None:
+    """The chat ``Llama`` cannot embed: the embedding mode is its own cached instance,
+    loaded once, and the chat instance keeps answering."""
+    texts = [
+        "The cat sat on the warm mat.",
+        "Quarterly revenue grew by ten percent.",
+        "A kitten was sleeping on the rug.",
+    ]
+    first = await smollm2.embed(texts, dimensions=576)
+    again = await smollm2.embed(texts[:1])
+    assert first.dimensions == 576 and first.usage.input_tokens > 0
+    assert first.vectors[0] == again.vectors[0]
+    for vector in first.vectors:
+        assert math.isclose(math.sqrt(sum(x * x for x in vector)), 1.0, rel_tol=1e-4)
+    chat_key = smollm2._key  # type: ignore[attr-defined]
+    mine = {key for key in llama_cpp._loaded if replace(key, embedding=False) == chat_key}
+    assert mine == {chat_key, replace(chat_key, embedding=True)}
+    reply = await smollm2.request(
+        [Message.user("Say hello.")], [], ModelSettings(max_output_tokens=8)
+    )
+    assert reply.message.content
+
+
+@pytest.mark.slow
+@needs_llama_cpp
+async def test_smollm2_refuses_to_fix_other_dimensions(smollm2: Model) -> None:
+    with pytest.raises(EmbeddingDimensionsError, match="576 dimensions, not the 384"):
+        await smollm2.embed(["hello"], dimensions=384)
+
+
+@pytest.mark.slow
+@needs_llama_cpp
+async def test_a_text_longer_than_the_context_is_cut_not_refused() -> None:
+    model = create("tiny", endpoint(n_ctx=128), None)
+    embeddings = await model.embed(["word " * 2000, "short"])
+    assert embeddings.dimensions == 576 and len(embeddings.vectors) == 2

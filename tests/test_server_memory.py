@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import httpx
 
+from corral.testing.fake_openai import FakeOpenAIServer
 from server_harness import apply
 
 MEMORY = """
@@ -120,3 +121,58 @@ def test_a_document_is_ingested_in_chunks_once(client: httpx.Client) -> None:
     assert blank.status_code == 400 and blank.json()["code"] == "invalid_memory_input"
     huge = client.post("/v1/memories/api-book/ingest", json={"text": "x" * 5_000_001})
     assert huge.status_code in (413, 422), huge.text
+
+
+def test_a_memory_with_an_embedding_model_answers_hybrid_hits_with_their_signals(
+    client: httpx.Client,
+) -> None:
+    with FakeOpenAIServer(embedding_dimensions=8) as fake:
+        apply(
+            client,
+            f"""
+apiVersion: corral/v1
+kind: ModelEndpoint
+metadata: {{name: api-embedder}}
+spec: {{provider: openai, model: embed-small, base_url: "{fake.base_url}"}}
+---
+apiVersion: corral/v1
+kind: Memory
+metadata: {{name: api-vectors}}
+spec: {{embedding: {{model: api-embedder, dimensions: 8}}}}
+""",
+        )
+        base = "/v1/memories/api-vectors"
+        for key, text in [("tea", "likes green tea"), ("coffee", "drinks black coffee")]:
+            assert (
+                client.post(f"{base}/entries", json={"text": text, "key": key}).status_code == 201
+            )
+        found = client.post(f"{base}/search", json={"query": "green tea", "top_k": 2})
+        assert found.status_code == 200, found.text
+        items = found.json()["items"]
+        assert [h["key"] for h in items] == ["tea", "coffee"]
+        assert items[0]["signals"] == ["fulltext", "vector"] and items[1]["signals"] == ["vector"]
+        stats = client.get(base).json()
+        assert stats["vectors"] == 2 and "api-embedder" in stats["index"]
+        # the model dies: the search is a retryable 503 with a stable code, nothing half done
+        fake.fail(500, times=None)
+        failed = client.post(f"{base}/search", json={"query": "tea"})
+        assert failed.status_code == 503 and failed.json()["code"] == "memory_backend_unavailable"
+        refused = client.post(f"{base}/entries", json={"text": "new", "key": "new"})
+        assert refused.status_code == 503
+        assert client.get(f"{base}/entries/new").status_code == 404
+
+
+def test_a_memory_naming_a_missing_embedding_model_is_refused_at_apply(
+    client: httpx.Client,
+) -> None:
+    missing = client.post(
+        "/v1/resources",
+        content="""
+apiVersion: corral/v1
+kind: Memory
+metadata: {name: api-bad}
+spec: {embedding: {model: nowhere, dimensions: 8}}
+""",
+        headers={"content-type": "application/yaml"},
+    )
+    assert missing.status_code == 422 and "ModelEndpoint 'nowhere'" in missing.text

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Self
+from typing import Annotated, Any, Literal, Self, cast
 
 from pydantic import BaseModel, Field
 
@@ -69,16 +69,35 @@ class MemoryEntryPage(BaseModel):
     next_cursor: str | None
 
 
+#: a search that found an entry
+Signal = Literal["fulltext", "vector"]
+
+
 class MemoryHitOut(BaseModel):
     key: str
-    score: float = Field(description="Full-text relevance, higher is better (the backend's scale).")
+    score: float = Field(
+        description=(
+            "Higher is better: the full-text relevance (the backend's scale), or for a Memory "
+            "with an embedding model the reciprocal rank fusion of full text and vectors."
+        )
+    )
+    signals: list[Signal] = Field(
+        default_factory=lambda: list[Signal](["fulltext"]),
+        description="Which searches found the entry.",
+    )
     preview: str
     metadata: dict[str, Any]
 
     @classmethod
     def from_hit(cls, hit: MemoryHit) -> Self:
         entry = hit.entry
-        return cls(key=entry.key, score=hit.score, preview=entry.preview(), metadata=entry.metadata)
+        return cls(
+            key=entry.key,
+            score=hit.score,
+            signals=[cast(Signal, signal) for signal in hit.signals],
+            preview=entry.preview(),
+            metadata=entry.metadata,
+        )
 
 
 class MemorySearchResult(BaseModel):
@@ -92,6 +111,7 @@ class MemoryStatsOut(FromRecord):
     text_chars: int = Field(description="The size of the entries' text, in characters.")
     scopes: int = Field(description="How many agents or sessions (or the namespace) have entries.")
     index: str
+    vectors: int = Field(default=0, description="Entries with a vector (an embedding model).")
 
     @classmethod
     def from_stats(cls, stats: MemoryStats) -> Self:

@@ -49,3 +49,10 @@ class CapabilitiesOut(FromRecord):
     wasmtime_version: str | None = Field(
         default=None, description="The installed wasmtime package's version, when there is one."
     )
+    memory_vectors: str | None = Field(
+        default=None,
+        description=(
+            "How the store searches Memory vectors: sqlite-vec, pgvector, or an exact cosine "
+            "without them (null: PostgreSQL not asked)."
+        ),
+    )

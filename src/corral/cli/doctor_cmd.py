@@ -50,6 +50,12 @@ def doctor(output: str = output_option(formats=("table", "json", "yaml"))) -> No
         *((f"provider {name}", _yes(ok)) for name, ok in found.providers.items()),
         ("store", f"{found.store.kind}, reachable: {_yes(found.store.reachable)}"),
         (
+            "memory vectors",
+            found.memory_vectors
+            or "decided by the database: pgvector where CREATE EXTENSION vector works, "
+            "else an exact cosine in SQL (the server's /v1/capabilities says which)",
+        ),
+        (
             "bus",
             f"{found.bus.kind}, configured: {_yes(found.bus.configured)}, "
             f"reachable: {_yes(found.bus.reachable)}",

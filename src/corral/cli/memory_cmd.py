@@ -132,7 +132,8 @@ def memory_search(
     namespace: str = NAMESPACE,
     output: str = OUTPUT,
 ) -> None:
-    """Search entries by full text, best first."""
+    """Search entries, best first: by full text, and by vectors too when the Memory has
+    an embedding model (each result says which found it)."""
     equal = _pairs(filters, "--filter")
     hits = _on_backend(
         namespace,
@@ -144,7 +145,7 @@ def memory_search(
     _show(
         [h.model_dump(mode="json") for h in hits],
         output,
-        [f"{h.score:.4g}  {h.key}  {h.preview}" for h in hits],
+        [f"{h.score:.4g}  {'+'.join(h.signals)}  {h.key}  {h.preview}" for h in hits],
     )
 
 

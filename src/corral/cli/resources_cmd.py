@@ -519,6 +519,7 @@ def _memory_lines(memory: ResourceOut, stats: MemoryStatsOut | str) -> list[str]
             f"Entries:     {stats.entries} in {stats.scopes} scope(s), "
             f"{stats.text_chars} characters",
             f"Index:       {stats.index}",
+            *([f"Vectors:     {stats.vectors}"] if stats.vectors else []),
         ]
     lines.append(f"Embedding:   {model or '<none> (full-text search only)'}")
     return lines

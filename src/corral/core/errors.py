@@ -22,6 +22,7 @@ converted at the adapter boundary and never travel further up.
     ├── ModelError                 a model call failed (``retryable``, ``status_code``)
     │   ├── ModelTimeoutError
     │   ├── ModelConnectionError
+    │   ├── EmbeddingDimensionsError an embedding model answered vectors of other dimensions
     │   └── AllModelsFailedError   every model of a fallback chain failed (models/gateway.py)
     ├── ToolError                  a tool call failed (``code``, ``reason``, ``retryable``)
     ├── BudgetExceededError        a run passed one of its limits
@@ -186,6 +187,17 @@ class ModelConnectionError(ModelError):
 
     def __init__(self, message: str, *, endpoint: str | None = None) -> None:
         super().__init__(message, retryable=True, endpoint=endpoint)
+
+
+class EmbeddingDimensionsError(ModelError):
+    """An embedding model answered vectors of other dimensions than the caller fixed
+    (a Memory's ``embedding.dimensions``): nothing is written with them. Not retryable:
+    the same model answers the same size again."""
+
+    code = "embedding_dimensions_mismatch"
+
+    def __init__(self, message: str, *, endpoint: str | None = None) -> None:
+        super().__init__(message, retryable=False, endpoint=endpoint)
 
 
 class ToolErrorCode(StrEnum):

@@ -120,13 +120,58 @@ class MemoryEntry:
         return self.text[: PREVIEW_CHARS - 1] + "\u2026"
 
 
+#: the signals a search result can be found by
+FULLTEXT = "fulltext"
+VECTOR = "vector"
+#: reciprocal rank fusion's constant (Cormack et al. 2009): a hit ranked r by one signal
+#: adds 1 / (RRF_K + r); large enough that no single first place outweighs agreement
+RRF_K = 60
+
+
 @dataclass(frozen=True)
 class MemoryHit:
-    """A search result: the entry and its full-text relevance (higher is better; the
-    scale is the backend's: BM25 on SQLite, ``ts_rank`` on PostgreSQL)."""
+    """A search result: the entry, its score (higher is better) and the signals that
+    found it. Without vectors the score is the full-text relevance (the backend's scale:
+    BM25 on SQLite, ``ts_rank`` on PostgreSQL); a hybrid search's score is the reciprocal
+    rank fusion of the signals (:func:`fuse`)."""
 
     entry: MemoryEntry
     score: float
+    signals: tuple[str, ...] = (FULLTEXT,)
+
+
+@dataclass(frozen=True)
+class MemoryVector:
+    """An embedding with the model that made it (``embedder``: its endpoint and
+    dimensions): vectors of another embedder are never compared with it."""
+
+    embedder: str
+    values: list[float]
+
+    @property
+    def dimensions(self) -> int:
+        return len(self.values)
+
+
+def embedder_id(endpoint: str, dimensions: int) -> str:
+    """How a Memory's embedding model is named on its vectors."""
+    return f"{endpoint}/{dimensions}"
+
+
+def fuse(rankings: dict[str, list[MemoryHit]], top_k: int, k: int = RRF_K) -> list[MemoryHit]:
+    """Reciprocal rank fusion of each signal's ranking (best first): an entry scores the
+    sum of ``1 / (k + rank)`` over the signals that found it (rank 1 is the best) and
+    carries those signals. Ties go to the entry written last, then by key."""
+    scores: dict[tuple[str, str], float] = {}
+    found: dict[tuple[str, str], tuple[MemoryEntry, list[str]]] = {}
+    for signal, hits in rankings.items():
+        for rank, hit in enumerate(hits, start=1):
+            ident = (hit.entry.scope_key, hit.entry.key)
+            scores[ident] = scores.get(ident, 0.0) + 1.0 / (k + rank)
+            signals = found.setdefault(ident, (hit.entry, []))[1]
+            signals.append(signal)
+    order = sorted(scores, key=lambda i: (-scores[i], -found[i][0].updated_at, found[i][0].key))
+    return [MemoryHit(found[i][0], scores[i], tuple(sorted(found[i][1]))) for i in order[:top_k]]
 
 
 @dataclass(frozen=True)
@@ -137,6 +182,8 @@ class MemoryStats:
     text_chars: int
     scopes: int
     index: str
+    #: how many entries have a vector (a Memory with an embedding model)
+    vectors: int = 0
 
 
 def place_of(

@@ -106,6 +106,24 @@ class ModelResponse:
 
 
 @dataclass(frozen=True)
+class Embeddings:
+    """The vectors of one batch of texts, in the texts' order, and what they cost."""
+
+    vectors: list[list[float]]
+    usage: Usage = field(default_factory=Usage)
+    model: str = ""
+    endpoint: str = ""
+    cost_usd: float = 0.0
+    #: the retries it took (``RetryingModel``), as for a chat turn
+    retries: tuple[dict[str, Any], ...] = ()
+
+    @property
+    def dimensions(self) -> int:
+        """The length of every vector (0 for an empty batch)."""
+        return len(self.vectors[0]) if self.vectors else 0
+
+
+@dataclass(frozen=True)
 class TextDelta:
     """A piece of text streamed from the model before its turn completes."""
 

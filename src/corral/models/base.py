@@ -5,16 +5,44 @@ format and converts its SDK's exceptions into :class:`~corral.core.errors.ModelE
 (``retryable`` set for 429, 5xx, connection errors and timeouts; ``retry_after``
 from the server's header when it sent one). Retries, fallbacks and pricing are
 wrappers around a model (:mod:`corral.models.gateway`), never flags inside one.
+
+Embeddings are a capability of the same ``Model``: :meth:`Model.embed` turns texts
+into vectors (one request for the whole batch), and the gateway wrappers give it the
+retries, deadline and cost accounting of a chat turn. A provider without an
+embeddings API keeps the default, which refuses with a ``ConfigurationError``
+(:data:`EMBEDDING_PROVIDERS` says which providers embed, for checks at apply).
 """
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from corral.core.messages import Message, ModelResponse, StreamItem, TextDelta, ToolSpec
+from corral.core.errors import ConfigurationError, EmbeddingDimensionsError, ModelError
+from corral.core.messages import (
+    Embeddings,
+    Message,
+    ModelResponse,
+    StreamItem,
+    TextDelta,
+    ToolSpec,
+)
+
+__all__ = [
+    "EMBEDDING_PROVIDERS",
+    "Embeddings",
+    "Model",
+    "ModelSettings",
+    "NamedTool",
+    "ToolChoice",
+    "checked_vectors",
+]
+
+#: the providers whose models embed (the others refuse :meth:`Model.embed`)
+EMBEDDING_PROVIDERS = frozenset({"openai", "azure-openai", "ollama", "llama-cpp"})
 
 
 @dataclass(frozen=True)
@@ -36,6 +64,38 @@ class ModelSettings:
     temperature: float | None = None
     max_output_tokens: int | None = None
     tool_choice: ToolChoice = None
+
+
+def checked_vectors(
+    endpoint: str, texts: int, vectors: Sequence[Sequence[float]], dimensions: int | None
+) -> list[list[float]]:
+    """An embeddings answer, checked: one vector per text, all of one length, finite
+    numbers, and ``dimensions`` long when the caller fixed it
+    (:class:`~corral.core.errors.EmbeddingDimensionsError` otherwise)."""
+    where = f"model endpoint {endpoint!r}"
+    if len(vectors) != texts:
+        raise ModelError(
+            f"{where} answered {len(vectors)} embeddings for {texts} texts", endpoint=endpoint
+        )
+    try:
+        out = [[float(x) for x in vector] for vector in vectors]
+    except (TypeError, ValueError):
+        raise ModelError(
+            f"{where} answered embeddings that are not numbers", endpoint=endpoint
+        ) from None
+    sizes = {len(vector) for vector in out}
+    if len(sizes) > 1 or 0 in sizes:
+        raise ModelError(f"{where} answered embeddings of sizes {sorted(sizes)}", endpoint=endpoint)
+    if out and dimensions is not None and len(out[0]) != dimensions:
+        raise EmbeddingDimensionsError(
+            f"{where} answered embeddings of {len(out[0])} dimensions, not the {dimensions} "
+            f"fixed for them: use a model of {dimensions} dimensions, or a Memory of "
+            f"{len(out[0])}",
+            endpoint=endpoint,
+        )
+    if not all(math.isfinite(x) for vector in out for x in vector):
+        raise ModelError(f"{where} answered an embedding that is not finite", endpoint=endpoint)
+    return out
 
 
 class Model(ABC):
@@ -62,6 +122,18 @@ class Model(ABC):
         if response.message.content:
             yield TextDelta(response.message.content)
         yield response
+
+    async def embed(self, texts: Sequence[str], *, dimensions: int | None = None) -> Embeddings:
+        """The embedding of each of ``texts`` (one batch, one request).
+
+        ``dimensions`` is the vector length the caller fixed: an answer of another
+        length is an :class:`~corral.core.errors.EmbeddingDimensionsError`. The default
+        refuses: this provider has no embeddings.
+        """
+        raise ConfigurationError(
+            f"model endpoint {self.name!r}: its provider has no embeddings "
+            f"(providers that embed: {', '.join(sorted(EMBEDDING_PROVIDERS))})"
+        )
 
     def credentials(self) -> list[str]:
         """What this model sends to authenticate, when it found it itself (a key a provider

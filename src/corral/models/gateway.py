@@ -16,6 +16,11 @@ Each wrapper is a ``Model`` itself, so they compose::
 A stream is retried (or falls back) only while nothing has been yielded yet: once
 a caller has seen a text delta, replaying the turn would show it twice.
 
+Embeddings (:meth:`~corral.models.base.Model.embed`) pass through the same wrappers:
+retried like a turn, priced at the input price. A :class:`FallbackModel` never falls
+back for them: vectors of two models are not comparable, so a stored vector and a
+query embedded by a fallback would not match.
+
 :func:`retry_after_seconds` is re-exported from :mod:`corral.models._adapter`,
 where the helpers the provider adapters share live.
 """
@@ -34,7 +39,7 @@ from corral.core.backoff import jittered_backoff
 from corral.core.errors import ModelError
 from corral.core.messages import Message, ModelResponse, StreamItem, ToolSpec
 from corral.models._adapter import retry_after_seconds
-from corral.models.base import Model, ModelSettings
+from corral.models.base import Embeddings, Model, ModelSettings
 from corral.resources.kinds import Pricing, RetryPolicy
 
 R = TypeVar("R")
@@ -192,6 +197,17 @@ class RetryingModel(Model):
             retries,
         )
 
+    async def embed(self, texts: Sequence[str], *, dimensions: int | None = None) -> Embeddings:
+        retries: list[dict[str, Any]] = []
+
+        async def embed(batch: Sequence[str]) -> Embeddings:
+            return await self.inner.embed(batch, dimensions=dimensions)
+
+        embeddings = await self._attempts(retries, embed, texts)
+        if retries:
+            return replace(embeddings, retries=(*embeddings.retries, *retries))
+        return embeddings
+
     async def _attempts(
         self, retries: list[dict[str, Any]], call: Callable[..., Awaitable[R]], *args: Any
     ) -> R:
@@ -250,6 +266,11 @@ class PricedModel(Model):
         self, messages: Sequence[Message], tools: Sequence[ToolSpec], settings: ModelSettings
     ) -> ModelResponse:
         return self._priced(await self.inner.request(messages, tools, settings))
+
+    async def embed(self, texts: Sequence[str], *, dimensions: int | None = None) -> Embeddings:
+        embeddings = await self.inner.embed(texts, dimensions=dimensions)
+        cost = embeddings.usage.input_tokens * self.pricing.input_per_million / 1_000_000
+        return replace(embeddings, cost_usd=cost)
 
     async def stream(
         self, messages: Sequence[Message], tools: Sequence[ToolSpec], settings: ModelSettings
@@ -331,6 +352,10 @@ class FallbackModel(Model):
                 lambda model: _open_stream(model, messages, tools, settings)
             )
         )
+
+    async def embed(self, texts: Sequence[str], *, dimensions: int | None = None) -> Embeddings:
+        # the first model only: a fallback's vectors would not match the stored ones
+        return await self.models[0].embed(texts, dimensions=dimensions)
 
     async def prepare(self) -> None:
         for model in self.models:

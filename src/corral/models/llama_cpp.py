@@ -11,6 +11,14 @@ half the cores), ``seed`` (0), ``max_output_tokens`` (256), ``repeat_penalty`` (
 and ``max_tool_rounds`` (1). Temperature defaults to 0, so with the fixed seed a
 conversation always gets the same answer.
 
+Embeddings
+    :meth:`LlamaCppModel.embed` runs the same GGUF in llama.cpp's embedding mode,
+    mean-pooled and L2-normalized (SmolLM2-135M: 576 dimensions). A ``Llama`` made for
+    chat cannot embed (llama-cpp-python refuses unless it was created with
+    ``embedding=True``), so the embedding copy is a second cached instance, loaded on
+    the first ``embed`` and shared like the chat one. Texts longer than ``n_ctx``
+    tokens are cut to it.
+
 Threads and sharing
     Loading and every completion run in a worker thread (llama.cpp blocks). A
     loaded ``Llama`` is cached per (file, load options) for the whole process, so
@@ -78,7 +86,7 @@ import importlib.util
 import json
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -89,7 +97,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from corral.core.errors import ConfigurationError, ModelError
 from corral.core.ids import new_id
 from corral.core.messages import Message, ModelResponse, ToolCall, ToolSpec, Usage
-from corral.models.base import Model, ModelSettings, NamedTool
+from corral.models.base import Embeddings, Model, ModelSettings, NamedTool, checked_vectors
 from corral.resources.kinds import ModelEndpointSpec
 
 DEFAULT_CHAT_FORMAT = "chatml-function-calling"
@@ -166,6 +174,8 @@ class _LoadKey:
     chat_format: str
     n_threads: int | None
     seed: int
+    #: llama.cpp's embedding mode (mean pooling), a separate instance from the chat one
+    embedding: bool = False
 
 
 @dataclass
@@ -192,6 +202,17 @@ def _load(key: _LoadKey) -> _Loaded:
             raise ConfigurationError(
                 f"provider 'llama-cpp' needs llama-cpp-python: {INSTALL_HINT} ({exc})"
             ) from exc
+        mode: dict[str, Any] = {}
+        if key.embedding:
+            from llama_cpp import LLAMA_POOLING_TYPE_MEAN
+
+            # one whole text per batch: llama.cpp pools a sequence only within one batch
+            mode = {
+                "embedding": True,
+                "pooling_type": LLAMA_POOLING_TYPE_MEAN,
+                "n_batch": key.n_ctx,
+                "n_ubatch": key.n_ctx,
+            }
         try:
             llama = Llama(
                 model_path=key.path,
@@ -200,6 +221,7 @@ def _load(key: _LoadKey) -> _Loaded:
                 seed=key.seed,
                 chat_format=key.chat_format,
                 verbose=False,
+                **mode,
             )
         except Exception as exc:  # the vendor boundary: nothing from llama_cpp goes further
             raise ModelError(f"llama.cpp could not load {key.path}: {exc}") from exc
@@ -382,6 +404,25 @@ class LlamaCppModel(Model):
 
     async def aclose(self) -> None:
         """Nothing to release per endpoint: the weights stay cached (see :func:`unload_all`)."""
+
+    async def embed(self, texts: Sequence[str], *, dimensions: int | None = None) -> Embeddings:
+        """The texts' embeddings from the embedding-mode copy of the weights."""
+        batch = list(texts)
+        if not batch:
+            return Embeddings([], Usage(), self.model, self.name)
+        work = partial(self._embed_work, batch)
+        vectors, tokens = await anyio.to_thread.run_sync(work, abandon_on_cancel=True)
+        checked = checked_vectors(self.name, len(batch), vectors, dimensions)
+        return Embeddings(checked, Usage(tokens, 0, 1), self.model, self.name)
+
+    def _embed_work(self, texts: list[str]) -> tuple[list[list[float]], int]:
+        loaded = _load(replace(self._key, embedding=True))
+        with loaded.lock:
+            try:
+                vectors, tokens = loaded.llama.embed(texts, normalize=True, return_count=True)
+            except Exception as exc:  # the vendor boundary: nothing from llama_cpp goes further
+                raise ModelError(f"llama.cpp embeddings: {exc}", endpoint=self.name) from exc
+        return vectors, int(tokens)
 
     async def request(
         self, messages: Sequence[Message], tools: Sequence[ToolSpec], settings: ModelSettings

@@ -1,4 +1,6 @@
-"""The ``openai``, ``azure-openai`` and ``ollama`` providers: the Chat Completions API.
+"""The ``openai``, ``azure-openai`` and ``ollama`` providers: the Chat Completions API,
+and the Embeddings API (``/embeddings``; Ollama's OpenAI-compatible one) for
+:meth:`~corral.models.base.Model.embed`.
 
 One adapter serves all three; they differ only in how the SDK client is built
 (:func:`create`). Any other OpenAI-compatible server (vLLM, llama.cpp server)
@@ -46,7 +48,14 @@ from corral.core.errors import ConfigurationError, ModelError
 from corral.core.messages import Message, ModelResponse, StreamItem, ToolCall, ToolSpec, Usage
 from corral.models._adapter import SDKErrors, SDKModel, cut_short, http_error
 from corral.models._http import sdk_http_client
-from corral.models.base import Model, ModelSettings, NamedTool, ToolChoice
+from corral.models.base import (
+    Embeddings,
+    Model,
+    ModelSettings,
+    NamedTool,
+    ToolChoice,
+    checked_vectors,
+)
 from corral.resources.kinds import MaxTokensParam, ModelEndpointSpec, ToolCallContent
 
 DEFAULT_AZURE_API_VERSION = "2024-10-21"
@@ -352,6 +361,28 @@ class OpenAIChatModel(SDKModel[openai.AsyncOpenAI]):
                 stream_cls=openai.AsyncStream[ChatCompletionChunk],
             ),
             _StreamState(tools_offered=bool(tools)),
+        )
+
+    async def embed(self, texts: Sequence[str], *, dimensions: int | None = None) -> Embeddings:
+        """One Embeddings API request for the batch (floats, not the SDK's base64 default:
+        every OpenAI-compatible server answers floats). ``dimensions`` is checked, not
+        sent: models that cannot shorten their vectors refuse the parameter."""
+        answer = await self._call(
+            lambda: self.client.embeddings.create(
+                model=self.model, input=list(texts), encoding_format="float"
+            )
+        )
+        ordered = sorted(answer.data, key=lambda item: item.index)
+        vectors = checked_vectors(
+            self.name, len(texts), [item.embedding for item in ordered], dimensions
+        )
+        # some compatible servers send no usage, which the SDK does not check
+        tokens = getattr(answer.usage, "prompt_tokens", None) or 0
+        return Embeddings(
+            vectors,
+            Usage(int(tokens), 0, 1),
+            answer.model or self.model,
+            self.name,
         )
 
 

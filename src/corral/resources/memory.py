@@ -3,8 +3,10 @@
 A Memory is a store of text entries agents write and search across runs. Its
 ``backend`` says where they live: ``store`` (the Corral store itself: SQLite embedded,
 PostgreSQL in scale-out, with full-text search) or ``http`` (a remote memory service
-speaking the contract of docs/memory-http.md, at ``spec.http.url``). Embeddings are
-planned (issue 18) and refused at apply with a clear reason, never accepted and ignored.
+speaking the contract of docs/memory-http.md, at ``spec.http.url``). ``embedding``
+(store backend) names a ModelEndpoint that embeds (a reference, checked at apply) and
+the dimensions of its vectors: entries are embedded when written and the query when
+searched, and search is hybrid (full text and vectors, fused).
 """
 
 from __future__ import annotations
@@ -44,6 +46,19 @@ class Retention(Spec):
 
     max_entries: int | None = Field(default=None, ge=1)
     max_age_days: float | None = Field(default=None, gt=0)
+
+
+#: the longest vector a Memory takes (pgvector's limit for an indexed vector is 2000,
+#: its storage limit 16000; the largest common embedding models answer 3072)
+MAX_DIMENSIONS = 16_000
+
+
+class EmbeddingSettings(Spec):
+    """The embedding model of a Memory and the length of its vectors (fixed: a model
+    answering another length is an error, and nothing is written)."""
+
+    model: Annotated[str, Field(pattern=_NAME_PATTERN, description="A ModelEndpoint that embeds.")]
+    dimensions: int = Field(ge=1, le=MAX_DIMENSIONS)
 
 
 class MemoryHttp(Spec):
@@ -87,6 +102,10 @@ class MemorySpec(Spec):
     )
     http: MemoryHttp | None = None
     scope: MemoryScope = "namespace"
+    embedding: EmbeddingSettings | None = Field(
+        default=None,
+        description="embed entries and queries with this model: hybrid search (else full text)",
+    )
     chunking: Chunking = Field(default_factory=Chunking)
     retention: Retention = Field(default_factory=Retention)
 
@@ -102,8 +121,15 @@ class MemorySpec(Spec):
     @classmethod
     def _not_built_yet(cls, data: Any) -> Any:
         # Planned fields get a reason, not pydantic's bare "extra inputs are not permitted".
-        if isinstance(data, dict) and "embedding" in data:
-            raise ValueError("'embedding' is not built yet: a Memory searches by full text only")
+        if (
+            isinstance(data, dict)
+            and data.get("backend") == "http"
+            and data.get("embedding") is not None
+        ):
+            raise ValueError(
+                "'embedding' is for backend 'store': an http memory service searches "
+                "its entries itself"
+            )
         return data
 
 
@@ -126,7 +152,9 @@ def distinct_memories(memories: list[MemoryAccess]) -> list[MemoryAccess]:
 
 
 __all__ = [
+    "MAX_DIMENSIONS",
     "Chunking",
+    "EmbeddingSettings",
     "MemoryAccess",
     "MemoryAccessLevel",
     "MemoryHttp",

@@ -5,7 +5,8 @@ known kind in the same namespace: an Agent's ``model`` to a ModelEndpoint, a
 ``tools`` entry to a Tool (or ``mcp:SERVER/...`` to a McpServer), a role to an
 AgentRole, a role's permissions to ToolPermissions, and every ``secret:`` to a
 Secret, an Agent's ``links`` to other Agents (never itself), its ``memory``
-entries to Memories, and an AgentSystem's entry and nodes to Agents.
+entries to Memories, a Memory's ``embedding.model`` to a ModelEndpoint, and an
+AgentSystem's entry and nodes to Agents.
 :func:`references_of` lists them; :func:`check_references` makes sure
 each exists in the batch being applied or in the store, and reports every
 missing one with file, line and field.
@@ -139,8 +140,11 @@ def _references(resource: HasSpec) -> Iterator[Reference | MalformedReference]:
     elif isinstance(spec, McpServerSpec):
         yield from _env_secrets(spec.env, ("spec", "env"))
         yield from _auth_secret(spec.auth, ("spec", "auth"))
-    elif isinstance(spec, MemorySpec) and spec.http is not None:
-        yield from _auth_secret(spec.http.auth, ("spec", "http", "auth"))
+    elif isinstance(spec, MemorySpec):
+        if spec.http is not None:
+            yield from _auth_secret(spec.http.auth, ("spec", "http", "auth"))
+        if spec.embedding is not None:
+            yield Reference("ModelEndpoint", spec.embedding.model, ("spec", "embedding", "model"))
 
 
 def _env_secrets(env: dict[str, str | EnvValue], prefix: FieldPath) -> Iterator[Reference]:

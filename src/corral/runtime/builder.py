@@ -39,6 +39,7 @@ from corral.resources.kinds import (
 from corral.resources.kinds import ToolChoice as ToolChoiceSpec
 from corral.resources.memory import MemorySpec
 from corral.resources.secrets import SecretResolver, header_secret
+from corral.runtime.memory import check_embeds
 from corral.store.base import Store
 from corral.tools.agents import Delegation, linked_agent_tools
 from corral.tools.base import Tool
@@ -308,7 +309,15 @@ class AgentBuilder:
             memory = await self._spec("Memory", m.ref, MemorySpec)
             auth = memory.http.auth if memory.http is not None else None
             secrets = await self._secrets_of({}, auth)
-            backend = open_memory_backend(m.ref, memory, self.store, secrets)
+            embedder = None
+            if memory.embedding is not None and memory.backend == "store":
+                endpoint = memory.embedding.model
+                check_embeds(
+                    endpoint, await self._spec("ModelEndpoint", endpoint, ModelEndpointSpec)
+                )
+                embedder = await self._model(endpoint)
+                stack.push_async_callback(embedder.aclose)
+            backend = open_memory_backend(m.ref, memory, self.store, secrets, embedder)
             stack.push_async_callback(backend.aclose)
             bindings.append(MemoryBinding(m.ref, memory, m.access, backend))
         # The redactor is read at each write: every secret the agent resolved by then.

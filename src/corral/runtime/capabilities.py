@@ -115,6 +115,19 @@ async def _store_capability(settings: Settings, store: Store | None) -> BackendC
     return BackendCapability(kind, True, await _tcp_reachable(settings.db_url, 5432))
 
 
+async def _memory_vectors(settings: Settings, store: Store | None) -> str | None:
+    if store is not None:
+        try:
+            return await store.memory_vector_index()
+        except StoreError:
+            return None
+    if settings.db_url.startswith("postgresql"):
+        return None  # the migration decided it in the database: pgvector or not
+    from corral.store.sql.vectors import sqlite_vector_index
+
+    return sqlite_vector_index()
+
+
 async def gather_capabilities(
     settings: Settings, *, store: Store | None = None, host: SandboxHost | None = None
 ) -> Capabilities:
@@ -132,4 +145,5 @@ async def gather_capabilities(
         store=await _store_capability(settings, store),
         bus=bus,
         wasmtime_version=_version("wasmtime"),
+        memory_vectors=await _memory_vectors(settings, store),
     )

@@ -28,8 +28,11 @@ from corral.core.memory import (
     place_of,
 )
 from corral.core.settings import Settings
+from corral.models.base import EMBEDDING_PROVIDERS, Model
+from corral.models.registry import build_model
+from corral.resources.kinds import ModelEndpointSpec
 from corral.resources.memory import MemorySpec
-from corral.resources.secrets import SecretResolver
+from corral.resources.secrets import SecretResolver, header_secret
 from corral.store.base import Store
 from corral.tools.memory_backend import MemoryBackend, open_memory_backend
 from corral.tools.memory_ingest import IngestResult, content_key, ingest_text
@@ -46,6 +49,38 @@ async def memory_spec(store: Store, namespace: str, name: str) -> MemorySpec:
     if not isinstance(spec, MemorySpec):  # the store returns validated specs
         raise ConfigurationError(f"Memory {name!r}: stored spec has the wrong type")
     return spec
+
+
+def check_embeds(endpoint: str, spec: ModelEndpointSpec) -> None:
+    """``ConfigurationError`` unless the ModelEndpoint's provider has embeddings."""
+    if spec.provider not in EMBEDDING_PROVIDERS:
+        raise ConfigurationError(
+            f"the embedding model {endpoint!r} of a Memory: provider {spec.provider!r} "
+            f"has no embeddings (providers that embed: {', '.join(sorted(EMBEDDING_PROVIDERS))})"
+        )
+
+
+async def embedding_model(
+    store: Store, settings: Settings, namespace: str, spec: MemorySpec
+) -> Model:
+    """The model of a Memory's ``spec.embedding`` (its ModelEndpoint, with the endpoint's
+    retries and pricing), refused with a clear reason when its provider cannot embed."""
+    assert spec.embedding is not None
+    endpoint = spec.embedding.model
+    stored = await store.get_resource(namespace, "ModelEndpoint", endpoint)
+    if stored is None or not isinstance(stored.resource.spec, ModelEndpointSpec):
+        raise NotFoundError(f"ModelEndpoint {endpoint!r} not found in namespace {namespace!r}")
+    model_spec = stored.resource.spec
+    check_embeds(endpoint, model_spec)
+    api_key = None
+    if model_spec.api_key is not None:
+        secret = model_spec.api_key.secret
+        api_key = header_secret(
+            await SecretResolver(store, settings).resolve(namespace, secret),
+            owner=f"model endpoint {endpoint!r}",
+            secret=secret,
+        )
+    return build_model(endpoint, model_spec, api_key)
 
 
 @dataclass(frozen=True)
@@ -84,13 +119,32 @@ class Memories:
             if every_scope
             else place_of(namespace, name, spec.scope, agent=agent, session=session)
         )
-        backend = await self._backend(namespace, name, spec)
+        embedder = await self._embedder(namespace, name, spec)
         try:
-            yield OpenMemory(spec, place, backend)
+            backend = await self._backend(namespace, name, spec, embedder)
+            try:
+                yield OpenMemory(spec, place, backend)
+            finally:
+                await backend.aclose()
         finally:
-            await backend.aclose()
+            if embedder is not None:
+                await embedder.aclose()
 
-    async def _backend(self, namespace: str, name: str, spec: MemorySpec) -> MemoryBackend:
+    async def _embedder(self, namespace: str, name: str, spec: MemorySpec) -> Model | None:
+        """The model of the Memory's ``spec.embedding`` (a store backend's), if it has one;
+        one that cannot embed here is the backend's failure, as in :meth:`_backend`."""
+        if spec.embedding is None or spec.backend != "store":
+            return None
+        try:
+            return await embedding_model(self.store, self.settings, namespace, spec)
+        except ConfigurationError as exc:
+            raise MemoryBackendError(
+                f"memory {name!r}: {exc.message}", code="memory_backend_unconfigured"
+            ) from None
+
+    async def _backend(
+        self, namespace: str, name: str, spec: MemorySpec, embedder: Model | None
+    ) -> MemoryBackend:
         """The Memory's backend, its auth secret resolved in this process. A secret that
         cannot be had here is the backend's failure (``memory_backend_unconfigured``),
         not the server's: the request says so, and the process goes on serving."""
@@ -101,7 +155,7 @@ class Memories:
                 secrets[spec.http.auth.secret] = await resolver.resolve(
                     namespace, spec.http.auth.secret
                 )
-            return open_memory_backend(name, spec, self.store, secrets)
+            return open_memory_backend(name, spec, self.store, secrets, embedder)
         except ConfigurationError as exc:
             raise MemoryBackendError(
                 f"memory {name!r}: {exc.message}", code="memory_backend_unconfigured"

@@ -21,7 +21,7 @@ from typing import Any, Self
 from corral.core.agent_messages import AgentMessage, MessageState
 from corral.core.errors import CorralError
 from corral.core.events import Event
-from corral.core.memory import MemoryEntry, MemoryHit, MemoryPlace, MemoryStats
+from corral.core.memory import MemoryEntry, MemoryHit, MemoryPlace, MemoryStats, MemoryVector
 from corral.core.messages import Message
 from corral.core.runs import Approval, Lease, RunRecord, RunState
 from corral.core.selectors import Selector
@@ -483,9 +483,12 @@ class Store(ABC):
         *,
         max_entries: int | None = None,
         max_age_days: float | None = None,
+        vector: MemoryVector | None = None,
     ) -> tuple[MemoryEntry, bool]:
         """Store ``entry`` at its place, replacing the text and metadata of an entry with
         the same key there; returns the entry as stored and whether this call wrote it.
+        With ``vector``, its embedding is stored with it (scaled to unit length), in the
+        same transaction; without, a replaced entry loses its old vector.
 
         With ``entry.idempotency_key`` set and an entry of the same Memory written under
         that key already, nothing is written and that entry comes back with ``False``:
@@ -493,6 +496,29 @@ class Store(ABC):
         most recently written, none older than ``max_age_days``) is applied in the same
         transaction. ``MemoryInputError`` for a text, key or metadata it cannot take.
         """
+
+    @abstractmethod
+    async def write_memories(
+        self,
+        entries: Sequence[MemoryEntry],
+        vectors: Sequence[MemoryVector] | None = None,
+        *,
+        max_entries: int | None = None,
+        max_age_days: float | None = None,
+    ) -> list[tuple[MemoryEntry, bool]]:
+        """:meth:`write_memory` for each entry (with ``vectors[i]`` when given), all in one
+        transaction: all are written, or none. Retention is applied once, at the end."""
+
+    @abstractmethod
+    async def memory_by_idempotency_key(
+        self, namespace: str, memory: str, idempotency_key: str
+    ) -> MemoryEntry | None:
+        """The entry a write with ``idempotency_key`` stored in the Memory, if any (a replay
+        is answered from it before anything is embedded)."""
+
+    @abstractmethod
+    async def memory_vector_index(self) -> str:
+        """How this store searches Memory vectors (for ``describe``, capabilities)."""
 
     @abstractmethod
     async def read_memory(self, place: MemoryPlace, key: str) -> MemoryEntry | None:
@@ -522,11 +548,17 @@ class Store(ABC):
         *,
         top_k: int = 5,
         filters: Mapping[str, Any] | None = None,
+        vector: MemoryVector | None = None,
     ) -> list[MemoryHit]:
         """The entries at ``place`` whose text matches words of ``query``, best first, at
         most ``top_k`` (capped at 100); with ``filters``, only those whose metadata has
         each key equal to its value. Any query text is taken as words, never as syntax:
-        a query without words finds nothing."""
+        a query without words finds nothing by full text.
+
+        With ``vector`` (the query's embedding), the search is hybrid: the full-text
+        ranking and the ranking of the entries' vectors of the same embedder by cosine
+        distance are fused by reciprocal rank fusion; each hit says which signals
+        found it."""
 
     @abstractmethod
     async def prune_memory(

@@ -233,14 +233,10 @@ class FakeModelServer(ABC):
         """Record a request and decide what to answer."""
         with self._lock:
             self.requests.append(recorded)
-            if self._faults:
-                fault = self._faults[0]
-                if fault.times is not None:
-                    fault.times -= 1
-                    if fault.times <= 0:
-                        self._faults.popleft()
-                if fault.status is not None:
-                    return Plan(error=fault)
+            fault = self._take_fault()
+            if fault is not None and fault.status is not None:
+                return Plan(error=fault)
+            if fault is not None:
                 delay, chunk_delay, cut_after = fault.delay, fault.chunk_delay, fault.cut_after
             else:
                 delay, chunk_delay, cut_after = 0.0, 0.0, None
@@ -252,6 +248,43 @@ class FakeModelServer(ABC):
                 reply = self.default_reply
         return Plan(reply=reply, delay=delay, chunk_delay=chunk_delay, cut_after=cut_after)
 
+    def plan_without_reply(self, recorded: RecordedRequest) -> Plan:
+        """Record a request that needs no scripted reply (embeddings): only the next
+        fault applies, and the queued replies stay for the chat requests."""
+        with self._lock:
+            self.requests.append(recorded)
+            fault = self._take_fault()
+        if fault is None:
+            return Plan()
+        if fault.status is not None:
+            return Plan(error=fault)
+        return Plan(delay=fault.delay, chunk_delay=fault.chunk_delay, cut_after=fault.cut_after)
+
+    def _take_fault(self) -> Fault | None:
+        """The fault for this request, counted (call with the lock held)."""
+        if not self._faults:
+            return None
+        fault = self._faults[0]
+        if fault.times is not None:
+            fault.times -= 1
+            if fault.times <= 0:
+                self._faults.popleft()
+        return fault
+
+    async def fault_response(self, plan: Plan) -> Response | None:
+        """Wait the plan's delay; the injected error answer, or ``None`` to answer normally."""
+        if plan.delay:
+            await asyncio.sleep(plan.delay)
+        if plan.error is None:
+            return None
+        fault = plan.error
+        status = fault.status or 500
+        return JSONResponse(
+            self.error_body(status, fault.message),
+            status_code=status,
+            headers=error_headers(fault),
+        )
+
     # -- answering
 
     async def handle(self, request: Request) -> Response:
@@ -259,16 +292,9 @@ class FakeModelServer(ABC):
         recorded = await record(request)
         body = recorded.json
         plan = self.plan(recorded, self.tool_results(body))
-        if plan.delay:
-            await asyncio.sleep(plan.delay)
-        if plan.error is not None:
-            fault = plan.error
-            status = fault.status or 500
-            return JSONResponse(
-                self.error_body(status, fault.message),
-                status_code=status,
-                headers=error_headers(fault),
-            )
+        failed = await self.fault_response(plan)
+        if failed is not None:
+            return failed
         if plan.reply is None:
             message = f"fake server: no scripted reply left for request {self.calls}"
             return JSONResponse(self.error_body(400, message), status_code=400)

@@ -11,6 +11,11 @@
         ...
         assert len(server.requests) == 3
 
+It also serves ``POST /v1/embeddings`` (and Azure's deployment path): each input
+gets :func:`hashed_embedding` (words hashed into ``embedding_dimensions`` buckets, so
+texts sharing words are close), or what :meth:`FakeOpenAIServer.embed_with` sets;
+the faults apply to it as to chat requests, the queued replies do not.
+
 The protocol-neutral machinery (:class:`FakeModelServer`, the reply and fault
 types, and what a server answers in which order) lives in
 :mod:`corral.testing._fake_http`; its public names are re-exported here (the
@@ -19,27 +24,100 @@ types, and what a server answers in which order) lives in
 
 from __future__ import annotations
 
+import hashlib
 import json
-from collections.abc import Iterator
+import math
+import re
+from collections.abc import Callable, Iterator
 from typing import Any
 
-from starlette.responses import Response
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from corral.testing._fake_http import FakeModelServer as FakeModelServer
 from corral.testing._fake_http import FakeReply as FakeReply
 from corral.testing._fake_http import FakeToolCall as FakeToolCall
 from corral.testing._fake_http import Fault as Fault
-from corral.testing._fake_http import Plan, split_text
+from corral.testing._fake_http import Plan, record, split_text
 from corral.testing._fake_http import RecordedRequest as RecordedRequest
 from corral.testing._fake_http import ToolLoop as ToolLoop
 
+_WORD = re.compile(r"[^\W_]+")
+
+#: how the fake server embeds one text into a vector of a given length
+Embedder = Callable[[str, int], list[float]]
+
+
+def hashed_embedding(text: str, dimensions: int) -> list[float]:
+    """A deterministic unit vector for ``text``: each lower-cased word adds +1 or -1 to a
+    bucket chosen by its hash, so texts sharing words point alike (no meaning beyond that)."""
+    vector = [0.0] * dimensions
+    for word in _WORD.findall(text.lower()):
+        digest = hashlib.blake2b(word.encode(), digest_size=8).digest()
+        bucket = int.from_bytes(digest[:4], "little") % dimensions
+        vector[bucket] += 1.0 if digest[4] & 1 else -1.0
+    norm = math.sqrt(sum(x * x for x in vector))
+    if norm == 0:
+        vector[0] = 1.0
+        return vector
+    return [x / norm for x in vector]
+
 
 class FakeOpenAIServer(FakeModelServer):
-    """A fake Chat Completions server; ``base_url`` ends in ``/v1`` as the SDK expects.
+    """A fake Chat Completions and Embeddings server; ``base_url`` ends in ``/v1`` as
+    the SDK expects.
 
     For ``azure-openai`` give the SDK ``root_url`` as the Azure endpoint.
     """
+
+    def __init__(self, *, embedding_dimensions: int = 16, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.embedding_dimensions = embedding_dimensions
+        self._initial_dimensions = embedding_dimensions
+        self.embedder: Embedder = hashed_embedding
+
+    def embed_with(
+        self, embedder: Embedder | None = None, *, dimensions: int | None = None
+    ) -> None:
+        """Embed with ``embedder`` (``None``: :func:`hashed_embedding`) and/or answer vectors of
+        ``dimensions``, until :meth:`reset`."""
+        self.embedder = embedder or hashed_embedding
+        if dimensions is not None:
+            self.embedding_dimensions = dimensions
+
+    def reset(self) -> None:
+        super().reset()
+        self.embedder = hashed_embedding
+        self.embedding_dimensions = self._initial_dimensions
+
+    async def handle_embeddings(self, request: Request) -> Response:
+        """Answer an Embeddings request (after the next fault, if any)."""
+        recorded = await record(request)
+        plan = self.plan_without_reply(recorded)
+        failed = await self.fault_response(plan)
+        if failed is not None:
+            return failed
+        raw = recorded.json.get("input")
+        texts = [raw] if isinstance(raw, str) else raw
+        if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
+            message = "fake server: 'input' must be a string or a list of strings"
+            return JSONResponse(self.error_body(400, message), status_code=400)
+        tokens = sum(len(_WORD.findall(t)) or 1 for t in texts)
+        body = {
+            "object": "list",
+            "model": str(recorded.json.get("model") or self.model),
+            "data": [
+                {
+                    "object": "embedding",
+                    "index": index,
+                    "embedding": self.embedder(text, self.embedding_dimensions),
+                }
+                for index, text in enumerate(texts)
+            ],
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+        }
+        return plan.json_response(body)
 
     @property
     def base_url(self) -> str:
@@ -50,6 +128,12 @@ class FakeOpenAIServer(FakeModelServer):
             Route("/v1/chat/completions", self.handle, methods=["POST"]),
             Route(
                 "/openai/deployments/{deployment}/chat/completions", self.handle, methods=["POST"]
+            ),
+            Route("/v1/embeddings", self.handle_embeddings, methods=["POST"]),
+            Route(
+                "/openai/deployments/{deployment}/embeddings",
+                self.handle_embeddings,
+                methods=["POST"],
             ),
         ]
 

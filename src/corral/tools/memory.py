@@ -316,6 +316,7 @@ class MemoryTool(Tool):
             {
                 "key": hit.entry.key,
                 "score": round(hit.score, 6),
+                "signals": list(hit.signals),
                 "preview": hit.entry.preview(),
                 "metadata": hit.entry.metadata,
             }

@@ -6,7 +6,14 @@ bound to one Memory's spec. :func:`open_memory_backend` is the one place a
 Memory's ``spec.backend`` picks the implementation:
 
 - ``store`` (:class:`StoreMemoryBackend`): the entries in the Corral store itself
-  (SQLite embedded, PostgreSQL in scale-out), searched by its full-text index;
+  (SQLite embedded, PostgreSQL in scale-out), searched by its full-text index and,
+  for a Memory with ``spec.embedding``, by their vectors too (hybrid search): entries
+  are embedded before they are written (in batches of :data:`EMBED_BATCH` for many),
+  the query before it is searched. A replayed write (an idempotency key already
+  stored) is answered from the store before anything is embedded. An embedding model
+  that fails or answers other dimensions fails the operation with a
+  :class:`~corral.core.memory.MemoryBackendError` and nothing is written: a search
+  never silently falls back to full text alone;
 - ``http`` (:class:`corral.tools.memory_http.HttpMemoryBackend`): a remote memory
   service speaking the contract of docs/memory-http.md.
 
@@ -17,15 +24,45 @@ it reports what it cannot take as ``MemoryInputError``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any, Protocol
 
-from corral.core.errors import ConfigurationError
-from corral.core.memory import MemoryEntry, MemoryHit, MemoryPlace, MemoryStats
+from corral.core.errors import ConfigurationError, EmbeddingDimensionsError, ModelError
+from corral.core.memory import (
+    MemoryBackendError,
+    MemoryEntry,
+    MemoryHit,
+    MemoryPlace,
+    MemoryStats,
+    MemoryVector,
+    embedder_id,
+)
+from corral.core.messages import Embeddings
 from corral.resources.memory import MemorySpec
 from corral.store.base import Store
 
-__all__ = ["MemoryBackend", "StoreMemoryBackend", "open_memory_backend"]
+__all__ = [
+    "EMBED_BATCH",
+    "MemoryBackend",
+    "StoreMemoryBackend",
+    "TextEmbedder",
+    "open_memory_backend",
+]
+
+#: the most texts one embeddings request carries (OpenAI's API takes 2048)
+EMBED_BATCH = 64
+
+
+class TextEmbedder(Protocol):
+    """What a Memory embeds with: a ModelEndpoint's model (``Model.embed``), as the
+    tools see it."""
+
+    name: str
+
+    async def embed(self, texts: Sequence[str], *, dimensions: int | None = None) -> Embeddings:
+        """One vector per text, ``dimensions`` long."""
+        ...
 
 
 class MemoryBackend(Protocol):
@@ -37,6 +74,11 @@ class MemoryBackend(Protocol):
         """Store ``entry`` (replacing its key's), the Memory's retention applied; the entry
         as stored and whether this call wrote it (``False``: its idempotency key was
         written before, and that entry comes back)."""
+        ...
+
+    async def write_many(self, entries: Sequence[MemoryEntry]) -> list[tuple[MemoryEntry, bool]]:
+        """:meth:`write` for each entry, in order (an ingest's chunks); a backend may
+        batch them (the store writes them in one transaction)."""
         ...
 
     async def read(self, place: MemoryPlace, key: str) -> MemoryEntry | None:
@@ -79,17 +121,85 @@ class MemoryBackend(Protocol):
 
 
 class StoreMemoryBackend:
-    """A Memory whose entries live in the Corral store (``backend: store``)."""
+    """A Memory whose entries live in the Corral store (``backend: store``), embedded
+    by ``embedder`` when the spec has an ``embedding``."""
 
-    def __init__(self, store: Store, spec: MemorySpec) -> None:
+    def __init__(
+        self,
+        store: Store,
+        spec: MemorySpec,
+        embedder: TextEmbedder | None = None,
+        name: str = "memory",
+    ) -> None:
+        if spec.embedding is not None and embedder is None:
+            raise ConfigurationError(f"Memory {name!r} needs its embedding model to be opened")
         self.store = store
         self.spec = spec
+        self.name = name
+        self.embedder = embedder if spec.embedding is not None else None
 
     async def write(self, entry: MemoryEntry) -> tuple[MemoryEntry, bool]:
+        [written] = await self.write_many([entry])
+        return written
+
+    async def write_many(self, entries: Sequence[MemoryEntry]) -> list[tuple[MemoryEntry, bool]]:
         retention = self.spec.retention
-        return await self.store.write_memory(
-            entry, max_entries=retention.max_entries, max_age_days=retention.max_age_days
+        if self.embedder is None:
+            return await self.store.write_memories(
+                entries, max_entries=retention.max_entries, max_age_days=retention.max_age_days
+            )
+        done: dict[int, tuple[MemoryEntry, bool]] = {}
+        for n, entry in enumerate(entries):
+            if entry.idempotency_key is not None:
+                found = await self.store.memory_by_idempotency_key(
+                    entry.namespace, entry.memory, entry.idempotency_key
+                )
+                if found is not None:  # a replay: written before, not embedded again
+                    done[n] = (found, False)
+        todo = [n for n in range(len(entries)) if n not in done]
+        vectors = await self._vectors([entries[n].text for n in todo])
+        written = await self.store.write_memories(
+            [entries[n] for n in todo],
+            vectors,
+            max_entries=retention.max_entries,
+            max_age_days=retention.max_age_days,
         )
+        done.update(zip(todo, written, strict=True))
+        return [done[n] for n in range(len(entries))]
+
+    async def _vectors(self, texts: Sequence[str]) -> list[MemoryVector]:
+        """The embedding of each text, by the Memory's model (in batches)."""
+        assert self.embedder is not None and self.spec.embedding is not None
+        dimensions = self.spec.embedding.dimensions
+        made_by = embedder_id(self.embedder.name, dimensions)
+        vectors: list[MemoryVector] = []
+        for start in range(0, len(texts), EMBED_BATCH):
+            batch = texts[start : start + EMBED_BATCH]
+            try:
+                answer = await self.embedder.embed(batch, dimensions=dimensions)
+            except (ModelError, ConfigurationError) as exc:
+                raise self._embedding_failed(exc) from None
+            if len(answer.vectors) != len(batch) or answer.dimensions not in (0, dimensions):
+                raise self._embedding_failed(
+                    EmbeddingDimensionsError(
+                        f"{len(answer.vectors)} vectors of {answer.dimensions} dimensions for "
+                        f"{len(batch)} texts of {dimensions}"
+                    )
+                )
+            vectors += [MemoryVector(made_by, vector) for vector in answer.vectors]
+        return vectors
+
+    def _embedding_failed(self, exc: ModelError | ConfigurationError) -> MemoryBackendError:
+        """An embedding model's failure, as the Memory's: nothing was written or searched."""
+        model = self.embedder.name if self.embedder is not None else "?"
+        message = f"Memory {self.name!r}: its embedding model {model!r} failed: {exc.message}"
+        if isinstance(exc, EmbeddingDimensionsError):
+            return MemoryBackendError(message, code="memory_backend_bad_answer")
+        if isinstance(exc, ModelError) and exc.retryable:
+            timeout = exc.code == "model_timeout"
+            code = "memory_backend_timeout" if timeout else "memory_backend_unavailable"
+            return MemoryBackendError(message, code=code, retryable=True)
+        return MemoryBackendError(message, code="memory_backend_refused")
 
     async def read(self, place: MemoryPlace, key: str) -> MemoryEntry | None:
         return await self.store.read_memory(place, key)
@@ -110,10 +220,23 @@ class StoreMemoryBackend:
         top_k: int = 5,
         filters: Mapping[str, Any] | None = None,
     ) -> list[MemoryHit]:
-        return await self.store.search_memory(place, query, top_k=top_k, filters=filters)
+        vector = None
+        if self.embedder is not None:
+            [vector] = await self._vectors([query])
+        return await self.store.search_memory(
+            place, query, top_k=top_k, filters=filters, vector=vector
+        )
 
     async def stats(self, namespace: str, memory: str) -> MemoryStats:
-        return await self.store.memory_stats(namespace, memory)
+        stats = await self.store.memory_stats(namespace, memory)
+        embedding = self.spec.embedding
+        if embedding is None:
+            return stats
+        index = stats.index
+        if not stats.vectors:  # the store names its vector search once it holds vectors
+            index += f"; vectors: {await self.store.memory_vector_index()}"
+        index += f"; embedding model {embedding.model!r} ({embedding.dimensions} dimensions)"
+        return replace(stats, index=index)
 
     async def prune(self, place: MemoryPlace, *, now: float | None = None) -> int:
         retention = self.spec.retention
@@ -126,13 +249,18 @@ class StoreMemoryBackend:
 
 
 def open_memory_backend(
-    name: str, spec: MemorySpec, store: Store, secrets: Mapping[str, str] | None = None
+    name: str,
+    spec: MemorySpec,
+    store: Store,
+    secrets: Mapping[str, str] | None = None,
+    embedder: TextEmbedder | None = None,
 ) -> MemoryBackend:
     """The backend of the Memory ``name`` (the one place ``spec.backend`` is read).
     ``secrets`` are the resolved values of the secrets the spec names (a remote
-    backend's auth); the caller closes the backend (:meth:`MemoryBackend.aclose`)."""
+    backend's auth), ``embedder`` the model of its ``spec.embedding``; the caller
+    closes the backend (:meth:`MemoryBackend.aclose`) and the embedder."""
     if spec.backend == "store":
-        return StoreMemoryBackend(store, spec)
+        return StoreMemoryBackend(store, spec, embedder, name)
     if spec.backend == "http":
         from corral.tools.memory_http import HttpMemoryBackend
 

@@ -22,7 +22,7 @@ import hashlib
 import itertools
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal, TypeVar
 
 import anyio
@@ -175,6 +175,10 @@ class HttpMemoryBackend:
         self._client: httpx.AsyncClient | None = None
 
     # ------------------------------------------------------------------ the seam
+
+    async def write_many(self, entries: Sequence[MemoryEntry]) -> list[tuple[MemoryEntry, bool]]:
+        # the contract writes one entry per request
+        return [await self.write(entry) for entry in entries]
 
     async def write(self, entry: MemoryEntry) -> tuple[MemoryEntry, bool]:
         # refused here as the store refuses it: the service need not be asked

@@ -25,6 +25,8 @@ from corral.core.memory import (
 from corral.resources.memory import MemorySpec
 from corral.tools.memory_backend import MemoryBackend
 
+#: how many chunks are written (and embedded) together
+INGEST_BATCH = 64
 #: the longest key prefix (the chunk's number follows it)
 MAX_PREFIX_CHARS = MAX_KEY_CHARS - 16
 
@@ -68,7 +70,9 @@ async def ingest_text(
     progress: Callable[[int, int], None] | None = None,
 ) -> IngestResult:
     """Cut ``text`` and write each chunk as the entry ``KEY_PREFIX#N`` with metadata
-    ``{..., source, chunk: N, chunks}``; ``progress(done, total)`` after each chunk."""
+    ``{..., source, chunk: N, chunks}``, :data:`INGEST_BATCH` chunks at a time (one
+    transaction, one embeddings request each in the store); ``progress(done, total)``
+    after each batch."""
     if not key_prefix or len(key_prefix) > MAX_PREFIX_CHARS:
         raise MemoryInputError(f"a key prefix has 1 to {MAX_PREFIX_CHARS} characters")
     chunks = chunk_text(text, spec.chunking.size, spec.chunking.overlap)
@@ -77,22 +81,32 @@ async def ingest_text(
     source = source[:MAX_METADATA_VALUE_CHARS]
     keys: list[str] = []
     written = 0
-    for index, chunk in enumerate(chunks):
-        entry = MemoryEntry(
-            place.namespace,
-            place.memory,
-            place.scope_key,
-            f"{key_prefix}#{index}",
-            chunk,
-            {**(metadata or {}), "source": source, "chunk": index, "chunks": len(chunks)},
-            idempotency_key=chunk_key(idempotency_key, index),
-        )
-        stored, fresh = await backend.write(entry)
-        keys.append(stored.key)
-        written += fresh
+    for start in range(0, len(chunks), INGEST_BATCH):
+        batch = [
+            MemoryEntry(
+                place.namespace,
+                place.memory,
+                place.scope_key,
+                f"{key_prefix}#{index}",
+                chunk,
+                {**(metadata or {}), "source": source, "chunk": index, "chunks": len(chunks)},
+                idempotency_key=chunk_key(idempotency_key, index),
+            )
+            for index, chunk in enumerate(chunks[start : start + INGEST_BATCH], start=start)
+        ]
+        for stored, fresh in await backend.write_many(batch):
+            keys.append(stored.key)
+            written += fresh
         if progress is not None:
-            progress(index + 1, len(chunks))
+            progress(start + len(batch), len(chunks))
     return IngestResult(keys, written)
 
 
-__all__ = ["MAX_PREFIX_CHARS", "IngestResult", "chunk_key", "content_key", "ingest_text"]
+__all__ = [
+    "INGEST_BATCH",
+    "MAX_PREFIX_CHARS",
+    "IngestResult",
+    "chunk_key",
+    "content_key",
+    "ingest_text",
+]

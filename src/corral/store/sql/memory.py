@@ -12,39 +12,66 @@ here and only here, one function per dialect:
   is ever read as query syntax. An entry matches any of the words.
 - metadata filters: equality of one key's JSON value, by ``json_type`` and
   ``json_extract`` on SQLite and by ``jsonb`` equality on PostgreSQL.
+- vectors (:mod:`corral.store.sql.vectors`): an entry written with a
+  :class:`~corral.core.memory.MemoryVector` keeps it in ``memory_vectors``, in the same
+  transaction; a search given the query's vector ranks the scope's vectors of the same
+  embedder by cosine distance, and fuses that ranking with the full-text one
+  (:func:`~corral.core.memory.fuse`, reciprocal rank fusion). Filters apply to both.
 """
 
 from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from corral.core.memory import (
+    FULLTEXT,
     MAX_RESULTS,
+    VECTOR,
     MemoryEntry,
     MemoryHit,
+    MemoryInputError,
     MemoryPlace,
     MemoryStats,
+    MemoryVector,
     Scalar,
     check_key,
     check_metadata,
     check_text,
+    fuse,
     query_terms,
 )
 from corral.store.schema import memory_entries
 from corral.store.sql.engine import SqlEngine, fetch_all, fetch_first
 from corral.store.sql.rows import MEMORY_ENTRIES
 from corral.store.sql.statements import _insert
+from corral.store.sql.vectors import (
+    memory_vectors,
+    pack,
+    postgres_distance,
+    postgres_embedding_type,
+    postgres_param,
+    postgres_value,
+    sqlite_distance,
+    sqlite_vector_index,
+    unit,
+)
 
 _t = memory_entries
 _COLUMNS = len(_t.columns)
 _SIMPLE: sa.ColumnElement[Any] = sa.literal_column("'simple'::regconfig")
 _SECONDS_PER_DAY = 86_400.0
+_v = memory_vectors
+#: how many candidates each signal of a hybrid search ranks before they are fused
+FUSION_POOL = 50
+#: the most entries one statement of a batch write carries (bound parameters: SQLite
+#: takes 32,766 per statement, asyncpg 32,767)
+ROWS_PER_STATEMENT = 500
 
 
 def at_place(place: MemoryPlace) -> sa.ColumnElement[bool]:
@@ -130,12 +157,180 @@ class SqlMemory(SqlEngine):
         *,
         max_entries: int | None = None,
         max_age_days: float | None = None,
+        vector: MemoryVector | None = None,
     ) -> tuple[MemoryEntry, bool]:
-        check_key(entry.key)
-        check_text(entry.text)
-        metadata = check_metadata(entry.metadata)
+        [written] = await self.write_memories(
+            [entry],
+            [vector] if vector is not None else None,
+            max_entries=max_entries,
+            max_age_days=max_age_days,
+        )
+        return written
+
+    async def write_memories(
+        self,
+        entries: Sequence[MemoryEntry],
+        vectors: Sequence[MemoryVector] | None = None,
+        *,
+        max_entries: int | None = None,
+        max_age_days: float | None = None,
+    ) -> list[tuple[MemoryEntry, bool]]:
+        if vectors is not None and len(vectors) != len(entries):
+            raise ValueError("write_memories: one vector per entry")
+        prepared: list[tuple[MemoryEntry, dict[str, Any], MemoryVector | None]] = []
+        for n, entry in enumerate(entries):
+            check_key(entry.key)
+            check_text(entry.text)
+            vector = vectors[n] if vectors is not None else None
+            if vector is not None:
+                try:
+                    vector = MemoryVector(vector.embedder, unit(vector.values))
+                except ValueError as exc:
+                    raise MemoryInputError(f"entry {entry.key!r}: {exc}") from None
+            prepared.append((entry, check_metadata(entry.metadata), vector))
         now = time.time()
-        place = entry.place
+        places = list(dict.fromkeys(entry.place for entry in entries))
+
+        async def write(conn: AsyncConnection) -> list[tuple[MemoryEntry, bool]]:
+            done = await self._write_batch(conn, prepared, now)
+            for place in places:
+                await _prune(conn, place, now, max_entries, max_age_days)
+            return done
+
+        name = entries[0].memory if entries else "?"
+        return await self._write(f"write memory {name}", write)
+
+    async def _write_batch(
+        self,
+        conn: AsyncConnection,
+        prepared: list[tuple[MemoryEntry, dict[str, Any], MemoryVector | None]],
+        now: float,
+    ) -> list[tuple[MemoryEntry, bool]]:
+        """Write many entries with a few statements: replays looked up at once, then one
+        upsert (and one vector insert) per :data:`ROWS_PER_STATEMENT` entries. A batch
+        naming one key or idempotency key twice is written entry by entry, in order."""
+        keys = [(entry.place, entry.key) for entry, _, _ in prepared]
+        replays = [e.idempotency_key for e, _, _ in prepared if e.idempotency_key is not None]
+        if len(set(keys)) < len(keys) or len(set(replays)) < len(replays):
+            return [await self._write_one(conn, *item, now) for item in prepared]
+        results: dict[int, tuple[MemoryEntry, bool]] = {}
+        if replays:
+            written = await self._replayed(conn, [entry for entry, _, _ in prepared])
+            for n, (entry, _, _) in enumerate(prepared):
+                if entry.idempotency_key in written:
+                    results[n] = (written[entry.idempotency_key], False)
+        todo = [n for n in range(len(prepared)) if n not in results]
+        for start in range(0, len(todo), ROWS_PER_STATEMENT):
+            part = todo[start : start + ROWS_PER_STATEMENT]
+            upsert = _insert(self._dialect, _t).values(
+                [
+                    MEMORY_ENTRIES.values(
+                        prepared[n][0], metadata=prepared[n][1], created_at=now, updated_at=now
+                    )
+                    for n in part
+                ]
+            )
+            upsert = upsert.on_conflict_do_update(
+                index_elements=["namespace", "memory", "scope_key", "key"],
+                set_={
+                    "text": upsert.excluded.text,
+                    "metadata": upsert.excluded["metadata"],
+                    "idempotency_key": upsert.excluded.idempotency_key,
+                    "updated_at": upsert.excluded.updated_at,
+                },
+            ).returning(*_t.columns)
+            rows = {
+                (row.namespace, row.memory, row.scope_key, row.key): row
+                for row in (await conn.execute(upsert)).all()
+            }
+            ids: list[int] = []
+            vectors: list[dict[str, Any]] = []
+            for n in part:
+                entry, _, vector = prepared[n]
+                row = rows[(entry.namespace, entry.memory, entry.scope_key, entry.key)]
+                results[n] = (MEMORY_ENTRIES.record(row), True)
+                ids.append(row.id)
+                if vector is not None:
+                    vectors.append(
+                        {"entry_id": row.id, "embedder": vector.embedder, "values": vector.values}
+                    )
+            # a rewritten entry's old vector no longer says what its text means
+            await conn.execute(_v.delete().where(_v.c.entry_id.in_(ids)))
+            if vectors:
+                await self._insert_vectors(conn, vectors)
+        return [results[n] for n in range(len(prepared))]
+
+    async def _replayed(
+        self, conn: AsyncConnection, entries: list[MemoryEntry]
+    ) -> dict[str, MemoryEntry]:
+        """The entries already written under the idempotency keys of ``entries``."""
+        found: dict[str, MemoryEntry] = {}
+        memories: dict[tuple[str, str], list[str]] = {}
+        for entry in entries:
+            if entry.idempotency_key is not None:
+                memories.setdefault((entry.namespace, entry.memory), []).append(
+                    entry.idempotency_key
+                )
+        for (namespace, memory), keys in memories.items():
+            for start in range(0, len(keys), ROWS_PER_STATEMENT):
+                query = sa.select(_t).where(
+                    _t.c.namespace == namespace,
+                    _t.c.memory == memory,
+                    _t.c.idempotency_key.in_(keys[start : start + ROWS_PER_STATEMENT]),
+                )
+                for row in (await conn.execute(query)).all():
+                    found[row.idempotency_key] = MEMORY_ENTRIES.record(row)
+        return found
+
+    async def _insert_vectors(self, conn: AsyncConnection, vectors: list[dict[str, Any]]) -> None:
+        """Insert ``{entry_id, embedder, values}`` rows, as one statement run for many."""
+        kind = await self._vector_kind(conn)
+        if kind == "blob":
+            statement = _v.insert()
+            params = [
+                {
+                    "entry_id": v["entry_id"],
+                    "embedder": v["embedder"],
+                    "embedding": pack(v["values"]),
+                }
+                for v in vectors
+            ]
+        else:
+            statement = _v.insert().values(
+                entry_id=sa.bindparam("entry_id"),
+                embedder=sa.bindparam("embedder"),
+                embedding=postgres_param(kind),
+            )
+            params = [
+                {
+                    "entry_id": v["entry_id"],
+                    "embedder": v["embedder"],
+                    "embedding": postgres_value(kind, v["values"]),
+                }
+                for v in vectors
+            ]
+        await conn.execute(statement, params)
+
+    async def _write_one(
+        self,
+        conn: AsyncConnection,
+        entry: MemoryEntry,
+        metadata: dict[str, Any],
+        vector: MemoryVector | None,
+        now: float,
+    ) -> tuple[MemoryEntry, bool]:
+        if entry.idempotency_key is not None:
+            done = (
+                await conn.execute(
+                    sa.select(_t).where(
+                        _t.c.namespace == entry.namespace,
+                        _t.c.memory == entry.memory,
+                        _t.c.idempotency_key == entry.idempotency_key,
+                    )
+                )
+            ).first()
+            if done is not None:  # this call wrote already (a replay): not again
+                return MEMORY_ENTRIES.record(done), False
         upsert = _insert(self._dialect, _t).values(
             **MEMORY_ENTRIES.values(entry, metadata=metadata, created_at=now, updated_at=now)
         )
@@ -148,25 +343,47 @@ class SqlMemory(SqlEngine):
                 "updated_at": upsert.excluded.updated_at,
             },
         ).returning(*_t.columns)
+        row = (await conn.execute(upsert)).one()
+        await conn.execute(_v.delete().where(_v.c.entry_id == row.id))
+        if vector is not None:
+            await self._insert_vectors(
+                conn, [{"entry_id": row.id, "embedder": vector.embedder, "values": vector.values}]
+            )
+        return MEMORY_ENTRIES.record(row), True
 
-        async def write(conn: AsyncConnection) -> tuple[MemoryEntry, bool]:
-            if entry.idempotency_key is not None:
-                done = (
-                    await conn.execute(
-                        sa.select(_t).where(
-                            _t.c.namespace == entry.namespace,
-                            _t.c.memory == entry.memory,
-                            _t.c.idempotency_key == entry.idempotency_key,
-                        )
-                    )
-                ).first()
-                if done is not None:  # this call wrote already (a replay): not again
-                    return MEMORY_ENTRIES.record(done), False
-            row = (await conn.execute(upsert)).one()
-            await _prune(conn, place, now, max_entries, max_age_days)
-            return MEMORY_ENTRIES.record(row), True
+    async def _vector_kind(self, conn: AsyncConnection) -> str:
+        """``vector`` or ``real[]`` on PostgreSQL (the migration's choice), ``blob`` on SQLite."""
+        kind: str | None = getattr(self, "_memory_vector_kind", None)
+        if kind is None:
+            if self._dialect == "sqlite":
+                kind = "blob"
+            else:
+                kind = str((await conn.execute(postgres_embedding_type())).scalar_one())
+            self._memory_vector_kind = kind
+        return kind
 
-        return await self._write(f"write memory {entry.memory}", write)
+    async def memory_by_idempotency_key(
+        self, namespace: str, memory: str, idempotency_key: str
+    ) -> MemoryEntry | None:
+        query = sa.select(_t).where(
+            _t.c.namespace == namespace,
+            _t.c.memory == memory,
+            _t.c.idempotency_key == idempotency_key,
+        )
+        row = await self._read(f"read memory {memory}", fetch_first(query))
+        return MEMORY_ENTRIES.record(row) if row is not None else None
+
+    async def memory_vector_index(self) -> str:
+        if self._dialect == "sqlite":
+            return sqlite_vector_index()
+
+        async def read(conn: AsyncConnection) -> str:
+            return await self._vector_kind(conn)
+
+        kind = await self._read("read the memory vector index", read)
+        if kind == "vector":
+            return "pgvector (exact cosine, <=>)"
+        return "exact cosine in SQL (real[]; pgvector could not be created here)"
 
     async def read_memory(self, place: MemoryPlace, key: str) -> MemoryEntry | None:
         query = sa.select(_t).where(at_place(place), _t.c.key == key)
@@ -206,21 +423,41 @@ class SqlMemory(SqlEngine):
         *,
         top_k: int = 5,
         filters: Mapping[str, Any] | None = None,
+        vector: MemoryVector | None = None,
     ) -> list[MemoryHit]:
-        terms = query_terms(query)
-        if not terms:
-            return []
-        source, matches, rank = _SEARCH[self._dialect](terms)
-        conditions = [matches, at_place(place)]
+        top_k = max(1, min(top_k, MAX_RESULTS))
+        conditions = [at_place(place)]
         equals = _EQUALS[self._dialect]
         for key, value in check_metadata(dict(filters or {}), what="filter").items():
             conditions.append(equals(key, value))
+        terms = query_terms(query)
+        if vector is None:
+            return await self._fulltext(place, terms, conditions, top_k) if terms else []
+        try:
+            values = unit(vector.values)
+        except ValueError as exc:
+            raise MemoryInputError(f"the query's embedding: {exc}") from None
+        pool = max(top_k, FUSION_POOL)
+        rankings = {
+            FULLTEXT: await self._fulltext(place, terms, conditions, pool) if terms else [],
+            VECTOR: await self._nearest(place, vector.embedder, values, conditions, pool),
+        }
+        return fuse(rankings, top_k)
+
+    async def _fulltext(
+        self,
+        place: MemoryPlace,
+        terms: list[str],
+        conditions: list[sa.ColumnElement[bool]],
+        limit: int,
+    ) -> list[MemoryHit]:
+        source, matches, rank = _SEARCH[self._dialect](terms)
         statement = (
             sa.select(_t, rank.label("rank"))
             .select_from(source)
-            .where(*conditions)
+            .where(matches, *conditions)
             .order_by(rank, _t.c.updated_at.desc(), _t.c.id)
-            .limit(max(1, min(top_k, MAX_RESULTS)))
+            .limit(limit)
         )
         rows = await self._read(f"search memory {place.memory}", fetch_all(statement))
         return [
@@ -228,16 +465,59 @@ class SqlMemory(SqlEngine):
             for row in rows
         ]
 
+    async def _nearest(
+        self,
+        place: MemoryPlace,
+        embedder: str,
+        values: list[float],
+        conditions: list[sa.ColumnElement[bool]],
+        limit: int,
+    ) -> list[MemoryHit]:
+        async def read(conn: AsyncConnection) -> list[MemoryHit]:
+            kind = await self._vector_kind(conn)
+            distance = (
+                sqlite_distance(pack(values)) if kind == "blob" else postgres_distance(kind, values)
+            )
+            statement = (
+                sa.select(_t, distance.label("distance"))
+                .select_from(_t.join(_v, _v.c.entry_id == _t.c.id))
+                .where(_v.c.embedder == embedder, *conditions)
+                .order_by(distance, _t.c.id)
+                .limit(limit)
+            )
+            rows = (await conn.execute(statement)).all()
+            return [
+                MemoryHit(
+                    MEMORY_ENTRIES.record(tuple(row)[:_COLUMNS]),
+                    1.0 - float(row.distance),
+                    (VECTOR,),
+                )
+                for row in rows
+            ]
+
+        return await self._read(f"search memory {place.memory}", read)
+
     async def memory_stats(self, namespace: str, memory: str) -> MemoryStats:
+        of_memory = sa.and_(_t.c.namespace == namespace, _t.c.memory == memory)
+        with_vectors = (
+            sa.select(sa.func.count())
+            .select_from(_v.join(_t, _v.c.entry_id == _t.c.id))
+            .where(of_memory)
+            .scalar_subquery()
+        )
         query = sa.select(
             sa.func.count(),
             sa.func.coalesce(sa.func.sum(sa.func.length(_t.c.text)), 0),
             sa.func.count(sa.distinct(_t.c.scope_key)),
-        ).where(_t.c.namespace == namespace, _t.c.memory == memory)
+            with_vectors,
+        ).where(of_memory)
         row = await self._read(f"describe memory {memory}", fetch_first(query))
         assert row is not None  # an aggregate without GROUP BY has one row
-        entries, chars, scopes = tuple[Any, ...](row)
-        return MemoryStats(int(entries), int(chars), int(scopes), INDEX[self._dialect])
+        entries, chars, scopes, vectors = tuple[Any, ...](row)
+        index = INDEX[self._dialect]
+        if vectors:
+            index += f"; vectors: {await self.memory_vector_index()}"
+        return MemoryStats(int(entries), int(chars), int(scopes), index, int(vectors))
 
     async def prune_memory(
         self,

@@ -1,7 +1,7 @@
 """Handoffs: a run names the agent its conversation went on under (``handoff``).
 
 Revision ID: 0011
-Revises: 0009
+Revises: 0010
 Create Date: 2026-11-27
 """
 
@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0011"
-down_revision: str | None = "0009"
+down_revision: str | None = "0010"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
