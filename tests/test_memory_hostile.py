@@ -4,9 +4,13 @@ goes on serving."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import httpx
 import pytest
 
+from cli_harness import invoke
 from corral.core.memory import MemoryEntry, MemoryInputError, MemoryPlace
 from corral.store import Store
 from server_harness import apply
@@ -53,3 +57,45 @@ def test_a_huge_integer_filter_is_400_and_the_server_goes_on(client: httpx.Clien
         written = client.post(f"{base}/entries", json={"text": "x", "metadata": {"n": number}})
         assert written.status_code == 400 and written.json()["code"] == "invalid_memory_input"
     assert client.get(base).json()["entries"] == 1
+
+
+def _cli(home: Path, *args: str, input: bytes | None = None) -> tuple[int, str]:
+    result = invoke(args, {"CORRAL_HOME": str(home), "PATH": "/usr/bin:/bin"}, input=input)
+    return result.returncode, result.stdout + result.stderr
+
+
+def test_the_cli_refuses_stdin_that_is_not_utf8_with_a_message(tmp_path: Path) -> None:
+    manifest = tmp_path / "m.yaml"
+    manifest.write_text(MEMORY)
+    assert _cli(tmp_path / "home", "apply", "-f", str(manifest))[0] == 0
+    for command in ("write", "ingest"):
+        code, said = _cli(
+            tmp_path / "home", "memory", command, "hostile-notes", "-", input=b"\xff\xfe tea"
+        )
+        assert code == 2, said
+        assert "stdin is not UTF-8 text" in said and "Traceback" not in said
+
+
+def test_the_cli_ingests_a_directory_skipping_binary_files_and_symlink_loops(
+    tmp_path: Path,
+) -> None:
+    manifest = tmp_path / "m.yaml"
+    manifest.write_text(MEMORY)
+    home = tmp_path / "home"
+    assert _cli(home, "apply", "-f", str(manifest))[0] == 0
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "a.md").write_text("green tea notes")
+    (docs / "image.png").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00")
+    (docs / "latin1.txt").write_bytes("caf\xe9".encode("latin-1"))
+    os.symlink(docs, docs / "loop")
+    os.symlink(docs / "nowhere", docs / "dangling")
+    os.mkfifo(docs / "fifo")
+    code, said = _cli(home, "memory", "ingest", "hostile-notes", str(docs))
+    assert code == 0, said
+    assert "1 document(s), 1 chunks, 1 written" in said
+    assert "skipped" in said and "image.png" in said and "latin1.txt" in said
+    big = tmp_path / "big.txt"
+    big.write_text("word " * 1_200_000)
+    code, said = _cli(home, "memory", "ingest", "hostile-notes", str(big))
+    assert code == 2 and "at most 5000000 characters" in said
