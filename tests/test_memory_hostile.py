@@ -27,6 +27,12 @@ kind: Memory
 metadata: {name: hostile-notes}
 spec: {}
 """
+DIARY = """
+apiVersion: corral/v1
+kind: Memory
+metadata: {name: hostile-diary}
+spec: {scope: agent}
+"""
 
 
 @pytest.mark.parametrize("number", [2**63, -(2**63) - 1, 10**30])
@@ -99,3 +105,17 @@ def test_the_cli_ingests_a_directory_skipping_binary_files_and_symlink_loops(
     big.write_text("word " * 1_200_000)
     code, said = _cli(home, "memory", "ingest", "hostile-notes", str(big))
     assert code == 2 and "at most 5000000 characters" in said
+
+
+def test_the_same_document_ingested_for_two_agents_is_kept_for_each(client: httpx.Client) -> None:
+    apply(client, DIARY)
+    base = "/v1/memories/hostile-diary"
+    text = "the blue door is open " * 10
+    for agent in ("alice", "bob"):
+        done = client.post(f"{base}/ingest", json={"text": text, "source": "doc", "agent": agent})
+        assert done.status_code == 200, done.text
+        assert done.json()["written"] == done.json()["chunks"] == 1, (agent, done.json())
+        listed = client.get(f"{base}/entries", params={"agent": agent}).json()["items"]
+        assert [e["key"] for e in listed] == ["doc#0"] and listed[0]["scope_key"] == agent
+    again = client.post(f"{base}/ingest", json={"text": text, "source": "doc", "agent": "bob"})
+    assert again.json()["written"] == 0  # a replay in one scope still writes nothing twice
