@@ -4,6 +4,7 @@ goes on serving."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -12,7 +13,13 @@ import pytest
 
 from cli_harness import invoke
 from corral.core.memory import MemoryEntry, MemoryInputError, MemoryPlace
+from corral.core.redaction import Redactor
+from corral.core.settings import Settings
+from corral.resources.memory import MemorySpec
 from corral.store import Store
+from corral.tools.base import ToolContext
+from corral.tools.memory import MemoryBinding, MemoryTool
+from corral.tools.memory_backend import StoreMemoryBackend
 from server_harness import apply
 from test_store import (  # noqa: F401 - fixtures
     cipher_fixture,
@@ -119,3 +126,29 @@ def test_the_same_document_ingested_for_two_agents_is_kept_for_each(client: http
         assert [e["key"] for e in listed] == ["doc#0"] and listed[0]["scope_key"] == agent
     again = client.post(f"{base}/ingest", json={"text": text, "source": "doc", "agent": "bob"})
     assert again.json()["written"] == 0  # a replay in one scope still writes nothing twice
+
+
+async def test_a_secret_in_a_key_or_key_prefix_an_agent_writes_is_never_stored(
+    env: tuple[Store, Settings],
+) -> None:
+    store, _ = env
+    memory = MemorySpec()
+    binding = MemoryBinding("notes", memory, "write", StoreMemoryBackend(store, memory))
+    redactor = Redactor({"api-key": "sk-live-0123456789"})
+
+    def tool(op: str) -> MemoryTool:
+        return MemoryTool(op, [binding], store, lambda: redactor)  # type: ignore[arg-type]
+
+    def context(key: str) -> ToolContext:
+        return ToolContext("run_1", "writer", "default", "call_1", key, Path("."))
+
+    written = await tool("write").call(
+        {"text": "a note", "key": "creds/sk-live-0123456789"}, context("run_1:1:0")
+    )
+    ingested = await tool("ingest").call(
+        {"text": "a long note " * 20, "key_prefix": "doc-sk-live-0123456789"},
+        context("run_1:2:0"),
+    )
+    stored = await store.list_memory(NOTES, limit=100)
+    assert stored and all("sk-live" not in e.key for e in stored), [e.key for e in stored]
+    assert "sk-live" not in json.dumps([written, ingested])
