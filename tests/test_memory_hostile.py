@@ -189,3 +189,45 @@ async def test_concurrent_replays_of_one_call_write_once(store: Store) -> None:
     failures = [d for d in done if isinstance(d, BaseException)]
     assert all(isinstance(f, CorralError) for f in failures), failures
     assert len(await store.list_memory(NOTES)) == 1
+
+
+HOSTILE_QUERIES = [
+    'tea" OR "x',
+    "NEAR(tea coffee, 2)",
+    "text: tea",
+    "key:tea OR metadata:tea",
+    "te* AND -coffee",
+    "((tea",
+    "tea)))",
+    "^tea",
+    "'tea' & !coffee | <-> :*",
+    "tea:* & coffee:A",
+    '"""',
+    "*",
+    "\u202etea\u202c",
+    "te\u0301a",
+    "🍵 tea",
+    "a" * 5000,
+    " ".join(f"w{i}" for i in range(10_000)),
+    "\x00tea",
+    "tea\ud800",
+]
+
+
+@pytest.mark.parametrize("query", HOSTILE_QUERIES, ids=range(len(HOSTILE_QUERIES)))
+async def test_no_query_is_read_as_full_text_syntax(store: Store, query: str) -> None:
+    await store.write_memory(MemoryEntry("default", "notes", "", "k", "green tea at five"))
+    hits = await store.search_memory(NOTES, query, top_k=5)
+    assert all(h.entry.key == "k" for h in hits)
+    if "tea" in query:
+        assert [h.entry.key for h in hits] == ["k"], query
+
+
+async def test_a_query_typed_decomposed_finds_the_composed_text(store: Store) -> None:
+    """An accent typed as a combining mark (NFD, as some keyboards and file systems
+    send it) is the same word as its precomposed form (NFC)."""
+    await store.write_memory(
+        MemoryEntry("default", "notes", "", "k", "cr\u00e8me br\u00fbl\u00e9e")
+    )
+    hits = await store.search_memory(NOTES, "cre\u0300me", top_k=5)
+    assert [h.entry.key for h in hits] == ["k"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import re
+import unicodedata
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -235,7 +236,8 @@ def query_terms(query: str) -> list[str]:
     words; the ranking favours those that match more, and rarer, words.
     """
     terms: list[str] = []
-    for word in _WORD.findall(query):
+    # composed (NFC): an accent typed as a combining mark is part of its word, not a break
+    for word in _WORD.findall(unicodedata.normalize("NFC", query)):
         lowered = word.lower()
         if lowered not in terms:
             terms.append(lowered)
