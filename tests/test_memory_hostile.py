@@ -231,3 +231,16 @@ async def test_a_query_typed_decomposed_finds_the_composed_text(store: Store) ->
     )
     hits = await store.search_memory(NOTES, "cre\u0300me", top_k=5)
     assert [h.entry.key for h in hits] == ["k"]
+
+
+@pytest.mark.parametrize("days", [1e308, 1e-300, 1.7976931348623157e308])
+async def test_extreme_retention_ages_are_applied_without_an_error(
+    store: Store, days: float
+) -> None:
+    entry = MemoryEntry("default", "notes", "", "k", "green tea")
+    await store.write_memory(entry, max_entries=2**62, max_age_days=days)
+    kept = await store.list_memory(NOTES)
+    removed = await store.prune_memory(NOTES, max_entries=1, max_age_days=days)
+    # an age past any clock keeps everything; an age of almost nothing, nothing older
+    assert [e.key for e in kept] == ["k"]
+    assert removed == (1 if days < 1 else 0)
