@@ -243,3 +243,32 @@ def test_callers_racing_to_create_the_secret_key_all_get_the_one_key(tmp_path: P
             racer.join(30)
         assert not errors, errors
         assert len(set(keys)) == 1 and keys[0] == key_file.read_text().strip()
+
+
+def test_a_program_passing_its_own_token_to_a_linked_agent_stores_it_redacted(
+    server: LiveServer,
+) -> None:
+    """A tool program (the model writes what it runs) sends its CORRAL_AGENT_TOKEN as the
+    child's input: the child run's input and events are readable by any viewer, who could
+    start runs with it while the caller runs. It is stored redacted."""
+    with server.client(server.admin) as admin:
+        parent = running(admin, "sleeper")
+        token = signer(server).mint(
+            namespace="default", agent="sleeper", run_id=parent["id"], links=["adder"]
+        )
+        with server.client(token) as client:
+            child = client.post(
+                "/v1/links/adder/exec", json={"input": f"use {token} please", "wait": False}
+            )
+        assert child.status_code == 202, child.text
+        assert token not in child.text
+        child_id = child.json()["id"]
+        wait_for(
+            lambda: admin.get(f"/v1/tasks/{child_id}").json()["state"] == "succeeded",
+            message="the child to finish",
+        )
+        record = admin.get(f"/v1/tasks/{child_id}").text
+        events = admin.get(f"/v1/runs/{child_id}/events", params={"limit": 500}).text
+        assert token not in record + events
+        assert "[REDACTED:agent_token]" in record + events
+        admin.post(f"/v1/tasks/{parent['id']}/cancel")
