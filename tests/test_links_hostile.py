@@ -4,6 +4,7 @@ strings or naming what they may not. Every answer is a stable code, never a 500.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
@@ -271,4 +272,31 @@ def test_a_program_passing_its_own_token_to_a_linked_agent_stores_it_redacted(
         events = admin.get(f"/v1/runs/{child_id}/events", params={"limit": 500}).text
         assert token not in record + events
         assert "[REDACTED:agent_token]" in record + events
+        admin.post(f"/v1/tasks/{parent['id']}/cancel")
+
+
+def test_a_storm_of_retries_with_one_idempotency_key_starts_one_child(server: LiveServer) -> None:
+    async def storm(token: str) -> list[httpx.Response]:
+        async with server.async_client(token) as client:
+            return await asyncio.gather(
+                *(
+                    client.post(
+                        "/v1/links/adder/exec",
+                        json={"input": "1 + 1?", "wait": False},
+                        headers={"Idempotency-Key": "retry-me"},
+                    )
+                    for _ in range(20)
+                )
+            )
+
+    with server.client(server.admin) as admin:
+        parent = running(admin, "sleeper")
+        token = signer(server).mint(
+            namespace="default", agent="sleeper", run_id=parent["id"], links=["adder"]
+        )
+        answers = asyncio.run(storm(token))
+        assert {a.status_code for a in answers} <= {200, 202}, [a.text for a in answers]
+        assert len({a.json()["id"] for a in answers}) == 1
+        children = admin.get(f"/v1/tasks/{parent['id']}/children").json()["items"]
+        assert len(children) == 1
         admin.post(f"/v1/tasks/{parent['id']}/cancel")
