@@ -244,3 +244,22 @@ async def test_extreme_retention_ages_are_applied_without_an_error(
     # an age past any clock keeps everything; an age of almost nothing, nothing older
     assert [e.key for e in kept] == ["k"]
     assert removed == (1 if days < 1 else 0)
+
+
+def test_an_overlap_that_would_repeat_a_text_many_times_is_refused(client: httpx.Client) -> None:
+    """size 100, overlap 99: each chunk would start a word or two after the previous one,
+    and a 1 MiB request would write some 350,000 entries (35 MB). Refused at once."""
+    apply(
+        client,
+        "apiVersion: corral/v1\nkind: Memory\nmetadata: {name: hostile-overlap}\n"
+        "spec: {chunking: {size: 100, overlap: 99}}\n",
+    )
+    base = "/v1/memories/hostile-overlap"
+    refused = client.post(f"{base}/ingest", json={"text": "ab " * 100_000})
+    assert refused.status_code == 400, refused.text[:300]
+    assert refused.json()["code"] == "invalid_memory_input"
+    assert "overlap" in refused.json()["detail"]
+    assert client.get(base).json()["entries"] == 0
+    # a short text (a few chunks) still goes in
+    done = client.post(f"{base}/ingest", json={"text": "green tea " * 15})
+    assert done.status_code == 200 and done.json()["chunks"] >= 2
