@@ -51,6 +51,14 @@ def _pairs(items: list[str], what: str) -> dict[str, Any]:
     return pairs
 
 
+def _stdin_text() -> str:
+    """All of stdin as UTF-8 text (a clear error, not a traceback, when it is not)."""
+    try:
+        return sys.stdin.buffer.read().decode("utf-8")
+    except UnicodeDecodeError:
+        fail("stdin is not UTF-8 text", EXIT_BAD_INPUT)
+
+
 def _show(data: Any, output: str, lines: list[str]) -> None:
     if output == "json":
         typer.echo(json.dumps(data, ensure_ascii=False, indent=2))
@@ -91,7 +99,7 @@ def memory_write(
     namespace: str = NAMESPACE,
 ) -> None:
     """Write one entry."""
-    body = sys.stdin.read() if text == "-" else text
+    body = _stdin_text() if text == "-" else text
     metadata = _pairs(meta, "--meta")
     entry = _on_backend(
         namespace,
@@ -200,7 +208,7 @@ def _documents(source: str) -> list[tuple[str, str]]:
     the files under a directory (sorted; hidden ones and binary or non-UTF-8 files
     skipped, each with a line on stderr)."""
     if source == "-":
-        return [("stdin", sys.stdin.read())]
+        return [("stdin", _stdin_text())]
     path = Path(source)
     if path.is_file():
         files = [path]

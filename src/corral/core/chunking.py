@@ -19,6 +19,10 @@ from corral.core.memory import MemoryInputError
 
 #: the longest text one ingest takes (characters): longer texts are refused, not cut
 MAX_INGEST_CHARS = 5_000_000
+#: how many times over an ingest's chunks may hold its text (overlap repeats it), beyond
+#: an allowance that lets a short text be cut with any overlap
+MAX_REPEAT = 3
+REPEAT_ALLOWANCE_CHARS = 1_000_000
 
 # Boundaries, best first: each pattern's match END is a place a chunk may end.
 _PARAGRAPH = re.compile(r"\n[ \t]*\n\s*")
@@ -117,6 +121,10 @@ def chunk_text(text: str, size: int = 1000, overlap: int = 200) -> list[str]:
             "split the document"
         )
     chunks: list[str] = []
+    # an overlap near the size starts each chunk a word after the last: a megabyte would be
+    # hundreds of thousands of entries. What the chunks repeat of a text is capped.
+    allowed = MAX_REPEAT * len(text) + REPEAT_ALLOWANCE_CHARS
+    total = 0
     start = end = 0
     while start < len(text) and text[start].isspace():
         start += 1
@@ -125,6 +133,12 @@ def chunk_text(text: str, size: int = 1000, overlap: int = 200) -> list[str]:
         chunk = text[start:end].rstrip()
         if chunk:
             chunks.append(chunk)
+            total += len(chunk)
+            if total > allowed:
+                raise MemoryInputError(
+                    f"chunking with size {size} and overlap {overlap} would repeat this text "
+                    f"more than {MAX_REPEAT} times: lower the Memory's spec.chunking.overlap"
+                )
         if end >= len(text):
             break
         start = _next_start(text, start, end, overlap)

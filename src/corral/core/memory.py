@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import re
+import unicodedata
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +23,8 @@ MAX_KEY_CHARS = 255
 #: how many metadata keys an entry may have, and how long a string value may be
 MAX_METADATA_KEYS = 32
 MAX_METADATA_VALUE_CHARS = 1000
+#: the integers metadata may hold: a signed 64-bit one (what SQLite binds and compares)
+MAX_METADATA_INT = 2**63 - 1
 #: how many words of a search query are used (the rest are ignored)
 MAX_QUERY_TERMS = 32
 #: the most results one search or listing returns
@@ -265,6 +268,12 @@ def check_metadata(metadata: dict[str, Any], *, what: str = "metadata") -> dict[
             )
         if isinstance(value, str):
             _storable(value, f"{what} value of {key!r}")
+        if (
+            isinstance(value, int)
+            and not isinstance(value, bool)
+            and not -MAX_METADATA_INT - 1 <= value <= MAX_METADATA_INT
+        ):
+            raise MemoryInputError(f"{what} value of {key!r} is not a 64-bit integer")
         if isinstance(value, float) and not math.isfinite(value):
             raise MemoryInputError(f"{what} value of {key!r} is not a finite number")
     return dict(metadata)
@@ -279,7 +288,8 @@ def query_terms(query: str) -> list[str]:
     words; the ranking favours those that match more, and rarer, words.
     """
     terms: list[str] = []
-    for word in _WORD.findall(query):
+    # composed (NFC): an accent typed as a combining mark is part of its word, not a break
+    for word in _WORD.findall(unicodedata.normalize("NFC", query)):
         lowered = word.lower()
         if lowered not in terms:
             terms.append(lowered)

@@ -10,8 +10,10 @@ key file ``$CORRAL_HOME/secret.key`` created with mode 0600 on first need.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
@@ -105,18 +107,10 @@ class SecretCipher:
         path = self._key_file
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            key = Fernet.generate_key()
-            # O_EXCL: when two processes race, exactly one key file wins and both read it.
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError:
-            pass
+            if not path.exists():
+                _create_whole(path, Fernet.generate_key())
         except OSError as exc:
             raise ConfigurationError(f"cannot create the secret key file {path}: {exc}") from exc
-        else:
-            with os.fdopen(fd, "wb") as handle:
-                handle.write(key)
-                handle.flush()
-                os.fsync(handle.fileno())
         try:
             text = path.read_text(encoding="ascii").strip()
         except (OSError, UnicodeError) as exc:
@@ -124,6 +118,24 @@ class SecretCipher:
         if not text:
             raise ConfigurationError(f"the secret key file {path} is empty")
         return text
+
+
+def _create_whole(path: Path, content: bytes) -> None:
+    """Create ``path`` holding ``content`` unless it exists, atomically: the content is
+    written to a file of its own first and linked into place (a hard link fails when
+    the name exists), so when callers race exactly one file wins, and nobody ever reads
+    it empty or half written."""
+    fd, scratch = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            os.fchmod(handle.fileno(), 0o600)
+            handle.write(content)
+            handle.flush()
+            os.fsync(handle.fileno())
+        with contextlib.suppress(FileExistsError):  # another caller won: its key is the key
+            os.link(scratch, path)
+    finally:
+        os.unlink(scratch)
 
 
 def seal(spec: SecretSpec, previous: SecretSpec | None, cipher: SecretCipher) -> SecretSpec:

@@ -201,10 +201,12 @@ class Memories:
     ) -> tuple[str, IngestResult]:
         """Cut ``text`` by the Memory's chunking and write each chunk as ``KEY_PREFIX#N``
         (the prefix ``source`` when none is given). The ingest's idempotency key is its
-        prefix and text: ingesting the same document again writes nothing twice. Returns
-        the prefix used and what was written."""
+        prefix and text (and the agent or session whose entries they are: the keys are
+        unique in the whole Memory): ingesting the same document again writes nothing
+        twice. Returns the prefix used and what was written."""
         prefix = key_prefix or source
         async with self.open(namespace, name, agent=agent, session=session) as memory:
+            scope = memory.place.scope_key
             done = await ingest_text(
                 memory.backend,
                 memory.place,
@@ -212,7 +214,7 @@ class Memories:
                 text,
                 source=source,
                 key_prefix=prefix,
-                idempotency_key=content_key(prefix, text),
+                idempotency_key=content_key(prefix, text, *([scope] if scope else [])),
                 metadata=metadata,
                 progress=progress,
             )

@@ -42,7 +42,12 @@ from corral.core.errors import ToolError, ToolErrorCode
 from corral.core.ids import new_id
 from corral.core.runs import RunState
 from corral.resources.kinds import NAME_PATTERN, AgentLink, AgentSpec
-from corral.runtime.agent_tokens import AgentClaims, AgentTokenError, looks_like_agent_token
+from corral.runtime.agent_tokens import (
+    REDACTION_NAME,
+    AgentClaims,
+    AgentTokenError,
+    looks_like_agent_token,
+)
 from corral.runtime.builder import AgentBuilder
 from corral.runtime.delegation import StoreDelegation, link_child_key
 from corral.runtime.follow import RunFollower, Until
@@ -207,9 +212,12 @@ async def exec_link(
             f"the calling run {caller.run_id} is {parent.state.value}, not running",
             code="conflict",
         )
+    # the caller's own token never goes into the child's input: a run's input and events
+    # are any viewer's to read, and the token starts runs while its run runs
+    user_input = _without_token(body.input, request)
     # the request's key and what it asks, digested (any header length makes a short key);
     # without a key each request is a call of its own
-    asked = {"agent": agent, "input": body.input, "session": body.session}
+    asked = {"agent": agent, "input": user_input, "session": body.session}
     digest = hashlib.sha256(
         json.dumps([idempotency_key or new_id("x"), asked], ensure_ascii=False).encode()
     ).hexdigest()[:32]
@@ -220,7 +228,7 @@ async def exec_link(
             caller.run_id,
             caller.namespace,
             agent,
-            body.input,
+            user_input,
             body.session,
             key=key,
             max_depth=spec.limits.max_depth,
@@ -245,6 +253,13 @@ async def exec_link(
     response.status_code = 200 if Until.SETTLED.reached(record.state) else 202
     response.headers["Location"] = f"/v1/tasks/{record.id}"
     return Task.from_record(record)
+
+
+def _without_token(text: str, request: Request) -> str:
+    """``text`` with the request's agent token redacted (as its tool's output has it)."""
+    _, _, token = request.headers.get("authorization", "").partition(" ")
+    token = token.strip()
+    return text.replace(token, f"[REDACTED:{REDACTION_NAME}]") if token else text
 
 
 def _problem(exc: ToolError) -> ProblemError:

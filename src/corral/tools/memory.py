@@ -249,6 +249,14 @@ class MemoryTool(Tool):
             metadata = redact.data(metadata)
         return text, metadata
 
+    def _redacted_key(self, key: Any) -> str | None:
+        """A key (or key prefix) the agent chose, with every secret it saw redacted: a key
+        is stored, listed and journaled as much as a text is."""
+        if key is None:
+            return None
+        redact = self.redactor()
+        return redact.text(str(key)) if redact else str(key)
+
     async def _write(
         self,
         binding: MemoryBinding,
@@ -257,12 +265,12 @@ class MemoryTool(Tool):
         ctx: ToolContext,
     ) -> Any:
         text, metadata = self._redacted(arguments)
-        key = arguments.get("key")
+        key = self._redacted_key(arguments.get("key"))
         entry = MemoryEntry(
             place.namespace,
             place.memory,
             place.scope_key,
-            str(key) if key is not None else new_id("mem"),
+            key if key is not None else new_id("mem"),
             text,
             metadata,
             idempotency_key=write_key(ctx, arguments),
@@ -368,7 +376,8 @@ class MemoryTool(Tool):
         key = write_key(ctx, arguments)
         # no prefix given: one derived from the call, the same on a replay
         prefix = (
-            arguments.get("key_prefix") or "ingest-" + hashlib.sha256(key.encode()).hexdigest()[:12]
+            self._redacted_key(arguments.get("key_prefix") or None)
+            or "ingest-" + hashlib.sha256(key.encode()).hexdigest()[:12]
         )
         source = metadata.pop("source", None)
         done = await ingest_text(
