@@ -297,6 +297,8 @@ class CorralRequestHandler(RequestHandler):
         text = input_text(message)
         if len(message.message_id) > MAX_MESSAGE_ID_CHARS:
             raise InvalidParamsError(f"messageId is longer than {MAX_MESSAGE_ID_CHARS} characters")
+        if "\x00" in message.message_id:  # as the API's idempotency key: no store keeps NUL
+            raise InvalidParamsError("messageId holds NUL")
         session = message.context_id or new_id("ctx")
         try:
             record, _ = await operations.submit(
