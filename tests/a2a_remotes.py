@@ -13,7 +13,11 @@ tasker  a Task completed with an artifact "done: TEXT" (headers of the call reco
 
 and, hand-written (the SDK would never answer so), ``/liar`` (a valid card, then a
 JSON-RPC answer that is not A2A), ``/huge`` (a card, then 5 MiB of JSON) and
-``/moved`` (the card redirects to a metadata address).
+``/moved`` (the card redirects to a metadata address); the hostile remotes of
+tests/test_a2a_hostile.py: ``/deep`` (a card nested 100 000 levels deep),
+``/deepanswer`` (a valid card, then a JSON-RPC answer nested as deep), ``/metadata``
+(a card naming a cloud metadata address as its interface) and ``/endless`` (a valid
+card, then an answer that never ends: an SSE comment every 50 ms).
 """
 
 from __future__ import annotations
@@ -47,7 +51,7 @@ from google.protobuf.json_format import MessageToDict
 from google.protobuf.struct_pb2 import Value
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, RedirectResponse, Response
+from starlette.responses import JSONResponse, RedirectResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute, Route
 
 CARD = "/.well-known/agent-card.json"
@@ -157,8 +161,33 @@ def _liars(remote: Remote) -> list[BaseRoute]:
     async def moved(request: Request) -> Response:
         return RedirectResponse("http://169.254.169.254/latest/meta-data", status_code=302)
 
+    deep = "[" * 100_000 + "]" * 100_000
+
+    async def deep_card(request: Request) -> Response:
+        return Response(deep, media_type="application/json")
+
+    async def deep_answer(request: Request) -> Response:
+        return Response(deep, media_type="application/json")
+
+    async def metadata_card(request: Request) -> Response:
+        card = _card(remote, "metadata")
+        card.supported_interfaces[0].url = "http://169.254.169.254/latest/meta-data"
+        return JSONResponse(agent_card_to_dict(card))
+
+    async def endless(request: Request) -> Response:
+        async def comments() -> Any:
+            while True:
+                yield b": still here\n"
+                await asyncio.sleep(0.05)
+
+        return StreamingResponse(comments(), media_type="text/event-stream")
+
     return [
         Route("/moved" + CARD, moved, methods=["GET"]),
+        Route("/deep" + CARD, deep_card, methods=["GET"]),
+        Route("/metadata" + CARD, metadata_card, methods=["GET"]),
+        Route("/deepanswer", deep_answer, methods=["POST"]),
+        Route("/endless", endless, methods=["POST"]),
         Route("/{name:str}" + CARD, card, methods=["GET"]),
         Route("/liar", liar, methods=["POST"]),
         Route("/huge", huge, methods=["POST"]),

@@ -9,13 +9,22 @@ traceback in the log, nothing leaked, and the process serving on.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
+import anyio
 import httpx
 import pytest
 
+from a2a_remotes import Remote, serving
+from corral.core.messages import ToolCall
 from corral.core.tokens import Role
+from corral.resources.kinds import STORED, A2aToolSpec, ToolSpecModel
+from corral.tools import a2a as a2a_tool
+from corral.tools.base import Tool, ToolContext
+from corral.tools.governance import GovernedTool, ToolOutcome, ToolPolicy, Toolset
 from server_harness import LiveServer, apply, resources
 
 NS = "alpha"
@@ -61,3 +70,87 @@ def test_a_message_id_with_nul_is_invalid_params_as_the_apis_idempotency_key(
     assert error["code"] == -32602 and "messageId" in error["message"], error
     tasks = live.client(live.mint(NS, Role.VIEWER)).get("/v1/tasks").json()["items"]
     assert not any("\x00" in (t["idempotency_key"] or "") for t in tasks)
+
+
+# ----------------------------------------------------------------------------- the tool
+
+
+@pytest.fixture(scope="module")
+def remote() -> Iterator[Remote]:
+    with serving() as running:
+        yield running
+
+
+class Forwarding(httpx.AsyncBaseTransport):
+    """The transport under the SSRF guard (its seam): what the guard let through goes to
+    the local remote; every URL it was asked for is kept."""
+
+    def __init__(self, remote: Remote) -> None:
+        self.remote, self.asked = remote, list[str]()
+        self.inner = httpx.AsyncHTTPTransport()
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        self.asked.append(str(request.url))
+        request.url = request.url.copy_with(host="127.0.0.1", port=self.remote.port)
+        return await self.inner.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+async def public(host: str, port: int) -> list[str]:
+    return ["93.184.216.34"]  # every name resolves to a public address
+
+
+def make(
+    url: str, *, allow_private: bool = True, inner: httpx.AsyncBaseTransport | None = None
+) -> Tool:
+    a2a = A2aToolSpec.model_validate({"url": url, "allow_private": allow_private}, context=STORED)
+    spec = ToolSpecModel(type="a2a", a2a=a2a)
+    return a2a_tool.create("remote", spec, {}, resolver=public, inner=inner)
+
+
+async def invoke(tool: Tool, tmp_path: Path, **policy: Any) -> ToolOutcome:
+    toolset = Toolset([GovernedTool(tool, ToolPolicy(**policy))])
+    call = ToolCall("call-1", tool.spec.name, json.dumps({"input": "x"}))
+    ctx = ToolContext("run-1", "tester", "default", "call-1", "run-1:1:0", tmp_path)
+    try:
+        return await toolset.invoke(call, ctx)
+    finally:
+        await tool.aclose()
+
+
+async def test_a_card_naming_a_metadata_address_is_blocked_before_any_request_to_it(
+    remote: Remote, tmp_path: Path
+) -> None:
+    forwarding = Forwarding(remote)
+    tool = make("http://agents.example/metadata", allow_private=False, inner=forwarding)
+
+    outcome = await invoke(tool, tmp_path)
+
+    assert outcome.error is not None
+    assert outcome.error.code == "blocked_destination", outcome.error
+    assert not any("169.254" in url for url in forwarding.asked), forwarding.asked
+
+
+@pytest.mark.parametrize("agent", ["deep", "deepanswer"])
+async def test_a_remote_nesting_its_json_too_deeply_is_a_malformed_answer_without_traceback(
+    remote: Remote, tmp_path: Path, caplog: pytest.LogCaptureFixture, agent: str
+) -> None:
+    with caplog.at_level(logging.WARNING):
+        outcome = await invoke(make(remote.url(agent)), tmp_path)
+
+    assert outcome.error is not None
+    assert (outcome.error.code, outcome.error.retryable) == ("execution_failed", False)
+    assert "malformed answer" in outcome.error.reason, outcome.error.reason
+    assert not [r for r in caplog.records if r.exc_info], "a remote wrote a traceback"
+
+
+async def test_a_remote_answering_an_endless_stream_is_stopped_by_the_timeout(
+    remote: Remote, tmp_path: Path
+) -> None:
+    with anyio.fail_after(20):
+        outcome = await invoke(make(remote.url("endless")), tmp_path, timeout_seconds=1)
+
+    assert outcome.error is not None
+    assert (outcome.error.code, outcome.error.retryable) == ("timeout", True)

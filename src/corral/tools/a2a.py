@@ -291,7 +291,8 @@ class A2aTool(Tool):
         except A2AError as exc:
             self._client = None  # read the card again next time: the remote may have moved
             raise remote_error(exc, self.url) from None
-        except (ParseError, ValueError, KeyError, TypeError) as exc:  # an answer that is not A2A
+        except (ParseError, ValueError, KeyError, TypeError, RecursionError) as exc:
+            # an answer that is not A2A (or JSON nested deeper than the parser goes)
             raise ToolError(
                 ToolErrorCode.EXECUTION_FAILED,
                 f"{self.url}: malformed answer: {type(exc).__name__}: {exc}"[:1000],
