@@ -1,0 +1,110 @@
+"""Hostile ``handoff`` situations on real workers: the target changed or deleted while the
+run waits for a human, a handoff to the agent itself, ping-pong at ``max_handoffs``.
+
+Every test runs twice (:mod:`backends`): on the embedded SQLite store, and on
+PostgreSQL + NATS JetStream.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from backends import Backend, backend_fixture, deployment_fixture
+from corral.core.errors import ResourceError
+from corral.core.events import EventType
+from corral.core.runs import RunState
+from nats_servers import nats_prefix_fixture, nats_server_url_fixture
+from server_harness import TESTS
+from test_delegation import agent, apply, call, get, model, tool_results
+
+__all__ = [
+    "backend_fixture",
+    "deployment_fixture",
+    "nats_prefix_fixture",
+    "nats_server_url_fixture",
+]
+
+RISKY = json.dumps(
+    {
+        "apiVersion": "corral/v1",
+        "kind": "Tool",
+        "metadata": {"name": "risky"},
+        "spec": {
+            "type": "python",
+            "python": {"function": "server_tools:slow_echo", "path": str(TESTS)},
+            "risk": "high",
+        },
+    }
+)
+
+
+def calls(*pairs: tuple[str, dict[str, object]]) -> dict[str, object]:
+    return {"tool_calls": [{"name": n, "arguments": a} for n, a in pairs]}
+
+
+async def test_a_handoff_whose_target_is_deleted_while_the_turn_waits_for_approval(
+    backend: Backend,
+) -> None:
+    # the handoff (medium risk) runs at once; the risky call of the same turn waits for a
+    # human; meanwhile triage is changed not to link billing and billing is deleted
+    store = backend.store
+    triage_model = model(
+        "triage-model",
+        calls(("handoff", {"agent": "billing"}), ("risky", {"text": "hi"})),
+        {"text": "triage goes on"},
+    )
+    await apply(
+        store,
+        RISKY,
+        triage_model,
+        model("billing-model", {"text": "-"}, {"text": "billing answers"}),
+        agent("billing", "billing-model"),
+        agent(
+            "triage",
+            "triage-model",
+            tools=["risky"],
+            links=["billing"],
+            approval={"policy": "by_risk", "min_risk": "high"},
+        ),
+    )
+    run, _ = await backend.submit("triage", "go")
+    await backend.drain()
+    parked = await get(store, run)
+    assert parked.state is RunState.WAITING_APPROVAL
+    (approval,) = await store.list_approvals(run_id=run.id)
+    assert approval.tool == "risky"
+
+    await apply(
+        store,
+        agent(
+            "triage",
+            "triage-model",
+            tools=["risky"],
+            approval={"policy": "by_risk", "min_risk": "high"},
+        ),
+    )
+    await store.delete_resource("default", "Agent", "billing")
+    await backend.decide(approval.id, True, by="tester")
+    await backend.drain()
+
+    done = await get(store, run)
+    events = await store.list_events(run.id)
+    # the switch cannot be made: the run fails with the stable code naming the target,
+    # after the approved call's result was kept; nothing runs under a deleted agent
+    assert done.state is RunState.FAILED
+    assert done.error is not None and done.error["code"] == "not_found"
+    assert "billing" in done.error["message"]
+    assert not [e for e in events if e.type is EventType.HANDOFF]
+    assert [r["tool"] for r in tool_results(events)] == ["handoff", "risky"]
+    assert tool_results(events)[-1]["output"] == "hi"
+
+
+async def test_a_handoff_to_the_agent_itself_cannot_be_linked(backend: Backend) -> None:
+    with pytest.raises(ResourceError, match="cannot link to itself"):
+        await apply(
+            backend.store,
+            model("loop-model", call("handoff", agent="looper")),
+            agent("looper", "loop-model", links=["looper"]),
+        )
