@@ -154,3 +154,31 @@ async def test_a_remote_answering_an_endless_stream_is_stopped_by_the_timeout(
 
     assert outcome.error is not None
     assert (outcome.error.code, outcome.error.retryable) == ("timeout", True)
+
+
+async def test_a_replayed_call_asking_something_else_is_not_answered_with_the_old_answer(
+    live: LiveServer, tmp_path: Path
+) -> None:
+    # a model asked again after a crash keeps the call's idempotency key (run, step,
+    # index) but may ask differently: the Corral agent behind must run the new question
+    block = A2aToolSpec.model_validate(
+        {
+            "url": f"{live.url}/a2a/{NS}/greeter",
+            "allow_private": True,
+            "auth": {"type": "bearer", "secret": "token"},
+        },
+        context=STORED,
+    )
+    spec = ToolSpecModel(type="a2a", a2a=block)
+    tool = a2a_tool.create("greeter", spec, {"token": live.mint(NS, Role.OPERATOR)})
+    ctx = ToolContext("run_replayed", "caller", "default", "call-1", "run_replayed:1:0", tmp_path)
+    try:
+        for text in ("the first question", "another question", "another question"):
+            await tool.call({"input": text}, ctx)
+    finally:
+        await tool.aclose()
+
+    viewer = live.client(live.mint(NS, Role.VIEWER))
+    items = viewer.get("/v1/tasks", params={"agent": "greeter"}).json()["items"]
+    keyed = [t for t in items if "run_replayed:1:0" in (t["idempotency_key"] or "")]
+    assert sorted(t["input"] for t in keyed) == ["another question", "the first question"]
