@@ -8,6 +8,7 @@ traceback in the log, nothing leaked, and the process serving on.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import Iterator
@@ -25,7 +26,7 @@ from corral.resources.kinds import STORED, A2aToolSpec, ToolSpecModel
 from corral.tools import a2a as a2a_tool
 from corral.tools.base import Tool, ToolContext
 from corral.tools.governance import GovernedTool, ToolOutcome, ToolPolicy, Toolset
-from server_harness import LiveServer, apply, resources
+from server_harness import LiveServer, apply, echo_turn, resources, wait_for
 
 NS = "alpha"
 V1 = {"A2A-Version": "1.0"}
@@ -70,6 +71,52 @@ def test_a_message_id_with_nul_is_invalid_params_as_the_apis_idempotency_key(
     assert error["code"] == -32602 and "messageId" in error["message"], error
     tasks = live.client(live.mint(NS, Role.VIEWER)).get("/v1/tasks").json()["items"]
     assert not any("\x00" in (t["idempotency_key"] or "") for t in tasks)
+
+
+async def _requests_in_flight() -> int:
+    """The HTTP requests the server is still handling (uvicorn runs each in a task)."""
+    return sum("run_asgi" in t.get_coro().__qualname__ for t in asyncio.all_tasks())  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("door", ["a2a", "prompt"])
+def test_a_blocking_send_whose_client_went_away_stops_waiting(tmp_path: Path, door: str) -> None:
+    # SendMessage (and POST /prompt) wait for the run to settle: a client that gave up
+    # must not leave a request behind, waiting up to max_prompt_timeout_seconds
+    with LiveServer(tmp_path, workers=1) as live:
+        with live.client(live.mint(NS, Role.ADMIN)) as admin:
+            apply(admin, resources("sleeper", [echo_turn("zzz", seconds=60), "{text: woke}"]))
+        abandon_sends(live, door)
+
+
+def abandon_sends(live: LiveServer, door: str) -> None:
+    token = live.mint(NS, Role.OPERATOR)
+    headers = {"Authorization": f"Bearer {token}", **V1}
+
+    async def abandon(count: int) -> None:
+        async with httpx.AsyncClient(headers=headers, timeout=0.5) as http:
+
+            async def one(index: int) -> None:
+                with pytest.raises(httpx.TimeoutException):
+                    if door == "a2a":
+                        body = rpc("SendMessage", message("go", f"gone-{door}-{index}"))
+                        await http.post(
+                            f"{live.url}/a2a/{NS}/sleeper",
+                            content=body,
+                            headers={"Content-Type": "application/json"},
+                        )
+                    else:
+                        await http.post(
+                            f"{live.url}/v1/agents/sleeper/prompt", json={"input": "go"}
+                        )
+
+            async with anyio.create_task_group() as group:
+                for index in range(count):
+                    group.start_soon(one, index)
+
+    anyio.run(abandon, 20)
+
+    wait_for(lambda: live.call(_requests_in_flight()) == 0, 10, "the abandoned requests to end")
+    assert httpx.get(f"{live.url}/healthz").status_code == 200
 
 
 # ----------------------------------------------------------------------------- the tool

@@ -72,6 +72,7 @@ from a2a.utils.errors import (
 from a2a.utils.task import apply_history_length, validate_history_length
 from google.protobuf.json_format import ParseDict
 from google.protobuf.struct_pb2 import Struct, Value
+from starlette.requests import Request
 
 from corral.api.common import surrogate_path
 from corral.core.errors import ConflictError, NotFoundError, UserError
@@ -89,6 +90,8 @@ T = TypeVar("T")
 
 #: the key of :class:`Caller` in the SDK's ``ServerCallContext.state``
 CALLER = "corral_caller"
+#: the key of the HTTP request there (a blocking send stops waiting when its client left)
+REQUEST = "corral_request"
 #: the longest messageId taken (it becomes the run's idempotency key)
 MAX_MESSAGE_ID_CHARS = 200
 #: how long tasks/cancel waits for a running run to stop before it answers
@@ -341,10 +344,11 @@ class CorralRequestHandler(RequestHandler):
         validate_history_length(params.configuration)
         record = await self._submit(params, caller)
         if not params.configuration.return_immediately:
-            follower = self._follower(record.id, Until.SETTLED)
-            with anyio.move_on_after(self.server.max_prompt_timeout_seconds):
-                await follower.settle()
-        task = to_task(await self._current(record))
+            request = context.state.get(REQUEST)
+            assert isinstance(request, Request)  # the routes' context builder sets it
+            seconds = self.server.max_prompt_timeout_seconds
+            record = await self.server.settle(record.id, seconds, request) or record
+        task = to_task(record)
         return apply_history_length(task, params.configuration)
 
     @_streamed
