@@ -73,6 +73,28 @@ def test_a_message_id_with_nul_is_invalid_params_as_the_apis_idempotency_key(
     assert not any("\x00" in (t["idempotency_key"] or "") for t in tasks)
 
 
+@pytest.mark.parametrize(
+    "body",
+    [
+        rpc("GetTask", {"id": "x" * 500_000}),
+        rpc("CancelTask", {"id": "x" * 500_000}),
+        rpc("SubscribeToTask", {"id": "x" * 500_000}),
+        rpc("SendMessage", message("hi", "m-huge-context", contextId="x" * 500_000)),
+    ],
+    ids=["get", "cancel", "subscribe", "context"],
+)
+def test_a_huge_id_is_not_echoed_back_into_the_answer_and_the_log(
+    live: LiveServer, body: bytes, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING):
+        response = post(live, body)
+
+    assert response.status_code == 200
+    assert len(response.content) < 2000, response.content[:200]
+    assert response.json()["error"]["code"] in (-32001, -32602)
+    assert all(len(r.getMessage()) < 2000 for r in caplog.records)
+
+
 async def _requests_in_flight() -> int:
     """The HTTP requests the server is still handling (uvicorn runs each in a task)."""
     return sum("run_asgi" in t.get_coro().__qualname__ for t in asyncio.all_tasks())  # type: ignore[union-attr]

@@ -117,6 +117,13 @@ class Caller:
     agent: str
 
 
+def shown(value: str, limit: int = 80) -> str:
+    """A caller's id as an error message quotes it: its repr, cut to ``limit`` characters
+    (the answer, and the SDK's log line of it, never grow with what the caller sent)."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[: limit - 4]}...'"
+
+
 def task_state(state: RunState) -> TaskState:
     """The A2A state of a run state (see the module docstring)."""
     return _STATES[state]
@@ -285,9 +292,9 @@ class CorralRequestHandler(RequestHandler):
                 self.server.store, task_id, namespace=caller.namespace
             )
         except NotFoundError:
-            raise TaskNotFoundError(f"task {task_id!r} not found") from None
+            raise TaskNotFoundError(f"task {shown(task_id)} not found") from None
         if record.agent != caller.agent:
-            raise TaskNotFoundError(f"task {task_id!r} not found")
+            raise TaskNotFoundError(f"task {shown(task_id)} not found")
         return record
 
     async def _submit(self, params: SendMessageRequest, caller: Caller) -> RunRecord:
@@ -316,7 +323,7 @@ class CorralRequestHandler(RequestHandler):
         except NotFoundError:  # the agent was deleted since the route looked
             raise InvalidParamsError(f"agent {caller.agent!r} not found") from None
         except (ConflictError, UserError) as exc:  # a context of another agent, a bad id
-            raise InvalidParamsError(f"contextId {session!r}: {exc.message}") from None
+            raise InvalidParamsError(f"contextId {shown(session)}: {exc.message}") from None
         return record
 
     def _follower(self, run_id: str, until: Until, after: int = 0) -> RunFollower:
