@@ -8,6 +8,7 @@ PostgreSQL + NATS JetStream.
 from __future__ import annotations
 
 import json
+import signal
 
 import pytest
 
@@ -15,15 +16,24 @@ from backends import Backend, backend_fixture, deployment_fixture
 from corral.core.errors import ResourceError
 from corral.core.events import EventType
 from corral.core.runs import RunState
+from corral.resources.loader import load_text
+from corral.runtime.operations import submit as submit_run
+from corral.testing.fake_openai import FakeReply
+from fixtures_models import fake_openai_fixture, openai_server_fixture
 from nats_servers import nats_prefix_fixture, nats_server_url_fixture
 from server_harness import TESTS
 from test_delegation import agent, apply, call, get, model, tool_results
+from test_durability import SLOW, Cluster, check_journal, cluster
+from test_durability import call as durable_call
 
 __all__ = [
     "backend_fixture",
+    "cluster",
     "deployment_fixture",
+    "fake_openai_fixture",
     "nats_prefix_fixture",
     "nats_server_url_fixture",
+    "openai_server_fixture",
 ]
 
 RISKY = json.dumps(
@@ -108,3 +118,43 @@ async def test_a_handoff_to_the_agent_itself_cannot_be_linked(backend: Backend) 
             model("loop-model", call("handoff", agent="looper")),
             agent("looper", "loop-model", links=["looper"]),
         )
+
+
+TRIAGE = """
+apiVersion: corral/v1
+kind: ModelEndpoint
+metadata: {name: triage-model}
+spec:
+  provider: scripted
+  script:
+    - tool_calls: [{name: handoff, arguments: {agent: clerk, reason: "work to do"}}]
+---
+apiVersion: corral/v1
+kind: Agent
+metadata: {name: triage}
+spec:
+  model: triage-model
+  links: [{agent: clerk, description: "does the work"}]
+"""
+
+
+async def test_sigkill_after_a_handoff_resumes_under_the_target_once(cluster: Cluster) -> None:
+    # a real ``corral worker`` dies (SIGKILL) in the target's slow tool call, after the
+    # switch: the next worker goes on under the target, hands off no second time, and the
+    # tool's effect happens once
+    await cluster.store.apply(load_text(TRIAGE, "triage.yaml"))
+    cluster.model.add_reply(durable_call("perform", "first", SLOW), FakeReply(text="work done"))
+    run, _ = await submit_run(cluster.store, "triage", "get the work done", bus=cluster.bus)
+    a = cluster.start_worker("a", lease=2.0)
+    await cluster.wait_for_effect("first")
+    a.signal(signal.SIGKILL)
+    assert await a.exited() == -signal.SIGKILL
+
+    cluster.start_worker("b")
+    record = await cluster.wait_for_state(run.id, RunState.SUCCEEDED)
+
+    assert (record.output, record.agent, record.active_agent) == ("work done", "triage", "clerk")
+    assert sorted(cluster.effects().values()) == ["first"]
+    events = await cluster.events(run.id)
+    check_journal(events)
+    assert [e.type for e in events].count(EventType.HANDOFF) == 1
