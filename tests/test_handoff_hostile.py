@@ -36,6 +36,7 @@ __all__ = [
     "openai_server_fixture",
 ]
 
+BY_RISK = {"policy": "by_risk", "min_risk": "high"}
 RISKY = json.dumps(
     {
         "apiVersion": "corral/v1",
@@ -101,13 +102,49 @@ async def test_a_handoff_whose_target_is_deleted_while_the_turn_waits_for_approv
 
     done = await get(store, run)
     events = await store.list_events(run.id)
-    # the switch cannot be made: the run fails with the stable code naming the target,
-    # after the approved call's result was kept; nothing runs under a deleted agent
+    # the switch cannot be made (deleting billing took unlinking it first): the run
+    # fails with the stable code naming the target, after the approved call's result was
+    # kept; nothing runs under a deleted agent
     assert done.state is RunState.FAILED
-    assert done.error is not None and done.error["code"] == "not_found"
+    assert done.error is not None and done.error["code"] == "permission_denied"
     assert "billing" in done.error["message"]
     assert not [e for e in events if e.type is EventType.HANDOFF]
     assert [r["tool"] for r in tool_results(events)] == ["handoff", "risky"]
+    assert tool_results(events)[-1]["output"] == "hi"
+
+
+async def test_a_handoff_whose_link_is_revoked_while_the_turn_waits_is_not_made(
+    backend: Backend,
+) -> None:
+    # as above, but billing stays: an admin only removed triage's link to it, which
+    # must stop the switch the handoff call asked for before the change
+    store = backend.store
+    await apply(
+        store,
+        RISKY,
+        model(
+            "triage-model",
+            calls(("handoff", {"agent": "billing"}), ("risky", {"text": "hi"})),
+            {"text": "triage goes on"},
+        ),
+        model("billing-model", {"text": "-"}, {"text": "billing answers"}),
+        agent("billing", "billing-model"),
+        agent("triage", "triage-model", tools=["risky"], links=["billing"], approval=BY_RISK),
+    )
+    run, _ = await backend.submit("triage", "go")
+    await backend.drain()
+    (approval,) = await store.list_approvals(run_id=run.id)
+    await apply(store, agent("triage", "triage-model", tools=["risky"], approval=BY_RISK))
+    await backend.decide(approval.id, True, by="tester")
+    await backend.drain()
+
+    done = await get(store, run)
+    assert done.state is RunState.FAILED
+    assert done.error is not None and done.error["code"] == "permission_denied", done.error
+    assert "billing" in done.error["message"]
+    assert done.active_agent in (None, "triage")
+    events = await store.list_events(run.id)
+    assert not [e for e in events if e.type is EventType.HANDOFF]
     assert tool_results(events)[-1]["output"] == "hi"
 
 
