@@ -14,7 +14,8 @@ tasker  a Task completed with an artifact "done: TEXT" (headers of the call reco
 and, hand-written (the SDK would never answer so), ``/liar`` (a valid card, then a
 JSON-RPC answer that is not A2A), ``/huge`` (a card, then 5 MiB of JSON) and
 ``/moved`` (the card redirects to a metadata address); the hostile remotes of
-tests/test_a2a_hostile.py: ``/deep`` (a card nested 100 000 levels deep),
+tests/test_a2a_hostile.py: ``/deep`` (a card nested 100 000 levels deep), ``/hugecard``
+(a card of 5 MiB),
 ``/deepanswer`` (a valid card, then a JSON-RPC answer nested as deep), ``/metadata``
 (a card naming a cloud metadata address as its interface) and ``/endless`` (a valid
 card, then an answer that never ends: an SSE comment every 50 ms).
@@ -163,6 +164,10 @@ def _liars(remote: Remote) -> list[BaseRoute]:
 
     deep = "[" * 100_000 + "]" * 100_000
 
+    async def huge_card(request: Request) -> Response:
+        card = agent_card_to_dict(_card(remote, "hugecard"))
+        return JSONResponse({**card, "description": "z" * (5 * 1024 * 1024)})
+
     async def deep_card(request: Request) -> Response:
         return Response(deep, media_type="application/json")
 
@@ -185,6 +190,7 @@ def _liars(remote: Remote) -> list[BaseRoute]:
     return [
         Route("/moved" + CARD, moved, methods=["GET"]),
         Route("/deep" + CARD, deep_card, methods=["GET"]),
+        Route("/hugecard" + CARD, huge_card, methods=["GET"]),
         Route("/metadata" + CARD, metadata_card, methods=["GET"]),
         Route("/deepanswer", deep_answer, methods=["POST"]),
         Route("/endless", endless, methods=["POST"]),

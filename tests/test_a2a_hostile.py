@@ -215,6 +215,15 @@ async def test_a_remote_nesting_its_json_too_deeply_is_a_malformed_answer_withou
     assert not [r for r in caplog.records if r.exc_info], "a remote wrote a traceback"
 
 
+async def test_a_card_larger_than_the_limit_is_output_too_large(
+    remote: Remote, tmp_path: Path
+) -> None:
+    outcome = await invoke(make(remote.url("hugecard")), tmp_path)
+
+    assert outcome.error is not None
+    assert (outcome.error.code, outcome.error.retryable) == ("output_too_large", False)
+
+
 async def test_a_remote_answering_an_endless_stream_is_stopped_by_the_timeout(
     remote: Remote, tmp_path: Path
 ) -> None:
