@@ -141,6 +141,47 @@ def abandon_sends(live: LiveServer, door: str) -> None:
     assert httpx.get(f"{live.url}/healthz").status_code == 200
 
 
+def test_streams_opened_and_abandoned_in_bulk_leave_nothing_behind(tmp_path: Path) -> None:
+    with LiveServer(tmp_path, workers=1, poll_seconds=0.2) as live:
+        with live.client(live.mint(NS, Role.ADMIN)) as admin:
+            apply(admin, resources("sleeper", [echo_turn("zzz", seconds=60), "{text: woke}"]))
+        token = live.mint(NS, Role.OPERATOR)
+        headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json", **V1}
+        url = f"{live.url}/a2a/{NS}/sleeper"
+        started = httpx.post(
+            url,
+            content=rpc(
+                "SendMessage", message("go", "s0") | {"configuration": {"returnImmediately": True}}
+            ),
+            headers=headers,
+        )
+        task_id = started.json()["result"]["task"]["id"]
+
+        async def abandon(count: int) -> None:
+            async with httpx.AsyncClient(headers=headers, timeout=30) as http:
+
+                async def one(index: int) -> None:
+                    body = (
+                        rpc("SubscribeToTask", {"id": task_id})
+                        if index % 2
+                        else rpc("SendStreamingMessage", message("go", f"stream-{index}"))
+                    )
+                    async with http.stream("POST", url, content=body) as response:
+                        async for line in response.aiter_lines():
+                            if line.startswith("data:"):
+                                return  # the first event read: the client goes away
+
+                async with anyio.create_task_group() as group:
+                    for index in range(count):
+                        group.start_soon(one, index)
+
+        anyio.run(abandon, 60)
+
+        wait_for(lambda: live.call(_requests_in_flight()) == 0, 10, "the streams to end")
+        task = httpx.post(url, content=rpc("GetTask", {"id": task_id}), headers=headers).json()
+        assert task["result"]["status"]["state"] == "TASK_STATE_WORKING"
+
+
 # ----------------------------------------------------------------------------- the tool
 
 
