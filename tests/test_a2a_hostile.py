@@ -40,6 +40,9 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     with LiveServer(tmp_path_factory.mktemp("home"), workers=2) as server:
         with server.client(server.mint(NS, Role.ADMIN)) as admin:
             apply(admin, resources("greeter", ["{text: hello there}"] * 20))
+            deep = '{"a": ' * 150 + "{}" + "}" * 150
+            schema = "  output_schema: {type: object}"
+            apply(admin, resources("deep", [f"{{text: '{deep}'}}"] * 3, extra=schema))
         yield server
 
 
@@ -93,6 +96,27 @@ def test_a_huge_id_is_not_echoed_back_into_the_answer_and_the_log(
     assert len(response.content) < 2000, response.content[:200]
     assert response.json()["error"]["code"] in (-32001, -32602)
     assert all(len(r.getMessage()) < 2000 for r in caplog.records)
+
+
+def test_an_output_nested_deeper_than_a_data_part_is_answered_as_json_text(
+    live: LiveServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    # protobuf's Struct takes 100 levels; a run's JSON output may nest deeper
+    with caplog.at_level(logging.WARNING):
+        answer = post(live, rpc("SendMessage", message("go", "deep-1")), agent="deep").json()
+
+    assert "result" in answer, answer
+    task = answer["result"]["task"]
+    assert task["status"]["state"] == "TASK_STATE_COMPLETED"
+    [part] = task["artifacts"][0]["parts"]
+    assert part["mediaType"] == "application/json"
+    depth, value = 0, json.loads(part["text"])
+    while value:
+        depth, value = depth + 1, value["a"]
+    assert depth == 150
+    again = post(live, rpc("GetTask", {"id": task["id"]}), agent="deep").json()
+    assert again["result"]["artifacts"] == task["artifacts"]
+    assert not [r for r in caplog.records if r.exc_info]
 
 
 async def _requests_in_flight() -> int:

@@ -70,7 +70,7 @@ from a2a.utils.errors import (
     UnsupportedOperationError,
 )
 from a2a.utils.task import apply_history_length, validate_history_length
-from google.protobuf.json_format import ParseDict
+from google.protobuf.json_format import ParseDict, ParseError
 from google.protobuf.struct_pb2 import Struct, Value
 from starlette.requests import Request
 
@@ -149,11 +149,16 @@ def _agent_message(record: RunRecord, text: str, **metadata: Any) -> Message:
 
 
 def output_part(output: Any) -> Part:
-    """A run's output as one part: text as a text part, JSON data as a data part."""
+    """A run's output as one part: text as a text part, JSON data as a data part (as
+    its JSON text when it nests deeper than a protobuf ``Value`` takes, 100 levels)."""
     if isinstance(output, str):
         return Part(text=output)
     value = Value()
-    ParseDict(json.loads(json.dumps(output, default=str)), value)
+    data = json.loads(json.dumps(output, default=str))
+    try:
+        ParseDict(data, value)
+    except ParseError:
+        return Part(text=json.dumps(data, ensure_ascii=False), media_type="application/json")
     return Part(data=value, media_type="application/json")
 
 
