@@ -40,9 +40,11 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     with LiveServer(tmp_path_factory.mktemp("home"), workers=2) as server:
         with server.client(server.mint(NS, Role.ADMIN)) as admin:
             apply(admin, resources("greeter", ["{text: hello there}"] * 20))
-            deep = '{"a": ' * 150 + "{}" + "}" * 150
             schema = "  output_schema: {type: object}"
-            apply(admin, resources("deep", [f"{{text: '{deep}'}}"] * 3, extra=schema))
+            for depth in (24, 40, 150):
+                deep = '{"a": ' * depth + "{}" + "}" * depth
+                turns = [f"{{text: '{deep}'}}"] * 3
+                apply(admin, resources(f"deep{depth}", turns, extra=schema))
         yield server
 
 
@@ -98,24 +100,27 @@ def test_a_huge_id_is_not_echoed_back_into_the_answer_and_the_log(
     assert all(len(r.getMessage()) < 2000 for r in caplog.records)
 
 
+@pytest.mark.parametrize("depth", [24, 40, 150])
 def test_an_output_nested_deeper_than_a_data_part_is_answered_as_json_text(
-    live: LiveServer, caplog: pytest.LogCaptureFixture
+    live: LiveServer, caplog: pytest.LogCaptureFixture, depth: int
 ) -> None:
-    # protobuf's Struct takes 100 levels; a run's JSON output may nest deeper
+    # protobuf decodes 100 message levels, a JSON level takes about three: a run's JSON
+    # output may nest deeper than a data part can
+    agent = f"deep{depth}"
     with caplog.at_level(logging.WARNING):
-        answer = post(live, rpc("SendMessage", message("go", "deep-1")), agent="deep").json()
+        answer = post(live, rpc("SendMessage", message("go", f"deep-{depth}")), agent=agent)
+        again = post(live, rpc("GetTask", {"id": answer.json()["result"]["task"]["id"]}), agent)
 
-    assert "result" in answer, answer
-    task = answer["result"]["task"]
+    task = answer.json()["result"]["task"]
     assert task["status"]["state"] == "TASK_STATE_COMPLETED"
     [part] = task["artifacts"][0]["parts"]
     assert part["mediaType"] == "application/json"
-    depth, value = 0, json.loads(part["text"])
+    value = part["data"] if depth <= 24 else json.loads(part["text"])
+    levels = 0
     while value:
-        depth, value = depth + 1, value["a"]
-    assert depth == 150
-    again = post(live, rpc("GetTask", {"id": task["id"]}), agent="deep").json()
-    assert again["result"]["artifacts"] == task["artifacts"]
+        levels, value = levels + 1, value["a"]
+    assert levels == depth
+    assert again.json()["result"]["artifacts"] == task["artifacts"]
     assert not [r for r in caplog.records if r.exc_info]
 
 

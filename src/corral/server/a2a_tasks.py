@@ -71,6 +71,7 @@ from a2a.utils.errors import (
 )
 from a2a.utils.task import apply_history_length, validate_history_length
 from google.protobuf.json_format import ParseDict, ParseError
+from google.protobuf.message import DecodeError
 from google.protobuf.struct_pb2 import Struct, Value
 from starlette.requests import Request
 
@@ -94,6 +95,9 @@ CALLER = "corral_caller"
 REQUEST = "corral_request"
 #: the longest messageId taken (it becomes the run's idempotency key)
 MAX_MESSAGE_ID_CHARS = 200
+#: the deepest JSON output answered as a data part: protobuf decodes 100 message levels, a
+#: JSON level takes about three (Value, Struct or ListValue) and the answer's envelope more
+MAX_DATA_DEPTH = 24
 #: how long tasks/cancel waits for a running run to stop before it answers
 CANCEL_WAIT_SECONDS = 10.0
 
@@ -149,17 +153,32 @@ def _agent_message(record: RunRecord, text: str, **metadata: Any) -> Message:
 
 
 def output_part(output: Any) -> Part:
-    """A run's output as one part: text as a text part, JSON data as a data part (as
-    its JSON text when it nests deeper than a protobuf ``Value`` takes, 100 levels)."""
+    """A run's output as one part: text as a text part, JSON data as a data part - as its
+    JSON text when it nests deeper than :data:`MAX_DATA_DEPTH`."""
     if isinstance(output, str):
         return Part(text=output)
-    value = Value()
     data = json.loads(json.dumps(output, default=str))
-    try:
-        ParseDict(data, value)
-    except ParseError:
-        return Part(text=json.dumps(data, ensure_ascii=False), media_type="application/json")
-    return Part(data=value, media_type="application/json")
+    if json_depth(data) <= MAX_DATA_DEPTH:
+        value = Value()
+        try:
+            ParseDict(data, value)
+            return Part(data=value, media_type="application/json")
+        except (ParseError, DecodeError):  # (the bound above should keep this from happening)
+            pass
+    return Part(text=json.dumps(data, ensure_ascii=False), media_type="application/json")
+
+
+def json_depth(data: Any) -> int:
+    """How deep JSON data nests (a scalar: 0), without recursion."""
+    deepest, stack = 0, [(data, 0)]
+    while stack:
+        value, depth = stack.pop()
+        deepest = max(deepest, depth)
+        if isinstance(value, dict):
+            stack.extend((item, depth + 1) for item in value.values())
+        elif isinstance(value, list):
+            stack.extend((item, depth + 1) for item in value)
+    return deepest
 
 
 def output_artifact(record: RunRecord) -> Artifact:
