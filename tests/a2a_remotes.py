@@ -16,7 +16,8 @@ JSON-RPC answer that is not A2A), ``/huge`` (a card, then 5 MiB of JSON) and
 ``/moved`` (the card redirects to a metadata address); the hostile remotes of
 tests/test_a2a_hostile.py: ``/deep`` (a card nested 100 000 levels deep), ``/hugecard``
 (a card of 5 MiB),
-``/deepanswer`` (a valid card, then a JSON-RPC answer nested as deep), ``/metadata``
+``/deepanswer`` (a valid card, then a JSON-RPC answer nested as deep), ``/deepdataN``
+(a valid card, then a message whose data part nests N levels), ``/metadata``
 (a card naming a cloud metadata address as its interface) and ``/endless`` (a valid
 card, then an answer that never ends: an SSE comment every 50 ms).
 """
@@ -164,6 +165,14 @@ def _liars(remote: Remote) -> list[BaseRoute]:
 
     deep = "[" * 100_000 + "]" * 100_000
 
+    async def deep_data(request: Request) -> Response:
+        body = await request.json()
+        depth = int(request.path_params["depth"])
+        data = json.loads('{"a": ' * depth + "{}" + "}" * depth)
+        part = {"data": data, "mediaType": "application/json"}
+        answer = {"messageId": "r", "role": "ROLE_AGENT", "parts": [part]}
+        return JSONResponse({"jsonrpc": "2.0", "id": body["id"], "result": {"message": answer}})
+
     async def huge_card(request: Request) -> Response:
         card = agent_card_to_dict(_card(remote, "hugecard"))
         return JSONResponse({**card, "description": "z" * (5 * 1024 * 1024)})
@@ -193,6 +202,7 @@ def _liars(remote: Remote) -> list[BaseRoute]:
         Route("/hugecard" + CARD, huge_card, methods=["GET"]),
         Route("/metadata" + CARD, metadata_card, methods=["GET"]),
         Route("/deepanswer", deep_answer, methods=["POST"]),
+        Route("/deepdata{depth:int}", deep_data, methods=["POST"]),
         Route("/endless", endless, methods=["POST"]),
         Route("/{name:str}" + CARD, card, methods=["GET"]),
         Route("/liar", liar, methods=["POST"]),

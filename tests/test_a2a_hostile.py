@@ -285,6 +285,24 @@ async def test_a_remote_nesting_its_json_too_deeply_is_a_malformed_answer_withou
     assert not [r for r in caplog.records if r.exc_info], "a remote wrote a traceback"
 
 
+@pytest.mark.parametrize("depth", [10, 40, 150])
+async def test_a_data_part_nested_deeply_is_its_data_or_a_malformed_answer_without_traceback(
+    remote: Remote, tmp_path: Path, caplog: pytest.LogCaptureFixture, depth: int
+) -> None:
+    with caplog.at_level(logging.WARNING):
+        outcome = await invoke(make(remote.url(f"deepdata{depth}")), tmp_path)
+
+    if outcome.error is None:
+        levels, value = 0, json.loads(outcome.output)
+        while value:
+            levels, value = levels + 1, value["a"]
+        assert levels == depth
+    else:
+        assert (outcome.error.code, outcome.error.retryable) == ("execution_failed", False)
+        assert "malformed answer" in outcome.error.reason, outcome.error.reason
+    assert not [r for r in caplog.records if r.exc_info], "a remote wrote a traceback"
+
+
 async def test_a_card_larger_than_the_limit_is_output_too_large(
     remote: Remote, tmp_path: Path
 ) -> None:
