@@ -13,7 +13,13 @@ tasker  a Task completed with an artifact "done: TEXT" (headers of the call reco
 
 and, hand-written (the SDK would never answer so), ``/liar`` (a valid card, then a
 JSON-RPC answer that is not A2A), ``/huge`` (a card, then 5 MiB of JSON) and
-``/moved`` (the card redirects to a metadata address).
+``/moved`` (the card redirects to a metadata address); the hostile remotes of
+tests/test_a2a_hostile.py: ``/deep`` (a card nested 100 000 levels deep), ``/hugecard``
+(a card of 5 MiB),
+``/deepanswer`` (a valid card, then a JSON-RPC answer nested as deep), ``/deepdataN``
+(a valid card, then a message whose data part nests N levels), ``/metadata``
+(a card naming a cloud metadata address as its interface) and ``/endless`` (a valid
+card, then an answer that never ends: an SSE comment every 50 ms).
 """
 
 from __future__ import annotations
@@ -47,7 +53,7 @@ from google.protobuf.json_format import MessageToDict
 from google.protobuf.struct_pb2 import Value
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, RedirectResponse, Response
+from starlette.responses import JSONResponse, RedirectResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute, Route
 
 CARD = "/.well-known/agent-card.json"
@@ -157,8 +163,47 @@ def _liars(remote: Remote) -> list[BaseRoute]:
     async def moved(request: Request) -> Response:
         return RedirectResponse("http://169.254.169.254/latest/meta-data", status_code=302)
 
+    deep = "[" * 100_000 + "]" * 100_000
+
+    async def deep_data(request: Request) -> Response:
+        body = await request.json()
+        depth = int(request.path_params["depth"])
+        data = json.loads('{"a": ' * depth + "{}" + "}" * depth)
+        part = {"data": data, "mediaType": "application/json"}
+        answer = {"messageId": "r", "role": "ROLE_AGENT", "parts": [part]}
+        return JSONResponse({"jsonrpc": "2.0", "id": body["id"], "result": {"message": answer}})
+
+    async def huge_card(request: Request) -> Response:
+        card = agent_card_to_dict(_card(remote, "hugecard"))
+        return JSONResponse({**card, "description": "z" * (5 * 1024 * 1024)})
+
+    async def deep_card(request: Request) -> Response:
+        return Response(deep, media_type="application/json")
+
+    async def deep_answer(request: Request) -> Response:
+        return Response(deep, media_type="application/json")
+
+    async def metadata_card(request: Request) -> Response:
+        card = _card(remote, "metadata")
+        card.supported_interfaces[0].url = "http://169.254.169.254/latest/meta-data"
+        return JSONResponse(agent_card_to_dict(card))
+
+    async def endless(request: Request) -> Response:
+        async def comments() -> Any:
+            while True:
+                yield b": still here\n"
+                await asyncio.sleep(0.05)
+
+        return StreamingResponse(comments(), media_type="text/event-stream")
+
     return [
         Route("/moved" + CARD, moved, methods=["GET"]),
+        Route("/deep" + CARD, deep_card, methods=["GET"]),
+        Route("/hugecard" + CARD, huge_card, methods=["GET"]),
+        Route("/metadata" + CARD, metadata_card, methods=["GET"]),
+        Route("/deepanswer", deep_answer, methods=["POST"]),
+        Route("/deepdata{depth:int}", deep_data, methods=["POST"]),
+        Route("/endless", endless, methods=["POST"]),
         Route("/{name:str}" + CARD, card, methods=["GET"]),
         Route("/liar", liar, methods=["POST"]),
         Route("/huge", huge, methods=["POST"]),

@@ -233,7 +233,8 @@ async def a2a_kit(workspace: Path) -> AsyncIterator[Kit]:
             tool("slow", parameters(seconds="number")),
             tool("flood", parameters(size="integer")),
             tool("fail", parameters(reason="string")),
-            echoed=lambda result: (result["text"], result["idempotency_key"]),
+            # the messageId adds the arguments' digest; the metadata carries the key itself
+            echoed=lambda result: (result["text"], result["metadata"]["corral/idempotency_key"]),
             failure=f"the remote agent's task failed: {FAILURE}",
             workspace=workspace,
         )

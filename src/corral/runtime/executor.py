@@ -23,7 +23,7 @@ import anyio.abc
 from corral.bus.base import Bus
 from corral.core.backoff import jittered_backoff
 from corral.core.clock import SYSTEM_CLOCK, Clock
-from corral.core.errors import CorralError, LeaseLostError, ModelError
+from corral.core.errors import CorralError, LeaseLostError, ModelError, ToolError, ToolErrorCode
 from corral.core.events import Event, EventType
 from corral.core.ids import new_id
 from corral.core.messages import Message
@@ -260,6 +260,11 @@ class RunExecutor:
         calls = _LinkedCalls(self, record, agent, resumed=bool(events))
 
         async def switch(name: str) -> AgentDefinition:
+            if name not in calls.agent.links:  # unlinked while the handoff's turn waited
+                raise ToolError(
+                    ToolErrorCode.PERMISSION_DENIED,
+                    f"agent {calls.agent.name!r} no longer links {name!r}: no handoff",
+                )
             target, give_back = await self.agents.acquire(
                 record.namespace, name, output_schema=record.output_schema
             )

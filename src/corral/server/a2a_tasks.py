@@ -70,8 +70,10 @@ from a2a.utils.errors import (
     UnsupportedOperationError,
 )
 from a2a.utils.task import apply_history_length, validate_history_length
-from google.protobuf.json_format import ParseDict
+from google.protobuf.json_format import ParseDict, ParseError
+from google.protobuf.message import DecodeError
 from google.protobuf.struct_pb2 import Struct, Value
+from starlette.requests import Request
 
 from corral.api.common import surrogate_path
 from corral.core.errors import ConflictError, NotFoundError, UserError
@@ -89,8 +91,13 @@ T = TypeVar("T")
 
 #: the key of :class:`Caller` in the SDK's ``ServerCallContext.state``
 CALLER = "corral_caller"
+#: the key of the HTTP request there (a blocking send stops waiting when its client left)
+REQUEST = "corral_request"
 #: the longest messageId taken (it becomes the run's idempotency key)
 MAX_MESSAGE_ID_CHARS = 200
+#: the deepest JSON output answered as a data part: protobuf decodes 100 message levels, a
+#: JSON level takes about three (Value, Struct or ListValue) and the answer's envelope more
+MAX_DATA_DEPTH = 24
 #: how long tasks/cancel waits for a running run to stop before it answers
 CANCEL_WAIT_SECONDS = 10.0
 
@@ -112,6 +119,13 @@ class Caller:
 
     namespace: str
     agent: str
+
+
+def shown(value: str, limit: int = 80) -> str:
+    """A caller's id as an error message quotes it: its repr, cut to ``limit`` characters
+    (the answer, and the SDK's log line of it, never grow with what the caller sent)."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[: limit - 4]}...'"
 
 
 def task_state(state: RunState) -> TaskState:
@@ -139,12 +153,32 @@ def _agent_message(record: RunRecord, text: str, **metadata: Any) -> Message:
 
 
 def output_part(output: Any) -> Part:
-    """A run's output as one part: text as a text part, JSON data as a data part."""
+    """A run's output as one part: text as a text part, JSON data as a data part - as its
+    JSON text when it nests deeper than :data:`MAX_DATA_DEPTH`."""
     if isinstance(output, str):
         return Part(text=output)
-    value = Value()
-    ParseDict(json.loads(json.dumps(output, default=str)), value)
-    return Part(data=value, media_type="application/json")
+    data = json.loads(json.dumps(output, default=str))
+    if json_depth(data) <= MAX_DATA_DEPTH:
+        value = Value()
+        try:
+            ParseDict(data, value)
+            return Part(data=value, media_type="application/json")
+        except (ParseError, DecodeError):  # (the bound above should keep this from happening)
+            pass
+    return Part(text=json.dumps(data, ensure_ascii=False), media_type="application/json")
+
+
+def json_depth(data: Any) -> int:
+    """How deep JSON data nests (a scalar: 0), without recursion."""
+    deepest, stack = 0, [(data, 0)]
+    while stack:
+        value, depth = stack.pop()
+        deepest = max(deepest, depth)
+        if isinstance(value, dict):
+            stack.extend((item, depth + 1) for item in value.values())
+        elif isinstance(value, list):
+            stack.extend((item, depth + 1) for item in value)
+    return deepest
 
 
 def output_artifact(record: RunRecord) -> Artifact:
@@ -282,9 +316,9 @@ class CorralRequestHandler(RequestHandler):
                 self.server.store, task_id, namespace=caller.namespace
             )
         except NotFoundError:
-            raise TaskNotFoundError(f"task {task_id!r} not found") from None
+            raise TaskNotFoundError(f"task {shown(task_id)} not found") from None
         if record.agent != caller.agent:
-            raise TaskNotFoundError(f"task {task_id!r} not found")
+            raise TaskNotFoundError(f"task {shown(task_id)} not found")
         return record
 
     async def _submit(self, params: SendMessageRequest, caller: Caller) -> RunRecord:
@@ -297,6 +331,8 @@ class CorralRequestHandler(RequestHandler):
         text = input_text(message)
         if len(message.message_id) > MAX_MESSAGE_ID_CHARS:
             raise InvalidParamsError(f"messageId is longer than {MAX_MESSAGE_ID_CHARS} characters")
+        if "\x00" in message.message_id:  # as the API's idempotency key: no store keeps NUL
+            raise InvalidParamsError("messageId holds NUL")
         session = message.context_id or new_id("ctx")
         try:
             record, _ = await operations.submit(
@@ -311,7 +347,7 @@ class CorralRequestHandler(RequestHandler):
         except NotFoundError:  # the agent was deleted since the route looked
             raise InvalidParamsError(f"agent {caller.agent!r} not found") from None
         except (ConflictError, UserError) as exc:  # a context of another agent, a bad id
-            raise InvalidParamsError(f"contextId {session!r}: {exc.message}") from None
+            raise InvalidParamsError(f"contextId {shown(session)}: {exc.message}") from None
         return record
 
     def _follower(self, run_id: str, until: Until, after: int = 0) -> RunFollower:
@@ -339,10 +375,11 @@ class CorralRequestHandler(RequestHandler):
         validate_history_length(params.configuration)
         record = await self._submit(params, caller)
         if not params.configuration.return_immediately:
-            follower = self._follower(record.id, Until.SETTLED)
-            with anyio.move_on_after(self.server.max_prompt_timeout_seconds):
-                await follower.settle()
-        task = to_task(await self._current(record))
+            request = context.state.get(REQUEST)
+            assert isinstance(request, Request)  # the routes' context builder sets it
+            seconds = self.server.max_prompt_timeout_seconds
+            record = await self.server.settle(record.id, seconds, request) or record
+        task = to_task(record)
         return apply_history_length(task, params.configuration)
 
     @_streamed

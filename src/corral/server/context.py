@@ -11,10 +11,11 @@ import anyio
 from fastapi import Request
 
 from corral.bus.base import Bus
+from corral.core.runs import RunRecord
 from corral.core.settings import Settings
 from corral.runtime.agent_tokens import AgentTokenSigner
 from corral.runtime.fanout import FanOut
-from corral.runtime.follow import Stop
+from corral.runtime.follow import RunFollower, Stop, Until
 from corral.runtime.health import WorkerHealth
 from corral.server.limits import RateLimiter
 from corral.server.metrics import Metrics
@@ -59,10 +60,41 @@ class ServerContext:
     #: the embedded worker's health (readiness fails while it cannot claim); None without one
     worker_health: WorkerHealth | None = None
 
+    async def settle(self, run_id: str, seconds: float, request: Request) -> RunRecord | None:
+        """The run once it settles (or ``seconds`` pass, shutdown begins, or the client of
+        ``request`` goes away: nobody waits for the answer then), as last read."""
+        follower = RunFollower(
+            self.store,
+            self.bus,
+            run_id,
+            until=Until.SETTLED,
+            poll_seconds=self.poll_seconds,
+            stop=self.followers_stop,
+            fan_out=self.fan_out,
+        )
+        async with anyio.create_task_group() as group:
+            group.start_soon(_cancel_when_gone, request, group.cancel_scope)
+            with anyio.move_on_after(seconds):
+                await follower.settle()
+            group.cancel_scope.cancel()
+        if follower.ended and follower.record is not None:
+            return follower.record
+        return await self.store.get_run(run_id)
+
     def begin_shutdown(self) -> None:
         """Shutdown begins: streams and prompt waits end, the worker drains, readiness fails."""
         self.stopping.set()
         self.followers_stop.set()
+
+
+async def _cancel_when_gone(request: Request, scope: anyio.CancelScope) -> None:
+    """Cancel ``scope`` when the client disconnects (the request's body was read: the
+    next ASGI message is the disconnect)."""
+    while True:
+        if (await request.receive())["type"] == "http.disconnect":
+            scope.cancel()
+            return
+        await anyio.sleep(0.5)  # (a server that sent more than the body: looked at again)
 
 
 def context_of(request: Request) -> ServerContext:

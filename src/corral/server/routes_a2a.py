@@ -54,7 +54,7 @@ from starlette.responses import Response
 from corral import __version__
 from corral.core.tokens import Role
 from corral.resources.kinds import NAME_PATTERN
-from corral.server.a2a_tasks import CALLER, Caller, CorralRequestHandler
+from corral.server.a2a_tasks import CALLER, REQUEST, Caller, CorralRequestHandler
 from corral.server.auth import Principal, Viewer
 from corral.server.context import ServerContext, context_of
 from corral.server.problems import ProblemError
@@ -108,6 +108,7 @@ class _ContextBuilder(DefaultServerCallContextBuilder):
     def build(self, request: Request) -> ServerCallContext:
         context = super().build(request)
         context.state[CALLER] = request.state.a2a_caller
+        context.state[REQUEST] = request
         return context
 
 

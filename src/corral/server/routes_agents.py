@@ -4,15 +4,14 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-import anyio
 from fastapi import APIRouter, Path, Request, Response
 
 from corral.api import Prompt, PromptObject, Task
 from corral.resources.kinds import NAME_PATTERN, AgentSpec
 from corral.runtime import operations
-from corral.runtime.follow import RunFollower, Until
+from corral.runtime.follow import Until
 from corral.server.auth import Operator, Principal
-from corral.server.context import ServerContext, context_of
+from corral.server.context import context_of
 from corral.server.problems import FieldProblem, ProblemError, responses
 from corral.server.routes_tasks import check_schema
 
@@ -45,8 +44,7 @@ async def prompt(
     name: AgentName, body: Prompt, who: Operator, request: Request, response: Response
 ) -> Task:
     """Queue a run of the agent and wait until it finishes or waits for approval."""
-    context = context_of(request)
-    return await _ask(context, who, name, body, None, response)
+    return await _ask(request, who, name, body, None, response)
 
 
 @router.post(
@@ -73,17 +71,18 @@ async def prompt_object(
                 code="invalid_request",
                 errors=[FieldProblem(field="body.schema", reason="required for this agent")],
             )
-    return await _ask(context, who, name, body, body.schema_, response)
+    return await _ask(request, who, name, body, body.schema_, response)
 
 
 async def _ask(
-    context: ServerContext,
+    request: Request,
     who: Principal,
     agent: str,
     body: Prompt,
     schema: dict[str, Any] | None,
     response: Response,
 ) -> Task:
+    context = context_of(request)
     record, _ = await operations.submit(
         context.store,
         agent,
@@ -93,20 +92,8 @@ async def _ask(
         output_schema=schema,
         bus=context.bus,
     )
-    follower = RunFollower(
-        context.store,
-        context.bus,
-        record.id,
-        until=Until.SETTLED,
-        poll_seconds=context.poll_seconds,
-        stop=context.followers_stop,
-        fan_out=context.fan_out,
-    )
     timeout = min(body.timeout_seconds, context.max_prompt_timeout_seconds)
-    with anyio.move_on_after(timeout):
-        await follower.settle()
-    current = follower.record if follower.ended else await context.store.get_run(record.id)
-    final = current or record
+    final = await context.settle(record.id, timeout, request) or record
     settled = Until.SETTLED.reached(final.state)
     response.status_code = 200 if settled else 202
     response.headers["Location"] = f"/v1/tasks/{record.id}"

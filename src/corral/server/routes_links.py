@@ -33,7 +33,6 @@ import hashlib
 import json
 from typing import Annotated, Any
 
-import anyio
 from fastapi import APIRouter, Depends, Header, Path, Request, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
@@ -50,7 +49,7 @@ from corral.runtime.agent_tokens import (
 )
 from corral.runtime.builder import AgentBuilder
 from corral.runtime.delegation import StoreDelegation, link_child_key
-from corral.runtime.follow import RunFollower, Until
+from corral.runtime.follow import Until
 from corral.server.context import ServerContext, context_of
 from corral.server.limits import address_key, refuse_while_waiting
 from corral.server.problems import ProblemError, responses
@@ -238,18 +237,8 @@ async def exec_link(
     record = await context.store.get_run(child.run_id)
     assert record is not None  # just submitted (a purge would take days)
     if body.wait:
-        follower = RunFollower(
-            context.store,
-            context.bus,
-            child.run_id,
-            until=Until.SETTLED,
-            poll_seconds=context.poll_seconds,
-            stop=context.followers_stop,
-            fan_out=context.fan_out,
-        )
-        with anyio.move_on_after(min(body.timeout_seconds, context.max_prompt_timeout_seconds)):
-            await follower.settle()
-        record = (await context.store.get_run(child.run_id)) or record
+        timeout = min(body.timeout_seconds, context.max_prompt_timeout_seconds)
+        record = await context.settle(child.run_id, timeout, request) or record
     response.status_code = 200 if Until.SETTLED.reached(record.state) else 202
     response.headers["Location"] = f"/v1/tasks/{record.id}"
     return Task.from_record(record)

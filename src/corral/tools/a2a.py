@@ -6,8 +6,10 @@ a ``Message``, or a ``Task`` (polled with ``GetTask`` while it is still working)
 
 - **Input.** Arguments of one string (the default schema: ``{input}``) are sent as
   that text; any other arguments as their JSON text. ``messageId`` is the call's
-  idempotency key (stable across retries and replays, so a remote that dedupes by
-  message id never runs a call twice); the metadata carries it with the run and call ids.
+  idempotency key with a digest of its arguments (stable across retries and replays,
+  so a remote that dedupes by message id never runs a call twice, and a model asked
+  again after a crash that asks differently is not answered the old question); the
+  metadata carries the key itself with the run and call ids.
 - **Result.** The answer's parts (a completed task's artifacts, else its status
   message): text parts joined as text, one data part as its JSON, anything else as a
   list describing each part (files by name, type and URL; never their bytes).
@@ -276,7 +278,8 @@ class A2aTool(Tool):
         return self._client
 
     async def call(self, arguments: dict[str, Any], ctx: ToolContext) -> Any:
-        message = Message(message_id=ctx.idempotency_key, role=Role.ROLE_USER)
+        # the remote dedupes by messageId: the call's key with its arguments' digest
+        message = Message(message_id=ctx.key_with(arguments), role=Role.ROLE_USER)
         message.parts.append(Part(text=message_text(arguments)))
         message.metadata.update(
             {
@@ -291,7 +294,8 @@ class A2aTool(Tool):
         except A2AError as exc:
             self._client = None  # read the card again next time: the remote may have moved
             raise remote_error(exc, self.url) from None
-        except (ParseError, ValueError, KeyError, TypeError) as exc:  # an answer that is not A2A
+        except (ParseError, ValueError, KeyError, TypeError, RecursionError) as exc:
+            # an answer that is not A2A (or JSON nested deeper than the parser goes)
             raise ToolError(
                 ToolErrorCode.EXECUTION_FAILED,
                 f"{self.url}: malformed answer: {type(exc).__name__}: {exc}"[:1000],

@@ -23,8 +23,6 @@ conversation so far, and journals the switch as a ``handoff`` event.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Protocol
 
@@ -237,14 +235,9 @@ class HandOff(_LinkedAgentTool):
 
 
 def child_key(ctx: ToolContext, arguments: dict[str, Any]) -> str:
-    """The idempotency key of the child run a call starts: the call's own key (run, step,
-    call index: the same on every replay) and a digest of its arguments, so that a model
-    asked again after a crash, and answering differently, never gets the answer to the
-    question it did not ask this time."""
-    digest = hashlib.sha256(
-        json.dumps(arguments, sort_keys=True, ensure_ascii=False).encode()
-    ).hexdigest()[:16]
-    return f"child:{ctx.idempotency_key}:{digest}"
+    """The idempotency key of the child run a call starts: :meth:`ToolContext.key_with`
+    (the call's own key, the same on every replay, and a digest of its arguments)."""
+    return f"child:{ctx.key_with(arguments)}"
 
 
 def linked_agent_tools(

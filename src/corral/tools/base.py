@@ -12,6 +12,8 @@ reported as ``execution_failed`` by the governance layer.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -47,6 +49,15 @@ class ToolContext:
     journal: list[tuple[EventType, dict[str, Any]]] = field(
         default_factory=list[tuple[EventType, dict[str, Any]]]
     )
+
+    def key_with(self, arguments: dict[str, Any]) -> str:
+        """The call's idempotency key and a digest of its arguments: what a call that a
+        remote dedupes by sends, so that a model asked again after a crash, and answering
+        differently, never gets the answer to the question it did not ask this time."""
+        digest = hashlib.sha256(
+            json.dumps(arguments, sort_keys=True, ensure_ascii=False).encode()
+        ).hexdigest()[:16]
+        return f"{self.idempotency_key}:{digest}"
 
 
 @dataclass(frozen=True)
