@@ -347,3 +347,35 @@ def test_ctrl_c_in_run_releases_the_run_and_says_how_to_follow_it(tmp_path: Path
     # released for any worker: no lease left, the attempt given back
     assert (stored["state"], stored["lease_owner"], stored["attempts"]) == ("queued", None, 0)
     assert [e["type"] for e in events(home, run_id)][-1] == "tool.call"
+
+
+ESCAPES = """
+apiVersion: corral/v1
+kind: ModelEndpoint
+metadata: {name: sly}
+spec:
+  provider: scripted
+  script:
+    - text: "fine\\e]0;pwned\\a\\e[2J\\e[1A\\rhidden\\x9b31m tail"
+---
+apiVersion: corral/v1
+kind: Agent
+metadata: {name: "sly"}
+spec: {model: sly}
+"""
+
+
+def test_terminal_escapes_a_model_writes_never_reach_the_terminal(tmp_path: Path) -> None:
+    home = applied(tmp_path, ESCAPES)
+    ran = corral(home, "run", "sly", "hi", check=0)
+    run_id = only_task(home)
+    shown = [
+        ran.stdout + ran.stderr,
+        corral(home, "logs", run_id, check=0).stdout,
+        corral(home, "tasks", "describe", run_id, check=0).stdout,
+    ]
+    for text in shown:
+        assert "fine" in text and "tail" in text, text
+        assert not re.search(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]", text), repr(text)
+    # the machine forms keep the text exactly
+    assert task(home, run_id)["output"] == "fine\x1b]0;pwned\x07\x1b[2J\x1b[1A\rhidden\x9b31m tail"

@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING
 
 import anyio
 from rich.console import Console
-from rich.markup import escape
 
+from corral.cli.common import escape
 from corral.core.errors import NotFoundError
 
 if TYPE_CHECKING:

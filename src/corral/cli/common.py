@@ -11,6 +11,7 @@ imports the commands to register them). Exit codes:
 
 from __future__ import annotations
 
+import re
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
@@ -114,11 +115,23 @@ def print_error(message: str) -> None:
     )
 
 
+#: characters a terminal acts on rather than shows (C0 but newline and tab, DEL, C1): ESC
+#: starts the sequences that move the cursor, clear the screen or retitle the window
+TERMINAL_CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """``text`` with every terminal control character shown as U+FFFD: text a model, a
+    tool or a remote wrote can neither move the cursor nor hide what came before it."""
+    return TERMINAL_CONTROLS.sub("\ufffd", text)
+
+
 def escape(text: str) -> str:
-    """``text`` shown as it is inside rich markup."""
+    """``text`` shown as it is inside rich markup, control characters made harmless
+    (:func:`printable`)."""
     from rich.markup import escape as rich_escape
 
-    return rich_escape(text)
+    return rich_escape(printable(text))
 
 
 def session_id_option(value: str | None) -> str | None:

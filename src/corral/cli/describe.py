@@ -42,9 +42,10 @@ def _duration(seconds: float) -> str:
 
 
 def _output(value: Any) -> str:
+    from corral.cli.common import printable
     from corral.cli.render import render_output
 
-    return render_output(value)
+    return printable(render_output(value))
 
 
 def describe_task(

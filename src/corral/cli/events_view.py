@@ -13,9 +13,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from rich.console import Console
-from rich.markup import escape
 
 from corral.api import EventOut, Task
+from corral.cli.common import escape, printable
 from corral.cli.render import render_output
 from corral.core.events import EventType
 from corral.core.runs import RunState
@@ -190,7 +190,7 @@ class EventPrinter:
             and record.output is not None
             and not (self.streamed_text and isinstance(record.output, str))
         ):
-            self.out.print(render_output(record.output), highlight=False, markup=False)
+            self.out.print(printable(render_output(record.output)), highlight=False, markup=False)
         usage = record.usage
         summary = (
             f"{record.state.value} · {record.steps} step(s) · "

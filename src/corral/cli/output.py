@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar, get_args
 
 import typer
 
-from corral.cli.common import EXIT_BAD_INPUT, fail
+from corral.cli.common import EXIT_BAD_INPUT, fail, printable
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
@@ -159,8 +159,8 @@ def dumps_yaml(data: Any) -> str:
 
 
 def one_line(text: str) -> str:
-    """A cell's text on one line."""
-    return " ".join(text.split())
+    """A cell's text on one line, terminal control characters made harmless."""
+    return " ".join(printable(text).split())
 
 
 def _width(text: str) -> int:

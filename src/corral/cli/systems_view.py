@@ -15,9 +15,9 @@ from typing import Any
 
 import anyio
 from rich.console import Console
-from rich.markup import escape
 
 from corral.api import EventOut, TaskDetail
+from corral.cli.common import escape
 from corral.cli.events_view import timestamp
 from corral.core.events import EventType
 from corral.core.runs import RunState
