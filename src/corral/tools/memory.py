@@ -16,7 +16,10 @@ are redacted (every secret the agent resolved) before they are stored.
 
 A write or ingest is journaled in the run's events as ``memory.write``, a search as
 ``memory.search`` (:attr:`ToolContext.journal`): keys and counts, and of the text or
-query only a short preview, redacted.
+query only a short preview, redacted. A call that embedded (a Memory with
+``spec.embedding``) adds ``usage`` and ``cost_usd`` to its event: the engine charges
+them to the run's budget and a replay counts them from the journal (a replayed write
+embeds nothing and charges nothing).
 """
 
 from __future__ import annotations
@@ -33,13 +36,14 @@ from corral.core.events import EventType
 from corral.core.ids import new_id
 from corral.core.memory import (
     MAX_KEY_CHARS,
+    EmbeddingSpend,
     MemoryBackendError,
     MemoryEntry,
     MemoryInputError,
     MemoryPlace,
     place_of,
 )
-from corral.core.messages import ToolSpec
+from corral.core.messages import ToolSpec, dump
 from corral.core.redaction import Redactor
 from corral.resources.memory import MemoryAccessLevel, MemorySpec
 from corral.store.base import Store
@@ -268,8 +272,9 @@ class MemoryTool(Tool):
             idempotency_key=write_key(ctx, arguments),
         )
         # a replayed call finds the entry its first run wrote, and says the same
-        stored, fresh = await binding.backend.write(entry)
-        _journal_write(ctx, binding, text, key=stored.key, written=fresh)
+        spend = EmbeddingSpend()
+        stored, fresh = await binding.backend.write(entry, spend=spend)
+        _journal_write(ctx, binding, text, spend, key=stored.key, written=fresh)
         return {"memory": binding.name, "key": stored.key, "stored": True}
 
     async def _read(
@@ -299,19 +304,17 @@ class MemoryTool(Tool):
         arguments: dict[str, Any],
         ctx: ToolContext,
     ) -> Any:
+        spend = EmbeddingSpend()
         hits = await binding.backend.search(
             place,
             str(arguments["query"]),
             top_k=int(arguments.get("top_k", 5)),
             filters=arguments.get("filter"),
+            spend=spend,
         )
         query = str(arguments["query"])
-        ctx.journal.append(
-            (
-                EventType.MEMORY_SEARCH,
-                {"memory": binding.name, "query": _short(query), "hits": len(hits)},
-            )
-        )
+        event = {"memory": binding.name, "query": _short(query), "hits": len(hits)}
+        ctx.journal.append((EventType.MEMORY_SEARCH, {**event, **_charged(spend)}))
         results = [
             {
                 "key": hit.entry.key,
@@ -371,6 +374,7 @@ class MemoryTool(Tool):
             arguments.get("key_prefix") or "ingest-" + hashlib.sha256(key.encode()).hexdigest()[:12]
         )
         source = metadata.pop("source", None)
+        spend = EmbeddingSpend()
         done = await ingest_text(
             binding.backend,
             place,
@@ -380,9 +384,10 @@ class MemoryTool(Tool):
             key_prefix=str(prefix),
             idempotency_key=key,
             metadata=metadata,
+            spend=spend,
         )
         _journal_write(
-            ctx, binding, text, key_prefix=prefix, chunks=done.chunks, written=done.written
+            ctx, binding, text, spend, key_prefix=prefix, chunks=done.chunks, written=done.written
         )
         return {
             "memory": binding.name,
@@ -425,7 +430,18 @@ def memory_tools(
     return [MemoryTool(op, memories, store, redactor) for op in operations]
 
 
-def _journal_write(ctx: ToolContext, binding: MemoryBinding, text: str, **fields: Any) -> None:
-    """The call's ``memory.write`` event: a short preview of the (redacted) text, never all."""
+def _journal_write(
+    ctx: ToolContext, binding: MemoryBinding, text: str, spend: EmbeddingSpend, **fields: Any
+) -> None:
+    """The call's ``memory.write`` event: a short preview of the (redacted) text, never all,
+    and what embedding it cost."""
     event = {"memory": binding.name, **fields, "preview": _short(text), "chars": len(text)}
-    ctx.journal.append((EventType.MEMORY_WRITE, event))
+    ctx.journal.append((EventType.MEMORY_WRITE, {**event, **_charged(spend)}))
+
+
+def _charged(spend: EmbeddingSpend) -> dict[str, Any]:
+    """An event's ``usage`` and ``cost_usd`` (what the run is charged for the call's
+    embeddings; the engine charges what a journaled event carries), or nothing."""
+    if not spend:
+        return {}
+    return {"usage": dump(spend.usage), "cost_usd": spend.cost_usd}
