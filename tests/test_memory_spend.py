@@ -10,25 +10,30 @@ The embedding model is the ``openai`` provider against the fake OpenAI server's
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator, Iterator
 from contextlib import AsyncExitStack
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from backends import Backend, backend_fixture, deployment_fixture
+from corral.cli.events_view import memory_search_line, memory_write_line
 from corral.core.events import Event, EventType
+from corral.core.memory import MemoryPlace
 from corral.core.redaction import Redactor
 from corral.core.runs import RunState
 from corral.core.settings import Settings
 from corral.engine.loop import AgentLoop
+from corral.engine.replay import replay
 from corral.models.registry import build_model
 from corral.resources.kinds import Limits, Pricing
 from corral.resources.memory import MemorySpec
 from corral.store import Store
-from corral.testing.fake_openai import FakeOpenAIServer
+from corral.testing.fake_openai import FakeOpenAIServer, hashed_embedding
 from corral.tools.memory import MemoryBinding, MemoryTool
-from corral.tools.memory_backend import StoreMemoryBackend
+from corral.tools.memory_backend import EMBED_BATCH, StoreMemoryBackend
 from fixtures_models import endpoint
 from nats_servers import nats_prefix_fixture, nats_server_url_fixture
 from test_engine import Harness, turn
@@ -70,13 +75,15 @@ class Tools:
     def __init__(self, store: Store, server: FakeOpenAIServer, stack: AsyncExitStack) -> None:
         self.store, self.server, self.stack = store, server, stack
 
-    def __call__(self, *ops: str) -> list[MemoryTool]:
+    def __call__(self, *ops: str, **spec: Any) -> list[MemoryTool]:
         model = build_model(
             "embedder", endpoint("openai", self.server.base_url, pricing=PRICE), "sk-t"
         )
         self.stack.push_async_callback(model.aclose)
-        spec = MemorySpec(embedding={"model": "embedder", "dimensions": DIMENSIONS})  # type: ignore[arg-type]
-        binding = MemoryBinding("notes", spec, "write", StoreMemoryBackend(self.store, spec, model))
+        memory = MemorySpec(embedding={"model": "embedder", "dimensions": DIMENSIONS}, **spec)  # type: ignore[arg-type]
+        binding = MemoryBinding(
+            "notes", memory, "write", StoreMemoryBackend(self.store, memory, model)
+        )
         return [MemoryTool(op, [binding], self.store, Redactor) for op in ops]  # type: ignore[arg-type]
 
 
@@ -237,3 +244,48 @@ async def test_the_stored_run_shows_its_embeddings_spend_and_stops_at_its_limit(
     assert failed.error is not None and failed.error["code"] == "budget_exceeded"
     assert failed.error["limit"] == "max_cost_usd"
     assert failed.cost_usd == pytest.approx(0.006)
+
+
+async def test_an_ingest_failing_midway_is_charged_what_it_embedded(
+    tools: Tools, tmp_path: Path
+) -> None:
+    """The embedding model dies on the ingest's second batch: the call fails, the first
+    batch stays written, and what its embeddings cost is charged all the same (a failed
+    ``memory.write`` carries it)."""
+
+    def poisoned(text: str, dimensions: int) -> list[float]:
+        if "poison" in text:
+            raise RuntimeError("the embedding model died")
+        return hashed_embedding(text, dimensions)
+
+    tools.server.embed_with(poisoned)
+    text = " ".join(f"Sentence {n} is here." for n in range(400)) + " poison."
+    script = [turn("", ("memory_ingest", {"text": text, "key_prefix": "doc"})), turn("done")]
+    chunked = tools("ingest", chunking={"size": 100, "overlap": 0})
+    harness = Harness(script, list(chunked), tmp_path)
+    result = await harness.run("remember")
+    assert result.state is RunState.SUCCEEDED  # the model saw the tool error, and ended
+    [outcome] = [e for e in harness.events if e.type is EventType.TOOL_RESULT]
+    assert outcome.data["error"]["code"] == "unavailable", outcome.data["error"]
+    first, second = embedded(tools.server)
+    assert len(first) == EMBED_BATCH and "poison" in second[-1]
+    tokens = sum(len(re.findall(r"[^\W_]+", chunk)) for chunk in first)
+    [failed] = [e for e in harness.events if e.type is EventType.MEMORY_WRITE]
+    assert failed.data["failed"] == "memory_backend_unavailable"
+    assert charged(harness.events) == [("memory.write", tokens, pytest.approx(tokens / 1000))]
+    assert result.cost_usd == pytest.approx(tokens / 1000)
+    written = await tools.store.list_memory(MemoryPlace("default", "notes"), limit=100)
+    assert len(written) == EMBED_BATCH
+    # the journal counts it once (everything before run.finish: a resumed run's start)
+    assert replay(harness.events[:-1]).cost_usd == pytest.approx(tokens / 1000)
+
+
+def test_the_event_lines_show_what_a_memory_call_embedded() -> None:
+    charged_write = {"memory": "notes", "key": "k", "preview": "p", "chars": 1}
+    charged_write |= {"usage": {"input_tokens": 6}, "cost_usd": 0.006}
+    assert "embedded 6 tokens, $0.006000" in memory_write_line(charged_write)
+    failed = {"memory": "notes", "failed": "memory_backend_bad_answer", "cost_usd": 0.001}
+    assert "failed (memory_backend_bad_answer)" in memory_search_line(
+        failed | {"usage": {"input_tokens": 1}}
+    )
+    assert "embedded" not in memory_search_line({"memory": "n", "query": "q", "hits": 0})

@@ -228,12 +228,18 @@ class MemoryTool(Tool):
 
     async def call(self, arguments: dict[str, Any], ctx: ToolContext) -> Any:
         binding = self._memory(arguments)
+        spend = EmbeddingSpend()
         try:
             place = await self._place(binding, ctx)
-            return await getattr(self, f"_{self.operation}")(binding, place, arguments, ctx)
+            operation = getattr(self, f"_{self.operation}")
+            return await operation(binding, place, arguments, ctx, spend)
         except MemoryInputError as exc:
+            self._journal_failed(ctx, binding, spend, "invalid_memory_input")
             raise ToolError(ToolErrorCode.INVALID_INPUT, str(exc)) from None
         except MemoryBackendError as exc:
+            # embeddings paid before the failure (a refused answer, an ingest's earlier
+            # batches) are the run's all the same
+            self._journal_failed(ctx, binding, spend, exc.code)
             # a remote backend's failure, said as the tool's (its message holds no secret)
             raise ToolError(
                 _BACKEND_CODES.get(exc.code, ToolErrorCode.EXECUTION_FAILED),
@@ -241,6 +247,16 @@ class MemoryTool(Tool):
                 retryable=exc.retryable,
                 details={"memory_backend": exc.code},
             ) from None
+
+    def _journal_failed(
+        self, ctx: ToolContext, binding: MemoryBinding, spend: EmbeddingSpend, code: str
+    ) -> None:
+        """The event of a call that failed after paying for embeddings: what it cost, and
+        why it failed (nothing when it paid nothing)."""
+        if not spend:
+            return
+        kind = EventType.MEMORY_SEARCH if self.operation == "search" else EventType.MEMORY_WRITE
+        ctx.journal.append((kind, {"memory": binding.name, "failed": code, **_charged(spend)}))
 
     def _redacted(self, arguments: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         """A write's text and metadata with every secret the agent saw redacted: no secret
@@ -259,6 +275,7 @@ class MemoryTool(Tool):
         place: MemoryPlace,
         arguments: dict[str, Any],
         ctx: ToolContext,
+        spend: EmbeddingSpend,
     ) -> Any:
         text, metadata = self._redacted(arguments)
         key = arguments.get("key")
@@ -272,7 +289,6 @@ class MemoryTool(Tool):
             idempotency_key=write_key(ctx, arguments),
         )
         # a replayed call finds the entry its first run wrote, and says the same
-        spend = EmbeddingSpend()
         stored, fresh = await binding.backend.write(entry, spend=spend)
         _journal_write(ctx, binding, text, spend, key=stored.key, written=fresh)
         return {"memory": binding.name, "key": stored.key, "stored": True}
@@ -283,6 +299,7 @@ class MemoryTool(Tool):
         place: MemoryPlace,
         arguments: dict[str, Any],
         ctx: ToolContext,
+        spend: EmbeddingSpend,
     ) -> Any:
         key = str(arguments["key"])
         entry = await binding.backend.read(place, key)
@@ -303,8 +320,8 @@ class MemoryTool(Tool):
         place: MemoryPlace,
         arguments: dict[str, Any],
         ctx: ToolContext,
+        spend: EmbeddingSpend,
     ) -> Any:
-        spend = EmbeddingSpend()
         hits = await binding.backend.search(
             place,
             str(arguments["query"]),
@@ -333,6 +350,7 @@ class MemoryTool(Tool):
         place: MemoryPlace,
         arguments: dict[str, Any],
         ctx: ToolContext,
+        spend: EmbeddingSpend,
     ) -> Any:
         limit = int(arguments.get("limit", 20))
         entries = await binding.backend.list_entries(
@@ -355,6 +373,7 @@ class MemoryTool(Tool):
         place: MemoryPlace,
         arguments: dict[str, Any],
         ctx: ToolContext,
+        spend: EmbeddingSpend,
     ) -> Any:
         key = str(arguments["key"])
         deleted = await binding.backend.delete(place, key)
@@ -366,6 +385,7 @@ class MemoryTool(Tool):
         place: MemoryPlace,
         arguments: dict[str, Any],
         ctx: ToolContext,
+        spend: EmbeddingSpend,
     ) -> Any:
         text, metadata = self._redacted(arguments)
         key = write_key(ctx, arguments)
@@ -374,7 +394,6 @@ class MemoryTool(Tool):
             arguments.get("key_prefix") or "ingest-" + hashlib.sha256(key.encode()).hexdigest()[:12]
         )
         source = metadata.pop("source", None)
-        spend = EmbeddingSpend()
         done = await ingest_text(
             binding.backend,
             place,
