@@ -145,8 +145,8 @@ async def test_memory_writes_past_a_limit_stop_the_run_with_budget_exceeded(
     tools: Tools, tmp_path: Path, limits: Limits, limit: str
 ) -> None:
     script = [
-        turn("", ("memory_write", {"text": "one two three"}), ("memory_write", {"text": "four"})),
-        turn("", ("memory_write", {"text": "five six seven"})),
+        turn("", ("memory_write", {"text": "one two three"})),
+        turn("", ("memory_write", {"text": "four"}), ("memory_write", {"text": "five six seven"})),
         turn("never reached"),
     ]
     harness = Harness(script, list(tools("write")), tmp_path, limits=limits)
@@ -154,7 +154,7 @@ async def test_memory_writes_past_a_limit_stop_the_run_with_budget_exceeded(
     assert result.state is RunState.FAILED
     assert result.error is not None
     assert result.error["code"] == "budget_exceeded" and result.error["limit"] == limit
-    # both calls of the second step were written and recorded before the run stopped
+    # both calls of the second step were written, recorded and charged before the run stopped
     results = [e for e in harness.events if e.type is EventType.TOOL_RESULT]
     assert len(results) == 3 and not any(e.data["error"] for e in results)
     assert sorted(map(tuple, embedded(tools.server))) == [
@@ -163,6 +163,8 @@ async def test_memory_writes_past_a_limit_stop_the_run_with_budget_exceeded(
         ("one two three",),
     ]
     assert result.cost_usd == pytest.approx(0.007) and result.usage.input_tokens == 7
+    finish = harness.events[-1]
+    assert finish.type is EventType.RUN_FINISH and finish.data["cost_usd"] == pytest.approx(0.007)
 
 
 async def test_a_resumed_run_counts_what_was_embedded_once(tools: Tools, tmp_path: Path) -> None:

@@ -554,8 +554,8 @@ class AgentLoop:
                 async with anyio.create_task_group() as group:
                     for index, call, approved in runnable:
                         group.start_soon(invoke, index, call, approved)
-        for usage, cost in spent:  # once every call is recorded: a limit passed fails the run
-            self.budget.spend(usage, cost)
+        if spent:  # once every call is recorded, all of it: a limit passed fails the run
+            self.budget.spend(sum((u for u, _ in spent), Usage()), sum(c for _, c in spent))
         if not step.unresolved():
             self.messages += [step.results[c.id] for c in step.calls]
         order = {c.id: i for i, c in enumerate(step.calls)}
