@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from cli_harness import invoke
 from server_harness import LiveServer
 
@@ -302,3 +304,34 @@ def test_a_large_ingest_on_a_terminal_shows_a_progress_bar_on_stderr(tmp_path: P
     assert "[1/3]" not in stderr  # the bar, not the lines of a pipe
     # stdout stays the answer alone
     assert [d["chunks"] > 1 for d in json.loads(out)] == [True, True, True]
+
+
+@pytest.mark.parametrize("mode", ["embedded", "remote"])
+def test_system_run_entries_are_named_by_the_system_run_id(
+    mode: str, server: LiveServer, tmp_path: Path
+) -> None:
+    """``--system-run`` names the agent system run whose agents' entries a Memory of
+    scope system_run holds; without it, or with a run that is not a system run of the
+    namespace, the command says why and exits 2."""
+    from test_server_memory import CREW
+
+    env = {"CORRAL_URL": server.url, "CORRAL_TOKEN": server.admin} if mode == "remote" else {}
+    home = tmp_path / "home"
+    manifest = tmp_path / "crew.yaml"
+    manifest.write_text(CREW)
+    cli(home, "apply", "-f", str(manifest), env=env)
+    record = json.loads(cli(home, "systems", "run", "crew-team", "scout", "-o", "json", env=env))
+    run_id = record["id"]
+    assert record["state"] == "succeeded", record
+    scoped = ("--system-run", run_id)
+    listed = json.loads(cli(home, "memory", "list", "crew", *scoped, "-o", "json", env=env))
+    assert [(e["key"], e["scope_key"]) for e in listed] == [("otters", run_id)]
+    assert cli(home, "memory", "read", "crew", "otters", *scoped, env=env) == (
+        "the otters sleep by the weir\n"
+    )
+    assert "otters" in cli(home, "memory", "search", "crew", "otters", *scoped, env=env)
+    cli(home, "memory", "write", "crew", "a heron", "--key", "heron", *scoped, env=env)
+    assert "deleted" in cli(home, "memory", "delete", "crew", "heron", *scoped, env=env)
+    assert "no system_run was given" in cli(home, "memory", "list", "crew", code=2, env=env)
+    unknown = cli(home, "memory", "list", "crew", "--system-run", "run_nope", code=2, env=env)
+    assert "system run 'run_nope' not found" in unknown

@@ -30,7 +30,7 @@ from corral.core.errors import (
     ResourceError,
     UserError,
 )
-from server_harness import LiveServer, echo_turn, resources
+from server_harness import LiveServer, echo_turn, resources, wait_for
 
 
 @pytest.fixture(scope="module")
@@ -536,3 +536,27 @@ def free_url() -> str:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     return f"http://127.0.0.1:{port}"
+
+
+def test_memories_of_a_system_run_are_named_by_its_id(client: Client) -> None:
+    from test_server_memory import CREW
+
+    client.apply(CREW)
+    task = client.submit_system("crew-team", "scout").task
+    ended = wait_for(
+        lambda: client.get_task(task.id).state in ("succeeded", "failed"), message="the run"
+    )
+    assert ended and client.get_task(task.id).state == "succeeded"
+    scoped = {"system_run": task.id}
+    assert [e.key for e in client.iter_memory_entries("crew", **scoped)] == ["otters"]
+    assert client.read_memory("crew", "otters", **scoped).scope_key == task.id
+    client.write_memory("crew", "a heron", key="heron", **scoped)
+    assert [h.key for h in client.search_memory("crew", "heron", **scoped).items] == ["heron"]
+    assert client.ingest_memory("crew", "the weir. " * 3, source="w", **scoped).written == 1
+    client.delete_memory("crew", "heron", **scoped)
+    assert client.memory_entries("crew", **scoped).items[0].key == "otters"
+    with pytest.raises(UserError) as missing:
+        client.memory_entries("crew")
+    assert missing.value.code == "invalid_memory_input"
+    with pytest.raises(NotFoundError):
+        client.memory_entries("crew", system_run="run_unknown")

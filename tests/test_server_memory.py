@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import httpx
 
 from corral.testing.fake_openai import FakeOpenAIServer
-from server_harness import apply
+from server_harness import LiveServer, apply, wait_for
 
 MEMORY = """
 apiVersion: corral/v1
@@ -176,3 +178,83 @@ spec: {embedding: {model: nowhere, dimensions: 8}}
         headers={"content-type": "application/yaml"},
     )
     assert missing.status_code == 422 and "ModelEndpoint 'nowhere'" in missing.text
+
+
+CREW = """
+apiVersion: corral/v1
+kind: Memory
+metadata: {name: crew}
+spec: {scope: system_run}
+---
+apiVersion: corral/v1
+kind: ModelEndpoint
+metadata: {name: crew-model}
+spec:
+  provider: scripted
+  script:
+    - tool_calls: [{name: memory_write, arguments: {text: "the otters sleep by the weir", key: otters}}]
+    - text: noted
+---
+apiVersion: corral/v1
+kind: Agent
+metadata: {name: crew-scout}
+spec: {model: crew-model, memory: [{ref: crew, access: write}]}
+---
+apiVersion: corral/v1
+kind: AgentSystem
+metadata: {name: crew-team}
+spec: {entry: crew-scout, graph: {crew-scout: {}}}
+"""
+
+
+def test_a_system_run_memory_is_named_by_its_system_run(
+    server: LiveServer, client: httpx.Client
+) -> None:
+    """What the agents of one system run wrote is read, searched and written by the
+    system run's id; without one, with a node run's, an unknown one or another
+    namespace's, the request is refused with a stable code."""
+    apply(client, CREW)
+    created = client.post("/v1/systems/crew-team/tasks", json={"input": "scout"})
+    assert created.status_code == 201, created.text
+    run_id = created.json()["id"]
+
+    def done() -> dict[str, Any] | None:
+        task: dict[str, Any] = client.get(f"/v1/tasks/{run_id}").json()
+        return task if task["state"] in ("succeeded", "failed", "cancelled") else None
+
+    assert wait_for(done, message="the system run")["state"] == "succeeded"
+    scoped = {"system_run": run_id}
+    base = "/v1/memories/crew"
+    listed = client.get(f"{base}/entries", params=scoped).json()["items"]
+    assert [(e["key"], e["scope_key"]) for e in listed] == [("otters", run_id)]
+    read = client.get(f"{base}/entries/otters", params=scoped)
+    assert read.status_code == 200 and read.json()["text"] == "the otters sleep by the weir"
+    found = client.post(f"{base}/search", json={"query": "otters", **scoped}).json()["items"]
+    assert [h["key"] for h in found] == ["otters"]
+    added = client.post(f"{base}/entries", json={"text": "a heron too", "key": "heron", **scoped})
+    assert added.status_code == 201 and added.json()["scope_key"] == run_id
+    ingested = client.post(f"{base}/ingest", json={"text": "the weir is old", **scoped})
+    assert ingested.status_code == 200, ingested.text
+    assert client.delete(f"{base}/entries/heron", params=scoped).status_code == 204
+
+    missing = client.post(f"{base}/entries", json={"text": "x"})
+    assert missing.status_code == 400 and missing.json()["code"] == "invalid_memory_input"
+    assert "no system_run was given" in missing.json()["detail"]
+    [node] = client.get(f"/v1/tasks/{run_id}/children").json()["items"]
+    by_node = client.get(f"{base}/entries", params={"system_run": node["id"]})
+    assert by_node.status_code == 400 and by_node.json()["code"] == "invalid_memory_input"
+    assert run_id in by_node.json()["detail"]
+    unknown = client.post(f"{base}/search", json={"query": "x", "system_run": "run_nope"})
+    assert unknown.status_code == 404 and unknown.json()["code"] == "not_found"
+    hostile = client.get(f"{base}/entries", params={"system_run": "../" + "x" * 100})
+    assert hostile.status_code == 422
+
+    # another namespace with a Memory of the same name cannot reach this run's entries
+    with server.client(server.mint("crew-other", "admin")) as other:
+        apply(other, CREW.split("---")[0])
+        foreign = other.get(f"{base}/entries", params=scoped)
+        assert foreign.status_code == 404 and foreign.json()["code"] == "not_found"
+        write = other.post(f"{base}/entries", json={"text": "planted", **scoped})
+        assert write.status_code == 404
+    after = client.get(f"{base}/entries", params=scoped).json()["items"]
+    assert sorted(e["key"] for e in after) == ["api#0", "otters"]

@@ -6,7 +6,16 @@ from typing import Annotated, Any, Literal, Self, cast
 
 from pydantic import BaseModel, Field
 
-from corral.api.common import FromRecord, JsonObject, Name, Request, SessionId, Text, Timestamp
+from corral.api.common import (
+    FromRecord,
+    Id,
+    JsonObject,
+    Name,
+    Request,
+    SessionId,
+    Text,
+    Timestamp,
+)
 from corral.core.chunking import MAX_INGEST_CHARS
 from corral.core.memory import MAX_KEY_CHARS, MAX_RESULTS, MemoryEntry, MemoryHit, MemoryStats
 
@@ -16,6 +25,9 @@ Key = Annotated[str, Field(min_length=1, max_length=MAX_KEY_CHARS, pattern=r"^[^
 class _Scoped(Request):
     agent: Name | None = Field(default=None, description="The agent's entries (scope agent).")
     session: SessionId | None = Field(default=None, description="The session's (scope session).")
+    system_run: Id | None = Field(
+        default=None, description="The agent system run's, by its id (scope system_run)."
+    )
 
 
 class MemoryWriteRequest(_Scoped):
@@ -55,7 +67,9 @@ class MemoryEntryOut(FromRecord):
     key: str
     text: str
     metadata: dict[str, Any]
-    scope_key: str = Field(description="The agent or session whose entry it is ('' for all).")
+    scope_key: str = Field(
+        description="The agent, session or system run whose entry it is ('' for all)."
+    )
     created_at: Timestamp
     updated_at: Timestamp
 

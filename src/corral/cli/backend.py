@@ -297,12 +297,14 @@ class Backend(ABC):
 
 @dataclass(frozen=True)
 class MemoryAt:
-    """A Memory of a namespace, and the agent or session whose entries (narrower scopes)."""
+    """A Memory of a namespace, and the agent, session or agent system run (its id) whose
+    entries (narrower scopes)."""
 
     namespace: str
     name: str
     agent: str | None = None
     session: str | None = None
+    system_run: str | None = None
 
 
 class EmbeddedBackend(Backend):
@@ -583,6 +585,7 @@ class EmbeddedBackend(Backend):
             metadata=metadata,
             agent=at.agent,
             session=at.session,
+            system_run=at.system_run,
         )
         return MemoryEntryOut.from_entry(entry)
 
@@ -607,6 +610,7 @@ class EmbeddedBackend(Backend):
             metadata=metadata,
             agent=at.agent,
             session=at.session,
+            system_run=at.system_run,
             progress=progress,
         )
         return MemoryIngestOut(
@@ -619,7 +623,12 @@ class EmbeddedBackend(Backend):
 
         try:
             entry = await self._memories().read(
-                at.namespace, at.name, key, agent=at.agent, session=at.session
+                at.namespace,
+                at.name,
+                key,
+                agent=at.agent,
+                session=at.session,
+                system_run=at.system_run,
             )
         except MemoryEntryNotFoundError:
             return None
@@ -630,7 +639,12 @@ class EmbeddedBackend(Backend):
 
         try:
             await self._memories().delete(
-                at.namespace, at.name, key, agent=at.agent, session=at.session
+                at.namespace,
+                at.name,
+                key,
+                agent=at.agent,
+                session=at.session,
+                system_run=at.system_run,
             )
         except MemoryEntryNotFoundError:
             return False
@@ -642,7 +656,13 @@ class EmbeddedBackend(Backend):
         from corral.api import MemoryEntryOut
 
         found = await self._memories().list_entries(
-            at.namespace, at.name, prefix=prefix, limit=limit, agent=at.agent, session=at.session
+            at.namespace,
+            at.name,
+            prefix=prefix,
+            limit=limit,
+            agent=at.agent,
+            session=at.session,
+            system_run=at.system_run,
         )
         return [MemoryEntryOut.from_entry(e) for e in found]
 
@@ -659,6 +679,7 @@ class EmbeddedBackend(Backend):
             filters=filters,
             agent=at.agent,
             session=at.session,
+            system_run=at.system_run,
         )
         return [MemoryHitOut.from_hit(h) for h in hits]
 

@@ -378,7 +378,13 @@ class RemoteBackend(Backend):
         self, at: MemoryAt, text: str, *, key: str | None, metadata: dict[str, Any]
     ) -> MemoryEntryOut:
         return await self.client.write_memory(
-            at.name, text, key=key, metadata=metadata, agent=at.agent, session=at.session
+            at.name,
+            text,
+            key=key,
+            metadata=metadata,
+            agent=at.agent,
+            session=at.session,
+            system_run=at.system_run,
         )
 
     async def ingest_memory(
@@ -399,6 +405,7 @@ class RemoteBackend(Backend):
             metadata=metadata,
             agent=at.agent,
             session=at.session,
+            system_run=at.system_run,
         )
         if progress is not None:  # the server cuts and writes in one request
             progress(done.chunks, done.chunks)
@@ -406,7 +413,9 @@ class RemoteBackend(Backend):
 
     async def read_memory(self, at: MemoryAt, key: str) -> MemoryEntryOut | None:
         try:
-            return await self.client.read_memory(at.name, key, agent=at.agent, session=at.session)
+            return await self.client.read_memory(
+                at.name, key, agent=at.agent, session=at.session, system_run=at.system_run
+            )
         except NotFoundError as exc:
             if exc.code != MemoryEntryNotFoundError.code:  # the Memory itself is missing: say so
                 raise
@@ -414,7 +423,9 @@ class RemoteBackend(Backend):
 
     async def delete_memory(self, at: MemoryAt, key: str) -> bool:
         try:
-            await self.client.delete_memory(at.name, key, agent=at.agent, session=at.session)
+            await self.client.delete_memory(
+                at.name, key, agent=at.agent, session=at.session, system_run=at.system_run
+            )
         except NotFoundError as exc:
             if exc.code != MemoryEntryNotFoundError.code:
                 raise
@@ -425,7 +436,12 @@ class RemoteBackend(Backend):
         self, at: MemoryAt, *, prefix: str, limit: int
     ) -> list[MemoryEntryOut]:
         page = await self.client.memory_entries(
-            at.name, prefix=prefix, agent=at.agent, session=at.session, limit=limit
+            at.name,
+            prefix=prefix,
+            agent=at.agent,
+            session=at.session,
+            system_run=at.system_run,
+            limit=limit,
         )
         return list(page.items)
 
@@ -433,6 +449,12 @@ class RemoteBackend(Backend):
         self, at: MemoryAt, query: str, *, top_k: int, filters: dict[str, Any]
     ) -> list[MemoryHitOut]:
         found = await self.client.search_memory(
-            at.name, query, top_k=top_k, filter=filters, agent=at.agent, session=at.session
+            at.name,
+            query,
+            top_k=top_k,
+            filter=filters,
+            agent=at.agent,
+            session=at.session,
+            system_run=at.system_run,
         )
         return list(found.items)

@@ -227,6 +227,8 @@ def memory_write_line(data: dict[str, Any]) -> str:
     """A ``memory.write`` event: what a tool call wrote to which Memory (one entry, or the
     chunks of an ingest), and a preview of the (redacted) text the event carries."""
     memory = escape(str(data.get("memory")))
+    if data.get("failed"):
+        return f"[red]✎ memory {memory}: failed ({escape(str(data['failed']))})[/]{_cost(data)}"
     preview = escape(_short(str(data.get("preview", "")), 80))
     if "key_prefix" in data:
         chunks, written = data.get("chunks"), data.get("written")
@@ -238,15 +240,27 @@ def memory_write_line(data: dict[str, Any]) -> str:
         if data.get("written") is False:
             what += " (written before: not again)"
     chars = f", {data['chars']} chars" if data.get("chars") is not None else ""
-    return f"[magenta]✎ memory {memory}:[/] {what}[dim]{chars} “{preview}”[/]"
+    return f"[magenta]✎ memory {memory}:[/] {what}[dim]{chars} “{preview}”[/]{_cost(data)}"
 
 
 def memory_search_line(data: dict[str, Any]) -> str:
     """A ``memory.search`` event: the Memory, the query's preview and how many hits."""
     memory = escape(str(data.get("memory")))
+    if data.get("failed"):
+        return f"[red]⌕ memory {memory}: failed ({escape(str(data['failed']))})[/]{_cost(data)}"
     query = escape(_short(str(data.get("query", "")), 80))
     hits = data.get("hits")
-    return f"[magenta]⌕ memory {memory}:[/] “{query}” [dim]→ {hits} hit(s)[/]"
+    return f"[magenta]⌕ memory {memory}:[/] “{query}” [dim]→ {hits} hit(s)[/]{_cost(data)}"
+
+
+def _cost(data: dict[str, Any]) -> str:
+    """What a memory call's embeddings cost the run (nothing when it embedded nothing)."""
+    usage = data.get("usage")
+    if not isinstance(usage, dict):
+        return ""
+    return (
+        f"[dim] (embedded {usage.get('input_tokens', 0)} tokens, ${data.get('cost_usd', 0):.6f})[/]"
+    )
 
 
 def approval_resolved_line(data: dict[str, Any]) -> str:

@@ -1,7 +1,8 @@
 """``corral memory write|read|search|list|delete|ingest NAME``: a Memory's entries, by hand.
 
 On the local store, or on the server (``/v1/memories``) in remote mode. ``--agent`` /
-``--session`` pick the entries of one agent or session in a Memory of that scope;
+``--session`` / ``--system-run`` pick the entries of one agent, session or agent
+system run (by its id) in a Memory of that scope;
 ``-o json`` prints the entries as JSON.
 """
 
@@ -34,6 +35,9 @@ MEMORY = typer.Argument(..., help="The Memory's name.")
 KEY = typer.Argument(..., help="The entry's key.")
 AGENT = typer.Option(None, "--agent", help="The agent whose entries (a Memory of scope agent).")
 SESSION = typer.Option(None, "--session", help="The session's entries (scope session).")
+SYSTEM_RUN = typer.Option(
+    None, "--system-run", help="The agent system run's entries, by its id (scope system_run)."
+)
 OUTPUT = typer.Option("text", "-o", "--output", help="text or json.")
 
 
@@ -74,6 +78,7 @@ def _on_backend(
     name: str,
     agent: str | None,
     session: str | None,
+    system_run: str | None,
     work: Callable[[Backend, MemoryAt], Awaitable[T]],
 ) -> T:
     """Run ``work`` on this command's backend (a server, or the local store)."""
@@ -83,7 +88,7 @@ def _on_backend(
         from corral.cli.connect import open_backend
 
         async with open_backend() as backend:
-            return await work(backend, MemoryAt(namespace, name, agent, session))
+            return await work(backend, MemoryAt(namespace, name, agent, session, system_run))
 
     return run_async(go())
 
@@ -96,6 +101,7 @@ def memory_write(
     meta: list[str] = typer.Option([], "--meta", help="Metadata KEY=VALUE (repeatable)."),
     agent: str | None = AGENT,
     session: str | None = SESSION,
+    system_run: str | None = SYSTEM_RUN,
     namespace: str = NAMESPACE,
 ) -> None:
     """Write one entry."""
@@ -106,6 +112,7 @@ def memory_write(
         name,
         agent,
         session,
+        system_run,
         lambda backend, at: backend.write_memory(at, body, key=key, metadata=metadata),
     )
     typer.echo(f"memory/{name} entry {entry.key} written")
@@ -117,12 +124,18 @@ def memory_read(
     key: str = KEY,
     agent: str | None = AGENT,
     session: str | None = SESSION,
+    system_run: str | None = SYSTEM_RUN,
     namespace: str = NAMESPACE,
     output: str = OUTPUT,
 ) -> None:
     """Print one entry's text."""
     entry = _on_backend(
-        namespace, name, agent, session, lambda backend, at: backend.read_memory(at, key)
+        namespace,
+        name,
+        agent,
+        session,
+        system_run,
+        lambda backend, at: backend.read_memory(at, key),
     )
     if entry is None:
         fail(f"memory/{name} has no entry {key!r}", EXIT_BAD_INPUT)
@@ -137,6 +150,7 @@ def memory_search(
     filters: list[str] = typer.Option([], "--filter", help="Metadata KEY=VALUE (repeatable)."),
     agent: str | None = AGENT,
     session: str | None = SESSION,
+    system_run: str | None = SYSTEM_RUN,
     namespace: str = NAMESPACE,
     output: str = OUTPUT,
 ) -> None:
@@ -148,6 +162,7 @@ def memory_search(
         name,
         agent,
         session,
+        system_run,
         lambda backend, at: backend.search_memory(at, query, top_k=top_k, filters=equal),
     )
     _show(
@@ -164,6 +179,7 @@ def memory_list(
     limit: int = typer.Option(20, "--limit", min=1, max=100, help="How many entries."),
     agent: str | None = AGENT,
     session: str | None = SESSION,
+    system_run: str | None = SYSTEM_RUN,
     namespace: str = NAMESPACE,
     output: str = OUTPUT,
 ) -> None:
@@ -173,6 +189,7 @@ def memory_list(
         name,
         agent,
         session,
+        system_run,
         lambda backend, at: backend.memory_entries(at, prefix=prefix, limit=limit),
     )
     _show(
@@ -188,11 +205,17 @@ def memory_delete(
     key: str = KEY,
     agent: str | None = AGENT,
     session: str | None = SESSION,
+    system_run: str | None = SYSTEM_RUN,
     namespace: str = NAMESPACE,
 ) -> None:
     """Delete one entry."""
     deleted = _on_backend(
-        namespace, name, agent, session, lambda backend, at: backend.delete_memory(at, key)
+        namespace,
+        name,
+        agent,
+        session,
+        system_run,
+        lambda backend, at: backend.delete_memory(at, key),
     )
     if not deleted:
         fail(f"memory/{name} has no entry {key!r}", EXIT_BAD_INPUT)
@@ -312,6 +335,7 @@ def memory_ingest(
     meta: list[str] = typer.Option([], "--meta", help="Metadata KEY=VALUE (repeatable)."),
     agent: str | None = AGENT,
     session: str | None = SESSION,
+    system_run: str | None = SYSTEM_RUN,
     namespace: str = NAMESPACE,
     output: str = OUTPUT,
 ) -> None:
@@ -340,7 +364,7 @@ def memory_ingest(
                 progress.document(number, result)
         return done
 
-    results = _on_backend(namespace, name, agent, session, work)
+    results = _on_backend(namespace, name, agent, session, system_run, work)
     chunks = sum(r.chunks for r in results)
     written = sum(r.written for r in results)
     _show(

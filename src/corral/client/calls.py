@@ -482,9 +482,9 @@ def delete_session(session_id: str) -> Call[None]:
 # --------------------------------------------------------------------------- memories
 
 
-def _scope(agent: str | None, session: str | None) -> dict[str, str]:
-    """The agent or session whose entries, for a Memory of that scope."""
-    scoped = {"agent": agent, "session": session}
+def _scope(agent: str | None, session: str | None, system_run: str | None = None) -> dict[str, str]:
+    """The agent, session or agent system run whose entries, for a Memory of that scope."""
+    scoped = {"agent": agent, "session": session, "system_run": system_run}
     return {k: v for k, v in scoped.items() if v is not None}
 
 
@@ -499,12 +499,13 @@ def memory_entries(
     prefix: str = "",
     agent: str | None = None,
     session: str | None = None,
+    system_run: str | None = None,
     limit: int | None = None,
     cursor: str | None = None,
 ) -> Call[MemoryEntryPage]:
     """A page of a Memory's entries, by key."""
     params: Params = [("prefix", prefix)] if prefix else []
-    params += list(_scope(agent, session).items())
+    params += list(_scope(agent, session, system_run).items())
     return Call(
         "GET",
         f"/v1/memories/{_seg(name)}/entries",
@@ -519,12 +520,19 @@ def iter_memory_entries(
     prefix: str = "",
     agent: str | None = None,
     session: str | None = None,
+    system_run: str | None = None,
     page_size: int = 100,
 ) -> Pages[MemoryEntryOut]:
     """A Memory's entries by key, page after page."""
     return Pages(
         lambda c: memory_entries(
-            name, prefix=prefix, agent=agent, session=session, limit=page_size, cursor=c
+            name,
+            prefix=prefix,
+            agent=agent,
+            session=session,
+            system_run=system_run,
+            limit=page_size,
+            cursor=c,
         )
     )
 
@@ -537,9 +545,10 @@ def write_memory(
     metadata: Mapping[str, Any] | None = None,
     agent: str | None = None,
     session: str | None = None,
+    system_run: str | None = None,
 ) -> Call[MemoryEntryOut]:
     """Write one entry (replacing the entry of ``key``; a new key without one)."""
-    body: dict[str, Any] = {"text": text, **_scope(agent, session)}
+    body: dict[str, Any] = {"text": text, **_scope(agent, session, system_run)}
     if key is not None:
         body["key"] = key
     if metadata:
@@ -556,9 +565,10 @@ def ingest_memory(
     metadata: Mapping[str, Any] | None = None,
     agent: str | None = None,
     session: str | None = None,
+    system_run: str | None = None,
 ) -> Call[MemoryIngestOut]:
     """Cut ``text`` by the Memory's chunking, each chunk one entry ``KEY_PREFIX#N``."""
-    body: dict[str, Any] = {"text": text, "source": source, **_scope(agent, session)}
+    body: dict[str, Any] = {"text": text, "source": source, **_scope(agent, session, system_run)}
     if key_prefix is not None:
         body["key_prefix"] = key_prefix
     if metadata:
@@ -567,21 +577,33 @@ def ingest_memory(
 
 
 def read_memory(
-    name: str, key: str, *, agent: str | None = None, session: str | None = None
+    name: str,
+    key: str,
+    *,
+    agent: str | None = None,
+    session: str | None = None,
+    system_run: str | None = None,
 ) -> Call[MemoryEntryOut]:
     """One entry (``NotFoundError`` when absent: code ``memory_entry_not_found``, or
     ``not_found`` when the Memory is)."""
     path = f"/v1/memories/{_seg(name)}/entries/{_seg(key)}"
-    return Call("GET", path, _model(MemoryEntryOut), list(_scope(agent, session).items()))
+    return Call(
+        "GET", path, _model(MemoryEntryOut), list(_scope(agent, session, system_run).items())
+    )
 
 
 def delete_memory(
-    name: str, key: str, *, agent: str | None = None, session: str | None = None
+    name: str,
+    key: str,
+    *,
+    agent: str | None = None,
+    session: str | None = None,
+    system_run: str | None = None,
 ) -> Call[None]:
     """Delete one entry (``NotFoundError`` when absent: code ``memory_entry_not_found``, or
     ``not_found`` when the Memory is)."""
     path = f"/v1/memories/{_seg(name)}/entries/{_seg(key)}"
-    return Call("DELETE", path, _nothing, list(_scope(agent, session).items()))
+    return Call("DELETE", path, _nothing, list(_scope(agent, session, system_run).items()))
 
 
 def search_memory(
@@ -592,9 +614,10 @@ def search_memory(
     filter: Mapping[str, Any] | None = None,
     agent: str | None = None,
     session: str | None = None,
+    system_run: str | None = None,
 ) -> Call[MemorySearchResult]:
     """Entries matching words of ``query``, best first (``filter``: metadata equality)."""
-    body: dict[str, Any] = {"query": query, "top_k": top_k, **_scope(agent, session)}
+    body: dict[str, Any] = {"query": query, "top_k": top_k, **_scope(agent, session, system_run)}
     if filter:
         body["filter"] = dict(filter)
     return Call("POST", f"/v1/memories/{_seg(name)}/search", _model(MemorySearchResult), json=body)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from corral.core.errors import CorralError, NotFoundError, UserError
+from corral.core.messages import Embeddings, Usage
 
 #: the longest text one entry may hold (characters): longer texts are refused, not cut
 MAX_ENTRY_CHARS = 16_000
@@ -86,6 +87,22 @@ class MemoryBackendError(CorralError):
 
     def to_dict(self) -> dict[str, Any]:
         return {**super().to_dict(), "retryable": self.retryable}
+
+
+@dataclass
+class EmbeddingSpend:
+    """What the embeddings of one operation cost (tokens, requests, US dollars): a
+    memory tool's call charges it to its run (:mod:`corral.tools.memory`)."""
+
+    usage: Usage = field(default_factory=Usage)
+    cost_usd: float = 0.0
+
+    def add(self, embeddings: Embeddings) -> None:
+        self.usage = self.usage + embeddings.usage
+        self.cost_usd += embeddings.cost_usd
+
+    def __bool__(self) -> bool:
+        return self.usage.requests > 0 or self.usage.total_tokens > 0 or self.cost_usd > 0
 
 
 @dataclass(frozen=True)

@@ -64,7 +64,7 @@ from corral.core.messages import (
 )
 from corral.core.runs import Decision, PendingApproval, RunRecord, RunState
 from corral.engine.budget import Budget
-from corral.engine.replay import OpenStep, replace_system, replay
+from corral.engine.replay import CHARGED_CALL_EVENTS, OpenStep, charge_of, replace_system, replay
 from corral.engine.structured import parse_output, repair_prompt, schema_instruction
 from corral.models.base import Model, ModelSettings
 from corral.resources.kinds import Limits, SessionPolicy
@@ -497,6 +497,8 @@ class AgentLoop:
             else:
                 runnable.append((index, call, False))
 
+        spent: list[tuple[Usage, float]] = []
+
         async def invoke(index: int, call: ToolCall, approved: bool) -> None:
             async def started() -> None:
                 await self.emit(
@@ -512,6 +514,8 @@ class AgentLoop:
             outcome = await toolset.invoke(call, context, approved=approved, on_start=started)
             for kind, data in context.journal:  # what the call did, before its result
                 await self.emit(kind, step=step.step, call_id=call.id, tool=outcome.ref, **data)
+                if kind in CHARGED_CALL_EVENTS:  # what it paid (embeddings), the run's spend
+                    spent.append(charge_of(data))
             if outcome.child is not None:
                 step.children[call.id] = outcome.child.run_id
                 waiting.append(call.id)
@@ -550,6 +554,8 @@ class AgentLoop:
                 async with anyio.create_task_group() as group:
                     for index, call, approved in runnable:
                         group.start_soon(invoke, index, call, approved)
+        if spent:  # once every call is recorded, all of it: a limit passed fails the run
+            self.budget.spend(sum((u for u, _ in spent), Usage()), sum(c for _, c in spent))
         if not step.unresolved():
             self.messages += [step.results[c.id] for c in step.calls]
         order = {c.id: i for i, c in enumerate(step.calls)}

@@ -7,7 +7,9 @@ message the loop added, ``tool.call`` marks a call whose execution began and
 human decisions, ``child.start``/``child.finish`` a call answered by a child run
 (and the child's spend, which counts as the run's; one with no ``call_id``: a child a
 tool program started over the API, charged when its step's calls were done),
-``handoff`` a switch to another agent (its system prompt replaces the first).
+``handoff`` a switch to another agent (its system prompt replaces the first),
+``memory.write``/``memory.search`` what a memory tool's call did, with what its
+embeddings cost (``usage``, ``cost_usd``: the run's spend, like a model turn's).
 Replaying them never calls a model or a tool.
 """
 
@@ -15,11 +17,21 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from corral.core.events import Event, EventType
 from corral.core.messages import Message, ToolCall, Usage, load
 from corral.tools.base import Handoff
 from corral.tools.governance import tool_message_text
+
+#: the events a tool call journals (before its result) whose ``usage`` and ``cost_usd``
+#: are charged to the run: what a memory tool paid its embedding model
+CHARGED_CALL_EVENTS = frozenset({EventType.MEMORY_WRITE, EventType.MEMORY_SEARCH})
+
+
+def charge_of(data: dict[str, Any]) -> tuple[Usage, float]:
+    """The tokens and cost an event charges to its run (none when it carries none)."""
+    return load(Usage, data.get("usage") or {}), float(data.get("cost_usd") or 0.0)
 
 
 @dataclass
@@ -125,6 +137,10 @@ def replay(events: Sequence[Event]) -> Checkpoint:
             checkpoint.charged.add(str(data.get("run_id")))
             checkpoint.usage = checkpoint.usage + load(Usage, data.get("usage", {}))
             checkpoint.cost_usd += float(data.get("cost_usd", 0.0))
+        elif event.type in CHARGED_CALL_EVENTS:
+            usage, cost = charge_of(data)
+            checkpoint.usage = checkpoint.usage + usage
+            checkpoint.cost_usd += cost
         elif event.type is EventType.APPROVAL_REQUESTED and open_step is not None:
             open_step.awaiting[data["call_id"]] = str(data.get("reason", ""))
         elif event.type is EventType.APPROVAL_RESOLVED and open_step is not None:

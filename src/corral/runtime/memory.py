@@ -4,8 +4,10 @@ by an agent's tool call.
 
 A Memory is found by namespace and name (``NotFoundError`` when absent, as for any
 resource); its scope decides which entries an operation sees: a namespace-wide
-Memory has one set, an ``agent`` or ``session`` Memory one per agent or session, named
-by ``agent`` / ``session`` (``MemoryInputError`` when the scope needs the one not given).
+Memory has one set, an ``agent``, ``session`` or ``system_run`` Memory one per agent,
+session or agent system's run, named by ``agent`` / ``session`` / ``system_run`` (the
+system run's id; ``MemoryInputError`` when the scope needs the one not given,
+``NotFoundError`` for a system run that is not one of the namespace's).
 Each operation opens the Memory's backend (:func:`open_memory_backend`: the store, or
 a remote service) and closes it when done.
 """
@@ -23,6 +25,7 @@ from corral.core.memory import (
     MemoryEntry,
     MemoryEntryNotFoundError,
     MemoryHit,
+    MemoryInputError,
     MemoryPlace,
     MemoryStats,
     place_of,
@@ -109,16 +112,21 @@ class Memories:
         *,
         agent: str | None = None,
         session: str | None = None,
+        system_run: str | None = None,
         every_scope: bool = False,
     ) -> AsyncIterator[OpenMemory]:
-        """The Memory ``name`` and the place of the entries ``agent`` / ``session`` see
-        (with ``every_scope``, its namespace-wide place: for operations on all scopes)."""
+        """The Memory ``name`` and the place of the entries ``agent`` / ``session`` / the
+        agents of the system run ``system_run`` see (with ``every_scope``, its
+        namespace-wide place: for operations on all scopes)."""
         spec = await memory_spec(self.store, namespace, name)
-        place = (
-            MemoryPlace(namespace, name)
-            if every_scope
-            else place_of(namespace, name, spec.scope, agent=agent, session=session)
-        )
+        if every_scope:
+            place = MemoryPlace(namespace, name)
+        else:
+            if spec.scope == "system_run" and system_run:
+                await self._check_system_run(namespace, system_run)
+            place = place_of(
+                namespace, name, spec.scope, agent=agent, session=session, system_run=system_run
+            )
         embedder = await self._embedder(namespace, name, spec)
         try:
             backend = await self._backend(namespace, name, spec, embedder)
@@ -129,6 +137,20 @@ class Memories:
         finally:
             if embedder is not None:
                 await embedder.aclose()
+
+    async def _check_system_run(self, namespace: str, run_id: str) -> None:
+        """``run_id`` names a system run of ``namespace`` (a run of another namespace, or
+        none, is not found; a node run of one is named by its system run's id)."""
+        run = await self.store.get_run(run_id)
+        if run is None or run.namespace != namespace:
+            raise NotFoundError(f"system run {run_id!r} not found in namespace {namespace!r}")
+        if not run.is_system_run:
+            parent = (
+                f": it is a node of the system run {run.parent_run_id!r}, name that one"
+                if run.system is not None and run.parent_run_id
+                else ""
+            )
+            raise MemoryInputError(f"run {run_id!r} is not an agent system's run{parent}")
 
     async def _embedder(self, namespace: str, name: str, spec: MemorySpec) -> Model | None:
         """The model of the Memory's ``spec.embedding`` (a store backend's), if it has one;
@@ -176,9 +198,12 @@ class Memories:
         metadata: Mapping[str, Any] | None = None,
         agent: str | None = None,
         session: str | None = None,
+        system_run: str | None = None,
     ) -> MemoryEntry:
         """Write one entry (replacing the entry of ``key``), the Memory's retention applied."""
-        async with self.open(namespace, name, agent=agent, session=session) as memory:
+        async with self.open(
+            namespace, name, agent=agent, session=session, system_run=system_run
+        ) as memory:
             place = memory.place
             entry = MemoryEntry(
                 place.namespace, place.memory, place.scope_key, key, text, dict(metadata or {})
@@ -197,6 +222,7 @@ class Memories:
         metadata: Mapping[str, Any] | None = None,
         agent: str | None = None,
         session: str | None = None,
+        system_run: str | None = None,
         progress: Callable[[int, int], None] | None = None,
     ) -> tuple[str, IngestResult]:
         """Cut ``text`` by the Memory's chunking and write each chunk as ``KEY_PREFIX#N``
@@ -205,7 +231,9 @@ class Memories:
         unique in the whole Memory): ingesting the same document again writes nothing
         twice. Returns the prefix used and what was written."""
         prefix = key_prefix or source
-        async with self.open(namespace, name, agent=agent, session=session) as memory:
+        async with self.open(
+            namespace, name, agent=agent, session=session, system_run=system_run
+        ) as memory:
             scope = memory.place.scope_key
             done = await ingest_text(
                 memory.backend,
@@ -228,9 +256,12 @@ class Memories:
         *,
         agent: str | None = None,
         session: str | None = None,
+        system_run: str | None = None,
     ) -> MemoryEntry:
         """The entry of ``key`` (``MemoryEntryNotFoundError`` when absent)."""
-        async with self.open(namespace, name, agent=agent, session=session) as memory:
+        async with self.open(
+            namespace, name, agent=agent, session=session, system_run=system_run
+        ) as memory:
             entry = await memory.backend.read(memory.place, key)
         if entry is None:
             raise MemoryEntryNotFoundError(f"memory {name!r} has no entry {key!r}")
@@ -244,9 +275,12 @@ class Memories:
         *,
         agent: str | None = None,
         session: str | None = None,
+        system_run: str | None = None,
     ) -> None:
         """Delete the entry of ``key`` (``MemoryEntryNotFoundError`` when absent)."""
-        async with self.open(namespace, name, agent=agent, session=session) as memory:
+        async with self.open(
+            namespace, name, agent=agent, session=session, system_run=system_run
+        ) as memory:
             deleted = await memory.backend.delete(memory.place, key)
         if not deleted:
             raise MemoryEntryNotFoundError(f"memory {name!r} has no entry {key!r}")
@@ -261,9 +295,12 @@ class Memories:
         after: str | None = None,
         agent: str | None = None,
         session: str | None = None,
+        system_run: str | None = None,
     ) -> list[MemoryEntry]:
         """The entries by key (starting with ``prefix``, after the key ``after``)."""
-        async with self.open(namespace, name, agent=agent, session=session) as memory:
+        async with self.open(
+            namespace, name, agent=agent, session=session, system_run=system_run
+        ) as memory:
             return await memory.backend.list_entries(
                 memory.place, prefix=prefix, limit=limit, after=after
             )
@@ -278,7 +315,10 @@ class Memories:
         filters: Mapping[str, Any] | None = None,
         agent: str | None = None,
         session: str | None = None,
+        system_run: str | None = None,
     ) -> list[MemoryHit]:
         """The entries matching ``query``, best first."""
-        async with self.open(namespace, name, agent=agent, session=session) as memory:
+        async with self.open(
+            namespace, name, agent=agent, session=session, system_run=system_run
+        ) as memory:
             return await memory.backend.search(memory.place, query, top_k=top_k, filters=filters)

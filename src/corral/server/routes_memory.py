@@ -7,7 +7,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path, Query, Request, Response
 
-from corral.api.common import Name, SessionId
+from corral.api.common import Id, Name, SessionId
 from corral.api.memory import (
     Key,
     MemoryEntryOut,
@@ -36,6 +36,10 @@ AgentQuery = Annotated[
     str | None, Query(pattern=NAME_PATTERN, description="The agent's entries (scope agent).")
 ]
 SessionQuery = Annotated[SessionId | None, Query(description="The session's (scope session).")]
+SystemRunQuery = Annotated[
+    Id | None,
+    Query(description="The agent system run's, by its id (scope system_run)."),
+]
 
 
 def _memories(request: Request) -> Memories:
@@ -67,6 +71,7 @@ async def list_memory_entries(
     prefix: Annotated[str, Query(max_length=255, description="Only keys with this start.")] = "",
     agent: AgentQuery = None,
     session: SessionQuery = None,
+    system_run: SystemRunQuery = None,
     limit: pagination.Limit = 100,
     cursor: pagination.Cursor = None,
 ) -> MemoryEntryPage:
@@ -80,6 +85,7 @@ async def list_memory_entries(
         after=None if after is None else after[0],
         agent=agent,
         session=session,
+        system_run=system_run,
     )
     page, next_cursor = pagination.keyset_page(found, limit, lambda e: (e.key,))
     return MemoryEntryPage(
@@ -106,6 +112,7 @@ async def write_memory_entry(
         metadata=body.metadata,
         agent=body.agent,
         session=body.session,
+        system_run=body.system_run,
     )
     return MemoryEntryOut.from_entry(entry)
 
@@ -131,6 +138,7 @@ async def ingest_memory(
         metadata=body.metadata,
         agent=body.agent,
         session=body.session,
+        system_run=body.system_run,
     )
     return MemoryIngestOut(
         key_prefix=prefix, chunks=done.chunks, written=done.written, keys=done.keys
@@ -150,8 +158,11 @@ async def read_memory_entry(
     request: Request,
     agent: AgentQuery = None,
     session: SessionQuery = None,
+    system_run: SystemRunQuery = None,
 ) -> MemoryEntryOut:
-    entry = await _memories(request).read(who.namespace, name, key, agent=agent, session=session)
+    entry = await _memories(request).read(
+        who.namespace, name, key, agent=agent, session=session, system_run=system_run
+    )
     return MemoryEntryOut.from_entry(entry)
 
 
@@ -169,8 +180,11 @@ async def delete_memory_entry(
     request: Request,
     agent: AgentQuery = None,
     session: SessionQuery = None,
+    system_run: SystemRunQuery = None,
 ) -> Response:
-    await _memories(request).delete(who.namespace, name, key, agent=agent, session=session)
+    await _memories(request).delete(
+        who.namespace, name, key, agent=agent, session=session, system_run=system_run
+    )
     return Response(status_code=204)
 
 
@@ -192,5 +206,6 @@ async def search_memory(
         filters=body.filter,
         agent=body.agent,
         session=body.session,
+        system_run=body.system_run,
     )
     return MemorySearchResult(items=[MemoryHitOut.from_hit(h) for h in hits])

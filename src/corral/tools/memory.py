@@ -16,7 +16,10 @@ are redacted (every secret the agent resolved) before they are stored.
 
 A write or ingest is journaled in the run's events as ``memory.write``, a search as
 ``memory.search`` (:attr:`ToolContext.journal`): keys and counts, and of the text or
-query only a short preview, redacted.
+query only a short preview, redacted. A call that embedded (a Memory with
+``spec.embedding``) adds ``usage`` and ``cost_usd`` to its event: the engine charges
+them to the run's budget and a replay counts them from the journal (a replayed write
+embeds nothing and charges nothing).
 """
 
 from __future__ import annotations
@@ -33,13 +36,14 @@ from corral.core.events import EventType
 from corral.core.ids import new_id
 from corral.core.memory import (
     MAX_KEY_CHARS,
+    EmbeddingSpend,
     MemoryBackendError,
     MemoryEntry,
     MemoryInputError,
     MemoryPlace,
     place_of,
 )
-from corral.core.messages import ToolSpec
+from corral.core.messages import ToolSpec, dump
 from corral.core.redaction import Redactor
 from corral.resources.memory import MemoryAccessLevel, MemorySpec
 from corral.store.base import Store
@@ -224,12 +228,18 @@ class MemoryTool(Tool):
 
     async def call(self, arguments: dict[str, Any], ctx: ToolContext) -> Any:
         binding = self._memory(arguments)
+        spend = EmbeddingSpend()
         try:
             place = await self._place(binding, ctx)
-            return await getattr(self, f"_{self.operation}")(binding, place, arguments, ctx)
+            operation = getattr(self, f"_{self.operation}")
+            return await operation(binding, place, arguments, ctx, spend)
         except MemoryInputError as exc:
+            self._journal_failed(ctx, binding, spend, "invalid_memory_input")
             raise ToolError(ToolErrorCode.INVALID_INPUT, str(exc)) from None
         except MemoryBackendError as exc:
+            # embeddings paid before the failure (a refused answer, an ingest's earlier
+            # batches) are the run's all the same
+            self._journal_failed(ctx, binding, spend, exc.code)
             # a remote backend's failure, said as the tool's (its message holds no secret)
             raise ToolError(
                 _BACKEND_CODES.get(exc.code, ToolErrorCode.EXECUTION_FAILED),
@@ -237,6 +247,16 @@ class MemoryTool(Tool):
                 retryable=exc.retryable,
                 details={"memory_backend": exc.code},
             ) from None
+
+    def _journal_failed(
+        self, ctx: ToolContext, binding: MemoryBinding, spend: EmbeddingSpend, code: str
+    ) -> None:
+        """The event of a call that failed after paying for embeddings: what it cost, and
+        why it failed (nothing when it paid nothing)."""
+        if not spend:
+            return
+        kind = EventType.MEMORY_SEARCH if self.operation == "search" else EventType.MEMORY_WRITE
+        ctx.journal.append((kind, {"memory": binding.name, "failed": code, **_charged(spend)}))
 
     def _redacted(self, arguments: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         """A write's text and metadata with every secret the agent saw redacted: no secret
@@ -263,6 +283,7 @@ class MemoryTool(Tool):
         place: MemoryPlace,
         arguments: dict[str, Any],
         ctx: ToolContext,
+        spend: EmbeddingSpend,
     ) -> Any:
         text, metadata = self._redacted(arguments)
         key = self._redacted_key(arguments.get("key"))
@@ -276,8 +297,8 @@ class MemoryTool(Tool):
             idempotency_key=write_key(ctx, arguments),
         )
         # a replayed call finds the entry its first run wrote, and says the same
-        stored, fresh = await binding.backend.write(entry)
-        _journal_write(ctx, binding, text, key=stored.key, written=fresh)
+        stored, fresh = await binding.backend.write(entry, spend=spend)
+        _journal_write(ctx, binding, text, spend, key=stored.key, written=fresh)
         return {"memory": binding.name, "key": stored.key, "stored": True}
 
     async def _read(
@@ -286,6 +307,7 @@ class MemoryTool(Tool):
         place: MemoryPlace,
         arguments: dict[str, Any],
         ctx: ToolContext,
+        spend: EmbeddingSpend,
     ) -> Any:
         key = str(arguments["key"])
         entry = await binding.backend.read(place, key)
@@ -306,20 +328,18 @@ class MemoryTool(Tool):
         place: MemoryPlace,
         arguments: dict[str, Any],
         ctx: ToolContext,
+        spend: EmbeddingSpend,
     ) -> Any:
         hits = await binding.backend.search(
             place,
             str(arguments["query"]),
             top_k=int(arguments.get("top_k", 5)),
             filters=arguments.get("filter"),
+            spend=spend,
         )
         query = str(arguments["query"])
-        ctx.journal.append(
-            (
-                EventType.MEMORY_SEARCH,
-                {"memory": binding.name, "query": _short(query), "hits": len(hits)},
-            )
-        )
+        event = {"memory": binding.name, "query": _short(query), "hits": len(hits)}
+        ctx.journal.append((EventType.MEMORY_SEARCH, {**event, **_charged(spend)}))
         results = [
             {
                 "key": hit.entry.key,
@@ -338,6 +358,7 @@ class MemoryTool(Tool):
         place: MemoryPlace,
         arguments: dict[str, Any],
         ctx: ToolContext,
+        spend: EmbeddingSpend,
     ) -> Any:
         limit = int(arguments.get("limit", 20))
         entries = await binding.backend.list_entries(
@@ -360,6 +381,7 @@ class MemoryTool(Tool):
         place: MemoryPlace,
         arguments: dict[str, Any],
         ctx: ToolContext,
+        spend: EmbeddingSpend,
     ) -> Any:
         key = str(arguments["key"])
         deleted = await binding.backend.delete(place, key)
@@ -371,6 +393,7 @@ class MemoryTool(Tool):
         place: MemoryPlace,
         arguments: dict[str, Any],
         ctx: ToolContext,
+        spend: EmbeddingSpend,
     ) -> Any:
         text, metadata = self._redacted(arguments)
         key = write_key(ctx, arguments)
@@ -389,9 +412,10 @@ class MemoryTool(Tool):
             key_prefix=str(prefix),
             idempotency_key=key,
             metadata=metadata,
+            spend=spend,
         )
         _journal_write(
-            ctx, binding, text, key_prefix=prefix, chunks=done.chunks, written=done.written
+            ctx, binding, text, spend, key_prefix=prefix, chunks=done.chunks, written=done.written
         )
         return {
             "memory": binding.name,
@@ -434,7 +458,18 @@ def memory_tools(
     return [MemoryTool(op, memories, store, redactor) for op in operations]
 
 
-def _journal_write(ctx: ToolContext, binding: MemoryBinding, text: str, **fields: Any) -> None:
-    """The call's ``memory.write`` event: a short preview of the (redacted) text, never all."""
+def _journal_write(
+    ctx: ToolContext, binding: MemoryBinding, text: str, spend: EmbeddingSpend, **fields: Any
+) -> None:
+    """The call's ``memory.write`` event: a short preview of the (redacted) text, never all,
+    and what embedding it cost."""
     event = {"memory": binding.name, **fields, "preview": _short(text), "chars": len(text)}
-    ctx.journal.append((EventType.MEMORY_WRITE, event))
+    ctx.journal.append((EventType.MEMORY_WRITE, {**event, **_charged(spend)}))
+
+
+def _charged(spend: EmbeddingSpend) -> dict[str, Any]:
+    """An event's ``usage`` and ``cost_usd`` (what the run is charged for the call's
+    embeddings; the engine charges what a journaled event carries), or nothing."""
+    if not spend:
+        return {}
+    return {"usage": dump(spend.usage), "cost_usd": spend.cost_usd}

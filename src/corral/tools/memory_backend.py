@@ -30,6 +30,7 @@ from typing import Any, Protocol
 
 from corral.core.errors import ConfigurationError, EmbeddingDimensionsError, ModelError
 from corral.core.memory import (
+    EmbeddingSpend,
     MemoryBackendError,
     MemoryEntry,
     MemoryHit,
@@ -70,13 +71,18 @@ class MemoryBackend(Protocol):
     searched, counted and pruned. The methods' contracts are those of the store's
     memory operations (:class:`corral.store.base.Store`)."""
 
-    async def write(self, entry: MemoryEntry) -> tuple[MemoryEntry, bool]:
+    async def write(
+        self, entry: MemoryEntry, *, spend: EmbeddingSpend | None = None
+    ) -> tuple[MemoryEntry, bool]:
         """Store ``entry`` (replacing its key's), the Memory's retention applied; the entry
         as stored and whether this call wrote it (``False``: its idempotency key was
-        written before, and that entry comes back)."""
+        written before, and that entry comes back). What embedding it cost is added to
+        ``spend`` (nothing for a replayed write, or a backend that embeds elsewhere)."""
         ...
 
-    async def write_many(self, entries: Sequence[MemoryEntry]) -> list[tuple[MemoryEntry, bool]]:
+    async def write_many(
+        self, entries: Sequence[MemoryEntry], *, spend: EmbeddingSpend | None = None
+    ) -> list[tuple[MemoryEntry, bool]]:
         """:meth:`write` for each entry, in order (an ingest's chunks); a backend may
         batch them (the store writes them in one transaction)."""
         ...
@@ -102,9 +108,11 @@ class MemoryBackend(Protocol):
         *,
         top_k: int = 5,
         filters: Mapping[str, Any] | None = None,
+        spend: EmbeddingSpend | None = None,
     ) -> list[MemoryHit]:
         """Entries matching ``query``, best first, at most ``top_k``; with ``filters``,
-        only those whose metadata has each key equal to its value."""
+        only those whose metadata has each key equal to its value. What embedding the
+        query cost is added to ``spend``."""
         ...
 
     async def stats(self, namespace: str, memory: str) -> MemoryStats:
@@ -138,11 +146,15 @@ class StoreMemoryBackend:
         self.name = name
         self.embedder = embedder if spec.embedding is not None else None
 
-    async def write(self, entry: MemoryEntry) -> tuple[MemoryEntry, bool]:
-        [written] = await self.write_many([entry])
+    async def write(
+        self, entry: MemoryEntry, *, spend: EmbeddingSpend | None = None
+    ) -> tuple[MemoryEntry, bool]:
+        [written] = await self.write_many([entry], spend=spend)
         return written
 
-    async def write_many(self, entries: Sequence[MemoryEntry]) -> list[tuple[MemoryEntry, bool]]:
+    async def write_many(
+        self, entries: Sequence[MemoryEntry], *, spend: EmbeddingSpend | None = None
+    ) -> list[tuple[MemoryEntry, bool]]:
         retention = self.spec.retention
         if self.embedder is None:
             return await self.store.write_memories(
@@ -157,7 +169,7 @@ class StoreMemoryBackend:
                 if found is not None:  # a replay: written before, not embedded again
                     done[n] = (found, False)
         todo = [n for n in range(len(entries)) if n not in done]
-        vectors = await self._vectors([entries[n].text for n in todo])
+        vectors = await self._vectors([entries[n].text for n in todo], spend)
         written = await self.store.write_memories(
             [entries[n] for n in todo],
             vectors,
@@ -167,8 +179,11 @@ class StoreMemoryBackend:
         done.update(zip(todo, written, strict=True))
         return [done[n] for n in range(len(entries))]
 
-    async def _vectors(self, texts: Sequence[str]) -> list[MemoryVector]:
-        """The embedding of each text, by the Memory's model (in batches)."""
+    async def _vectors(
+        self, texts: Sequence[str], spend: EmbeddingSpend | None
+    ) -> list[MemoryVector]:
+        """The embedding of each text, by the Memory's model (in batches); what each
+        batch cost is added to ``spend`` as soon as it is answered."""
         assert self.embedder is not None and self.spec.embedding is not None
         dimensions = self.spec.embedding.dimensions
         made_by = embedder_id(self.embedder.name, dimensions)
@@ -179,6 +194,8 @@ class StoreMemoryBackend:
                 answer = await self.embedder.embed(batch, dimensions=dimensions)
             except (ModelError, ConfigurationError) as exc:
                 raise self._embedding_failed(exc) from None
+            if spend is not None:  # paid, even when the answer is refused below
+                spend.add(answer)
             if len(answer.vectors) != len(batch) or answer.dimensions not in (0, dimensions):
                 raise self._embedding_failed(
                     EmbeddingDimensionsError(
@@ -219,10 +236,11 @@ class StoreMemoryBackend:
         *,
         top_k: int = 5,
         filters: Mapping[str, Any] | None = None,
+        spend: EmbeddingSpend | None = None,
     ) -> list[MemoryHit]:
         vector = None
         if self.embedder is not None:
-            [vector] = await self._vectors([query])
+            [vector] = await self._vectors([query], spend)
         return await self.store.search_memory(
             place, query, top_k=top_k, filters=filters, vector=vector
         )

@@ -33,6 +33,7 @@ from pydantic import ValidationError as PydanticValidationError
 from corral.core.errors import ToolError, ToolErrorCode
 from corral.core.memory import (
     MAX_RESULTS,
+    EmbeddingSpend,
     MemoryBackendError,
     MemoryEntry,
     MemoryHit,
@@ -176,11 +177,17 @@ class HttpMemoryBackend:
 
     # ------------------------------------------------------------------ the seam
 
-    async def write_many(self, entries: Sequence[MemoryEntry]) -> list[tuple[MemoryEntry, bool]]:
+    # ``spend``: the service embeds (or not) on its own account; nothing is charged here
+
+    async def write_many(
+        self, entries: Sequence[MemoryEntry], *, spend: EmbeddingSpend | None = None
+    ) -> list[tuple[MemoryEntry, bool]]:
         # the contract writes one entry per request
         return [await self.write(entry) for entry in entries]
 
-    async def write(self, entry: MemoryEntry) -> tuple[MemoryEntry, bool]:
+    async def write(
+        self, entry: MemoryEntry, *, spend: EmbeddingSpend | None = None
+    ) -> tuple[MemoryEntry, bool]:
         # refused here as the store refuses it: the service need not be asked
         key, text = check_key(entry.key), check_text(entry.text)
         metadata = check_metadata(dict(entry.metadata))
@@ -238,6 +245,7 @@ class HttpMemoryBackend:
         *,
         top_k: int = 5,
         filters: Mapping[str, Any] | None = None,
+        spend: EmbeddingSpend | None = None,
     ) -> list[MemoryHit]:
         top_k = max(1, min(top_k, MAX_RESULTS))
         wanted = check_metadata(dict(filters or {}), what="filter")

@@ -18,6 +18,7 @@ from corral.core.chunking import chunk_text
 from corral.core.memory import (
     MAX_KEY_CHARS,
     MAX_METADATA_VALUE_CHARS,
+    EmbeddingSpend,
     MemoryEntry,
     MemoryInputError,
     MemoryPlace,
@@ -68,11 +69,12 @@ async def ingest_text(
     idempotency_key: str,
     metadata: Mapping[str, Any] | None = None,
     progress: Callable[[int, int], None] | None = None,
+    spend: EmbeddingSpend | None = None,
 ) -> IngestResult:
     """Cut ``text`` and write each chunk as the entry ``KEY_PREFIX#N`` with metadata
     ``{..., source, chunk: N, chunks}``, :data:`INGEST_BATCH` chunks at a time (one
     transaction, one embeddings request each in the store); ``progress(done, total)``
-    after each batch."""
+    after each batch; what embedding the chunks cost is added to ``spend``."""
     if not key_prefix or len(key_prefix) > MAX_PREFIX_CHARS:
         raise MemoryInputError(f"a key prefix has 1 to {MAX_PREFIX_CHARS} characters")
     chunks = chunk_text(text, spec.chunking.size, spec.chunking.overlap)
@@ -94,7 +96,7 @@ async def ingest_text(
             )
             for index, chunk in enumerate(chunks[start : start + INGEST_BATCH], start=start)
         ]
-        for stored, fresh in await backend.write_many(batch):
+        for stored, fresh in await backend.write_many(batch, spend=spend):
             keys.append(stored.key)
             written += fresh
         if progress is not None:
