@@ -343,6 +343,7 @@ def test_apply_rejects_bad_documents_with_the_field_path_and_stores_nothing(
 
 def test_resources_list_get_delete_and_conflicts(client: httpx.Client) -> None:
     apply(client, resources("kept", ["{text: x}"]))
+    apply(client, resources("also-kept", ["{text: x}"]))  # a second agent: a second page
     agent = client.get("/v1/resources/agents/kept").json()
     assert (agent["kind"], agent["metadata"]["name"], agent["status"]["generation"]) == (
         "Agent",

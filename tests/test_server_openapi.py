@@ -37,7 +37,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
 
 @pytest.fixture(scope="module")
 def schema(live: LiveServer) -> dict[str, Any]:
-    document: dict[str, Any] = httpx.get(f"{live.url}/openapi.json").json()
+    document: dict[str, Any] = httpx.get(f"{live.url}/openapi.json", timeout=60).json()
     return document
 
 
