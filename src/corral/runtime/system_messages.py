@@ -15,7 +15,7 @@ from collections.abc import Mapping
 
 from corral.bus.base import Bus
 from corral.core.agent_messages import AgentMessage, MessageState
-from corral.core.errors import NotFoundError
+from corral.core.errors import ConflictError, NotFoundError
 from corral.core.runs import RunRecord
 from corral.runtime.operations import new_run
 from corral.store.base import Store
@@ -45,10 +45,17 @@ async def deliver(
     """Deliver ``message``: create (or find, by its id) the node run that handles it and
     mark it ``delivered``; the node run is announced on ``bus`` when new. What the
     coordinator does for a pending message and what a bus's inbox consumer does for a
-    delivery. ``NotFoundError`` when the system run or the agent is gone."""
+    delivery. ``NotFoundError`` when the system run or the agent is gone;
+    ``ConflictError`` when the system run has ended (a publish consumed after a cancel,
+    a forged one): no node run starts after its system run's end."""
     parent = await store.get_run(message.system_run_id)
     if parent is None:
         raise NotFoundError(f"system run {message.system_run_id!r} not found")
+    if parent.state.finished:
+        raise ConflictError(
+            f"system run {parent.id} has ended {parent.state.value}: "
+            f"no node run of agent {message.to_agent!r} starts"
+        )
     record = new_run(
         message.to_agent,
         node_input(message),

@@ -1,0 +1,152 @@
+"""Agent systems under attack: forged and late inbox deliveries, colliding idempotency
+keys, outputs that lie, graphs that are too big or point at the wrong kind. Each test
+names what must hold; the runs execute on real workers and real stores (``backend``:
+SQLite, and PostgreSQL + NATS JetStream)."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+from backends import Backend, backend_fixture, deployment_fixture
+from corral.bus.local import LocalBus
+from corral.core.agent_messages import AgentMessage, MessageState
+from corral.core.errors import ConflictError, ResourceError
+from corral.core.runs import RunState
+from corral.core.settings import Settings
+from corral.resources.loader import load_text
+from corral.runtime import operations, system_runs
+from corral.runtime.inbox import InboxConsumer
+from corral.runtime.system_messages import message_id
+from corral.runtime.worker import Worker
+from corral.store import Store
+from nats_servers import nats_prefix_fixture, nats_server_url_fixture
+from test_systems import ROUTER_SCHEMA, answering, apply, get, system
+
+__all__ = [
+    "backend_fixture",
+    "deployment_fixture",
+    "nats_prefix_fixture",
+    "nats_server_url_fixture",
+]
+
+
+def pending(run_id: str, to: str) -> AgentMessage:
+    """The system's input message to ``to``, as its coordinator would store it."""
+    ident = message_id(run_id, "input", to)
+    return AgentMessage(
+        id=ident,
+        namespace="default",
+        system_run_id=run_id,
+        from_agent=None,
+        to_agent=to,
+        branch_id="1",
+        parent_branch_id=None,
+        type="input",
+        payload="hello",
+        idempotency_key=ident,
+    )
+
+
+async def deliver_all(bus: LocalBus, consumer: InboxConsumer) -> None:
+    for delivery in await bus.take_agent_messages(10, 0.5):
+        await consumer.handle(delivery)
+
+
+async def drain(store: Store, settings: Settings) -> None:
+    worker = Worker(store, settings, bus=LocalBus(), poll_seconds=0.05)
+    with anyio.fail_after(30):
+        await worker.serve(anyio.Event(), until_idle=True)
+
+
+async def test_a_late_inbox_delivery_for_a_cancelled_system_run_starts_no_node_run(
+    env: tuple[Store, Settings],
+) -> None:
+    # a publish the coordinator made before the cancel, consumed after it (or a forged
+    # publish of a message id that is still pending): the system run has ended
+    store, _ = env
+    await apply(store, *answering("solo", "an answer"), system("team", entry="solo"))
+    run, _ = await system_runs.submit_system(store, "team", "hello")
+    message = pending(run.id, "solo")
+    await store.add_agent_messages([message])
+    await operations.cancel(store, run.id)
+    bus = LocalBus()
+    await bus.send_agent_message("default", "solo", message.id)
+    await deliver_all(bus, InboxConsumer(store, bus))
+    assert await store.list_children(run.id) == []
+    stored = await store.get_agent_message(message.id)
+    assert stored is not None and stored.state is MessageState.DEAD_LETTER
+    assert stored.error is not None and "cancelled" in stored.error["message"]
+
+
+async def test_a_task_holding_a_node_message_id_as_its_key_fails_the_system_not_parks_it(
+    backend: Backend,
+) -> None:
+    # message ids are derived from the system run's id: an operator can submit a task of
+    # the entry agent under the id of the system's first message before the system runs
+    store = backend.store
+    await apply(store, *answering("solo", "an answer", "another"), system("team", entry="solo"))
+    run, _ = await system_runs.submit_system(store, "team", "hello", bus=backend.bus)
+    squatter, _ = await operations.submit(
+        store, "solo", "not the system's", idempotency_key=message_id(run.id, "input", "solo")
+    )
+    await backend.drain()
+    done = await get(store, run)
+    assert done.state is RunState.FAILED, done.state
+    assert done.error is not None and done.error["code"] == "system_failed"
+    assert squatter.id in done.error["message"]
+    assert await store.list_children(run.id) == []
+
+
+async def test_an_idempotency_key_of_an_agent_task_is_not_a_system_run_of_that_name(
+    env: tuple[Store, Settings],
+) -> None:
+    # an Agent and an AgentSystem may share a name: their runs share the agent column
+    store, _ = env
+    await apply(store, *answering("team", "an answer"), system("team", entry="team"))
+    task, _ = await operations.submit(store, "team", "an agent task", idempotency_key="k1")
+    with pytest.raises(ConflictError) as raised:
+        await system_runs.submit_system(store, "team", "a system run", idempotency_key="k1")
+    assert task.id in raised.value.message
+    # and the other way round
+    run, _ = await system_runs.submit_system(store, "team", "a system run", idempotency_key="k2")
+    assert run.system == "team"
+    again, created = await system_runs.submit_system(
+        store, "team", "a system run", idempotency_key="k2"
+    )
+    assert (again.id, created) == (run.id, False)
+
+
+async def test_a_by_output_route_naming_a_huge_agent_name_fails_with_a_bounded_error(
+    env: tuple[Store, Settings],
+) -> None:
+    store, settings = env
+    huge = "x" * 200_000
+    await apply(
+        store,
+        *answering("router", f'{{"next": "{huge}", "topic": "t"}}', output_schema=ROUTER_SCHEMA),
+        *answering("billing", "refunded"),
+        *answering("support", "helped"),
+        system(
+            "desk",
+            entry="router",
+            graph={"router": {"next": ["billing", "support"], "route": "by_output"}},
+            output="billing",
+        ),
+    )
+    run, _ = await system_runs.submit_system(store, "desk", "hello")
+    await drain(store, settings)
+    done = await get(store, run)
+    assert done.state is RunState.FAILED and done.error is not None
+    assert done.error["code"] == "system_failed"
+    assert "router" in done.error["message"] and len(done.error["message"]) < 1000
+
+
+async def test_a_graph_naming_an_agent_system_as_a_node_is_refused(
+    env: tuple[Store, Settings],
+) -> None:
+    store, _ = env
+    await apply(store, *answering("solo", "an answer"), system("inner", entry="solo"))
+    with pytest.raises(ResourceError) as raised:
+        await apply(store, system("outer", entry="solo", graph={"solo": {"next": ["inner"]}}))
+    assert "inner" in str(raised.value)
