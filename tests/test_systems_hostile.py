@@ -88,7 +88,11 @@ async def test_a_task_holding_a_node_message_id_as_its_key_fails_the_system_not_
     await apply(store, *answering("solo", "an answer", "another"), system("team", entry="solo"))
     run, _ = await system_runs.submit_system(store, "team", "hello", bus=backend.bus)
     squatter, _ = await operations.submit(
-        store, "solo", "not the system's", idempotency_key=message_id(run.id, "input", "solo")
+        store,
+        "solo",
+        "not the system's",
+        idempotency_key=message_id(run.id, "input", "solo"),
+        bus=backend.bus,
     )
     await backend.drain()
     done = await get(store, run)

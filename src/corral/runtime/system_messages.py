@@ -71,6 +71,14 @@ async def deliver(
     record.branch_id = message.branch_id
     record.parent_branch_id = message.parent_branch_id
     submitted = await store.submit_agent_run(record)
+    if submitted.record.parent_run_id != parent.id:
+        # a task submitted under this message's id as its idempotency key (the ids are
+        # derived from the system run's): not a node run, and never one to wait for
+        raise ConflictError(
+            f"task {submitted.record.id} of agent {message.to_agent!r} holds the idempotency "
+            f"key {message.id!r} of the system's message: it is not a node run of "
+            f"system run {parent.id}"
+        )
     await store.mark_agent_message(
         message.id, MessageState.DELIVERED, child_run_id=submitted.record.id, attempt=attempt
     )
