@@ -112,9 +112,12 @@ async def test_an_idempotency_key_of_an_agent_task_is_not_a_system_run_of_that_n
     with pytest.raises(ConflictError) as raised:
         await system_runs.submit_system(store, "team", "a system run", idempotency_key="k1")
     assert task.id in raised.value.message
-    # and the other way round
+    # and the other way round: a system run's key (or a node run's) is no agent task's
     run, _ = await system_runs.submit_system(store, "team", "a system run", idempotency_key="k2")
     assert run.system == "team"
+    with pytest.raises(ConflictError) as raised:
+        await operations.submit(store, "team", "an agent task", idempotency_key="k2")
+    assert run.id in raised.value.message
     again, created = await system_runs.submit_system(
         store, "team", "a system run", idempotency_key="k2"
     )
