@@ -14,7 +14,6 @@ from corral.core.agent_messages import AgentMessage, MessageState
 from corral.core.errors import ConflictError, ResourceError
 from corral.core.runs import RunState
 from corral.core.settings import Settings
-from corral.resources.loader import load_text
 from corral.runtime import operations, system_runs
 from corral.runtime.inbox import InboxConsumer
 from corral.runtime.system_messages import message_id

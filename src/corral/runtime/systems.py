@@ -55,6 +55,7 @@ run's spend is counted in the system run's (``child.finish`` carries it).
 from __future__ import annotations
 
 import contextlib
+import reprlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -682,15 +683,24 @@ def _chosen(node: str, allowed: Sequence[str], output: Any) -> list[str]:
     if not isinstance(named, list) or not all(isinstance(n, str) for n in named):
         raise SystemFailed(
             f"agent {node!r} routes by its output, whose 'next' field must name one of "
-            f"{list(allowed)} (or list several); it gave {named!r}"
+            f"{list(allowed)} (or list several); it gave {_short(named)}"
         )
     unknown = [n for n in named if n not in allowed]
     if unknown:
         raise SystemFailed(
-            f"agent {node!r} routed its output to {unknown[0]!r}, which is not among its "
+            f"agent {node!r} routed its output to {_short(unknown[0])}, which is not among its "
             f"next agents {list(allowed)}"
         )
     return [n for n in allowed if n in named]
+
+
+_SHORT = reprlib.Repr()
+_SHORT.maxstring = _SHORT.maxother = 80
+
+
+def _short(value: Any) -> str:
+    """``value`` for an error message, bounded: an output may be as big as a model makes it."""
+    return _SHORT.repr(value)
 
 
 def _common_branch(branches: Sequence[str]) -> str:
