@@ -5,6 +5,9 @@ SQLite, and PostgreSQL + NATS JetStream)."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import anyio
 import pytest
 
@@ -20,7 +23,7 @@ from corral.runtime.system_messages import message_id
 from corral.runtime.worker import Worker
 from corral.store import Store
 from nats_servers import nats_prefix_fixture, nats_server_url_fixture
-from test_systems import ROUTER_SCHEMA, answering, apply, get, system
+from test_systems import ROUTER_SCHEMA, agent, answering, apply, get, model, system
 
 __all__ = [
     "backend_fixture",
@@ -156,3 +159,65 @@ async def test_a_graph_naming_an_agent_system_as_a_node_is_refused(
     with pytest.raises(ResourceError) as raised:
         await apply(store, system("outer", entry="solo", graph={"solo": {"next": ["inner"]}}))
     assert "inner" in str(raised.value)
+
+
+async def test_an_agent_removed_and_deleted_while_the_system_is_parked_fails_it_clearly(
+    backend: Backend,
+) -> None:
+    # the run follows the graph its run.start recorded; the Agent it still needs is gone
+    store = backend.store
+    tests = Path(__file__).parent
+    add = {"name": "add", "arguments": {"a": 2, "b": 3}}
+    await apply(
+        store,
+        json.dumps(
+            {
+                "apiVersion": "corral/v1",
+                "kind": "Tool",
+                "metadata": {"name": "add"},
+                "spec": {
+                    "type": "python",
+                    "python": {"function": "agent_tools:add", "path": str(tests)},
+                },
+            }
+        ),
+        model("gated-model", {"tool_calls": [add]}, {"text": "added"}),
+        agent("gated", "gated-model", tools=["add"], approval={"policy": "always"}),
+        *answering("end", "the end"),
+        system("chain", entry="gated", graph={"gated": {"next": ["end"]}}),
+    )
+    run, _ = await system_runs.submit_system(store, "chain", "go", bus=backend.bus)
+    await backend.drain()
+    assert (await get(store, run)).state is RunState.WAITING_CHILDREN
+    await apply(store, system("chain", entry="gated"))
+    await store.delete_resource("default", "Agent", "end")
+    (approval,) = await store.list_approvals(states=["pending"])
+    await backend.decide(approval.id, True)
+    await backend.drain()
+    done = await get(store, run)
+    assert done.state is RunState.FAILED and done.error is not None
+    assert done.error["code"] == "system_failed" and "'end'" in done.error["message"]
+    assert [c.agent for c in await store.list_children(run.id)] == ["gated"]
+
+
+async def test_a_join_on_a_cycle_is_refused_it_would_run_once_and_drop_every_later_round(
+    env: tuple[Store, Settings],
+) -> None:
+    store, _ = env
+    await apply(store, *[d for n in "abcd" for d in answering(n, n)])
+    graph = {
+        "a": {"next": ["b", "c"]},
+        "b": {"next": ["d"]},
+        "c": {"next": ["d"]},
+        "d": {"join": "all", "next": ["a"]},
+    }
+    for join in ("all", "first"):
+        graph["d"]["join"] = join
+        with pytest.raises(ResourceError) as raised:
+            await apply(
+                store,
+                system("ring", entry="a", graph=graph, output="d", limits={"max_hops": 20}),
+            )
+        assert "spec.graph.d.join" in str(raised.value), str(raised.value)
+    graph["d"]["join"] = "any"  # once per arrival: a cycle goes round
+    await apply(store, system("ring", entry="a", graph=graph, output="d", limits={"max_hops": 20}))
