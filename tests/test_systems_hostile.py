@@ -221,3 +221,17 @@ async def test_a_join_on_a_cycle_is_refused_it_would_run_once_and_drop_every_lat
         assert "spec.graph.d.join" in str(raised.value), str(raised.value)
     graph["d"]["join"] = "any"  # once per arrival: a cycle goes round
     await apply(store, system("ring", entry="a", graph=graph, output="d", limits={"max_hops": 20}))
+
+
+async def test_a_forged_inbox_delivery_of_an_id_no_store_can_hold_is_settled_not_raised(
+    backend: Backend,
+) -> None:
+    # a raw client publishing well-formed JSON on an inbox subject: the id is whatever it
+    # likes (NUL, a lone surrogate, 100 kB); the consumer must settle it and keep serving
+    bus = LocalBus()
+    consumer = InboxConsumer(backend.store, bus)
+    for forged in ("msg_\x00x", "msg_\ud800", "m" * 100_000, ""):
+        await bus.send_agent_message("default", "solo", forged)
+    await deliver_all(bus, consumer)
+    assert await bus.take_agent_messages(10, 0.1) == []  # settled: never delivered again
+    assert consumer.delivered == 0

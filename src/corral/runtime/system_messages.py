@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Mapping
 
 from corral.bus.base import Bus
@@ -22,6 +23,7 @@ from corral.store.base import Store
 
 #: the kind of the resource a system run runs
 KIND = "AgentSystem"
+_MESSAGE_ID = re.compile(r"msg_[0-9a-f]{32}")
 
 
 def message_id(system_run_id: str, source: str, to_agent: str) -> str:
@@ -29,6 +31,12 @@ def message_id(system_run_id: str, source: str, to_agent: str) -> str:
     handled, ``input``, or ``join``) leads to in a system run: the same on every pass."""
     digest = hashlib.sha256(f"{system_run_id}\x00{source}\x00{to_agent}".encode()).hexdigest()
     return f"msg_{digest[:32]}"
+
+
+def is_message_id(text: str) -> bool:
+    """Whether ``text`` has the shape of a :func:`message_id` (a delivery's id is what
+    whoever published it wrote: only such a one is looked up)."""
+    return _MESSAGE_ID.fullmatch(text) is not None
 
 
 def node_input(message: AgentMessage) -> str:
@@ -109,4 +117,4 @@ def system_run_record(
     return record
 
 
-__all__ = ["KIND", "deliver", "message_id", "node_input", "system_run_record"]
+__all__ = ["KIND", "deliver", "is_message_id", "message_id", "node_input", "system_run_record"]
