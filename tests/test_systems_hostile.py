@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import anyio
+import httpx
 import pytest
 
 from backends import Backend, backend_fixture, deployment_fixture
@@ -23,6 +24,7 @@ from corral.runtime.system_messages import message_id
 from corral.runtime.worker import Worker
 from corral.store import Store
 from nats_servers import nats_prefix_fixture, nats_server_url_fixture
+from server_harness import apply as http_apply
 from test_systems import ROUTER_SCHEMA, agent, answering, apply, get, model, system
 
 __all__ = [
@@ -235,3 +237,49 @@ async def test_a_forged_inbox_delivery_of_an_id_no_store_can_hold_is_settled_not
     await deliver_all(bus, consumer)
     assert await bus.take_agent_messages(10, 0.1) == []  # settled: never delivered again
     assert consumer.delivered == 0
+
+
+SHARED_NAME = """
+apiVersion: corral/v1
+kind: ModelEndpoint
+metadata: {name: m}
+spec: {provider: scripted, script: [{text: "an answer"}]}
+---
+apiVersion: corral/v1
+kind: Agent
+metadata: {name: twin}
+spec: {model: m}
+---
+apiVersion: corral/v1
+kind: AgentSystem
+metadata: {name: twin}
+spec: {entry: twin}
+"""
+
+
+def test_an_agent_and_a_system_of_one_name_never_swap_tasks_over_http(
+    client: httpx.Client,
+) -> None:
+    http_apply(client, SHARED_NAME)
+    task = client.post(
+        "/v1/tasks", json={"agent": "twin", "input": "x", "idempotency_key": "shared-1"}
+    )
+    assert task.status_code == 201, task.text
+    refused = client.post(
+        "/v1/systems/twin/tasks", json={"input": "x", "idempotency_key": "shared-1"}
+    )
+    assert refused.status_code == 409 and refused.json()["code"] == "conflict", refused.text
+    assert task.json()["id"] in refused.json()["detail"]
+    run = client.post("/v1/systems/twin/tasks", json={"input": "x", "idempotency_key": "shared-2"})
+    assert run.status_code == 201 and run.json()["system"] == "twin", run.text
+    refused = client.post(
+        "/v1/tasks", json={"agent": "twin", "input": "x", "idempotency_key": "shared-2"}
+    )
+    assert refused.status_code == 409 and refused.json()["code"] == "conflict", refused.text
+    # a task of one agent has no messages; a forged cursor of the right alphabet is a 422
+    none = client.get(f"/v1/tasks/{task.json()['id']}/messages")
+    assert none.status_code == 200 and none.json()["items"] == []
+    for forged in ("WyJ4IiwxXQ", "WzEsMiwzXQ", "bnVsbA", "WzFlOTk5LCJ4Il0"):
+        bad = client.get(f"/v1/tasks/{run.json()['id']}/messages", params={"cursor": forged})
+        assert bad.status_code == 422 and bad.json()["code"] == "invalid_request", bad.text
+    assert client.get("/v1/tasks").status_code == 200
