@@ -57,9 +57,9 @@ async def deliver_all(bus: LocalBus, consumer: InboxConsumer) -> None:
         await consumer.handle(delivery)
 
 
-async def drain(store: Store, settings: Settings) -> None:
+async def drain(store: Store, settings: Settings, seconds: float = 30) -> None:
     worker = Worker(store, settings, bus=LocalBus(), poll_seconds=0.05)
-    with anyio.fail_after(30):
+    with anyio.fail_after(seconds):
         await worker.serve(anyio.Event(), until_idle=True)
 
 
@@ -283,3 +283,31 @@ def test_an_agent_and_a_system_of_one_name_never_swap_tasks_over_http(
         bad = client.get(f"/v1/tasks/{run.json()['id']}/messages", params={"cursor": forged})
         assert bad.status_code == 422 and bad.json()["code"] == "invalid_request", bad.text
     assert client.get("/v1/tasks").status_code == 200
+
+
+async def test_a_fork_on_a_cycle_fails_clearly_before_its_branch_id_outgrows_the_store(
+    env: tuple[Store, Settings],
+) -> None:
+    # each round forks (".2" more): past 255 characters PostgreSQL refused the message,
+    # and the system run was retried until it ended a dead letter
+    store, settings = env
+    await apply(
+        store,
+        *answering("a", *["a"] * 200),
+        *answering("b", *["b"] * 200),
+        system(
+            "grow",
+            entry="a",
+            graph={"a": {"next": ["b", "a"]}},
+            output="b",
+            limits={"max_hops": 1000, "max_messages": 10_000},
+        ),
+    )
+    run, _ = await system_runs.submit_system(store, "grow", "go")
+    await drain(store, settings, seconds=120)
+    done = await get(store, run)
+    assert done.state is RunState.FAILED and done.error is not None
+    assert done.error["code"] == "system_failed", done.error
+    assert "255" in done.error["message"] and "max_hops" in done.error["message"]
+    messages = await store.list_agent_messages(run.id)
+    assert max(len(m.branch_id) for m in messages) <= 255

@@ -86,6 +86,8 @@ DELIVERY_GRACE_SECONDS = 5.0
 BUS_DELIVERY_POLL_SECONDS = 0.05
 #: the branch of the system's input
 ROOT_BRANCH = "1"
+#: the longest branch id (the store's column): each fork adds ``.<n>``
+MAX_BRANCH_CHARS = 255
 
 
 class SystemFailed(CorralError):
@@ -291,6 +293,12 @@ class SystemCoordinator:
             if fork:
                 branch = f"{message.branch_id}.{node.next.index(target) + 1}"
                 parent_branch: str | None = message.branch_id
+                if len(branch) > MAX_BRANCH_CHARS:  # (a fork on a cycle: the column's size)
+                    raise SystemFailed(
+                        f"agent {message.to_agent!r} forked a branch id of {len(branch)} "
+                        f"characters, past {MAX_BRANCH_CHARS}: a fork on a cycle went round "
+                        "too often (lower limits.max_hops)"
+                    )
             else:
                 branch, parent_branch = message.branch_id, message.parent_branch_id
             ident = message_id(state.record.id, message.id, target)
