@@ -311,3 +311,29 @@ async def test_a_fork_on_a_cycle_fails_clearly_before_its_branch_id_outgrows_the
     assert "255" in done.error["message"] and "max_hops" in done.error["message"]
     messages = await store.list_agent_messages(run.id)
     assert max(len(m.branch_id) for m in messages) <= 255
+
+
+async def test_a_by_output_route_naming_its_agent_a_thousand_times_sends_one_message(
+    env: tuple[Store, Settings],
+) -> None:
+    store, settings = env
+    schema = {"type": "object", "properties": {"next": {"type": "array"}}, "required": ["next"]}
+    names = ", ".join(['"billing"'] * 1000)
+    await apply(
+        store,
+        *answering("router", f'{{"next": [{names}]}}', output_schema=schema),
+        *answering("billing", "refunded"),
+        *answering("support", "helped"),
+        system(
+            "desk",
+            entry="router",
+            graph={"router": {"next": ["billing", "support"], "route": "by_output"}},
+            output="billing",
+        ),
+    )
+    run, _ = await system_runs.submit_system(store, "desk", "hello")
+    await drain(store, settings)
+    done = await get(store, run)
+    assert (done.state, done.output) == (RunState.SUCCEEDED, "refunded"), done.error
+    assert sorted(c.agent for c in await store.list_children(run.id)) == ["billing", "router"]
+    assert len(await store.list_agent_messages(run.id)) == 2
