@@ -185,6 +185,16 @@ def graph_problems(spec: AgentSystemSpec) -> list[tuple[FieldPath, str]]:
             problems.append(
                 (at, f"agent {name!r} has several inputs: say how they join (all, any, first)")
             )
+    for name, node in spec.graph.items():
+        if node.join in ("all", "first") and name in _reachable(spec, name):
+            # its join runs once per system run: every later round would be dropped
+            problems.append(
+                (
+                    ("spec", "graph", name, "join"),
+                    f"agent {name!r} is on a cycle: a join {node.join!r} runs once per system "
+                    "run and would drop every later round; use join 'any'",
+                )
+            )
     if spec.has_cycle() and spec.limits.max_hops is None:
         problems.append(
             (("spec", "limits", "max_hops"), "the graph has a cycle: set limits.max_hops")
@@ -206,9 +216,12 @@ def _valid_name(name: str) -> bool:
     return _NAME_RE.match(name) is not None
 
 
-def _reachable(spec: AgentSystemSpec) -> set[str]:
-    seen = {spec.entry}
-    todo = [spec.entry]
+def _reachable(spec: AgentSystemSpec, start: str | None = None) -> set[str]:
+    """The agents reachable from the entry; from ``start``'s next (not ``start`` itself
+    unless a path leads back to it), when given."""
+    seen = {spec.entry} if start is None else set[str]()
+    todo = [spec.entry] if start is None else list(spec.node(start).next)
+    seen.update(todo)
     while todo:
         for following in spec.node(todo.pop()).next:
             if following not in seen:

@@ -5,7 +5,8 @@ on a bus that delivers agent messages across workers (NATS JetStream), publishes
 to its agent's inbox. Every worker takes deliveries from the inboxes and, for each:
 
 - reads the message from the store (the source of truth; a delivery grants nothing):
-  gone -> ``term``; no longer pending (delivered, finished) -> ``ack``;
+  gone, or an id no message can have (a forged publish) -> ``term``; no longer
+  pending (delivered, finished) -> ``ack``;
 - creates its node run, keyed by the message id, and marks it ``delivered``
   (:func:`~corral.runtime.systems.deliver`: a duplicate delivery, or the coordinator
   delivering the same message after its grace, finds the same node run), then
@@ -29,7 +30,7 @@ from corral.bus.base import Bus, MessageDelivery
 from corral.core.agent_messages import MessageState
 from corral.core.errors import ConflictError, NotFoundError, UserError
 from corral.runtime.health import TRANSIENT
-from corral.runtime.system_messages import deliver
+from corral.runtime.system_messages import deliver, is_message_id
 from corral.store.base import Store
 
 log = logging.getLogger(__name__)
@@ -59,6 +60,9 @@ class InboxConsumer:
 
     async def handle(self, delivery: MessageDelivery) -> None:
         """Handle one delivery, settling it exactly once (see the module docstring)."""
+        if not is_message_id(delivery.message_id):  # forged: no store is asked about it
+            await delivery.term()
+            return
         try:
             message = await self.store.get_agent_message(delivery.message_id)
             if message is None:

@@ -66,6 +66,12 @@ async def submit(
         labels=labels,
     )
     submitted = await store.submit_agent_run(record)
+    if submitted.record.system is not None:
+        # the key is a system run's (an AgentSystem of the agent's name) or a node run's
+        raise ConflictError(
+            f"idempotency key {idempotency_key!r} belongs to task {submitted.record.id}, "
+            f"a run of AgentSystem {submitted.record.system!r}, not a task of agent {agent!r}"
+        )
     if submitted.created and bus is not None:
         await bus.announce_runnable([submitted.record.id], mark="submitted")
     return submitted.record, submitted.created

@@ -11,17 +11,19 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Mapping
 
 from corral.bus.base import Bus
 from corral.core.agent_messages import AgentMessage, MessageState
-from corral.core.errors import NotFoundError
+from corral.core.errors import ConflictError, NotFoundError
 from corral.core.runs import RunRecord
 from corral.runtime.operations import new_run
 from corral.store.base import Store
 
 #: the kind of the resource a system run runs
 KIND = "AgentSystem"
+_MESSAGE_ID = re.compile(r"msg_[0-9a-f]{32}")
 
 
 def message_id(system_run_id: str, source: str, to_agent: str) -> str:
@@ -29,6 +31,12 @@ def message_id(system_run_id: str, source: str, to_agent: str) -> str:
     handled, ``input``, or ``join``) leads to in a system run: the same on every pass."""
     digest = hashlib.sha256(f"{system_run_id}\x00{source}\x00{to_agent}".encode()).hexdigest()
     return f"msg_{digest[:32]}"
+
+
+def is_message_id(text: str) -> bool:
+    """Whether ``text`` has the shape of a :func:`message_id` (a delivery's id is what
+    whoever published it wrote: only such a one is looked up)."""
+    return _MESSAGE_ID.fullmatch(text) is not None
 
 
 def node_input(message: AgentMessage) -> str:
@@ -45,10 +53,17 @@ async def deliver(
     """Deliver ``message``: create (or find, by its id) the node run that handles it and
     mark it ``delivered``; the node run is announced on ``bus`` when new. What the
     coordinator does for a pending message and what a bus's inbox consumer does for a
-    delivery. ``NotFoundError`` when the system run or the agent is gone."""
+    delivery. ``NotFoundError`` when the system run or the agent is gone;
+    ``ConflictError`` when the system run has ended (a publish consumed after a cancel,
+    a forged one): no node run starts after its system run's end."""
     parent = await store.get_run(message.system_run_id)
     if parent is None:
         raise NotFoundError(f"system run {message.system_run_id!r} not found")
+    if parent.state.finished:
+        raise ConflictError(
+            f"system run {parent.id} has ended {parent.state.value}: "
+            f"no node run of agent {message.to_agent!r} starts"
+        )
     record = new_run(
         message.to_agent,
         node_input(message),
@@ -64,6 +79,14 @@ async def deliver(
     record.branch_id = message.branch_id
     record.parent_branch_id = message.parent_branch_id
     submitted = await store.submit_agent_run(record)
+    if submitted.record.parent_run_id != parent.id:
+        # a task submitted under this message's id as its idempotency key (the ids are
+        # derived from the system run's): not a node run, and never one to wait for
+        raise ConflictError(
+            f"task {submitted.record.id} of agent {message.to_agent!r} holds the idempotency "
+            f"key {message.id!r} of the system's message: it is not a node run of "
+            f"system run {parent.id}"
+        )
     await store.mark_agent_message(
         message.id, MessageState.DELIVERED, child_run_id=submitted.record.id, attempt=attempt
     )
@@ -94,4 +117,4 @@ def system_run_record(
     return record
 
 
-__all__ = ["KIND", "deliver", "message_id", "node_input", "system_run_record"]
+__all__ = ["KIND", "deliver", "is_message_id", "message_id", "node_input", "system_run_record"]

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 
 from corral.bus.base import Bus
 from corral.core.agent_messages import AgentMessage
-from corral.core.errors import NotFoundError
+from corral.core.errors import ConflictError, NotFoundError
 from corral.core.runs import RunRecord
 from corral.resources.systems import AgentSystemSpec
 from corral.runtime.operations import get_run
@@ -31,7 +31,8 @@ async def submit_system(
 ) -> tuple[RunRecord, bool]:
     """Queue a run of the AgentSystem ``system``; returns ``(run, created)`` (``False``:
     the idempotency key was seen before). ``NotFoundError`` (nothing stored) when the
-    namespace has no such AgentSystem; ``LabelError`` for bad labels. A new run is
+    namespace has no such AgentSystem; ``LabelError`` for bad labels; ``ConflictError``
+    when the idempotency key is a task's of the Agent of the same name. A new run is
     announced on ``bus``."""
     stored = await store.get_resource(namespace, KIND, system)
     if stored is None or not isinstance(stored.resource.spec, AgentSystemSpec):
@@ -40,6 +41,12 @@ async def submit_system(
         system, user_input, namespace=namespace, idempotency_key=idempotency_key, labels=labels
     )
     record, created = await store.submit_run(record)
+    if record.system != system or record.parent_run_id is not None:
+        # the key is one of a task of the Agent of the same name (runs share the column)
+        raise ConflictError(
+            f"idempotency key {idempotency_key!r} belongs to task {record.id}, which is not "
+            f"a run of AgentSystem {system!r}"
+        )
     if created and bus is not None:
         await bus.announce_runnable([record.id], mark="submitted")
     return record, created

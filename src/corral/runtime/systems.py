@@ -55,6 +55,7 @@ run's spend is counted in the system run's (``child.finish`` carries it).
 from __future__ import annotations
 
 import contextlib
+import reprlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -85,6 +86,8 @@ DELIVERY_GRACE_SECONDS = 5.0
 BUS_DELIVERY_POLL_SECONDS = 0.05
 #: the branch of the system's input
 ROOT_BRANCH = "1"
+#: the longest branch id (the store's column): each fork adds ``.<n>``
+MAX_BRANCH_CHARS = 255
 
 
 class SystemFailed(CorralError):
@@ -290,6 +293,12 @@ class SystemCoordinator:
             if fork:
                 branch = f"{message.branch_id}.{node.next.index(target) + 1}"
                 parent_branch: str | None = message.branch_id
+                if len(branch) > MAX_BRANCH_CHARS:  # (a fork on a cycle: the column's size)
+                    raise SystemFailed(
+                        f"agent {message.to_agent!r} forked a branch id of {len(branch)} "
+                        f"characters, past {MAX_BRANCH_CHARS}: a fork on a cycle went round "
+                        "too often (lower limits.max_hops)"
+                    )
             else:
                 branch, parent_branch = message.branch_id, message.parent_branch_id
             ident = message_id(state.record.id, message.id, target)
@@ -682,15 +691,24 @@ def _chosen(node: str, allowed: Sequence[str], output: Any) -> list[str]:
     if not isinstance(named, list) or not all(isinstance(n, str) for n in named):
         raise SystemFailed(
             f"agent {node!r} routes by its output, whose 'next' field must name one of "
-            f"{list(allowed)} (or list several); it gave {named!r}"
+            f"{list(allowed)} (or list several); it gave {_short(named)}"
         )
     unknown = [n for n in named if n not in allowed]
     if unknown:
         raise SystemFailed(
-            f"agent {node!r} routed its output to {unknown[0]!r}, which is not among its "
+            f"agent {node!r} routed its output to {_short(unknown[0])}, which is not among its "
             f"next agents {list(allowed)}"
         )
     return [n for n in allowed if n in named]
+
+
+_SHORT = reprlib.Repr()
+_SHORT.maxstring = _SHORT.maxother = 80
+
+
+def _short(value: Any) -> str:
+    """``value`` for an error message, bounded: an output may be as big as a model makes it."""
+    return _SHORT.repr(value)
 
 
 def _common_branch(branches: Sequence[str]) -> str:

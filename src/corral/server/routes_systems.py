@@ -30,7 +30,7 @@ SystemName = Annotated[
     summary="Submit a system task",
     responses={
         200: {"model": Task, "description": "The idempotency key was seen before: that task."},
-        **responses(404),
+        **responses(404, 409),
     },
 )
 async def submit_system_task(
@@ -38,7 +38,8 @@ async def submit_system_task(
 ) -> Task:
     """Queue a run of an AgentSystem: its coordinator sends the input to the entry agent
     and each output on along the graph, one node task (a child task) per message. With
-    `idempotency_key`, submitting again returns the first task (200)."""
+    `idempotency_key`, submitting again returns the first task (200); 409 when the key is
+    a task's of the Agent of the same name."""
     context = context_of(request)
     record, created = await system_runs.submit_system(
         context.store,

@@ -1,0 +1,339 @@
+"""Agent systems under attack: forged and late inbox deliveries, colliding idempotency
+keys, outputs that lie, graphs that are too big or point at the wrong kind. Each test
+names what must hold; the runs execute on real workers and real stores (``backend``:
+SQLite, and PostgreSQL + NATS JetStream)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import anyio
+import httpx
+import pytest
+
+from backends import Backend, backend_fixture, deployment_fixture
+from corral.bus.local import LocalBus
+from corral.core.agent_messages import AgentMessage, MessageState
+from corral.core.errors import ConflictError, ResourceError
+from corral.core.runs import RunState
+from corral.core.settings import Settings
+from corral.runtime import operations, system_runs
+from corral.runtime.inbox import InboxConsumer
+from corral.runtime.system_messages import message_id
+from corral.runtime.worker import Worker
+from corral.store import Store
+from nats_servers import nats_prefix_fixture, nats_server_url_fixture
+from server_harness import apply as http_apply
+from test_systems import ROUTER_SCHEMA, agent, answering, apply, get, model, system
+
+__all__ = [
+    "backend_fixture",
+    "deployment_fixture",
+    "nats_prefix_fixture",
+    "nats_server_url_fixture",
+]
+
+
+def pending(run_id: str, to: str) -> AgentMessage:
+    """The system's input message to ``to``, as its coordinator would store it."""
+    ident = message_id(run_id, "input", to)
+    return AgentMessage(
+        id=ident,
+        namespace="default",
+        system_run_id=run_id,
+        from_agent=None,
+        to_agent=to,
+        branch_id="1",
+        parent_branch_id=None,
+        type="input",
+        payload="hello",
+        idempotency_key=ident,
+    )
+
+
+async def deliver_all(bus: LocalBus, consumer: InboxConsumer) -> None:
+    for delivery in await bus.take_agent_messages(10, 0.5):
+        await consumer.handle(delivery)
+
+
+async def drain(store: Store, settings: Settings, seconds: float = 30) -> None:
+    worker = Worker(store, settings, bus=LocalBus(), poll_seconds=0.05)
+    with anyio.fail_after(seconds):
+        await worker.serve(anyio.Event(), until_idle=True)
+
+
+async def test_a_late_inbox_delivery_for_a_cancelled_system_run_starts_no_node_run(
+    env: tuple[Store, Settings],
+) -> None:
+    # a publish the coordinator made before the cancel, consumed after it (or a forged
+    # publish of a message id that is still pending): the system run has ended
+    store, _ = env
+    await apply(store, *answering("solo", "an answer"), system("team", entry="solo"))
+    run, _ = await system_runs.submit_system(store, "team", "hello")
+    message = pending(run.id, "solo")
+    await store.add_agent_messages([message])
+    await operations.cancel(store, run.id)
+    bus = LocalBus()
+    await bus.send_agent_message("default", "solo", message.id)
+    await deliver_all(bus, InboxConsumer(store, bus))
+    assert await store.list_children(run.id) == []
+    stored = await store.get_agent_message(message.id)
+    assert stored is not None and stored.state is MessageState.DEAD_LETTER
+    assert stored.error is not None and "cancelled" in stored.error["message"]
+
+
+async def test_a_task_holding_a_node_message_id_as_its_key_fails_the_system_not_parks_it(
+    backend: Backend,
+) -> None:
+    # message ids are derived from the system run's id: an operator can submit a task of
+    # the entry agent under the id of the system's first message before the system runs
+    store = backend.store
+    await apply(store, *answering("solo", "an answer", "another"), system("team", entry="solo"))
+    run, _ = await system_runs.submit_system(store, "team", "hello", bus=backend.bus)
+    squatter, _ = await operations.submit(
+        store,
+        "solo",
+        "not the system's",
+        idempotency_key=message_id(run.id, "input", "solo"),
+        bus=backend.bus,
+    )
+    await backend.drain()
+    done = await get(store, run)
+    assert done.state is RunState.FAILED, done.state
+    assert done.error is not None and done.error["code"] == "system_failed"
+    assert squatter.id in done.error["message"]
+    assert await store.list_children(run.id) == []
+
+
+async def test_an_idempotency_key_of_an_agent_task_is_not_a_system_run_of_that_name(
+    env: tuple[Store, Settings],
+) -> None:
+    # an Agent and an AgentSystem may share a name: their runs share the agent column
+    store, _ = env
+    await apply(store, *answering("team", "an answer"), system("team", entry="team"))
+    task, _ = await operations.submit(store, "team", "an agent task", idempotency_key="k1")
+    with pytest.raises(ConflictError) as raised:
+        await system_runs.submit_system(store, "team", "a system run", idempotency_key="k1")
+    assert task.id in raised.value.message
+    # and the other way round: a system run's key (or a node run's) is no agent task's
+    run, _ = await system_runs.submit_system(store, "team", "a system run", idempotency_key="k2")
+    assert run.system == "team"
+    with pytest.raises(ConflictError) as raised:
+        await operations.submit(store, "team", "an agent task", idempotency_key="k2")
+    assert run.id in raised.value.message
+    again, created = await system_runs.submit_system(
+        store, "team", "a system run", idempotency_key="k2"
+    )
+    assert (again.id, created) == (run.id, False)
+
+
+async def test_a_by_output_route_naming_a_huge_agent_name_fails_with_a_bounded_error(
+    env: tuple[Store, Settings],
+) -> None:
+    store, settings = env
+    huge = "x" * 200_000
+    await apply(
+        store,
+        *answering("router", f'{{"next": "{huge}", "topic": "t"}}', output_schema=ROUTER_SCHEMA),
+        *answering("billing", "refunded"),
+        *answering("support", "helped"),
+        system(
+            "desk",
+            entry="router",
+            graph={"router": {"next": ["billing", "support"], "route": "by_output"}},
+            output="billing",
+        ),
+    )
+    run, _ = await system_runs.submit_system(store, "desk", "hello")
+    await drain(store, settings)
+    done = await get(store, run)
+    assert done.state is RunState.FAILED and done.error is not None
+    assert done.error["code"] == "system_failed"
+    assert "router" in done.error["message"] and len(done.error["message"]) < 1000
+
+
+async def test_a_graph_naming_an_agent_system_as_a_node_is_refused(
+    env: tuple[Store, Settings],
+) -> None:
+    store, _ = env
+    await apply(store, *answering("solo", "an answer"), system("inner", entry="solo"))
+    with pytest.raises(ResourceError) as raised:
+        await apply(store, system("outer", entry="solo", graph={"solo": {"next": ["inner"]}}))
+    assert "inner" in str(raised.value)
+
+
+async def test_an_agent_removed_and_deleted_while_the_system_is_parked_fails_it_clearly(
+    backend: Backend,
+) -> None:
+    # the run follows the graph its run.start recorded; the Agent it still needs is gone
+    store = backend.store
+    tests = Path(__file__).parent
+    add = {"name": "add", "arguments": {"a": 2, "b": 3}}
+    await apply(
+        store,
+        json.dumps(
+            {
+                "apiVersion": "corral/v1",
+                "kind": "Tool",
+                "metadata": {"name": "add"},
+                "spec": {
+                    "type": "python",
+                    "python": {"function": "agent_tools:add", "path": str(tests)},
+                },
+            }
+        ),
+        model("gated-model", {"tool_calls": [add]}, {"text": "added"}),
+        agent("gated", "gated-model", tools=["add"], approval={"policy": "always"}),
+        *answering("end", "the end"),
+        system("chain", entry="gated", graph={"gated": {"next": ["end"]}}),
+    )
+    run, _ = await system_runs.submit_system(store, "chain", "go", bus=backend.bus)
+    await backend.drain()
+    assert (await get(store, run)).state is RunState.WAITING_CHILDREN
+    await apply(store, system("chain", entry="gated"))
+    await store.delete_resource("default", "Agent", "end")
+    (approval,) = await store.list_approvals(states=["pending"])
+    await backend.decide(approval.id, True)
+    await backend.drain()
+    done = await get(store, run)
+    assert done.state is RunState.FAILED and done.error is not None
+    assert done.error["code"] == "system_failed" and "'end'" in done.error["message"]
+    assert [c.agent for c in await store.list_children(run.id)] == ["gated"]
+
+
+async def test_a_join_on_a_cycle_is_refused_it_would_run_once_and_drop_every_later_round(
+    env: tuple[Store, Settings],
+) -> None:
+    store, _ = env
+    await apply(store, *[d for n in "abcd" for d in answering(n, n)])
+    graph = {
+        "a": {"next": ["b", "c"]},
+        "b": {"next": ["d"]},
+        "c": {"next": ["d"]},
+        "d": {"join": "all", "next": ["a"]},
+    }
+    for join in ("all", "first"):
+        graph["d"]["join"] = join
+        with pytest.raises(ResourceError) as raised:
+            await apply(
+                store,
+                system("ring", entry="a", graph=graph, output="d", limits={"max_hops": 20}),
+            )
+        assert "spec.graph.d.join" in str(raised.value), str(raised.value)
+    graph["d"]["join"] = "any"  # once per arrival: a cycle goes round
+    await apply(store, system("ring", entry="a", graph=graph, output="d", limits={"max_hops": 20}))
+
+
+async def test_a_forged_inbox_delivery_of_an_id_no_store_can_hold_is_settled_not_raised(
+    backend: Backend,
+) -> None:
+    # a raw client publishing well-formed JSON on an inbox subject: the id is whatever it
+    # likes (NUL, a lone surrogate, 100 kB); the consumer must settle it and keep serving
+    bus = LocalBus()
+    consumer = InboxConsumer(backend.store, bus)
+    for forged in ("msg_\x00x", "msg_\ud800", "m" * 100_000, ""):
+        await bus.send_agent_message("default", "solo", forged)
+    await deliver_all(bus, consumer)
+    assert await bus.take_agent_messages(10, 0.1) == []  # settled: never delivered again
+    assert consumer.delivered == 0
+
+
+SHARED_NAME = """
+apiVersion: corral/v1
+kind: ModelEndpoint
+metadata: {name: m}
+spec: {provider: scripted, script: [{text: "an answer"}]}
+---
+apiVersion: corral/v1
+kind: Agent
+metadata: {name: twin}
+spec: {model: m}
+---
+apiVersion: corral/v1
+kind: AgentSystem
+metadata: {name: twin}
+spec: {entry: twin}
+"""
+
+
+def test_an_agent_and_a_system_of_one_name_never_swap_tasks_over_http(
+    client: httpx.Client,
+) -> None:
+    http_apply(client, SHARED_NAME)
+    task = client.post(
+        "/v1/tasks", json={"agent": "twin", "input": "x", "idempotency_key": "shared-1"}
+    )
+    assert task.status_code == 201, task.text
+    refused = client.post(
+        "/v1/systems/twin/tasks", json={"input": "x", "idempotency_key": "shared-1"}
+    )
+    assert refused.status_code == 409 and refused.json()["code"] == "conflict", refused.text
+    assert task.json()["id"] in refused.json()["detail"]
+    run = client.post("/v1/systems/twin/tasks", json={"input": "x", "idempotency_key": "shared-2"})
+    assert run.status_code == 201 and run.json()["system"] == "twin", run.text
+    refused = client.post(
+        "/v1/tasks", json={"agent": "twin", "input": "x", "idempotency_key": "shared-2"}
+    )
+    assert refused.status_code == 409 and refused.json()["code"] == "conflict", refused.text
+    # a task of one agent has no messages; a forged cursor of the right alphabet is a 422
+    none = client.get(f"/v1/tasks/{task.json()['id']}/messages")
+    assert none.status_code == 200 and none.json()["items"] == []
+    for forged in ("WyJ4IiwxXQ", "WzEsMiwzXQ", "bnVsbA", "WzFlOTk5LCJ4Il0"):
+        bad = client.get(f"/v1/tasks/{run.json()['id']}/messages", params={"cursor": forged})
+        assert bad.status_code == 422 and bad.json()["code"] == "invalid_request", bad.text
+    assert client.get("/v1/tasks").status_code == 200
+
+
+async def test_a_fork_on_a_cycle_fails_clearly_before_its_branch_id_outgrows_the_store(
+    env: tuple[Store, Settings],
+) -> None:
+    # each round forks (".2" more): past 255 characters PostgreSQL refused the message,
+    # and the system run was retried until it ended a dead letter
+    store, settings = env
+    await apply(
+        store,
+        *answering("a", *["a"] * 200),
+        *answering("b", *["b"] * 200),
+        system(
+            "grow",
+            entry="a",
+            graph={"a": {"next": ["b", "a"]}},
+            output="b",
+            limits={"max_hops": 1000, "max_messages": 10_000},
+        ),
+    )
+    run, _ = await system_runs.submit_system(store, "grow", "go")
+    await drain(store, settings, seconds=120)
+    done = await get(store, run)
+    assert done.state is RunState.FAILED and done.error is not None
+    assert done.error["code"] == "system_failed", done.error
+    assert "255" in done.error["message"] and "max_hops" in done.error["message"]
+    messages = await store.list_agent_messages(run.id)
+    assert max(len(m.branch_id) for m in messages) <= 255
+
+
+async def test_a_by_output_route_naming_its_agent_a_thousand_times_sends_one_message(
+    env: tuple[Store, Settings],
+) -> None:
+    store, settings = env
+    schema = {"type": "object", "properties": {"next": {"type": "array"}}, "required": ["next"]}
+    names = ", ".join(['"billing"'] * 1000)
+    await apply(
+        store,
+        *answering("router", f'{{"next": [{names}]}}', output_schema=schema),
+        *answering("billing", "refunded"),
+        *answering("support", "helped"),
+        system(
+            "desk",
+            entry="router",
+            graph={"router": {"next": ["billing", "support"], "route": "by_output"}},
+            output="billing",
+        ),
+    )
+    run, _ = await system_runs.submit_system(store, "desk", "hello")
+    await drain(store, settings)
+    done = await get(store, run)
+    assert (done.state, done.output) == (RunState.SUCCEEDED, "refunded"), done.error
+    assert sorted(c.agent for c in await store.list_children(run.id)) == ["billing", "router"]
+    assert len(await store.list_agent_messages(run.id)) == 2
