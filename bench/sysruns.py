@@ -188,7 +188,9 @@ async def wait_all(store: Any, runs: int, deadline: float) -> None:
         counts = await store.count_runs()
         succeeded = counts.by_state.get(("default", RunState.SUCCEEDED), 0)
         failed = sum(
-            n for (_, state), n in counts.by_state.items() if state.finished and state.value != "succeeded"
+            n
+            for (_, state), n in counts.by_state.items()
+            if state.finished and state.value != "succeeded"
         )
         if failed:
             raise RuntimeError(f"{failed} runs did not succeed")
@@ -199,7 +201,9 @@ async def wait_all(store: Any, runs: int, deadline: float) -> None:
         await asyncio.sleep(0.02)
 
 
-async def measure(store: Any, bus: Any, args: argparse.Namespace, deadline: float) -> dict[str, Any]:
+async def measure(
+    store: Any, bus: Any, args: argparse.Namespace, deadline: float
+) -> dict[str, Any]:
     """The runs alone, then the burst; the figures."""
     from corral.core.runs import RunState
     from corral.runtime.system_runs import submit_system
@@ -279,8 +283,9 @@ async def drive(args: argparse.Namespace) -> dict[str, Any]:
 
 async def drive_workers(store: Any, args: argparse.Namespace, deadline: float) -> dict[str, Any]:
     """PostgreSQL + NATS: ``args.workers`` ``corral worker`` processes."""
-    from corral.bus.nats import NatsBus
     from scaleout import Workers
+
+    from corral.bus.nats import NatsBus
 
     home = Path(args.home)
     env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
@@ -547,7 +552,9 @@ if __name__ == "__main__":
         parser.add_argument("--systems", type=int, default=Config.systems)
         parser.add_argument("--latency-runs", type=int, default=Config.latency_runs)
         parser.add_argument(
-            "--workers", type=lambda s: tuple(int(n) for n in s.split(",") if n), default=Config.workers
+            "--workers",
+            type=lambda s: tuple(int(n) for n in s.split(",") if n),
+            default=Config.workers,
         )
         cli = parser.parse_args()
         found = run(

@@ -5,6 +5,7 @@ is dead-lettered and fails its system run with a clear error."""
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,12 @@ from corral.resources.secrets import SecretCipher
 from corral.runtime.inbox import InboxConsumer
 from corral.runtime.system_messages import message_id
 from corral.runtime.system_runs import submit_system
+from corral.runtime.systems import (
+    BUS_DELIVERY_FIRST_POLL_SECONDS,
+    BUS_DELIVERY_POLL_SECONDS,
+    DELIVERY_GRACE_SECONDS,
+    delivery_polls,
+)
 from corral.runtime.worker import Worker
 from corral.store import Store, StoreError
 from corral.store.sql import SqlStore
@@ -184,3 +191,14 @@ async def test_the_last_delivery_failing_dead_letters_the_message(tmp_path: Path
         assert await store.list_children(run.id) == []
     finally:
         await store.close()
+
+
+def test_the_coordinator_looks_for_a_published_delivery_soon_then_less_often() -> None:
+    # a consumer on an idle worker delivers in milliseconds: the first look is after 2 ms
+    # (not a whole poll interval per pass that publishes), the later ones back off to it
+    waits = list(itertools.islice(delivery_polls(), 8))
+    assert waits[0] == BUS_DELIVERY_FIRST_POLL_SECONDS == 0.002
+    assert all(b == min(2 * a, BUS_DELIVERY_POLL_SECONDS) for a, b in itertools.pairwise(waits))
+    assert waits[-1] == BUS_DELIVERY_POLL_SECONDS
+    # the looks within the grace stay few: a lost publish costs about grace / poll reads
+    assert sum(waits[:5]) < BUS_DELIVERY_POLL_SECONDS * 2 < DELIVERY_GRACE_SECONDS

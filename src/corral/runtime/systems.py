@@ -55,7 +55,7 @@ run's spend is counted in the system run's (``child.finish`` carries it).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -81,7 +81,10 @@ from corral.store.base import Store
 #: how long a message published on a bus that delivers messages may stay pending before
 #: the coordinator delivers it itself (the publish, or its consumer, was lost)
 DELIVERY_GRACE_SECONDS = 5.0
-#: how often the coordinator looks whether the bus's consumers delivered its messages
+#: how often the coordinator looks whether the bus's consumers delivered its messages:
+#: first after BUS_DELIVERY_FIRST_POLL_SECONDS (a consumer on an idle worker delivers in a
+#: few milliseconds), then at twice the interval each time, up to BUS_DELIVERY_POLL_SECONDS
+BUS_DELIVERY_FIRST_POLL_SECONDS = 0.002
 BUS_DELIVERY_POLL_SECONDS = 0.05
 #: the branch of the system's input
 ROOT_BRANCH = "1"
@@ -470,8 +473,9 @@ class SystemCoordinator:
             for message in pending:
                 assert self.bus is not None
                 await self.bus.send_agent_message(message.namespace, message.to_agent, message.id)
+            polls = delivery_polls()
             while pending and self.clock.now() < due:
-                await self.clock.sleep(BUS_DELIVERY_POLL_SECONDS)
+                await self.clock.sleep(next(polls))
                 pending = await self._still_pending(state, pending)
         for message in pending:
             try:
@@ -606,6 +610,14 @@ class SystemCoordinator:
 # --------------------------------------------------------------------------- helpers
 
 
+def delivery_polls() -> Iterator[float]:
+    """The waits between the coordinator's looks at the messages it published, in seconds."""
+    wait = BUS_DELIVERY_FIRST_POLL_SECONDS
+    while True:
+        yield wait
+        wait = min(2 * wait, BUS_DELIVERY_POLL_SECONDS)
+
+
 def _key_of(kind: EventType, data: dict[str, Any]) -> str:
     """What an event of a system run is about (one event of each type per key)."""
     if kind in (EventType.CHILD_START, EventType.CHILD_FINISH):
@@ -736,4 +748,4 @@ def _spend(children: Iterable[RunRecord]) -> tuple[Usage, float]:
     return usage, cost
 
 
-__all__ = ["DELIVERY_GRACE_SECONDS", "SystemCoordinator", "SystemFailed"]
+__all__ = ["DELIVERY_GRACE_SECONDS", "SystemCoordinator", "SystemFailed", "delivery_polls"]
