@@ -10,15 +10,17 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import pytest
 
 from corral.bus.local import LocalBus
 from corral.core.agent_messages import AgentMessage, MessageState
+from corral.core.errors import NotFoundError
 from corral.core.runs import RunState
 from corral.core.settings import Settings
 from corral.resources.loader import load_text
 from corral.resources.secrets import SecretCipher
 from corral.runtime.inbox import InboxConsumer
-from corral.runtime.system_messages import message_id
+from corral.runtime.system_messages import deliver, message_id
 from corral.runtime.system_runs import submit_system
 from corral.runtime.systems import (
     BUS_DELIVERY_FIRST_POLL_SECONDS,
@@ -202,3 +204,26 @@ def test_the_coordinator_looks_for_a_published_delivery_soon_then_less_often() -
     assert waits[-1] == BUS_DELIVERY_POLL_SECONDS
     # the looks within the grace stay few: a lost publish costs about grace / poll reads
     assert sum(waits[:5]) < BUS_DELIVERY_POLL_SECONDS * 2 < DELIVERY_GRACE_SECONDS
+
+
+async def test_deliver_hands_back_the_message_as_marked_and_a_second_delivery_none(
+    env: tuple[Store, Settings],
+) -> None:
+    store, _ = env
+    await store.apply(load_text(TEAM, "team.yaml"))
+    run, _ = await submit_system(store, "team", "hello")
+    message = a_message(run.id, "solo")
+    await store.add_agent_messages([message])
+    # the coordinator passes the system run it holds (no read of it)
+    first = await deliver(store, None, message, parent=run)
+    assert first.message is not None and first.message.state is MessageState.DELIVERED
+    assert first.message.child_run_id == first.run.id
+    assert first.message == await store.get_agent_message(message.id)
+    assert (first.run.parent_run_id, first.run.system) == (run.id, "team")
+    # delivered again (a consumer beat it): the same node run, the message not marked again
+    second = await deliver(store, None, message)
+    assert (second.run.id, second.message) == (first.run.id, None)
+    # a parent that is not the message's system run is refused, not used
+    (other, _) = await submit_system(store, "team", "another")
+    with pytest.raises(NotFoundError):
+        await deliver(store, None, a_message(run.id, "solo"), parent=other)

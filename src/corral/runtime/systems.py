@@ -479,14 +479,15 @@ class SystemCoordinator:
                 pending = await self._still_pending(state, pending)
         for message in pending:
             try:
-                started = await deliver(self.store, self.bus, message)
+                started, marked = await deliver(self.store, self.bus, message, parent=state.record)
             except (NotFoundError, ConflictError, UserError) as exc:
                 raise SystemFailed(
                     f"the message to agent {message.to_agent!r} (branch "
                     f"{message.branch_id}) could not be delivered: {exc.message}"
                 ) from None
             state.children[started.id] = started
-            marked = await self.store.get_agent_message(message.id)
+            if marked is None:  # a consumer delivered it meanwhile: read it as stored
+                marked = await self.store.get_agent_message(message.id)
             if marked is not None:
                 state.messages[message.id] = marked
         await self._journal_delivered(state, sink)
