@@ -227,3 +227,51 @@ async def test_deliver_hands_back_the_message_as_marked_and_a_second_delivery_no
     (other, _) = await submit_system(store, "team", "another")
     with pytest.raises(NotFoundError):
         await deliver(store, None, a_message(run.id, "solo"), parent=other)
+
+
+class MeetingStore(SqlStore):
+    """A real store whose run submits wait until ``expected`` of them are in at once."""
+
+    expected = 2
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.inside = 0
+        self.met = anyio.Event()
+
+    async def submit_agent_run(self, *args: Any, **kwargs: Any) -> Any:
+        self.inside += 1
+        if self.inside >= self.expected:
+            self.met.set()
+        await self.met.wait()
+        return await super().submit_agent_run(*args, **kwargs)
+
+
+async def test_the_deliveries_of_one_fetch_are_handled_concurrently(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'corral.db'}"
+    store = await MeetingStore.open(url, cipher=SecretCipher(key=SecretCipher.generate_key()))
+    try:
+        await store.apply(load_text(TEAM, "team.yaml"))
+        bus = LocalBus()
+        messages = []
+        for n in range(2):
+            run, _ = await submit_system(store, "team", f"hello {n}")
+            messages.append(a_message(run.id, "solo"))
+        await store.add_agent_messages(messages)
+        for message in messages:
+            await bus.send_agent_message("default", "solo", message.id)
+        consumer = InboxConsumer(store, bus)
+        stop = anyio.Event()
+        # one after the other, the first submit would wait for the second forever
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as group:
+                group.start_soon(consumer.serve, stop)
+                while consumer.delivered < 2:
+                    await anyio.sleep(0.01)
+                stop.set()
+        for message in messages:
+            stored = await store.get_agent_message(message.id)
+            assert stored is not None and stored.state is MessageState.DELIVERED
+            assert len(await store.list_children(message.system_run_id)) == 1
+    finally:
+        await store.close()
