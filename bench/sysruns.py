@@ -397,7 +397,10 @@ def run(config: Config, log: Any = print) -> dict[str, Any]:
                     f"{got['systems_per_s']:.1f} system runs/s, alone p50 {got['p50_ms']:.1f} ms"
                 )
                 if "writes_per_system" in got:
-                    shown += f", {got['writes_per_system']:.1f} write operations, {got['commits_per_system']:.1f} commits each"
+                    shown += (
+                        f", {got['writes_per_system']:.1f} write operations, "
+                        f"{got['commits_per_system']:.1f} commits each"
+                    )
             log(f"[multiagent] systems round {round_no}/{config.rounds} {key}: {shown}")
     for key in status:
         if status[key] == "ok" and not samples[key]:
