@@ -21,6 +21,9 @@ every child run is announced on its bus, as in embedded mode), on the
 Each round is a child process (``multiagent.py --child``): it warms up untimed,
 freezes its heap, measures. The page shows the median over rounds of each
 round's p50/p95 and of the differences and ratios.
+
+The section's third measurement, system-run throughput on SQLite and on
+PostgreSQL + NATS, is :mod:`sysruns` (its result is this one's ``systems``).
 """
 
 from __future__ import annotations
@@ -31,10 +34,11 @@ import os
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import sysruns
 from _common import BENCH, emit, fmt, freeze_heap, median, percentile, run_child, spread, table
 
 #: the issue's targets
@@ -52,6 +56,7 @@ class Config:
     fan_runs: int = 30  # parent runs of each fan-out kind per round
     warmup: int = 5
     timeout: float = 600.0
+    systems: sysruns.Config = field(default_factory=sysruns.Config)
 
 
 def _call(name: str, **arguments: Any) -> dict[str, Any]:
@@ -207,6 +212,7 @@ def run(config: Config, log: Any = print) -> dict[str, Any]:
         "samples": samples,
         "errors": errors,
     }
+    result["systems"] = sysruns.run(config.systems, log)
     adds, ratio = delegation_adds(result), fan_out_ratios(result)
     if adds:
         log(f"[multiagent] a delegation adds {spread(adds, 2)} ms (p50)")
@@ -252,6 +258,8 @@ def render(result: dict[str, Any]) -> str:
     text = table(header, rows)
     if result.get("errors"):
         text += "\n\nFailed rounds: " + "; ".join(result["errors"])
+    if "systems" in result:
+        text += "\n\n" + sysruns.render(result["systems"])
     return text
 
 
@@ -294,7 +302,7 @@ def method(result: dict[str, Any]) -> str:
         f"finished (a watch of its events, woken by the commit of its outcome); p50 and p95 "
         f"per round, "
         f"{result['rounds']} rounds, each a child process after an untimed warm-up."
-    )
+    ) + ("\n" + sysruns.method(result["systems"]) if "systems" in result else "")
 
 
 def reading(result: dict[str, Any], disk_commits_per_s: list[float]) -> list[str]:
@@ -326,6 +334,8 @@ def reading(result: dict[str, Any], disk_commits_per_s: list[float]) -> list[str
             "and saves are separate write transactions, which the store's group commit "
             "shares between them."
         )
+    if "systems" in result:
+        said += sysruns.reading(result["systems"], disk_commits_per_s)
     return said
 
 

@@ -16,7 +16,8 @@ worker`` processes on PostgreSQL + NATS JetStream beside SQLite
 (``scaleout.py``; rows say "not reachable" without those servers), and what a tool
 call costs isolated: exec with and without the sandbox, wasm, python
 (``isolation.py``), what a delegation to a linked agent and a fan-out to 10
-child runs cost (``multiagent.py``), and a Memory's ingest and hybrid search beside
+child runs cost and how many system runs of an AgentSystem complete per second
+on SQLite and on PostgreSQL + NATS (``multiagent.py``, ``sysruns.py``), and a Memory's ingest and hybrid search beside
 ChromaDB at 10k and 100k entries (``memory.py``). Progress goes to
 stderr, the tables to stdout; ``--write-docs`` writes ``docs/benchmarks.md``
 from this run's results, ``--json`` keeps the raw figures.
@@ -46,6 +47,7 @@ import report
 import scale
 import scaleout
 import startup
+import sysruns
 import throughput
 from _common import (
     REPO,
@@ -110,7 +112,15 @@ def configs(args: argparse.Namespace) -> dict[str, Any]:
                 timeout=120,
             ),
             "isolation": isolation.Config(rounds=1, calls=5, warmup=1, timeout=120),
-            "multiagent": multiagent.Config(rounds=1, runs=2, fan_runs=2, warmup=1, timeout=120),
+            # system runs: SQLite and one NATS worker, a handful each
+            "multiagent": multiagent.Config(
+                rounds=1,
+                runs=2,
+                fan_runs=2,
+                warmup=1,
+                timeout=120,
+                systems=sysruns.Config(rounds=1, systems=4, latency_runs=2, workers=(1,)),
+            ),
             # SQLite and ChromaDB (not installed in Corral's own .venv: a row says so)
             "memory": memory.Config(
                 sizes=(200,),

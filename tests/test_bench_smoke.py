@@ -76,6 +76,18 @@ def test_quick_benchmark_run_produces_every_section(tmp_path: Path) -> None:
     for row in ("plain", "boss", "fan-1", "fan-10"):
         [sample] = multiagent["samples"][row]
         assert 0 < sample["p50_ms"] <= sample["p95_ms"], (row, sample)
+    systems = multiagent["systems"]
+    assert systems["samples"]["sqlite-1"], systems
+    for key, status in systems["status"].items():
+        assert status == "ok" or "not reachable" in status, (key, status)
+        if status == "ok":
+            (sample,) = systems["samples"][key]
+            assert sample["systems_per_s"] > 0, sample
+            assert len(sample["latency_ms"]) == systems["latency_runs"], sample
+    (sqlite_systems,) = systems["samples"]["sqlite-1"]
+    # the system run and its 4 node runs: at least their submits and saves are commits
+    assert sqlite_systems["commits_per_system"] >= 10, sqlite_systems
+    assert "System runs" in proc.stdout and "system runs/s" in page.read_text()
     memory = results["memory"]
     sqlite = memory["samples"]["corral, SQLite@200"]
     assert sqlite["ingest_per_s"] > 0 and sqlite["p50_ms"] > 0, memory

@@ -5,20 +5,29 @@ is dead-lettered and fails its system run with a clear error."""
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Any
 
 import anyio
+import pytest
 
 from corral.bus.local import LocalBus
 from corral.core.agent_messages import AgentMessage, MessageState
+from corral.core.errors import NotFoundError
 from corral.core.runs import RunState
 from corral.core.settings import Settings
 from corral.resources.loader import load_text
 from corral.resources.secrets import SecretCipher
 from corral.runtime.inbox import InboxConsumer
-from corral.runtime.system_messages import message_id
+from corral.runtime.system_messages import deliver, message_id
 from corral.runtime.system_runs import submit_system
+from corral.runtime.systems import (
+    BUS_DELIVERY_FIRST_POLL_SECONDS,
+    BUS_DELIVERY_POLL_SECONDS,
+    DELIVERY_GRACE_SECONDS,
+    delivery_polls,
+)
 from corral.runtime.worker import Worker
 from corral.store import Store, StoreError
 from corral.store.sql import SqlStore
@@ -182,5 +191,87 @@ async def test_the_last_delivery_failing_dead_letters_the_message(tmp_path: Path
         assert stored is not None and stored.state is MessageState.DEAD_LETTER
         assert stored.error is not None and "locked" in stored.error["message"]
         assert await store.list_children(run.id) == []
+    finally:
+        await store.close()
+
+
+def test_the_coordinator_looks_for_a_published_delivery_soon_then_less_often() -> None:
+    # a consumer on an idle worker delivers in milliseconds: the first look is after 2 ms
+    # (not a whole poll interval per pass that publishes), the later ones back off to it
+    waits = list(itertools.islice(delivery_polls(), 8))
+    assert waits[0] == BUS_DELIVERY_FIRST_POLL_SECONDS == 0.002
+    assert all(b == min(2 * a, BUS_DELIVERY_POLL_SECONDS) for a, b in itertools.pairwise(waits))
+    assert waits[-1] == BUS_DELIVERY_POLL_SECONDS
+    # the looks within the grace stay few: a lost publish costs about grace / poll reads
+    assert sum(waits[:5]) < BUS_DELIVERY_POLL_SECONDS * 2 < DELIVERY_GRACE_SECONDS
+
+
+async def test_deliver_hands_back_the_message_as_marked_and_a_second_delivery_none(
+    env: tuple[Store, Settings],
+) -> None:
+    store, _ = env
+    await store.apply(load_text(TEAM, "team.yaml"))
+    run, _ = await submit_system(store, "team", "hello")
+    message = a_message(run.id, "solo")
+    await store.add_agent_messages([message])
+    # the coordinator passes the system run it holds (no read of it)
+    first = await deliver(store, None, message, parent=run)
+    assert first.message is not None and first.message.state is MessageState.DELIVERED
+    assert first.message.child_run_id == first.run.id
+    assert first.message == await store.get_agent_message(message.id)
+    assert (first.run.parent_run_id, first.run.system) == (run.id, "team")
+    # delivered again (a consumer beat it): the same node run, the message not marked again
+    second = await deliver(store, None, message)
+    assert (second.run.id, second.message) == (first.run.id, None)
+    # a parent that is not the message's system run is refused, not used
+    (other, _) = await submit_system(store, "team", "another")
+    with pytest.raises(NotFoundError):
+        await deliver(store, None, a_message(run.id, "solo"), parent=other)
+
+
+class MeetingStore(SqlStore):
+    """A real store whose run submits wait until ``expected`` of them are in at once."""
+
+    expected = 2
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.inside = 0
+        self.met = anyio.Event()
+
+    async def submit_agent_run(self, *args: Any, **kwargs: Any) -> Any:
+        self.inside += 1
+        if self.inside >= self.expected:
+            self.met.set()
+        await self.met.wait()
+        return await super().submit_agent_run(*args, **kwargs)
+
+
+async def test_the_deliveries_of_one_fetch_are_handled_concurrently(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'corral.db'}"
+    store = await MeetingStore.open(url, cipher=SecretCipher(key=SecretCipher.generate_key()))
+    try:
+        await store.apply(load_text(TEAM, "team.yaml"))
+        bus = LocalBus()
+        messages = []
+        for n in range(2):
+            run, _ = await submit_system(store, "team", f"hello {n}")
+            messages.append(a_message(run.id, "solo"))
+        await store.add_agent_messages(messages)
+        for message in messages:
+            await bus.send_agent_message("default", "solo", message.id)
+        consumer = InboxConsumer(store, bus)
+        stop = anyio.Event()
+        # one after the other, the first submit would wait for the second forever
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as group:
+                group.start_soon(consumer.serve, stop)
+                while consumer.delivered < 2:
+                    await anyio.sleep(0.01)
+                stop.set()
+        for message in messages:
+            stored = await store.get_agent_message(message.id)
+            assert stored is not None and stored.state is MessageState.DELIVERED
+            assert len(await store.list_children(message.system_run_id)) == 1
     finally:
         await store.close()

@@ -18,6 +18,8 @@ to its agent's inbox. Every worker takes deliveries from the inboxes and, for ea
   (the message could not be delivered) at its next pass;
 - a message that can never be delivered (its agent or system run gone) -> marked
   ``dead_letter`` with the reason, the same way, and acked.
+
+The deliveries of one fetch (up to :data:`BATCH`) are handled concurrently.
 """
 
 from __future__ import annotations
@@ -55,8 +57,12 @@ class InboxConsumer:
         """Take and handle deliveries until ``stop`` is set."""
         while not stop.is_set():
             deliveries = await self.bus.take_agent_messages(BATCH, TAKE_SECONDS)
-            for delivery in deliveries:
-                await self.handle(delivery)
+            # concurrently: each is its own message and node run (keyed by the message id),
+            # and a burst of system runs must not queue behind one store round trip after
+            # another while their coordinators wait for the deliveries
+            async with anyio.create_task_group() as group:
+                for delivery in deliveries:
+                    group.start_soon(self.handle, delivery)
 
     async def handle(self, delivery: MessageDelivery) -> None:
         """Handle one delivery, settling it exactly once (see the module docstring)."""

@@ -13,6 +13,7 @@ import hashlib
 import json
 import re
 from collections.abc import Mapping
+from typing import NamedTuple
 
 from corral.bus.base import Bus
 from corral.core.agent_messages import AgentMessage, MessageState
@@ -47,17 +48,32 @@ def node_input(message: AgentMessage) -> str:
     return json.dumps(message.payload, ensure_ascii=False)
 
 
+class Delivered(NamedTuple):
+    """What :func:`deliver` did: the node run, and the message as it marked it (``None``:
+    the message was not ``pending`` any more, or is gone)."""
+
+    run: RunRecord
+    message: AgentMessage | None
+
+
 async def deliver(
-    store: Store, bus: Bus | None, message: AgentMessage, *, attempt: int | None = None
-) -> RunRecord:
+    store: Store,
+    bus: Bus | None,
+    message: AgentMessage,
+    *,
+    attempt: int | None = None,
+    parent: RunRecord | None = None,
+) -> Delivered:
     """Deliver ``message``: create (or find, by its id) the node run that handles it and
     mark it ``delivered``; the node run is announced on ``bus`` when new. What the
-    coordinator does for a pending message and what a bus's inbox consumer does for a
-    delivery. ``NotFoundError`` when the system run or the agent is gone;
-    ``ConflictError`` when the system run has ended (a publish consumed after a cancel,
-    a forged one): no node run starts after its system run's end."""
-    parent = await store.get_run(message.system_run_id)
+    coordinator does for a pending message (it passes the system run it holds as
+    ``parent``: one read less) and what a bus's inbox consumer does for a delivery.
+    ``NotFoundError`` when the system run or the agent is gone; ``ConflictError`` when
+    the system run has ended (a publish consumed after a cancel, a forged one): no node
+    run starts after its system run's end."""
     if parent is None:
+        parent = await store.get_run(message.system_run_id)
+    if parent is None or parent.id != message.system_run_id:
         raise NotFoundError(f"system run {message.system_run_id!r} not found")
     if parent.state.finished:
         raise ConflictError(
@@ -87,12 +103,12 @@ async def deliver(
             f"key {message.id!r} of the system's message: it is not a node run of "
             f"system run {parent.id}"
         )
-    await store.mark_agent_message(
+    marked = await store.mark_agent_message(
         message.id, MessageState.DELIVERED, child_run_id=submitted.record.id, attempt=attempt
     )
     if submitted.created and bus is not None:
         await bus.announce_runnable([submitted.record.id], mark="submitted")
-    return submitted.record
+    return Delivered(submitted.record, marked)
 
 
 def system_run_record(
@@ -117,4 +133,12 @@ def system_run_record(
     return record
 
 
-__all__ = ["KIND", "deliver", "is_message_id", "message_id", "node_input", "system_run_record"]
+__all__ = [
+    "KIND",
+    "Delivered",
+    "deliver",
+    "is_message_id",
+    "message_id",
+    "node_input",
+    "system_run_record",
+]

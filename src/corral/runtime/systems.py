@@ -56,7 +56,7 @@ from __future__ import annotations
 
 import contextlib
 import reprlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -82,7 +82,10 @@ from corral.store.base import Store
 #: how long a message published on a bus that delivers messages may stay pending before
 #: the coordinator delivers it itself (the publish, or its consumer, was lost)
 DELIVERY_GRACE_SECONDS = 5.0
-#: how often the coordinator looks whether the bus's consumers delivered its messages
+#: how often the coordinator looks whether the bus's consumers delivered its messages:
+#: first after BUS_DELIVERY_FIRST_POLL_SECONDS (a consumer on an idle worker delivers in a
+#: few milliseconds), then at twice the interval each time, up to BUS_DELIVERY_POLL_SECONDS
+BUS_DELIVERY_FIRST_POLL_SECONDS = 0.002
 BUS_DELIVERY_POLL_SECONDS = 0.05
 #: the branch of the system's input
 ROOT_BRANCH = "1"
@@ -479,19 +482,21 @@ class SystemCoordinator:
             for message in pending:
                 assert self.bus is not None
                 await self.bus.send_agent_message(message.namespace, message.to_agent, message.id)
+            polls = delivery_polls()
             while pending and self.clock.now() < due:
-                await self.clock.sleep(BUS_DELIVERY_POLL_SECONDS)
+                await self.clock.sleep(next(polls))
                 pending = await self._still_pending(state, pending)
         for message in pending:
             try:
-                started = await deliver(self.store, self.bus, message)
+                started, marked = await deliver(self.store, self.bus, message, parent=state.record)
             except (NotFoundError, ConflictError, UserError) as exc:
                 raise SystemFailed(
                     f"the message to agent {message.to_agent!r} (branch "
                     f"{message.branch_id}) could not be delivered: {exc.message}"
                 ) from None
             state.children[started.id] = started
-            marked = await self.store.get_agent_message(message.id)
+            if marked is None:  # a consumer delivered it meanwhile: read it as stored
+                marked = await self.store.get_agent_message(message.id)
             if marked is not None:
                 state.messages[message.id] = marked
         await self._journal_delivered(state, sink)
@@ -613,6 +618,14 @@ class SystemCoordinator:
 
 
 # --------------------------------------------------------------------------- helpers
+
+
+def delivery_polls() -> Iterator[float]:
+    """The waits between the coordinator's looks at the messages it published, in seconds."""
+    wait = BUS_DELIVERY_FIRST_POLL_SECONDS
+    while True:
+        yield wait
+        wait = min(2 * wait, BUS_DELIVERY_POLL_SECONDS)
 
 
 def _key_of(kind: EventType, data: dict[str, Any]) -> str:
@@ -754,4 +767,4 @@ def _spend(children: Iterable[RunRecord]) -> tuple[Usage, float]:
     return usage, cost
 
 
-__all__ = ["DELIVERY_GRACE_SECONDS", "SystemCoordinator", "SystemFailed"]
+__all__ = ["DELIVERY_GRACE_SECONDS", "SystemCoordinator", "SystemFailed", "delivery_polls"]
