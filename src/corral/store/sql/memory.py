@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -46,18 +47,25 @@ from corral.core.memory import (
     fuse,
     query_terms,
 )
-from corral.store.schema import memory_entries
+from corral.store.schema import memory_entries, memory_generations
 from corral.store.sql.engine import SqlEngine, fetch_all, fetch_first
 from corral.store.sql.rows import MEMORY_ENTRIES
 from corral.store.sql.statements import _insert
+from corral.store.sql.vector_cache import (
+    Matrix,
+    VectorCache,
+    decode_arrays,
+    decode_blobs,
+)
 from corral.store.sql.vectors import (
+    CACHED_INDEX,
+    PGVECTOR,
     memory_vectors,
     pack,
     postgres_distance,
     postgres_embedding_type,
     postgres_param,
     postgres_value,
-    sqlite_distance,
     sqlite_vector_index,
     unit,
 )
@@ -84,8 +92,47 @@ def at_place(place: MemoryPlace) -> sa.ColumnElement[bool]:
 
 
 def entries_of_memory(namespace: str, memory: str) -> sa.Delete:
-    """Delete every entry of a Memory, all scopes (the Memory itself is being deleted)."""
+    """Delete every entry of a Memory, all scopes (the Memory itself is being deleted).
+    Run :func:`memory_changed` in the same transaction."""
     return _t.delete().where(_t.c.namespace == namespace, _t.c.memory == memory)
+
+
+def memory_changed(namespace: str, memory: str) -> sa.Update:
+    """Raise the generation of every scope of a Memory (its entries were deleted)."""
+    _g = memory_generations
+    return (
+        _g.update()
+        .where(_g.c.namespace == namespace, _g.c.memory == memory)
+        .values(generation=_g.c.generation + 1)
+    )
+
+
+async def _changed(conn: AsyncConnection, dialect: str, places: Sequence[MemoryPlace]) -> None:
+    """Raise the generation of each of ``places`` (in a stable order: two transactions
+    raising the same scopes never wait for each other crosswise)."""
+    _g = memory_generations
+    for place in sorted(set(places), key=lambda p: (p.namespace, p.memory, p.scope_key)):
+        upsert = _insert(dialect, _g).values(
+            namespace=place.namespace,
+            memory=place.memory,
+            scope_key=place.scope_key,
+            generation=1,
+        )
+        await conn.execute(
+            upsert.on_conflict_do_update(
+                index_elements=["namespace", "memory", "scope_key"],
+                set_={"generation": _g.c.generation + 1},
+            )
+        )
+
+
+def _generation(place: MemoryPlace) -> sa.Select[Any]:
+    _g = memory_generations
+    return sa.select(_g.c.generation).where(
+        _g.c.namespace == place.namespace,
+        _g.c.memory == place.memory,
+        _g.c.scope_key == place.scope_key,
+    )
 
 
 # --------------------------------------------------------------------------- per dialect
@@ -195,6 +242,7 @@ class SqlMemory(SqlEngine):
             done = await self._write_batch(conn, prepared, now)
             for place in places:
                 await _prune(conn, place, now, max_entries, max_age_days)
+            await _changed(conn, self._dialect, places)
             return done
 
         name = entries[0].memory if entries else "?"
@@ -383,7 +431,7 @@ class SqlMemory(SqlEngine):
         kind = await self._read("read the memory vector index", read)
         if kind == "vector":
             return "pgvector (exact cosine, <=>)"
-        return "exact cosine in SQL (real[]; pgvector could not be created here)"
+        return f"{CACHED_INDEX} (real[]; pgvector could not be created here)"
 
     async def read_memory(self, place: MemoryPlace, key: str) -> MemoryEntry | None:
         query = sa.select(_t).where(at_place(place), _t.c.key == key)
@@ -412,7 +460,10 @@ class SqlMemory(SqlEngine):
         delete = _t.delete().where(at_place(place), _t.c.key == key)
 
         async def write(conn: AsyncConnection) -> bool:
-            return bool((await conn.execute(delete)).rowcount)
+            deleted = bool((await conn.execute(delete)).rowcount)
+            if deleted:
+                await _changed(conn, self._dialect, [place])
+            return deleted
 
         return await self._write(f"delete from memory {place.memory}", write)
 
@@ -440,7 +491,9 @@ class SqlMemory(SqlEngine):
         pool = max(top_k, FUSION_POOL)
         rankings = {
             FULLTEXT: await self._fulltext(place, terms, conditions, pool) if terms else [],
-            VECTOR: await self._nearest(place, vector.embedder, values, conditions, pool),
+            VECTOR: await self._nearest(
+                place, vector.embedder, values, conditions, pool, filtered=len(conditions) > 1
+            ),
         }
         return fuse(rankings, top_k)
 
@@ -465,6 +518,15 @@ class SqlMemory(SqlEngine):
             for row in rows
         ]
 
+    @property
+    def memory_vector_cache(self) -> VectorCache:
+        """This store's cache of scope vectors (see :mod:`corral.store.sql.vector_cache`)."""
+        cache: VectorCache | None = getattr(self, "_memory_vector_cache", None)
+        if cache is None:
+            cache = VectorCache(self._memory_cache_bytes)
+            self._memory_vector_cache = cache
+        return cache
+
     async def _nearest(
         self,
         place: MemoryPlace,
@@ -472,30 +534,64 @@ class SqlMemory(SqlEngine):
         values: list[float],
         conditions: list[sa.ColumnElement[bool]],
         limit: int,
+        filtered: bool,
     ) -> list[MemoryHit]:
+        """The ``limit`` entries nearest ``values``, exactly: pgvector's ``<=>`` in SQL
+        where it exists, else a matrix product over the scope's cached vectors."""
+
         async def read(conn: AsyncConnection) -> list[MemoryHit]:
             kind = await self._vector_kind(conn)
-            distance = (
-                sqlite_distance(pack(values)) if kind == "blob" else postgres_distance(kind, values)
-            )
-            statement = (
-                sa.select(_t, distance.label("distance"))
-                .select_from(_t.join(_v, _v.c.entry_id == _t.c.id))
-                .where(_v.c.embedder == embedder, *conditions)
-                .order_by(distance, _t.c.id)
-                .limit(limit)
-            )
-            rows = (await conn.execute(statement)).all()
+            if kind == PGVECTOR:
+                return await _nearest_in_sql(conn, kind, embedder, values, conditions, limit)
+            matrix = await self._matrix(conn, kind, place, embedder)
+            allowed = None
+            if filtered:  # the ids of the entries the filters keep: scored alone
+                ids = (await conn.execute(sa.select(_t.c.id).where(*conditions))).scalars()
+                allowed = np.fromiter(ids, dtype=np.int64)
+            try:
+                best = matrix.nearest(values, limit, allowed)
+            except ValueError as exc:
+                raise MemoryInputError(f"the query's embedding: {exc}") from None
+            if not best:
+                return []
+            query = sa.select(_t).where(_t.c.id.in_([entry_id for entry_id, _ in best]))
+            rows = {row.id: row for row in (await conn.execute(query)).all()}
             return [
-                MemoryHit(
-                    MEMORY_ENTRIES.record(tuple(row)[:_COLUMNS]),
-                    1.0 - float(row.distance),
-                    (VECTOR,),
-                )
-                for row in rows
+                MemoryHit(MEMORY_ENTRIES.record(rows[entry_id]), score, (VECTOR,))
+                for entry_id, score in best
+                if entry_id in rows  # deleted by another process since the matrix was read
             ]
 
         return await self._read(f"search memory {place.memory}", read)
+
+    async def _matrix(
+        self, conn: AsyncConnection, kind: str, place: MemoryPlace, embedder: str
+    ) -> Matrix:
+        """The scope's vectors of ``embedder``: cached if the scope's generation has not
+        moved since, else read (the generation first: never filed under a newer one)."""
+        cache = self.memory_vector_cache
+        key = (place.namespace, place.memory, place.scope_key, embedder)
+        generation = int((await conn.execute(_generation(place))).scalar() or 0)
+        matrix = cache.get(key, generation)
+        if matrix is not None:
+            return matrix
+        statement = (
+            sa.select(_v.c.entry_id, _v.c.embedding)
+            .select_from(_v.join(_t, _v.c.entry_id == _t.c.id))
+            .where(at_place(place), _v.c.embedder == embedder)
+            .order_by(_v.c.entry_id)
+        )
+        rows = (await conn.execute(statement)).all()
+        ids = [row[0] for row in rows]
+        stored = [row[1] for row in rows]
+        if kind == "blob":
+            dims = len(stored[0]) // 4 if stored else 0
+            vectors = decode_blobs(stored, dims)
+        else:
+            vectors = decode_arrays(stored) if stored else np.zeros((0, 0), np.float32)
+        matrix = Matrix.of(generation, ids, vectors)
+        cache.put(key, matrix)
+        return matrix
 
     async def memory_stats(self, namespace: str, memory: str) -> MemoryStats:
         of_memory = sa.and_(_t.c.namespace == namespace, _t.c.memory == memory)
@@ -530,9 +626,38 @@ class SqlMemory(SqlEngine):
         when = time.time() if now is None else now
 
         async def write(conn: AsyncConnection) -> int:
-            return await _prune(conn, place, when, max_entries, max_age_days)
+            removed = await _prune(conn, place, when, max_entries, max_age_days)
+            if removed:
+                await _changed(conn, self._dialect, [place])
+            return removed
 
         return await self._write(f"prune memory {place.memory}", write)
+
+
+async def _nearest_in_sql(
+    conn: AsyncConnection,
+    kind: str,
+    embedder: str,
+    values: list[float],
+    conditions: list[sa.ColumnElement[bool]],
+    limit: int,
+) -> list[MemoryHit]:
+    """pgvector: ``ORDER BY embedding <=> query LIMIT`` (exact: no ANN index is made)."""
+    distance = postgres_distance(kind, values)
+    statement = (
+        sa.select(_t, distance.label("distance"))
+        .select_from(_t.join(_v, _v.c.entry_id == _t.c.id))
+        .where(_v.c.embedder == embedder, *conditions)
+        .order_by(distance, _t.c.id)
+        .limit(limit)
+    )
+    rows = (await conn.execute(statement)).all()
+    return [
+        MemoryHit(
+            MEMORY_ENTRIES.record(tuple(row)[:_COLUMNS]), 1.0 - float(row.distance), (VECTOR,)
+        )
+        for row in rows
+    ]
 
 
 async def _prune(

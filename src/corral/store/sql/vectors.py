@@ -118,16 +118,14 @@ def _sqlite_vec_version() -> str:
         return "unknown"
 
 
+#: how the store searches vectors without pgvector (see corral.store.sql.vector_cache)
+CACHED_INDEX = "exact cosine, numpy over the scope's vectors cached in process"
+
+
 def sqlite_vector_index() -> str:
-    """How vectors are searched on SQLite in this process."""
-    if CAN_LOAD_EXTENSIONS and _sqlite_vec_path() is not None:
-        return f"sqlite-vec {_loaded_sqlite_vec or _sqlite_vec_version()} (exact cosine)"
-    why = (
-        "this Python's sqlite3 cannot load extensions"
-        if not CAN_LOAD_EXTENSIONS
-        else "sqlite-vec is not installed"
-    )
-    return f"exact cosine in a numpy function ({why}: no sqlite-vec)"
+    """How vectors are searched on SQLite: the cached matrix, not a function per row
+    (``vec_distance_cosine`` stays registered on each connection, for SQL of one's own)."""
+    return CACHED_INDEX
 
 
 def sqlite_distance(query: bytes) -> sa.ColumnElement[Any]:
