@@ -272,4 +272,4 @@ agent_messages = sa.Table(
 )
 
 #: name prefixes of what the migrated schema has beyond ``metadata`` (see memory_entries)
-DIALECT_OBJECTS = ("memory_fts", "ix_memory_entries_fts", "memory_vectors")
+DIALECT_OBJECTS = ("memory_fts", "ix_memory_entries_fts", "memory_vectors", "fts_vector")
