@@ -151,7 +151,7 @@ def _search_sqlite(terms: list[str]) -> tuple[sa.FromClause, sa.ColumnElement[An
 def _search_postgresql(terms: list[str]) -> tuple[sa.FromClause, sa.ColumnElement[Any], Any]:
     """tsvector: the table, the match condition, and the rank (negated: lower is better)."""
     # the stored generated column of the GIN index (migration 0012): ts_rank reads it
-    vector = sa.literal_column("memory_entries.fts_vector")
+    vector: sa.ColumnElement[Any] = sa.literal_column("memory_entries.fts_vector")
     each: list[sa.ColumnElement[Any]] = [
         sa.func.plainto_tsquery(_SIMPLE, sa.literal(term, sa.Text)) for term in terms
     ]
