@@ -178,3 +178,34 @@ def test_the_cache_drops_a_matrix_of_another_generation_and_one_over_budget() ->
     big = Matrix.of(1, list(range(100)), np.ones((100, 4), dtype=np.float32))
     cache.put(("ns", "m", "", "e"), big)
     assert cache.keys() == [] and cache.nbytes == 0
+
+
+async def test_full_text_is_the_same_whether_few_or_all_matches_are_ranked_first(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SQLite ranks the best FTS matches of all scopes first and reads their entries: the
+    answer must be the scope's true top k even when another scope's entries rank better
+    (the joined query then decides), and with filters."""
+    from corral.store.sql import memory
+
+    crowd = MemoryPlace("default", "notes", "crowd")
+    await store.write_memories(
+        [entry(f"c{n:03d}", "apple apple apple", crowd) for n in range(40)]
+        + [
+            entry(f"n{n:03d}", "apple pear " + "filler " * (n % 7), metadata={"odd": n % 2 == 1})
+            for n in range(30)
+        ]
+    )
+
+    async def search(**filters: object) -> list[tuple[str, float]]:
+        hits = await store.search_memory(NOTES, "apple pear", top_k=7, filters=filters or None)
+        return [(hit.entry.key, hit.score) for hit in hits]
+
+    answers = []
+    for candidates in (1, 5, 45, 100_000):
+        monkeypatch.setattr(memory, "FTS_CANDIDATES", candidates)
+        answers.append((await search(), await search(odd=True)))
+    assert all(answer == answers[-1] for answer in answers)
+    everything, odd = answers[-1]
+    assert len(everything) == 7 and all(key.startswith("n") for key, _ in everything)
+    assert len(odd) == 7 and all(int(key[1:]) % 2 == 1 for key, _ in odd)

@@ -1,8 +1,9 @@
 """Memory vectors in the SQL store: their storage form and their distance, per dialect.
 
 An entry's embedding lives in ``memory_vectors`` (migration 0010), unit length (so a
-cosine is a dot product), with the ``embedder`` that made it. Search ranks by cosine
-distance, exactly (every vector of the scope is compared):
+cosine is a dot product), with the ``embedder`` that made it. The store's search ranks by
+pgvector's ``<=>`` where it exists, else over an in-process matrix
+(:mod:`corral.store.sql.vector_cache`); the per-row functions below remain for SQL:
 
 - SQLite: ``vec_distance_cosine`` of sqlite-vec (PyPI ``sqlite-vec``), loaded into each
   connection. A Python whose ``sqlite3`` cannot load extensions (built without
