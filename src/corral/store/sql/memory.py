@@ -586,8 +586,10 @@ class SqlMemory(SqlEngine):
         if matrix is not None:
             return matrix
         # IN, not a join: the vectors are read in entry id order, no sort (half the time)
+        # real[] goes out in its binary form (array_send): no Python float per element
+        embedding = _v.c.embedding if kind == "blob" else sa.func.array_send(_v.c.embedding)
         statement = (
-            sa.select(_v.c.entry_id, _v.c.embedding)
+            sa.select(_v.c.entry_id, embedding)
             .where(_v.c.entry_id.in_(sa.select(_t.c.id).where(at_place(place))))
             .where(_v.c.embedder == embedder)
             .order_by(_v.c.entry_id)
@@ -599,7 +601,7 @@ class SqlMemory(SqlEngine):
             dims = len(stored[0]) // 4 if stored else 0
             vectors = decode_blobs(stored, dims)
         else:
-            vectors = decode_arrays(stored) if stored else np.zeros((0, 0), np.float32)
+            vectors = decode_arrays(stored)
         matrix = Matrix.of(generation, ids, vectors)
         cache.put(key, matrix)
         return matrix

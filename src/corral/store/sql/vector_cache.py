@@ -24,7 +24,6 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -140,6 +139,18 @@ def decode_blobs(blobs: list[bytes], dims: int) -> npt.NDArray[np.float32]:
     return joined.reshape(len(blobs), dims).astype(np.float32, copy=True)
 
 
-def decode_arrays(arrays: list[Any]) -> npt.NDArray[np.float32]:
-    """PostgreSQL ``real[]`` values (lists of floats) as one (n, dims) matrix."""
-    return np.asarray(arrays, dtype=np.float32)
+def decode_arrays(sent: list[bytes]) -> npt.NDArray[np.float32]:
+    """PostgreSQL ``real[]`` values in ``array_send``'s binary form as one (n, dims) matrix.
+
+    Each is a one-dimensional array: five big-endian int32 (dimensions, flags, element
+    type, length, lower bound), then per element its byte length (4) and the float4."""
+    if not sent:
+        return np.zeros((0, 0), dtype=np.float32)
+    dims = (len(sent[0]) - _ARRAY_HEADER) // 8
+    words = np.frombuffer(b"".join(sent), dtype=">f4").reshape(len(sent), -1)
+    if words.shape[1] != _ARRAY_HEADER // 4 + 2 * dims:
+        raise ValueError("vector dimensions differ")
+    return words[:, _ARRAY_HEADER // 4 + 1 :: 2].astype(np.float32)
+
+
+_ARRAY_HEADER = 20
