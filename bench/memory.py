@@ -10,8 +10,9 @@ embedding model runs: what is measured is storing and searching.
   transaction each, the full-text index and the vectors written with the entries),
   then ``search_memory`` with the query's words and vector: full text and an exact
   cosine over every vector of the scope, fused by reciprocal rank fusion, top 10.
-  Each row says how it searched vectors (sqlite-vec, or the numpy stand-in where this
-  Python's sqlite3 cannot load extensions; pgvector, or a cosine in SQL).
+  Each row says how it searched vectors (pgvector's ``<=>``, or the scope's vectors
+  cached in process as a numpy matrix). "first search" is the first query after the
+  load: it reads the scope's vectors into the cache (every later one finds them there).
 - ``chromadb``: an embedded ``PersistentClient`` in a temporary directory (persisted,
   as the store is), ``collection.add`` in the same batches with the texts as documents,
   then ``collection.query`` with the query vector, top 10: its HNSW index
