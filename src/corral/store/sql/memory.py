@@ -5,9 +5,9 @@ Every statement is written once, except where the dialects differ, which is
 here and only here, one function per dialect:
 
 - full-text search: SQLite's FTS5 table ``memory_fts`` (kept in step with
-  ``memory_entries`` by triggers), ranked by BM25; PostgreSQL's
-  ``to_tsvector('simple', text)`` (a GIN index on that expression), ranked by
-  ``ts_rank``. Both see a query as the words of :func:`~corral.core.memory.query_terms`,
+  ``memory_entries`` by triggers), ranked by BM25; PostgreSQL's stored
+  ``fts_vector`` column, ``to_tsvector('simple', text)`` (a GIN index on it; migration
+  0012), ranked by ``ts_rank``. Both see a query as the words of :func:`~corral.core.memory.query_terms`,
   each a quoted term (FTS5) or a ``plainto_tsquery`` (PostgreSQL): no query text
   is ever read as query syntax. An entry matches any of the words.
 - metadata filters: equality of one key's JSON value, by ``json_type`` and
@@ -15,7 +15,9 @@ here and only here, one function per dialect:
 - vectors (:mod:`corral.store.sql.vectors`): an entry written with a
   :class:`~corral.core.memory.MemoryVector` keeps it in ``memory_vectors``, in the same
   transaction; a search given the query's vector ranks the scope's vectors of the same
-  embedder by cosine distance, and fuses that ranking with the full-text one
+  embedder by cosine (pgvector's ``<=>`` in SQL, else the in-process matrix of
+  :mod:`corral.store.sql.vector_cache`, kept current by the scope's generation, which
+  every write, delete and prune raises in its transaction), and fuses that ranking with the full-text one
   (:func:`~corral.core.memory.fuse`, reciprocal rank fusion). Filters apply to both.
 """
 
@@ -26,6 +28,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -46,18 +49,25 @@ from corral.core.memory import (
     fuse,
     query_terms,
 )
-from corral.store.schema import memory_entries
+from corral.store.schema import memory_entries, memory_generations
 from corral.store.sql.engine import SqlEngine, fetch_all, fetch_first
 from corral.store.sql.rows import MEMORY_ENTRIES
 from corral.store.sql.statements import _insert
+from corral.store.sql.vector_cache import (
+    Matrix,
+    VectorCache,
+    decode_arrays,
+    decode_blobs,
+)
 from corral.store.sql.vectors import (
+    CACHED_INDEX,
+    PGVECTOR,
     memory_vectors,
     pack,
     postgres_distance,
     postgres_embedding_type,
     postgres_param,
     postgres_value,
-    sqlite_distance,
     sqlite_vector_index,
     unit,
 )
@@ -69,6 +79,8 @@ _SECONDS_PER_DAY = 86_400.0
 _v = memory_vectors
 #: how many candidates each signal of a hybrid search ranks before they are fused
 FUSION_POOL = 50
+#: how many full-text matches SQLite ranks before reading their entries (see _fulltext_sqlite)
+FTS_CANDIDATES = 256
 #: the most entries one statement of a batch write carries (bound parameters: SQLite
 #: takes 32,766 per statement, asyncpg 32,767)
 ROWS_PER_STATEMENT = 500
@@ -84,8 +96,47 @@ def at_place(place: MemoryPlace) -> sa.ColumnElement[bool]:
 
 
 def entries_of_memory(namespace: str, memory: str) -> sa.Delete:
-    """Delete every entry of a Memory, all scopes (the Memory itself is being deleted)."""
+    """Delete every entry of a Memory, all scopes (the Memory itself is being deleted).
+    Run :func:`memory_changed` in the same transaction."""
     return _t.delete().where(_t.c.namespace == namespace, _t.c.memory == memory)
+
+
+def memory_changed(namespace: str, memory: str) -> sa.Update:
+    """Raise the generation of every scope of a Memory (its entries were deleted)."""
+    _g = memory_generations
+    return (
+        _g.update()
+        .where(_g.c.namespace == namespace, _g.c.memory == memory)
+        .values(generation=_g.c.generation + 1)
+    )
+
+
+async def _changed(conn: AsyncConnection, dialect: str, places: Sequence[MemoryPlace]) -> None:
+    """Raise the generation of each of ``places`` (in a stable order: two transactions
+    raising the same scopes never wait for each other crosswise)."""
+    _g = memory_generations
+    for place in sorted(set(places), key=lambda p: (p.namespace, p.memory, p.scope_key)):
+        upsert = _insert(dialect, _g).values(
+            namespace=place.namespace,
+            memory=place.memory,
+            scope_key=place.scope_key,
+            generation=1,
+        )
+        await conn.execute(
+            upsert.on_conflict_do_update(
+                index_elements=["namespace", "memory", "scope_key"],
+                set_={"generation": _g.c.generation + 1},
+            )
+        )
+
+
+def _generation(place: MemoryPlace) -> sa.Select[Any]:
+    _g = memory_generations
+    return sa.select(_g.c.generation).where(
+        _g.c.namespace == place.namespace,
+        _g.c.memory == place.memory,
+        _g.c.scope_key == place.scope_key,
+    )
 
 
 # --------------------------------------------------------------------------- per dialect
@@ -103,7 +154,8 @@ def _search_sqlite(terms: list[str]) -> tuple[sa.FromClause, sa.ColumnElement[An
 
 def _search_postgresql(terms: list[str]) -> tuple[sa.FromClause, sa.ColumnElement[Any], Any]:
     """tsvector: the table, the match condition, and the rank (negated: lower is better)."""
-    vector = sa.func.to_tsvector(_SIMPLE, _t.c.text)  # the expression of the GIN index
+    # the stored generated column of the GIN index (migration 0012): ts_rank reads it
+    vector: sa.ColumnElement[Any] = sa.literal_column("memory_entries.fts_vector")
     each: list[sa.ColumnElement[Any]] = [
         sa.func.plainto_tsquery(_SIMPLE, sa.literal(term, sa.Text)) for term in terms
     ]
@@ -195,6 +247,7 @@ class SqlMemory(SqlEngine):
             done = await self._write_batch(conn, prepared, now)
             for place in places:
                 await _prune(conn, place, now, max_entries, max_age_days)
+            await _changed(conn, self._dialect, places)
             return done
 
         name = entries[0].memory if entries else "?"
@@ -383,7 +436,7 @@ class SqlMemory(SqlEngine):
         kind = await self._read("read the memory vector index", read)
         if kind == "vector":
             return "pgvector (exact cosine, <=>)"
-        return "exact cosine in SQL (real[]; pgvector could not be created here)"
+        return f"{CACHED_INDEX} (real[]; pgvector could not be created here)"
 
     async def read_memory(self, place: MemoryPlace, key: str) -> MemoryEntry | None:
         query = sa.select(_t).where(at_place(place), _t.c.key == key)
@@ -412,7 +465,10 @@ class SqlMemory(SqlEngine):
         delete = _t.delete().where(at_place(place), _t.c.key == key)
 
         async def write(conn: AsyncConnection) -> bool:
-            return bool((await conn.execute(delete)).rowcount)
+            deleted = bool((await conn.execute(delete)).rowcount)
+            if deleted:
+                await _changed(conn, self._dialect, [place])
+            return deleted
 
         return await self._write(f"delete from memory {place.memory}", write)
 
@@ -440,7 +496,9 @@ class SqlMemory(SqlEngine):
         pool = max(top_k, FUSION_POOL)
         rankings = {
             FULLTEXT: await self._fulltext(place, terms, conditions, pool) if terms else [],
-            VECTOR: await self._nearest(place, vector.embedder, values, conditions, pool),
+            VECTOR: await self._nearest(
+                place, vector.embedder, values, conditions, pool, filtered=len(conditions) > 1
+            ),
         }
         return fuse(rankings, top_k)
 
@@ -451,6 +509,11 @@ class SqlMemory(SqlEngine):
         conditions: list[sa.ColumnElement[bool]],
         limit: int,
     ) -> list[MemoryHit]:
+        if self._dialect == "sqlite":
+            return await self._read(
+                f"search memory {place.memory}",
+                functools.partial(_fulltext_sqlite, terms, conditions, limit),
+            )
         source, matches, rank = _SEARCH[self._dialect](terms)
         statement = (
             sa.select(_t, rank.label("rank"))
@@ -465,6 +528,15 @@ class SqlMemory(SqlEngine):
             for row in rows
         ]
 
+    @property
+    def memory_vector_cache(self) -> VectorCache:
+        """This store's cache of scope vectors (see :mod:`corral.store.sql.vector_cache`)."""
+        cache: VectorCache | None = getattr(self, "_memory_vector_cache", None)
+        if cache is None:
+            cache = VectorCache(self._memory_cache_bytes)
+            self._memory_vector_cache = cache
+        return cache
+
     async def _nearest(
         self,
         place: MemoryPlace,
@@ -472,30 +544,67 @@ class SqlMemory(SqlEngine):
         values: list[float],
         conditions: list[sa.ColumnElement[bool]],
         limit: int,
+        filtered: bool,
     ) -> list[MemoryHit]:
+        """The ``limit`` entries nearest ``values``, exactly: pgvector's ``<=>`` in SQL
+        where it exists, else a matrix product over the scope's cached vectors."""
+
         async def read(conn: AsyncConnection) -> list[MemoryHit]:
             kind = await self._vector_kind(conn)
-            distance = (
-                sqlite_distance(pack(values)) if kind == "blob" else postgres_distance(kind, values)
-            )
-            statement = (
-                sa.select(_t, distance.label("distance"))
-                .select_from(_t.join(_v, _v.c.entry_id == _t.c.id))
-                .where(_v.c.embedder == embedder, *conditions)
-                .order_by(distance, _t.c.id)
-                .limit(limit)
-            )
-            rows = (await conn.execute(statement)).all()
+            if kind == PGVECTOR:
+                return await _nearest_in_sql(conn, kind, embedder, values, conditions, limit)
+            matrix = await self._matrix(conn, kind, place, embedder)
+            allowed = None
+            if filtered:  # the ids of the entries the filters keep: scored alone
+                ids = (await conn.execute(sa.select(_t.c.id).where(*conditions))).scalars()
+                allowed = np.fromiter(ids, dtype=np.int64)
+            try:
+                best = matrix.nearest(values, limit, allowed)
+            except ValueError as exc:
+                raise MemoryInputError(f"the query's embedding: {exc}") from None
+            if not best:
+                return []
+            query = sa.select(_t).where(_t.c.id.in_([entry_id for entry_id, _ in best]))
+            rows = {row.id: row for row in (await conn.execute(query)).all()}
             return [
-                MemoryHit(
-                    MEMORY_ENTRIES.record(tuple(row)[:_COLUMNS]),
-                    1.0 - float(row.distance),
-                    (VECTOR,),
-                )
-                for row in rows
+                MemoryHit(MEMORY_ENTRIES.record(rows[entry_id]), score, (VECTOR,))
+                for entry_id, score in best
+                if entry_id in rows  # deleted by another process since the matrix was read
             ]
 
         return await self._read(f"search memory {place.memory}", read)
+
+    async def _matrix(
+        self, conn: AsyncConnection, kind: str, place: MemoryPlace, embedder: str
+    ) -> Matrix:
+        """The scope's vectors of ``embedder``: cached if the scope's generation has not
+        moved since, else read (the generation first: never filed under a newer one)."""
+        cache = self.memory_vector_cache
+        key = (place.namespace, place.memory, place.scope_key, embedder)
+        generation = int((await conn.execute(_generation(place))).scalar() or 0)
+        matrix = cache.get(key, generation)
+        if matrix is not None:
+            return matrix
+        # IN, not a join: the vectors are read in entry id order, no sort (half the time)
+        # real[] goes out in its binary form (array_send): no Python float per element
+        embedding = _v.c.embedding if kind == "blob" else sa.func.array_send(_v.c.embedding)
+        statement = (
+            sa.select(_v.c.entry_id, embedding)
+            .where(_v.c.entry_id.in_(sa.select(_t.c.id).where(at_place(place))))
+            .where(_v.c.embedder == embedder)
+            .order_by(_v.c.entry_id)
+        )
+        rows = (await conn.execute(statement)).all()
+        ids = [row[0] for row in rows]
+        stored = [row[1] for row in rows]
+        if kind == "blob":
+            dims = len(stored[0]) // 4 if stored else 0
+            vectors = decode_blobs(stored, dims)
+        else:
+            vectors = decode_arrays(stored)
+        matrix = Matrix.of(generation, ids, vectors)
+        cache.put(key, matrix)
+        return matrix
 
     async def memory_stats(self, namespace: str, memory: str) -> MemoryStats:
         of_memory = sa.and_(_t.c.namespace == namespace, _t.c.memory == memory)
@@ -530,9 +639,86 @@ class SqlMemory(SqlEngine):
         when = time.time() if now is None else now
 
         async def write(conn: AsyncConnection) -> int:
-            return await _prune(conn, place, when, max_entries, max_age_days)
+            removed = await _prune(conn, place, when, max_entries, max_age_days)
+            if removed:
+                await _changed(conn, self._dialect, [place])
+            return removed
 
         return await self._write(f"prune memory {place.memory}", write)
+
+
+async def _fulltext_sqlite(
+    terms: list[str],
+    conditions: list[sa.ColumnElement[bool]],
+    limit: int,
+    conn: AsyncConnection,
+) -> list[MemoryHit]:
+    """FTS5 ranks its matches alone first (BM25 over the index, no join: about half the
+    time of ranking the join at 100,000 matches), the best :data:`FTS_CANDIDATES`; then
+    the entries among them in the scope and filters are read. That is the exact answer
+    when the candidates were all the matches, or when ``limit`` entries rank strictly
+    better than the last candidate (nothing left out can come before them, ties
+    included); otherwise the joined query ranks every match of the scope."""
+    source, matches, rank = _search_sqlite(terms)
+    fts = sa.table("memory_fts", sa.column("rowid", sa.Integer))
+    candidates = max(FTS_CANDIDATES, 4 * limit)
+    ranked = (
+        await conn.execute(
+            sa.select(fts.c.rowid, rank.label("rank"))
+            .select_from(fts)
+            .where(matches)
+            .order_by(rank)
+            .limit(candidates)
+        )
+    ).all()
+    if ranked:
+        ranks = {int(row[0]): float(row[1]) for row in ranked}
+        found = (
+            await conn.execute(sa.select(_t).where(_t.c.id.in_(list(ranks)), *conditions))
+        ).all()
+        hits = sorted(found, key=lambda row: (ranks[row.id], -row.updated_at, row.id))
+        last = float(ranked[-1][1])
+        if len(ranked) < candidates or sum(ranks[r.id] < last for r in hits) >= limit:
+            return [MemoryHit(MEMORY_ENTRIES.record(row), -ranks[row.id]) for row in hits[:limit]]
+    else:
+        return []
+    statement = (
+        sa.select(_t, rank.label("rank"))
+        .select_from(source)
+        .where(matches, *conditions)
+        .order_by(rank, _t.c.updated_at.desc(), _t.c.id)
+        .limit(limit)
+    )
+    return [
+        MemoryHit(MEMORY_ENTRIES.record(tuple(row)[:_COLUMNS]), -float(row.rank))
+        for row in (await conn.execute(statement)).all()
+    ]
+
+
+async def _nearest_in_sql(
+    conn: AsyncConnection,
+    kind: str,
+    embedder: str,
+    values: list[float],
+    conditions: list[sa.ColumnElement[bool]],
+    limit: int,
+) -> list[MemoryHit]:
+    """pgvector: ``ORDER BY embedding <=> query LIMIT`` (exact: no ANN index is made)."""
+    distance = postgres_distance(kind, values)
+    statement = (
+        sa.select(_t, distance.label("distance"))
+        .select_from(_t.join(_v, _v.c.entry_id == _t.c.id))
+        .where(_v.c.embedder == embedder, *conditions)
+        .order_by(distance, _t.c.id)
+        .limit(limit)
+    )
+    rows = (await conn.execute(statement)).all()
+    return [
+        MemoryHit(
+            MEMORY_ENTRIES.record(tuple(row)[:_COLUMNS]), 1.0 - float(row.distance), (VECTOR,)
+        )
+        for row in rows
+    ]
 
 
 async def _prune(

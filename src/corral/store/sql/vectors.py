@@ -1,8 +1,9 @@
 """Memory vectors in the SQL store: their storage form and their distance, per dialect.
 
 An entry's embedding lives in ``memory_vectors`` (migration 0010), unit length (so a
-cosine is a dot product), with the ``embedder`` that made it. Search ranks by cosine
-distance, exactly (every vector of the scope is compared):
+cosine is a dot product), with the ``embedder`` that made it. The store's search ranks by
+pgvector's ``<=>`` where it exists, else over an in-process matrix
+(:mod:`corral.store.sql.vector_cache`); the per-row functions below remain for SQL:
 
 - SQLite: ``vec_distance_cosine`` of sqlite-vec (PyPI ``sqlite-vec``), loaded into each
   connection. A Python whose ``sqlite3`` cannot load extensions (built without
@@ -118,16 +119,14 @@ def _sqlite_vec_version() -> str:
         return "unknown"
 
 
+#: how the store searches vectors without pgvector (see corral.store.sql.vector_cache)
+CACHED_INDEX = "exact cosine, numpy over the scope's vectors cached in process"
+
+
 def sqlite_vector_index() -> str:
-    """How vectors are searched on SQLite in this process."""
-    if CAN_LOAD_EXTENSIONS and _sqlite_vec_path() is not None:
-        return f"sqlite-vec {_loaded_sqlite_vec or _sqlite_vec_version()} (exact cosine)"
-    why = (
-        "this Python's sqlite3 cannot load extensions"
-        if not CAN_LOAD_EXTENSIONS
-        else "sqlite-vec is not installed"
-    )
-    return f"exact cosine in a numpy function ({why}: no sqlite-vec)"
+    """How vectors are searched on SQLite: the cached matrix, not a function per row
+    (``vec_distance_cosine`` stays registered on each connection, for SQL of one's own)."""
+    return CACHED_INDEX
 
 
 def sqlite_distance(query: bytes) -> sa.ColumnElement[Any]:

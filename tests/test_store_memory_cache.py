@@ -1,0 +1,211 @@
+"""The in-process cache of Memory vectors (``store/sql/vector_cache.py``): a change made
+through another store object or another process is seen by the next search, deletes and
+retention are reflected, a tiny byte budget evicts and still answers, and a filtered
+search is the exact top-k among the entries the filters keep.
+
+Run against every store URL of ``test_store_memory_vectors`` (SQLite on both paths,
+the shared PostgreSQL without pgvector, pgvector on a private cluster - where search is
+``<=>`` in SQL and the cache is not used, so the same answers must come out).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from corral.core.memory import MemoryPlace, MemoryVector
+from corral.resources.secrets import SecretCipher
+from corral.store import Store, open_store
+from corral.store.sql.vector_cache import Matrix, VectorCache
+from test_store_memory_vectors import (  # noqa: F401 - fixtures
+    EMBEDDER,
+    NOTES,
+    cipher_fixture,
+    entry,
+    keys,
+    pgvector_cluster_fixture,
+    store_fixture,
+    store_url_fixture,
+    vec,
+)
+
+SRC = Path(__file__).resolve().parent.parent / "src"
+
+
+async def nearest(store: Store, *values: float, top_k: int = 3, **filters: object) -> list[str]:
+    hits = await store.search_memory(
+        NOTES, "", top_k=top_k, vector=vec(*values), filters=filters or None
+    )
+    return keys(hits)
+
+
+async def test_a_write_through_another_store_object_is_seen_by_the_next_search(
+    store: Store, store_url: str, cipher: SecretCipher
+) -> None:
+    await store.write_memory(entry("east", "east"), vector=vec(1, 0, 0, 0))
+    await store.write_memory(entry("north", "north"), vector=vec(0, 1, 0, 0))
+    assert await nearest(store, 0, 0, 1, 0, top_k=1) in (["east"], ["north"])
+    async with await open_store(store_url, cipher=cipher) as other:
+        await other.write_memory(entry("up", "up"), vector=vec(0, 0, 1, 0))
+        assert await nearest(store, 0, 0, 1, 0, top_k=1) == ["up"]
+        # a rewrite without a vector takes the old vector away
+        await other.write_memory(entry("up", "up, no vector now"))
+        assert "up" not in await nearest(store, 0, 0, 1, 0)
+        await other.write_memory(entry("up", "up"), vector=vec(0, 0, 1, 0))
+        assert await nearest(store, 0, 0, 1, 0, top_k=1) == ["up"]
+        assert await other.delete_memory_entry(NOTES, "up")
+        assert await nearest(store, 0, 0, 1, 0) == ["east", "north"]  # a tie: by id
+        # retention: only the newest entry stays
+        await other.write_memory(entry("west", "west"), vector=vec(-1, 0, 0, 0), max_entries=1)
+        assert await nearest(store, 1, 0, 0, 0) == ["west"]
+        await other.write_memory(entry("south", "south"), vector=vec(0, -1, 0, 0))
+        assert await other.prune_memory(NOTES, max_entries=1) == 1
+        assert await nearest(store, 0, 1, 0, 0) == ["south"]
+
+
+async def test_a_write_by_another_process_is_seen_by_the_next_search(
+    store: Store, store_url: str
+) -> None:
+    await store.write_memory(entry("east", "east"), vector=vec(1, 0, 0, 0))
+    assert await nearest(store, 0, 0, 1, 0) == ["east"]
+    program = textwrap.dedent(
+        f"""
+        import asyncio
+        from corral.core.memory import MemoryEntry, MemoryVector
+        from corral.store import open_store
+
+        async def main():
+            async with await open_store({store_url!r}) as store:
+                await store.write_memory(
+                    MemoryEntry("default", "notes", "", "up", "up"),
+                    vector=MemoryVector({EMBEDDER!r}, [0.0, 0.0, 1.0, 0.0]),
+                )
+
+        asyncio.run(main())
+        """
+    )
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    subprocess.run([sys.executable, "-c", program], check=True, env=env, timeout=120)
+    assert await nearest(store, 0, 0, 1, 0, top_k=1) == ["up"]
+
+
+async def test_a_tiny_byte_budget_evicts_and_every_search_still_answers(
+    store: Store, store_url: str, cipher: SecretCipher, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    places = [MemoryPlace("default", "notes", f"s{n}") for n in range(3)]
+    for n, place in enumerate(places):
+        await store.write_memory(
+            entry("k", f"scope {n}", place), vector=vec(1, n, 0, 0, embedder=EMBEDDER)
+        )
+    # one scope's matrix (one id of 8 bytes, 4 floats of 4) is 24 bytes: two fit, not three
+    monkeypatch.setenv("CORRAL_MEMORY_VECTOR_CACHE_BYTES", "50")
+    async with await open_store(store_url, cipher=cipher) as small:
+        cache = small.memory_vector_cache  # type: ignore[attr-defined]
+        assert cache.max_bytes == 50
+        for _ in range(2):
+            for place in places:
+                hits = await small.search_memory(place, "", vector=vec(1, 0, 0, 0))
+                assert keys(hits) == ["k"]
+                assert cache.nbytes <= 50
+        if "pgvector" not in await small.memory_vector_index():
+            assert len(cache.keys()) == 2  # the least recently used scope went
+            assert cache.keys()[-1][2] == "s2"
+            assert cache.loads == 6  # round robin over three with room for two: all miss
+    monkeypatch.setenv("CORRAL_MEMORY_VECTOR_CACHE_BYTES", "0")
+    async with await open_store(store_url, cipher=cipher) as none:
+        hits = await none.search_memory(places[1], "", vector=vec(1, 1, 0, 0))
+        assert keys(hits) == ["k"] and hits[0].signals == ("vector",)
+        assert none.memory_vector_cache.keys() == []  # type: ignore[attr-defined]
+
+
+async def test_a_filtered_search_is_the_exact_top_k_of_the_matching_entries(
+    store: Store,
+) -> None:
+    """The filter keeps entries far from the query: they must still come back, best
+    first, not be crowded out by the closer entries the filter drops."""
+    rng = np.random.default_rng(7)
+    vectors = rng.standard_normal((200, 4))
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    query = np.array([1.0, 0.0, 0.0, 0.0])
+    score = vectors @ query
+    # the 20 entries farthest from the query are "kept"; the rest are "other"
+    kept = set(np.argsort(score)[:20].tolist())
+    await store.write_memories(
+        [
+            entry(f"e{n:03d}", f"entry {n}", metadata={"group": "kept" if n in kept else "other"})
+            for n in range(200)
+        ],
+        [MemoryVector(EMBEDDER, vectors[n].tolist()) for n in range(200)],
+    )
+    want = sorted(kept, key=lambda n: -score[n])[:5]
+    hits = await store.search_memory(
+        NOTES, "", top_k=5, vector=vec(*query), filters={"group": "kept"}
+    )
+    assert keys(hits) == [f"e{n:03d}" for n in want]
+    unfiltered = await store.search_memory(NOTES, "", top_k=5, vector=vec(*query))
+    best = np.argsort(-score)[:5].tolist()
+    assert keys(unfiltered) == [f"e{n:03d}" for n in best]
+    nothing = await store.search_memory(
+        NOTES, "", top_k=5, vector=vec(*query), filters={"group": "none"}
+    )
+    assert nothing == []
+
+
+def test_the_matrix_ranks_exactly_with_ties_by_id_and_refuses_other_dimensions() -> None:
+    rows = np.array([[1, 0], [0, 1], [1, 0], [1, 1]], dtype=np.float32)
+    matrix = Matrix.of(3, [9, 4, 2, 7], rows)
+    assert [i for i, _ in matrix.nearest([1.0, 0.0], 3)] == [2, 9, 7]
+    assert [i for i, _ in matrix.nearest([1.0, 0.0], 10)] == [2, 9, 7, 4]
+    assert matrix.nearest([1.0, 0.0], 2, np.array([4, 7], dtype=np.int64))[0][0] == 7
+    assert matrix.nearest([1.0, 0.0], 2, np.array([], dtype=np.int64)) == []
+    with pytest.raises(ValueError, match="dimensions"):
+        matrix.nearest([1.0, 0.0, 0.0], 1)
+
+
+def test_the_cache_drops_a_matrix_of_another_generation_and_one_over_budget() -> None:
+    cache = VectorCache(max_bytes=1_000)
+    small = Matrix.of(1, [1], np.ones((1, 4), dtype=np.float32))
+    cache.put(("ns", "m", "", "e"), small)
+    assert cache.get(("ns", "m", "", "e"), 1) is small
+    assert cache.get(("ns", "m", "", "e"), 2) is None  # moved on: dropped
+    assert cache.nbytes == 0
+    big = Matrix.of(1, list(range(100)), np.ones((100, 4), dtype=np.float32))
+    cache.put(("ns", "m", "", "e"), big)
+    assert cache.keys() == [] and cache.nbytes == 0
+
+
+async def test_full_text_is_the_same_whether_few_or_all_matches_are_ranked_first(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SQLite ranks the best FTS matches of all scopes first and reads their entries: the
+    answer must be the scope's true top k even when another scope's entries rank better
+    (the joined query then decides), and with filters."""
+    from corral.store.sql import memory
+
+    crowd = MemoryPlace("default", "notes", "crowd")
+    await store.write_memories(
+        [entry(f"c{n:03d}", "apple apple apple", crowd) for n in range(40)]
+        + [
+            entry(f"n{n:03d}", "apple pear " + "filler " * (n % 7), metadata={"odd": n % 2 == 1})
+            for n in range(30)
+        ]
+    )
+
+    async def search(**filters: object) -> list[tuple[str, float]]:
+        hits = await store.search_memory(NOTES, "apple pear", top_k=7, filters=filters or None)
+        return [(hit.entry.key, hit.score) for hit in hits]
+
+    answers = []
+    for candidates in (1, 5, 45, 100_000):
+        monkeypatch.setattr(memory, "FTS_CANDIDATES", candidates)
+        answers.append((await search(), await search(odd=True)))
+    assert all(answer == answers[-1] for answer in answers)
+    everything, odd = answers[-1]
+    assert len(everything) == 7 and all(key.startswith("n") for key, _ in everything)
+    assert len(odd) == 7 and all(int(key[1:]) % 2 == 1 for key, _ in odd)
