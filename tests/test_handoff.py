@@ -15,7 +15,7 @@ from backends import Backend, backend_fixture, deployment_fixture
 from corral.core.events import EventType
 from corral.core.runs import RunState
 from nats_servers import nats_prefix_fixture, nats_server_url_fixture
-from test_delegation import agent, apply, call, get, model, tool_results
+from systems_helpers import agent, apply, call, get, model, tool_results
 
 __all__ = [
     "backend_fixture",

@@ -18,11 +18,11 @@ from backends import Backend, backend_fixture, deployment_fixture
 from corral.core.agent_messages import MessageState
 from corral.core.errors import ConflictError, NotFoundError, ResourceError
 from corral.core.events import EventType
-from corral.core.runs import RunRecord, RunState
-from corral.resources.loader import load_text
+from corral.core.runs import RunState
 from corral.runtime import operations, system_runs
 from corral.store import Store
 from nats_servers import nats_prefix_fixture, nats_server_url_fixture
+from systems_helpers import agent, answering, apply, get, model, system
 
 __all__ = [
     "backend_fixture",
@@ -30,56 +30,6 @@ __all__ = [
     "nats_prefix_fixture",
     "nats_server_url_fixture",
 ]
-
-
-def model(name: str, *turns: dict[str, Any]) -> str:
-    """A scripted ModelEndpoint: each turn a dict (text, tool_calls, tokens)."""
-    return json.dumps(
-        {
-            "apiVersion": "corral/v1",
-            "kind": "ModelEndpoint",
-            "metadata": {"name": name},
-            "spec": {"provider": "scripted", "script": list(turns)},
-        }
-    )
-
-
-def agent(name: str, model_name: str, **spec: Any) -> str:
-    return json.dumps(
-        {
-            "apiVersion": "corral/v1",
-            "kind": "Agent",
-            "metadata": {"name": name},
-            "spec": {"model": model_name, **spec},
-        }
-    )
-
-
-def system(name: str, **spec: Any) -> str:
-    return json.dumps(
-        {
-            "apiVersion": "corral/v1",
-            "kind": "AgentSystem",
-            "metadata": {"name": name},
-            "spec": spec,
-        }
-    )
-
-
-def answering(name: str, *texts: str, **spec: Any) -> list[str]:
-    """An agent on a scripted model of its own that answers ``texts`` in turn."""
-    turns = [{"text": t, "input_tokens": 10, "output_tokens": 2} for t in texts]
-    return [model(f"{name}-model", *turns), agent(name, f"{name}-model", **spec)]
-
-
-async def apply(store: Store, *docs: str) -> None:
-    await store.apply(load_text("\n---\n".join(docs), "t.yaml"))
-
-
-async def get(store: Store, run: RunRecord) -> RunRecord:
-    stored = await store.get_run(run.id)
-    assert stored is not None
-    return stored
 
 
 DIAMOND = dict(

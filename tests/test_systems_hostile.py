@@ -14,7 +14,7 @@ import pytest
 
 from backends import Backend, backend_fixture, deployment_fixture
 from corral.bus.local import LocalBus
-from corral.core.agent_messages import AgentMessage, MessageState
+from corral.core.agent_messages import MessageState
 from corral.core.errors import ConflictError, ResourceError
 from corral.core.runs import RunState
 from corral.core.settings import Settings
@@ -25,7 +25,17 @@ from corral.runtime.worker import Worker
 from corral.store import Store
 from nats_servers import nats_prefix_fixture, nats_server_url_fixture
 from server_harness import apply as http_apply
-from test_systems import ROUTER_SCHEMA, agent, answering, apply, get, model, system
+from systems_helpers import (
+    agent,
+    answering,
+    apply,
+    deliver_all,
+    get,
+    input_message,
+    model,
+    system,
+)
+from test_systems import ROUTER_SCHEMA
 
 __all__ = [
     "backend_fixture",
@@ -33,28 +43,6 @@ __all__ = [
     "nats_prefix_fixture",
     "nats_server_url_fixture",
 ]
-
-
-def pending(run_id: str, to: str) -> AgentMessage:
-    """The system's input message to ``to``, as its coordinator would store it."""
-    ident = message_id(run_id, "input", to)
-    return AgentMessage(
-        id=ident,
-        namespace="default",
-        system_run_id=run_id,
-        from_agent=None,
-        to_agent=to,
-        branch_id="1",
-        parent_branch_id=None,
-        type="input",
-        payload="hello",
-        idempotency_key=ident,
-    )
-
-
-async def deliver_all(bus: LocalBus, consumer: InboxConsumer) -> None:
-    for delivery in await bus.take_agent_messages(10, 0.5):
-        await consumer.handle(delivery)
 
 
 async def drain(store: Store, settings: Settings, seconds: float = 30) -> None:
@@ -71,7 +59,7 @@ async def test_a_late_inbox_delivery_for_a_cancelled_system_run_starts_no_node_r
     store, _ = env
     await apply(store, *answering("solo", "an answer"), system("team", entry="solo"))
     run, _ = await system_runs.submit_system(store, "team", "hello")
-    message = pending(run.id, "solo")
+    message = input_message(run.id, "solo")
     await store.add_agent_messages([message])
     await operations.cancel(store, run.id)
     bus = LocalBus()

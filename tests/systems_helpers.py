@@ -1,0 +1,99 @@
+"""What the tests of agent systems and delegation share: scripted resources as documents,
+applying them, reading a run back, and an agent system's input message delivered through
+the in-process bus."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from corral.bus.local import LocalBus
+from corral.core.agent_messages import AgentMessage
+from corral.core.events import EventType
+from corral.core.runs import RunRecord
+from corral.resources.loader import load_text
+from corral.runtime.inbox import InboxConsumer
+from corral.runtime.system_messages import message_id
+from corral.store import Store
+
+
+def model(name: str, *turns: dict[str, Any]) -> str:
+    """A scripted ModelEndpoint: each turn a dict (text, tool_calls, tokens)."""
+    return json.dumps(
+        {
+            "apiVersion": "corral/v1",
+            "kind": "ModelEndpoint",
+            "metadata": {"name": name},
+            "spec": {"provider": "scripted", "script": list(turns)},
+        }
+    )
+
+
+def agent(name: str, model_name: str, **spec: Any) -> str:
+    return json.dumps(
+        {
+            "apiVersion": "corral/v1",
+            "kind": "Agent",
+            "metadata": {"name": name},
+            "spec": {"model": model_name, **spec},
+        }
+    )
+
+
+def system(name: str, **spec: Any) -> str:
+    return json.dumps(
+        {
+            "apiVersion": "corral/v1",
+            "kind": "AgentSystem",
+            "metadata": {"name": name},
+            "spec": spec,
+        }
+    )
+
+
+def answering(name: str, *texts: str, **spec: Any) -> list[str]:
+    """An agent on a scripted model of its own that answers ``texts`` in turn."""
+    turns = [{"text": t, "input_tokens": 10, "output_tokens": 2} for t in texts]
+    return [model(f"{name}-model", *turns), agent(name, f"{name}-model", **spec)]
+
+
+def call(tool: str, **arguments: Any) -> dict[str, Any]:
+    """A scripted turn that calls ``tool`` with ``arguments``."""
+    return {"tool_calls": [{"name": tool, "arguments": arguments}]}
+
+
+async def apply(store: Store, *docs: str) -> None:
+    await store.apply(load_text("\n---\n".join(docs), "t.yaml"))
+
+
+async def get(store: Store, run: RunRecord) -> RunRecord:
+    stored = await store.get_run(run.id)
+    assert stored is not None
+    return stored
+
+
+def tool_results(events: list[Any]) -> list[dict[str, Any]]:
+    return [e.data for e in events if e.type is EventType.TOOL_RESULT]
+
+
+def input_message(run_id: str, to: str) -> AgentMessage:
+    """The system's input message to ``to``, as its coordinator would store it."""
+    ident = message_id(run_id, "input", to)
+    return AgentMessage(
+        id=ident,
+        namespace="default",
+        system_run_id=run_id,
+        from_agent=None,
+        to_agent=to,
+        branch_id="1",
+        parent_branch_id=None,
+        type="input",
+        payload="hello",
+        idempotency_key=ident,
+    )
+
+
+async def deliver_all(bus: LocalBus, consumer: InboxConsumer) -> None:
+    """Hand every delivery waiting on ``bus`` to ``consumer``."""
+    for delivery in await bus.take_agent_messages(10, 0.5):
+        await consumer.handle(delivery)
