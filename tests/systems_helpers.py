@@ -5,6 +5,7 @@ the in-process bus."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 from corral.bus.local import LocalBus
@@ -55,6 +56,50 @@ def answering(name: str, *texts: str, **spec: Any) -> list[str]:
     """An agent on a scripted model of its own that answers ``texts`` in turn."""
     turns = [{"text": t, "input_tokens": 10, "output_tokens": 2} for t in texts]
     return [model(f"{name}-model", *turns), agent(name, f"{name}-model", **spec)]
+
+
+ROUTER_SCHEMA = {
+    "type": "object",
+    "properties": {"next": {"type": "string"}, "topic": {"type": "string"}},
+    "required": ["next", "topic"],
+}
+
+
+def desk(router_says: str, schema: dict[str, Any] = ROUTER_SCHEMA) -> list[str]:
+    """The system ``desk``: its entry ``router`` answers ``router_says`` (under ``schema``)
+    and is routed by that output to ``billing`` (which answers "refunded", the system's
+    output) or ``support``."""
+    return [
+        *answering("router", router_says, output_schema=schema),
+        *answering("billing", "refunded"),
+        *answering("support", "helped"),
+        system(
+            "desk",
+            entry="router",
+            graph={"router": {"next": ["billing", "support"], "route": "by_output"}},
+            output="billing",
+        ),
+    ]
+
+
+def gated() -> list[str]:
+    """The agent ``gated``: it calls the python tool ``add`` (2 + 3), which waits for a
+    person's approval every time, then answers "added"."""
+    add = {"name": "add", "arguments": {"a": 2, "b": 3}}
+    tool = {
+        "apiVersion": "corral/v1",
+        "kind": "Tool",
+        "metadata": {"name": "add"},
+        "spec": {
+            "type": "python",
+            "python": {"function": "agent_tools:add", "path": str(Path(__file__).parent)},
+        },
+    }
+    return [
+        json.dumps(tool),
+        model("gated-model", {"tool_calls": [add]}, {"text": "added"}),
+        agent("gated", "gated-model", tools=["add"], approval={"policy": "always"}),
+    ]
 
 
 def call(tool: str, **arguments: Any) -> dict[str, Any]:

@@ -5,9 +5,6 @@ SQLite, and PostgreSQL + NATS JetStream)."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import anyio
 import httpx
 import pytest
@@ -26,16 +23,15 @@ from corral.store import Store
 from nats_servers import nats_prefix_fixture, nats_server_url_fixture
 from server_harness import apply as http_apply
 from systems_helpers import (
-    agent,
     answering,
     apply,
     deliver_all,
+    desk,
+    gated,
     get,
     input_message,
-    model,
     system,
 )
-from test_systems import ROUTER_SCHEMA
 
 __all__ = [
     "backend_fixture",
@@ -123,15 +119,7 @@ async def test_a_by_output_route_naming_a_huge_agent_name_fails_with_a_bounded_e
     huge = "x" * 200_000
     await apply(
         store,
-        *answering("router", f'{{"next": "{huge}", "topic": "t"}}', output_schema=ROUTER_SCHEMA),
-        *answering("billing", "refunded"),
-        *answering("support", "helped"),
-        system(
-            "desk",
-            entry="router",
-            graph={"router": {"next": ["billing", "support"], "route": "by_output"}},
-            output="billing",
-        ),
+        *desk(f'{{"next": "{huge}", "topic": "t"}}'),
     )
     run, _ = await system_runs.submit_system(store, "desk", "hello")
     await drain(store, settings)
@@ -156,23 +144,9 @@ async def test_an_agent_removed_and_deleted_while_the_system_is_parked_fails_it_
 ) -> None:
     # the run follows the graph its run.start recorded; the Agent it still needs is gone
     store = backend.store
-    tests = Path(__file__).parent
-    add = {"name": "add", "arguments": {"a": 2, "b": 3}}
     await apply(
         store,
-        json.dumps(
-            {
-                "apiVersion": "corral/v1",
-                "kind": "Tool",
-                "metadata": {"name": "add"},
-                "spec": {
-                    "type": "python",
-                    "python": {"function": "agent_tools:add", "path": str(tests)},
-                },
-            }
-        ),
-        model("gated-model", {"tool_calls": [add]}, {"text": "added"}),
-        agent("gated", "gated-model", tools=["add"], approval={"policy": "always"}),
+        *gated(),
         *answering("end", "the end"),
         system("chain", entry="gated", graph={"gated": {"next": ["end"]}}),
     )
@@ -309,15 +283,7 @@ async def test_a_by_output_route_naming_its_agent_a_thousand_times_sends_one_mes
     names = ", ".join(['"billing"'] * 1000)
     await apply(
         store,
-        *answering("router", f'{{"next": [{names}]}}', output_schema=schema),
-        *answering("billing", "refunded"),
-        *answering("support", "helped"),
-        system(
-            "desk",
-            entry="router",
-            graph={"router": {"next": ["billing", "support"], "route": "by_output"}},
-            output="billing",
-        ),
+        *desk(f'{{"next": [{names}]}}', schema),
     )
     run, _ = await system_runs.submit_system(store, "desk", "hello")
     await drain(store, settings)
