@@ -13,9 +13,9 @@ import anyio
 import pytest
 
 from corral.bus.local import LocalBus
-from corral.core.agent_messages import MessageState
+from corral.core.agent_messages import AgentMessage, MessageState
 from corral.core.errors import NotFoundError
-from corral.core.runs import RunState
+from corral.core.runs import RunRecord, RunState
 from corral.core.settings import Settings
 from corral.resources.loader import load_text
 from corral.resources.secrets import SecretCipher
@@ -51,14 +51,21 @@ spec: {entry: solo}
 """
 
 
+async def stored_input(store: Store, to: str = "solo") -> tuple[RunRecord, AgentMessage]:
+    """The system ``team`` applied and run on "hello"; the run, and its input message to
+    ``to`` as its coordinator stores it (not yet published)."""
+    await store.apply(load_text(TEAM, "team.yaml"))
+    run, _ = await submit_system(store, "team", "hello")
+    message = input_message(run.id, to)
+    await store.add_agent_messages([message])
+    return run, message
+
+
 async def test_a_delivery_becomes_one_node_run_however_often_it_comes(
     env: tuple[Store, Settings],
 ) -> None:
     store, _ = env
-    await store.apply(load_text(TEAM, "team.yaml"))
-    run, _ = await submit_system(store, "team", "hello")
-    message = input_message(run.id, "solo")
-    await store.add_agent_messages([message])
+    run, message = await stored_input(store)
     bus = LocalBus()
     consumer = InboxConsumer(store, bus)
     await bus.send_agent_message("default", "solo", message.id)
@@ -95,10 +102,7 @@ async def test_an_undeliverable_message_fails_its_system_run_clearly(
     env: tuple[Store, Settings],
 ) -> None:
     store, settings = env
-    await store.apply(load_text(TEAM, "team.yaml"))
-    run, _ = await submit_system(store, "team", "hello")
-    message = input_message(run.id, "ghost")  # no such Agent: it can never be delivered
-    await store.add_agent_messages([message])
+    run, message = await stored_input(store, "ghost")  # no such Agent: it can never be delivered
     bus = LocalBus()
     await bus.send_agent_message("default", "ghost", message.id)
     await deliver_all(bus, InboxConsumer(store, bus))
@@ -131,10 +135,7 @@ async def test_a_store_failure_naks_the_delivery_and_a_redelivery_makes_the_node
     url = f"sqlite:///{tmp_path / 'corral.db'}"
     store = await LockedStore.open(url, cipher=SecretCipher(key=SecretCipher.generate_key()))
     try:
-        await store.apply(load_text(TEAM, "team.yaml"))
-        run, _ = await submit_system(store, "team", "hello")
-        message = input_message(run.id, "solo")
-        await store.add_agent_messages([message])
+        run, message = await stored_input(store)
         bus = LocalBus(max_deliver=3)
         consumer = InboxConsumer(store, bus)
         await bus.send_agent_message("default", "solo", message.id)
@@ -159,10 +160,7 @@ async def test_the_last_delivery_failing_dead_letters_the_message(tmp_path: Path
     url = f"sqlite:///{tmp_path / 'corral.db'}"
     store = await LockedStore.open(url, cipher=SecretCipher(key=SecretCipher.generate_key()))
     try:
-        await store.apply(load_text(TEAM, "team.yaml"))
-        run, _ = await submit_system(store, "team", "hello")
-        message = input_message(run.id, "solo")
-        await store.add_agent_messages([message])
+        run, message = await stored_input(store)
         bus = LocalBus(max_deliver=1)  # the first delivery is the last
         await bus.send_agent_message("default", "solo", message.id)
         store.locked = True
@@ -190,10 +188,7 @@ async def test_deliver_hands_back_the_message_as_marked_and_a_second_delivery_no
     env: tuple[Store, Settings],
 ) -> None:
     store, _ = env
-    await store.apply(load_text(TEAM, "team.yaml"))
-    run, _ = await submit_system(store, "team", "hello")
-    message = input_message(run.id, "solo")
-    await store.add_agent_messages([message])
+    run, message = await stored_input(store)
     # the coordinator passes the system run it holds (no read of it)
     first = await deliver(store, None, message, parent=run)
     assert first.message is not None and first.message.state is MessageState.DELIVERED
