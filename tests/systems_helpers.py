@@ -102,6 +102,22 @@ def gated() -> list[str]:
     ]
 
 
+def role_denying(role: str, permission: str, *tools: str) -> list[str]:
+    """The AgentRole ``role``: every tool (the ToolPermission ``everything``) but ``tools``
+    (denied by the ToolPermission ``permission``)."""
+    documents = [
+        ("ToolPermission", "everything", {"tools": ["*"]}),
+        ("ToolPermission", permission, {"tools": list(tools), "effect": "deny"}),
+        ("AgentRole", role, {"permissions": ["everything", permission]}),
+    ]
+    return [
+        json.dumps(
+            {"apiVersion": "corral/v1", "kind": kind, "metadata": {"name": name}, "spec": spec}
+        )
+        for kind, name, spec in documents
+    ]
+
+
 def call(tool: str, **arguments: Any) -> dict[str, Any]:
     """A scripted turn that calls ``tool`` with ``arguments``."""
     return {"tool_calls": [{"name": tool, "arguments": arguments}]}

@@ -25,7 +25,7 @@ from corral.tools.agents import AgentsExec
 from corral.tools.base import ChildRun, ToolContext
 from fake_clock import FakeClock
 from nats_servers import nats_prefix_fixture, nats_server_url_fixture
-from systems_helpers import agent, apply, call, get, model, tool_results
+from systems_helpers import agent, apply, call, get, model, role_denying, tool_results
 
 __all__ = [
     "backend_fixture",
@@ -133,30 +133,7 @@ async def test_a_tool_permission_glob_on_agent_names_denies_delegation(backend: 
         ),
         model("other-model", {"text": "never"}),
         agent("helper", "other-model"),
-        json.dumps(
-            {
-                "apiVersion": "corral/v1",
-                "kind": "ToolPermission",
-                "metadata": {"name": "everything"},
-                "spec": {"tools": ["*"]},
-            }
-        ),
-        json.dumps(
-            {
-                "apiVersion": "corral/v1",
-                "kind": "ToolPermission",
-                "metadata": {"name": "no-agents"},
-                "spec": {"tools": ["agent:*"], "effect": "deny"},
-            }
-        ),
-        json.dumps(
-            {
-                "apiVersion": "corral/v1",
-                "kind": "AgentRole",
-                "metadata": {"name": "solo"},
-                "spec": {"permissions": ["everything", "no-agents"]},
-            }
-        ),
+        *role_denying("solo", "no-agents", "agent:*"),
         agent("boss", "boss-model", links=["helper"], roles=["solo"]),
     )
     run, _ = await backend.submit("boss", "go")
