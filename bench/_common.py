@@ -20,7 +20,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -382,3 +383,27 @@ class LoadMonitor:
         }
 
     summary: dict[str, float]
+
+
+@asynccontextmanager
+async def scratch_database(postgres_url: str, name: str) -> AsyncIterator[str]:
+    """A PostgreSQL database ``name`` created beside ``postgres_url``'s for one
+    measurement; its URL. Dropped afterwards, whatever the measurement did."""
+    import asyncpg
+    import sqlalchemy as sa
+
+    base = sa.make_url(postgres_url)
+    admin = base.render_as_string(hide_password=False)
+    conn = await asyncpg.connect(admin, timeout=10)
+    try:
+        await conn.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await conn.close()
+    try:
+        yield base.set(database=name).render_as_string(hide_password=False)
+    finally:
+        conn = await asyncpg.connect(admin, timeout=10)
+        try:
+            await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        finally:
+            await conn.close()

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from _common import emit, fmt, percentile, run_child, table
+from _common import emit, fmt, percentile, run_child, scratch_database, table
 
 BENCH = Path(__file__).resolve().parent
 DEFAULT_POSTGRES_URL = "postgresql://postgres@127.0.0.1:5432/test"
@@ -99,25 +99,10 @@ async def _database(row: str, tmp: str) -> AsyncIterator[str]:
     if row == "corral, SQLite":
         yield f"sqlite:///{tmp}/corral.db"
         return
-    import asyncpg
-    import sqlalchemy as sa
-
-    base = sa.make_url(os.environ.get("CORRAL_BENCH_POSTGRES_URL") or DEFAULT_POSTGRES_URL)
-    admin = base.render_as_string(hide_password=False)
+    postgres_url = os.environ.get("CORRAL_BENCH_POSTGRES_URL") or DEFAULT_POSTGRES_URL
     name = f"corral_bench_memory_{secrets.token_hex(4)}"
-    conn = await asyncpg.connect(admin, timeout=10)
-    try:
-        await conn.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await conn.close()
-    try:
-        yield base.set(database=name).render_as_string(hide_password=False)
-    finally:
-        conn = await asyncpg.connect(admin, timeout=10)
-        try:
-            await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        finally:
-            await conn.close()
+    async with scratch_database(postgres_url, name) as url:
+        yield url
 
 
 async def _corral(row: str, size: int, dims: int, queries: int, batch: int) -> dict[str, Any]:

@@ -69,7 +69,17 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from _common import BENCH, emit, fmt, median, percentile, run_child, spread, table
+from _common import (
+    BENCH,
+    emit,
+    fmt,
+    median,
+    percentile,
+    run_child,
+    scratch_database,
+    spread,
+    table,
+)
 
 DEFAULT_POSTGRES_URL = "postgresql://postgres@127.0.0.1:5432/test"
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
@@ -423,32 +433,17 @@ async def scratch(store: str, postgres_url: str, nats_url: str) -> AsyncIterator
     """A fresh store (and NATS prefix) for one measurement: ``(db_url, prefix)``; the
     PostgreSQL database is created beside ``postgres_url``'s and dropped, the prefix's
     streams deleted, whatever the driver did."""
-    import asyncpg
-    import sqlalchemy as sa
-
     token = secrets.token_hex(4)
     prefix = f"bench_{token}" if store == "nats" else ""
     if store == "sqlite":
         yield "", prefix
         return
-    base = sa.make_url(postgres_url)
-    admin = base.render_as_string(hide_password=False)
-    name = f"corral_bench_scaleout_{token}"
-    conn = await asyncpg.connect(admin, timeout=10)
-    try:
-        await conn.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await conn.close()
-    try:
-        yield base.set(database=name).render_as_string(hide_password=False), prefix
-    finally:
-        conn = await asyncpg.connect(admin, timeout=10)
+    async with scratch_database(postgres_url, f"corral_bench_scaleout_{token}") as db_url:
         try:
-            await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            yield db_url, prefix
         finally:
-            await conn.close()
-        if prefix:
-            await delete_streams(nats_url, prefix)
+            if prefix:
+                await delete_streams(nats_url, prefix)
 
 
 async def delete_streams(nats_url: str, prefix: str) -> None:
@@ -469,13 +464,41 @@ def measure_once(
     store: str, workers: int, config: Config, postgres_url: str, nats_url: str
 ) -> dict[str, Any]:
     """One configuration in a driver child of its own; its figures, or ``{"error": ...}``."""
+    return measure_in_child(
+        "scaleout.py",
+        store,
+        workers,
+        postgres_url,
+        nats_url,
+        [
+            f"--tasks={config.tasks}",
+            f"--latency-runs={config.latency_runs}",
+            f"--concurrency={config.concurrency}",
+        ],
+        timeout=config.timeout,
+    )
+
+
+def measure_in_child(
+    script: str,
+    store: str,
+    workers: int,
+    postgres_url: str,
+    nats_url: str,
+    more: list[str],
+    *,
+    timeout: float,
+    env: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """Run the bench ``script``'s driver child (``--child``, then ``more`` arguments) on a
+    :func:`scratch` store with ``workers``; its figures, or ``{"error": ...}``."""
 
     async def go() -> dict[str, Any]:
-        home = Path(tempfile.mkdtemp(prefix="corral-bench-scaleout-"))
+        home = Path(tempfile.mkdtemp(prefix=f"corral-bench-{Path(script).stem}-"))
         try:
             async with scratch(store, postgres_url, nats_url) as (db_url, prefix):
                 args = [
-                    str(BENCH / "scaleout.py"),
+                    str(BENCH / script),
                     "--child",
                     f"--store={store}",
                     f"--workers={workers}",
@@ -483,13 +506,11 @@ def measure_once(
                     f"--nats-url={nats_url}",
                     f"--prefix={prefix}",
                     f"--home={home}",
-                    f"--tasks={config.tasks}",
-                    f"--latency-runs={config.latency_runs}",
-                    f"--concurrency={config.concurrency}",
+                    *more,
                     # the driver gives up (and says why) a little before it would be killed
-                    f"--within={config.timeout * 0.9:g}",
+                    f"--within={timeout * 0.9:g}",
                 ]
-                result = await asyncio.to_thread(run_child, args, timeout=config.timeout)
+                result = await asyncio.to_thread(run_child, args, timeout=timeout, env=env)
         finally:
             shutil.rmtree(home, ignore_errors=True)
         return result.data if result.ok else {"error": result.error or "failed"}

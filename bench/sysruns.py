@@ -38,16 +38,14 @@ import asyncio
 import json
 import os
 import re
-import shutil
 import sys
-import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from _common import BENCH, emit, median, percentile, run_child, spread, table
+from _common import BENCH, emit, median, percentile, spread, table
 
 #: node runs per system run (planner, researcher, critic, writer)
 NODES = 4
@@ -332,35 +330,18 @@ def measure_once(
     store: str, workers: int, config: Config, postgres_url: str, nats_url: str
 ) -> dict[str, Any]:
     """One configuration in a driver child of its own; its figures, or ``{"error": ...}``."""
-    from scaleout import scratch
+    from scaleout import measure_in_child
 
-    async def go() -> dict[str, Any]:
-        home = Path(tempfile.mkdtemp(prefix="corral-bench-sysruns-"))
-        try:
-            async with scratch(store, postgres_url, nats_url) as (db_url, prefix):
-                args = [
-                    str(BENCH / "sysruns.py"),
-                    "--child",
-                    f"--store={store}",
-                    f"--workers={workers}",
-                    f"--db-url={db_url or 'sqlite:///' + str(home / 'corral.db')}",
-                    f"--nats-url={nats_url}",
-                    f"--prefix={prefix}",
-                    f"--home={home}",
-                    f"--systems={config.systems}",
-                    f"--latency-runs={config.latency_runs}",
-                    f"--within={config.timeout * 0.9:g}",
-                ]
-                env = {"PYTHONPATH": str(BENCH) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-                result = await asyncio.to_thread(run_child, args, timeout=config.timeout, env=env)
-        finally:
-            shutil.rmtree(home, ignore_errors=True)
-        return result.data if result.ok else {"error": result.error or "failed"}
-
-    try:
-        return asyncio.run(go())
-    except Exception as exc:  # noqa: BLE001 - a server refusing the scratch set-up is a row
-        return {"error": f"{type(exc).__name__}: {exc}".splitlines()[0][:200]}
+    return measure_in_child(
+        "sysruns.py",
+        store,
+        workers,
+        postgres_url,
+        nats_url,
+        [f"--systems={config.systems}", f"--latency-runs={config.latency_runs}"],
+        timeout=config.timeout,
+        env={"PYTHONPATH": str(BENCH) + os.pathsep + os.environ.get("PYTHONPATH", "")},
+    )
 
 
 def run(config: Config, log: Any = print) -> dict[str, Any]:

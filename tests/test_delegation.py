@@ -17,16 +17,15 @@ import pytest
 from backends import Backend, backend_fixture, deployment_fixture
 from corral.core.errors import ResourceError
 from corral.core.events import EventType
-from corral.core.runs import RunRecord, RunState
+from corral.core.runs import RunState
 from corral.resources.kinds import DEFAULT_MAX_DEPTH, AgentLink
-from corral.resources.loader import load_text
 from corral.runtime import operations
 from corral.runtime.delegation import StoreDelegation
-from corral.store import Store
 from corral.tools.agents import AgentsExec
 from corral.tools.base import ChildRun, ToolContext
 from fake_clock import FakeClock
 from nats_servers import nats_prefix_fixture, nats_server_url_fixture
+from systems_helpers import agent, apply, call, get, model, role_denying, tool_results
 
 __all__ = [
     "backend_fixture",
@@ -36,47 +35,6 @@ __all__ = [
 ]
 
 TESTS = Path(__file__).parent
-
-
-def model(name: str, *turns: dict[str, Any]) -> str:
-    """A scripted ModelEndpoint: each turn a dict (text, tool_calls, tokens)."""
-    return json.dumps(
-        {
-            "apiVersion": "corral/v1",
-            "kind": "ModelEndpoint",
-            "metadata": {"name": name},
-            "spec": {"provider": "scripted", "script": list(turns)},
-        }
-    )
-
-
-def agent(name: str, model_name: str, **spec: Any) -> str:
-    return json.dumps(
-        {
-            "apiVersion": "corral/v1",
-            "kind": "Agent",
-            "metadata": {"name": name},
-            "spec": {"model": model_name, **spec},
-        }
-    )
-
-
-def call(tool: str, **arguments: Any) -> dict[str, Any]:
-    return {"tool_calls": [{"name": tool, "arguments": arguments}]}
-
-
-async def apply(store: Store, *docs: str) -> None:
-    await store.apply(load_text("\n---\n".join(docs), "t.yaml"))
-
-
-async def get(store: Store, run: RunRecord) -> RunRecord:
-    stored = await store.get_run(run.id)
-    assert stored is not None
-    return stored
-
-
-def tool_results(events: list[Any]) -> list[dict[str, Any]]:
-    return [e.data for e in events if e.type is EventType.TOOL_RESULT]
 
 
 async def test_a_parent_gets_its_linked_agents_answer_from_a_child_run(backend: Backend) -> None:
@@ -175,30 +133,7 @@ async def test_a_tool_permission_glob_on_agent_names_denies_delegation(backend: 
         ),
         model("other-model", {"text": "never"}),
         agent("helper", "other-model"),
-        json.dumps(
-            {
-                "apiVersion": "corral/v1",
-                "kind": "ToolPermission",
-                "metadata": {"name": "everything"},
-                "spec": {"tools": ["*"]},
-            }
-        ),
-        json.dumps(
-            {
-                "apiVersion": "corral/v1",
-                "kind": "ToolPermission",
-                "metadata": {"name": "no-agents"},
-                "spec": {"tools": ["agent:*"], "effect": "deny"},
-            }
-        ),
-        json.dumps(
-            {
-                "apiVersion": "corral/v1",
-                "kind": "AgentRole",
-                "metadata": {"name": "solo"},
-                "spec": {"permissions": ["everything", "no-agents"]},
-            }
-        ),
+        *role_denying("solo", "no-agents", "agent:*"),
         agent("boss", "boss-model", links=["helper"], roles=["solo"]),
     )
     run, _ = await backend.submit("boss", "go")

@@ -15,7 +15,7 @@ from backends import Backend, backend_fixture, deployment_fixture
 from corral.core.events import EventType
 from corral.core.runs import RunState
 from nats_servers import nats_prefix_fixture, nats_server_url_fixture
-from test_delegation import agent, apply, call, get, model, tool_results
+from systems_helpers import agent, apply, call, get, model, role_denying, tool_results
 
 __all__ = [
     "backend_fixture",
@@ -138,30 +138,7 @@ async def test_a_denied_or_unlinked_handoff_is_refused_and_the_run_stays(backend
         model("other-model", {"text": "never"}),
         agent("billing", "other-model"),
         agent("stranger", "other-model"),
-        json.dumps(
-            {
-                "apiVersion": "corral/v1",
-                "kind": "ToolPermission",
-                "metadata": {"name": "everything"},
-                "spec": {"tools": ["*"]},
-            }
-        ),
-        json.dumps(
-            {
-                "apiVersion": "corral/v1",
-                "kind": "ToolPermission",
-                "metadata": {"name": "no-billing"},
-                "spec": {"tools": ["agent:billing"], "effect": "deny"},
-            }
-        ),
-        json.dumps(
-            {
-                "apiVersion": "corral/v1",
-                "kind": "AgentRole",
-                "metadata": {"name": "triage-role"},
-                "spec": {"permissions": ["everything", "no-billing"]},
-            }
-        ),
+        *role_denying("triage-role", "no-billing", "agent:billing"),
         agent("triage", "triage-model", links=["billing"], roles=["triage-role"]),
     )
     run, _ = await backend.submit("triage", "go")

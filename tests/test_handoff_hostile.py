@@ -22,7 +22,7 @@ from corral.testing.fake_openai import FakeReply
 from fixtures_models import fake_openai_fixture, openai_server_fixture
 from nats_servers import nats_prefix_fixture, nats_server_url_fixture
 from server_harness import TESTS
-from test_delegation import agent, apply, call, get, model, tool_results
+from systems_helpers import agent, apply, call, get, model, tool_results
 from test_durability import SLOW, Cluster, check_journal, cluster
 from test_durability import call as durable_call
 

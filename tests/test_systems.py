@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,11 +17,11 @@ from backends import Backend, backend_fixture, deployment_fixture
 from corral.core.agent_messages import MessageState
 from corral.core.errors import ConflictError, NotFoundError, ResourceError
 from corral.core.events import EventType
-from corral.core.runs import RunRecord, RunState
-from corral.resources.loader import load_text
+from corral.core.runs import RunState
 from corral.runtime import operations, system_runs
 from corral.store import Store
 from nats_servers import nats_prefix_fixture, nats_server_url_fixture
+from systems_helpers import agent, answering, apply, desk, gated, get, model, system
 
 __all__ = [
     "backend_fixture",
@@ -30,56 +29,6 @@ __all__ = [
     "nats_prefix_fixture",
     "nats_server_url_fixture",
 ]
-
-
-def model(name: str, *turns: dict[str, Any]) -> str:
-    """A scripted ModelEndpoint: each turn a dict (text, tool_calls, tokens)."""
-    return json.dumps(
-        {
-            "apiVersion": "corral/v1",
-            "kind": "ModelEndpoint",
-            "metadata": {"name": name},
-            "spec": {"provider": "scripted", "script": list(turns)},
-        }
-    )
-
-
-def agent(name: str, model_name: str, **spec: Any) -> str:
-    return json.dumps(
-        {
-            "apiVersion": "corral/v1",
-            "kind": "Agent",
-            "metadata": {"name": name},
-            "spec": {"model": model_name, **spec},
-        }
-    )
-
-
-def system(name: str, **spec: Any) -> str:
-    return json.dumps(
-        {
-            "apiVersion": "corral/v1",
-            "kind": "AgentSystem",
-            "metadata": {"name": name},
-            "spec": spec,
-        }
-    )
-
-
-def answering(name: str, *texts: str, **spec: Any) -> list[str]:
-    """An agent on a scripted model of its own that answers ``texts`` in turn."""
-    turns = [{"text": t, "input_tokens": 10, "output_tokens": 2} for t in texts]
-    return [model(f"{name}-model", *turns), agent(name, f"{name}-model", **spec)]
-
-
-async def apply(store: Store, *docs: str) -> None:
-    await store.apply(load_text("\n---\n".join(docs), "t.yaml"))
-
-
-async def get(store: Store, run: RunRecord) -> RunRecord:
-    stored = await store.get_run(run.id)
-    assert stored is not None
-    return stored
 
 
 DIAMOND = dict(
@@ -171,26 +120,11 @@ async def test_a_fan_out_joined_by_all_gives_the_writer_both_outputs_once(
     assert events[-1].data == {"state": "succeeded", "output": "the report"}
 
 
-ROUTER_SCHEMA = {
-    "type": "object",
-    "properties": {"next": {"type": "string"}, "topic": {"type": "string"}},
-    "required": ["next", "topic"],
-}
-
-
 async def test_route_by_output_sends_the_output_only_where_it_names(backend: Backend) -> None:
     store = backend.store
     await apply(
         store,
-        *answering("router", '{"next": "billing", "topic": "refund"}', output_schema=ROUTER_SCHEMA),
-        *answering("billing", "refunded"),
-        *answering("support", "helped"),
-        system(
-            "desk",
-            entry="router",
-            graph={"router": {"next": ["billing", "support"], "route": "by_output"}},
-            output="billing",
-        ),
+        *desk('{"next": "billing", "topic": "refund"}'),
     )
     run, _ = await system_runs.submit_system(store, "desk", "I want my money", bus=backend.bus)
     await backend.drain()
@@ -209,15 +143,7 @@ async def test_route_by_output_to_an_agent_not_in_next_fails_the_system(
     store = backend.store
     await apply(
         store,
-        *answering("router", '{"next": "sales", "topic": "x"}', output_schema=ROUTER_SCHEMA),
-        *answering("billing", "refunded"),
-        *answering("support", "helped"),
-        system(
-            "desk",
-            entry="router",
-            graph={"router": {"next": ["billing", "support"], "route": "by_output"}},
-            output="billing",
-        ),
+        *desk('{"next": "sales", "topic": "x"}'),
     )
     run, _ = await system_runs.submit_system(store, "desk", "hello", bus=backend.bus)
     await backend.drain()
@@ -501,24 +427,10 @@ async def test_a_branch_moves_on_while_its_sibling_waits(backend: Backend) -> No
     """Not in waves: the quick branch's next node runs while the other branch's node is
     parked for a human's approval."""
     store = backend.store
-    tests = Path(__file__).parent
-    add = {"name": "add", "arguments": {"a": 2, "b": 3}}
     await apply(
         store,
-        json.dumps(
-            {
-                "apiVersion": "corral/v1",
-                "kind": "Tool",
-                "metadata": {"name": "add"},
-                "spec": {
-                    "type": "python",
-                    "python": {"function": "agent_tools:add", "path": str(tests)},
-                },
-            }
-        ),
         *answering("planner", "the plan"),
-        model("gated-model", {"tool_calls": [add]}, {"text": "added"}),
-        agent("gated", "gated-model", tools=["add"], approval={"policy": "always"}),
+        *gated(),
         *answering("quick", "quick"),
         *answering("after", "after"),
         *answering("end", "the end"),

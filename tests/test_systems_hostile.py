@@ -5,16 +5,13 @@ SQLite, and PostgreSQL + NATS JetStream)."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import anyio
 import httpx
 import pytest
 
 from backends import Backend, backend_fixture, deployment_fixture
 from corral.bus.local import LocalBus
-from corral.core.agent_messages import AgentMessage, MessageState
+from corral.core.agent_messages import MessageState
 from corral.core.errors import ConflictError, ResourceError
 from corral.core.runs import RunState
 from corral.core.settings import Settings
@@ -25,7 +22,16 @@ from corral.runtime.worker import Worker
 from corral.store import Store
 from nats_servers import nats_prefix_fixture, nats_server_url_fixture
 from server_harness import apply as http_apply
-from test_systems import ROUTER_SCHEMA, agent, answering, apply, get, model, system
+from systems_helpers import (
+    answering,
+    apply,
+    deliver_all,
+    desk,
+    gated,
+    get,
+    input_message,
+    system,
+)
 
 __all__ = [
     "backend_fixture",
@@ -33,28 +39,6 @@ __all__ = [
     "nats_prefix_fixture",
     "nats_server_url_fixture",
 ]
-
-
-def pending(run_id: str, to: str) -> AgentMessage:
-    """The system's input message to ``to``, as its coordinator would store it."""
-    ident = message_id(run_id, "input", to)
-    return AgentMessage(
-        id=ident,
-        namespace="default",
-        system_run_id=run_id,
-        from_agent=None,
-        to_agent=to,
-        branch_id="1",
-        parent_branch_id=None,
-        type="input",
-        payload="hello",
-        idempotency_key=ident,
-    )
-
-
-async def deliver_all(bus: LocalBus, consumer: InboxConsumer) -> None:
-    for delivery in await bus.take_agent_messages(10, 0.5):
-        await consumer.handle(delivery)
 
 
 async def drain(store: Store, settings: Settings, seconds: float = 30) -> None:
@@ -71,7 +55,7 @@ async def test_a_late_inbox_delivery_for_a_cancelled_system_run_starts_no_node_r
     store, _ = env
     await apply(store, *answering("solo", "an answer"), system("team", entry="solo"))
     run, _ = await system_runs.submit_system(store, "team", "hello")
-    message = pending(run.id, "solo")
+    message = input_message(run.id, "solo")
     await store.add_agent_messages([message])
     await operations.cancel(store, run.id)
     bus = LocalBus()
@@ -135,15 +119,7 @@ async def test_a_by_output_route_naming_a_huge_agent_name_fails_with_a_bounded_e
     huge = "x" * 200_000
     await apply(
         store,
-        *answering("router", f'{{"next": "{huge}", "topic": "t"}}', output_schema=ROUTER_SCHEMA),
-        *answering("billing", "refunded"),
-        *answering("support", "helped"),
-        system(
-            "desk",
-            entry="router",
-            graph={"router": {"next": ["billing", "support"], "route": "by_output"}},
-            output="billing",
-        ),
+        *desk(f'{{"next": "{huge}", "topic": "t"}}'),
     )
     run, _ = await system_runs.submit_system(store, "desk", "hello")
     await drain(store, settings)
@@ -168,23 +144,9 @@ async def test_an_agent_removed_and_deleted_while_the_system_is_parked_fails_it_
 ) -> None:
     # the run follows the graph its run.start recorded; the Agent it still needs is gone
     store = backend.store
-    tests = Path(__file__).parent
-    add = {"name": "add", "arguments": {"a": 2, "b": 3}}
     await apply(
         store,
-        json.dumps(
-            {
-                "apiVersion": "corral/v1",
-                "kind": "Tool",
-                "metadata": {"name": "add"},
-                "spec": {
-                    "type": "python",
-                    "python": {"function": "agent_tools:add", "path": str(tests)},
-                },
-            }
-        ),
-        model("gated-model", {"tool_calls": [add]}, {"text": "added"}),
-        agent("gated", "gated-model", tools=["add"], approval={"policy": "always"}),
+        *gated(),
         *answering("end", "the end"),
         system("chain", entry="gated", graph={"gated": {"next": ["end"]}}),
     )
@@ -321,15 +283,7 @@ async def test_a_by_output_route_naming_its_agent_a_thousand_times_sends_one_mes
     names = ", ".join(['"billing"'] * 1000)
     await apply(
         store,
-        *answering("router", f'{{"next": [{names}]}}', output_schema=schema),
-        *answering("billing", "refunded"),
-        *answering("support", "helped"),
-        system(
-            "desk",
-            entry="router",
-            graph={"router": {"next": ["billing", "support"], "route": "by_output"}},
-            output="billing",
-        ),
+        *desk(f'{{"next": [{names}]}}', schema),
     )
     run, _ = await system_runs.submit_system(store, "desk", "hello")
     await drain(store, settings)

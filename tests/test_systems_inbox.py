@@ -15,12 +15,12 @@ import pytest
 from corral.bus.local import LocalBus
 from corral.core.agent_messages import AgentMessage, MessageState
 from corral.core.errors import NotFoundError
-from corral.core.runs import RunState
+from corral.core.runs import RunRecord, RunState
 from corral.core.settings import Settings
 from corral.resources.loader import load_text
 from corral.resources.secrets import SecretCipher
 from corral.runtime.inbox import InboxConsumer
-from corral.runtime.system_messages import deliver, message_id
+from corral.runtime.system_messages import deliver
 from corral.runtime.system_runs import submit_system
 from corral.runtime.systems import (
     BUS_DELIVERY_FIRST_POLL_SECONDS,
@@ -31,6 +31,7 @@ from corral.runtime.systems import (
 from corral.runtime.worker import Worker
 from corral.store import Store, StoreError
 from corral.store.sql import SqlStore
+from systems_helpers import deliver_all, input_message
 
 TEAM = """
 apiVersion: corral/v1
@@ -50,39 +51,25 @@ spec: {entry: solo}
 """
 
 
-def a_message(run_id: str, to: str) -> AgentMessage:
-    ident = message_id(run_id, "input", to)
-    return AgentMessage(
-        id=ident,
-        namespace="default",
-        system_run_id=run_id,
-        from_agent=None,
-        to_agent=to,
-        branch_id="1",
-        parent_branch_id=None,
-        type="input",
-        payload="hello",
-        idempotency_key=ident,
-    )
-
-
-async def take_all(bus: LocalBus, consumer: InboxConsumer) -> None:
-    for delivery in await bus.take_agent_messages(10, 0.5):
-        await consumer.handle(delivery)
+async def stored_input(store: Store, to: str = "solo") -> tuple[RunRecord, AgentMessage]:
+    """The system ``team`` applied and run on "hello"; the run, and its input message to
+    ``to`` as its coordinator stores it (not yet published)."""
+    await store.apply(load_text(TEAM, "team.yaml"))
+    run, _ = await submit_system(store, "team", "hello")
+    message = input_message(run.id, to)
+    await store.add_agent_messages([message])
+    return run, message
 
 
 async def test_a_delivery_becomes_one_node_run_however_often_it_comes(
     env: tuple[Store, Settings],
 ) -> None:
     store, _ = env
-    await store.apply(load_text(TEAM, "team.yaml"))
-    run, _ = await submit_system(store, "team", "hello")
-    message = a_message(run.id, "solo")
-    await store.add_agent_messages([message])
+    run, message = await stored_input(store)
     bus = LocalBus()
     consumer = InboxConsumer(store, bus)
     await bus.send_agent_message("default", "solo", message.id)
-    await take_all(bus, consumer)
+    await deliver_all(bus, consumer)
     stored = await store.get_agent_message(message.id)
     assert stored is not None and stored.state is MessageState.DELIVERED
     assert stored.attempt == 1 and stored.child_run_id is not None
@@ -97,7 +84,7 @@ async def test_a_delivery_becomes_one_node_run_however_often_it_comes(
     delivery_count = consumer.delivered
     again = LocalBus()
     await again.send_agent_message("default", "solo", message.id)
-    await take_all(again, InboxConsumer(store, again))
+    await deliver_all(again, InboxConsumer(store, again))
     assert consumer.delivered == delivery_count
     assert len(await store.list_children(run.id)) == 1
 
@@ -106,7 +93,7 @@ async def test_an_unknown_message_is_terminated(env: tuple[Store, Settings]) -> 
     store, _ = env
     bus = LocalBus()
     await bus.send_agent_message("default", "solo", "msg_nope")
-    await take_all(bus, InboxConsumer(store, bus))
+    await deliver_all(bus, InboxConsumer(store, bus))
     assert await bus.take_agent_messages(10, 0.1) == []  # never delivered again
     assert list(bus.dead_letters) == []
 
@@ -115,13 +102,10 @@ async def test_an_undeliverable_message_fails_its_system_run_clearly(
     env: tuple[Store, Settings],
 ) -> None:
     store, settings = env
-    await store.apply(load_text(TEAM, "team.yaml"))
-    run, _ = await submit_system(store, "team", "hello")
-    message = a_message(run.id, "ghost")  # no such Agent: it can never be delivered
-    await store.add_agent_messages([message])
+    run, message = await stored_input(store, "ghost")  # no such Agent: it can never be delivered
     bus = LocalBus()
     await bus.send_agent_message("default", "ghost", message.id)
-    await take_all(bus, InboxConsumer(store, bus))
+    await deliver_all(bus, InboxConsumer(store, bus))
     stored = await store.get_agent_message(message.id)
     assert stored is not None and stored.state is MessageState.DEAD_LETTER
     assert stored.error is not None and "ghost" in stored.error["message"]
@@ -151,21 +135,18 @@ async def test_a_store_failure_naks_the_delivery_and_a_redelivery_makes_the_node
     url = f"sqlite:///{tmp_path / 'corral.db'}"
     store = await LockedStore.open(url, cipher=SecretCipher(key=SecretCipher.generate_key()))
     try:
-        await store.apply(load_text(TEAM, "team.yaml"))
-        run, _ = await submit_system(store, "team", "hello")
-        message = a_message(run.id, "solo")
-        await store.add_agent_messages([message])
+        run, message = await stored_input(store)
         bus = LocalBus(max_deliver=3)
         consumer = InboxConsumer(store, bus)
         await bus.send_agent_message("default", "solo", message.id)
         store.locked = True
-        await take_all(bus, consumer)  # first delivery: nak'ed with a delay
+        await deliver_all(bus, consumer)  # first delivery: nak'ed with a delay
         stored = await store.get_agent_message(message.id)
         assert stored is not None and stored.state is MessageState.PENDING
         store.locked = False
         with anyio.fail_after(10):
             while consumer.delivered == 0:
-                await take_all(bus, consumer)
+                await deliver_all(bus, consumer)
         stored = await store.get_agent_message(message.id)
         assert stored is not None and stored.state is MessageState.DELIVERED
         assert stored.attempt == 2
@@ -179,14 +160,11 @@ async def test_the_last_delivery_failing_dead_letters_the_message(tmp_path: Path
     url = f"sqlite:///{tmp_path / 'corral.db'}"
     store = await LockedStore.open(url, cipher=SecretCipher(key=SecretCipher.generate_key()))
     try:
-        await store.apply(load_text(TEAM, "team.yaml"))
-        run, _ = await submit_system(store, "team", "hello")
-        message = a_message(run.id, "solo")
-        await store.add_agent_messages([message])
+        run, message = await stored_input(store)
         bus = LocalBus(max_deliver=1)  # the first delivery is the last
         await bus.send_agent_message("default", "solo", message.id)
         store.locked = True
-        await take_all(bus, InboxConsumer(store, bus))
+        await deliver_all(bus, InboxConsumer(store, bus))
         stored = await store.get_agent_message(message.id)
         assert stored is not None and stored.state is MessageState.DEAD_LETTER
         assert stored.error is not None and "locked" in stored.error["message"]
@@ -210,10 +188,7 @@ async def test_deliver_hands_back_the_message_as_marked_and_a_second_delivery_no
     env: tuple[Store, Settings],
 ) -> None:
     store, _ = env
-    await store.apply(load_text(TEAM, "team.yaml"))
-    run, _ = await submit_system(store, "team", "hello")
-    message = a_message(run.id, "solo")
-    await store.add_agent_messages([message])
+    run, message = await stored_input(store)
     # the coordinator passes the system run it holds (no read of it)
     first = await deliver(store, None, message, parent=run)
     assert first.message is not None and first.message.state is MessageState.DELIVERED
@@ -226,7 +201,7 @@ async def test_deliver_hands_back_the_message_as_marked_and_a_second_delivery_no
     # a parent that is not the message's system run is refused, not used
     (other, _) = await submit_system(store, "team", "another")
     with pytest.raises(NotFoundError):
-        await deliver(store, None, a_message(run.id, "solo"), parent=other)
+        await deliver(store, None, input_message(run.id, "solo"), parent=other)
 
 
 class MeetingStore(SqlStore):
@@ -256,7 +231,7 @@ async def test_the_deliveries_of_one_fetch_are_handled_concurrently(tmp_path: Pa
         messages = []
         for n in range(2):
             run, _ = await submit_system(store, "team", f"hello {n}")
-            messages.append(a_message(run.id, "solo"))
+            messages.append(input_message(run.id, "solo"))
         await store.add_agent_messages(messages)
         for message in messages:
             await bus.send_agent_message("default", "solo", message.id)

@@ -13,7 +13,7 @@ from corral.server import pagination
 from corral.server.auth import Operator, Viewer
 from corral.server.context import context_of
 from corral.server.problems import responses
-from corral.server.routes_tasks import TaskId
+from corral.server.routes_tasks import TaskId, submitted
 
 router = APIRouter(prefix="/v1")
 
@@ -50,9 +50,7 @@ async def submit_system_task(
         labels=body.labels,
         bus=context.bus,
     )
-    response.status_code = 201 if created else 200
-    response.headers["Location"] = f"/v1/tasks/{record.id}"
-    return Task.from_record(record)
+    return submitted(record, created, response)
 
 
 @router.get(

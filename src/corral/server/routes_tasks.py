@@ -17,7 +17,7 @@ from corral.api import (
     TaskPage,
 )
 from corral.core.errors import ConflictError, NotFoundError
-from corral.core.runs import RunState
+from corral.core.runs import RunRecord, RunState
 from corral.core.selectors import MAX_SELECTOR_CHARS, InvalidSelectorError, parse_selector
 from corral.resources.kinds import NAME_PATTERN, json_schema_problem
 from corral.runtime import operations
@@ -84,6 +84,12 @@ async def submit_task(
             code="unknown_agent",
             errors=[FieldProblem(field="body.agent", reason=exc.message)],
         ) from None
+    return submitted(record, created, response)
+
+
+def submitted(record: RunRecord, created: bool, response: Response) -> Task:
+    """The answer to a task submission: 201 when ``created``, 200 when its idempotency key
+    was seen before, with the task's ``Location``."""
     response.status_code = 201 if created else 200
     response.headers["Location"] = f"/v1/tasks/{record.id}"
     return Task.from_record(record)

@@ -97,6 +97,23 @@ class _LinkedAgentTool(Tool):
         ]
         return "\n".join(lines)
 
+    def _agent_spec(
+        self, intro: str, more: dict[str, Any] | None = None, required: Sequence[str] = ()
+    ) -> ToolSpec:
+        """The spec of a tool that names one linked agent (``agent``, required) and takes
+        ``more`` properties (of them ``required``); its description: ``intro``, then the
+        catalogue of the links."""
+        return ToolSpec(
+            name=self.ref,
+            description=f"{intro} Linked agents:\n{self._catalogue()}",
+            parameters={
+                "type": "object",
+                "properties": {"agent": _AGENT_ARGUMENT, **(more or {})},
+                "required": ["agent", *required],
+                "additionalProperties": False,
+            },
+        )
+
 
 _AGENT_ARGUMENT = {"type": "string", "minLength": 1, "maxLength": 63}
 
@@ -133,19 +150,7 @@ class AgentsInfo(_LinkedAgentTool):
         self, links: Sequence[AgentLink], delegation: Delegation, permitted: Callable[[str], bool]
     ) -> None:
         super().__init__(links, delegation, permitted)
-        self.spec = ToolSpec(
-            name=self.ref,
-            description=(
-                "Describe one agent you may call with agents_exec. Linked agents:\n"
-                + self._catalogue()
-            ),
-            parameters={
-                "type": "object",
-                "properties": {"agent": _AGENT_ARGUMENT},
-                "required": ["agent"],
-                "additionalProperties": False,
-            },
-        )
+        self.spec = self._agent_spec("Describe one agent you may call with agents_exec.")
 
     async def call(self, arguments: dict[str, Any], ctx: ToolContext) -> Any:
         name = str(arguments["agent"])
@@ -168,23 +173,14 @@ class AgentsExec(_LinkedAgentTool):
     ) -> None:
         super().__init__(links, delegation, permitted)
         self.max_depth = max_depth
-        self.spec = ToolSpec(
-            name=self.ref,
-            description=(
-                "Give a task to another agent and get its answer. The input is all it sees "
-                "(unless you name a session of its own to continue). Linked agents:\n"
-                + self._catalogue()
-            ),
-            parameters={
-                "type": "object",
-                "properties": {
-                    "agent": _AGENT_ARGUMENT,
-                    "input": {"type": "string", "minLength": 1, "maxLength": MAX_CHILD_INPUT_CHARS},
-                    "session": {"type": "string", "minLength": 1, "maxLength": 64},
-                },
-                "required": ["agent", "input"],
-                "additionalProperties": False,
+        self.spec = self._agent_spec(
+            "Give a task to another agent and get its answer. The input is all it sees "
+            "(unless you name a session of its own to continue).",
+            {
+                "input": {"type": "string", "minLength": 1, "maxLength": MAX_CHILD_INPUT_CHARS},
+                "session": {"type": "string", "minLength": 1, "maxLength": 64},
             },
+            required=["input"],
         )
 
     async def call(self, arguments: dict[str, Any], ctx: ToolContext) -> Any:
@@ -210,22 +206,10 @@ class HandOff(_LinkedAgentTool):
         self, links: Sequence[AgentLink], delegation: Delegation, permitted: Callable[[str], bool]
     ) -> None:
         super().__init__(links, delegation, permitted)
-        self.spec = ToolSpec(
-            name=self.ref,
-            description=(
-                "Hand the conversation over to another agent: it answers from now on, seeing "
-                "everything said so far. Call it alone, as your last call. Linked agents:\n"
-                + self._catalogue()
-            ),
-            parameters={
-                "type": "object",
-                "properties": {
-                    "agent": _AGENT_ARGUMENT,
-                    "reason": {"type": "string", "maxLength": MAX_HANDOFF_REASON_CHARS},
-                },
-                "required": ["agent"],
-                "additionalProperties": False,
-            },
+        self.spec = self._agent_spec(
+            "Hand the conversation over to another agent: it answers from now on, seeing "
+            "everything said so far. Call it alone, as your last call.",
+            {"reason": {"type": "string", "maxLength": MAX_HANDOFF_REASON_CHARS}},
         )
 
     async def call(self, arguments: dict[str, Any], ctx: ToolContext) -> Any:
