@@ -646,9 +646,13 @@ async def test_a_more_urgent_run_overtakes_a_backlog(backend: Backend, tmp_path:
     runs = [await get(store, run) for run in (*backlog, urgent)]
     assert all(r.state is RunState.SUCCEEDED and r.attempts == 1 for r in runs)
     order = [r.id for r in sorted(runs, key=lambda r: r.started_at or 0.0)]
-    # At most the first of the backlog (taken before the urgent run was submitted) starts
-    # before it.
-    assert order.index(urgent.id) <= 1, order
+    # Only what the worker took before the urgent run was submitted (the first of the
+    # backlog, more on a loaded machine where runs finish faster than submits), and at
+    # most one claim already under way then, starts before it.
+    submitted_at = runs[-1].created_at
+    taken = sum(1 for r in runs[:-1] if (r.started_at or 0.0) < submitted_at)
+    assert order.index(urgent.id) <= max(taken, 1) + (1 if taken else 0), order
+    assert order.index(urgent.id) < len(backlog), order  # it never waits for the whole backlog
     assert effects(tmp_path) == ["x"] * 5
 
 
