@@ -146,9 +146,8 @@ class _Settling:
     """Settles one JetStream message at most once; a settlement lost is logged, never raised."""
 
     _msg: Msg
-
-    def _what(self) -> str:
-        raise NotImplementedError
+    #: what the message is about, for the log line of a lost settlement
+    _about: str
 
     async def ack(self) -> None:
         await self._settle("ack", self._msg.ack)
@@ -167,7 +166,7 @@ class _Settling:
             await send()
         except NATS_FAILURES as exc:
             # Lost with the connection: the delivery comes again after its ack wait.
-            log.info("bus: %s of %s not sent (%s)", what, self._what(), _describe(exc))
+            log.info("bus: %s of %s not sent (%s)", what, self._about, _describe(exc))
 
 
 class _NatsDelivery(_Settling, Delivery):
@@ -178,9 +177,7 @@ class _NatsDelivery(_Settling, Delivery):
         self.run_id = run_id
         self.attempt = msg.metadata.num_delivered
         self.last = self.attempt >= max_deliver
-
-    def _what(self) -> str:
-        return f"run {self.run_id}"
+        self._about = f"run {run_id}"
 
 
 class _NatsMessageDelivery(_Settling, MessageDelivery):
@@ -195,9 +192,7 @@ class _NatsMessageDelivery(_Settling, MessageDelivery):
         self.agent = agent
         self.attempt = msg.metadata.num_delivered
         self.last = self.attempt >= max_deliver
-
-    def _what(self) -> str:
-        return f"agent message {self.message_id}"
+        self._about = f"agent message {message_id}"
 
 
 @dataclass

@@ -26,7 +26,7 @@ import functools
 import json
 import logging
 from collections.abc import AsyncGenerator, Callable, Coroutine, Iterator
-from contextlib import aclosing, contextmanager
+from contextlib import aclosing, contextmanager, suppress
 from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar
 
@@ -160,11 +160,10 @@ def output_part(output: Any) -> Part:
     data = json.loads(json.dumps(output, default=str))
     if json_depth(data) <= MAX_DATA_DEPTH:
         value = Value()
-        try:
+        # protobuf refusing it anyway (the bound above should prevent it): JSON text below
+        with suppress(ParseError, DecodeError):
             ParseDict(data, value)
             return Part(data=value, media_type="application/json")
-        except (ParseError, DecodeError):  # (the bound above should keep this from happening)
-            pass
     return Part(text=json.dumps(data, ensure_ascii=False), media_type="application/json")
 
 
