@@ -188,12 +188,14 @@ class Backend:
 
     def check_dispatched(self, worker: Worker, *, settled: bool = False) -> None:
         """On ``postgres+nats`` with no sweep: the worker claimed nothing from the store,
-        and (``settled``: none in flight) executed exactly the runs it claimed from deliveries."""
+        and (``settled``: none in flight) executed exactly the runs it claimed from deliveries
+        and those its runs claimed (a child at its submit, a parent its last child woke)."""
         if not (worker.bus.dispatches and worker.poll_seconds >= NO_SWEEP):
             return  # sweeping: a test that asked for a short poll_seconds
         assert worker.swept == 0, f"{worker.swept} runs claimed by the store sweep"
         if settled:
-            assert worker.dispatched == worker.executed, (worker.dispatched, worker.executed)
+            claimed = worker.dispatched + worker.taken
+            assert claimed == worker.executed, (worker.dispatched, worker.taken, worker.executed)
 
     async def _settled(self, worker: Worker) -> bool:
         if self._task is not None and self._task.done():

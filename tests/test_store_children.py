@@ -125,3 +125,50 @@ async def test_pruning_keeps_a_finished_child_while_its_parent_waits(store: Stor
     await save(store, second, RunState.SUCCEEDED)
     await save(store, "run_p", RunState.SUCCEEDED)
     assert await store.prune_runs(finished_before=time.time() + 60) == 3
+
+
+async def test_a_last_childs_save_claims_its_parent_for_the_same_owner(store: Store) -> None:
+    first, second = await family(store, 2)
+    record, lease = await claim(store, first)
+    record.state = RunState.SUCCEEDED
+    # not the last child: nothing is woken, nothing claimed
+    assert await store.save_run(record, lease, claim_woken=("w2", 30.0)) is None
+    assert await state_of(store, "run_p") is RunState.WAITING_CHILDREN
+    record, lease = await claim(store, second)
+    record.state = RunState.FAILED
+    woken = await store.save_run(record, lease, claim_woken=("w2", 30.0))
+    assert woken is not None
+    parent, parent_lease = woken
+    assert parent.id == parent_lease.run_id == "run_p"
+    assert parent.state is RunState.RUNNING and parent.lease_owner == "w2"
+    assert parent_lease.owner == "w2" and parent_lease.token == parent.fencing_token
+    assert not parent_lease.exhausted
+    # claimed: no other worker finds it, and the lease writes
+    assert await store.claim_runs("w3", 30.0, 5) == []
+    parent.state = RunState.SUCCEEDED
+    await store.save_run(parent, parent_lease)
+    assert await state_of(store, "run_p") is RunState.SUCCEEDED
+
+
+async def test_a_park_after_the_children_finished_claims_the_run_again(store: Store) -> None:
+    await store.submit_run(a_run("run_p"))
+    await store.submit_run(a_run("run_c", "run_p", 1))
+    parent, parent_lease = await claim(store, "run_p")
+    await save(store, "run_c", RunState.SUCCEEDED)  # before its parent parked
+    parent.state = RunState.WAITING_CHILDREN
+    woken = await store.save_run(parent, parent_lease, claim_woken=("w", 30.0))
+    assert woken is not None
+    again, again_lease = woken
+    assert again.id == "run_p" and again.state is RunState.RUNNING
+    assert again_lease.token == parent_lease.token + 1  # a new claim: the old lease is fenced
+
+
+async def test_a_save_that_wakes_nothing_claims_nothing(store: Store) -> None:
+    await store.submit_run(a_run("run_solo"))
+    record, lease = await claim(store, "run_solo")
+    record.state = RunState.SUCCEEDED
+    assert await store.save_run(record, lease, claim_woken=("w", 30.0)) is None
+    # a parked parent with an unfinished child: woken by nobody yet
+    [child] = await family(store, 1)
+    assert await state_of(store, child) is RunState.QUEUED
+    assert await store.claim_runs("w", 30.0, 5, run_ids=["run_p"]) == []

@@ -107,6 +107,8 @@ Switch = Callable[[str], Awaitable[AgentDefinition]]
 #: the run's child runs started outside its journal (a tool program's
 #: ``POST /v1/links/{agent}/exec``) that finished and are not in ``known`` (run ids)
 OutsideChildren = Callable[[set[str]], Awaitable[Sequence[RunRecord]]]
+#: of the child runs ``run_ids`` the run would park for, those that ended soon, by run id
+ChildrenEnded = Callable[[list[str]], Awaitable[Mapping[str, RunRecord]]]
 
 #: the ref of the built-in handoff tool (:class:`corral.tools.agents.HandOff`)
 HANDOFF_TOOL = "handoff"
@@ -202,6 +204,7 @@ class AgentLoop:
         call_environment: CallEnvironment | None = None,
         switch: Switch | None = None,
         outside_children: OutsideChildren | None = None,
+        children_ended: ChildrenEnded | None = None,
     ) -> None:
         """``raise_retryable``: let a retryable model failure (the endpoints stayed down after
         their own retries) propagate instead of failing the run, so a worker can try the
@@ -210,11 +213,16 @@ class AgentLoop:
         with links: a fresh agent token per call). ``switch`` builds the target of a
         ``handoff`` (without it, handoffs are refused). ``outside_children`` finds the
         finished child runs a tool program started over the API during a step: their
-        spend is charged to this run (``child.finish``) when the step's calls are done."""
+        spend is charged to this run (``child.finish``) when the step's calls are done.
+        ``children_ended`` is asked, before the run parks for child runs, for those of
+        them that end soon (children running on this worker: see
+        :mod:`corral.runtime.delegation`); when they all did, the run goes on without
+        parking."""
         self.agent = agent
         self.call_environment = call_environment
         self.switch = switch
         self.outside_children = outside_children
+        self.children_ended = children_ended
         #: child runs whose spend is journaled (``child.finish``), by run id
         self.charged: set[str] = set()
         self.handoffs = 0
@@ -333,7 +341,7 @@ class AgentLoop:
         if handoff_due is not None:  # its step's results were journaled, the switch was not
             await self._hand_off(*handoff_due)
         if open_step is not None:
-            pending, waiting = await self._tool_calls(open_step, decisions)
+            pending, waiting = await self._settled_calls(open_step, decisions)
             if pending or waiting:
                 await self._finish_step(open_step.step)
                 return self._parked(pending)
@@ -346,7 +354,7 @@ class AgentLoop:
             step = self.budget.steps
             if message.tool_calls:
                 calls = OpenStep(step, message.tool_calls)
-                pending, waiting = await self._tool_calls(calls, decisions)
+                pending, waiting = await self._settled_calls(calls, decisions)
                 if pending or waiting:
                     await self._finish_step(step)
                     return self._parked(pending)
@@ -422,6 +430,20 @@ class AgentLoop:
         if pending:
             return self._result(RunState.WAITING_APPROVAL, pending=pending)
         return self._result(RunState.WAITING_CHILDREN)
+
+    async def _settled_calls(
+        self, step: OpenStep, decisions: dict[str, Decided]
+    ) -> tuple[list[PendingApproval], list[str]]:
+        """:meth:`_tool_calls`, then, when only child runs are left to wait for, the
+        outcomes of those that ended meanwhile (``children_ended``), recorded as their
+        calls' results: what is still left is what the run parks for."""
+        pending, waiting = await self._tool_calls(step, decisions)
+        if waiting and not pending and self.children_ended is not None:
+            ended = await self.children_ended([step.children[call] for call in waiting])
+            if ended:
+                self.children = {**self.children, **ended}
+                pending, waiting = await self._tool_calls(step, decisions)
+        return pending, waiting
 
     async def _tool_calls(
         self, step: OpenStep, decisions: dict[str, Decided]

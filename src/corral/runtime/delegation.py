@@ -9,19 +9,35 @@ announced on the bus like any submitted run. Its parent waits for it in
 transaction that finishes its last unfinished child (``Store.save_run``), and the
 executor announces the parent then (:meth:`RunExecutor._announce_woken`).
 Cancelling a run cancels its descendants (``Store.request_cancel``).
+
+On a worker with a free slot the child is claimed in the transaction that submits
+it and starts at once in that slot (:class:`ChildSlots`): no announcement, no claim
+of its own. A parent whose children all run on its worker waits for them in its
+slot up to :data:`CHILD_WAIT_SECONDS` before it parks (one-turn children end well
+within it: the parent goes on with no park, no claim, no replay). Otherwise it
+parks, and the last child's final save claims it for that child's worker
+(``on_woken`` of :meth:`~corral.runtime.executor.RunExecutor.execute`). What the
+parent journaled of the call (``child.start``, written *behind*: see
+:mod:`corral.runtime.journal`) is durable within ``BEHIND_AFTER_SECONDS`` of the
+call or with the parent's next write, whichever comes first.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 from corral.bus.base import Bus
 from corral.core.errors import ConflictError, NotFoundError, ToolError, ToolErrorCode, UserError
-from corral.core.runs import RunRecord
+from corral.core.runs import Lease, RunRecord
 from corral.resources.kinds import AgentSpec
 from corral.runtime.operations import new_run
-from corral.store.base import Store
+from corral.store.base import Store, Submitted
 from corral.tools.base import ChildRun, ToolContext
+
+#: how long a parent waits in its slot for children running on its worker before it
+#: parks: past it, its slot is worth more to other runs than its park costs
+CHILD_WAIT_SECONDS = 0.5
 
 #: how the idempotency key of a child run a tool program started over the API begins
 LINK_KEY_PREFIX = "link:"
@@ -40,12 +56,34 @@ def started_by_a_tool_program(child: RunRecord, parent_run_id: str) -> bool:
     return (child.idempotency_key or "").startswith(f"{LINK_KEY_PREFIX}{parent_run_id}:")
 
 
-class StoreDelegation:
-    """Starts child runs in the store (and announces them on the bus)."""
+class ChildSlots(Protocol):
+    """A worker's slots, as child runs take them (see the module docstring)."""
 
-    def __init__(self, store: Store, bus: Bus | None = None) -> None:
+    def reserve(self) -> tuple[str, float] | None:
+        """Hold a free slot for a child: ``(owner, lease_seconds)`` to claim it with, or
+        ``None`` (no slot free, or the worker is stopping)."""
+
+    def release(self) -> None:
+        """Give back a slot :meth:`reserve` held (the child was not claimed)."""
+
+    def start(self, record: RunRecord, lease: Lease) -> None:
+        """Execute a child claimed with a reserved slot, in that slot."""
+
+    async def ended(self, run_ids: Sequence[str], seconds: float) -> bool:
+        """Whether the executions of ``run_ids``, all started here by :meth:`start`, all
+        ended within ``seconds`` (``False`` at once when one was not started here)."""
+
+
+class StoreDelegation:
+    """Starts child runs in the store (and announces them on the bus, or starts them in
+    a slot of ``slots``)."""
+
+    def __init__(
+        self, store: Store, bus: Bus | None = None, slots: ChildSlots | None = None
+    ) -> None:
         self.store = store
         self.bus = bus
+        self.slots = slots
 
     async def start_child(
         self,
@@ -105,14 +143,32 @@ class StoreDelegation:
             record.depth = depth
             # a child goes before the work its parent's siblings queued after it
             record.priority = parent.priority
-            submitted = await self.store.submit_agent_run(record)
+        except UserError as exc:  # a bad session id
+            raise ToolError(ToolErrorCode.INVALID_INPUT, exc.message) from None
+        slots = self.slots
+        slot = slots.reserve() if slots is not None else None
+        try:
+            submitted = await self._submit(record, slot)
+        except BaseException:
+            if slots is not None and slot is not None:
+                slots.release()
+            raise
+        if slots is not None and slot is not None:
+            if submitted.lease is not None:
+                slots.start(submitted.record, submitted.lease)
+                return ChildRun(submitted.record.id, agent)
+            slots.release()  # (found by its key, or its agent at max_concurrent_runs)
+        if submitted.created and self.bus is not None:
+            await self.bus.announce_runnable([submitted.record.id], mark="submitted")
+        return ChildRun(submitted.record.id, agent)
+
+    async def _submit(self, record: RunRecord, slot: tuple[str, float] | None) -> Submitted:
+        try:
+            return await self.store.submit_agent_run(record, claim_for=slot)
         except NotFoundError as exc:
             raise ToolError(ToolErrorCode.UNAVAILABLE, exc.message) from None
         except (ConflictError, UserError) as exc:  # a session of another agent, a bad id
             raise ToolError(ToolErrorCode.INVALID_INPUT, exc.message) from None
-        if submitted.created and self.bus is not None:
-            await self.bus.announce_runnable([submitted.record.id], mark="submitted")
-        return ChildRun(submitted.record.id, agent)
 
     async def describe(self, namespace: str, agent: str) -> dict[str, Any]:
         stored = await self.store.get_resource(namespace, "Agent", agent)

@@ -12,8 +12,9 @@ lost or a cancellation was asked for.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Self
 
@@ -44,7 +45,12 @@ from corral.runtime.agent_tokens import (
     AgentTokenSigner,
 )
 from corral.runtime.agents import AgentCache, Loading
-from corral.runtime.delegation import StoreDelegation, started_by_a_tool_program
+from corral.runtime.delegation import (
+    CHILD_WAIT_SECONDS,
+    ChildSlots,
+    StoreDelegation,
+    started_by_a_tool_program,
+)
 from corral.runtime.health import TRANSIENT, WorkerHealth
 from corral.runtime.journal import FencedSink, Observer
 from corral.runtime.leases import LeaseKeeper, Reason
@@ -53,6 +59,8 @@ from corral.runtime.systems import SystemCoordinator
 from corral.store.base import Store
 
 Outcome = Literal["done", "released", "lost"]
+#: what takes a run a save woke and claimed (see :meth:`RunExecutor.execute`)
+Woken = Callable[[RunRecord, Lease], None]
 
 log = logging.getLogger(__name__)
 
@@ -85,9 +93,11 @@ class RunExecutor:
         health: WorkerHealth | None = None,
         clock: Clock = SYSTEM_CLOCK,
         tokens: AgentTokenIssuer | None = None,
+        slots: ChildSlots | None = None,
     ) -> None:
         """``tokens`` mints the agent tokens of agents with links (default: signed with the
-        deployment's secret key, ``CORRAL_URL`` from ``CORRAL_PUBLIC_URL``)."""
+        deployment's secret key, ``CORRAL_URL`` from ``CORRAL_PUBLIC_URL``); ``slots``: the
+        worker's, where child runs start at once (see :mod:`corral.runtime.delegation`)."""
         self.store = store
         self.tokens = tokens or AgentTokenIssuer(
             AgentTokenSigner.from_settings(settings), lambda: settings.public_url
@@ -98,7 +108,8 @@ class RunExecutor:
         self.lease_seconds = lease_seconds
         self.retry_base_seconds = retry_base_seconds
         self.observer = observer
-        self.agents = AgentCache(store, settings, loading, StoreDelegation(store, bus))
+        self.slots = slots
+        self.agents = AgentCache(store, settings, loading, StoreDelegation(store, bus, slots))
         self.leases = LeaseKeeper(store, lease_seconds, health, clock)
         self.systems = SystemCoordinator(store, bus, clock)
         # the journal writes in flight of every run (see FencedSink)
@@ -124,15 +135,25 @@ class RunExecutor:
         )
 
     async def execute(
-        self, record: RunRecord, lease: Lease, shutdown: anyio.Event | None = None
+        self,
+        record: RunRecord,
+        lease: Lease,
+        shutdown: anyio.Event | None = None,
+        *,
+        on_woken: Woken | None = None,
     ) -> Outcome:
-        """Execute one claimed run until it ends, pauses, is released, or its lease is lost."""
+        """Execute one claimed run until it ends, pauses, is released, or its lease is lost.
+
+        With ``on_woken``, the run the outcome's save queued (a parent whose last child
+        this was, or the run itself parked for children that all finished meanwhile) is
+        claimed for this lease's owner in that same commit and handed to ``on_woken``
+        (not announced): the caller goes on with it in the slot this run frees."""
         if self._writes is None:
             raise RuntimeError("RunExecutor used outside its `async with` block")
         sink = self._sink(lease)
         try:
             async with sink:
-                return await self._execute(record, lease, sink, shutdown)
+                return await self._execute(record, lease, sink, shutdown, on_woken)
         except LeaseLostError:
             return "lost"
         except TRANSIENT:  # the store or bus failed, not the run: the worker outlives it
@@ -177,7 +198,12 @@ class RunExecutor:
         return "released"
 
     async def _execute(
-        self, record: RunRecord, lease: Lease, sink: FencedSink, shutdown: anyio.Event | None
+        self,
+        record: RunRecord,
+        lease: Lease,
+        sink: FencedSink,
+        shutdown: anyio.Event | None,
+        on_woken: Woken | None,
     ) -> Outcome:
         stop = _Stop()
         # Events are only ever written under a lease, and a run's first lease has fencing
@@ -219,7 +245,7 @@ class RunExecutor:
                 await sink.emit(EventType.RUN_FINISH, state=RunState.CANCELLED.value)
                 result = RunResult(state=RunState.CANCELLED)
             assert isinstance(result, RunResult)
-            await self._save(record, lease, result, sink)
+            await self._save(record, lease, result, sink, on_woken)
         except LeaseLostError:
             return "lost"
         return "done"
@@ -282,6 +308,7 @@ class RunExecutor:
                 call_environment=calls.environment,
                 switch=switch,
                 outside_children=calls.finished_children,
+                children_ended=functools.partial(self._children_ended, record.id),
             )
             try:
                 if events:
@@ -301,6 +328,15 @@ class RunExecutor:
         finally:
             for give_back in releases:
                 give_back()
+
+    async def _children_ended(self, run_id: str, child_ids: list[str]) -> dict[str, RunRecord]:
+        """Those of the run's children ``child_ids`` that ended, when they all run on this
+        worker and end within ``CHILD_WAIT_SECONDS`` (else none: the run parks)."""
+        if self.slots is None or not await self.slots.ended(child_ids, CHILD_WAIT_SECONDS):
+            return {}
+        wanted = set(child_ids)
+        children = await self.store.list_children(run_id)
+        return {c.id: c for c in children if c.id in wanted and c.state.finished}
 
     async def _announce_released(self, lease: Lease) -> None:
         """Announce a run this lease released: its fencing token marks the release, which
@@ -364,7 +400,12 @@ class RunExecutor:
         return RunResult(state=RunState.FAILED, error=exc.to_dict())
 
     async def _save(
-        self, record: RunRecord, lease: Lease, result: RunResult, sink: FencedSink
+        self,
+        record: RunRecord,
+        lease: Lease,
+        result: RunResult,
+        sink: FencedSink,
+        on_woken: Woken | None = None,
     ) -> None:
         """Store the run's outcome with its last events (``run.finish``), in one commit;
         ``record`` is the stored run afterwards. Everything of the outcome is redacted here
@@ -413,11 +454,19 @@ class RunExecutor:
         ]
         added = result.new_messages if result.state is RunState.SUCCEEDED else []
         await sink.settle()
-        await self.store.save_run(
-            record, lease, approvals, session_messages=added, events=sink.take()
+        woken = await self.store.save_run(
+            record,
+            lease,
+            approvals,
+            session_messages=added,
+            events=sink.take(),
+            claim_woken=None if on_woken is None else (lease.owner, self.lease_seconds),
         )
         await sink.announce()
-        await self._announce_woken(record, lease)
+        if woken is not None and on_woken is not None:
+            on_woken(*woken)  # claimed already: announcing it would only cost a claim
+        else:
+            await self._announce_woken(record, lease)
         if record.state is RunState.CANCELLED:
             # A child started while the cancellation was on its way (after the store's
             # cascade looked) is cancelled now: cancelling a run cancels its children.

@@ -34,7 +34,7 @@ import logging
 import math
 import os
 import socket
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 import anyio
 
@@ -120,6 +120,7 @@ class Worker:
             health=self.health,
             clock=clock,
             tokens=tokens,
+            slots=self,
         )
         self.inbox = InboxConsumer(store, self.bus)
         self.active: dict[str, Lease] = {}
@@ -130,10 +131,14 @@ class Worker:
         self.swept = 0  # runs claimed by looking in the store
         self.sweeps = 0  # times the store was looked at (dispatched mode)
         self.dispatched = 0  # runs claimed from a bus delivery
+        self.taken = 0  # runs claimed by a run of this worker (a child, a woken parent)
         self.unclaimed = 0  # deliveries whose run was another's, ended, or not due
         self._wake = anyio.Event()
         self._idle = anyio.Event()
         self._shutdown = anyio.Event()
+        self._stopping: anyio.Event | None = None
+        self._runs: anyio.abc.TaskGroup | None = None  # where executions run, while serving
+        self._children: dict[str, anyio.Event] = {}  # child runs started here, until they end
 
     def wake(self) -> None:
         """Look for work now instead of at the next poll (used after an in-process submit)."""
@@ -153,7 +158,9 @@ class Worker:
             raise
 
     async def _serve(self, stop: anyio.Event, until_idle: bool) -> None:
+        self._stopping = stop
         async with self.executor, anyio.create_task_group() as group:
+            self._runs = group
             async with anyio.create_task_group() as background:
                 # Upkeep in a task of its own: a store stuck on it must not hold up claims
                 # (with ``until_idle`` it goes before each claim, so a drain sees its effect).
@@ -178,18 +185,50 @@ class Worker:
                         await self._idle_wait(stop)
                 background.cancel_scope.cancel()
             await self._drain()
+        self._runs = None
         if self.bus.dispatches:
             log.info(
-                "worker %s: %d runs taken from bus deliveries, %d found by the store sweep; "
-                "%d deliveries claimed nothing",
+                "worker %s: %d runs taken from bus deliveries, %d found by the store sweep, "
+                "%d claimed by its own runs; %d deliveries claimed nothing",
                 self.owner,
                 self.dispatched,
                 self.swept,
+                self.taken,
                 self.unclaimed,
             )
 
     def _free(self) -> int:
         return self.concurrency - len(self.active) - self._reserved
+
+    # ChildSlots (corral.runtime.delegation): a child run claimed as it is submitted
+    def reserve(self) -> tuple[str, float] | None:
+        stopping = self._stopping is None or self._stopping.is_set()
+        if stopping or self._runs is None or self._free() <= 0:
+            return None
+        self._reserved += 1
+        return self.owner, self.lease_seconds
+
+    def release(self) -> None:
+        self._reserved -= 1
+
+    def start(self, record: RunRecord, lease: Lease) -> None:
+        assert self._runs is not None  # (reserve said so, and a run of this worker asks)
+        self._reserved -= 1
+        self.taken += 1
+        self.active[record.id] = lease
+        self._children[record.id] = anyio.Event()
+        self._runs.start_soon(self._execute, record, lease)
+
+    async def ended(self, run_ids: Sequence[str], seconds: float) -> bool:
+        waits = [self._children.get(run_id) for run_id in run_ids]
+        # (real time, whatever the clock: this only spares a park, it decides nothing)
+        with anyio.move_on_after(seconds):
+            for wait in waits:
+                if wait is None:
+                    return False
+                await wait.wait()
+            return True
+        return False
 
     async def _idle_wait(self, stop: anyio.Event) -> None:
         """Until there may be work: stop, a freed slot, a bus announcement, or the poll."""
@@ -275,7 +314,25 @@ class Worker:
             log.info("pruned %d finished runs older than %g days", pruned, self.retention_days)
 
     async def _execute(self, record: RunRecord, lease: Lease) -> Outcome | None:
-        """Execute a claimed run; its outcome, or ``None`` when the worker failed it."""
+        """Execute a claimed run, then any run its save woke and claimed for this worker
+        (a parent whose last child it was: see ``RunExecutor.execute``), in the same
+        slot; the first run's outcome, or ``None`` when the worker failed it."""
+        woken: list[tuple[RunRecord, Lease]] = []
+
+        def take(run: RunRecord, run_lease: Lease) -> None:
+            self.active[run.id] = run_lease  # (its slot: the one this run frees)
+            self.taken += 1
+            woken.append((run, run_lease))
+
+        outcome = await self._execute_one(record, lease, take)
+        while woken:
+            record, lease = woken.pop()
+            await self._execute_one(record, lease, take)
+        return outcome
+
+    async def _execute_one(
+        self, record: RunRecord, lease: Lease, take: Callable[[RunRecord, Lease], None]
+    ) -> Outcome | None:
         started = self.clock.monotonic()
         log.debug(
             "run %s (agent %s): attempt %d/%d",
@@ -285,7 +342,9 @@ class Worker:
             record.max_attempts,
         )
         try:
-            outcome = await self.executor.execute(record, lease, self._shutdown)
+            outcome = await self.executor.execute(
+                record, lease, self._shutdown, on_woken=None if self._shutdown.is_set() else take
+            )
             log.info("%s", self._ended(record, outcome, self.clock.monotonic() - started))
             if outcome == "released" and self._shutdown.is_set():
                 self.released += 1
@@ -304,6 +363,9 @@ class Worker:
             log.exception("run %s failed in the worker", record.id)
             return None
         finally:
+            child = self._children.pop(record.id, None)
+            if child is not None:
+                child.set()
             # (only this claim's entry: a run that parked and was queued again at once may
             # already be claimed anew, and that execution is active now)
             if self.active.get(record.id) is lease:

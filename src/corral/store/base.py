@@ -181,7 +181,8 @@ class Store(ABC):
         approvals: Sequence[Approval] = (),
         session_messages: Sequence[Message] = (),
         events: Sequence[Event] = (),
-    ) -> None:
+        claim_woken: tuple[str, float] | None = None,
+    ) -> tuple[RunRecord, Lease] | None:
         """Overwrite a stored run with ``record``; ``NotFoundError`` when it does not exist.
 
         ``events`` of the run are appended in the same transaction (a run's last
@@ -200,6 +201,10 @@ class Store(ABC):
         transaction when the parent is ``waiting_children`` and this was its last
         unfinished child; a save into ``waiting_children`` queues the run itself when
         its children all finished meanwhile (the record still says waiting).
+        With ``claim_woken=(owner, lease_seconds)`` the run such a save queued is
+        claimed for ``owner`` in the same transaction (as :meth:`claim_runs` would,
+        agent limits included) and returned with its lease: a worker goes on with a
+        parent in the slot its last child frees, without a claim of its own.
         The lease columns of ``record`` itself are ignored: only claims,
         renewals and releases change them.
         """

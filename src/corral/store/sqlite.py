@@ -397,7 +397,8 @@ class SqliteStore(SqlStore):
         approvals: Sequence[Approval] = (),
         session_messages: Sequence[Message] = (),
         events: Sequence[Event] = (),
-    ) -> None:
+        claim_woken: tuple[str, float] | None = None,
+    ) -> tuple[RunRecord, Lease] | None:
         columns = saved_run_columns(record, lease)
         sql, positions = _save_run(columns, fenced=lease is not None)
         row = RUNS.params(record)
@@ -408,12 +409,18 @@ class SqliteStore(SqlStore):
         event_rows = [EVENTS.params(e) for e in events]
         now = time.time()
         waking = _woken_by(record)
+        claimed: list[RunRecord] = []
 
         def write(conn: sqlite3.Connection) -> None:
             if conn.execute(sql, params).rowcount == 0:
                 _refuse(conn, record.id, lease)
             if waking is not None:  # see statements.wake_parent (the writer's lock is the lock)
-                conn.execute(_REQUEUE_PARENT.sql, _REQUEUE_PARENT.params(id=waking, now=now))
+                requeue = _REQUEUE_PARENT.params(id=waking, now=now)
+                queued = conn.execute(_REQUEUE_PARENT.sql, requeue).rowcount
+                # (agents with max_concurrent_runs: left to a claim, which counts their runs)
+                if queued and claim_woken is not None and not _any_agent_limit(conn):
+                    owner, lease_seconds = claim_woken
+                    claimed.extend(_claim_ids(conn, [waking], owner, now + lease_seconds, now))
             if approval_rows:
                 conn.executemany(_INSERT_APPROVAL.sql, approval_rows)
             if session_messages and record.session_id is not None:
@@ -424,6 +431,11 @@ class SqliteStore(SqlStore):
                 conn.executemany(_INSERT_EVENT.sql, event_rows)
 
         await self._lane_write(f"save run {record.id}", write)
+        if not claimed:
+            return None
+        run = claimed[0]
+        assert run.lease_owner is not None and run.lease_expires_at is not None
+        return run, Lease(run.id, run.lease_owner, run.fencing_token, run.lease_expires_at)
 
     async def get_run(self, run_id: str) -> RunRecord | None:
         params = _RUN_BY_ID.params(id=run_id)

@@ -68,10 +68,10 @@ class SqlClaims(SqlEngine):
         (no resource read and validation of its own)."""
         the_agent = {"b_namespace": record.namespace, "b_name": record.agent}
         now = time.time()
-        claiming = None
+        claim_body = None
         if claim_for is not None and record.not_before <= now:
             owner, lease_seconds = claim_for
-            claiming = self._claiming(owner, now + lease_seconds, now, 1, [record.id], False)
+            claim_body = claiming(owner, now + lease_seconds, now, 1, [record.id], False)
 
         async def write(
             conn: AsyncConnection,
@@ -86,9 +86,9 @@ class SqlClaims(SqlEngine):
                     conn, self._dialect, record.namespace, record.session_id, record.agent, now
                 )
             existing: sa.Row[Any] | None = await self._inserting(record)(conn)
-            if existing is not None or claiming is None:
+            if existing is not None or claim_body is None:
                 return existing, []
-            return None, await claiming(conn)
+            return None, await claim_body(conn)
 
         row, claimed = await self._write(f"submit run {record.id}", write)
         if row is not None:
@@ -136,58 +136,8 @@ class SqlClaims(SqlEngine):
             return []
         now = time.time() if now is None else now
         expires_at = now + lease_seconds
-        claiming = self._claiming(owner, expires_at, now, limit, run_ids, or_higher_priority)
-        return await self._write("claim runs", claiming)
-
-    def _claiming(
-        self,
-        owner: str,
-        expires_at: float,
-        now: float,
-        limit: int,
-        run_ids: Sequence[str] | None,
-        or_higher_priority: bool,
-    ) -> Body[list[tuple[RunRecord, Lease]]]:
-        """The body of a claim (see :meth:`claim_runs`): the runs it claimed with their
-        leases, highest priority first."""
-        # Two index walks (ix_runs_claim), each stopping at ``limit``, beat one OR
-        # query that would sort every queued run. SKIP LOCKED lets PostgreSQL
-        # claimers pass each other; on SQLite BEGIN IMMEDIATE serializes them.
-        queued, expired = due(now), lease_expired(now)
-        only = runs.c.id.in_(run_ids) if run_ids is not None else sa.true()
-
-        async def write(conn: AsyncConnection) -> list[tuple[RunRecord, Lease]]:
-            # Agents at their max_concurrent_runs are left out (store/sql/agent_limits.py).
-            room = await admission(conn)
-            fits = room.exclude_saturated() if room is not None else sa.true()
-            candidates: list[Any] = []
-            for runnable in (sa.and_(queued, fits, only), sa.and_(expired, only)):
-                candidates.extend((await conn.execute(claim_candidates(runnable, limit))).all())
-            if candidates and run_ids is not None and or_higher_priority:
-                # Runs of a higher priority than the lowest given go before it.
-                above = outranks(min(row.priority for row in candidates), run_ids)
-                for runnable in (sa.and_(queued, fits, above), sa.and_(expired, above)):
-                    candidates.extend((await conn.execute(claim_candidates(runnable, limit))).all())
-            if not candidates:
-                return []
-            candidates.sort(key=_claim_key)
-            chosen = admitted(candidates, room, limit, RunState.QUEUED.value)
-            if not chosen:
-                return []
-            ids = [row.id for row in chosen]
-            claimed = (await conn.execute(claim(ids, owner, expires_at, now))).all()
-            # The rows are locked (PostgreSQL) or the writer alone (SQLite) since the
-            # SELECT, so its attempts are those the UPDATE saw.
-            exhausted = {row.id for row in chosen if row.exhausted}
-            return [
-                (
-                    RUNS.record(row),
-                    Lease(row.id, owner, row.fencing_token, expires_at, row.id in exhausted),
-                )
-                for row in sorted(claimed, key=_claim_key)
-            ]
-
-        return write
+        body = claiming(owner, expires_at, now, limit, run_ids, or_higher_priority)
+        return await self._write("claim runs", body)
 
     async def renew_lease(self, lease: Lease, lease_seconds: float) -> tuple[Lease, bool]:
         """See :meth:`Store.renew_lease`. Also ``LeaseLostError`` when the token still
@@ -222,3 +172,53 @@ class SqlClaims(SqlEngine):
                 await refuse(conn, lease.run_id, lease)
 
         await self._write(f"release run {lease.run_id}", write)
+
+
+def claiming(
+    owner: str,
+    expires_at: float,
+    now: float,
+    limit: int,
+    run_ids: Sequence[str] | None,
+    or_higher_priority: bool,
+) -> Body[list[tuple[RunRecord, Lease]]]:
+    """The body of a claim (see :meth:`SqlClaims.claim_runs`): the runs it claimed with
+    their leases, highest priority first (also a save's claim of the run it woke)."""
+    # Two index walks (ix_runs_claim), each stopping at ``limit``, beat one OR
+    # query that would sort every queued run. SKIP LOCKED lets PostgreSQL
+    # claimers pass each other; on SQLite BEGIN IMMEDIATE serializes them.
+    queued, expired = due(now), lease_expired(now)
+    only = runs.c.id.in_(run_ids) if run_ids is not None else sa.true()
+
+    async def write(conn: AsyncConnection) -> list[tuple[RunRecord, Lease]]:
+        # Agents at their max_concurrent_runs are left out (store/sql/agent_limits.py).
+        room = await admission(conn)
+        fits = room.exclude_saturated() if room is not None else sa.true()
+        candidates: list[Any] = []
+        for runnable in (sa.and_(queued, fits, only), sa.and_(expired, only)):
+            candidates.extend((await conn.execute(claim_candidates(runnable, limit))).all())
+        if candidates and run_ids is not None and or_higher_priority:
+            # Runs of a higher priority than the lowest given go before it.
+            above = outranks(min(row.priority for row in candidates), run_ids)
+            for runnable in (sa.and_(queued, fits, above), sa.and_(expired, above)):
+                candidates.extend((await conn.execute(claim_candidates(runnable, limit))).all())
+        if not candidates:
+            return []
+        candidates.sort(key=_claim_key)
+        chosen = admitted(candidates, room, limit, RunState.QUEUED.value)
+        if not chosen:
+            return []
+        ids = [row.id for row in chosen]
+        claimed = (await conn.execute(claim(ids, owner, expires_at, now))).all()
+        # The rows are locked (PostgreSQL) or the writer alone (SQLite) since the
+        # SELECT, so its attempts are those the UPDATE saw.
+        exhausted = {row.id for row in chosen if row.exhausted}
+        return [
+            (
+                RUNS.record(row),
+                Lease(row.id, owner, row.fencing_token, expires_at, row.id in exhausted),
+            )
+            for row in sorted(claimed, key=_claim_key)
+        ]
+
+    return write

@@ -23,6 +23,7 @@ from corral.store.base import RunCounts
 from corral.store.schema import approvals as approvals_table
 from corral.store.schema import run_events, runs
 from corral.store.sql import keyset
+from corral.store.sql.claims import claiming
 from corral.store.sql.engine import SqlEngine, fetch_all, fetch_first
 from corral.store.sql.labels import selector_clause
 from corral.store.sql.rows import APPROVALS, EVENTS, RUNS
@@ -50,7 +51,8 @@ class SqlRuns(SqlEngine):
         approvals: Sequence[Approval] = (),
         session_messages: Sequence[Message] = (),
         events: Sequence[Event] = (),
-    ) -> None:
+        claim_woken: tuple[str, float] | None = None,
+    ) -> tuple[RunRecord, Lease] | None:
         """See :meth:`Store.save_run`. Also: ``cancel_requested`` is only ever raised by a
         save, never cleared (the flag belongs to :meth:`request_cancel`); a lease on
         another run is a ``ConflictError``."""
@@ -68,11 +70,15 @@ class SqlRuns(SqlEngine):
         event_rows = [EVENTS.values(e) for e in events]
         now = time.time()
 
-        async def write(conn: AsyncConnection) -> None:
+        async def write(conn: AsyncConnection) -> tuple[RunRecord, Lease] | None:
             result = await conn.execute(statement, values)
             if result.rowcount == 0:
                 await refuse(conn, record.id, lease)
-            await wake_parent(conn, record.id, record.parent_run_id, record.state, now)
+            woken = await wake_parent(conn, record.id, record.parent_run_id, record.state, now)
+            claimed: list[tuple[RunRecord, Lease]] = []
+            if woken is not None and claim_woken is not None:
+                owner, lease_seconds = claim_woken
+                claimed = await claiming(owner, now + lease_seconds, now, 1, [woken], False)(conn)
             if approvals:
                 await conn.execute(
                     approvals_table.insert(), [APPROVALS.values(a) for a in approvals]
@@ -83,10 +89,11 @@ class SqlRuns(SqlEngine):
                 )
             if event_rows:
                 await conn.execute(run_events.insert(), event_rows)
+            return claimed[0] if claimed else None
 
         # Events saved with the run take their turn after the run's pending appends.
         async with self._run_turns.turn(record.id) if event_rows else nullcontext():
-            await self._write(f"save run {record.id}", write)
+            return await self._write(f"save run {record.id}", write)
 
     async def get_run(self, run_id: str) -> RunRecord | None:
         row = await self._read(f"read run {run_id}", fetch_first(run_by_id(run_id)))

@@ -362,15 +362,19 @@ def requeue_parent(parent_id: Value, now: Value) -> sa.Update:
 
 async def wake_parent(
     conn: AsyncConnection, run_id: str, parent_id: str | None, state: RunState, now: float
-) -> None:
+) -> str | None:
     """After a save of run ``run_id`` in ``state`` (in the caller's transaction): a finished
     child queues its waiting parent when it was the last one running, and a run parked in
-    ``waiting_children`` whose children all finished meanwhile is queued at once."""
+    ``waiting_children`` whose children all finished meanwhile is queued at once. The id
+    of the run it queued, if any."""
     if state.finished and parent_id is not None:
         await conn.execute(parent_of_child(parent_id))
-        await conn.execute(requeue_parent(parent_id, now))
+        woken = parent_id
     elif state is RunState.WAITING_CHILDREN:
-        await conn.execute(requeue_parent(run_id, now))
+        woken = run_id
+    else:
+        return None
+    return woken if (await conn.execute(requeue_parent(woken, now))).rowcount else None
 
 
 def children_of(parent_ids: Value) -> sa.Select[Any]:

@@ -1,0 +1,112 @@
+"""Child runs in their parent's worker (:mod:`corral.runtime.delegation`): a child
+claimed as it is submitted starts in a free slot of the worker; a parent whose children
+all run there waits for them in its slot instead of parking when they end soon; a
+parent that parked is claimed by its last child's final save. Each path is counted by
+the worker (``executed``: executions; ``taken``: runs claimed by its own runs).
+
+Every test runs on the embedded SQLite store and on PostgreSQL + NATS (:mod:`backends`).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from backends import Backend, backend_fixture, deployment_fixture
+from corral.core.events import EventType
+from corral.core.runs import RunState
+from corral.runtime import delegation
+from nats_servers import nats_prefix_fixture, nats_server_url_fixture
+from systems_helpers import agent, apply, call, get, model, tool_results
+
+__all__ = [
+    "backend_fixture",
+    "deployment_fixture",
+    "nats_prefix_fixture",
+    "nats_server_url_fixture",
+]
+
+TESTS = Path(__file__).parent
+
+
+def nap_tool() -> str:
+    return json.dumps(
+        {
+            "apiVersion": "corral/v1",
+            "kind": "Tool",
+            "metadata": {"name": "nap"},
+            "spec": {
+                "type": "python",
+                "python": {"function": "agent_tools:nap", "path": str(TESTS)},
+                "idempotent": True,
+            },
+        }
+    )
+
+
+async def boss_and_helper(backend: Backend, *helper_turns: dict[str, Any]) -> None:
+    await apply(
+        backend.store,
+        nap_tool(),
+        model("boss-model", call("agents_exec", agent="helper", input="help"), {"text": "done"}),
+        model("helper-model", *helper_turns),
+        agent("helper", "helper-model", tools=["nap"]),
+        agent("boss", "boss-model", links=["helper"]),
+    )
+
+
+async def check_answered(backend: Backend, run_id: str, answer: str) -> None:
+    parent = await backend.store.get_run(run_id)
+    assert parent is not None and (parent.state, parent.output) == (RunState.SUCCEEDED, "done")
+    (child,) = await backend.store.list_children(run_id)
+    assert (child.state, child.output) == (RunState.SUCCEEDED, answer)
+    events = await backend.store.list_events(run_id)
+    kinds = [e.type for e in events]
+    assert kinds.count(EventType.CHILD_START) == kinds.count(EventType.CHILD_FINISH) == 1
+    assert kinds.count(EventType.RUN_START) == kinds.count(EventType.RUN_FINISH) == 1
+    assert [r["output"] for r in tool_results(events)] == [answer]
+
+
+async def test_a_child_that_ends_at_once_spares_its_parent_the_park(backend: Backend) -> None:
+    await boss_and_helper(backend, {"text": "helped"})
+    run, _ = await backend.submit("boss", "go")
+    worker = await backend.drain()
+    await check_answered(backend, run.id, "helped")
+    # the parent once, the child once (claimed with its submit): no park, no second claim
+    assert (worker.executed, worker.taken) == (2, 1)
+
+
+async def test_a_parent_parks_when_its_child_outlasts_the_wait_and_its_child_wakes_it(
+    backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(delegation, "CHILD_WAIT_SECONDS", 0.05)
+    # the executor imported the constant: patch where it is read
+    monkeypatch.setattr("corral.runtime.executor.CHILD_WAIT_SECONDS", 0.05)
+    await boss_and_helper(backend, call("nap", seconds=0.5), {"text": "helped after a nap"})
+    run, _ = await backend.submit("boss", "go")
+    worker = await backend.drain()
+    await check_answered(backend, run.id, "helped after a nap")
+    # parent, child, parent again: the child (at its submit) and the parent (by the
+    # child's final save) were claimed by runs of the worker
+    assert (worker.executed, worker.taken) == (3, 2)
+    record = await get(backend.store, run)
+    assert record.fencing_token == 2  # claimed twice, the second time by its child's save
+
+
+async def test_without_a_free_slot_the_child_is_queued_and_still_wakes_its_parent(
+    backend: Backend,
+) -> None:
+    if backend.serving_worker is not None:  # postgres+nats: one worker, with its own slots
+        backend.serving_worker.concurrency = 1
+    else:
+        backend.options["concurrency"] = 1
+    await boss_and_helper(backend, {"text": "helped"})
+    run, _ = await backend.submit("boss", "go")
+    worker = await backend.drain()
+    await check_answered(backend, run.id, "helped")
+    # no slot for the child at its submit: queued, claimed when the parent parked; the
+    # child's final save claimed the parent
+    assert (worker.executed, worker.taken) == (3, 1)
