@@ -230,7 +230,7 @@ class MemoryScope:
 
     def query(self) -> list[tuple[str, str]]:
         """Its wire form: the names given and their values (``None`` is not sent)."""
-        given = ((f.name, getattr(self, f.name)) for f in dataclasses.fields(self))
+        given = dataclasses.asdict(self).items()
         return [(name, value) for name, value in given if value is not None]
 
     def fields(self) -> ScopeFields:
@@ -242,7 +242,7 @@ class MemoryScope:
         scope needs the one not given."""
         if scope == "namespace":
             return MemoryPlace(namespace, memory)
-        needed = {"agent": self.agent, "session": self.session, "system_run": self.system_run}
+        needed = dataclasses.asdict(self)
         if scope not in needed:
             raise MemoryInputError(f"memory {memory!r} has an unknown scope {scope!r}")
         owner = needed[scope]
