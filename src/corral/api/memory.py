@@ -17,17 +17,36 @@ from corral.api.common import (
     Timestamp,
 )
 from corral.core.chunking import MAX_INGEST_CHARS
-from corral.core.memory import MAX_KEY_CHARS, MAX_RESULTS, MemoryEntry, MemoryHit, MemoryStats
+from corral.core.memory import (
+    MAX_KEY_CHARS,
+    MAX_RESULTS,
+    MemoryEntry,
+    MemoryHit,
+    MemoryScope,
+    MemoryStats,
+)
 
 Key = Annotated[str, Field(min_length=1, max_length=MAX_KEY_CHARS, pattern=r"^[^\x00-\x1f]+$")]
 
 
+#: what each field of a :class:`MemoryScope` names, in a body and in a query alike
+SCOPE_HELP: dict[str, str] = {
+    "agent": "The agent's entries (scope agent).",
+    "session": "The session's (scope session).",
+    "system_run": "The agent system run's, by its id (scope system_run).",
+}
+
+
 class _Scoped(Request):
-    agent: Name | None = Field(default=None, description="The agent's entries (scope agent).")
-    session: SessionId | None = Field(default=None, description="The session's (scope session).")
-    system_run: Id | None = Field(
-        default=None, description="The agent system run's, by its id (scope system_run)."
-    )
+    """A body naming whose entries: a :class:`MemoryScope`'s fields, flat in the body."""
+
+    agent: Name | None = Field(default=None, description=SCOPE_HELP["agent"])
+    session: SessionId | None = Field(default=None, description=SCOPE_HELP["session"])
+    system_run: Id | None = Field(default=None, description=SCOPE_HELP["system_run"])
+
+    @property
+    def scope(self) -> MemoryScope:
+        return MemoryScope(self.agent, self.session, self.system_run)
 
 
 class MemoryWriteRequest(_Scoped):

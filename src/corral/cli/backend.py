@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     )
     from corral.bus.base import Bus
     from corral.core.events import Event
+    from corral.core.memory import MemoryScope
     from corral.core.runs import RunRecord
     from corral.core.selectors import Selector
     from corral.core.settings import Settings
@@ -297,14 +298,12 @@ class Backend(ABC):
 
 @dataclass(frozen=True)
 class MemoryAt:
-    """A Memory of a namespace, and the agent, session or agent system run (its id) whose
-    entries (narrower scopes)."""
+    """A Memory of a namespace, and whose entries in it (the agent, session or agent
+    system run of a Memory of that scope)."""
 
     namespace: str
     name: str
-    agent: str | None = None
-    session: str | None = None
-    system_run: str | None = None
+    scope: MemoryScope
 
 
 class EmbeddedBackend(Backend):
@@ -583,9 +582,7 @@ class EmbeddedBackend(Backend):
             text,
             key=key or new_id("mem"),
             metadata=metadata,
-            agent=at.agent,
-            session=at.session,
-            system_run=at.system_run,
+            scope=at.scope,
         )
         return MemoryEntryOut.from_entry(entry)
 
@@ -608,9 +605,7 @@ class EmbeddedBackend(Backend):
             source=source,
             key_prefix=key_prefix,
             metadata=metadata,
-            agent=at.agent,
-            session=at.session,
-            system_run=at.system_run,
+            scope=at.scope,
             progress=progress,
         )
         return MemoryIngestOut(
@@ -626,9 +621,7 @@ class EmbeddedBackend(Backend):
                 at.namespace,
                 at.name,
                 key,
-                agent=at.agent,
-                session=at.session,
-                system_run=at.system_run,
+                scope=at.scope,
             )
         except MemoryEntryNotFoundError:
             return None
@@ -642,9 +635,7 @@ class EmbeddedBackend(Backend):
                 at.namespace,
                 at.name,
                 key,
-                agent=at.agent,
-                session=at.session,
-                system_run=at.system_run,
+                scope=at.scope,
             )
         except MemoryEntryNotFoundError:
             return False
@@ -660,9 +651,7 @@ class EmbeddedBackend(Backend):
             at.name,
             prefix=prefix,
             limit=limit,
-            agent=at.agent,
-            session=at.session,
-            system_run=at.system_run,
+            scope=at.scope,
         )
         return [MemoryEntryOut.from_entry(e) for e in found]
 
@@ -677,9 +666,7 @@ class EmbeddedBackend(Backend):
             query,
             top_k=top_k,
             filters=filters,
-            agent=at.agent,
-            session=at.session,
-            system_run=at.system_run,
+            scope=at.scope,
         )
         return [MemoryHitOut.from_hit(h) for h in hits]
 

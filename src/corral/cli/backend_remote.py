@@ -382,9 +382,7 @@ class RemoteBackend(Backend):
             text,
             key=key,
             metadata=metadata,
-            agent=at.agent,
-            session=at.session,
-            system_run=at.system_run,
+            **at.scope.fields(),
         )
 
     async def ingest_memory(
@@ -403,9 +401,7 @@ class RemoteBackend(Backend):
             source=source,
             key_prefix=key_prefix,
             metadata=metadata,
-            agent=at.agent,
-            session=at.session,
-            system_run=at.system_run,
+            **at.scope.fields(),
         )
         if progress is not None:  # the server cuts and writes in one request
             progress(done.chunks, done.chunks)
@@ -413,9 +409,7 @@ class RemoteBackend(Backend):
 
     async def read_memory(self, at: MemoryAt, key: str) -> MemoryEntryOut | None:
         try:
-            return await self.client.read_memory(
-                at.name, key, agent=at.agent, session=at.session, system_run=at.system_run
-            )
+            return await self.client.read_memory(at.name, key, **at.scope.fields())
         except NotFoundError as exc:
             if exc.code != MemoryEntryNotFoundError.code:  # the Memory itself is missing: say so
                 raise
@@ -423,9 +417,7 @@ class RemoteBackend(Backend):
 
     async def delete_memory(self, at: MemoryAt, key: str) -> bool:
         try:
-            await self.client.delete_memory(
-                at.name, key, agent=at.agent, session=at.session, system_run=at.system_run
-            )
+            await self.client.delete_memory(at.name, key, **at.scope.fields())
         except NotFoundError as exc:
             if exc.code != MemoryEntryNotFoundError.code:
                 raise
@@ -438,9 +430,7 @@ class RemoteBackend(Backend):
         page = await self.client.memory_entries(
             at.name,
             prefix=prefix,
-            agent=at.agent,
-            session=at.session,
-            system_run=at.system_run,
+            **at.scope.fields(),
             limit=limit,
         )
         return list(page.items)
@@ -453,8 +443,6 @@ class RemoteBackend(Backend):
             query,
             top_k=top_k,
             filter=filters,
-            agent=at.agent,
-            session=at.session,
-            system_run=at.system_run,
+            **at.scope.fields(),
         )
         return list(found.items)

@@ -8,6 +8,8 @@ system run (by its id) in a Memory of that scope;
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
 import sys
 from collections.abc import Awaitable, Callable
@@ -23,6 +25,7 @@ if TYPE_CHECKING:
 
     from corral.api import MemoryIngestOut
     from corral.cli.backend import Backend, MemoryAt
+    from corral.core.memory import MemoryScope
 
 T = TypeVar("T")
 
@@ -33,12 +36,48 @@ memory_app = typer.Typer(
 
 MEMORY = typer.Argument(..., help="The Memory's name.")
 KEY = typer.Argument(..., help="The entry's key.")
-AGENT = typer.Option(None, "--agent", help="The agent whose entries (a Memory of scope agent).")
-SESSION = typer.Option(None, "--session", help="The session's entries (scope session).")
-SYSTEM_RUN = typer.Option(
-    None, "--system-run", help="The agent system run's entries, by its id (scope system_run)."
-)
 OUTPUT = typer.Option("text", "-o", "--output", help="text or json.")
+#: where a command's ``scope`` stands among its parameters: :func:`scoped` puts the
+#: options of whose entries there
+SCOPE: Any = None
+#: the options of whose entries, by the :class:`MemoryScope` field each fills
+_SCOPE_OPTIONS = {
+    "agent": typer.Option(
+        None, "--agent", help="The agent whose entries (a Memory of scope agent)."
+    ),
+    "session": typer.Option(None, "--session", help="The session's entries (scope session)."),
+    "system_run": typer.Option(
+        None, "--system-run", help="The agent system run's entries, by its id (scope system_run)."
+    ),
+}
+
+
+def scoped(command: Callable[..., None]) -> Callable[..., None]:
+    """``command`` with the options ``--agent``, ``--session`` and ``--system-run`` in
+    place of its parameter ``scope``, which it is called with as one :class:`MemoryScope`:
+    the options are declared once here, not in every command."""
+    signature = inspect.signature(command)
+    parameters: list[inspect.Parameter] = []
+    for parameter in signature.parameters.values():
+        if parameter.name != "scope":
+            parameters.append(parameter)
+            continue
+        parameters += [
+            parameter.replace(name=name, default=option, annotation="str | None")
+            for name, option in _SCOPE_OPTIONS.items()
+        ]
+
+    @functools.wraps(command)
+    def with_scope(*args: Any, **kwargs: Any) -> None:
+        from corral.core.memory import MemoryScope
+
+        given = {name: kwargs.pop(name) for name in _SCOPE_OPTIONS}
+        command(*args, scope=MemoryScope(**given), **kwargs)
+
+    # what typer reads: the signature, and the annotations it evaluates in this module
+    with_scope.__signature__ = signature.replace(parameters=parameters)  # type: ignore[attr-defined]
+    with_scope.__annotations__ = {p.name: p.annotation for p in parameters} | {"return": "None"}
+    return with_scope
 
 
 def register(app: typer.Typer) -> None:
@@ -76,9 +115,7 @@ def _show(data: Any, output: str, lines: list[str]) -> None:
 def _on_backend(
     namespace: str,
     name: str,
-    agent: str | None,
-    session: str | None,
-    system_run: str | None,
+    scope: MemoryScope,
     work: Callable[[Backend, MemoryAt], Awaitable[T]],
 ) -> T:
     """Run ``work`` on this command's backend (a server, or the local store)."""
@@ -88,20 +125,19 @@ def _on_backend(
         from corral.cli.connect import open_backend
 
         async with open_backend() as backend:
-            return await work(backend, MemoryAt(namespace, name, agent, session, system_run))
+            return await work(backend, MemoryAt(namespace, name, scope))
 
     return run_async(go())
 
 
 @memory_app.command("write")
+@scoped
 def memory_write(
     name: str = MEMORY,
     text: str = typer.Argument(..., help="The text ('-': read it from stdin)."),
     key: str | None = typer.Option(None, "--key", help="Replace the entry with this key."),
     meta: list[str] = typer.Option([], "--meta", help="Metadata KEY=VALUE (repeatable)."),
-    agent: str | None = AGENT,
-    session: str | None = SESSION,
-    system_run: str | None = SYSTEM_RUN,
+    scope: MemoryScope = SCOPE,
     namespace: str = NAMESPACE,
 ) -> None:
     """Write one entry."""
@@ -110,21 +146,18 @@ def memory_write(
     entry = _on_backend(
         namespace,
         name,
-        agent,
-        session,
-        system_run,
+        scope,
         lambda backend, at: backend.write_memory(at, body, key=key, metadata=metadata),
     )
     typer.echo(f"memory/{name} entry {entry.key} written")
 
 
 @memory_app.command("read")
+@scoped
 def memory_read(
     name: str = MEMORY,
     key: str = KEY,
-    agent: str | None = AGENT,
-    session: str | None = SESSION,
-    system_run: str | None = SYSTEM_RUN,
+    scope: MemoryScope = SCOPE,
     namespace: str = NAMESPACE,
     output: str = OUTPUT,
 ) -> None:
@@ -132,9 +165,7 @@ def memory_read(
     entry = _on_backend(
         namespace,
         name,
-        agent,
-        session,
-        system_run,
+        scope,
         lambda backend, at: backend.read_memory(at, key),
     )
     if entry is None:
@@ -143,14 +174,13 @@ def memory_read(
 
 
 @memory_app.command("search")
+@scoped
 def memory_search(
     name: str = MEMORY,
     query: str = typer.Argument(..., help="Words to look for."),
     top_k: int = typer.Option(5, "--top-k", min=1, max=100, help="How many results."),
     filters: list[str] = typer.Option([], "--filter", help="Metadata KEY=VALUE (repeatable)."),
-    agent: str | None = AGENT,
-    session: str | None = SESSION,
-    system_run: str | None = SYSTEM_RUN,
+    scope: MemoryScope = SCOPE,
     namespace: str = NAMESPACE,
     output: str = OUTPUT,
 ) -> None:
@@ -160,9 +190,7 @@ def memory_search(
     hits = _on_backend(
         namespace,
         name,
-        agent,
-        session,
-        system_run,
+        scope,
         lambda backend, at: backend.search_memory(at, query, top_k=top_k, filters=equal),
     )
     _show(
@@ -173,13 +201,12 @@ def memory_search(
 
 
 @memory_app.command("list")
+@scoped
 def memory_list(
     name: str = MEMORY,
     prefix: str = typer.Option("", "--prefix", help="Only keys starting with this."),
     limit: int = typer.Option(20, "--limit", min=1, max=100, help="How many entries."),
-    agent: str | None = AGENT,
-    session: str | None = SESSION,
-    system_run: str | None = SYSTEM_RUN,
+    scope: MemoryScope = SCOPE,
     namespace: str = NAMESPACE,
     output: str = OUTPUT,
 ) -> None:
@@ -187,9 +214,7 @@ def memory_list(
     entries = _on_backend(
         namespace,
         name,
-        agent,
-        session,
-        system_run,
+        scope,
         lambda backend, at: backend.memory_entries(at, prefix=prefix, limit=limit),
     )
     _show(
@@ -200,21 +225,18 @@ def memory_list(
 
 
 @memory_app.command("delete")
+@scoped
 def memory_delete(
     name: str = MEMORY,
     key: str = KEY,
-    agent: str | None = AGENT,
-    session: str | None = SESSION,
-    system_run: str | None = SYSTEM_RUN,
+    scope: MemoryScope = SCOPE,
     namespace: str = NAMESPACE,
 ) -> None:
     """Delete one entry."""
     deleted = _on_backend(
         namespace,
         name,
-        agent,
-        session,
-        system_run,
+        scope,
         lambda backend, at: backend.delete_memory(at, key),
     )
     if not deleted:
@@ -326,6 +348,7 @@ class _IngestProgress:
 
 
 @memory_app.command("ingest")
+@scoped
 def memory_ingest(
     name: str = MEMORY,
     source: str = typer.Argument(..., help="A file, a directory (recursively), or '-' (stdin)."),
@@ -333,9 +356,7 @@ def memory_ingest(
         None, "--key-prefix", help="The entries' keys' start (default: each file's path)."
     ),
     meta: list[str] = typer.Option([], "--meta", help="Metadata KEY=VALUE (repeatable)."),
-    agent: str | None = AGENT,
-    session: str | None = SESSION,
-    system_run: str | None = SYSTEM_RUN,
+    scope: MemoryScope = SCOPE,
     namespace: str = NAMESPACE,
     output: str = OUTPUT,
 ) -> None:
@@ -364,7 +385,7 @@ def memory_ingest(
                 progress.document(number, result)
         return done
 
-    results = _on_backend(namespace, name, agent, session, system_run, work)
+    results = _on_backend(namespace, name, scope, work)
     chunks = sum(r.chunks for r in results)
     written = sum(r.written for r in results)
     _show(

@@ -52,6 +52,7 @@ from corral.api import (
     TokenOut,
     TokenPage,
 )
+from corral.core.memory import MemoryScope
 from corral.resources.kinds import STORED
 
 T = TypeVar("T")
@@ -482,12 +483,6 @@ def delete_session(session_id: str) -> Call[None]:
 # --------------------------------------------------------------------------- memories
 
 
-def _scope(agent: str | None, session: str | None, system_run: str | None = None) -> dict[str, str]:
-    """The agent, session or agent system run whose entries, for a Memory of that scope."""
-    scoped = {"agent": agent, "session": session, "system_run": system_run}
-    return {k: v for k, v in scoped.items() if v is not None}
-
-
 def memory_stats(name: str) -> Call[MemoryStatsOut]:
     """What a Memory holds (every scope) and how it is searched."""
     return Call("GET", f"/v1/memories/{_seg(name)}", _model(MemoryStatsOut))
@@ -505,7 +500,7 @@ def memory_entries(
 ) -> Call[MemoryEntryPage]:
     """A page of a Memory's entries, by key."""
     params: Params = [("prefix", prefix)] if prefix else []
-    params += list(_scope(agent, session, system_run).items())
+    params += MemoryScope(agent, session, system_run).query()
     return Call(
         "GET",
         f"/v1/memories/{_seg(name)}/entries",
@@ -548,7 +543,7 @@ def write_memory(
     system_run: str | None = None,
 ) -> Call[MemoryEntryOut]:
     """Write one entry (replacing the entry of ``key``; a new key without one)."""
-    body: dict[str, Any] = {"text": text, **_scope(agent, session, system_run)}
+    body: dict[str, Any] = {"text": text, **MemoryScope(agent, session, system_run).fields()}
     if key is not None:
         body["key"] = key
     if metadata:
@@ -568,7 +563,11 @@ def ingest_memory(
     system_run: str | None = None,
 ) -> Call[MemoryIngestOut]:
     """Cut ``text`` by the Memory's chunking, each chunk one entry ``KEY_PREFIX#N``."""
-    body: dict[str, Any] = {"text": text, "source": source, **_scope(agent, session, system_run)}
+    body: dict[str, Any] = {
+        "text": text,
+        "source": source,
+        **MemoryScope(agent, session, system_run).fields(),
+    }
     if key_prefix is not None:
         body["key_prefix"] = key_prefix
     if metadata:
@@ -587,9 +586,8 @@ def read_memory(
     """One entry (``NotFoundError`` when absent: code ``memory_entry_not_found``, or
     ``not_found`` when the Memory is)."""
     path = f"/v1/memories/{_seg(name)}/entries/{_seg(key)}"
-    return Call(
-        "GET", path, _model(MemoryEntryOut), list(_scope(agent, session, system_run).items())
-    )
+    scope: Params = [*MemoryScope(agent, session, system_run).query()]
+    return Call("GET", path, _model(MemoryEntryOut), scope)
 
 
 def delete_memory(
@@ -603,7 +601,8 @@ def delete_memory(
     """Delete one entry (``NotFoundError`` when absent: code ``memory_entry_not_found``, or
     ``not_found`` when the Memory is)."""
     path = f"/v1/memories/{_seg(name)}/entries/{_seg(key)}"
-    return Call("DELETE", path, _nothing, list(_scope(agent, session, system_run).items()))
+    scope: Params = [*MemoryScope(agent, session, system_run).query()]
+    return Call("DELETE", path, _nothing, scope)
 
 
 def search_memory(
@@ -617,7 +616,11 @@ def search_memory(
     system_run: str | None = None,
 ) -> Call[MemorySearchResult]:
     """Entries matching words of ``query``, best first (``filter``: metadata equality)."""
-    body: dict[str, Any] = {"query": query, "top_k": top_k, **_scope(agent, session, system_run)}
+    body: dict[str, Any] = {
+        "query": query,
+        "top_k": top_k,
+        **MemoryScope(agent, session, system_run).fields(),
+    }
     if filter:
         body["filter"] = dict(filter)
     return Call("POST", f"/v1/memories/{_seg(name)}/search", _model(MemorySearchResult), json=body)

@@ -8,11 +8,12 @@ metadata is a flat JSON object of scalars, matched by equality in search filters
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 import unicodedata
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict, cast
 
 from corral.core.errors import CorralError, NotFoundError, UserError
 from corral.core.messages import Embeddings, Usage
@@ -206,33 +207,55 @@ class MemoryStats:
     vectors: int = 0
 
 
-def place_of(
-    namespace: str,
-    memory: str,
-    scope: str,
-    *,
-    agent: str | None = None,
-    session: str | None = None,
-    system_run: str | None = None,
-) -> MemoryPlace:
-    """Where a Memory of ``scope`` keeps the entries of ``agent`` / ``session`` / the
-    agents of one ``system_run`` (its id): ``MemoryInputError`` when the scope needs the
-    one not given."""
-    if scope == "namespace":
-        return MemoryPlace(namespace, memory)
-    needed = {"agent": agent, "session": session, "system_run": system_run}
-    if scope not in needed:
-        raise MemoryInputError(f"memory {memory!r} has an unknown scope {scope!r}")
-    owner = needed[scope]
-    if not owner:
-        why = {
-            "session": " (this run has no session)",
-            "system_run": " (this run is not part of an agent system's run)",
-        }
-        raise MemoryInputError(
-            f"memory {memory!r} is kept per {scope}, and no {scope} was given" + why.get(scope, "")
-        )
-    return MemoryPlace(namespace, memory, owner)
+class ScopeFields(TypedDict, total=False):
+    """A :class:`MemoryScope` on the wire: the query parameters and body fields of the
+    memory routes, and the keyword arguments of the client's memory methods (a name
+    left out is not given)."""
+
+    agent: str
+    session: str
+    system_run: str
+
+
+@dataclass(frozen=True)
+class MemoryScope:
+    """Whose entries an operation on a Memory sees: the ``agent``, the ``session`` or
+    the agents of one ``system_run`` (its id). Which one counts is the Memory's scope
+    (:meth:`place_in`); a namespace-wide Memory needs none. Every front door carries
+    this one value, so the three names are spelled, checked and sent in one place."""
+
+    agent: str | None = None
+    session: str | None = None
+    system_run: str | None = None
+
+    def query(self) -> list[tuple[str, str]]:
+        """Its wire form: the names given and their values (``None`` is not sent)."""
+        given = dataclasses.asdict(self).items()
+        return [(name, value) for name, value in given if value is not None]
+
+    def fields(self) -> ScopeFields:
+        """Its wire form as body fields (or a client method's keyword arguments)."""
+        return cast(ScopeFields, dict(self.query()))
+
+    def place_in(self, namespace: str, memory: str, scope: str) -> MemoryPlace:
+        """Where a Memory of ``scope`` keeps these entries: ``MemoryInputError`` when the
+        scope needs the one not given."""
+        if scope == "namespace":
+            return MemoryPlace(namespace, memory)
+        needed = dataclasses.asdict(self)
+        if scope not in needed:
+            raise MemoryInputError(f"memory {memory!r} has an unknown scope {scope!r}")
+        owner = needed[scope]
+        if not owner:
+            why = {
+                "session": " (this run has no session)",
+                "system_run": " (this run is not part of an agent system's run)",
+            }
+            raise MemoryInputError(
+                f"memory {memory!r} is kept per {scope}, and no {scope} was given"
+                + why.get(scope, "")
+            )
+        return MemoryPlace(namespace, memory, owner)
 
 
 def _storable(text: str, what: str) -> str:

@@ -5,8 +5,8 @@ by an agent's tool call.
 A Memory is found by namespace and name (``NotFoundError`` when absent, as for any
 resource); its scope decides which entries an operation sees: a namespace-wide
 Memory has one set, an ``agent``, ``session`` or ``system_run`` Memory one per agent,
-session or agent system's run, named by ``agent`` / ``session`` / ``system_run`` (the
-system run's id; ``MemoryInputError`` when the scope needs the one not given,
+session or agent system's run, named by the operation's :class:`MemoryScope` (the
+system run by its id; ``MemoryInputError`` when the scope needs the one not given,
 ``NotFoundError`` for a system run that is not one of the namespace's).
 Each operation opens the Memory's backend (:func:`open_memory_backend`: the store, or
 a remote service) and closes it when done.
@@ -27,8 +27,8 @@ from corral.core.memory import (
     MemoryHit,
     MemoryInputError,
     MemoryPlace,
+    MemoryScope,
     MemoryStats,
-    place_of,
 )
 from corral.core.settings import Settings
 from corral.models.base import EMBEDDING_PROVIDERS, Model
@@ -109,24 +109,19 @@ class Memories:
         self,
         namespace: str,
         name: str,
+        scope: MemoryScope = MemoryScope(),
         *,
-        agent: str | None = None,
-        session: str | None = None,
-        system_run: str | None = None,
         every_scope: bool = False,
     ) -> AsyncIterator[OpenMemory]:
-        """The Memory ``name`` and the place of the entries ``agent`` / ``session`` / the
-        agents of the system run ``system_run`` see (with ``every_scope``, its
-        namespace-wide place: for operations on all scopes)."""
+        """The Memory ``name`` and the place of the entries ``scope`` sees (with
+        ``every_scope``, its namespace-wide place: for operations on all scopes)."""
         spec = await memory_spec(self.store, namespace, name)
         if every_scope:
             place = MemoryPlace(namespace, name)
         else:
-            if spec.scope == "system_run" and system_run:
-                await self._check_system_run(namespace, system_run)
-            place = place_of(
-                namespace, name, spec.scope, agent=agent, session=session, system_run=system_run
-            )
+            if spec.scope == "system_run" and scope.system_run:
+                await self._check_system_run(namespace, scope.system_run)
+            place = scope.place_in(namespace, name, spec.scope)
         embedder = await self._embedder(namespace, name, spec)
         try:
             backend = await self._backend(namespace, name, spec, embedder)
@@ -196,14 +191,10 @@ class Memories:
         *,
         key: str,
         metadata: Mapping[str, Any] | None = None,
-        agent: str | None = None,
-        session: str | None = None,
-        system_run: str | None = None,
+        scope: MemoryScope = MemoryScope(),
     ) -> MemoryEntry:
         """Write one entry (replacing the entry of ``key``), the Memory's retention applied."""
-        async with self.open(
-            namespace, name, agent=agent, session=session, system_run=system_run
-        ) as memory:
+        async with self.open(namespace, name, scope) as memory:
             place = memory.place
             entry = MemoryEntry(
                 place.namespace, place.memory, place.scope_key, key, text, dict(metadata or {})
@@ -220,9 +211,7 @@ class Memories:
         source: str,
         key_prefix: str | None = None,
         metadata: Mapping[str, Any] | None = None,
-        agent: str | None = None,
-        session: str | None = None,
-        system_run: str | None = None,
+        scope: MemoryScope = MemoryScope(),
         progress: Callable[[int, int], None] | None = None,
     ) -> tuple[str, IngestResult]:
         """Cut ``text`` by the Memory's chunking and write each chunk as ``KEY_PREFIX#N``
@@ -231,10 +220,8 @@ class Memories:
         unique in the whole Memory): ingesting the same document again writes nothing
         twice. Returns the prefix used and what was written."""
         prefix = key_prefix or source
-        async with self.open(
-            namespace, name, agent=agent, session=session, system_run=system_run
-        ) as memory:
-            scope = memory.place.scope_key
+        async with self.open(namespace, name, scope) as memory:
+            owner = memory.place.scope_key
             done = await ingest_text(
                 memory.backend,
                 memory.place,
@@ -242,7 +229,7 @@ class Memories:
                 text,
                 source=source,
                 key_prefix=prefix,
-                idempotency_key=content_key(prefix, text, *([scope] if scope else [])),
+                idempotency_key=content_key(prefix, text, *([owner] if owner else [])),
                 metadata=metadata,
                 progress=progress,
             )
@@ -254,14 +241,10 @@ class Memories:
         name: str,
         key: str,
         *,
-        agent: str | None = None,
-        session: str | None = None,
-        system_run: str | None = None,
+        scope: MemoryScope = MemoryScope(),
     ) -> MemoryEntry:
         """The entry of ``key`` (``MemoryEntryNotFoundError`` when absent)."""
-        async with self.open(
-            namespace, name, agent=agent, session=session, system_run=system_run
-        ) as memory:
+        async with self.open(namespace, name, scope) as memory:
             entry = await memory.backend.read(memory.place, key)
         if entry is None:
             raise MemoryEntryNotFoundError(f"memory {name!r} has no entry {key!r}")
@@ -273,14 +256,10 @@ class Memories:
         name: str,
         key: str,
         *,
-        agent: str | None = None,
-        session: str | None = None,
-        system_run: str | None = None,
+        scope: MemoryScope = MemoryScope(),
     ) -> None:
         """Delete the entry of ``key`` (``MemoryEntryNotFoundError`` when absent)."""
-        async with self.open(
-            namespace, name, agent=agent, session=session, system_run=system_run
-        ) as memory:
+        async with self.open(namespace, name, scope) as memory:
             deleted = await memory.backend.delete(memory.place, key)
         if not deleted:
             raise MemoryEntryNotFoundError(f"memory {name!r} has no entry {key!r}")
@@ -293,14 +272,10 @@ class Memories:
         prefix: str = "",
         limit: int = 20,
         after: str | None = None,
-        agent: str | None = None,
-        session: str | None = None,
-        system_run: str | None = None,
+        scope: MemoryScope = MemoryScope(),
     ) -> list[MemoryEntry]:
         """The entries by key (starting with ``prefix``, after the key ``after``)."""
-        async with self.open(
-            namespace, name, agent=agent, session=session, system_run=system_run
-        ) as memory:
+        async with self.open(namespace, name, scope) as memory:
             return await memory.backend.list_entries(
                 memory.place, prefix=prefix, limit=limit, after=after
             )
@@ -313,12 +288,8 @@ class Memories:
         *,
         top_k: int = 5,
         filters: Mapping[str, Any] | None = None,
-        agent: str | None = None,
-        session: str | None = None,
-        system_run: str | None = None,
+        scope: MemoryScope = MemoryScope(),
     ) -> list[MemoryHit]:
         """The entries matching ``query``, best first."""
-        async with self.open(
-            namespace, name, agent=agent, session=session, system_run=system_run
-        ) as memory:
+        async with self.open(namespace, name, scope) as memory:
             return await memory.backend.search(memory.place, query, top_k=top_k, filters=filters)

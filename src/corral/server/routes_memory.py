@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Path, Query, Request, Response
+from fastapi import APIRouter, Depends, Path, Query, Request, Response
 
 from corral.api.common import Id, Name, SessionId
 from corral.api.memory import (
+    SCOPE_HELP,
     Key,
     MemoryEntryOut,
     MemoryEntryPage,
@@ -21,6 +22,7 @@ from corral.api.memory import (
     MemoryWriteRequest,
 )
 from corral.core.ids import new_id
+from corral.core.memory import MemoryScope
 from corral.resources.kinds import NAME_PATTERN
 from corral.runtime.memory import Memories
 from corral.server import pagination
@@ -32,14 +34,20 @@ router = APIRouter(prefix="/v1", tags=["memories"])
 
 MemoryName = Annotated[Name, Path(description="The Memory.")]
 KeyPath = Annotated[Key, Path(description="The entry's key.")]
-AgentQuery = Annotated[
-    str | None, Query(pattern=NAME_PATTERN, description="The agent's entries (scope agent).")
-]
-SessionQuery = Annotated[SessionId | None, Query(description="The session's (scope session).")]
-SystemRunQuery = Annotated[
-    Id | None,
-    Query(description="The agent system run's, by its id (scope system_run)."),
-]
+
+
+def _scope(
+    agent: Annotated[
+        str | None, Query(pattern=NAME_PATTERN, description=SCOPE_HELP["agent"])
+    ] = None,
+    session: Annotated[SessionId | None, Query(description=SCOPE_HELP["session"])] = None,
+    system_run: Annotated[Id | None, Query(description=SCOPE_HELP["system_run"])] = None,
+) -> MemoryScope:
+    """Whose entries a GET or DELETE sees: a :class:`MemoryScope` from its query."""
+    return MemoryScope(agent, session, system_run)
+
+
+Scope = Annotated[MemoryScope, Depends(_scope)]
 
 
 def _memories(request: Request) -> Memories:
@@ -68,10 +76,8 @@ async def list_memory_entries(
     name: MemoryName,
     who: Viewer,
     request: Request,
+    scope: Scope,
     prefix: Annotated[str, Query(max_length=255, description="Only keys with this start.")] = "",
-    agent: AgentQuery = None,
-    session: SessionQuery = None,
-    system_run: SystemRunQuery = None,
     limit: pagination.Limit = 100,
     cursor: pagination.Cursor = None,
 ) -> MemoryEntryPage:
@@ -83,9 +89,7 @@ async def list_memory_entries(
         prefix=prefix,
         limit=limit + 1,
         after=None if after is None else after[0],
-        agent=agent,
-        session=session,
-        system_run=system_run,
+        scope=scope,
     )
     page, next_cursor = pagination.keyset_page(found, limit, lambda e: (e.key,))
     return MemoryEntryPage(
@@ -110,9 +114,7 @@ async def write_memory_entry(
         body.text,
         key=body.key or new_id("mem"),
         metadata=body.metadata,
-        agent=body.agent,
-        session=body.session,
-        system_run=body.system_run,
+        scope=body.scope,
     )
     return MemoryEntryOut.from_entry(entry)
 
@@ -136,9 +138,7 @@ async def ingest_memory(
         source=body.source,
         key_prefix=body.key_prefix,
         metadata=body.metadata,
-        agent=body.agent,
-        session=body.session,
-        system_run=body.system_run,
+        scope=body.scope,
     )
     return MemoryIngestOut(
         key_prefix=prefix, chunks=done.chunks, written=done.written, keys=done.keys
@@ -156,13 +156,9 @@ async def read_memory_entry(
     key: KeyPath,
     who: Viewer,
     request: Request,
-    agent: AgentQuery = None,
-    session: SessionQuery = None,
-    system_run: SystemRunQuery = None,
+    scope: Scope,
 ) -> MemoryEntryOut:
-    entry = await _memories(request).read(
-        who.namespace, name, key, agent=agent, session=session, system_run=system_run
-    )
+    entry = await _memories(request).read(who.namespace, name, key, scope=scope)
     return MemoryEntryOut.from_entry(entry)
 
 
@@ -178,13 +174,9 @@ async def delete_memory_entry(
     key: KeyPath,
     who: Operator,
     request: Request,
-    agent: AgentQuery = None,
-    session: SessionQuery = None,
-    system_run: SystemRunQuery = None,
+    scope: Scope,
 ) -> Response:
-    await _memories(request).delete(
-        who.namespace, name, key, agent=agent, session=session, system_run=system_run
-    )
+    await _memories(request).delete(who.namespace, name, key, scope=scope)
     return Response(status_code=204)
 
 
@@ -204,8 +196,6 @@ async def search_memory(
         body.query,
         top_k=body.top_k,
         filters=body.filter,
-        agent=body.agent,
-        session=body.session,
-        system_run=body.system_run,
+        scope=body.scope,
     )
     return MemorySearchResult(items=[MemoryHitOut.from_hit(h) for h in hits])

@@ -41,7 +41,7 @@ from corral.core.memory import (
     MemoryEntry,
     MemoryInputError,
     MemoryPlace,
-    place_of,
+    MemoryScope,
 )
 from corral.core.messages import ToolSpec, dump
 from corral.core.redaction import Redactor
@@ -217,14 +217,8 @@ class MemoryTool(Tool):
                     system_run = run.id
                 elif run.system is not None and run.branch_id is not None:
                     system_run = run.parent_run_id
-        return place_of(
-            ctx.namespace,
-            binding.name,
-            binding.spec.scope,
-            agent=ctx.agent,
-            session=session,
-            system_run=system_run,
-        )
+        whose = MemoryScope(agent=ctx.agent, session=session, system_run=system_run)
+        return whose.place_in(ctx.namespace, binding.name, binding.spec.scope)
 
     async def call(self, arguments: dict[str, Any], ctx: ToolContext) -> Any:
         binding = self._memory(arguments)
