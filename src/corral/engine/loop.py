@@ -209,8 +209,9 @@ class AgentLoop:
         """``raise_retryable``: let a retryable model failure (the endpoints stayed down after
         their own retries) propagate instead of failing the run, so a worker can try the
         whole run again later; the journal keeps what was done. ``call_environment`` gives
-        each tool call its planted variables and the values of them to redact (an agent
-        with links: a fresh agent token per call). ``switch`` builds the target of a
+        each call of a tool that hands them to a process (exec, stdio MCP) its planted
+        variables and the values of them to redact (an agent with links: a fresh agent
+        token per such call). ``switch`` builds the target of a
         ``handoff`` (without it, handoffs are refused). ``outside_children`` finds the
         finished child runs a tool program started over the API during a step: their
         spend is charged to this run (``child.finish``) when the step's calls are done.
@@ -727,7 +728,10 @@ class AgentLoop:
 
     def _context(self, step: int, index: int, call: ToolCall) -> ToolContext:
         agent = self.agent
-        environment, hidden = self.call_environment() if self.call_environment else ({}, {})
+        environment: Mapping[str, str] = {}
+        hidden: Mapping[str, str] = {}
+        if self.call_environment is not None and agent.toolset.plants_environment(call.name):
+            environment, hidden = self.call_environment()  # (a token minted for this call)
         return ToolContext(
             run_id=self.run_id,
             agent=agent.name,

@@ -91,6 +91,9 @@ class Tool(ABC):
     #: whether permissions are checked on what a call names (:meth:`targets`, after its
     #: arguments are read) instead of on ``ref`` (the linked-agent tools: ``agent:NAME``)
     by_target: ClassVar[bool] = False
+    #: whether a call's planted variables (:attr:`ToolContext.environment`) reach a
+    #: process the tool starts: only such calls get an agent token minted
+    plants_environment: bool = False
 
     def targets(self, arguments: dict[str, Any]) -> Sequence[str]:
         """The refs a call with these arguments needs permitted (``by_target`` tools); may

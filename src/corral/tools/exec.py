@@ -301,6 +301,8 @@ def exit_description(returncode: int) -> str:
 class ExecTool(Tool):
     """A Tool that runs a program per call; see the module docstring."""
 
+    plants_environment = True
+
     def __init__(
         self,
         name: str,

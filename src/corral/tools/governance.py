@@ -402,6 +402,11 @@ class Toolset:
         marker = {CUT_ARGUMENTS: problem, "start": call.arguments[:_CUT_GLIMPSE_CHARS]}
         return replace(call, arguments=json.dumps(marker, ensure_ascii=False))
 
+    def plants_environment(self, model_name: str) -> bool:
+        """Whether a call of this tool hands its planted variables to a process."""
+        tool = self.by_name.get(model_name)
+        return tool is not None and tool.tool.plants_environment
+
     def is_idempotent(self, model_name: str) -> bool:
         tool = self.by_name.get(model_name)
         return tool is not None and tool.tool.idempotent

@@ -198,6 +198,7 @@ class McpTool(Tool):
         self.connection = connection
         self._timeout = spec.call_timeout_seconds
         self._local = spec.transport == "stdio"
+        self.plants_environment = self._local  # (in the call's _meta: see above)
 
     async def call(self, arguments: dict[str, Any], ctx: ToolContext) -> Any:
         server, tool = self.server_name, self.tool_name
