@@ -44,6 +44,8 @@ afterwards. The parent creates and removes both, so a driver that times out
 leaves nothing behind; its workers get SIGTERM when it dies. A server that does
 not accept connections makes its rows say "not reachable". PostgreSQL, NATS, the
 workers and the driver share the machine: compare rows of one run, not runs.
+The worker processes, the scratch store and the rounds are :mod:`cluster`'s
+(``sysruns.py`` measures system runs with them too).
 """
 
 from __future__ import annotations
@@ -52,37 +54,29 @@ import argparse
 import asyncio
 import json
 import os
-import re
-import secrets
-import shutil
-import signal
-import socket
-import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager, suppress
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
-from _common import (
-    BENCH,
-    emit,
-    fmt,
-    median,
-    percentile,
-    run_child,
-    scratch_database,
-    spread,
-    table,
+from _common import BENCH, emit, fmt, median, percentile, spread, table
+from cluster import (
+    Workers,
+    availability,
+    child_parser,
+    measure_in_child,
+    measure_rounds,
+    reachable,
+    server_urls,
+    server_versions,
+    wait_succeeded,
+    without_password,
+    worker_env,
+    worker_options,
 )
 
-DEFAULT_POSTGRES_URL = "postgresql://postgres@127.0.0.1:5432/test"
-DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
 SUBMITTERS = 16
 #: the polling configurations' ``--poll-seconds`` (NATS workers keep their default sweep, 5 s)
 POLL_SECONDS = 0.01
@@ -135,14 +129,6 @@ LABELS = {
     "nats": "PostgreSQL + NATS",
 }
 
-#: a worker process started so that it gets SIGTERM when its parent (the driver) dies
-LAUNCHER = (
-    "import ctypes, os, signal, sys; "
-    "ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM); "  # PR_SET_PDEATHSIG
-    "os.getppid() == int(sys.argv[1]) or sys.exit('the driver is gone'); "
-    "os.execv(sys.executable, [sys.executable, '-m', 'corral', 'worker', *sys.argv[2:]])"
-)
-
 
 @dataclass(frozen=True)
 class Config:
@@ -171,73 +157,6 @@ def configurations(config: Config) -> list[tuple[str, str, int]]:
 # --------------------------------------------------------------------------- the driver (a child)
 
 
-class Workers:
-    """``count`` ``corral worker`` processes on one store (and bus), logs in ``home``."""
-
-    def __init__(self, home: Path, env: dict[str, str], count: int, options: list[str]) -> None:
-        self.processes: list[subprocess.Popen[bytes]] = []
-        self.logs: list[Path] = []
-        for n in range(count):
-            log = home / f"worker-{n}.log"
-            with log.open("wb") as out:
-                self.processes.append(
-                    subprocess.Popen(
-                        [sys.executable, "-c", LAUNCHER, str(os.getpid()), *options],
-                        env=env,
-                        cwd=home,
-                        stdout=out,
-                        stderr=subprocess.STDOUT,
-                    )
-                )
-            self.logs.append(log)
-
-    async def started(self, within: float = 60.0) -> None:
-        deadline = time.monotonic() + within
-        while not all("started" in log.read_text(errors="replace") for log in self.logs):
-            for process, log in zip(self.processes, self.logs, strict=True):
-                if process.poll() is not None:
-                    raise RuntimeError(f"a worker exited: {log.read_text()[-2000:]}")
-            if time.monotonic() > deadline:
-                raise RuntimeError("the workers did not start in time")
-            await asyncio.sleep(0.05)
-
-    def up_at(self) -> float:
-        """When the last of the workers said it started (its log line's time, as
-        ``time.time()``); 0 when a log line does not say it in the expected form."""
-        stamps = []
-        for log in self.logs:
-            for line in log.read_text(errors="replace").splitlines():
-                if " started (runs from " in line:
-                    try:
-                        when = datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")
-                    except ValueError:
-                        return 0.0  # the window then opens at the first claim
-                    stamps.append(when.timestamp())  # logging's asctime is local time
-                    break
-        return max(stamps, default=0.0)
-
-    def deliveries(self) -> dict[str, int]:
-        """Where the workers' runs came from, as they logged it when they stopped (NATS only)."""
-        said = re.compile(r"(\d+) runs taken from bus deliveries, (\d+) found by the store sweep")
-        found = {"via_bus": 0, "via_sweep": 0}
-        for log in self.logs:
-            for match in said.finditer(log.read_text(errors="replace")):
-                found["via_bus"] += int(match[1])
-                found["via_sweep"] += int(match[2])
-        return found
-
-    def stop(self) -> None:
-        for process in self.processes:
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-        for process in self.processes:
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-
-
 async def submit_all(submit_one: Callable[[int], Awaitable[object]], tasks: int) -> None:
     """Submit ``tasks`` tasks from :data:`SUBMITTERS` concurrent callers."""
     queue = iter(range(tasks))
@@ -249,28 +168,6 @@ async def submit_all(submit_one: Callable[[int], Awaitable[object]], tasks: int)
     await asyncio.gather(*(submitter() for _ in range(SUBMITTERS)))
 
 
-async def wait_succeeded(store: Any, count: int, deadline: float) -> None:
-    """Until ``count`` runs succeeded (until ``deadline``, monotonic); a run that ended
-    otherwise is an error."""
-    from corral.core.runs import RunState
-
-    while True:
-        counts = await store.count_runs()
-        succeeded = counts.by_state.get(("default", RunState.SUCCEEDED), 0)
-        failed = sum(
-            n
-            for (_, state), n in counts.by_state.items()
-            if state.finished and state.value != "succeeded"
-        )
-        if failed:
-            raise RuntimeError(f"{failed} runs did not succeed")
-        if succeeded >= count:
-            return
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"only {succeeded} of {count} runs succeeded in time")
-        await asyncio.sleep(0.02)
-
-
 async def drive(args: argparse.Namespace) -> dict[str, Any]:
     """One configuration: the backlog, its drain by the workers, then the overhead runs."""
     from corral.bus.nats import NatsBus
@@ -280,12 +177,9 @@ async def drive(args: argparse.Namespace) -> dict[str, Any]:
 
     deadline = time.monotonic() + args.within
     home = Path(args.home)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
-    env.update(CORRAL_HOME=str(home), CORRAL_DB_URL=args.db_url)
-    options = ["--concurrency", str(args.concurrency), "--grace-seconds", "5"]
-    if args.store == "nats":
-        env.update(CORRAL_NATS_URL=args.nats_url, CORRAL_NATS_PREFIX=args.prefix)
-    else:
+    env = worker_env(args)
+    options = worker_options(args.concurrency)
+    if args.store != "nats":
         options += ["--poll-seconds", str(POLL_SECONDS)]
     figures: dict[str, Any] = {}
     store = await open_store(args.db_url)
@@ -360,104 +254,16 @@ def drain_rate(runs: list[Any], all_up: float) -> dict[str, Any]:
 
 
 def child_main(argv: list[str]) -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--store", choices=sorted(LABELS), required=True)
-    parser.add_argument("--workers", type=int, required=True)
-    parser.add_argument("--db-url", required=True)
-    parser.add_argument("--nats-url", default="")
-    parser.add_argument("--prefix", default="")
-    parser.add_argument("--home", required=True)
+    parser = child_parser(LABELS)
     parser.add_argument("--tasks", type=int, required=True)
     parser.add_argument("--latency-runs", type=int, required=True)
     parser.add_argument("--concurrency", type=int, required=True)
-    parser.add_argument("--within", type=float, required=True)
     args = parser.parse_args(argv)
     sys.path.insert(0, str(BENCH))  # bench_tools (the workers find it by the tool's path)
     emit(asyncio.run(drive(args)))
 
 
 # --------------------------------------------------------------------------- the parent
-
-
-def first_server(url: str, default_port: int) -> tuple[str, int]:
-    """Host and port of the first server ``url`` names (a NATS URL may list several)."""
-    parts = urlsplit(url.split(",")[0].strip())
-    return parts.hostname or "127.0.0.1", parts.port or default_port
-
-
-def without_password(url: str) -> str:
-    """``url`` as the page may show it: any password replaced by ``***``."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    return urlunsplit(parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@")))
-
-
-def reachable(url: str, default_port: int) -> str | None:
-    """``None`` when something accepts TCP connections where ``url`` points, else why not."""
-    host, port = first_server(url, default_port)
-    try:
-        with socket.create_connection((host, port), 2):
-            return None
-    except OSError:
-        return f"not reachable ({host}:{port})"
-
-
-async def server_versions(postgres_url: str | None, nats_url: str | None) -> dict[str, str]:
-    """The versions the servers report (for the page's method)."""
-    found: dict[str, str] = {}
-    with suppress(Exception):
-        if postgres_url:
-            import asyncpg
-
-            conn = await asyncpg.connect(postgres_url, timeout=5)
-            try:
-                found["postgresql"] = str(await conn.fetchval("SHOW server_version")).split()[0]
-            finally:
-                await conn.close()
-    with suppress(Exception):
-        if nats_url:
-            import nats
-
-            client = await nats.connect(nats_url, allow_reconnect=False, connect_timeout=2)
-            try:
-                version = client.connected_server_version
-                found["nats"] = f"{version.major}.{version.minor}.{version.patch}"
-            finally:
-                await client.close()
-    return found
-
-
-@asynccontextmanager
-async def scratch(store: str, postgres_url: str, nats_url: str) -> AsyncIterator[tuple[str, str]]:
-    """A fresh store (and NATS prefix) for one measurement: ``(db_url, prefix)``; the
-    PostgreSQL database is created beside ``postgres_url``'s and dropped, the prefix's
-    streams deleted, whatever the driver did."""
-    token = secrets.token_hex(4)
-    prefix = f"bench_{token}" if store == "nats" else ""
-    if store == "sqlite":
-        yield "", prefix
-        return
-    async with scratch_database(postgres_url, f"corral_bench_scaleout_{token}") as db_url:
-        try:
-            yield db_url, prefix
-        finally:
-            if prefix:
-                await delete_streams(nats_url, prefix)
-
-
-async def delete_streams(nats_url: str, prefix: str) -> None:
-    """Delete the streams a bus with ``prefix`` made (whichever exist)."""
-    import nats
-    import nats.js.errors
-
-    client = await nats.connect(nats_url, allow_reconnect=False, connect_timeout=2)
-    try:
-        for stream in (f"{prefix}_runnable", f"{prefix}_dead"):
-            with suppress(nats.js.errors.NotFoundError):
-                await client.jetstream().delete_stream(stream)
-    finally:
-        await client.close()
 
 
 def measure_once(
@@ -479,87 +285,29 @@ def measure_once(
     )
 
 
-def measure_in_child(
-    script: str,
-    store: str,
-    workers: int,
-    postgres_url: str,
-    nats_url: str,
-    more: list[str],
-    *,
-    timeout: float,
-    env: dict[str, str] | None = None,
-) -> dict[str, Any]:
-    """Run the bench ``script``'s driver child (``--child``, then ``more`` arguments) on a
-    :func:`scratch` store with ``workers``; its figures, or ``{"error": ...}``."""
-
-    async def go() -> dict[str, Any]:
-        home = Path(tempfile.mkdtemp(prefix=f"corral-bench-{Path(script).stem}-"))
-        try:
-            async with scratch(store, postgres_url, nats_url) as (db_url, prefix):
-                args = [
-                    str(BENCH / script),
-                    "--child",
-                    f"--store={store}",
-                    f"--workers={workers}",
-                    f"--db-url={db_url or 'sqlite:///' + str(home / 'corral.db')}",
-                    f"--nats-url={nats_url}",
-                    f"--prefix={prefix}",
-                    f"--home={home}",
-                    *more,
-                    # the driver gives up (and says why) a little before it would be killed
-                    f"--within={timeout * 0.9:g}",
-                ]
-                result = await asyncio.to_thread(run_child, args, timeout=timeout, env=env)
-        finally:
-            shutil.rmtree(home, ignore_errors=True)
-        return result.data if result.ok else {"error": result.error or "failed"}
-
-    try:
-        return asyncio.run(go())
-    except Exception as exc:  # noqa: BLE001 - a server refusing the scratch set-up is a row
-        return {"error": f"{type(exc).__name__}: {exc}".splitlines()[0][:200]}
-
-
 def run(config: Config, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Every configuration of ``config``, round after round; the raw figures of each."""
-    postgres_url = config.postgres_url or os.environ.get(
-        "CORRAL_BENCH_POSTGRES_URL", DEFAULT_POSTGRES_URL
-    )
-    nats_url = config.nats_url or os.environ.get("CORRAL_BENCH_NATS_URL", DEFAULT_NATS_URL)
+    postgres_url, nats_url = server_urls(config.postgres_url, config.nats_url)
     postgres_down = reachable(postgres_url, 5432)
     nats_down = reachable(nats_url, 4222)
     chosen = configurations(config)
-    status: dict[str, str] = {}
-    for key, store, _ in chosen:
-        if store != "sqlite" and postgres_down:
-            status[key] = f"PostgreSQL {postgres_down}"
-        elif store == "nats" and nats_down:
-            status[key] = f"NATS {nats_down}"
-        else:
-            status[key] = "ok"
-    samples: dict[str, list[dict[str, Any]]] = {key: [] for key, _, _ in chosen}
-    errors: dict[str, list[str]] = {key: [] for key, _, _ in chosen}
-    for round_no in range(1, config.rounds + 1):
-        for key, store, workers in chosen:
-            if status[key] != "ok":
-                continue
-            got = measure_once(store, workers, config, postgres_url, nats_url)
-            if "error" in got:
-                errors[key].append(got["error"])
-                shown = got["error"]
-            else:
-                samples[key].append({"round": round_no, **got})
-                shown = (
-                    f"{got['drain_per_s']:.0f} tasks/s, execution p50 "
-                    f"{got['execution_p50_ms']:.1f} ms"
-                )
-                if "via_bus" in got:
-                    shown += f" ({got['via_bus']} runs from NATS, {got['via_sweep']} swept)"
-            log(f"[scaleout] round {round_no}/{config.rounds} {key}: {shown}")
-    for key in status:
-        if status[key] == "ok" and not samples[key]:
-            status[key] = f"failed: {errors[key][0]}"
+    status = availability(chosen, postgres_down, nats_down)
+
+    def shown(got: dict[str, Any]) -> str:
+        said = f"{got['drain_per_s']:.0f} tasks/s, execution p50 {got['execution_p50_ms']:.1f} ms"
+        if "via_bus" in got:
+            said += f" ({got['via_bus']} runs from NATS, {got['via_sweep']} swept)"
+        return said
+
+    samples, errors = measure_rounds(
+        chosen,
+        config.rounds,
+        status,
+        lambda store, workers: measure_once(store, workers, config, postgres_url, nats_url),
+        shown,
+        log,
+        "[scaleout] round",
+    )
     up_postgres = None if postgres_down else postgres_url
     up_nats = None if nats_down or not config.workers else nats_url
     return {

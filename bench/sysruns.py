@@ -11,7 +11,7 @@ fresh store:
 - **SQLite**: one in-process :class:`~corral.runtime.worker.Worker` (32 slots,
   the in-process bus), as embedded mode runs it.
 - **PostgreSQL + NATS**: ``corral worker`` processes (1, then 2; 32 slots each)
-  on a scratch database and a NATS prefix of their own (``scaleout.py``'s
+  on a scratch database and a NATS prefix of their own (``cluster.py``, scale-out's
   set-up: rows say "not reachable" without those servers). System runs, node
   runs and woken system runs reach the workers as NATS deliveries; agent
   messages reach the node agents through the workers' inbox consumers.
@@ -46,6 +46,19 @@ from pathlib import Path
 from typing import Any
 
 from _common import BENCH, emit, median, percentile, spread, table
+from cluster import (
+    Workers,
+    availability,
+    child_parser,
+    measure_in_child,
+    measure_rounds,
+    reachable,
+    server_urls,
+    wait_succeeded,
+    without_password,
+    worker_env,
+    worker_options,
+)
 
 #: node runs per system run (planner, researcher, critic, writer)
 NODES = 4
@@ -177,28 +190,6 @@ async def wait_finished(store: Any, bus: Any, run_id: str, deadline: float) -> A
             await watch.wait(0.01)
 
 
-async def wait_all(store: Any, runs: int, deadline: float) -> None:
-    """Until ``runs`` runs (system and node runs) succeeded; one that ended otherwise is
-    an error."""
-    from corral.core.runs import RunState
-
-    while True:
-        counts = await store.count_runs()
-        succeeded = counts.by_state.get(("default", RunState.SUCCEEDED), 0)
-        failed = sum(
-            n
-            for (_, state), n in counts.by_state.items()
-            if state.finished and state.value != "succeeded"
-        )
-        if failed:
-            raise RuntimeError(f"{failed} runs did not succeed")
-        if succeeded >= runs:
-            return
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"only {succeeded} of {runs} runs succeeded in time")
-        await asyncio.sleep(0.02)
-
-
 async def measure(
     store: Any, bus: Any, args: argparse.Namespace, deadline: float
 ) -> dict[str, Any]:
@@ -230,12 +221,12 @@ async def measure(
         figures["writes_by_action"] = {
             action: n / args.latency_runs for action, n in counter.writes.most_common()
         }
-    await wait_all(store, done * (1 + NODES), deadline)
+    await wait_succeeded(store, done * (1 + NODES), deadline)
 
     records = await asyncio.gather(
         *(submit_system(store, "team", f"burst {i}", bus=bus) for i in range(args.systems))
     )
-    await wait_all(store, (done + args.systems) * (1 + NODES), deadline)
+    await wait_succeeded(store, (done + args.systems) * (1 + NODES), deadline)
     stored = [await store.get_run(record.id) for record, _ in records]
     first = min(r.created_at for r in stored)
     last = max(r.finished_at for r in stored)
@@ -281,22 +272,11 @@ async def drive(args: argparse.Namespace) -> dict[str, Any]:
 
 async def drive_workers(store: Any, args: argparse.Namespace, deadline: float) -> dict[str, Any]:
     """PostgreSQL + NATS: ``args.workers`` ``corral worker`` processes."""
-    from scaleout import Workers
-
     from corral.bus.nats import NatsBus
 
-    home = Path(args.home)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
-    env.update(
-        CORRAL_HOME=str(home),
-        CORRAL_DB_URL=args.db_url,
-        CORRAL_NATS_URL=args.nats_url,
-        CORRAL_NATS_PREFIX=args.prefix,
-    )
-    options = ["--concurrency", str(SLOTS), "--grace-seconds", "5"]
     bus = await NatsBus.connect(args.nats_url, prefix=args.prefix)
     try:
-        workers = Workers(home, env, args.workers, options)
+        workers = Workers(Path(args.home), worker_env(args), args.workers, worker_options(SLOTS))
         try:
             await workers.started()
             figures = await measure(store, bus, args, deadline)
@@ -308,16 +288,9 @@ async def drive_workers(store: Any, args: argparse.Namespace, deadline: float) -
 
 
 def child_main(argv: list[str]) -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--store", choices=("sqlite", "nats"), required=True)
-    parser.add_argument("--workers", type=int, required=True)
-    parser.add_argument("--db-url", required=True)
-    parser.add_argument("--nats-url", default="")
-    parser.add_argument("--prefix", default="")
-    parser.add_argument("--home", required=True)
+    parser = child_parser(("sqlite", "nats"))
     parser.add_argument("--systems", type=int, required=True)
     parser.add_argument("--latency-runs", type=int, required=True)
-    parser.add_argument("--within", type=float, required=True)
     args = parser.parse_args(argv)
     sys.path.insert(0, str(BENCH))
     emit(asyncio.run(drive(args)))
@@ -330,8 +303,6 @@ def measure_once(
     store: str, workers: int, config: Config, postgres_url: str, nats_url: str
 ) -> dict[str, Any]:
     """One configuration in a driver child of its own; its figures, or ``{"error": ...}``."""
-    from scaleout import measure_in_child
-
     return measure_in_child(
         "sysruns.py",
         store,
@@ -346,46 +317,29 @@ def measure_once(
 
 def run(config: Config, log: Any = print) -> dict[str, Any]:
     """Every configuration, round after round; the raw figures of each."""
-    from scaleout import DEFAULT_NATS_URL, DEFAULT_POSTGRES_URL, reachable, without_password
-
-    postgres_url = config.postgres_url or os.environ.get(
-        "CORRAL_BENCH_POSTGRES_URL", DEFAULT_POSTGRES_URL
-    )
-    nats_url = config.nats_url or os.environ.get("CORRAL_BENCH_NATS_URL", DEFAULT_NATS_URL)
+    postgres_url, nats_url = server_urls(config.postgres_url, config.nats_url)
     postgres_down, nats_down = reachable(postgres_url, 5432), reachable(nats_url, 4222)
     chosen = configurations(config)
-    status: dict[str, str] = {}
-    for key, store, _ in chosen:
-        if store == "nats" and postgres_down:
-            status[key] = f"PostgreSQL {postgres_down}"
-        elif store == "nats" and nats_down:
-            status[key] = f"NATS {nats_down}"
-        else:
-            status[key] = "ok"
-    samples: dict[str, list[dict[str, Any]]] = {key: [] for key, _, _ in chosen}
-    errors: dict[str, list[str]] = {key: [] for key, _, _ in chosen}
-    for round_no in range(1, config.rounds + 1):
-        for key, store, workers in chosen:
-            if status[key] != "ok":
-                continue
-            got = measure_once(store, workers, config, postgres_url, nats_url)
-            if "error" in got:
-                errors[key].append(got["error"])
-                shown = got["error"]
-            else:
-                samples[key].append({"round": round_no, **got})
-                shown = (
-                    f"{got['systems_per_s']:.1f} system runs/s, alone p50 {got['p50_ms']:.1f} ms"
-                )
-                if "writes_per_system" in got:
-                    shown += (
-                        f", {got['writes_per_system']:.1f} write operations, "
-                        f"{got['commits_per_system']:.1f} commits each"
-                    )
-            log(f"[multiagent] systems round {round_no}/{config.rounds} {key}: {shown}")
-    for key in status:
-        if status[key] == "ok" and not samples[key]:
-            status[key] = f"failed: {errors[key][0]}"
+    status = availability(chosen, postgres_down, nats_down)
+
+    def shown(got: dict[str, Any]) -> str:
+        said = f"{got['systems_per_s']:.1f} system runs/s, alone p50 {got['p50_ms']:.1f} ms"
+        if "writes_per_system" in got:
+            said += (
+                f", {got['writes_per_system']:.1f} write operations, "
+                f"{got['commits_per_system']:.1f} commits each"
+            )
+        return said
+
+    samples, errors = measure_rounds(
+        chosen,
+        config.rounds,
+        status,
+        lambda store, workers: measure_once(store, workers, config, postgres_url, nats_url),
+        shown,
+        log,
+        "[multiagent] systems round",
+    )
     return {
         "rounds": config.rounds,
         "systems": config.systems,

@@ -47,6 +47,7 @@ class LiveServer:
         open_store_with: Callable[[Settings], Awaitable[Store]] | None = None,
         max_prompt_seconds: float | None = None,
         document_limits: DocumentLimits | None = None,
+        public_url: str | None = None,
     ) -> None:
         self.home = home
         self.max_prompt_seconds = max_prompt_seconds
@@ -61,6 +62,7 @@ class LiveServer:
             api_auth_failure_burst=auth_failure_burst,
             api_max_body_bytes=max_body_bytes,
             document_limits=document_limits or DocumentLimits(),
+            public_url=public_url,
         )
         self.workers = workers
         self.poll_seconds = poll_seconds

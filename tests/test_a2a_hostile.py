@@ -18,11 +18,17 @@ from typing import Any
 import anyio
 import httpx
 import pytest
+import uvicorn
 
 from a2a_remotes import Remote, serving
+from corral.bus.local import LocalBus
 from corral.core.messages import ToolCall
-from corral.core.tokens import Role
+from corral.core.settings import Settings
+from corral.core.tokens import Role, mint_token
 from corral.resources.kinds import STORED, A2aToolSpec, ToolSpecModel
+from corral.resources.loader import load_text
+from corral.server import create_app
+from corral.store import open_store
 from corral.tools import a2a as a2a_tool
 from corral.tools.base import Tool, ToolContext
 from corral.tools.governance import GovernedTool, ToolOutcome, ToolPolicy, Toolset
@@ -63,6 +69,77 @@ def post(live: LiveServer, body: bytes, agent: str = "greeter") -> httpx.Respons
     token = live.mint(NS, Role.OPERATOR)
     headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json", **V1}
     return httpx.post(f"{live.url}/a2a/{NS}/{agent}", content=body, headers=headers, timeout=60)
+
+
+def card_urls(live: LiveServer, headers: dict[str, str]) -> set[str]:
+    """Every URL the agent card of ``greeter`` names, fetched with ``headers``."""
+    token = live.mint(NS, Role.VIEWER)
+    answer = httpx.get(
+        f"{live.url}/a2a/{NS}/greeter/.well-known/agent-card.json",
+        headers={"Authorization": f"Bearer {token}", **headers},
+    )
+    assert answer.status_code == 200, answer.text
+    card = answer.json()
+    interfaces = {i["url"] for i in card["supportedInterfaces"]}
+    return interfaces | {card["url"], card["provider"]["url"]}
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {"Host": "attacker.example"},
+        {"Host": "attacker.example:443", "X-Forwarded-Host": "attacker.example"},
+        {"Host": "127.0.0.1:1", "X-Forwarded-Proto": "https"},
+    ],
+)
+def test_a_forged_host_header_does_not_change_the_url_the_card_advertises(
+    live: LiveServer, headers: dict[str, str]
+) -> None:
+    assert card_urls(live, headers) == {f"{live.url}/a2a/{NS}/greeter", live.url}
+
+
+def test_the_card_advertises_corral_public_url_whatever_host_the_client_sends(
+    tmp_path: Path,
+) -> None:
+    public = "https://corral.example.com"
+    with LiveServer(tmp_path, workers=0, public_url=public) as server:
+        with server.client(server.mint(NS, Role.ADMIN)) as admin:
+            apply(admin, resources("greeter", ["{text: hi}"]))
+        urls = card_urls(server, {"Host": "attacker.example"})
+    assert urls == {f"{public}/a2a/{NS}/greeter", public}
+
+
+async def test_an_app_served_without_corral_serve_or_a_public_url_refuses_the_card(
+    tmp_path: Path,
+) -> None:
+    """``create_app`` under plain uvicorn: no listening address was recorded and
+    ``CORRAL_PUBLIC_URL`` is unset, so no URL may be guessed from the Host header."""
+    settings = Settings(home=tmp_path, db_url=f"sqlite:///{tmp_path / 'c.db'}", secret_key=None)
+    store = await open_store(settings.db_url, settings=settings)
+    token, plain = mint_token(NS, Role.VIEWER)
+    await store.create_token(token)
+    await store.apply(load_text(resources("greeter", ["{text: hi}"]), default_namespace=NS))
+    app = create_app(store, LocalBus(), settings)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+    try:
+        async with anyio.create_task_group() as group:
+            group.start_soon(server.serve)
+            with anyio.fail_after(20):
+                while not server.started:  # uvicorn says nothing else when it listens
+                    await anyio.sleep(0.02)
+            port = server.servers[0].sockets[0].getsockname()[1]
+            async with httpx.AsyncClient() as http:
+                answer = await http.get(
+                    f"http://127.0.0.1:{port}/a2a/{NS}/greeter/.well-known/agent-card.json",
+                    headers={"Authorization": f"Bearer {plain}", "Host": "attacker.example"},
+                )
+            server.should_exit = True
+    finally:
+        await store.close()
+    assert answer.status_code == 503, answer.text
+    assert answer.json()["code"] == "public_url_unset"
+    assert "CORRAL_PUBLIC_URL" in answer.json()["detail"]
+    assert "attacker" not in answer.text
 
 
 def test_a_message_id_with_nul_is_invalid_params_as_the_apis_idempotency_key(

@@ -300,6 +300,51 @@ def test_agents_that_link_each_other_are_deleted_together_not_alone(cli: Cli) ->
     assert names(cli("get", "modelendpoints", "-n", cli.ns).stdout) == ["m"]
 
 
+def linked(links: dict[str, list[str]]) -> str:
+    """The model and one agent per entry of ``links``, linking the agents it names."""
+    agents = [
+        f"apiVersion: corral/v1\nkind: Agent\nmetadata: {{name: {name}}}\n"
+        f"spec: {{model: m, links: [{', '.join(to)}]}}\n"
+        for name, to in links.items()
+    ]
+    return "---\n".join([MODEL, *agents])
+
+
+RING = 150  # more than one POST /v1/resources/delete takes (MAX_DELETED_TOGETHER)
+
+
+def test_a_ring_of_more_agents_than_one_request_deletes_goes_whole_or_stays_with_a_hint(
+    cli: Cli,
+) -> None:
+    """Each agent of the ring is referenced by the one before it: none goes alone, and
+    the ring goes in one transaction or not at all. Embedded, the store takes it whole;
+    the server takes at most 100 at once, so the remote CLI deletes nothing and says
+    what to do."""
+    ring = {f"r{n}": [f"r{(n + 1) % RING}"] for n in range(RING)}
+    cli("apply", "-n", cli.ns, "-f", "-", input=linked(ring))
+    asked = ["delete", "agents", *ring, "-n", cli.ns]
+    if cli.mode == "embedded":
+        assert len(cli(*asked).stdout.splitlines()) == RING
+        assert cli("get", "agents", "-n", cli.ns).stdout == ""
+        return
+    done = cli(*asked, check=2)
+    assert done.stdout == ""
+    assert done.stderr.count("remove some of the references among them") == RING
+    assert "one of 150 resources refused alone, more than the 100" in done.stderr
+    assert "r0' in namespace" in done.stderr and "referenced by Agent 'r149'" in done.stderr
+    assert len(names(cli("get", "agents", "-n", cli.ns).stdout)) == RING
+
+
+def test_more_linked_pairs_than_one_request_deletes_are_all_deleted(cli: Cli) -> None:
+    pairs: dict[str, list[str]] = {}
+    for n in range(RING // 2):
+        pairs |= {f"a{n}": [f"b{n}"], f"b{n}": [f"a{n}"]}
+    cli("apply", "-n", cli.ns, "-f", "-", input=linked(pairs))
+    done = cli("delete", "agents", *pairs, "-n", cli.ns)
+    assert sorted(done.stdout.splitlines()) == sorted(f"agent/{name} deleted" for name in pairs)
+    assert cli("get", "agents", "-n", cli.ns).stdout == ""
+
+
 def test_delete_says_what_it_needs(cli: Cli) -> None:
     assert "say what to delete" in cli("delete", check=2).stderr
     assert "name what to delete" in cli("delete", "agent", check=2).stderr

@@ -282,6 +282,29 @@ async def test_an_ingest_failing_midway_is_charged_what_it_embedded(
     assert replay(harness.events[:-1]).cost_usd == pytest.approx(tokens / 1000)
 
 
+@pytest.mark.parametrize("operation", ["write", "search"])
+async def test_an_answer_of_other_dimensions_is_refused_and_charged_all_the_same(
+    tools: Tools, tmp_path: Path, operation: str
+) -> None:
+    """The provider billed the answer before the model adapter refused its vectors
+    (``EmbeddingDimensionsError``): the failed call's event carries the cost, and the run
+    counts it."""
+    tools.server.embed_with(dimensions=DIMENSIONS * 2)
+    arguments = {"text": TEXT} if operation == "write" else {"query": TEXT}
+    script = [turn("", (f"memory_{operation}", arguments)), turn("done")]
+    harness = Harness(script, list(tools(operation)), tmp_path)
+    result = await harness.run("remember")
+    assert result.state is RunState.SUCCEEDED  # the model saw the tool error, and ended
+    [outcome] = [e for e in harness.events if e.type is EventType.TOOL_RESULT]
+    assert f"{DIMENSIONS * 2} dimensions, not the {DIMENSIONS}" in outcome.data["error"]["reason"]
+    [failed] = [e for e in harness.events if e.type.value == f"memory.{operation}"]
+    assert failed.data["failed"] == "memory_backend_bad_answer"
+    assert charged(harness.events) == [(f"memory.{operation}", 6, pytest.approx(0.006))]
+    assert result.cost_usd == pytest.approx(0.006) and result.usage.input_tokens == 6
+    assert replay(harness.events[:-1]).cost_usd == pytest.approx(0.006)
+    assert await tools.store.list_memory(MemoryPlace("default", "notes"), limit=10) == []
+
+
 def test_the_event_lines_show_what_a_memory_call_embedded() -> None:
     charged_write = {"memory": "notes", "key": "k", "preview": "p", "chars": 1}
     charged_write |= {"usage": {"input_tokens": 6}, "cost_usd": 0.006}

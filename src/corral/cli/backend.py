@@ -95,6 +95,9 @@ async def load_files(
 class Backend(ABC):
     """What the commands need from Corral; the contract is the API's (``corral.client``)."""
 
+    #: the most resources one :meth:`delete_resources` deletes together (``None``: no bound)
+    max_deleted_together: int | None = None
+
     # ----------------------------------------------------------------------- resources
 
     @abstractmethod

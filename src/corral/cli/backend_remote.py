@@ -32,6 +32,7 @@ from corral.api import (
     Task,
     TaskDetail,
 )
+from corral.api.resources import MAX_DELETED_TOGETHER
 from corral.cli.backend import Backend, MemoryAt, RunControl, Show, load_files
 from corral.client import AsyncClient
 from corral.core.errors import Location, NotFoundError, ResourceError
@@ -72,6 +73,8 @@ async def _ignore(event: EventOut) -> None:
 
 class RemoteBackend(Backend):
     """A Corral server; runs execute on its workers (or on ``corral worker`` processes)."""
+
+    max_deleted_together = MAX_DELETED_TOGETHER  # POST /v1/resources/delete's bound
 
     def __init__(self, client: AsyncClient) -> None:
         self.client = client

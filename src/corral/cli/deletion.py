@@ -8,6 +8,12 @@ still refused then are tried together, one request per namespace (all or none), 
 if that is refused, every group of one fewer: what only references among themselves
 hold back (two agents that link each other) goes then, and whatever a resource not
 being deleted references stays, with its reason.
+
+A server deletes at most ``MAX_DELETED_TOGETHER`` (100) resources in one request: a
+larger group is tried in slices of 100 (what references only its own slice goes, and
+the rest is tried again), and when no slice could go, each of its resources says so and
+what to do (break some of the references among them first). Nothing is deleted in part
+behind the caller's back: each request goes whole or not, and each resource is reported.
 """
 
 from __future__ import annotations
@@ -79,22 +85,52 @@ async def _together(
 ) -> bool:
     """Delete the resources each refused alone together, per namespace (all or none); when
     the group is refused (one of them is referenced from outside it), each group of one
-    fewer is tried. Whether any went."""
+    fewer is tried. A group larger than the backend deletes at once is tried in slices of
+    that size instead (what references only its own slice goes). Whether any went."""
     by_namespace: dict[str, list[Target]] = {}
     for target in refused:
         by_namespace.setdefault(target.namespace, []).append(target)
+    cap = backend.max_deleted_together
     went = False
     for namespace, group in by_namespace.items():
+        if cap is not None and len(group) > cap:
+            slices = [group[i : i + cap] for i in range(0, len(group), cap)]
+            gone = [await _delete_group(backend, namespace, s, outcome) for s in slices]
+            if any(gone):
+                went = True  # the next round tries the rest again, alone then together
+            else:
+                _too_many_together(group, cap, outcome)
+            continue
         tries = [group] + [group[:i] + group[i + 1 :] for i in range(len(group))]
         for members in tries:
             if len(members) < 2 or (members is not group and len(group) == 2):
                 continue
-            try:
-                await backend.delete_resources(namespace, [(t.kind, t.name) for t in members])
-            except UserError:  # a referrer outside the group (or one gone meanwhile)
-                continue
-            for target in members:
-                outcome[target] = None
-            went = True
-            break
+            if await _delete_group(backend, namespace, members, outcome):
+                went = True
+                break
     return went
+
+
+async def _delete_group(
+    backend: Backend, namespace: str, members: list[Target], outcome: dict[Target, str | None]
+) -> bool:
+    """Delete ``members`` together, all or none; whether they went."""
+    try:
+        await backend.delete_resources(namespace, [(t.kind, t.name) for t in members])
+    except UserError:  # a referrer outside the group (or one gone meanwhile)
+        return False
+    for target in members:
+        outcome[target] = None
+    return True
+
+
+def _too_many_together(group: list[Target], cap: int, outcome: dict[Target, str | None]) -> None:
+    """Each of ``group``'s reasons, with why they were not deleted together and what to do."""
+    hint = (
+        f" (it is one of {len(group)} resources refused alone, more than the {cap} the "
+        "server deletes together in one request, and they reference each other across "
+        f"every slice of {cap}: remove some of the references among them - apply those "
+        "agents without the links - then delete again)"
+    )
+    for target in group:
+        outcome[target] = f"{outcome[target]}{hint}"

@@ -47,7 +47,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from corral.core.messages import Embeddings
 
 
 class CorralError(Exception):
@@ -145,10 +148,13 @@ class ModelError(CorralError):
 
     ``retryable`` says whether the same request may succeed later (429, 5xx,
     connection errors, timeouts); ``retry_after`` carries the server's hint in
-    seconds when it gave one.
+    seconds when it gave one. ``paid`` is an answer the provider billed before the
+    adapter refused it (embeddings of the wrong size): its usage and cost are the
+    caller's all the same, with no vectors.
     """
 
     code = "model_error"
+    paid: Embeddings | None = None
 
     def __init__(
         self,

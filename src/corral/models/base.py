@@ -29,6 +29,7 @@ from corral.core.messages import (
     StreamItem,
     TextDelta,
     ToolSpec,
+    Usage,
 )
 
 __all__ = [
@@ -38,7 +39,7 @@ __all__ = [
     "ModelSettings",
     "NamedTool",
     "ToolChoice",
-    "checked_vectors",
+    "checked_embeddings",
 ]
 
 #: the providers whose models embed (the others refuse :meth:`Model.embed`)
@@ -66,7 +67,7 @@ class ModelSettings:
     tool_choice: ToolChoice = None
 
 
-def checked_vectors(
+def _checked_vectors(
     endpoint: str, texts: int, vectors: Sequence[Sequence[float]], dimensions: int | None
 ) -> list[list[float]]:
     """An embeddings answer, checked: one vector per text, all of one length, finite
@@ -96,6 +97,25 @@ def checked_vectors(
     if not all(math.isfinite(x) for vector in out for x in vector):
         raise ModelError(f"{where} answered an embedding that is not finite", endpoint=endpoint)
     return out
+
+
+def checked_embeddings(
+    endpoint: str,
+    texts: int,
+    vectors: Sequence[Sequence[float]],
+    dimensions: int | None,
+    usage: Usage,
+    model: str,
+) -> Embeddings:
+    """A provider's paid answer as :class:`Embeddings`, checked by :func:`_checked_vectors`;
+    a refusal carries what the answer cost (``ModelError.paid``), since the provider
+    billed it whatever its vectors are."""
+    try:
+        checked = _checked_vectors(endpoint, texts, vectors, dimensions)
+    except ModelError as exc:
+        exc.paid = Embeddings([], usage, model, endpoint)
+        raise
+    return Embeddings(checked, usage, model, endpoint)
 
 
 class Model(ABC):

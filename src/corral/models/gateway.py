@@ -268,7 +268,15 @@ class PricedModel(Model):
         return self._priced(await self.inner.request(messages, tools, settings))
 
     async def embed(self, texts: Sequence[str], *, dimensions: int | None = None) -> Embeddings:
-        embeddings = await self.inner.embed(texts, dimensions=dimensions)
+        try:
+            embeddings = await self.inner.embed(texts, dimensions=dimensions)
+        except ModelError as exc:
+            if exc.paid is not None:  # a refused answer is billed as an accepted one
+                exc.paid = self._priced_embeddings(exc.paid)
+            raise
+        return self._priced_embeddings(embeddings)
+
+    def _priced_embeddings(self, embeddings: Embeddings) -> Embeddings:
         cost = embeddings.usage.input_tokens * self.pricing.input_per_million / 1_000_000
         return replace(embeddings, cost_usd=cost)
 

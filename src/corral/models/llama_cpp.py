@@ -97,7 +97,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from corral.core.errors import ConfigurationError, ModelError
 from corral.core.ids import new_id
 from corral.core.messages import Message, ModelResponse, ToolCall, ToolSpec, Usage
-from corral.models.base import Embeddings, Model, ModelSettings, NamedTool, checked_vectors
+from corral.models.base import Embeddings, Model, ModelSettings, NamedTool, checked_embeddings
 from corral.resources.kinds import ModelEndpointSpec
 
 DEFAULT_CHAT_FORMAT = "chatml-function-calling"
@@ -412,8 +412,8 @@ class LlamaCppModel(Model):
             return Embeddings([], Usage(), self.model, self.name)
         work = partial(self._embed_work, batch)
         vectors, tokens = await anyio.to_thread.run_sync(work, abandon_on_cancel=True)
-        checked = checked_vectors(self.name, len(batch), vectors, dimensions)
-        return Embeddings(checked, Usage(tokens, 0, 1), self.model, self.name)
+        usage = Usage(tokens, 0, 1)
+        return checked_embeddings(self.name, len(batch), vectors, dimensions, usage, self.model)
 
     def _embed_work(self, texts: list[str]) -> tuple[list[list[float]], int]:
         loaded = _load(replace(self._key, embedding=True))

@@ -54,7 +54,7 @@ from corral.models.base import (
     ModelSettings,
     NamedTool,
     ToolChoice,
-    checked_vectors,
+    checked_embeddings,
 )
 from corral.resources.kinds import MaxTokensParam, ModelEndpointSpec, ToolCallContent
 
@@ -373,16 +373,15 @@ class OpenAIChatModel(SDKModel[openai.AsyncOpenAI]):
             )
         )
         ordered = sorted(answer.data, key=lambda item: item.index)
-        vectors = checked_vectors(
-            self.name, len(texts), [item.embedding for item in ordered], dimensions
-        )
         # some compatible servers send no usage, which the SDK does not check
         tokens = getattr(answer.usage, "prompt_tokens", None) or 0
-        return Embeddings(
-            vectors,
+        return checked_embeddings(
+            self.name,
+            len(texts),
+            [item.embedding for item in ordered],
+            dimensions,
             Usage(int(tokens), 0, 1),
             answer.model or self.model,
-            self.name,
         )
 
 

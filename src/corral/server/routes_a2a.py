@@ -134,10 +134,22 @@ async def _caller(context: ServerContext, who: Principal, namespace: str, agent:
     return Caller(namespace, agent)
 
 
-def base_url(context: ServerContext, request: Request, namespace: str, agent: str) -> str:
-    """The agent's A2A URL: under ``CORRAL_PUBLIC_URL`` when set, else as the client called."""
-    root = context.settings.public_url or str(request.base_url).rstrip("/")
-    return f"{root}/a2a/{namespace}/{agent}"
+def base_url(context: ServerContext, namespace: str, agent: str) -> str:
+    """The agent's A2A URL, under the server's own URL: ``CORRAL_PUBLIC_URL``, else the
+    address ``corral serve`` listens on.
+
+    Never the request's ``Host`` header: any client may send any Host, and a card naming
+    that client's choice would send the next caller (or a cache's) to the attacker's URL.
+    An app served by something other than ``corral serve`` without ``CORRAL_PUBLIC_URL``
+    does not know its URL: the card is refused rather than guessed.
+    """
+    if context.public_url is None:
+        raise ProblemError(
+            503,
+            "the server does not know its public URL for the agent card: set CORRAL_PUBLIC_URL",
+            code="public_url_unset",
+        )
+    return f"{context.public_url}/a2a/{namespace}/{agent}"
 
 
 def agent_card(url: str, caller: Caller) -> AgentCard:
@@ -185,7 +197,7 @@ async def get_agent_card(
     """The agent card of one agent (A2A discovery)."""
     context = context_of(request)
     caller = await _caller(context, who, namespace, agent)
-    card = agent_card(base_url(context, request, namespace, agent), caller)
+    card = agent_card(base_url(context, namespace, agent), caller)
     return JSONResponse(agent_card_to_dict(card))
 
 

@@ -193,6 +193,8 @@ class StoreMemoryBackend:
             try:
                 answer = await self.embedder.embed(batch, dimensions=dimensions)
             except (ModelError, ConfigurationError) as exc:
+                if spend is not None and isinstance(exc, ModelError) and exc.paid is not None:
+                    spend.add(exc.paid)  # the model refused an answer its provider billed
                 raise self._embedding_failed(exc) from None
             if spend is not None:  # paid, even when the answer is refused below
                 spend.add(answer)
