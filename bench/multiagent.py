@@ -16,7 +16,10 @@ every child run is announced on its bus, as in embedded mode), on the
 - **fan-out**: a parent whose first turn calls ``agents_exec`` 10 times (one
   turn, 10 tool calls: 10 child runs at once, slots free), against one call.
   Wall time of the parent run, the two interleaved; the figure is the ratio of
-  the p50s.
+  the p50s. Twice: with children whose model answers at once (the ratio is then
+  Corral's own cost per child run, which one worker process pays on one core),
+  and with children whose model takes 50 ms, as a fast remote model would
+  (``latency_seconds`` of the scripted turn): whether children run side by side.
 
 Each round is a child process (``multiagent.py --child``): it warms up untimed,
 freezes its heap, measures. The page shows the median over rounds of each
@@ -45,6 +48,8 @@ from _common import BENCH, emit, fmt, freeze_heap, median, percentile, run_child
 TARGET_DELEGATION_ADDS_MS = 3.0
 TARGET_FAN_OUT_RATIO = 1.5
 FAN_OUT = 10
+#: the model time of a child in the second fan-out measurement
+CHILD_MODEL_SECONDS = 0.05
 
 
 @dataclass(frozen=True)
@@ -73,8 +78,8 @@ def resources() -> str:
     def agent(name: str, model_name: str, **spec: Any) -> dict[str, Any]:
         return {"kind": "Agent", "metadata": {"name": name}, "spec": {"model": model_name, **spec}}
 
-    def ask(count: int) -> dict[str, Any]:
-        calls = [_call("agents_exec", agent="helper", input=f"part {n}") for n in range(count)]
+    def ask(count: int, helper: str = "helper") -> dict[str, Any]:
+        calls = [_call("agents_exec", agent=helper, input=f"part {n}") for n in range(count)]
         return {"tool_calls": calls}
 
     path = str(BENCH)
@@ -83,6 +88,9 @@ def resources() -> str:
         model("plain-model", {"tool_calls": [_call("add", a=2, b=3)]}, {"text": "5"}),
         model("boss-model", ask(1), {"text": "the helper is done"}),
         model("fan-model", ask(FAN_OUT), {"text": "all helpers are done"}),
+        model("slow-helper-model", {"text": "done", "latency_seconds": CHILD_MODEL_SECONDS}),
+        model("slow-1-model", ask(1, "slow-helper"), {"text": "the helper is done"}),
+        model("slow-fan-model", ask(FAN_OUT, "slow-helper"), {"text": "all helpers are done"}),
         {
             "kind": "Tool",
             "metadata": {"name": "add"},
@@ -97,6 +105,9 @@ def resources() -> str:
         agent("boss", "boss-model", links=["helper"]),
         agent("fan-1", "boss-model", links=["helper"]),
         agent("fan-10", "fan-model", links=["helper"]),
+        agent("slow-helper", "slow-helper-model"),
+        agent("slow-1", "slow-1-model", links=["slow-helper"]),
+        agent("slow-10", "slow-fan-model", links=["slow-helper"]),
     ]
     return "\n---\n".join(json.dumps({"apiVersion": "corral/v1", **doc}) for doc in docs)
 
@@ -137,7 +148,7 @@ async def _child(runs: int, fan_runs: int, warmup: int) -> dict[str, Any]:
         settings = Settings(home=Path(tmp), db_url=url, secret_key=None)
         worker = Worker(store, settings, concurrency=32, poll_seconds=0.5)
         stop = anyio.Event()
-        ms: dict[str, list[float]] = {"plain": [], "boss": [], "fan-1": [], "fan-10": []}
+        ms: dict[str, list[float]] = {name: [] for name in LABELS}
         try:
             async with anyio.create_task_group() as group:
                 group.start_soon(worker.serve, stop)
@@ -152,7 +163,7 @@ async def _child(runs: int, fan_runs: int, warmup: int) -> dict[str, Any]:
                         number += 1
                         ms[agent].append(await _one(store, worker, agent, number))
                 for _ in range(fan_runs):
-                    for agent in ("fan-1", "fan-10"):
+                    for agent in ("fan-1", "fan-10", "slow-1", "slow-10"):
                         number += 1
                         ms[agent].append(await _one(store, worker, agent, number))
                 stop.set()
@@ -177,7 +188,11 @@ LABELS = {
     "boss": "one delegation (agents_exec, one-turn child)",
     "fan-1": "agents_exec x1 in one turn",
     "fan-10": f"agents_exec x{FAN_OUT} in one turn",
+    "slow-1": f"agents_exec x1, the child's model {1000 * CHILD_MODEL_SECONDS:g} ms",
+    "slow-10": f"agents_exec x{FAN_OUT}, each child's model {1000 * CHILD_MODEL_SECONDS:g} ms",
 }
+#: the fan-out pairs: (one child, FAN_OUT children)
+FAN_PAIRS = (("fan-1", "fan-10"), ("slow-1", "slow-10"))
 
 
 def run(config: Config, log: Any = print) -> dict[str, Any]:
@@ -218,6 +233,8 @@ def run(config: Config, log: Any = print) -> dict[str, Any]:
         log(f"[multiagent] a delegation adds {spread(adds, 2)} ms (p50)")
     if ratio:
         log(f"[multiagent] fan-out x{FAN_OUT} / x1: {spread(ratio, 2)}")
+    if slow := fan_out_ratios(result, FAN_PAIRS[1]):
+        log(f"[multiagent] fan-out x{FAN_OUT} / x1, children on a 50 ms model: {spread(slow, 2)}")
     return result
 
 
@@ -232,9 +249,9 @@ def delegation_adds(result: dict[str, Any]) -> list[float]:
     return [b - p for p, b in zip(plain, boss, strict=False)]
 
 
-def fan_out_ratios(result: dict[str, Any]) -> list[float]:
+def fan_out_ratios(result: dict[str, Any], pair: tuple[str, str] = FAN_PAIRS[0]) -> list[float]:
     """The p50 of the fan-out parent over the single-child parent's, per round."""
-    one, many = p50s(result, "fan-1"), p50s(result, "fan-10")
+    one, many = p50s(result, pair[0]), p50s(result, pair[1])
     return [m / o for o, m in zip(one, many, strict=False) if o > 0]
 
 
@@ -250,8 +267,9 @@ def render(result: dict[str, Any]) -> str:
         beside = ""
         if name == "boss" and (adds := delegation_adds(result)):
             beside = f"+{spread(adds, 2)} ms over the plain tool call (p50)"
-        if name == "fan-10" and (ratio := fan_out_ratios(result)):
-            beside = f"{spread(ratio, 2, 'x')} the single child (p50)"
+        for pair in FAN_PAIRS:
+            if name == pair[1] and (ratio := fan_out_ratios(result, pair)):
+                beside = f"{spread(ratio, 2, 'x')} the single child (p50)"
         p50 = [s["p50_ms"] for s in got]
         p95 = [s["p95_ms"] for s in got]
         rows.append([label, spread(p50, 2), spread(p95, 2), beside])

@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
+import anyio
+
 from corral.core.errors import ModelError
 from corral.core.messages import Message, ModelResponse, ToolCall, ToolSpec, Usage
 from corral.models.base import Model, ModelSettings
@@ -42,6 +44,8 @@ class ScriptedModel(Model):
                 endpoint=self.name,
             )
         turn = self.turns[index]
+        if turn.latency_seconds:
+            await anyio.sleep(turn.latency_seconds)
         calls = tuple(
             ToolCall(
                 id=f"call_{index + 1}_{n + 1}",

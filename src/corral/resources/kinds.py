@@ -88,6 +88,12 @@ class ScriptedTurn(Spec):
     tool_calls: list[ScriptedToolCall] = Field(default_factory=list)
     input_tokens: int = 0
     output_tokens: int = 0
+    latency_seconds: float = Field(
+        0.0,
+        ge=0,
+        le=60,
+        description="how long the turn takes to answer, as a remote model's would (benchmarks)",
+    )
 
 
 class ModelEndpointSpec(Spec):
