@@ -69,9 +69,10 @@ class ChildSlots(Protocol):
     def start(self, record: RunRecord, lease: Lease) -> None:
         """Execute a child claimed with a reserved slot, in that slot."""
 
-    async def ended(self, run_ids: Sequence[str], seconds: float) -> bool:
-        """Whether the executions of ``run_ids``, all started here by :meth:`start`, all
-        ended within ``seconds`` (``False`` at once when one was not started here)."""
+    async def ended(self, run_ids: Sequence[str], seconds: float) -> dict[str, RunRecord]:
+        """Those of ``run_ids``, all started here by :meth:`start`, whose executions ended
+        them (finished, as saved) within ``seconds``; none at once when one of them was not
+        started here."""
 
 
 class StoreDelegation:

@@ -12,7 +12,6 @@ lost or a cancellation was asked for.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -308,7 +307,7 @@ class RunExecutor:
                 call_environment=calls.environment,
                 switch=switch,
                 outside_children=calls.finished_children,
-                children_ended=functools.partial(self._children_ended, record.id),
+                children_ended=self._children_ended,
             )
             try:
                 if events:
@@ -329,14 +328,13 @@ class RunExecutor:
             for give_back in releases:
                 give_back()
 
-    async def _children_ended(self, run_id: str, child_ids: list[str]) -> dict[str, RunRecord]:
+    async def _children_ended(self, child_ids: list[str]) -> dict[str, RunRecord]:
         """Those of the run's children ``child_ids`` that ended, when they all run on this
-        worker and end within ``CHILD_WAIT_SECONDS`` (else none: the run parks)."""
-        if self.slots is None or not await self.slots.ended(child_ids, CHILD_WAIT_SECONDS):
+        worker, within ``CHILD_WAIT_SECONDS`` (else none, or some: the run parks for the
+        others). Their records as their executions saved them: no read."""
+        if self.slots is None:
             return {}
-        wanted = set(child_ids)
-        children = await self.store.list_children(run_id)
-        return {c.id: c for c in children if c.id in wanted and c.state.finished}
+        return await self.slots.ended(child_ids, CHILD_WAIT_SECONDS)
 
     async def _announce_released(self, lease: Lease) -> None:
         """Announce a run this lease released: its fencing token marks the release, which

@@ -35,6 +35,7 @@ import math
 import os
 import socket
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
 
 import anyio
 
@@ -138,7 +139,7 @@ class Worker:
         self._shutdown = anyio.Event()
         self._stopping: anyio.Event | None = None
         self._runs: anyio.abc.TaskGroup | None = None  # where executions run, while serving
-        self._children: dict[str, anyio.Event] = {}  # child runs started here, until they end
+        self._children: dict[str, _LocalChild] = {}  # child runs started here, until they end
 
     def wake(self) -> None:
         """Look for work now instead of at the next poll (used after an in-process submit)."""
@@ -216,19 +217,21 @@ class Worker:
         self._reserved -= 1
         self.taken += 1
         self.active[record.id] = lease
-        self._children[record.id] = anyio.Event()
+        self._children[record.id] = _LocalChild()
         self._runs.start_soon(self._execute, record, lease)
 
-    async def ended(self, run_ids: Sequence[str], seconds: float) -> bool:
-        waits = [self._children.get(run_id) for run_id in run_ids]
+    async def ended(self, run_ids: Sequence[str], seconds: float) -> dict[str, RunRecord]:
+        children = [self._children.get(run_id) for run_id in run_ids]
+        ended: dict[str, RunRecord] = {}
         # (real time, whatever the clock: this only spares a park, it decides nothing)
         with anyio.move_on_after(seconds):
-            for wait in waits:
-                if wait is None:
-                    return False
-                await wait.wait()
-            return True
-        return False
+            for child in children:
+                if child is None:
+                    return {}
+                await child.done.wait()
+                if child.record is not None:
+                    ended[child.record.id] = child.record
+        return ended
 
     async def _idle_wait(self, stop: anyio.Event) -> None:
         """Until there may be work: stop, a freed slot, a bus announcement, or the poll."""
@@ -341,10 +344,13 @@ class Worker:
             record.attempts,
             record.max_attempts,
         )
+        child = self._children.get(record.id)
         try:
             outcome = await self.executor.execute(
                 record, lease, self._shutdown, on_woken=None if self._shutdown.is_set() else take
             )
+            if child is not None and outcome == "done" and record.state.finished:
+                child.record = record  # as saved (see RunExecutor._save)
             log.info("%s", self._ended(record, outcome, self.clock.monotonic() - started))
             if outcome == "released" and self._shutdown.is_set():
                 self.released += 1
@@ -363,9 +369,9 @@ class Worker:
             log.exception("run %s failed in the worker", record.id)
             return None
         finally:
-            child = self._children.pop(record.id, None)
             if child is not None:
-                child.set()
+                del self._children[record.id]
+                child.done.set()
             # (only this claim's entry: a run that parked and was queued again at once may
             # already be claimed anew, and that execution is active now)
             if self.active.get(record.id) is lease:
@@ -552,6 +558,15 @@ class Worker:
             self.executed,
             self.released,
         )
+
+
+@dataclass
+class _LocalChild:
+    """A child run executing in this worker: set ``done`` when its execution ends, with
+    the run as saved when that ended it (``record``; else ``None``: parked, lost, failed)."""
+
+    done: anyio.Event = field(default_factory=anyio.Event)
+    record: RunRecord | None = None
 
 
 def _took(seconds: float) -> str:
