@@ -379,7 +379,9 @@ async def test_a_replayed_agents_exec_call_finds_its_child_instead_of_starting_a
         agent("helper", "m"),
         agent("boss", "m", links=["helper"]),
     )
-    parent, _ = await backend.submit("boss", "go")
+    # (not due for an hour: an unfinished parent, as a run calling agents_exec is; no
+    # child starts under a parent that has ended)
+    parent, _ = await backend.submit("boss", "go", delay=3600)
     delegation = StoreDelegation(store, backend.bus)
     tool = AgentsExec([AgentLink(agent="helper")], delegation, lambda ref: True, DEFAULT_MAX_DEPTH)
     ctx = ToolContext(parent.id, "boss", "default", "call_1_1", f"{parent.id}:1:0", Path("."))

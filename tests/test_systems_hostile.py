@@ -17,7 +17,7 @@ from corral.core.runs import RunState
 from corral.core.settings import Settings
 from corral.runtime import operations, system_runs
 from corral.runtime.inbox import InboxConsumer
-from corral.runtime.system_messages import message_id
+from corral.runtime.system_messages import deliver, message_id
 from corral.runtime.worker import Worker
 from corral.store import Store
 from nats_servers import nats_prefix_fixture, nats_server_url_fixture
@@ -291,3 +291,41 @@ async def test_a_by_output_route_naming_its_agent_a_thousand_times_sends_one_mes
     assert (done.state, done.output) == (RunState.SUCCEEDED, "refunded"), done.error
     assert sorted(c.agent for c in await store.list_children(run.id)) == ["billing", "router"]
     assert len(await store.list_agent_messages(run.id)) == 2
+
+
+async def test_a_delivery_that_read_its_system_run_before_a_cancel_starts_no_node_run(
+    backend: Backend,
+) -> None:
+    # The interleaving of a delivery in flight: the system run was read (running, as its
+    # coordinator holds it) before the cancel came, the node run is created after it.
+    store = backend.store
+    await apply(store, *answering("solo", "an answer"), system("team", entry="solo"))
+    run, _ = await system_runs.submit_system(store, "team", "hello")
+    [(read_before, _)] = await store.claim_runs("coordinator", 30.0, run_ids=[run.id])
+    message = input_message(run.id, "solo")
+    await store.add_agent_messages([message])
+    await operations.cancel(store, run.id)
+    with pytest.raises(ConflictError, match="being cancelled"):
+        await deliver(store, backend.bus, message, parent=read_before)
+    assert await store.list_children(run.id) == []
+    stored = await store.get_agent_message(message.id)
+    assert stored is not None and stored.state is MessageState.PENDING
+
+
+async def test_a_system_run_cancelled_during_its_pass_ends_cancelled_with_no_node_run(
+    env: tuple[Store, Settings],
+) -> None:
+    # The cancel lands between the worker's claim and the pass's delivery (before the
+    # lease keeper's next renewal could see it): the store refuses the node run, and
+    # the coordinator ends the run as a cancel does, not as a failure.
+    store, settings = env
+    await apply(store, *answering("solo", "an answer"), system("team", entry="solo"))
+    run, _ = await system_runs.submit_system(store, "team", "hello")
+    [(record, lease)] = await store.claim_runs("w", 30.0, run_ids=[run.id])
+    await operations.cancel(store, run.id)
+    executor = Worker(store, settings, bus=LocalBus()).executor
+    async with executor:
+        assert await executor.execute(record, lease, anyio.Event()) == "done"
+    done = await get(store, run)
+    assert done.state is RunState.CANCELLED, done.error
+    assert await store.list_children(run.id) == []

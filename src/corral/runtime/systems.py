@@ -141,6 +141,14 @@ class SystemCoordinator:
         try:
             return await self._advance(state, sink)
         except (SystemFailed, BudgetExceededError) as exc:
+            if await self._cancel_requested(record):
+                # A cancel came during the pass (before the lease keeper saw it), and the
+                # store refused the node runs it would have started (the deliveries in
+                # flight were dead-lettered): the run ends as a cancel ends it, and its
+                # save cascades to the node runs.
+                record.cancel_requested = True
+                await sink.emit(EventType.RUN_FINISH, state=RunState.CANCELLED.value)
+                return self._result(state, RunState.CANCELLED)
             return await self._fail(state, sink, exc.to_dict())
 
     # ----------------------------------------------------------------- the spec
@@ -589,6 +597,11 @@ class SystemCoordinator:
         await sink.emit(EventType.ERROR, **error)
         await sink.emit(EventType.RUN_FINISH, state=RunState.FAILED.value)
         return self._result(state, RunState.FAILED, error=error)
+
+    async def _cancel_requested(self, record: RunRecord) -> bool:
+        """Whether a cancel of the system run came during this pass."""
+        stored = await self.store.get_run(record.id)
+        return stored is not None and stored.cancel_requested
 
     def _result(
         self,

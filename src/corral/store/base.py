@@ -256,7 +256,10 @@ class Store(ABC):
         ``NotFoundError`` (nothing stored) when the record's namespace has no such
         Agent; ``record.max_attempts`` is set from it. The run's session, when it has
         one, is opened (created if new; ``ConflictError`` when it belongs to another
-        agent). With ``claim_for=(owner, lease_seconds)`` a new run that is due is
+        agent). A child run (``parent_run_id`` set) is refused in the same transaction
+        when its parent is gone (``NotFoundError``), has finished or has a cancel
+        requested (``ConflictError``): a parent read before a cancel never gets a child
+        started after it. With ``claim_for=(owner, lease_seconds)`` a new run that is due is
         also claimed for ``owner`` (``corral run`` executes the run it submits):
         :attr:`Submitted.lease` is set then, and the record is the claimed one.
         A store reads the Agent, opens the session, stores the run and claims it in
