@@ -176,3 +176,31 @@ async def test_a_child_submitted_while_its_parent_is_cancelled_never_outlives_it
         assert await state_of(store, parent) is RunState.CANCELLED
         children = await store.list_children(parent)
         assert all(c.state is RunState.CANCELLED for c in children), children
+
+
+async def test_a_run_parked_past_its_deadline_is_queued_once(store: Store) -> None:
+    now = time.time()
+    for run_id, deadline in (("run_late", now - 1), ("run_early", now + 60), ("run_none", None)):
+        await store.submit_run(a_run(run_id))
+        await store.submit_run(a_run(f"{run_id}_child", run_id, 1))  # (it hangs)
+        claimed, lease = await claim(store, run_id)
+        claimed.state, claimed.deadline_at = RunState.WAITING_CHILDREN, deadline
+        await store.save_run(claimed, lease)
+    late = await store.get_run("run_late")
+    assert late is not None and late.deadline_at == now - 1
+
+    # two workers' upkeep at once: one of them queues it
+    found: list[list[tuple[str, int]]] = []
+
+    async def sweep() -> None:
+        found.append(await store.queue_overdue_runs(now=now))
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(sweep)
+        group.start_soon(sweep)
+    assert sorted(found) == [[], [("run_late", late.fencing_token)]]
+    assert await state_of(store, "run_late") is RunState.QUEUED
+    assert await state_of(store, "run_early") is RunState.WAITING_CHILDREN
+    assert await state_of(store, "run_none") is RunState.WAITING_CHILDREN
+    assert await store.queue_overdue_runs(now=now) == []
+    assert await store.queue_overdue_runs(now=now + 120) == [("run_early", 1)]

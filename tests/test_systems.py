@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,8 +21,9 @@ from corral.core.events import EventType
 from corral.core.runs import RunState
 from corral.runtime import operations, system_runs
 from corral.store import Store
+from durable_tools import GATES, Gate
 from nats_servers import nats_prefix_fixture, nats_server_url_fixture
-from systems_helpers import agent, answering, apply, desk, gated, get, model, system
+from systems_helpers import agent, answering, apply, call, desk, gated, get, model, system
 
 __all__ = [
     "backend_fixture",
@@ -30,6 +32,8 @@ __all__ = [
     "nats_server_url_fixture",
 ]
 
+
+TESTS = Path(__file__).parent
 
 DIAMOND = dict(
     entry="planner",
@@ -369,6 +373,42 @@ async def test_a_system_run_past_its_timeout_fails_naming_the_limit(backend: Bac
     assert done.state is RunState.FAILED and done.error is not None
     assert (done.error["code"], done.error.get("limit")) == ("budget_exceeded", "timeout_seconds")
     assert all(c.state.finished for c in await store.list_children(run.id))
+
+
+@pytest.mark.worker(poll_seconds=0.1, lease_seconds=1.5)
+async def test_a_node_that_hangs_is_stopped_at_the_systems_timeout(backend: Backend) -> None:
+    # No node run ends to wake the parked system run: a worker's upkeep queues it at its
+    # deadline, and its coordinator fails it and cancels the hanging node run.
+    store = backend.store
+    GATES["never"] = gate = Gate()
+    tool = {
+        "apiVersion": "corral/v1",
+        "kind": "Tool",
+        "metadata": {"name": "wait_at_gate"},
+        "spec": {
+            "type": "python",
+            "python": {"function": "durable_tools:wait_at_gate", "path": str(TESTS)},
+        },
+    }
+    try:
+        await apply(
+            store,
+            json.dumps(tool),
+            model("stuck-model", call("wait_at_gate", gate="never"), {"text": "never"}),
+            agent("stuck", "stuck-model", tools=["wait_at_gate"]),
+            system("hung", entry="stuck", limits={"timeout_seconds": 1}),
+        )
+        run, _ = await system_runs.submit_system(store, "hung", "go", bus=backend.bus)
+        await backend.drain()
+    finally:
+        del GATES["never"]
+    done = await get(store, run)
+    assert done.state is RunState.FAILED and done.error is not None
+    assert (done.error["code"], done.error.get("limit")) == ("budget_exceeded", "timeout_seconds")
+    assert done.deadline_at is not None and done.finished_at is not None
+    assert done.finished_at >= done.deadline_at
+    [node] = await store.list_children(run.id)
+    assert gate.calls == 1 and node.state is RunState.CANCELLED
 
 
 async def test_a_system_run_memory_is_shared_by_its_agents_and_no_other_run(

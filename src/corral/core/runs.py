@@ -124,6 +124,10 @@ class RunRecord:
     #: a node run's branch of its system run, and the branch that one forked from
     branch_id: str | None = None
     parent_branch_id: str | None = None
+    #: when the run's time limit passes: a system run's start plus its
+    #: ``limits.timeout_seconds`` (set by its coordinator); parked past it, any worker's
+    #: upkeep queues it (``Store.queue_overdue_runs``) for its coordinator to fail it
+    deadline_at: float | None = None
 
     @property
     def is_system_run(self) -> bool:

@@ -38,6 +38,9 @@ with ``parent_run_id`` = the system run) - and makes one pass:
 5. **Limits** (``spec.limits``): a message past ``max_hops`` from the input, more than
    ``max_messages`` messages, the run older than ``timeout_seconds`` or its node runs'
    cost past ``max_cost_usd`` end it ``failed`` with ``budget_exceeded`` naming the limit.
+   The run's ``deadline_at`` (its start plus ``timeout_seconds``) is saved with each
+   pass: a run parked past it (a node that hangs) is queued by any worker's upkeep
+   (``Store.queue_overdue_runs``), and that pass fails it and cancels its node runs.
 6. **Park or finish.** While node runs are unfinished the run parks in
    ``waiting_children`` (no worker held); the store queues it again as soon as one of
    them ends (``statements.requeue_parent``), so each branch moves on as its node ends.
@@ -131,6 +134,9 @@ class SystemCoordinator:
         spec = await self._spec(record, sink, events)
         if isinstance(spec, RunResult):
             return spec
+        # saved with the pass: parked past it, a worker's upkeep queues the run (a node
+        # that hangs brings no node's end to wake it) and this check fails it
+        record.deadline_at = (record.started_at or record.created_at) + spec.limits.timeout_seconds
         state = _Pass(
             record,
             spec,
@@ -227,8 +233,7 @@ class SystemCoordinator:
 
     def _check_time_and_cost(self, state: _Pass) -> None:
         limits, record = state.spec.limits, state.record
-        started = record.started_at or record.created_at
-        if self.clock.now() - started > limits.timeout_seconds:
+        if record.deadline_at is not None and self.clock.now() >= record.deadline_at:
             raise BudgetExceededError(
                 "timeout_seconds",
                 f"system run {record.id} ran past its limit of {limits.timeout_seconds:g} s "

@@ -374,6 +374,13 @@ class Store(ABC):
         """
 
     @abstractmethod
+    async def queue_overdue_runs(self, now: float | None = None) -> list[tuple[str, int]]:
+        """Queue the runs parked in ``waiting_children`` whose ``deadline_at`` passed by
+        ``now`` (a system run whose node hangs past its ``timeout_seconds``): their
+        executor ends them. Returns ``(run id, fencing token)`` of each queued run. Safe
+        to call from every worker at once: a run is queued by one call only."""
+
+    @abstractmethod
     async def expire_approvals(self, now: float | None = None) -> list[Approval]:
         """Mark pending approvals whose ``expires_at`` passed as ``expired`` and queue their
         runs (as ``decide_approval`` does); returns what expired."""

@@ -33,6 +33,7 @@ from corral.store.sql.statements import (
     append_to_session,
     children_of,
     parent_of_child,
+    queue_overdue,
     refuse,
     requeue_parent,
     run_by_id,
@@ -167,6 +168,16 @@ class SqlRuns(SqlEngine):
             return cancelled
 
         return RUNS.record(await self._write(f"cancel run {run_id}", write))
+
+    async def queue_overdue_runs(self, now: float | None = None) -> list[tuple[str, int]]:
+        """See :meth:`Store.queue_overdue_runs`: one ``UPDATE``, whose row locks (PostgreSQL;
+        SQLite's write lock) let one of two racing workers queue each run."""
+        overdue = queue_overdue(time.time() if now is None else now)
+
+        async def write(conn: AsyncConnection) -> list[tuple[str, int]]:
+            return [(row.id, row.fencing_token) for row in (await conn.execute(overdue)).all()]
+
+        return await self._write("queue overdue runs", write)
 
     async def list_children(self, run_id: str) -> list[RunRecord]:
         rows = await self._read(

@@ -371,6 +371,19 @@ def requeue_parent(parent_id: Value, now: Value) -> sa.Update:
     )
 
 
+def queue_overdue(now: Value) -> sa.Update:
+    """Queue the runs parked in ``waiting_children`` past their ``deadline_at``."""
+    return (
+        runs.update()
+        .where(
+            runs.c.deadline_at <= now,
+            runs.c.state == RunState.WAITING_CHILDREN.value,
+        )
+        .values(state=RunState.QUEUED.value, not_before=now)
+        .returning(runs.c.id, runs.c.fencing_token)
+    )
+
+
 async def wake_parent(
     conn: AsyncConnection, run_id: str, parent_id: str | None, state: RunState, now: float
 ) -> None:
