@@ -12,6 +12,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
 from backends import Backend, backend_fixture, deployment_fixture
@@ -19,7 +20,9 @@ from corral.core.agent_messages import MessageState
 from corral.core.errors import ConflictError, NotFoundError, ResourceError
 from corral.core.events import EventType
 from corral.core.runs import RunState
+from corral.core.settings import Settings
 from corral.runtime import operations, system_runs
+from corral.runtime.worker import Worker
 from corral.store import Store
 from durable_tools import GATES, Gate
 from nats_servers import nats_prefix_fixture, nats_server_url_fixture
@@ -237,6 +240,45 @@ async def test_a_ping_pong_loop_is_stopped_by_max_hops(backend: Backend) -> None
     assert (done.error["code"], done.error["limit"]) == ("budget_exceeded", "max_hops")
     assert "max_hops" in done.error["message"]
     assert len(await store.list_children(run.id)) == 6  # hops 0..5
+
+
+async def test_a_200_hop_system_runs_each_hop_once_and_counts_every_node_runs_spend(
+    env: tuple[Store, Settings],
+) -> None:
+    # Each pass reads what changed since the last (its position); 200 passes in a row
+    # take every node run once, journal each step once and add up the spend of all.
+    # (Embedded only: through NATS each hop waits for an inbox delivery, and 200 of them
+    # in a row outlast a test; the passes are the same code on every store.)
+    store, settings = env
+    await apply(
+        store,
+        *PING_PONG,
+        system(
+            "rally",
+            entry="ping",
+            graph={"ping": {"next": ["pong"]}, "pong": {"next": ["ping"]}},
+            output="pong",
+            limits={"max_hops": 200, "max_messages": 300},
+        ),
+    )
+    run, _ = await system_runs.submit_system(store, "rally", "serve")
+    with anyio.fail_after(120):
+        await Worker(store, settings, poll_seconds=0.05).serve(anyio.Event(), until_idle=True)
+    done = await get(store, run)
+    assert done.state is RunState.FAILED and done.error is not None
+    assert (done.error["code"], done.error["limit"]) == ("budget_exceeded", "max_hops")
+    children = await store.list_children(run.id)
+    messages = await store.list_agent_messages(run.id)
+    assert len(children) == len(messages) == 201  # hops 0..200
+    assert sorted(m.hop for m in messages) == list(range(201))
+    assert {m.child_run_id for m in messages} == {c.id for c in children}
+    events = await store.list_events(run.id)
+    for kind in (EventType.MESSAGE_SEND, EventType.MESSAGE_DELIVER, EventType.CHILD_FINISH):
+        keyed = [e.data.get("message_id") or e.data["run_id"] for e in events if e.type is kind]
+        assert len(keyed) == len(set(keyed)) == 201, kind
+    assert done.steps == 201
+    assert done.usage.input_tokens == sum(c.usage.input_tokens for c in children) == 201 * 10
+    assert done.position is not None and done.position["messages"] == 201
 
 
 async def test_a_ping_pong_loop_is_stopped_by_max_messages(backend: Backend) -> None:

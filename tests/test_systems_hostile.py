@@ -5,6 +5,8 @@ SQLite, and PostgreSQL + NATS JetStream)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import anyio
 import httpx
 import pytest
@@ -13,6 +15,7 @@ from backends import Backend, backend_fixture, deployment_fixture
 from corral.bus.local import LocalBus
 from corral.core.agent_messages import MessageState
 from corral.core.errors import ConflictError, ResourceError
+from corral.core.events import EventType
 from corral.core.runs import RunState
 from corral.core.settings import Settings
 from corral.runtime import operations, system_runs
@@ -329,3 +332,48 @@ async def test_a_system_run_cancelled_during_its_pass_ends_cancelled_with_no_nod
     done = await get(store, run)
     assert done.state is RunState.CANCELLED, done.error
     assert await store.list_children(run.id) == []
+
+
+@pytest.mark.parametrize(
+    "position",
+    [
+        {"token": "one", "seq": 1, "messages": 0, "open": {}},
+        {"token": 1, "seq": 1, "messages": 0, "open": 5},
+        {"seq": 1},
+        ["not", "a", "position"],
+    ],
+)
+async def test_a_position_that_cannot_be_read_makes_the_pass_rebuild_from_the_store(
+    env: tuple[Store, Settings], position: Any
+) -> None:
+    # (what the row holds is the coordinator's own, but a pass never trusts one it cannot
+    # read, nor one saved under another claim: it reads the whole run, as after a crash)
+    store, settings = env
+    await apply(
+        store,
+        *answering("first", "one"),
+        *answering("second", "two"),
+        system("pair", entry="first", graph={"first": {"next": ["second"]}}),
+    )
+    run, _ = await system_runs.submit_system(store, "pair", "hello")
+    [(record, lease)] = await store.claim_runs("w", 30.0, run_ids=[run.id])
+    executor = Worker(store, settings, bus=LocalBus()).executor
+    async with executor:
+        assert await executor.execute(record, lease, anyio.Event()) == "done"  # (parked)
+    parked = await get(store, run)
+    assert parked.position is not None and parked.position["token"] == lease.token
+    [(node, node_lease)] = await store.claim_runs("w", 30.0, 5)  # (the system run waits)
+    assert node.agent == "first"
+    async with executor:
+        assert await executor.execute(node, node_lease, anyio.Event()) == "done"
+    [(system_record, system_lease)] = await store.claim_runs("w", 30.0, run_ids=[run.id])
+    system_record.position = position  # as if the row held it
+    async with executor:
+        assert await executor.execute(system_record, system_lease, anyio.Event()) == "done"
+    await drain(store, settings)
+    done = await get(store, run)
+    assert done.state is RunState.SUCCEEDED and done.output == "two"
+    events = await store.list_events(run.id)
+    sent = [e.data["message_id"] for e in events if e.type is EventType.MESSAGE_SEND]
+    finished = [e.data["run_id"] for e in events if e.type is EventType.CHILD_FINISH]
+    assert len(sent) == len(set(sent)) == 2 and len(finished) == len(set(finished)) == 2

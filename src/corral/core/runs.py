@@ -128,6 +128,9 @@ class RunRecord:
     #: ``limits.timeout_seconds`` (set by its coordinator); parked past it, any worker's
     #: upkeep queues it (``Store.queue_overdue_runs``) for its coordinator to fail it
     deadline_at: float | None = None
+    #: what a system run's coordinator knew at the end of its last pass (saved with it),
+    #: so that the next pass reads only what changed (see :mod:`corral.runtime.systems`)
+    position: dict[str, Any] | None = None
 
     @property
     def is_system_run(self) -> bool:

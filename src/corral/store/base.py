@@ -228,8 +228,11 @@ class Store(ABC):
         """
 
     @abstractmethod
-    async def list_children(self, run_id: str) -> list[RunRecord]:
-        """The child runs of a run (those its ``agents_exec`` calls started), oldest first."""
+    async def list_children(
+        self, run_id: str, *, ids: Sequence[str] | None = None
+    ) -> list[RunRecord]:
+        """The child runs of a run (those its ``agents_exec`` calls started), oldest first;
+        only those among ``ids`` when given."""
 
     @abstractmethod
     async def count_runs(self, *, now: float | None = None) -> RunCounts:
@@ -606,9 +609,11 @@ class Store(ABC):
         *,
         limit: int | None = None,
         after: tuple[float, str] | None = None,
+        states: Sequence[MessageState] | None = None,
     ) -> list[AgentMessage]:
         """The messages of a system run, oldest first (by ``created_at``, then id); at most
-        ``limit``, those after the keyset ``after`` = ``(created_at, id)`` when given."""
+        ``limit``, those after the keyset ``after`` = ``(created_at, id)`` when given, only
+        those in ``states`` when given."""
 
     @abstractmethod
     async def mark_agent_message(

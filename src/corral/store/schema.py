@@ -11,7 +11,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import JSONB
 
-LATEST_REVISION = "0013"
+LATEST_REVISION = "0014"
 """The head of ``migrations/versions``; a store at this revision opens without alembic."""
 
 metadata = sa.MetaData(
@@ -81,6 +81,8 @@ runs = sa.Table(
     sa.Column("active_agent", sa.String(63), nullable=True),
     # Run deadlines (0013): when a system run's limits.timeout_seconds passes (upkeep's sweep).
     sa.Column("deadline_at", sa.Double, nullable=True),
+    # Coordinator positions (0014): what a system run's last pass knew (runtime/systems.py).
+    sa.Column("position", Json, nullable=True),
     sa.Index("ix_runs_parent_run_id", "parent_run_id"),
     sa.Index("ix_runs_deadline_at", "deadline_at"),
     sa.Index("ix_runs_namespace_agent_created_at", "namespace", "agent", "created_at"),
@@ -272,6 +274,8 @@ agent_messages = sa.Table(
     sa.Column("finished_at", sa.Double, nullable=True),
     # A system run's messages are listed in keyset pages of (created_at, id).
     sa.Index("ix_agent_messages_system_run_id_created_at_id", "system_run_id", "created_at", "id"),
+    # A coordinator's pass reads only a system run's unfinished messages (0014).
+    sa.Index("ix_agent_messages_system_run_id_state", "system_run_id", "state"),
 )
 
 #: name prefixes of what the migrated schema has beyond ``metadata`` (see memory_entries)

@@ -179,10 +179,13 @@ class SqlRuns(SqlEngine):
 
         return await self._write("queue overdue runs", write)
 
-    async def list_children(self, run_id: str) -> list[RunRecord]:
-        rows = await self._read(
-            f"list the children of run {run_id}", fetch_all(children_of([run_id]))
-        )
+    async def list_children(
+        self, run_id: str, *, ids: Sequence[str] | None = None
+    ) -> list[RunRecord]:
+        query = children_of([run_id])
+        if ids is not None:
+            query = query.where(runs.c.id.in_(list(ids)))
+        rows = await self._read(f"list the children of run {run_id}", fetch_all(query))
         return [RUNS.record(row) for row in rows]
 
     async def prune_runs(
