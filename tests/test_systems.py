@@ -340,6 +340,63 @@ async def test_the_cost_of_the_node_runs_is_held_to_max_cost_usd(backend: Backen
     assert done.cost_usd > 2.5
 
 
+def priced(name: str, *turns: dict[str, Any]) -> str:
+    """A scripted ModelEndpoint whose every input token costs $1."""
+    pricing = {"input_per_million": 1_000_000.0, "output_per_million": 0.0}
+    return json.dumps(
+        {
+            "apiVersion": "corral/v1",
+            "kind": "ModelEndpoint",
+            "metadata": {"name": name},
+            "spec": {"provider": "scripted", "pricing": pricing, "script": list(turns)},
+        }
+    )
+
+
+async def test_a_node_run_is_capped_by_what_the_system_has_left(backend: Backend) -> None:
+    # cheap ($1) hands on to spender, whose run would take 5 turns at $1 each: given the
+    # $1.5 the system has left as its own cap, it stops after its second turn ($2), and
+    # the system fails on its max_cost_usd at $3 - not at $6, once spender had ended.
+    store = backend.store
+    add = {"name": "add", "arguments": {"a": 2, "b": 3}}
+    tool = {
+        "apiVersion": "corral/v1",
+        "kind": "Tool",
+        "metadata": {"name": "add"},
+        "spec": {"type": "python", "python": {"function": "agent_tools:add", "path": str(TESTS)}},
+    }
+    await apply(
+        store,
+        json.dumps(tool),
+        priced("cheap-model", {"text": "go on", "input_tokens": 1}),
+        agent("cheap", "cheap-model"),
+        priced(
+            "spender-model",
+            *[{"tool_calls": [add], "input_tokens": 1}] * 4,
+            {"text": "spent", "input_tokens": 1},
+        ),
+        agent("spender", "spender-model", tools=["add"], limits={"max_cost_usd": 100}),
+        system(
+            "budget",
+            entry="cheap",
+            graph={"cheap": {"next": ["spender"]}},
+            limits={"max_cost_usd": 2.5},
+        ),
+    )
+    run, _ = await system_runs.submit_system(store, "budget", "go", bus=backend.bus)
+    await backend.drain()
+    done = await get(store, run)
+    assert done.state is RunState.FAILED and done.error is not None
+    assert (done.error["code"], done.error.get("limit")) == ("budget_exceeded", "max_cost_usd")
+    nodes = {c.agent: c for c in await store.list_children(run.id)}
+    assert nodes["cheap"].max_cost_usd == 2.5 and nodes["cheap"].cost_usd == 1.0
+    spender = nodes["spender"]
+    assert spender.max_cost_usd == 1.5  # (the lower of its agent's 100 and what was left)
+    assert spender.state is RunState.FAILED and spender.error is not None
+    assert spender.error["limit"] == "max_cost_usd" and spender.cost_usd == 2.0
+    assert done.cost_usd == 3.0
+
+
 async def test_a_failed_node_fails_the_system_naming_it(backend: Backend) -> None:
     store = backend.store
     await apply(

@@ -5,6 +5,7 @@ SQLite, and PostgreSQL + NATS JetStream)."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import anyio
@@ -26,6 +27,7 @@ from corral.store import Store
 from nats_servers import nats_prefix_fixture, nats_server_url_fixture
 from server_harness import apply as http_apply
 from systems_helpers import (
+    agent,
     answering,
     apply,
     deliver_all,
@@ -377,3 +379,41 @@ async def test_a_position_that_cannot_be_read_makes_the_pass_rebuild_from_the_st
     sent = [e.data["message_id"] for e in events if e.type is EventType.MESSAGE_SEND]
     finished = [e.data["run_id"] for e in events if e.type is EventType.CHILD_FINISH]
     assert len(sent) == len(set(sent)) == 2 and len(finished) == len(set(finished)) == 2
+
+
+async def test_a_system_with_no_budget_stops_its_first_node_at_its_first_turn(
+    env: tuple[Store, Settings],
+) -> None:
+    # max_cost_usd: 0 (allowed): the entry node is capped at $0 and its first priced turn
+    # passes it; the system fails on its budget, and nothing runs after that node
+    store, settings = env
+    priced = {
+        "apiVersion": "corral/v1",
+        "kind": "ModelEndpoint",
+        "metadata": {"name": "priced"},
+        "spec": {
+            "provider": "scripted",
+            "pricing": {"input_per_million": 1_000_000.0},
+            "script": [{"text": "costly", "input_tokens": 1}],
+        },
+    }
+    await apply(
+        store,
+        json.dumps(priced),
+        agent("first", "priced"),
+        agent("second", "priced"),
+        system(
+            "broke",
+            entry="first",
+            graph={"first": {"next": ["second"]}},
+            limits={"max_cost_usd": 0},
+        ),
+    )
+    run, _ = await system_runs.submit_system(store, "broke", "hello")
+    await drain(store, settings)
+    done = await get(store, run)
+    assert done.state is RunState.FAILED and done.error is not None
+    assert done.error["limit"] == "max_cost_usd"
+    [node] = await store.list_children(run.id)
+    assert node.agent == "first" and node.max_cost_usd == 0.0
+    assert node.error is not None and node.error["limit"] == "max_cost_usd"

@@ -131,6 +131,10 @@ class RunRecord:
     #: what a system run's coordinator knew at the end of its last pass (saved with it),
     #: so that the next pass reads only what changed (see :mod:`corral.runtime.systems`)
     position: dict[str, Any] | None = None
+    #: a cap on the run's own cost, given when it is created: a system run's
+    #: ``limits.max_cost_usd``, and on each node run what its system run had left of it
+    #: then; the agent loop stops at the lower of this and its agent's own limit
+    max_cost_usd: float | None = None
 
     @property
     def is_system_run(self) -> bool:

@@ -286,6 +286,7 @@ class RunExecutor:
                 call_environment=calls.environment,
                 switch=switch,
                 outside_children=calls.finished_children,
+                cost_cap=record.max_cost_usd,
             )
             try:
                 if events:

@@ -89,6 +89,11 @@ async def deliver(
     record.depth = parent.depth + 1
     record.priority = parent.priority
     record.system = parent.system
+    if parent.max_cost_usd is not None:
+        # what the system has left, as its agent loop's cap: one node cannot spend the
+        # budget many times over before its end counts (nodes running at once share it)
+        spent = await store.children_cost(parent.id)
+        record.max_cost_usd = max(parent.max_cost_usd - spent, 0.0)
     record.branch_id = message.branch_id
     record.parent_branch_id = message.parent_branch_id
     submitted = await store.submit_agent_run(record)

@@ -137,6 +137,8 @@ class SystemCoordinator:
         # saved with the pass: parked past it, a worker's upkeep queues the run (a node
         # that hangs brings no node's end to wake it) and this check fails it
         record.deadline_at = (record.started_at or record.created_at) + spec.limits.timeout_seconds
+        # what deliver() caps each node run with, less what the finished ones cost
+        record.max_cost_usd = spec.limits.max_cost_usd
         position = Position.of(record)
         if position is None:
             state = await Pass.rebuilt(self.store, record, spec, events)
@@ -298,6 +300,8 @@ class SystemCoordinator:
             if not succeeded and failed is None:
                 failed = (message, child)
         if failed is not None:
+            # (a node stopped by the cap it was given: the system's budget ran out)
+            self._check_cost(state)
             message, child = failed
             cause = child.error or {}
             raise SystemFailed(

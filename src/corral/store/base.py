@@ -235,6 +235,10 @@ class Store(ABC):
         only those among ``ids`` when given."""
 
     @abstractmethod
+    async def children_cost(self, run_id: str) -> float:
+        """What the finished child runs of a run cost together (0 when it has none)."""
+
+    @abstractmethod
     async def count_runs(self, *, now: float | None = None) -> RunCounts:
         """How many runs are in each state, and how many queued runs are due by ``now``."""
 

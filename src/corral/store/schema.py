@@ -11,7 +11,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import JSONB
 
-LATEST_REVISION = "0014"
+LATEST_REVISION = "0015"
 """The head of ``migrations/versions``; a store at this revision opens without alembic."""
 
 metadata = sa.MetaData(
@@ -83,6 +83,8 @@ runs = sa.Table(
     sa.Column("deadline_at", sa.Double, nullable=True),
     # Coordinator positions (0014): what a system run's last pass knew (runtime/systems.py).
     sa.Column("position", Json, nullable=True),
+    # Run cost caps (0015): what a node run may spend (its system run's budget left).
+    sa.Column("max_cost_usd", sa.Double, nullable=True),
     sa.Index("ix_runs_parent_run_id", "parent_run_id"),
     sa.Index("ix_runs_deadline_at", "deadline_at"),
     sa.Index("ix_runs_namespace_agent_created_at", "namespace", "agent", "created_at"),
