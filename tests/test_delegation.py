@@ -74,6 +74,61 @@ async def test_a_parent_gets_its_linked_agents_answer_from_a_child_run(backend: 
     assert kinds.count(EventType.RUN_FINISH) == 1
 
 
+async def test_a_child_run_is_capped_by_what_its_parent_has_left(backend: Backend) -> None:
+    # boss ($1 a turn, max_cost_usd 2.5) delegates after its first turn; helper would
+    # take 5 turns at $1: given the $1.5 boss has left as its own cap, it stops after its
+    # second ($2), and boss fails on its limit at $3 - not at $6, once helper had ended.
+    store = backend.store
+    pricing = {"input_per_million": 1_000_000.0, "output_per_million": 0.0}
+    add = {"name": "add", "arguments": {"a": 2, "b": 3}}
+
+    def priced(name: str, *turns: dict[str, Any]) -> str:
+        spec = {"provider": "scripted", "pricing": pricing, "script": list(turns)}
+        return json.dumps(
+            {
+                "apiVersion": "corral/v1",
+                "kind": "ModelEndpoint",
+                "metadata": {"name": name},
+                "spec": spec,
+            }
+        )
+
+    tool = {
+        "apiVersion": "corral/v1",
+        "kind": "Tool",
+        "metadata": {"name": "add"},
+        "spec": {
+            "type": "python",
+            "python": {"function": "agent_tools:add", "path": str(Path(__file__).parent)},
+        },
+    }
+    await apply(
+        store,
+        json.dumps(tool),
+        priced(
+            "boss-model",
+            {**call("agents_exec", agent="helper", input="spend"), "input_tokens": 1},
+            {"text": "done", "input_tokens": 1},
+        ),
+        priced(
+            "helper-model",
+            *[{"tool_calls": [add], "input_tokens": 1}] * 4,
+            {"text": "spent", "input_tokens": 1},
+        ),
+        agent("helper", "helper-model", tools=["add"]),
+        agent("boss", "boss-model", links=["helper"], limits={"max_cost_usd": 2.5}),
+    )
+    run, _ = await backend.submit("boss", "go")
+    await backend.drain()
+    parent = await get(store, run)
+    [helper] = await store.list_children(run.id)
+    assert helper.max_cost_usd == 1.5
+    assert helper.state is RunState.FAILED and helper.error is not None
+    assert helper.error["limit"] == "max_cost_usd" and helper.cost_usd == 2.0
+    assert parent.state is RunState.FAILED and parent.error is not None
+    assert parent.error["limit"] == "max_cost_usd" and parent.cost_usd == 3.0
+
+
 async def test_a_failed_child_is_a_structured_tool_error_of_its_parent(backend: Backend) -> None:
     store = backend.store
     await apply(
@@ -187,8 +242,9 @@ async def test_a_ping_pong_is_stopped_by_the_top_runs_budget_naming_the_limit(
 ) -> None:
     store = backend.store
     # Each turn costs $1 (1000 input tokens). The chain ping > pong > ping > pong is cut
-    # at depth 3; unwinding, each run is charged its child's whole spend: the top ping
-    # ($1 + its child's $6, past $5), or a ping past its one step, fails with the limit.
+    # at depth 3; each child is capped at what its parent had left ($4, $3, $2), and
+    # unwinding, each run is charged its child's whole spend: the top ping ($1 + its
+    # child's $5, past $5), or a ping past its one step, fails with the limit.
     await apply(
         store,
         priced_model(
@@ -218,8 +274,11 @@ async def test_a_ping_pong_is_stopped_by_the_top_runs_budget_naming_the_limit(
     assert [r.depth for r in chain] == [0, 1, 2, 3]  # max_depth cut the chain
     assert all(r.state.finished for r in chain)
     if limit == "max_cost_usd":
-        assert [r.state for r in chain[1:]] == [RunState.SUCCEEDED] * 3
-        assert [round(r.cost_usd, 6) for r in chain] == [7.0, 6.0, 4.0, 2.0]
+        assert [r.max_cost_usd for r in chain] == [None, 4.0, 3.0, 2.0]
+        # the last pong ends at its cap; the ping above it passes its $3 with its last
+        # turn, the pong above that with its child's spend, and the top with its own
+        assert [r.state for r in chain] == [RunState.FAILED] * 3 + [RunState.SUCCEEDED]
+        assert [round(r.cost_usd, 6) for r in chain] == [6.0, 5.0, 4.0, 2.0]
     else:  # every ping stops at its second step; a pong answers its failed child
         assert [r.state for r in chain] == [
             RunState.FAILED,
@@ -379,7 +438,9 @@ async def test_a_replayed_agents_exec_call_finds_its_child_instead_of_starting_a
         agent("helper", "m"),
         agent("boss", "m", links=["helper"]),
     )
-    parent, _ = await backend.submit("boss", "go")
+    # (not due for an hour: an unfinished parent, as a run calling agents_exec is; no
+    # child starts under a parent that has ended)
+    parent, _ = await backend.submit("boss", "go", delay=3600)
     delegation = StoreDelegation(store, backend.bus)
     tool = AgentsExec([AgentLink(agent="helper")], delegation, lambda ref: True, DEFAULT_MAX_DEPTH)
     ctx = ToolContext(parent.id, "boss", "default", "call_1_1", f"{parent.id}:1:0", Path("."))

@@ -1,21 +1,27 @@
 """Child runs in the store, on every backend (the SQLite fast path, SQLite through
 SQLAlchemy, PostgreSQL): a child's final save queues its waiting parent, a save into
-``waiting_children`` queues itself when its children are done, cancellation cascades,
-and pruning keeps a finished child while its parent is unfinished."""
+``waiting_children`` queues itself when its children are done, cancellation cascades
+(and no child is stored under a parent that ended or is being cancelled), and pruning
+keeps a finished child while its parent is unfinished."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import anyio
+import pytest
 
+from corral.core.errors import ConflictError, NotFoundError
 from corral.core.runs import Lease, RunRecord, RunState
+from corral.resources.loader import load_text
 from corral.store import Store
 from test_store import (  # noqa: F401 - fixtures
     cipher_fixture,
     store_fixture,
     store_url_fixture,
 )
+from test_store_durable import AGENTS
 
 
 def a_run(run_id: str, parent: str | None = None, depth: int = 0) -> RunRecord:
@@ -172,3 +178,76 @@ async def test_a_save_that_wakes_nothing_claims_nothing(store: Store) -> None:
     [child] = await family(store, 1)
     assert await state_of(store, child) is RunState.QUEUED
     assert await store.claim_runs("w", 30.0, 5, run_ids=["run_p"]) == []
+
+
+async def test_a_child_is_refused_under_a_parent_that_ended_or_is_being_cancelled(
+    store: Store,
+) -> None:
+    await store.apply(load_text(AGENTS, "agents.yaml"))
+    await store.submit_run(a_run("run_p"))
+    parent, lease = await claim(store, "run_p")
+    assert (await store.submit_agent_run(a_run("run_c1", "run_p", 1))).created
+
+    await store.request_cancel("run_p")  # running: asked to stop, not yet stopped
+    with pytest.raises(ConflictError, match="run_p is being cancelled"):
+        await store.submit_agent_run(a_run("run_c2", "run_p", 1))
+    parent.state, parent.finished_at = RunState.CANCELLED, time.time()
+    await store.save_run(parent, lease)
+    with pytest.raises(ConflictError, match="run_p has ended cancelled"):
+        await store.submit_agent_run(a_run("run_c3", "run_p", 1))
+    with pytest.raises(NotFoundError, match="'run_gone'"):
+        await store.submit_agent_run(a_run("run_c4", "run_gone", 1))
+    assert [c.id for c in await store.list_children("run_p")] == ["run_c1"]
+    assert await store.get_run("run_c2") is None and await store.get_run("run_c4") is None
+
+
+async def test_a_child_submitted_while_its_parent_is_cancelled_never_outlives_it(
+    store: Store,
+) -> None:
+    """The cancel's cascade and the child's submit race: either the submit sees the cancel
+    (refused) or the cascade sees the child (cancelled); never a live child under a
+    cancelled parent."""
+    await store.apply(load_text(AGENTS, "agents.yaml"))
+    for n in range(20):
+        parent = f"run_p{n}"
+        await store.submit_run(a_run(parent))
+        await save(store, parent, RunState.WAITING_CHILDREN)  # cancelled at once
+
+        async def submit(parent: str = parent, n: int = n) -> None:
+            with contextlib.suppress(ConflictError):
+                await store.submit_agent_run(a_run(f"run_c{n}", parent, 1))
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(submit)
+            group.start_soon(store.request_cancel, parent)
+        assert await state_of(store, parent) is RunState.CANCELLED
+        children = await store.list_children(parent)
+        assert all(c.state is RunState.CANCELLED for c in children), children
+
+
+async def test_a_run_parked_past_its_deadline_is_queued_once(store: Store) -> None:
+    now = time.time()
+    for run_id, deadline in (("run_late", now - 1), ("run_early", now + 60), ("run_none", None)):
+        await store.submit_run(a_run(run_id))
+        await store.submit_run(a_run(f"{run_id}_child", run_id, 1))  # (it hangs)
+        claimed, lease = await claim(store, run_id)
+        claimed.state, claimed.deadline_at = RunState.WAITING_CHILDREN, deadline
+        await store.save_run(claimed, lease)
+    late = await store.get_run("run_late")
+    assert late is not None and late.deadline_at == now - 1
+
+    # two workers' upkeep at once: one of them queues it
+    found: list[list[tuple[str, int]]] = []
+
+    async def sweep() -> None:
+        found.append(await store.queue_overdue_runs(now=now))
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(sweep)
+        group.start_soon(sweep)
+    assert sorted(found) == [[], [("run_late", late.fencing_token)]]
+    assert await state_of(store, "run_late") is RunState.QUEUED
+    assert await state_of(store, "run_early") is RunState.WAITING_CHILDREN
+    assert await state_of(store, "run_none") is RunState.WAITING_CHILDREN
+    assert await store.queue_overdue_runs(now=now) == []
+    assert await store.queue_overdue_runs(now=now + 120) == [("run_early", 1)]

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
 from backends import Backend, backend_fixture, deployment_fixture
@@ -18,10 +20,13 @@ from corral.core.agent_messages import MessageState
 from corral.core.errors import ConflictError, NotFoundError, ResourceError
 from corral.core.events import EventType
 from corral.core.runs import RunState
+from corral.core.settings import Settings
 from corral.runtime import operations, system_runs
+from corral.runtime.worker import Worker
 from corral.store import Store
+from durable_tools import GATES, Gate
 from nats_servers import nats_prefix_fixture, nats_server_url_fixture
-from systems_helpers import agent, answering, apply, desk, gated, get, model, system
+from systems_helpers import agent, answering, apply, call, desk, gated, get, model, system
 
 __all__ = [
     "backend_fixture",
@@ -30,6 +35,8 @@ __all__ = [
     "nats_server_url_fixture",
 ]
 
+
+TESTS = Path(__file__).parent
 
 DIAMOND = dict(
     entry="planner",
@@ -235,6 +242,45 @@ async def test_a_ping_pong_loop_is_stopped_by_max_hops(backend: Backend) -> None
     assert len(await store.list_children(run.id)) == 6  # hops 0..5
 
 
+async def test_a_200_hop_system_runs_each_hop_once_and_counts_every_node_runs_spend(
+    env: tuple[Store, Settings],
+) -> None:
+    # Each pass reads what changed since the last (its position); 200 passes in a row
+    # take every node run once, journal each step once and add up the spend of all.
+    # (Embedded only: through NATS each hop waits for an inbox delivery, and 200 of them
+    # in a row outlast a test; the passes are the same code on every store.)
+    store, settings = env
+    await apply(
+        store,
+        *PING_PONG,
+        system(
+            "rally",
+            entry="ping",
+            graph={"ping": {"next": ["pong"]}, "pong": {"next": ["ping"]}},
+            output="pong",
+            limits={"max_hops": 200, "max_messages": 300},
+        ),
+    )
+    run, _ = await system_runs.submit_system(store, "rally", "serve")
+    with anyio.fail_after(120):
+        await Worker(store, settings, poll_seconds=0.05).serve(anyio.Event(), until_idle=True)
+    done = await get(store, run)
+    assert done.state is RunState.FAILED and done.error is not None
+    assert (done.error["code"], done.error["limit"]) == ("budget_exceeded", "max_hops")
+    children = await store.list_children(run.id)
+    messages = await store.list_agent_messages(run.id)
+    assert len(children) == len(messages) == 201  # hops 0..200
+    assert sorted(m.hop for m in messages) == list(range(201))
+    assert {m.child_run_id for m in messages} == {c.id for c in children}
+    events = await store.list_events(run.id)
+    for kind in (EventType.MESSAGE_SEND, EventType.MESSAGE_DELIVER, EventType.CHILD_FINISH):
+        keyed = [e.data.get("message_id") or e.data["run_id"] for e in events if e.type is kind]
+        assert len(keyed) == len(set(keyed)) == 201, kind
+    assert done.steps == 201
+    assert done.usage.input_tokens == sum(c.usage.input_tokens for c in children) == 201 * 10
+    assert done.position is not None and done.position["messages"] == 201
+
+
 async def test_a_ping_pong_loop_is_stopped_by_max_messages(backend: Backend) -> None:
     store = backend.store
     await apply(
@@ -292,6 +338,63 @@ async def test_the_cost_of_the_node_runs_is_held_to_max_cost_usd(backend: Backen
     assert done.state is RunState.FAILED and done.error is not None
     assert (done.error["code"], done.error["limit"]) == ("budget_exceeded", "max_cost_usd")
     assert done.cost_usd > 2.5
+
+
+def priced(name: str, *turns: dict[str, Any]) -> str:
+    """A scripted ModelEndpoint whose every input token costs $1."""
+    pricing = {"input_per_million": 1_000_000.0, "output_per_million": 0.0}
+    return json.dumps(
+        {
+            "apiVersion": "corral/v1",
+            "kind": "ModelEndpoint",
+            "metadata": {"name": name},
+            "spec": {"provider": "scripted", "pricing": pricing, "script": list(turns)},
+        }
+    )
+
+
+async def test_a_node_run_is_capped_by_what_the_system_has_left(backend: Backend) -> None:
+    # cheap ($1) hands on to spender, whose run would take 5 turns at $1 each: given the
+    # $1.5 the system has left as its own cap, it stops after its second turn ($2), and
+    # the system fails on its max_cost_usd at $3 - not at $6, once spender had ended.
+    store = backend.store
+    add = {"name": "add", "arguments": {"a": 2, "b": 3}}
+    tool = {
+        "apiVersion": "corral/v1",
+        "kind": "Tool",
+        "metadata": {"name": "add"},
+        "spec": {"type": "python", "python": {"function": "agent_tools:add", "path": str(TESTS)}},
+    }
+    await apply(
+        store,
+        json.dumps(tool),
+        priced("cheap-model", {"text": "go on", "input_tokens": 1}),
+        agent("cheap", "cheap-model"),
+        priced(
+            "spender-model",
+            *[{"tool_calls": [add], "input_tokens": 1}] * 4,
+            {"text": "spent", "input_tokens": 1},
+        ),
+        agent("spender", "spender-model", tools=["add"], limits={"max_cost_usd": 100}),
+        system(
+            "budget",
+            entry="cheap",
+            graph={"cheap": {"next": ["spender"]}},
+            limits={"max_cost_usd": 2.5},
+        ),
+    )
+    run, _ = await system_runs.submit_system(store, "budget", "go", bus=backend.bus)
+    await backend.drain()
+    done = await get(store, run)
+    assert done.state is RunState.FAILED and done.error is not None
+    assert (done.error["code"], done.error.get("limit")) == ("budget_exceeded", "max_cost_usd")
+    nodes = {c.agent: c for c in await store.list_children(run.id)}
+    assert nodes["cheap"].max_cost_usd == 2.5 and nodes["cheap"].cost_usd == 1.0
+    spender = nodes["spender"]
+    assert spender.max_cost_usd == 1.5  # (the lower of its agent's 100 and what was left)
+    assert spender.state is RunState.FAILED and spender.error is not None
+    assert spender.error["limit"] == "max_cost_usd" and spender.cost_usd == 2.0
+    assert done.cost_usd == 3.0
 
 
 async def test_a_failed_node_fails_the_system_naming_it(backend: Backend) -> None:
@@ -369,6 +472,42 @@ async def test_a_system_run_past_its_timeout_fails_naming_the_limit(backend: Bac
     assert done.state is RunState.FAILED and done.error is not None
     assert (done.error["code"], done.error.get("limit")) == ("budget_exceeded", "timeout_seconds")
     assert all(c.state.finished for c in await store.list_children(run.id))
+
+
+@pytest.mark.worker(poll_seconds=0.1, lease_seconds=1.5)
+async def test_a_node_that_hangs_is_stopped_at_the_systems_timeout(backend: Backend) -> None:
+    # No node run ends to wake the parked system run: a worker's upkeep queues it at its
+    # deadline, and its coordinator fails it and cancels the hanging node run.
+    store = backend.store
+    GATES["never"] = gate = Gate()
+    tool = {
+        "apiVersion": "corral/v1",
+        "kind": "Tool",
+        "metadata": {"name": "wait_at_gate"},
+        "spec": {
+            "type": "python",
+            "python": {"function": "durable_tools:wait_at_gate", "path": str(TESTS)},
+        },
+    }
+    try:
+        await apply(
+            store,
+            json.dumps(tool),
+            model("stuck-model", call("wait_at_gate", gate="never"), {"text": "never"}),
+            agent("stuck", "stuck-model", tools=["wait_at_gate"]),
+            system("hung", entry="stuck", limits={"timeout_seconds": 1}),
+        )
+        run, _ = await system_runs.submit_system(store, "hung", "go", bus=backend.bus)
+        await backend.drain()
+    finally:
+        del GATES["never"]
+    done = await get(store, run)
+    assert done.state is RunState.FAILED and done.error is not None
+    assert (done.error["code"], done.error.get("limit")) == ("budget_exceeded", "timeout_seconds")
+    assert done.deadline_at is not None and done.finished_at is not None
+    assert done.finished_at >= done.deadline_at
+    [node] = await store.list_children(run.id)
+    assert gate.calls == 1 and node.state is RunState.CANCELLED
 
 
 async def test_a_system_run_memory_is_shared_by_its_agents_and_no_other_run(

@@ -5,6 +5,9 @@ SQLite, and PostgreSQL + NATS JetStream)."""
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 import anyio
 import httpx
 import pytest
@@ -13,16 +16,18 @@ from backends import Backend, backend_fixture, deployment_fixture
 from corral.bus.local import LocalBus
 from corral.core.agent_messages import MessageState
 from corral.core.errors import ConflictError, ResourceError
+from corral.core.events import EventType
 from corral.core.runs import RunState
 from corral.core.settings import Settings
 from corral.runtime import operations, system_runs
 from corral.runtime.inbox import InboxConsumer
-from corral.runtime.system_messages import message_id
+from corral.runtime.system_messages import deliver, message_id
 from corral.runtime.worker import Worker
 from corral.store import Store
 from nats_servers import nats_prefix_fixture, nats_server_url_fixture
 from server_harness import apply as http_apply
 from systems_helpers import (
+    agent,
     answering,
     apply,
     deliver_all,
@@ -291,3 +296,124 @@ async def test_a_by_output_route_naming_its_agent_a_thousand_times_sends_one_mes
     assert (done.state, done.output) == (RunState.SUCCEEDED, "refunded"), done.error
     assert sorted(c.agent for c in await store.list_children(run.id)) == ["billing", "router"]
     assert len(await store.list_agent_messages(run.id)) == 2
+
+
+async def test_a_delivery_that_read_its_system_run_before_a_cancel_starts_no_node_run(
+    backend: Backend,
+) -> None:
+    # The interleaving of a delivery in flight: the system run was read (running, as its
+    # coordinator holds it) before the cancel came, the node run is created after it.
+    store = backend.store
+    await apply(store, *answering("solo", "an answer"), system("team", entry="solo"))
+    run, _ = await system_runs.submit_system(store, "team", "hello")
+    [(read_before, _)] = await store.claim_runs("coordinator", 30.0, run_ids=[run.id])
+    message = input_message(run.id, "solo")
+    await store.add_agent_messages([message])
+    await operations.cancel(store, run.id)
+    with pytest.raises(ConflictError, match="being cancelled"):
+        await deliver(store, backend.bus, message, parent=read_before)
+    assert await store.list_children(run.id) == []
+    stored = await store.get_agent_message(message.id)
+    assert stored is not None and stored.state is MessageState.PENDING
+
+
+async def test_a_system_run_cancelled_during_its_pass_ends_cancelled_with_no_node_run(
+    env: tuple[Store, Settings],
+) -> None:
+    # The cancel lands between the worker's claim and the pass's delivery (before the
+    # lease keeper's next renewal could see it): the store refuses the node run, and
+    # the coordinator ends the run as a cancel does, not as a failure.
+    store, settings = env
+    await apply(store, *answering("solo", "an answer"), system("team", entry="solo"))
+    run, _ = await system_runs.submit_system(store, "team", "hello")
+    [(record, lease)] = await store.claim_runs("w", 30.0, run_ids=[run.id])
+    await operations.cancel(store, run.id)
+    executor = Worker(store, settings, bus=LocalBus()).executor
+    async with executor:
+        assert await executor.execute(record, lease, anyio.Event()) == "done"
+    done = await get(store, run)
+    assert done.state is RunState.CANCELLED, done.error
+    assert await store.list_children(run.id) == []
+
+
+@pytest.mark.parametrize(
+    "position",
+    [
+        {"token": "one", "seq": 1, "messages": 0, "open": {}},
+        {"token": 1, "seq": 1, "messages": 0, "open": 5},
+        {"seq": 1},
+        ["not", "a", "position"],
+    ],
+)
+async def test_a_position_that_cannot_be_read_makes_the_pass_rebuild_from_the_store(
+    env: tuple[Store, Settings], position: Any
+) -> None:
+    # (what the row holds is the coordinator's own, but a pass never trusts one it cannot
+    # read, nor one saved under another claim: it reads the whole run, as after a crash)
+    store, settings = env
+    await apply(
+        store,
+        *answering("first", "one"),
+        *answering("second", "two"),
+        system("pair", entry="first", graph={"first": {"next": ["second"]}}),
+    )
+    run, _ = await system_runs.submit_system(store, "pair", "hello")
+    [(record, lease)] = await store.claim_runs("w", 30.0, run_ids=[run.id])
+    executor = Worker(store, settings, bus=LocalBus()).executor
+    async with executor:
+        assert await executor.execute(record, lease, anyio.Event()) == "done"  # (parked)
+    parked = await get(store, run)
+    assert parked.position is not None and parked.position["token"] == lease.token
+    [(node, node_lease)] = await store.claim_runs("w", 30.0, 5)  # (the system run waits)
+    assert node.agent == "first"
+    async with executor:
+        assert await executor.execute(node, node_lease, anyio.Event()) == "done"
+    [(system_record, system_lease)] = await store.claim_runs("w", 30.0, run_ids=[run.id])
+    system_record.position = position  # as if the row held it
+    async with executor:
+        assert await executor.execute(system_record, system_lease, anyio.Event()) == "done"
+    await drain(store, settings)
+    done = await get(store, run)
+    assert done.state is RunState.SUCCEEDED and done.output == "two"
+    events = await store.list_events(run.id)
+    sent = [e.data["message_id"] for e in events if e.type is EventType.MESSAGE_SEND]
+    finished = [e.data["run_id"] for e in events if e.type is EventType.CHILD_FINISH]
+    assert len(sent) == len(set(sent)) == 2 and len(finished) == len(set(finished)) == 2
+
+
+async def test_a_system_with_no_budget_stops_its_first_node_at_its_first_turn(
+    env: tuple[Store, Settings],
+) -> None:
+    # max_cost_usd: 0 (allowed): the entry node is capped at $0 and its first priced turn
+    # passes it; the system fails on its budget, and nothing runs after that node
+    store, settings = env
+    priced = {
+        "apiVersion": "corral/v1",
+        "kind": "ModelEndpoint",
+        "metadata": {"name": "priced"},
+        "spec": {
+            "provider": "scripted",
+            "pricing": {"input_per_million": 1_000_000.0},
+            "script": [{"text": "costly", "input_tokens": 1}],
+        },
+    }
+    await apply(
+        store,
+        json.dumps(priced),
+        agent("first", "priced"),
+        agent("second", "priced"),
+        system(
+            "broke",
+            entry="first",
+            graph={"first": {"next": ["second"]}},
+            limits={"max_cost_usd": 0},
+        ),
+    )
+    run, _ = await system_runs.submit_system(store, "broke", "hello")
+    await drain(store, settings)
+    done = await get(store, run)
+    assert done.state is RunState.FAILED and done.error is not None
+    assert done.error["limit"] == "max_cost_usd"
+    [node] = await store.list_children(run.id)
+    assert node.agent == "first" and node.max_cost_usd == 0.0
+    assert node.error is not None and node.error["limit"] == "max_cost_usd"

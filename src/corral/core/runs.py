@@ -124,6 +124,17 @@ class RunRecord:
     #: a node run's branch of its system run, and the branch that one forked from
     branch_id: str | None = None
     parent_branch_id: str | None = None
+    #: when the run's time limit passes: a system run's start plus its
+    #: ``limits.timeout_seconds`` (set by its coordinator); parked past it, any worker's
+    #: upkeep queues it (``Store.queue_overdue_runs``) for its coordinator to fail it
+    deadline_at: float | None = None
+    #: what a system run's coordinator knew at the end of its last pass (saved with it),
+    #: so that the next pass reads only what changed (see :mod:`corral.runtime.systems`)
+    position: dict[str, Any] | None = None
+    #: a cap on the run's own cost, given when it is created: a system run's
+    #: ``limits.max_cost_usd``, and on each node run what its system run had left of it
+    #: then; the agent loop stops at the lower of this and its agent's own limit
+    max_cost_usd: float | None = None
 
     @property
     def is_system_run(self) -> bool:

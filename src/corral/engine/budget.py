@@ -9,6 +9,17 @@ from corral.core.messages import ModelResponse, Usage
 from corral.resources.kinds import Limits
 
 
+def capped(limits: Limits, max_cost_usd: float | None) -> Limits:
+    """``limits`` under a run's own cost cap (what its system run had left when it was
+    created): the lower of the two ``max_cost_usd``."""
+    if max_cost_usd is None:
+        return limits
+    own = limits.max_cost_usd
+    return limits.model_copy(
+        update={"max_cost_usd": max_cost_usd if own is None else min(own, max_cost_usd)}
+    )
+
+
 @dataclass
 class Budget:
     """What a run has spent so far, checked against its limits."""

@@ -63,7 +63,7 @@ from corral.core.messages import (
     dump_messages,
 )
 from corral.core.runs import Decision, PendingApproval, RunRecord, RunState
-from corral.engine.budget import Budget
+from corral.engine.budget import Budget, capped
 from corral.engine.replay import CHARGED_CALL_EVENTS, OpenStep, charge_of, replace_system, replay
 from corral.engine.structured import parse_output, repair_prompt, schema_instruction
 from corral.models.base import Model, ModelSettings
@@ -205,6 +205,7 @@ class AgentLoop:
         switch: Switch | None = None,
         outside_children: OutsideChildren | None = None,
         children_ended: ChildrenEnded | None = None,
+        cost_cap: float | None = None,
     ) -> None:
         """``raise_retryable``: let a retryable model failure (the endpoints stayed down after
         their own retries) propagate instead of failing the run, so a worker can try the
@@ -218,8 +219,11 @@ class AgentLoop:
         ``children_ended`` is asked, before the run parks for child runs, for those of
         them that end soon (children running on this worker: see
         :mod:`corral.runtime.delegation`); when they all did, the run goes on without
-        parking."""
+        parking.
+        ``cost_cap``: the run's own cap on its cost (``RunRecord.max_cost_usd``), over its
+        agent's ``limits.max_cost_usd`` and any handoff target's."""
         self.agent = agent
+        self.cost_cap = cost_cap
         self.call_environment = call_environment
         self.switch = switch
         self.outside_children = outside_children
@@ -233,7 +237,7 @@ class AgentLoop:
         self.sink = sink
         self.raise_retryable = raise_retryable
         self.emit = Emitter(run_id, sink, agent.toolset)
-        self.budget = Budget(agent.limits)
+        self.budget = Budget(capped(agent.limits, cost_cap))
         self.messages: list[Message] = []
         self.initial_count = 0
         self.repairs = 0
@@ -650,7 +654,10 @@ class AgentLoop:
         self.agent = target
         self.handoffs += 1
         self.budget = Budget(
-            target.limits, self.budget.steps, self.budget.usage, self.budget.cost_usd
+            capped(target.limits, self.cost_cap),
+            self.budget.steps,
+            self.budget.usage,
+            self.budget.cost_usd,
         )
         self.emit.redact_also(target.toolset)
         if self._deadline_scope is not None:  # the target's time limit, from the run's start
@@ -732,6 +739,7 @@ class AgentLoop:
         hidden: Mapping[str, str] = {}
         if self.call_environment is not None and agent.toolset.plants_environment(call.name):
             environment, hidden = self.call_environment()  # (a token minted for this call)
+        limit = self.budget.limits.max_cost_usd
         return ToolContext(
             run_id=self.run_id,
             agent=agent.name,
@@ -741,6 +749,7 @@ class AgentLoop:
             workspace=agent.workspace,
             environment=environment,
             hidden=hidden,
+            cost_left=None if limit is None else max(limit - self.budget.cost_usd, 0.0),
         )
 
     async def _finish_step(self, step: int) -> None:

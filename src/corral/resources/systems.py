@@ -77,10 +77,16 @@ class SystemLimits(Spec):
         default=100, ge=1, le=MAX_MESSAGES_CEILING, description="messages of one system run"
     )
     timeout_seconds: float = Field(
-        default=3600.0, gt=0, description="wall time of a system run, checked at each node's end"
+        default=3600.0,
+        gt=0,
+        description="wall time of a system run: at its deadline the run fails, a node that "
+        "hangs with it",
     )
     max_cost_usd: float | None = Field(
-        default=None, ge=0, description="the cost of all its node runs together"
+        default=None,
+        ge=0,
+        description="the cost of all its node runs together; each node run is capped at "
+        "what is left",
     )
 
 

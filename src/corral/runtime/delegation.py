@@ -104,6 +104,7 @@ class StoreDelegation:
             session,
             key=key,
             max_depth=max_depth,
+            max_cost_usd=ctx.cost_left,
         )
 
     async def start_child_of(
@@ -116,9 +117,13 @@ class StoreDelegation:
         *,
         key: str,
         max_depth: int,
+        max_cost_usd: float | None = None,
     ) -> ChildRun:
         """Start (or find, by ``key``) a child run of ``parent_run_id``: what ``agents_exec``
-        and ``POST /v1/links/{agent}/exec`` (a tool program's agent token) both do."""
+        and ``POST /v1/links/{agent}/exec`` (a tool program's agent token) both do.
+        ``max_cost_usd``: the child's own cap (what its parent has left, for
+        ``agents_exec``: the child cannot spend the parent's budget many times over
+        before its end is charged to the parent)."""
         parent = await self.store.get_run(parent_run_id)
         if parent is None or parent.namespace != namespace:
             # (the calling run is the one executing: never, short of a purge)
@@ -142,6 +147,7 @@ class StoreDelegation:
             )
             record.parent_run_id = parent.id
             record.depth = depth
+            record.max_cost_usd = max_cost_usd
             # a child goes before the work its parent's siblings queued after it
             record.priority = parent.priority
         except UserError as exc:  # a bad session id

@@ -206,8 +206,12 @@ class RunExecutor:
     ) -> Outcome:
         stop = _Stop()
         # Events are only ever written under a lease, and a run's first lease has fencing
-        # token 1: under it there is no journal to read yet.
-        events = await self.store.list_events(record.id) if lease.token > 1 else []
+        # token 1: under it there is no journal to read yet. A system run's coordinator
+        # reads the part of the journal its pass needs (SystemCoordinator.journal).
+        if record.is_system_run:
+            events = await self.systems.journal(record)
+        else:
+            events = await self.store.list_events(record.id) if lease.token > 1 else []
         sink.last_seq = events[-1].seq if events else 0
         result: RunResult | Literal["released"] | None = None
         with anyio.CancelScope() as scope:
@@ -308,6 +312,7 @@ class RunExecutor:
                 switch=switch,
                 outside_children=calls.finished_children,
                 children_ended=self._children_ended,
+                cost_cap=record.max_cost_usd,
             )
             try:
                 if events:

@@ -32,9 +32,16 @@ from corral.store.base import StoreError
 
 log = logging.getLogger(__name__)
 
-Operation = Literal["claim", "sweep", "renew", "approvals", "retention"]
+Operation = Literal["claim", "sweep", "renew", "approvals", "deadlines", "retention"]
 #: The fixed label set of the worker error counter (``corral_worker_errors_total``).
-OPERATIONS: tuple[Operation, ...] = ("claim", "sweep", "renew", "approvals", "retention")
+OPERATIONS: tuple[Operation, ...] = (
+    "claim",
+    "sweep",
+    "renew",
+    "approvals",
+    "deadlines",
+    "retention",
+)
 #: Failures a worker outlives: the store or the bus could not do it now.
 TRANSIENT: tuple[type[CorralError], ...] = (StoreError, BusError)
 
@@ -45,6 +52,7 @@ _WHAT: dict[Operation, str] = {
     "sweep": "sweep the store for runs",
     "renew": "renew leases",
     "approvals": "expire approvals",
+    "deadlines": "queue system runs past their timeout",
     "retention": "prune old runs",
 }
 BACKOFF_BASE_SECONDS = 0.5

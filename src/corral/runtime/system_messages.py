@@ -69,17 +69,14 @@ async def deliver(
     coordinator does for a pending message (it passes the system run it holds as
     ``parent``: one read less) and what a bus's inbox consumer does for a delivery.
     ``NotFoundError`` when the system run or the agent is gone; ``ConflictError`` when
-    the system run has ended (a publish consumed after a cancel, a forged one): no node
-    run starts after its system run's end."""
+    the system run has ended or is being cancelled (a publish consumed after a cancel, a
+    forged one): the store checks that in the transaction that creates the node run
+    (:meth:`~corral.store.base.Store.submit_agent_run`), so a ``parent`` read before a
+    cancel starts no node run after it."""
     if parent is None:
         parent = await store.get_run(message.system_run_id)
     if parent is None or parent.id != message.system_run_id:
         raise NotFoundError(f"system run {message.system_run_id!r} not found")
-    if parent.state.finished:
-        raise ConflictError(
-            f"system run {parent.id} has ended {parent.state.value}: "
-            f"no node run of agent {message.to_agent!r} starts"
-        )
     record = new_run(
         message.to_agent,
         node_input(message),
@@ -92,6 +89,11 @@ async def deliver(
     record.depth = parent.depth + 1
     record.priority = parent.priority
     record.system = parent.system
+    if parent.max_cost_usd is not None:
+        # what the system has left, as its agent loop's cap: one node cannot spend the
+        # budget many times over before its end counts (nodes running at once share it)
+        spent = await store.children_cost(parent.id)
+        record.max_cost_usd = max(parent.max_cost_usd - spent, 0.0)
     record.branch_id = message.branch_id
     record.parent_branch_id = message.parent_branch_id
     submitted = await store.submit_agent_run(record)

@@ -40,6 +40,9 @@ async def submit_system(
     record = system_run_record(
         system, user_input, namespace=namespace, idempotency_key=idempotency_key, labels=labels
     )
+    # (its node runs' caps come from it: set before its first pass, whose node runs an
+    # inbox consumer may create before that pass is saved)
+    record.max_cost_usd = stored.resource.spec.limits.max_cost_usd
     record, created = await store.submit_run(record)
     if record.system != system or record.parent_run_id is not None:
         # the key is one of a task of the Agent of the same name (runs share the column)

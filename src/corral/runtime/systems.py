@@ -2,9 +2,11 @@
 
 A system run (``RunRecord.system`` set, no ``branch_id``) is an ordinary durable run
 that a worker claims like any other; instead of an agent loop the executor hands it
-to :class:`SystemCoordinator`. Each claim rebuilds the run's position from the store -
+to :class:`SystemCoordinator`. Each claim reads the run's position from the store -
 its agent messages (:mod:`corral.core.agent_messages`) and its node runs (child runs
-with ``parent_run_id`` = the system run) - and makes one pass:
+with ``parent_run_id`` = the system run): only the unfinished ones when the last pass
+saved its position under the claim before (:mod:`corral.runtime.system_pass`), all of
+them otherwise - and makes one pass:
 
 1. **Finished nodes.** A delivered message whose node run finished becomes ``done``
    (its output taken) or ``failed``; a failed node fails the system run, its error
@@ -38,6 +40,9 @@ with ``parent_run_id`` = the system run) - and makes one pass:
 5. **Limits** (``spec.limits``): a message past ``max_hops`` from the input, more than
    ``max_messages`` messages, the run older than ``timeout_seconds`` or its node runs'
    cost past ``max_cost_usd`` end it ``failed`` with ``budget_exceeded`` naming the limit.
+   The run's ``deadline_at`` (its start plus ``timeout_seconds``) is saved with each
+   pass: a run parked past it (a node that hangs) is queued by any worker's upkeep
+   (``Store.queue_overdue_runs``), and that pass fails it and cancels its node runs.
 6. **Park or finish.** While node runs are unfinished the run parks in
    ``waiting_children`` (no worker held); the store queues it again as soon as one of
    them ends (``statements.requeue_parent``), so each branch moves on as its node ends.
@@ -49,15 +54,15 @@ The events (``message.send``, ``message.deliver``, ``child.start``, ``child.fini
 each pass writes those its journal is missing, so a crash between a change and its
 event loses nothing and repeats nothing. The spec the run follows is the one its
 ``run.start`` recorded: changing the AgentSystem changes later runs only. A node
-run's spend is counted in the system run's (``child.finish`` carries it).
+run's spend is counted in the system run's when its message is taken (``child.finish``
+carries it): the run's ``usage``, ``cost_usd`` and ``steps`` are running totals.
 """
 
 from __future__ import annotations
 
 import contextlib
 import reprlib
-from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from corral.bus.base import Bus
@@ -71,12 +76,13 @@ from corral.core.errors import (
     UserError,
 )
 from corral.core.events import Event, EventType
-from corral.core.messages import Usage, dump
+from corral.core.messages import dump
 from corral.core.runs import RunRecord, RunState
 from corral.engine.loop import RunResult
 from corral.resources.systems import AgentSystemSpec
 from corral.runtime.journal import FencedSink
 from corral.runtime.system_messages import KIND, deliver, message_id
+from corral.runtime.system_pass import Pass, Position, event_key
 from corral.store.base import Store
 
 #: how long a message published on a bus that delivers messages may stay pending before
@@ -99,24 +105,6 @@ class SystemFailed(CorralError):
     code = "system_failed"
 
 
-@dataclass
-class _Pass:
-    """What one pass of the coordinator knows."""
-
-    record: RunRecord
-    spec: AgentSystemSpec
-    messages: dict[str, AgentMessage]
-    children: dict[str, RunRecord]
-    #: (event type, key) of the events the journal has: what not to write again
-    journaled: set[tuple[str, str]] = field(default_factory=set[tuple[str, str]])
-
-    def ordered(self) -> list[AgentMessage]:
-        return sorted(self.messages.values(), key=lambda m: (m.created_at, m.id))
-
-    def child_of(self, message: AgentMessage) -> RunRecord | None:
-        return self.children.get(message.child_run_id) if message.child_run_id else None
-
-
 class SystemCoordinator:
     """Executes system runs for a :class:`~corral.runtime.executor.RunExecutor`."""
 
@@ -125,22 +113,54 @@ class SystemCoordinator:
         self.bus = bus
         self.clock = clock
 
+    async def journal(self, record: RunRecord) -> list[Event]:
+        """The part of the claimed system run's journal a pass needs: its first event
+        (``run.start``, with the spec) and its last, when the run's position is fresh
+        (:mod:`corral.runtime.system_pass`); otherwise all of it (none under its first
+        claim)."""
+        if record.fencing_token <= 1:
+            return []
+        position = Position.of(record)
+        if position is None:
+            return await self.store.list_events(record.id)
+        head = await self.store.list_events(record.id, limit=1)
+        after = max(position.seq - 1, head[-1].seq if head else 0)
+        return head + await self.store.list_events(record.id, after_seq=after)
+
     async def run(self, record: RunRecord, sink: FencedSink, events: list[Event]) -> RunResult:
-        """One pass over the claimed system run ``record``: the result to save (parked in
-        ``waiting_children``, succeeded or failed)."""
+        """One pass over the claimed system run ``record`` (``events``: what
+        :meth:`journal` read): the result to save (parked in ``waiting_children``,
+        succeeded or failed), with the run's position for the next pass."""
         spec = await self._spec(record, sink, events)
         if isinstance(spec, RunResult):
             return spec
-        state = _Pass(
-            record,
-            spec,
-            {m.id: m for m in await self.store.list_agent_messages(record.id)},
-            {c.id: c for c in await self.store.list_children(record.id)},
-        )
-        state.journaled = {(e.type.value, _key(e)) for e in events}
+        # saved with the pass: parked past it, a worker's upkeep queues the run (a node
+        # that hangs brings no node's end to wake it) and this check fails it
+        record.deadline_at = (record.started_at or record.created_at) + spec.limits.timeout_seconds
+        # what deliver() caps each node run with, less what the finished ones cost
+        record.max_cost_usd = spec.limits.max_cost_usd
+        position = Position.of(record)
+        if position is None:
+            state = await Pass.rebuilt(self.store, record, spec, events)
+        else:
+            state = await Pass.fresh(self.store, record, spec, position)
+        result = await self._pass(state, sink)
+        record.position = state.position(sink.last_seq).dump()
+        return result
+
+    async def _pass(self, state: Pass, sink: FencedSink) -> RunResult:
+        record = state.record
         try:
             return await self._advance(state, sink)
         except (SystemFailed, BudgetExceededError) as exc:
+            if await self._cancel_requested(record):
+                # A cancel came during the pass (before the lease keeper saw it), and the
+                # store refused the node runs it would have started (the deliveries in
+                # flight were dead-lettered): the run ends as a cancel ends it, and its
+                # save cascades to the node runs.
+                record.cancel_requested = True
+                await sink.emit(EventType.RUN_FINISH, state=RunState.CANCELLED.value)
+                return self._result(state, RunState.CANCELLED)
             return await self._fail(state, sink, exc.to_dict())
 
     # ----------------------------------------------------------------- the spec
@@ -177,9 +197,9 @@ class SystemCoordinator:
 
     # ----------------------------------------------------------------- one pass
 
-    async def _advance(self, state: _Pass, sink: FencedSink) -> RunResult:
+    async def _advance(self, state: Pass, sink: FencedSink) -> RunResult:
         record, spec = state.record, state.spec
-        if not state.messages:
+        if not state.total:
             entry = AgentMessage(
                 id=message_id(record.id, "input", spec.entry),
                 namespace=record.namespace,
@@ -198,8 +218,9 @@ class SystemCoordinator:
         dead = [m for m in state.ordered() if m.state is MessageState.DEAD_LETTER]
         if dead:
             raise SystemFailed(_undeliverable(dead[0]))
-        self._check_time_and_cost(state)
+        self._check_time(state)
         await self._take_finished(state, sink)
+        self._check_cost(state)
         for message in state.ordered():
             child = state.child_of(message)
             if message.state is MessageState.DONE and child is not None:
@@ -210,24 +231,27 @@ class SystemCoordinator:
             return self._result(state, RunState.WAITING_CHILDREN)
         return await self._finish(state, sink)
 
-    async def _journal_sent(self, state: _Pass, sink: FencedSink) -> None:
+    async def _journal_sent(self, state: Pass, sink: FencedSink) -> None:
         """``message.send`` for every stored message the journal does not have yet (a pass
         that stored it and stopped before its events were written)."""
         for message in state.ordered():
             if ("message.send", message.id) not in state.journaled:
                 await self._event(state, sink, EventType.MESSAGE_SEND, _sent(message))
 
-    def _check_time_and_cost(self, state: _Pass) -> None:
+    def _check_time(self, state: Pass) -> None:
         limits, record = state.spec.limits, state.record
-        started = record.started_at or record.created_at
-        if self.clock.now() - started > limits.timeout_seconds:
+        if record.deadline_at is not None and self.clock.now() >= record.deadline_at:
             raise BudgetExceededError(
                 "timeout_seconds",
                 f"system run {record.id} ran past its limit of {limits.timeout_seconds:g} s "
                 "(limits.timeout_seconds)",
             )
+
+    def _check_cost(self, state: Pass) -> None:
+        """The node runs taken so far against ``max_cost_usd``."""
+        limits, record = state.spec.limits, state.record
         if limits.max_cost_usd is not None:
-            spent = _spend(state.children.values())[1]
+            spent = state.cost_usd
             if spent > limits.max_cost_usd:
                 raise BudgetExceededError(
                     "max_cost_usd",
@@ -235,7 +259,7 @@ class SystemCoordinator:
                     f"${limits.max_cost_usd:g} (limits.max_cost_usd)",
                 )
 
-    async def _take_finished(self, state: _Pass, sink: FencedSink) -> None:
+    async def _take_finished(self, state: Pass, sink: FencedSink) -> None:
         """Mark the messages whose node runs finished ``done`` or ``failed`` (in the order
         the node runs finished), with their ``child.finish`` events; a failed one fails
         the system."""
@@ -272,9 +296,12 @@ class SystemCoordinator:
                 )
                 if marked is not None:
                     state.messages[message.id] = marked
+                    state.charge(child)
             if not succeeded and failed is None:
                 failed = (message, child)
         if failed is not None:
+            # (a node stopped by the cap it was given: the system's budget ran out)
+            self._check_cost(state)
             message, child = failed
             cause = child.error or {}
             raise SystemFailed(
@@ -284,7 +311,7 @@ class SystemCoordinator:
 
     # ----------------------------------------------------------------- routing
 
-    def _route(self, state: _Pass, message: AgentMessage, child: RunRecord) -> list[AgentMessage]:
+    def _route(self, state: Pass, message: AgentMessage, child: RunRecord) -> list[AgentMessage]:
         """The messages the output of ``child`` (the node run of ``message``) sends on."""
         node = state.spec.node(message.to_agent)
         targets = list(node.next)
@@ -324,7 +351,7 @@ class SystemCoordinator:
             )
         return sent
 
-    async def _send(self, state: _Pass, sink: FencedSink, messages: list[AgentMessage]) -> None:
+    async def _send(self, state: Pass, sink: FencedSink, messages: list[AgentMessage]) -> None:
         """Store ``messages`` (those not stored yet), within the limits."""
         new = [m for m in messages if m.id not in state.messages]
         if not new:
@@ -338,31 +365,33 @@ class SystemCoordinator:
                     f"hop {message.hop}, past the system's limit of {limits.max_hops} "
                     "(limits.max_hops)",
                 )
-        if len(state.messages) + len(new) > limits.max_messages:
+        if state.total + len(new) > limits.max_messages:
             raise BudgetExceededError(
                 "max_messages",
                 f"system run {state.record.id} would send more than its limit of "
                 f"{limits.max_messages} messages (limits.max_messages)",
             )
-        await self.store.add_agent_messages(new)
-        for message in new:
+        created = await self.store.add_agent_messages(new)
+        for message, stored in zip(new, created, strict=True):
+            if not stored:  # (a finished one this pass did not read: never sent twice)
+                continue
+            state.total += 1
             state.messages[message.id] = message
             await self._event(state, sink, EventType.MESSAGE_SEND, _sent(message))
 
     # ----------------------------------------------------------------- joins
 
-    async def _join(self, state: _Pass, sink: FencedSink) -> None:
+    async def _join(self, state: Pass, sink: FencedSink) -> None:
         """Run the join nodes whose inputs are in (see the module docstring)."""
         spec = state.spec
         joins = [name for name in spec.nodes() if spec.node(name).join in ("all", "first")]
         waiting: list[str] = []
         for name in joins:
             arrivals = _arrivals(state, name)
-            fired = message_id(state.record.id, "join", name) in state.messages
-            if fired:
-                await self._drop(state, sink, name, [a for a in arrivals if _unfinished(a)])
-                continue
             if not arrivals:
+                continue
+            if await self._fired(state, name):
+                await self._drop(state, sink, name, [a for a in arrivals if _unfinished(a)])
                 continue
             if spec.node(name).join == "first":
                 await self._fire(state, sink, name, arrivals[:1], arrivals[1:])
@@ -378,9 +407,17 @@ class SystemCoordinator:
                 if name not in downstream:
                     await self._fire(state, sink, name, _arrivals(state, name), [])
 
+    async def _fired(self, state: Pass, node: str) -> bool:
+        """Whether the join of ``node`` ran (its message is stored: maybe finished, which a
+        pass that read only the live messages looks up)."""
+        ident = message_id(state.record.id, "join", node)
+        if ident in state.messages or state.complete:
+            return ident in state.messages
+        return await self.store.get_agent_message(ident) is not None
+
     async def _fire(
         self,
-        state: _Pass,
+        state: Pass,
         sink: FencedSink,
         node: str,
         taken: list[AgentMessage],
@@ -432,7 +469,7 @@ class SystemCoordinator:
 
     async def _drop(
         self,
-        state: _Pass,
+        state: Pass,
         sink: FencedSink,
         node: str,
         late: list[AgentMessage],
@@ -456,7 +493,7 @@ class SystemCoordinator:
 
     async def _mark(
         self,
-        state: _Pass,
+        state: Pass,
         message: AgentMessage,
         to: MessageState,
         error: dict[str, Any] | None,
@@ -467,7 +504,7 @@ class SystemCoordinator:
 
     # ----------------------------------------------------------------- delivery
 
-    async def _deliver_pending(self, state: _Pass, sink: FencedSink) -> None:
+    async def _deliver_pending(self, state: Pass, sink: FencedSink) -> None:
         """Deliver the pending messages (see the module docstring): through the bus's
         inboxes when it delivers messages across workers, waiting up to the grace for
         their node runs to appear, then, for whatever is still pending, here."""
@@ -507,7 +544,7 @@ class SystemCoordinator:
         coordinator delivers them itself: the same :func:`deliver`, one hop less."""
         return self.bus is not None and self.bus.delivers_messages and self.bus.dispatches
 
-    async def _still_pending(self, state: _Pass, waiting: list[AgentMessage]) -> list[AgentMessage]:
+    async def _still_pending(self, state: Pass, waiting: list[AgentMessage]) -> list[AgentMessage]:
         """Read ``waiting`` again: those a consumer delivered meanwhile are taken in (their
         node runs too); a dead-lettered one fails the system."""
         left: list[AgentMessage] = []
@@ -526,7 +563,7 @@ class SystemCoordinator:
                     state.children[child.id] = child
         return left
 
-    async def _journal_delivered(self, state: _Pass, sink: FencedSink) -> None:
+    async def _journal_delivered(self, state: Pass, sink: FencedSink) -> None:
         """``message.deliver`` and ``child.start`` for each delivered message (once)."""
         for message in state.ordered():
             child = state.child_of(message)
@@ -560,8 +597,9 @@ class SystemCoordinator:
 
     # ----------------------------------------------------------------- the end
 
-    async def _finish(self, state: _Pass, sink: FencedSink) -> RunResult:
+    async def _finish(self, state: Pass, sink: FencedSink) -> RunResult:
         """Nothing is left in flight: the system's output is its output node's last."""
+        await state.complete_from(self.store)
         node = state.spec.output_node()
         outputs = [
             (child.finished_at or 0.0, child.id, child.output)
@@ -579,41 +617,44 @@ class SystemCoordinator:
         await sink.emit(EventType.RUN_FINISH, state=RunState.SUCCEEDED.value, output=output)
         return self._result(state, RunState.SUCCEEDED, output=output)
 
-    async def _fail(self, state: _Pass, sink: FencedSink, error: dict[str, Any]) -> RunResult:
+    async def _fail(self, state: Pass, sink: FencedSink, error: dict[str, Any]) -> RunResult:
         """End the system run ``failed`` with ``error``; its unfinished node runs are
         cancelled (their spend so far is not counted: only finished ones report it)."""
-        for child in state.children.values():
-            if not child.state.finished:
-                with contextlib.suppress(NotFoundError):  # (deleted meanwhile)
-                    await self.store.request_cancel(child.id)
+        await state.complete_from(self.store)  # (a node run whose message is still pending)
+        for child in list(state.unfinished_children()):
+            with contextlib.suppress(NotFoundError):  # (deleted meanwhile)
+                await self.store.request_cancel(child.id)
         await sink.emit(EventType.ERROR, **error)
         await sink.emit(EventType.RUN_FINISH, state=RunState.FAILED.value)
         return self._result(state, RunState.FAILED, error=error)
 
+    async def _cancel_requested(self, record: RunRecord) -> bool:
+        """Whether a cancel of the system run came during this pass."""
+        stored = await self.store.get_run(record.id)
+        return stored is not None and stored.cancel_requested
+
     def _result(
         self,
-        state: _Pass,
+        state: Pass,
         to: RunState,
         *,
         output: Any = None,
         error: dict[str, Any] | None = None,
     ) -> RunResult:
-        """The run's result: its spend is its finished node runs' (``steps``: how many)."""
-        finished = [c for c in state.children.values() if c.state.finished]
-        usage, cost = _spend(finished)
+        """The run's result: its spend is its taken node runs' (``steps``: how many)."""
         return RunResult(
             state=to,
             output=output,
             error=error,
-            steps=len(finished),
-            usage=usage,
-            cost_usd=cost,
+            steps=state.taken,
+            usage=state.usage,
+            cost_usd=state.cost_usd,
         )
 
     async def _event(
-        self, state: _Pass, sink: FencedSink, kind: EventType, data: dict[str, Any]
+        self, state: Pass, sink: FencedSink, kind: EventType, data: dict[str, Any]
     ) -> None:
-        state.journaled.add((kind.value, _key_of(kind, data)))
+        state.journaled.add((kind.value, event_key(kind, data)))
         await sink.emit(kind, **data)
 
 
@@ -626,17 +667,6 @@ def delivery_polls() -> Iterator[float]:
     while True:
         yield wait
         wait = min(2 * wait, BUS_DELIVERY_POLL_SECONDS)
-
-
-def _key_of(kind: EventType, data: dict[str, Any]) -> str:
-    """What an event of a system run is about (one event of each type per key)."""
-    if kind in (EventType.CHILD_START, EventType.CHILD_FINISH):
-        return str(data.get("run_id"))
-    return str(data.get("message_id"))
-
-
-def _key(event: Event) -> str:
-    return _key_of(event.type, event.data)
 
 
 def _sent(message: AgentMessage) -> dict[str, Any]:
@@ -665,19 +695,19 @@ def _is_arrival(spec: AgentSystemSpec, message: AgentMessage) -> bool:
     return message.type == "output" and spec.node(message.to_agent).join in ("all", "first")
 
 
-def _arrivals(state: _Pass, node: str) -> list[AgentMessage]:
+def _arrivals(state: Pass, node: str) -> list[AgentMessage]:
     """The arrivals at join ``node``, earliest first."""
     return [m for m in state.ordered() if m.to_agent == node and _is_arrival(state.spec, m)]
 
 
-def _children_running(state: _Pass) -> bool:
+def _children_running(state: Pass) -> bool:
     """Whether a delivered message awaits its node run's end. One that ended during this
     pass (after the pass took the finished ones) counts too: the run parks, and the
     store queues it again at once (its children all finished), for the next pass."""
     return any(m.state is MessageState.DELIVERED for m in state.messages.values())
 
 
-def _in_flight(state: _Pass) -> bool:
+def _in_flight(state: Pass) -> bool:
     """Whether a message is still on its way to a node run or a node run is unfinished."""
     return _children_running(state) or any(
         m.state is MessageState.PENDING and not _is_arrival(state.spec, m)
@@ -756,15 +786,6 @@ def _child_error(child: RunRecord) -> dict[str, Any]:
         "message": f"the run {child.id} of agent {child.agent!r} ended {child.state.value}",
         "details": {"run_id": child.id, "state": child.state.value, "error": child.error},
     }
-
-
-def _spend(children: Iterable[RunRecord]) -> tuple[Usage, float]:
-    usage, cost = Usage(), 0.0
-    for child in children:
-        if child.state.finished:
-            usage = usage + child.usage
-            cost += child.cost_usd
-    return usage, cost
 
 
 __all__ = ["DELIVERY_GRACE_SECONDS", "SystemCoordinator", "SystemFailed", "delivery_polls"]

@@ -107,7 +107,7 @@ class Worker:
         self.retention_days = settings.run_retention_days
         self._sandbox_host = SandboxHost.from_env(corral_home=settings.home)
         self._next_prune = 0.0
-        self._next_expiry = 0.0  # (monotonic) approvals are swept at most once per poll
+        self._next_expiry = 0.0  # (monotonic) approvals and deadlines: at most once per poll
         self._last_claim = 0.0
         self._claim_batch = max(1, concurrency // 8)
         self._backlog = False
@@ -283,24 +283,38 @@ class Worker:
             await self.clock.sleep(self.poll_seconds - (self.clock.monotonic() - started))
 
     async def _upkeep(self) -> None:
-        """Expire approvals and apply the retention setting, each when it is due."""
-        await self._expire_approvals()
+        """Expire approvals and queue system runs past their deadline, at most once per
+        ``poll_seconds`` (with ``until_idle`` upkeep comes before every claim, many a
+        second, and these writes nearly always find nothing), and apply the retention
+        setting when it is due."""
+        now = self.clock.monotonic()
+        if now >= self._next_expiry:
+            self._next_expiry = now + self.poll_seconds
+            await self._expire_approvals()
+            await self._queue_overdue()
         await self._prune()
 
     async def _expire_approvals(self) -> None:
         """Expire the approvals past their deadline, and announce the runs that queued:
         a dispatching bus hands them to a worker now, not at some worker's next sweep.
         The approval's id is the mark, as for a decision (an approval is decided or
-        expires, never both). At most once per ``poll_seconds``: with ``until_idle``
-        upkeep comes before every claim, many a second, and this write nearly always
-        finds nothing."""
-        now = self.clock.monotonic()
-        if now < self._next_expiry or not self.health.due("approvals"):
+        expires, never both)."""
+        if not self.health.due("approvals"):
             return
-        self._next_expiry = now + self.poll_seconds
         with self.health.attempt("approvals"):
             for approval in await self.store.expire_approvals(now=self.clock.now()):
                 await self.bus.announce_runnable([approval.run_id], mark=approval.id)
+
+    async def _queue_overdue(self) -> None:
+        """Queue the system runs parked past their ``timeout_seconds`` (a node run hangs,
+        so no node's end wakes them) and announce them: their coordinator fails them and
+        cancels their node runs. Any worker's upkeep may do it (the store queues each run
+        once); the mark is the claim the run parked under (each parking is woken once)."""
+        if not self.health.due("deadlines"):
+            return
+        with self.health.attempt("deadlines"):
+            for run_id, token in await self.store.queue_overdue_runs(now=self.clock.now()):
+                await self.bus.announce_runnable([run_id], mark=f"overdue:{token}")
 
     async def _prune(self) -> None:
         """Apply the retention setting, at most every PRUNE_INTERVAL_SECONDS."""

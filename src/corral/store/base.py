@@ -233,8 +233,15 @@ class Store(ABC):
         """
 
     @abstractmethod
-    async def list_children(self, run_id: str) -> list[RunRecord]:
-        """The child runs of a run (those its ``agents_exec`` calls started), oldest first."""
+    async def list_children(
+        self, run_id: str, *, ids: Sequence[str] | None = None
+    ) -> list[RunRecord]:
+        """The child runs of a run (those its ``agents_exec`` calls started), oldest first;
+        only those among ``ids`` when given."""
+
+    @abstractmethod
+    async def children_cost(self, run_id: str) -> float:
+        """What the finished child runs of a run cost together (0 when it has none)."""
 
     @abstractmethod
     async def count_runs(self, *, now: float | None = None) -> RunCounts:
@@ -261,7 +268,10 @@ class Store(ABC):
         ``NotFoundError`` (nothing stored) when the record's namespace has no such
         Agent; ``record.max_attempts`` is set from it. The run's session, when it has
         one, is opened (created if new; ``ConflictError`` when it belongs to another
-        agent). With ``claim_for=(owner, lease_seconds)`` a new run that is due is
+        agent). A child run (``parent_run_id`` set) is refused in the same transaction
+        when its parent is gone (``NotFoundError``), has finished or has a cancel
+        requested (``ConflictError``): a parent read before a cancel never gets a child
+        started after it. With ``claim_for=(owner, lease_seconds)`` a new run that is due is
         also claimed for ``owner`` (``corral run`` executes the run it submits):
         :attr:`Submitted.lease` is set then, and the record is the claimed one.
         A store reads the Agent, opens the session, stores the run and claims it in
@@ -374,6 +384,13 @@ class Store(ABC):
         ``waiting_approval``, the run becomes ``queued`` in the same transaction so
         a worker resumes it.
         """
+
+    @abstractmethod
+    async def queue_overdue_runs(self, now: float | None = None) -> list[tuple[str, int]]:
+        """Queue the runs parked in ``waiting_children`` whose ``deadline_at`` passed by
+        ``now`` (a system run whose node hangs past its ``timeout_seconds``): their
+        executor ends them. Returns ``(run id, fencing token)`` of each queued run. Safe
+        to call from every worker at once: a run is queued by one call only."""
 
     @abstractmethod
     async def expire_approvals(self, now: float | None = None) -> list[Approval]:
@@ -601,9 +618,11 @@ class Store(ABC):
         *,
         limit: int | None = None,
         after: tuple[float, str] | None = None,
+        states: Sequence[MessageState] | None = None,
     ) -> list[AgentMessage]:
         """The messages of a system run, oldest first (by ``created_at``, then id); at most
-        ``limit``, those after the keyset ``after`` = ``(created_at, id)`` when given."""
+        ``limit``, those after the keyset ``after`` = ``(created_at, id)`` when given, only
+        those in ``states`` when given."""
 
     @abstractmethod
     async def mark_agent_message(

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import JSONB
 
-LATEST_REVISION = "0012"
+LATEST_REVISION = "0015"
 """The head of ``migrations/versions``; a store at this revision opens without alembic."""
 
 metadata = sa.MetaData(
@@ -79,7 +79,14 @@ runs = sa.Table(
     sa.Column("parent_branch_id", sa.String(255), nullable=True),
     # Handoffs (0011): the agent the run went on under (NULL: the submitted one).
     sa.Column("active_agent", sa.String(63), nullable=True),
+    # Run deadlines (0013): when a system run's limits.timeout_seconds passes (upkeep's sweep).
+    sa.Column("deadline_at", sa.Double, nullable=True),
+    # Coordinator positions (0014): what a system run's last pass knew (runtime/systems.py).
+    sa.Column("position", Json, nullable=True),
+    # Run cost caps (0015): what a node run may spend (its system run's budget left).
+    sa.Column("max_cost_usd", sa.Double, nullable=True),
     sa.Index("ix_runs_parent_run_id", "parent_run_id"),
+    sa.Index("ix_runs_deadline_at", "deadline_at"),
     sa.Index("ix_runs_namespace_agent_created_at", "namespace", "agent", "created_at"),
     # NULL keys never collide (SQLite and PostgreSQL alike): only keyed submits are deduplicated.
     sa.Index(
@@ -269,6 +276,8 @@ agent_messages = sa.Table(
     sa.Column("finished_at", sa.Double, nullable=True),
     # A system run's messages are listed in keyset pages of (created_at, id).
     sa.Index("ix_agent_messages_system_run_id_created_at_id", "system_run_id", "created_at", "id"),
+    # A coordinator's pass reads only a system run's unfinished messages (0014).
+    sa.Index("ix_agent_messages_system_run_id_state", "system_run_id", "state"),
 )
 
 #: name prefixes of what the migrated schema has beyond ``metadata`` (see memory_entries)

@@ -59,6 +59,7 @@ from corral.store.sql.rules import (
     agent_not_found,
     check_events_saved_with,
     check_events_under,
+    check_parent_open,
     check_session_agent,
     judge_token,
     no_longer_running,
@@ -166,6 +167,7 @@ _INSERT_RUN_OR_SKIP = _inserting(
     statements.insert_or_skip("sqlite", runs, statements.IDEMPOTENCY_COLUMNS).returning(runs.c.id),
 )
 _AGENT_MAX_ATTEMPTS = Compiled(statements.agent_max_attempts(_p("namespace"), _p("name")))
+_PARENT_OF_NEW_CHILD = Compiled(statements.parent_of_new_child(_p("id")))
 _ANY_AGENT_LIMIT = Compiled(statements.LIMITED_AGENTS.limit(1))
 _RENEW = Compiled(statements.renew(_p("id"), _p("token"), _p("expires_at")))
 _RELEASE = {
@@ -458,8 +460,9 @@ class SqliteStore(SqlStore):
     async def submit_agent_run(
         self, record: RunRecord, *, claim_for: tuple[str, float] | None = None
     ) -> Submitted:
-        """See :meth:`Store.submit_agent_run`: the Agent's read, opening the session, the
-        insert and the claim are one operation of the writer (one commit)."""
+        """See :meth:`Store.submit_agent_run`: the Agent's read, a child's parent checked,
+        opening the session, the insert and the claim are one operation of the writer
+        (one commit)."""
         params = RUNS.params(record)
         agent = _AGENT_MAX_ATTEMPTS.params(namespace=record.namespace, name=record.agent)
         now = time.time()
@@ -471,6 +474,9 @@ class SqliteStore(SqlStore):
                 raise agent_not_found(record)
             if found[0] is not None:
                 record.max_attempts = params[_MAX_ATTEMPTS] = int(found[0])
+            if record.parent_run_id is not None:
+                parent = _PARENT_OF_NEW_CHILD.params(id=record.parent_run_id)
+                check_parent_open(record, conn.execute(_PARENT_OF_NEW_CHILD.sql, parent).fetchone())
             if record.session_id is not None:
                 _open_session(conn, record, record.session_id, now)
             existing = _insert_run(conn, record, params)

@@ -53,8 +53,9 @@ class Delegation(Protocol):
         max_depth: int,
     ) -> ChildRun:
         """Start (or find, by ``key``) the child run of agent ``agent`` for the call of ``ctx``,
-        at most ``max_depth`` below the top run; ``ToolError`` when it cannot be started
-        (``budget_exceeded`` past the depth, a missing agent, a bad session)."""
+        at most ``max_depth`` below the top run, capped at ``ctx.cost_left``; ``ToolError``
+        when it cannot be started (``budget_exceeded`` past the depth, a missing agent, a
+        bad session)."""
         ...
 
     async def describe(self, namespace: str, agent: str) -> dict[str, Any]:

@@ -49,6 +49,9 @@ class ToolContext:
     journal: list[tuple[EventType, dict[str, Any]]] = field(
         default_factory=list[tuple[EventType, dict[str, Any]]]
     )
+    #: what the calling run may still spend (its ``max_cost_usd`` less its spend so far;
+    #: ``None``: no limit): a child run a call starts gets it as its own cap
+    cost_left: float | None = None
 
     def key_with(self, arguments: dict[str, Any]) -> str:
         """The call's idempotency key and a digest of its arguments: what a call that a

@@ -67,8 +67,11 @@ class SqlAgentMessages(SqlEngine):
         *,
         limit: int | None = None,
         after: tuple[float, str] | None = None,
+        states: Sequence[MessageState] | None = None,
     ) -> list[AgentMessage]:
         query = sa.select(agent_messages).where(agent_messages.c.system_run_id == system_run_id)
+        if states is not None:
+            query = query.where(agent_messages.c.state.in_([s.value for s in states]))
         query = keyset.page(
             query,
             (agent_messages.c.created_at, agent_messages.c.id),

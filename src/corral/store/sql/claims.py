@@ -24,7 +24,7 @@ from corral.store.schema import runs
 from corral.store.sql.agent_limits import admission, admitted
 from corral.store.sql.engine import Body, SqlEngine, execute
 from corral.store.sql.rows import RUNS
-from corral.store.sql.rules import agent_not_found, no_longer_running
+from corral.store.sql.rules import agent_not_found, check_parent_open, no_longer_running
 from corral.store.sql.statements import (
     IDEMPOTENCY_COLUMNS,
     agent_max_attempts,
@@ -35,6 +35,7 @@ from corral.store.sql.statements import (
     lease_expired,
     open_session,
     outranks,
+    parent_of_new_child,
     refuse,
     release,
     renew,
@@ -63,9 +64,9 @@ class SqlClaims(SqlEngine):
     async def submit_agent_run(
         self, record: RunRecord, *, claim_for: tuple[str, float] | None = None
     ) -> Submitted:
-        """See :meth:`Store.submit_agent_run`: the Agent's ``max_attempts`` is read, the
-        session opened, the run inserted and, when asked for, claimed in one transaction
-        (no resource read and validation of its own)."""
+        """See :meth:`Store.submit_agent_run`: the Agent's ``max_attempts`` is read, a
+        child's parent checked, the session opened, the run inserted and, when asked for,
+        claimed in one transaction (no resource read and validation of its own)."""
         the_agent = {"b_namespace": record.namespace, "b_name": record.agent}
         now = time.time()
         claim_body = None
@@ -81,6 +82,9 @@ class SqlClaims(SqlEngine):
                 raise agent_not_found(record)
             if found[0] is not None:
                 record.max_attempts = int(found[0])
+            if record.parent_run_id is not None:
+                parent = parent_of_new_child(record.parent_run_id)
+                check_parent_open(record, (await conn.execute(parent)).first())
             if record.session_id is not None:  # opened (and locked) with its run: see delete
                 await open_session(
                     conn, self._dialect, record.namespace, record.session_id, record.agent, now

@@ -105,6 +105,22 @@ def agent_not_found(record: RunRecord) -> NotFoundError:
     return NotFoundError(f"Agent {record.agent!r} not found in namespace {record.namespace!r}")
 
 
+def check_parent_open(record: RunRecord, parent: Sequence[Any] | None) -> None:
+    """Whether the child run ``record`` may be stored under its parent, as the submit's own
+    transaction read it (``(state, cancel_requested)``; ``None``: no such run). A run read
+    earlier may have ended or been cancelled since (a node run delivered while its system
+    run was cancelled): no child starts after its parent's end or once a cancel, whose
+    cascade has already looked for children, was asked for."""
+    if parent is None:
+        raise NotFoundError(f"run {record.parent_run_id!r}, the parent of a new child, not found")
+    state, cancel_requested = RunState(parent[0]), bool(parent[1])
+    if state.finished or cancel_requested:
+        why = f"has ended {state.value}" if state.finished else "is being cancelled"
+        raise ConflictError(
+            f"run {record.parent_run_id} {why}: no child run of agent {record.agent!r} starts"
+        )
+
+
 def session_not_found(session_id: str) -> NotFoundError:
     """The error of writing to a session that does not exist."""
     return NotFoundError(f"session {session_id!r} not found")

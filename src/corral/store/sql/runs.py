@@ -34,6 +34,7 @@ from corral.store.sql.statements import (
     append_to_session,
     children_of,
     parent_of_child,
+    queue_overdue,
     refuse,
     requeue_parent,
     run_by_id,
@@ -175,10 +176,34 @@ class SqlRuns(SqlEngine):
 
         return RUNS.record(await self._write(f"cancel run {run_id}", write))
 
-    async def list_children(self, run_id: str) -> list[RunRecord]:
-        rows = await self._read(
-            f"list the children of run {run_id}", fetch_all(children_of([run_id]))
+    async def queue_overdue_runs(self, now: float | None = None) -> list[tuple[str, int]]:
+        """See :meth:`Store.queue_overdue_runs`: one ``UPDATE``, whose row locks (PostgreSQL;
+        SQLite's write lock) let one of two racing workers queue each run."""
+        overdue = queue_overdue(time.time() if now is None else now)
+
+        async def write(conn: AsyncConnection) -> list[tuple[str, int]]:
+            return [(row.id, row.fencing_token) for row in (await conn.execute(overdue)).all()]
+
+        return await self._write("queue overdue runs", write)
+
+    async def children_cost(self, run_id: str) -> float:
+        query = sa.select(sa.func.coalesce(sa.func.sum(runs.c.cost_usd), 0.0)).where(
+            runs.c.parent_run_id == run_id,
+            runs.c.state.in_([s.value for s in RunState if s.finished]),
         )
+
+        async def read(conn: AsyncConnection) -> float:
+            return float((await conn.execute(query)).scalar_one())
+
+        return await self._read(f"sum the cost of the children of run {run_id}", read)
+
+    async def list_children(
+        self, run_id: str, *, ids: Sequence[str] | None = None
+    ) -> list[RunRecord]:
+        query = children_of([run_id])
+        if ids is not None:
+            query = query.where(runs.c.id.in_(list(ids)))
+        rows = await self._read(f"list the children of run {run_id}", fetch_all(query))
         return [RUNS.record(row) for row in rows]
 
     async def prune_runs(

@@ -118,6 +118,17 @@ def run_by_key(namespace: Value, agent: Value, key: Value) -> sa.Select[Any]:
     )
 
 
+def parent_of_new_child(parent_id: Value) -> sa.Select[Any]:
+    """The state and cancel flag of the run a child run is submitted under (no row: gone),
+    share-locked on PostgreSQL until the submit commits: a cancel's cascade (which locks
+    the parent first) then either sees the new child or is seen by the submit."""
+    return (
+        sa.select(runs.c.state, runs.c.cancel_requested)
+        .where(runs.c.id == parent_id)
+        .with_for_update(read=True)
+    )
+
+
 def agent_max_attempts(namespace: Value, name: Value) -> sa.Select[Any]:
     """The ``max_attempts`` of an Agent's stored spec (no row: no such Agent)."""
     return sa.select(resources.c.spec["max_attempts"].as_integer()).where(
@@ -357,6 +368,19 @@ def requeue_parent(parent_id: Value, now: Value) -> sa.Update:
             sa.or_(~running_child, sa.and_(system_run, untaken)),
         )
         .values(state=RunState.QUEUED.value, not_before=now)
+    )
+
+
+def queue_overdue(now: Value) -> sa.Update:
+    """Queue the runs parked in ``waiting_children`` past their ``deadline_at``."""
+    return (
+        runs.update()
+        .where(
+            runs.c.deadline_at <= now,
+            runs.c.state == RunState.WAITING_CHILDREN.value,
+        )
+        .values(state=RunState.QUEUED.value, not_before=now)
+        .returning(runs.c.id, runs.c.fencing_token)
     )
 
 
