@@ -110,3 +110,35 @@ async def test_without_a_free_slot_the_child_is_queued_and_still_wakes_its_paren
     # no slot for the child at its submit: queued, claimed when the parent parked; the
     # child's final save claimed the parent
     assert (worker.executed, worker.taken) == (3, 1)
+
+
+async def test_a_child_that_ended_before_its_parent_asked_still_spares_the_park(
+    backend: Backend,
+) -> None:
+    # the child ends while its parent's other call of the step (a nap) still runs: the
+    # parent asks for it only then, and must find it ended rather than park for it
+    both = {
+        "tool_calls": [
+            {"name": "agents_exec", "arguments": {"agent": "helper", "input": "help"}},
+            {"name": "nap", "arguments": {"seconds": 0.3}},
+        ]
+    }
+    await apply(
+        backend.store,
+        nap_tool(),
+        model("boss-model", both, {"text": "done"}),
+        model("helper-model", {"text": "helped"}),
+        agent("helper", "helper-model"),
+        agent("boss", "boss-model", links=["helper"], tools=["nap"]),
+    )
+    run, _ = await backend.submit("boss", "go")
+    worker = await backend.drain()
+    parent = await get(backend.store, run)
+    assert (parent.state, parent.output) == (RunState.SUCCEEDED, "done")
+    outputs = sorted(
+        str(r["output"]) for r in tool_results(await backend.store.list_events(run.id))
+    )
+    assert outputs == ["helped", "slept 0.3 s"]
+    # the parent once, the child once: no park, no second execution of the parent
+    assert (worker.executed, worker.taken) == (2, 1)
+    assert parent.fencing_token == 1
