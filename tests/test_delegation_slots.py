@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
 from backends import Backend, backend_fixture, deployment_fixture
@@ -142,3 +143,44 @@ async def test_a_child_that_ended_before_its_parent_asked_still_spares_the_park(
     # the parent once, the child once: no park, no second execution of the parent
     assert (worker.executed, worker.taken) == (2, 1)
     assert parent.fencing_token == 1
+
+
+async def test_a_child_in_the_last_free_slot_is_not_joined_by_a_run_from_the_bus(
+    backend: Backend,
+) -> None:
+    # The child takes the last free slot while the worker waits for deliveries (for that
+    # slot): a run delivered then must wait for a slot, not make three runs in two slots.
+    both = {
+        "tool_calls": [
+            {"name": "agents_exec", "arguments": {"agent": "helper", "input": "help"}},
+            {"name": "nap", "arguments": {"seconds": 1.0}},
+        ]
+    }
+    await apply(
+        backend.store,
+        nap_tool(),
+        model("boss-model", both, {"text": "done"}),
+        model("helper-model", call("nap", seconds=1.0), {"text": "helped"}),
+        model("other-model", {"text": "other"}),
+        agent("helper", "helper-model", tools=["nap"]),
+        agent("boss", "boss-model", links=["helper"], tools=["nap"]),
+        agent("other", "other-model"),
+    )
+    if backend.serving_worker is not None:
+        backend.serving_worker.concurrency = 2
+    else:
+        backend.options["concurrency"] = 2
+    async with backend.serving() as worker:
+        run, _ = await backend.submit("boss", "go")
+        with anyio.fail_after(10):
+            while len(worker.active) < 2:  # the parent and its child
+                await anyio.sleep(0.01)
+        other, _ = await backend.submit("other", "go")
+        most = 0
+        with anyio.fail_after(20):
+            while (await get(backend.store, other)).state is not RunState.SUCCEEDED:
+                most = max(most, len(worker.active))
+                await anyio.sleep(0.005)
+        assert most <= 2, f"{most} runs at once in a worker of 2 slots"
+    await backend.drain()
+    assert (await get(backend.store, run)).output == "done"

@@ -212,6 +212,7 @@ class Worker:
 
     def release(self) -> None:
         self._reserved -= 1
+        self._wake.set()  # (a worker that found no free slot may take work again)
 
     def start(self, record: RunRecord, lease: Lease) -> None:
         assert self._runs is not None  # (reserve said so, and a run of this worker asks)
@@ -454,6 +455,12 @@ class Worker:
                 continue
             deliveries = await self.bus.take_runnable(free, TAKE_SECONDS)
             self._bus_quiet = not deliveries
+            # A child run may have taken a slot while the fetch waited (see reserve): a
+            # run delivered for that slot goes back, to this worker or another.
+            room = max(self._free(), 0)
+            for delivery in deliveries[room:]:
+                await _later(delivery, 0.0)
+            deliveries = deliveries[:room]
             if deliveries:
                 self._reserved += len(deliveries)
                 group.start_soon(self._claim_delivered, deliveries, stop, group)
