@@ -184,3 +184,35 @@ async def test_a_child_in_the_last_free_slot_is_not_joined_by_a_run_from_the_bus
         assert most <= 2, f"{most} runs at once in a worker of 2 slots"
     await backend.drain()
     assert (await get(backend.store, run)).output == "done"
+
+
+async def test_a_parent_whose_children_end_partly_within_the_wait_parks_for_the_others(
+    backend: Backend,
+) -> None:
+    # one child ends within the wait, the other naps past it: the parent records the
+    # first and parks for the second, which is not "gone"
+    both = {
+        "tool_calls": [
+            {"name": "agents_exec", "arguments": {"agent": "quick", "input": "help"}},
+            {"name": "agents_exec", "arguments": {"agent": "slow", "input": "help"}},
+        ]
+    }
+    await apply(
+        backend.store,
+        nap_tool(),
+        model("boss-model", both, {"text": "done"}),
+        model("quick-model", {"text": "quick answer"}),
+        model("slow-model", call("nap", seconds=1.0), {"text": "slow answer"}),
+        agent("quick", "quick-model"),
+        agent("slow", "slow-model", tools=["nap"]),
+        agent("boss", "boss-model", links=["quick", "slow"]),
+    )
+    run, _ = await backend.submit("boss", "go")
+    await backend.drain()
+    parent = await get(backend.store, run)
+    assert (parent.state, parent.output) == (RunState.SUCCEEDED, "done")
+    results = tool_results(await backend.store.list_events(run.id))
+    assert [(r.get("output"), r.get("error")) for r in results] == [
+        ("quick answer", None),
+        ("slow answer", None),
+    ]
