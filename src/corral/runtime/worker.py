@@ -139,7 +139,8 @@ class Worker:
         self._shutdown = anyio.Event()
         self._stopping: anyio.Event | None = None
         self._runs: anyio.abc.TaskGroup | None = None  # where executions run, while serving
-        # child runs started here, until they end (or their parent took them: see ended)
+        # child runs started here, until their parent took them (ended) or no longer
+        # executes here (_child_ended, _forget_children_of)
         self._children: dict[str, _LocalChild] = {}
 
     def wake(self) -> None:
