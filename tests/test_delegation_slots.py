@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
 from backends import Backend, backend_fixture, deployment_fixture
@@ -110,3 +111,108 @@ async def test_without_a_free_slot_the_child_is_queued_and_still_wakes_its_paren
     # no slot for the child at its submit: queued, claimed when the parent parked; the
     # child's final save claimed the parent
     assert (worker.executed, worker.taken) == (3, 1)
+
+
+async def test_a_child_that_ended_before_its_parent_asked_still_spares_the_park(
+    backend: Backend,
+) -> None:
+    # the child ends while its parent's other call of the step (a nap) still runs: the
+    # parent asks for it only then, and must find it ended rather than park for it
+    both = {
+        "tool_calls": [
+            {"name": "agents_exec", "arguments": {"agent": "helper", "input": "help"}},
+            {"name": "nap", "arguments": {"seconds": 0.3}},
+        ]
+    }
+    await apply(
+        backend.store,
+        nap_tool(),
+        model("boss-model", both, {"text": "done"}),
+        model("helper-model", {"text": "helped"}),
+        agent("helper", "helper-model"),
+        agent("boss", "boss-model", links=["helper"], tools=["nap"]),
+    )
+    run, _ = await backend.submit("boss", "go")
+    worker = await backend.drain()
+    parent = await get(backend.store, run)
+    assert (parent.state, parent.output) == (RunState.SUCCEEDED, "done")
+    outputs = sorted(
+        str(r["output"]) for r in tool_results(await backend.store.list_events(run.id))
+    )
+    assert outputs == ["helped", "slept 0.3 s"]
+    # the parent once, the child once: no park, no second execution of the parent
+    assert (worker.executed, worker.taken) == (2, 1)
+    assert parent.fencing_token == 1
+
+
+async def test_a_child_in_the_last_free_slot_is_not_joined_by_a_run_from_the_bus(
+    backend: Backend,
+) -> None:
+    # The child takes the last free slot while the worker waits for deliveries (for that
+    # slot): a run delivered then must wait for a slot, not make three runs in two slots.
+    both = {
+        "tool_calls": [
+            {"name": "agents_exec", "arguments": {"agent": "helper", "input": "help"}},
+            {"name": "nap", "arguments": {"seconds": 1.0}},
+        ]
+    }
+    await apply(
+        backend.store,
+        nap_tool(),
+        model("boss-model", both, {"text": "done"}),
+        model("helper-model", call("nap", seconds=1.0), {"text": "helped"}),
+        model("other-model", {"text": "other"}),
+        agent("helper", "helper-model", tools=["nap"]),
+        agent("boss", "boss-model", links=["helper"], tools=["nap"]),
+        agent("other", "other-model"),
+    )
+    if backend.serving_worker is not None:
+        backend.serving_worker.concurrency = 2
+    else:
+        backend.options["concurrency"] = 2
+    async with backend.serving() as worker:
+        run, _ = await backend.submit("boss", "go")
+        with anyio.fail_after(10):
+            while len(worker.active) < 2:  # the parent and its child
+                await anyio.sleep(0.01)
+        other, _ = await backend.submit("other", "go")
+        most = 0
+        with anyio.fail_after(20):
+            while (await get(backend.store, other)).state is not RunState.SUCCEEDED:
+                most = max(most, len(worker.active))
+                await anyio.sleep(0.005)
+        assert most <= 2, f"{most} runs at once in a worker of 2 slots"
+    await backend.drain()
+    assert (await get(backend.store, run)).output == "done"
+
+
+async def test_a_parent_whose_children_end_partly_within_the_wait_parks_for_the_others(
+    backend: Backend,
+) -> None:
+    # one child ends within the wait, the other naps past it: the parent records the
+    # first and parks for the second, which is not "gone"
+    both = {
+        "tool_calls": [
+            {"name": "agents_exec", "arguments": {"agent": "quick", "input": "help"}},
+            {"name": "agents_exec", "arguments": {"agent": "slow", "input": "help"}},
+        ]
+    }
+    await apply(
+        backend.store,
+        nap_tool(),
+        model("boss-model", both, {"text": "done"}),
+        model("quick-model", {"text": "quick answer"}),
+        model("slow-model", call("nap", seconds=1.0), {"text": "slow answer"}),
+        agent("quick", "quick-model"),
+        agent("slow", "slow-model", tools=["nap"]),
+        agent("boss", "boss-model", links=["quick", "slow"]),
+    )
+    run, _ = await backend.submit("boss", "go")
+    await backend.drain()
+    parent = await get(backend.store, run)
+    assert (parent.state, parent.output) == (RunState.SUCCEEDED, "done")
+    results = tool_results(await backend.store.list_events(run.id))
+    assert [(r.get("output"), r.get("error")) for r in results] == [
+        ("quick answer", None),
+        ("slow answer", None),
+    ]

@@ -8,14 +8,21 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Awaitable, Callable
 
 import anyio
 import pytest
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncConnection, create_async_engine
 
 from corral.core.errors import ConflictError, NotFoundError
+from corral.core.messages import Message
 from corral.core.runs import Lease, RunRecord, RunState
 from corral.resources.loader import load_text
 from corral.store import Store
+from corral.store.base import Submitted
+from corral.store.sql.agent_limits import ADVISORY_LOCK_KEY
+from systems_helpers import agent, apply, model
 from test_store import (  # noqa: F401 - fixtures
     cipher_fixture,
     store_fixture,
@@ -251,3 +258,75 @@ async def test_a_run_parked_past_its_deadline_is_queued_once(store: Store) -> No
     assert await state_of(store, "run_none") is RunState.WAITING_CHILDREN
     assert await store.queue_overdue_runs(now=now) == []
     assert await store.queue_overdue_runs(now=now + 120) == [("run_early", 1)]
+
+
+async def test_a_save_claiming_a_parent_and_a_submit_claiming_in_its_session_do_not_deadlock(
+    store: Store, store_url: str
+) -> None:
+    # A limited agent makes every claim take the admission lock (store/sql/agent_limits.py).
+    # A submit with a claim locks its session, then takes that lock; a child's final save
+    # in that session claiming its parent must take them in the same order, or each waits
+    # for the other (PostgreSQL ends one: a deadlock).
+    await apply(store, model("m", {"text": "x"}), agent("assistant", "m", max_concurrent_runs=9))
+    [child] = await family(store, 1)
+    record, lease = await claim(store, child)
+    record.state = RunState.SUCCEEDED
+    record.session_id = "ses_1"
+    await store.get_or_create_session("default", "ses_1", "assistant")
+    newcomer = a_run("run_new")
+    newcomer.session_id = "ses_1"
+    said = [Message.assistant("done")]
+
+    async def save() -> tuple[RunRecord, Lease] | None:
+        return await store.save_run(record, lease, session_messages=said, claim_woken=("w", 30.0))
+
+    async def submit() -> Submitted:
+        return await store.submit_agent_run(newcomer, claim_for=("w", 30.0))
+
+    if not store_url.startswith("postgresql"):  # (SQLite: one writer, nothing to interleave)
+        await save()
+        assert await state_of(store, "run_p") in (RunState.QUEUED, RunState.RUNNING)
+        assert (await submit()).created
+        return
+    # Hold the admission lock, so that the save (which locks its runs first) and the
+    # submit (which locks the session first) both wait (for it, or one for the other),
+    # then let it go.
+    engine = create_async_engine(store_url.replace("postgresql://", "postgresql+asyncpg://"))
+    results: dict[str, object] = {}
+
+    async def keep(name: str, operation: Callable[[], Awaitable[object]]) -> None:
+        results[name] = await operation()
+
+    deadlocks = sa.text("SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()")
+    try:
+        async with engine.connect() as holder:
+            before = (await holder.execute(deadlocks)).scalar_one()
+            await holder.execute(sa.select(sa.func.pg_advisory_lock(ADVISORY_LOCK_KEY)))
+            with anyio.fail_after(20):
+                async with anyio.create_task_group() as group:
+                    group.start_soon(keep, "save", save)
+                    await waiting_for_locks(holder, 1)
+                    group.start_soon(keep, "submit", submit)
+                    await waiting_for_locks(holder, 2)
+                    await holder.execute(sa.select(sa.func.pg_advisory_unlock(ADVISORY_LOCK_KEY)))
+                    await holder.commit()
+            await anyio.sleep(1.1)  # (a backend reports its statistics at most once a second)
+            await holder.execute(sa.text("SELECT pg_stat_clear_snapshot()"))
+            after = (await holder.execute(deadlocks)).scalar_one()
+    finally:
+        await engine.dispose()
+    # (a deadlock is retried, so both go through: but only after PostgreSQL's
+    # deadlock_timeout, a second)
+    assert after == before, "the save and the submit deadlocked"
+    woken = results["save"]
+    assert isinstance(woken, tuple) and woken[0].id == "run_p"
+    submitted = results["submit"]
+    assert isinstance(submitted, Submitted) and submitted.lease is not None
+
+
+async def waiting_for_locks(conn: AsyncConnection, count: int) -> None:
+    """Until ``count`` transactions wait for a lock (PostgreSQL)."""
+    waiting = sa.text("SELECT count(DISTINCT pid) FROM pg_locks WHERE NOT granted")
+    while (await conn.execute(waiting)).scalar_one() < count:
+        await conn.rollback()
+        await anyio.sleep(0.01)

@@ -108,6 +108,7 @@ Switch = Callable[[str], Awaitable[AgentDefinition]]
 #: ``POST /v1/links/{agent}/exec``) that finished and are not in ``known`` (run ids)
 OutsideChildren = Callable[[set[str]], Awaitable[Sequence[RunRecord]]]
 #: of the child runs ``run_ids`` the run would park for, those that ended soon, by run id
+#: (the run goes on when they all did)
 ChildrenEnded = Callable[[list[str]], Awaitable[Mapping[str, RunRecord]]]
 
 #: the ref of the built-in handoff tool (:class:`corral.tools.agents.HandOff`)
@@ -439,13 +440,16 @@ class AgentLoop:
     async def _settled_calls(
         self, step: OpenStep, decisions: dict[str, Decided]
     ) -> tuple[list[PendingApproval], list[str]]:
-        """:meth:`_tool_calls`, then, when only child runs are left to wait for, the
-        outcomes of those that ended meanwhile (``children_ended``), recorded as their
-        calls' results: what is still left is what the run parks for."""
+        """:meth:`_tool_calls`, then, when only child runs are left to wait for and they
+        all ended meanwhile (``children_ended``), their outcomes recorded as their calls'
+        results. When some did not, the run parks for them all: a call whose child this
+        execution started is not in ``children`` until it ended (absent, it reads as gone),
+        and the resumed run finds the ended ones in the store."""
         pending, waiting = await self._tool_calls(step, decisions)
         if waiting and not pending and self.children_ended is not None:
-            ended = await self.children_ended([step.children[call] for call in waiting])
-            if ended:
+            child_ids = [step.children[call] for call in waiting]
+            ended = await self.children_ended(child_ids)
+            if ended.keys() >= set(child_ids):
                 self.children = {**self.children, **ended}
                 pending, waiting = await self._tool_calls(step, decisions)
         return pending, waiting

@@ -139,7 +139,9 @@ class Worker:
         self._shutdown = anyio.Event()
         self._stopping: anyio.Event | None = None
         self._runs: anyio.abc.TaskGroup | None = None  # where executions run, while serving
-        self._children: dict[str, _LocalChild] = {}  # child runs started here, until they end
+        # child runs started here, until their parent took them (ended) or no longer
+        # executes here (_child_ended, _forget_children_of)
+        self._children: dict[str, _LocalChild] = {}
 
     def wake(self) -> None:
         """Look for work now instead of at the next poll (used after an in-process submit)."""
@@ -211,27 +213,45 @@ class Worker:
 
     def release(self) -> None:
         self._reserved -= 1
+        self._wake.set()  # (a worker that found no free slot may take work again)
 
     def start(self, record: RunRecord, lease: Lease) -> None:
         assert self._runs is not None  # (reserve said so, and a run of this worker asks)
+        assert record.parent_run_id is not None  # (a child run)
         self._reserved -= 1
         self.taken += 1
         self.active[record.id] = lease
-        self._children[record.id] = _LocalChild()
+        self._children[record.id] = _LocalChild(record.parent_run_id)
         self._runs.start_soon(self._execute, record, lease)
 
     async def ended(self, run_ids: Sequence[str], seconds: float) -> dict[str, RunRecord]:
         children = [self._children.get(run_id) for run_id in run_ids]
+        if any(child is None for child in children):
+            return {}  # (at once: the parent parks for that one anyway)
         ended: dict[str, RunRecord] = {}
         # (real time, whatever the clock: this only spares a park, it decides nothing)
         with anyio.move_on_after(seconds):
-            for child in children:
-                if child is None:
-                    return {}
+            for run_id, child in zip(run_ids, children, strict=True):
+                assert child is not None
                 await child.done.wait()
+                self._children.pop(run_id, None)  # (taken: its parent asks for it once)
                 if child.record is not None:
-                    ended[child.record.id] = child.record
+                    ended[run_id] = child.record
         return ended
+
+    def _child_ended(self, run_id: str, child: _LocalChild) -> None:
+        """A child started here ended: keep it for its parent while the parent executes
+        here (it may ask only once its step's other calls are done), else forget it."""
+        child.done.set()
+        if child.parent_run_id not in self.active:
+            self._children.pop(run_id, None)
+
+    def _forget_children_of(self, run_id: str) -> None:
+        """An execution of run ``run_id`` ended: the children it did not ask for are
+        forgotten once they end (those still running, by :meth:`_child_ended`)."""
+        for child_id, child in list(self._children.items()):
+            if child.parent_run_id == run_id and child.done.is_set():
+                del self._children[child_id]
 
     async def _idle_wait(self, stop: anyio.Event) -> None:
         """Until there may be work: stop, a freed slot, a bus announcement, or the poll."""
@@ -359,6 +379,8 @@ class Worker:
             record.max_attempts,
         )
         child = self._children.get(record.id)
+        if child is not None and child.done.is_set():
+            child = None  # (an execution of it that ended, kept for its parent: not this one)
         try:
             outcome = await self.executor.execute(
                 record, lease, self._shutdown, on_woken=None if self._shutdown.is_set() else take
@@ -383,13 +405,13 @@ class Worker:
             log.exception("run %s failed in the worker", record.id)
             return None
         finally:
-            if child is not None:
-                del self._children[record.id]
-                child.done.set()
             # (only this claim's entry: a run that parked and was queued again at once may
             # already be claimed anew, and that execution is active now)
             if self.active.get(record.id) is lease:
                 del self.active[record.id]
+                self._forget_children_of(record.id)
+            if child is not None:
+                self._child_ended(record.id, child)
             self.executed += 1
             self._wake.set()
             if not self.active:
@@ -448,6 +470,12 @@ class Worker:
                 continue
             deliveries = await self.bus.take_runnable(free, TAKE_SECONDS)
             self._bus_quiet = not deliveries
+            # A child run may have taken a slot while the fetch waited (see reserve): a
+            # run delivered for that slot goes back, to this worker or another.
+            room = max(self._free(), 0)
+            for delivery in deliveries[room:]:
+                await _later(delivery, 0.0)
+            deliveries = deliveries[:room]
             if deliveries:
                 self._reserved += len(deliveries)
                 group.start_soon(self._claim_delivered, deliveries, stop, group)
@@ -576,9 +604,10 @@ class Worker:
 
 @dataclass
 class _LocalChild:
-    """A child run executing in this worker: set ``done`` when its execution ends, with
+    """A child run started in this worker: set ``done`` when its execution ends, with
     the run as saved when that ended it (``record``; else ``None``: parked, lost, failed)."""
 
+    parent_run_id: str
     done: anyio.Event = field(default_factory=anyio.Event)
     record: RunRecord | None = None
 

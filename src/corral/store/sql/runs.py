@@ -76,10 +76,6 @@ class SqlRuns(SqlEngine):
             if result.rowcount == 0:
                 await refuse(conn, record.id, lease)
             woken = await wake_parent(conn, record.id, record.parent_run_id, record.state, now)
-            claimed: list[tuple[RunRecord, Lease]] = []
-            if woken is not None and claim_woken is not None:
-                owner, lease_seconds = claim_woken
-                claimed = await claiming(owner, now + lease_seconds, now, 1, [woken], False)(conn)
             if approvals:
                 await conn.execute(
                     approvals_table.insert(), [APPROVALS.values(a) for a in approvals]
@@ -90,6 +86,12 @@ class SqlRuns(SqlEngine):
                 )
             if event_rows:
                 await conn.execute(run_events.insert(), event_rows)
+            if woken is None or claim_woken is None:
+                return None
+            # Last: a claim may take the admission lock (agent_limits.py), which a submit
+            # takes after locking its session; the session's lock comes first here too.
+            owner, lease_seconds = claim_woken
+            claimed = await claiming(owner, now + lease_seconds, now, 1, [woken], False)(conn)
             return claimed[0] if claimed else None
 
         # Events saved with the run take their turn after the run's pending appends.
