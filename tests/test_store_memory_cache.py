@@ -186,7 +186,7 @@ async def test_full_text_is_the_same_whether_few_or_all_matches_are_ranked_first
     """SQLite ranks the best FTS matches of all scopes first and reads their entries: the
     answer must be the scope's true top k even when another scope's entries rank better
     (the joined query then decides), and with filters."""
-    from corral.store.sql import memory
+    from corral.store.sql import fulltext_sqlite
 
     crowd = MemoryPlace("default", "notes", "crowd")
     await store.write_memories(
@@ -203,7 +203,8 @@ async def test_full_text_is_the_same_whether_few_or_all_matches_are_ranked_first
 
     answers = []
     for candidates in (1, 5, 45, 100_000):
-        monkeypatch.setattr(memory, "FTS_CANDIDATES", candidates)
+        monkeypatch.setattr(fulltext_sqlite, "FTS_CANDIDATES", candidates)
+        monkeypatch.setattr(fulltext_sqlite, "FAST_CANDIDATES", 0)
         answers.append((await search(), await search(odd=True)))
     assert all(answer == answers[-1] for answer in answers)
     everything, odd = answers[-1]

@@ -51,6 +51,7 @@ from corral.core.memory import (
 )
 from corral.store.schema import memory_entries, memory_generations
 from corral.store.sql.engine import SqlEngine, fetch_all, fetch_first
+from corral.store.sql.fulltext_sqlite import WordCounts, fts5_search, fulltext_sqlite
 from corral.store.sql.rows import MEMORY_ENTRIES
 from corral.store.sql.statements import _insert
 from corral.store.sql.vector_cache import (
@@ -79,8 +80,6 @@ _SECONDS_PER_DAY = 86_400.0
 _v = memory_vectors
 #: how many candidates each signal of a hybrid search ranks before they are fused
 FUSION_POOL = 50
-#: how many full-text matches SQLite ranks before reading their entries (see _fulltext_sqlite)
-FTS_CANDIDATES = 256
 #: the most entries one statement of a batch write carries (bound parameters: SQLite
 #: takes 32,766 per statement, asyncpg 32,767)
 ROWS_PER_STATEMENT = 500
@@ -142,16 +141,6 @@ def _generation(place: MemoryPlace) -> sa.Select[Any]:
 # --------------------------------------------------------------------------- per dialect
 
 
-def _search_sqlite(terms: list[str]) -> tuple[sa.FromClause, sa.ColumnElement[Any], Any]:
-    """FTS5: the join, the match condition, and the rank (lower is better)."""
-    fts = sa.table("memory_fts", sa.column("rowid", sa.Integer))
-    # Each word a quoted FTS5 string ('"' doubled inside): never an operator or a column.
-    match = " OR ".join('"' + term.replace('"', '""') + '"' for term in terms)
-    condition = sa.literal_column("memory_fts").op("MATCH")(sa.bindparam("match", match))
-    rank = sa.func.bm25(sa.literal_column("memory_fts"))
-    return _t.join(fts, fts.c.rowid == _t.c.id), condition, rank
-
-
 def _search_postgresql(terms: list[str]) -> tuple[sa.FromClause, sa.ColumnElement[Any], Any]:
     """tsvector: the table, the match condition, and the rank (negated: lower is better)."""
     # the stored generated column of the GIN index (migration 0012): ts_rank reads it
@@ -188,7 +177,7 @@ INDEX: Mapping[str, str] = {
     "postgresql": "full text: PostgreSQL tsvector ('simple') with a GIN index, ranked by ts_rank",
 }
 _SEARCH: Mapping[str, Callable[[list[str]], tuple[sa.FromClause, sa.ColumnElement[Any], Any]]] = {
-    "sqlite": _search_sqlite,
+    "sqlite": fts5_search,
     "postgresql": _search_postgresql,
 }
 _EQUALS: Mapping[str, Callable[[str, Scalar], sa.ColumnElement[bool]]] = {
@@ -512,7 +501,9 @@ class SqlMemory(SqlEngine):
         if self._dialect == "sqlite":
             return await self._read(
                 f"search memory {place.memory}",
-                functools.partial(_fulltext_sqlite, terms, conditions, limit),
+                functools.partial(
+                    fulltext_sqlite, terms, conditions, limit, self.memory_word_counts
+                ),
             )
         source, matches, rank = _SEARCH[self._dialect](terms)
         statement = (
@@ -527,6 +518,15 @@ class SqlMemory(SqlEngine):
             MemoryHit(MEMORY_ENTRIES.record(tuple(row)[:_COLUMNS]), -float(row.rank))
             for row in rows
         ]
+
+    @property
+    def memory_word_counts(self) -> WordCounts:
+        """This store's entry counts of words (see :mod:`corral.store.sql.fulltext_sqlite`)."""
+        counts: WordCounts | None = getattr(self, "_memory_word_counts", None)
+        if counts is None:
+            counts = WordCounts()
+            self._memory_word_counts = counts
+        return counts
 
     @property
     def memory_vector_cache(self) -> VectorCache:
@@ -645,54 +645,6 @@ class SqlMemory(SqlEngine):
             return removed
 
         return await self._write(f"prune memory {place.memory}", write)
-
-
-async def _fulltext_sqlite(
-    terms: list[str],
-    conditions: list[sa.ColumnElement[bool]],
-    limit: int,
-    conn: AsyncConnection,
-) -> list[MemoryHit]:
-    """FTS5 ranks its matches alone first (BM25 over the index, no join: about half the
-    time of ranking the join at 100,000 matches), the best :data:`FTS_CANDIDATES`; then
-    the entries among them in the scope and filters are read. That is the exact answer
-    when the candidates were all the matches, or when ``limit`` entries rank strictly
-    better than the last candidate (nothing left out can come before them, ties
-    included); otherwise the joined query ranks every match of the scope."""
-    source, matches, rank = _search_sqlite(terms)
-    fts = sa.table("memory_fts", sa.column("rowid", sa.Integer))
-    candidates = max(FTS_CANDIDATES, 4 * limit)
-    ranked = (
-        await conn.execute(
-            sa.select(fts.c.rowid, rank.label("rank"))
-            .select_from(fts)
-            .where(matches)
-            .order_by(rank)
-            .limit(candidates)
-        )
-    ).all()
-    if ranked:
-        ranks = {int(row[0]): float(row[1]) for row in ranked}
-        found = (
-            await conn.execute(sa.select(_t).where(_t.c.id.in_(list(ranks)), *conditions))
-        ).all()
-        hits = sorted(found, key=lambda row: (ranks[row.id], -row.updated_at, row.id))
-        last = float(ranked[-1][1])
-        if len(ranked) < candidates or sum(ranks[r.id] < last for r in hits) >= limit:
-            return [MemoryHit(MEMORY_ENTRIES.record(row), -ranks[row.id]) for row in hits[:limit]]
-    else:
-        return []
-    statement = (
-        sa.select(_t, rank.label("rank"))
-        .select_from(source)
-        .where(matches, *conditions)
-        .order_by(rank, _t.c.updated_at.desc(), _t.c.id)
-        .limit(limit)
-    )
-    return [
-        MemoryHit(MEMORY_ENTRIES.record(tuple(row)[:_COLUMNS]), -float(row.rank))
-        for row in (await conn.execute(statement)).all()
-    ]
 
 
 async def _nearest_in_sql(
