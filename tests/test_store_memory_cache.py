@@ -210,3 +210,63 @@ async def test_full_text_is_the_same_whether_few_or_all_matches_are_ranked_first
     everything, odd = answers[-1]
     assert len(everything) == 7 and all(key.startswith("n") for key, _ in everything)
     assert len(odd) == 7 and all(int(key[1:]) % 2 == 1 for key, _ in odd)
+
+
+async def test_a_few_changes_by_another_store_update_the_cached_vectors_without_a_reload(
+    store: Store, store_url: str, cipher: SecretCipher
+) -> None:
+    """Writes, rewrites, deletes and retention through another store object reach this
+    one's cached matrix as updates of the entries they changed: same answers as a fresh
+    store, and no reload of the scope."""
+    rng = np.random.default_rng(3)
+    vectors = rng.standard_normal((120, 4))
+    await store.write_memories(
+        [entry(f"e{n:03d}", f"entry {n}") for n in range(120)],
+        [MemoryVector(EMBEDDER, vectors[n].tolist()) for n in range(120)],
+    )
+    probes = [vectors[n] for n in (0, 7, 42)] + [np.array([0.0, 0.0, 1.0, 0.0])]
+    cache = store.memory_vector_cache  # type: ignore[attr-defined]
+    cached = "pgvector" not in await store.memory_vector_index()
+
+    async def agrees() -> None:
+        async with await open_store(store_url, cipher=cipher) as fresh:
+            for probe in probes:
+                assert await nearest(store, *probe, top_k=5) == await nearest(
+                    fresh, *probe, top_k=5
+                )
+
+    await agrees()
+    loads = cache.loads
+    async with await open_store(store_url, cipher=cipher) as other:
+        await other.write_memory(entry("up", "up"), vector=vec(0, 0, 1, 0))
+        assert await nearest(store, 0, 0, 1, 0, top_k=1) == ["up"]
+        await other.write_memory(entry("e007", "moved"), vector=vec(0, 0, 0, 1))
+        assert "e007" not in await nearest(store, *vectors[7], top_k=1)
+        await other.write_memory(entry("e042", "no vector now"))
+        assert "e042" not in await nearest(store, *vectors[42], top_k=120)
+        assert await other.delete_memory_entry(NOTES, "up")
+        assert "up" not in await nearest(store, 0, 0, 1, 0, top_k=5)
+        await other.write_memory(entry("new", "new"), vector=vec(1, 1, 1, 1), max_entries=118)
+        await agrees()
+        assert (await store.memory_stats("default", "notes")).vectors == 117  # 118, one without
+    if cached:
+        assert cache.loads == loads and cache.updates >= 5
+
+
+async def test_a_cache_older_than_the_kept_changes_or_of_a_deleted_memory_loads_again(
+    store: Store, store_url: str, cipher: SecretCipher
+) -> None:
+    from corral.store.sql.memory import KEPT_GENERATIONS
+
+    await store.write_memory(entry("a", "a"), vector=vec(1, 0, 0, 0))
+    assert await nearest(store, 1, 0, 0, 0) == ["a"]
+    cache = store.memory_vector_cache  # type: ignore[attr-defined]
+    cached = "pgvector" not in await store.memory_vector_index()
+    loads = cache.loads
+    async with await open_store(store_url, cipher=cipher) as other:
+        for n in range(KEPT_GENERATIONS + 1):
+            await other.write_memory(entry(f"k{n}", "k"), vector=vec(0, 1, 0, n))
+    assert await nearest(store, 0, 1, 0, 0, top_k=1) == ["k0"]
+    if cached:
+        assert cache.loads == loads + 1  # the changes since were no longer all kept
+    assert len(await nearest(store, 1, 0, 0, 0, top_k=100)) == KEPT_GENERATIONS + 2

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -49,7 +49,7 @@ from corral.core.memory import (
     fuse,
     query_terms,
 )
-from corral.store.schema import memory_entries, memory_generations
+from corral.store.schema import memory_changes, memory_entries, memory_generations
 from corral.store.sql.engine import SqlEngine, fetch_all, fetch_first
 from corral.store.sql.fulltext_sqlite import WordCounts, fts5_search, fulltext_sqlite
 from corral.store.sql.rows import MEMORY_ENTRIES
@@ -80,6 +80,9 @@ _SECONDS_PER_DAY = 86_400.0
 _v = memory_vectors
 #: how many candidates each signal of a hybrid search ranks before they are fused
 FUSION_POOL = 50
+#: how many generations of a scope's changes ``memory_changes`` keeps: a process whose
+#: cached vectors are older loads the scope whole
+KEPT_GENERATIONS = 64
 #: the most entries one statement of a batch write carries (bound parameters: SQLite
 #: takes 32,766 per statement, asyncpg 32,767)
 ROWS_PER_STATEMENT = 500
@@ -100,6 +103,14 @@ def entries_of_memory(namespace: str, memory: str) -> sa.Delete:
     return _t.delete().where(_t.c.namespace == namespace, _t.c.memory == memory)
 
 
+def changes_of_memory(namespace: str, memory: str) -> sa.Delete:
+    """Forget the changes of every scope of a Memory (its entries were deleted): with the
+    generations raised by :func:`memory_changed`, a cache of its vectors finds its
+    changes missing and loads the scope whole."""
+    _c = memory_changes
+    return _c.delete().where(_c.c.namespace == namespace, _c.c.memory == memory)
+
+
 def memory_changed(namespace: str, memory: str) -> sa.Update:
     """Raise the generation of every scope of a Memory (its entries were deleted)."""
     _g = memory_generations
@@ -110,21 +121,38 @@ def memory_changed(namespace: str, memory: str) -> sa.Update:
     )
 
 
-async def _changed(conn: AsyncConnection, dialect: str, places: Sequence[MemoryPlace]) -> None:
-    """Raise the generation of each of ``places`` (in a stable order: two transactions
-    raising the same scopes never wait for each other crosswise)."""
-    _g = memory_generations
-    for place in sorted(set(places), key=lambda p: (p.namespace, p.memory, p.scope_key)):
+async def _changed(
+    conn: AsyncConnection, dialect: str, changes: Mapping[MemoryPlace, Collection[int]]
+) -> None:
+    """Raise the generation of each scope of ``changes`` and note the ids of the entries
+    it wrote or deleted under the new generation (``0`` for none), keeping the last
+    :data:`KEPT_GENERATIONS`; in a stable order of scopes, so two transactions raising
+    the same scopes never wait for each other crosswise."""
+    _g, _c = memory_generations, memory_changes
+    for place in sorted(changes, key=lambda p: (p.namespace, p.memory, p.scope_key)):
         upsert = _insert(dialect, _g).values(
             namespace=place.namespace,
             memory=place.memory,
             scope_key=place.scope_key,
             generation=1,
         )
+        upsert = upsert.on_conflict_do_update(
+            index_elements=["namespace", "memory", "scope_key"],
+            set_={"generation": _g.c.generation + 1},
+        ).returning(_g.c.generation)
+        generation = int((await conn.execute(upsert)).scalar_one())
+        where = {"namespace": place.namespace, "memory": place.memory}
+        rows = [
+            {**where, "scope_key": place.scope_key, "generation": generation, "entry_id": n}
+            for n in sorted(set(changes[place])) or [0]
+        ]
+        await conn.execute(_c.insert(), rows)
         await conn.execute(
-            upsert.on_conflict_do_update(
-                index_elements=["namespace", "memory", "scope_key"],
-                set_={"generation": _g.c.generation + 1},
+            _c.delete().where(
+                _c.c.namespace == place.namespace,
+                _c.c.memory == place.memory,
+                _c.c.scope_key == place.scope_key,
+                _c.c.generation <= generation - KEPT_GENERATIONS,
             )
         )
 
@@ -233,10 +261,11 @@ class SqlMemory(SqlEngine):
         places = list(dict.fromkeys(entry.place for entry in entries))
 
         async def write(conn: AsyncConnection) -> list[tuple[MemoryEntry, bool]]:
-            done = await self._write_batch(conn, prepared, now)
+            changed: dict[MemoryPlace, set[int]] = {place: set() for place in places}
+            done = await self._write_batch(conn, prepared, now, changed)
             for place in places:
-                await _prune(conn, place, now, max_entries, max_age_days)
-            await _changed(conn, self._dialect, places)
+                changed[place].update(await _prune(conn, place, now, max_entries, max_age_days))
+            await _changed(conn, self._dialect, changed)
             return done
 
         name = entries[0].memory if entries else "?"
@@ -247,6 +276,7 @@ class SqlMemory(SqlEngine):
         conn: AsyncConnection,
         prepared: list[tuple[MemoryEntry, dict[str, Any], MemoryVector | None]],
         now: float,
+        changed: dict[MemoryPlace, set[int]],
     ) -> list[tuple[MemoryEntry, bool]]:
         """Write many entries with a few statements: replays looked up at once, then one
         upsert (and one vector insert) per :data:`ROWS_PER_STATEMENT` entries. A batch
@@ -254,7 +284,7 @@ class SqlMemory(SqlEngine):
         keys = [(entry.place, entry.key) for entry, _, _ in prepared]
         replays = [e.idempotency_key for e, _, _ in prepared if e.idempotency_key is not None]
         if len(set(keys)) < len(keys) or len(set(replays)) < len(replays):
-            return [await self._write_one(conn, *item, now) for item in prepared]
+            return [await self._write_one(conn, *item, now, changed) for item in prepared]
         results: dict[int, tuple[MemoryEntry, bool]] = {}
         if replays:
             written = await self._replayed(conn, [entry for entry, _, _ in prepared])
@@ -291,6 +321,7 @@ class SqlMemory(SqlEngine):
                 entry, _, vector = prepared[n]
                 row = rows[(entry.namespace, entry.memory, entry.scope_key, entry.key)]
                 results[n] = (MEMORY_ENTRIES.record(row), True)
+                changed[entry.place].add(row.id)
                 ids.append(row.id)
                 if vector is not None:
                     vectors.append(
@@ -360,6 +391,7 @@ class SqlMemory(SqlEngine):
         metadata: dict[str, Any],
         vector: MemoryVector | None,
         now: float,
+        changed: dict[MemoryPlace, set[int]],
     ) -> tuple[MemoryEntry, bool]:
         if entry.idempotency_key is not None:
             done = (
@@ -386,6 +418,7 @@ class SqlMemory(SqlEngine):
             },
         ).returning(*_t.columns)
         row = (await conn.execute(upsert)).one()
+        changed[entry.place].add(row.id)
         await conn.execute(_v.delete().where(_v.c.entry_id == row.id))
         if vector is not None:
             await self._insert_vectors(
@@ -451,13 +484,13 @@ class SqlMemory(SqlEngine):
         return [MEMORY_ENTRIES.record(row) for row in rows]
 
     async def delete_memory_entry(self, place: MemoryPlace, key: str) -> bool:
-        delete = _t.delete().where(at_place(place), _t.c.key == key)
+        delete = _t.delete().where(at_place(place), _t.c.key == key).returning(_t.c.id)
 
         async def write(conn: AsyncConnection) -> bool:
-            deleted = bool((await conn.execute(delete)).rowcount)
+            deleted = list((await conn.execute(delete)).scalars())
             if deleted:
-                await _changed(conn, self._dialect, [place])
-            return deleted
+                await _changed(conn, self._dialect, {place: deleted})
+            return bool(deleted)
 
         return await self._write(f"delete from memory {place.memory}", write)
 
@@ -578,33 +611,54 @@ class SqlMemory(SqlEngine):
         self, conn: AsyncConnection, kind: str, place: MemoryPlace, embedder: str
     ) -> Matrix:
         """The scope's vectors of ``embedder``: cached if the scope's generation has not
-        moved since, else read (the generation first: never filed under a newer one)."""
+        moved since, brought up to date from the scope's changes if it moved a little,
+        else read whole (the generation first: never filed under a newer one)."""
         cache = self.memory_vector_cache
         key = (place.namespace, place.memory, place.scope_key, embedder)
         generation = int((await conn.execute(_generation(place))).scalar() or 0)
-        matrix = cache.get(key, generation)
-        if matrix is not None:
-            return matrix
-        # IN, not a join: the vectors are read in entry id order, no sort (half the time)
-        # real[] goes out in its binary form (array_send): no Python float per element
-        embedding = _v.c.embedding if kind == "blob" else sa.func.array_send(_v.c.embedding)
-        statement = (
-            sa.select(_v.c.entry_id, embedding)
-            .where(_v.c.entry_id.in_(sa.select(_t.c.id).where(at_place(place))))
-            .where(_v.c.embedder == embedder)
-            .order_by(_v.c.entry_id)
-        )
-        rows = (await conn.execute(statement)).all()
-        ids = [row[0] for row in rows]
-        stored = [row[1] for row in rows]
-        if kind == "blob":
-            dims = len(stored[0]) // 4 if stored else 0
-            vectors = decode_blobs(stored, dims)
-        else:
-            vectors = decode_arrays(stored)
-        matrix = Matrix.of(generation, ids, vectors)
+        cached = cache.latest(key)
+        if cached is not None and cached.generation == generation:
+            return cached
+        if cached is not None and cached.generation < generation:
+            matrix = await self._updated(conn, kind, place, embedder, cached, generation)
+            if matrix is not None:
+                cache.put(key, matrix, updated=True)
+                return matrix
+        matrix = await _load(conn, kind, place, embedder, generation, None)
         cache.put(key, matrix)
         return matrix
+
+    async def _updated(
+        self,
+        conn: AsyncConnection,
+        kind: str,
+        place: MemoryPlace,
+        embedder: str,
+        cached: Matrix,
+        generation: int,
+    ) -> Matrix | None:
+        """``cached`` brought to ``generation`` by reading again the entries changed
+        since; ``None`` when some generation's changes are no longer kept, or when they
+        touch so many entries that reading the scope whole is as quick."""
+        _c = memory_changes
+        notes = (
+            await conn.execute(
+                sa.select(_c.c.generation, _c.c.entry_id).where(
+                    _c.c.namespace == place.namespace,
+                    _c.c.memory == place.memory,
+                    _c.c.scope_key == place.scope_key,
+                    _c.c.generation > cached.generation,
+                    _c.c.generation <= generation,
+                )
+            )
+        ).all()
+        if len({row[0] for row in notes}) != generation - cached.generation:
+            return None
+        changed = sorted({int(row[1]) for row in notes} - {0})
+        if len(changed) > max(64, len(cached.ids) // 4):
+            return None
+        fresh = await _load(conn, kind, place, embedder, generation, changed)
+        return cached.updated(np.asarray(changed, dtype=np.int64), fresh)
 
     async def memory_stats(self, namespace: str, memory: str) -> MemoryStats:
         of_memory = sa.and_(_t.c.namespace == namespace, _t.c.memory == memory)
@@ -641,10 +695,41 @@ class SqlMemory(SqlEngine):
         async def write(conn: AsyncConnection) -> int:
             removed = await _prune(conn, place, when, max_entries, max_age_days)
             if removed:
-                await _changed(conn, self._dialect, [place])
-            return removed
+                await _changed(conn, self._dialect, {place: removed})
+            return len(removed)
 
         return await self._write(f"prune memory {place.memory}", write)
+
+
+async def _load(
+    conn: AsyncConnection,
+    kind: str,
+    place: MemoryPlace,
+    embedder: str,
+    generation: int,
+    only: list[int] | None,
+) -> Matrix:
+    """The scope's vectors of ``embedder`` (of the entries ``only``, if given)."""
+    # IN, not a join: the vectors are read in entry id order, no sort (half the time)
+    # real[] goes out in its binary form (array_send): no Python float per element
+    embedding = _v.c.embedding if kind == "blob" else sa.func.array_send(_v.c.embedding)
+    of_scope = sa.select(_t.c.id).where(at_place(place))
+    if only is not None:
+        of_scope = of_scope.where(_t.c.id.in_(only))
+    statement = (
+        sa.select(_v.c.entry_id, embedding)
+        .where(_v.c.entry_id.in_(of_scope))
+        .where(_v.c.embedder == embedder)
+        .order_by(_v.c.entry_id)
+    )
+    rows = (await conn.execute(statement)).all()
+    ids = [row[0] for row in rows]
+    stored = [row[1] for row in rows]
+    if kind == "blob":
+        vectors = decode_blobs(stored, len(stored[0]) // 4 if stored else 0)
+    else:
+        vectors = decode_arrays(stored)
+    return Matrix.of(generation, ids, vectors)
 
 
 async def _nearest_in_sql(
@@ -679,14 +764,14 @@ async def _prune(
     now: float,
     max_entries: int | None,
     max_age_days: float | None,
-) -> int:
+) -> list[int]:
     """Apply a Memory's retention to one scope: drop entries older than ``max_age_days``
-    and all but the ``max_entries`` most recently written. Returns how many went."""
-    removed = 0
+    and all but the ``max_entries`` most recently written. Returns the ids that went."""
+    removed: list[int] = []
     if max_age_days is not None:
         cutoff = now - max_age_days * _SECONDS_PER_DAY
-        result = await conn.execute(_t.delete().where(at_place(place), _t.c.updated_at < cutoff))
-        removed += result.rowcount
+        old = _t.delete().where(at_place(place), _t.c.updated_at < cutoff).returning(_t.c.id)
+        removed += (await conn.execute(old)).scalars()
     if max_entries is not None:
         kept = (
             sa.select(_t.c.id)
@@ -694,6 +779,6 @@ async def _prune(
             .order_by(_t.c.updated_at.desc(), _t.c.id.desc())
             .limit(max_entries)
         )
-        result = await conn.execute(_t.delete().where(at_place(place), _t.c.id.not_in(kept)))
-        removed += result.rowcount
+        extra = _t.delete().where(at_place(place), _t.c.id.not_in(kept)).returning(_t.c.id)
+        removed += (await conn.execute(extra)).scalars()
     return removed

@@ -9,10 +9,16 @@ memory, scope key, embedder), with the entry id of each row.
 
 It is kept correct by the scope's generation (``memory_generations``, migration 0012):
 every write, delete and prune of the scope raises it in the same transaction, and a
-search reads it (one indexed row) before using the matrix. A matrix cached under another
-generation is loaded again, so a change made by another process (serve and workers
-sharing one store) is seen by the next search. The generation is read before the
-vectors are, so a matrix is never filed under a generation newer than its contents.
+search reads it (one indexed row) before using the matrix, so a change made by another
+process (serve and workers sharing one store) is seen by the next search. The same
+transaction notes which entries it wrote or deleted (``memory_changes``, migration
+0013): a matrix of an older generation is brought up to date by reading those entries'
+vectors again (:meth:`Matrix.updated`) - a write of a few entries does not reload the
+scope - when the notes of every generation since are still kept and name fewer than a
+quarter of its rows; else the scope is loaded whole. The generation is read before the
+notes and the vectors are, so a matrix is never filed under a generation newer than its
+contents (on PostgreSQL, where each read sees the latest commit, its contents may be
+newer: reading an entry again is idempotent, so the next update still ends right).
 
 The cache is bounded by bytes (``CORRAL_MEMORY_VECTOR_CACHE_BYTES``): the least
 recently used matrices are dropped to make room, and a scope larger than the whole
@@ -38,7 +44,7 @@ Key = tuple[str, str, str, str]
 @dataclass(frozen=True)
 class Matrix:
     """A scope's vectors: ``ids[i]`` is the entry of row ``i`` of ``vectors`` (float32,
-    unit rows), in ascending id order, as of ``generation``."""
+    unit rows, C-contiguous), as of ``generation``."""
 
     generation: int
     ids: npt.NDArray[np.int64]
@@ -57,6 +63,22 @@ class Matrix:
             norms[norms == 0] = 1.0
             vectors /= norms
         return Matrix(generation, np.asarray(ids, dtype=np.int64), vectors)
+
+    def updated(self, changed: npt.NDArray[np.int64], fresh: Matrix) -> Matrix:
+        """This matrix at ``fresh.generation``: the rows of the ``changed`` entries
+        replaced by their vectors now (``fresh``; a changed entry not in it was deleted,
+        or lost its vector), copied once into a new matrix (a search may be reading this)."""
+        keep = ~np.isin(self.ids, changed)
+        kept = int(keep.sum())
+        if kept and len(fresh.ids) and fresh.vectors.shape[1] != self.vectors.shape[1]:
+            raise ValueError("vector dimensions differ")
+        width = self.vectors.shape[1] if kept else fresh.vectors.shape[1]
+        vectors = np.empty((kept + len(fresh.ids), width), dtype=np.float32)
+        np.compress(keep, self.vectors, axis=0, out=vectors[:kept])
+        if len(fresh.ids):
+            vectors[kept:] = fresh.vectors
+        ids = np.concatenate([self.ids[keep], fresh.ids])
+        return Matrix(fresh.generation, ids, vectors)
 
     def nearest(
         self,
@@ -94,7 +116,8 @@ class VectorCache:
         self._matrices: OrderedDict[Key, Matrix] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
-        self.loads = 0  # matrices loaded from the store (misses), for tests and bench
+        self.loads = 0  # matrices loaded whole from the store (misses), for tests and bench
+        self.updates = 0  # matrices brought up to date from their scope's changes
 
     @property
     def nbytes(self) -> int:
@@ -103,6 +126,14 @@ class VectorCache:
     def keys(self) -> list[Key]:
         with self._lock:
             return list(self._matrices)
+
+    def latest(self, key: Key) -> Matrix | None:
+        """The matrix of ``key`` whatever its generation (to bring it up to date)."""
+        with self._lock:
+            matrix = self._matrices.get(key)
+            if matrix is not None:
+                self._matrices.move_to_end(key)
+            return matrix
 
     def get(self, key: Key, generation: int) -> Matrix | None:
         """The matrix of ``key`` if it is of ``generation`` (else it is dropped)."""
@@ -116,10 +147,14 @@ class VectorCache:
             self._matrices.move_to_end(key)
             return matrix
 
-    def put(self, key: Key, matrix: Matrix) -> None:
-        """Keep ``matrix`` unless it is larger than the whole budget; evict to fit."""
+    def put(self, key: Key, matrix: Matrix, *, updated: bool = False) -> None:
+        """Keep ``matrix`` (loaded whole, or ``updated`` from an older one) unless it is
+        larger than the whole budget; evict to fit."""
         with self._lock:
-            self.loads += 1
+            if updated:
+                self.updates += 1
+            else:
+                self.loads += 1
             if key in self._matrices:
                 self._drop(key)
             if matrix.nbytes > self.max_bytes:
