@@ -270,3 +270,16 @@ async def test_a_cache_older_than_the_kept_changes_or_of_a_deleted_memory_loads_
     if cached:
         assert cache.loads == loads + 1  # the changes since were no longer all kept
     assert len(await nearest(store, 1, 0, 0, 0, top_k=100)) == KEPT_GENERATIONS + 2
+
+
+def test_an_update_replaces_changed_rows_keeps_the_rest_and_may_empty_the_matrix() -> None:
+    matrix = Matrix.of(1, [1, 2, 3], np.eye(3, 4, dtype=np.float32))
+    fresh = Matrix.of(2, [2, 9], np.array([[0, 0, 0, 2], [0, 0, 3, 0]], dtype=np.float32))
+    # 3 changed and is not in fresh: deleted; 2 changed: replaced; 9 is new
+    updated = matrix.updated(np.array([2, 3, 9], dtype=np.int64), fresh)
+    assert (updated.generation, sorted(updated.ids.tolist())) == (2, [1, 2, 9])
+    assert [i for i, _ in updated.nearest([0.0, 0.0, 0.0, 1.0], 1)] == [2]
+    assert updated.vectors.flags.c_contiguous and updated.vectors.dtype == np.float32
+    nothing = Matrix.of(3, [], np.zeros((0, 0), dtype=np.float32))
+    emptied = updated.updated(np.array([1, 2, 9], dtype=np.int64), nothing)
+    assert len(emptied.ids) == 0 and emptied.nearest([1.0, 0.0, 0.0, 0.0], 5) == []

@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
+import anyio
 import numpy as np
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -516,12 +517,19 @@ class SqlMemory(SqlEngine):
         except ValueError as exc:
             raise MemoryInputError(f"the query's embedding: {exc}") from None
         pool = max(top_k, FUSION_POOL)
-        rankings = {
-            FULLTEXT: await self._fulltext(place, terms, conditions, pool) if terms else [],
-            VECTOR: await self._nearest(
+        rankings: dict[str, list[MemoryHit]] = {FULLTEXT: [], VECTOR: []}
+
+        async def fulltext() -> None:
+            rankings[FULLTEXT] = await self._fulltext(place, terms, conditions, pool)
+
+        # both signals at once, each on a connection of its own: the database's work for
+        # one overlaps the matrix product of the other (neither holds the GIL meanwhile)
+        async with anyio.create_task_group() as group:
+            if terms:
+                group.start_soon(fulltext)
+            rankings[VECTOR] = await self._nearest(
                 place, vector.embedder, values, conditions, pool, filtered=len(conditions) > 1
-            ),
-        }
+            )
         return fuse(rankings, top_k)
 
     async def _fulltext(

@@ -72,9 +72,10 @@ class Matrix:
         kept = int(keep.sum())
         if kept and len(fresh.ids) and fresh.vectors.shape[1] != self.vectors.shape[1]:
             raise ValueError("vector dimensions differ")
-        width = self.vectors.shape[1] if kept else fresh.vectors.shape[1]
+        width = fresh.vectors.shape[1] if len(fresh.ids) else self.vectors.shape[1]
         vectors = np.empty((kept + len(fresh.ids), width), dtype=np.float32)
-        np.compress(keep, self.vectors, axis=0, out=vectors[:kept])
+        if kept:
+            np.compress(keep, self.vectors, axis=0, out=vectors[:kept])
         if len(fresh.ids):
             vectors[kept:] = fresh.vectors
         ids = np.concatenate([self.ids[keep], fresh.ids])
