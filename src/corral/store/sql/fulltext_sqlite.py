@@ -95,10 +95,12 @@ def _among(
 
 
 class WordCounts:
-    """How many entries hold each word, as of one version of the index (its structure
-    record, which FTS5 rewrites with a new segment on every change): counting a common
+    """How many entries hold each word, as of one version of the index: counting a common
     word walks its whole list of entries, and the same words come back query after query.
-    """
+
+    The version is FTS5's structure record: each transaction's changes become a new
+    segment, which rewrites it (a table with FTS5's ``secure-delete`` option, which edits
+    segments in place, would not be told apart: ``memory_fts`` does not set it)."""
 
     def __init__(self, kept: int = COUNTS_KEPT) -> None:
         self.kept = kept

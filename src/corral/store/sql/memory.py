@@ -5,7 +5,8 @@ Every statement is written once, except where the dialects differ, which is
 here and only here, one function per dialect:
 
 - full-text search: SQLite's FTS5 table ``memory_fts`` (kept in step with
-  ``memory_entries`` by triggers), ranked by BM25; PostgreSQL's stored
+  ``memory_entries`` by triggers), ranked by BM25 without ranking every match
+  (:mod:`corral.store.sql.fulltext_sqlite`); PostgreSQL's stored
   ``fts_vector`` column, ``to_tsvector('simple', text)`` (a GIN index on it; migration
   0012), ranked by ``ts_rank``. Both see a query as the words of :func:`~corral.core.memory.query_terms`,
   each a quoted term (FTS5) or a ``plainto_tsquery`` (PostgreSQL): no query text
@@ -17,7 +18,8 @@ here and only here, one function per dialect:
   transaction; a search given the query's vector ranks the scope's vectors of the same
   embedder by cosine (pgvector's ``<=>`` in SQL, else the in-process matrix of
   :mod:`corral.store.sql.vector_cache`, kept current by the scope's generation, which
-  every write, delete and prune raises in its transaction), and fuses that ranking with the full-text one
+  every write, delete and prune raises in its transaction, noting the entries it changed
+  in ``memory_changes``), and fuses that ranking with the full-text one
   (:func:`~corral.core.memory.fuse`, reciprocal rank fusion). Filters apply to both.
 """
 
