@@ -22,7 +22,7 @@ import pytest
 from corral.core.memory import MemoryPlace, MemoryVector
 from corral.resources.secrets import SecretCipher
 from corral.store import Store, open_store
-from corral.store.sql.vector_cache import Matrix, VectorCache
+from corral.store.sql.vector_cache import DEAD, Matrix, VectorCache
 from test_store_memory_vectors import (  # noqa: F401 - fixtures
     EMBEDDER,
     NOTES,
@@ -273,13 +273,25 @@ async def test_a_cache_older_than_the_kept_changes_or_of_a_deleted_memory_loads_
 
 
 def test_an_update_replaces_changed_rows_keeps_the_rest_and_may_empty_the_matrix() -> None:
-    matrix = Matrix.of(1, [1, 2, 3], np.eye(3, 4, dtype=np.float32))
-    fresh = Matrix.of(2, [2, 9], np.array([[0, 0, 0, 2], [0, 0, 3, 0]], dtype=np.float32))
-    # 3 changed and is not in fresh: deleted; 2 changed: replaced; 9 is new
-    updated = matrix.updated(np.array([2, 3, 9], dtype=np.int64), fresh)
-    assert (updated.generation, sorted(updated.ids.tolist())) == (2, [1, 2, 9])
-    assert [i for i, _ in updated.nearest([0.0, 0.0, 0.0, 1.0], 1)] == [2]
-    assert updated.vectors.flags.c_contiguous and updated.vectors.dtype == np.float32
+    rows = np.eye(3, 4, dtype=np.float32)
+    matrix = Matrix.of(1, list(range(1, 33)), np.tile(rows, (11, 1))[:32])
+    fresh = Matrix.of(2, [2, 99], np.array([[0, 0, 0, 2], [0, 0, 0, 3]], dtype=np.float32))
+    # 3 changed and is not in fresh: deleted; 2 changed: replaced; 99 is new
+    updated = matrix.updated(np.array([2, 3, 99], dtype=np.int64), fresh)
+    assert updated.rows is matrix.rows  # appended in the spare rows: nothing copied
+    alive = sorted(n for n in updated.ids.tolist() if n != DEAD)
+    assert updated.generation == 2 and alive == [1, 2, *range(4, 33), 99]
+    assert [i for i, _ in updated.nearest([0.0, 0.0, 0.0, 1.0], 2)] == [2, 99]
+    assert 3 not in [i for i, _ in updated.nearest([0.0, 0.0, 1.0, 0.0], 40)]
+    assert len(updated.nearest([1.0, 0.0, 0.0, 0.0], 100)) == 32  # 32 - 2 dead + 2 new
+    filtered = updated.nearest([1.0, 0.0, 0.0, 0.0], 5, np.array([3, 2, 1], dtype=np.int64))
+    assert [i for i, _ in filtered] == [1, 2]
+    # the old matrix still answers as it was: its rows were not written over
+    assert [i for i, _ in matrix.nearest([0.0, 0.0, 1.0, 0.0], 1)] == [3]
+    # a second update from the old matrix cannot append after the first: it copies
+    again = matrix.updated(np.array([5], dtype=np.int64), Matrix.of(2, [], rows[:0]))
+    assert again.rows is not matrix.rows and 5 not in again.ids.tolist()
+    assert again.vectors.flags.c_contiguous and again.vectors.dtype == np.float32
     nothing = Matrix.of(3, [], np.zeros((0, 0), dtype=np.float32))
-    emptied = updated.updated(np.array([1, 2, 9], dtype=np.int64), nothing)
-    assert len(emptied.ids) == 0 and emptied.nearest([1.0, 0.0, 0.0, 0.0], 5) == []
+    emptied = updated.updated(np.array(alive, dtype=np.int64), nothing)
+    assert emptied.nearest([1.0, 0.0, 0.0, 0.0], 5) == []

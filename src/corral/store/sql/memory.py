@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from typing import Any
 
 import anyio
@@ -520,18 +520,25 @@ class SqlMemory(SqlEngine):
             raise MemoryInputError(f"the query's embedding: {exc}") from None
         pool = max(top_k, FUSION_POOL)
         rankings: dict[str, list[MemoryHit]] = {FULLTEXT: [], VECTOR: []}
+        failed: list[Exception] = []
 
-        async def fulltext() -> None:
-            rankings[FULLTEXT] = await self._fulltext(place, terms, conditions, pool)
+        async def rank(signal: str, ranking: Awaitable[list[MemoryHit]]) -> None:
+            try:
+                rankings[signal] = await ranking
+            except Exception as exc:  # noqa: BLE001 - raised below as itself, not in a group
+                failed.append(exc)
 
         # both signals at once, each on a connection of its own: the database's work for
         # one overlaps the matrix product of the other (neither holds the GIL meanwhile)
         async with anyio.create_task_group() as group:
             if terms:
-                group.start_soon(fulltext)
-            rankings[VECTOR] = await self._nearest(
+                group.start_soon(rank, FULLTEXT, self._fulltext(place, terms, conditions, pool))
+            nearest = self._nearest(
                 place, vector.embedder, values, conditions, pool, filtered=len(conditions) > 1
             )
+            group.start_soon(rank, VECTOR, nearest)
+        if failed:
+            raise failed[0]
         return fuse(rankings, top_k)
 
     async def _fulltext(

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
@@ -41,45 +41,78 @@ DEFAULT_CACHE_BYTES = 256 * 1024 * 1024
 Key = tuple[str, str, str, str]
 
 
+#: the id of a row whose entry changed after the row was read (a search skips it)
+DEAD = -1
+
+
+class _Rows:
+    """The float32 rows behind the matrices of one scope: a matrix is a view of the first
+    rows, and the spare rows after them take the vectors of later writes, no copy made.
+    Only the matrix that ends at ``used`` may append (under ``lock``): one derived from
+    an older one copies instead, so no view ever sees its rows written over."""
+
+    def __init__(self, buffer: npt.NDArray[np.float32], used: int) -> None:
+        self.buffer = buffer
+        self.used = used
+        self.lock = threading.Lock()
+
+
 @dataclass(frozen=True)
 class Matrix:
     """A scope's vectors: ``ids[i]`` is the entry of row ``i`` of ``vectors`` (float32,
-    unit rows, C-contiguous), as of ``generation``."""
+    unit rows, C-contiguous), as of ``generation``; ``dead`` rows (id :data:`DEAD`) are
+    older vectors of entries changed since, skipped by :meth:`nearest`."""
 
     generation: int
     ids: npt.NDArray[np.int64]
     vectors: npt.NDArray[np.float32]
+    dead: int = 0
+    rows: _Rows | None = field(default=None, compare=False, repr=False)
 
     @property
     def nbytes(self) -> int:
-        return int(self.ids.nbytes + self.vectors.nbytes)
+        vectors = self.rows.buffer if self.rows is not None else self.vectors
+        return int(self.ids.nbytes + vectors.nbytes)
 
     @staticmethod
     def of(generation: int, ids: list[int], rows: npt.NDArray[np.float32]) -> Matrix:
-        """Rows of vectors (any float type) normalised once into a float32 matrix."""
+        """Rows of vectors (any float type) normalised once into a float32 matrix, with
+        a sixteenth more rows spare for later writes."""
         vectors = np.ascontiguousarray(rows, dtype=np.float32)
         if len(ids):
             norms = np.linalg.norm(vectors, axis=1, keepdims=True)
             norms[norms == 0] = 1.0
             vectors /= norms
-        return Matrix(generation, np.asarray(ids, dtype=np.int64), vectors)
+        return _with_spare(generation, np.asarray(ids, dtype=np.int64), [vectors], 0)
 
     def updated(self, changed: npt.NDArray[np.int64], fresh: Matrix) -> Matrix:
-        """This matrix at ``fresh.generation``: the rows of the ``changed`` entries
-        replaced by their vectors now (``fresh``; a changed entry not in it was deleted,
-        or lost its vector), copied once into a new matrix (a search may be reading this)."""
-        keep = ~np.isin(self.ids, changed)
-        kept = int(keep.sum())
-        if kept and len(fresh.ids) and fresh.vectors.shape[1] != self.vectors.shape[1]:
+        """This matrix at ``fresh.generation``: the rows of the ``changed`` entries dead,
+        and their vectors now (``fresh``; a changed entry not in it was deleted, or lost
+        its vector) appended in the spare rows - no copy of the rest, which a search may
+        be reading. Copied into a new matrix, dead rows dropped, when the spare rows run
+        out, another update appended first, or a quarter of the rows would be dead."""
+        n, width = len(self.ids), self.vectors.shape[1]
+        if len(fresh.ids) and n > self.dead and fresh.vectors.shape[1] != width:
             raise ValueError("vector dimensions differ")
-        width = fresh.vectors.shape[1] if len(fresh.ids) else self.vectors.shape[1]
-        vectors = np.empty((kept + len(fresh.ids), width), dtype=np.float32)
-        if kept:
-            np.compress(keep, self.vectors, axis=0, out=vectors[:kept])
-        if len(fresh.ids):
-            vectors[kept:] = fresh.vectors
-        ids = np.concatenate([self.ids[keep], fresh.ids])
-        return Matrix(fresh.generation, ids, vectors)
+        stale = np.isin(self.ids, changed)
+        dead = self.dead + int(stale.sum())
+        added = len(fresh.ids)
+        rows = self.rows
+        if rows is not None and dead <= n // 4 and (not added or n > self.dead):
+            with rows.lock:
+                if rows.used == n and n + added <= len(rows.buffer):
+                    if added:
+                        rows.buffer[n : n + added] = fresh.vectors
+                    rows.used = n + added
+                    ids = np.concatenate([np.where(stale, DEAD, self.ids), fresh.ids])
+                    return Matrix(fresh.generation, ids, rows.buffer[: n + added], dead, rows)
+        keep = ~stale & (self.ids != DEAD)
+        parts = [self.vectors[keep]] if keep.any() else []
+        if added:
+            parts.append(fresh.vectors)
+        return _with_spare(
+            fresh.generation, np.concatenate([self.ids[keep], fresh.ids]), parts, width
+        )
 
     def nearest(
         self,
@@ -89,15 +122,18 @@ class Matrix:
     ) -> list[tuple[int, float]]:
         """The ``limit`` rows closest to ``query`` (unit length) as (entry id, cosine),
         best first, ties by ascending id; only entries in ``allowed`` when it is given."""
-        ids, vectors = self.ids, self.vectors
+        ids, vectors, dead = self.ids, self.vectors, self.dead
         if allowed is not None:
-            keep = np.isin(ids, allowed, assume_unique=True)
-            ids, vectors = ids[keep], vectors[keep]
-        if not len(ids) or limit <= 0:
+            keep = np.isin(ids, allowed, assume_unique=not dead) & (ids != DEAD)
+            ids, vectors, dead = ids[keep], vectors[keep], 0
+        limit = min(limit, len(ids) - dead)
+        if limit <= 0:
             return []
         if vectors.shape[1] != len(query):
             raise ValueError("vector dimensions differ")
         scores = vectors @ np.asarray(query, dtype=np.float32)
+        if dead:
+            scores[ids == DEAD] = -np.inf
         if limit < len(scores):
             # the limit-th best score, then every row at least as good (ties kept whole)
             cut = np.partition(scores, len(scores) - limit)[len(scores) - limit]
@@ -107,6 +143,20 @@ class Matrix:
         order = np.lexsort((ids[chosen], -scores[chosen]))[:limit]
         picked = chosen[order]
         return [(int(ids[n]), float(scores[n])) for n in picked]
+
+
+def _with_spare(
+    generation: int, ids: npt.NDArray[np.int64], parts: list[npt.NDArray[np.float32]], width: int
+) -> Matrix:
+    """A matrix of the rows of ``parts`` one after another, in a buffer with spare rows."""
+    used = sum(len(part) for part in parts)
+    width = parts[0].shape[1] if parts else width
+    buffer = np.empty((used + used // 16, width), dtype=np.float32)
+    at = 0
+    for part in parts:
+        buffer[at : at + len(part)] = part
+        at += len(part)
+    return Matrix(generation, ids, buffer[:used], 0, _Rows(buffer, used))
 
 
 class VectorCache:
