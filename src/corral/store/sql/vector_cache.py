@@ -13,8 +13,8 @@ search reads it (one indexed row) before using the matrix, so a change made by a
 process (serve and workers sharing one store) is seen by the next search. The same
 transaction notes which entries it wrote or deleted (``memory_changes``, migration
 0013): a matrix of an older generation is brought up to date by reading those entries'
-vectors again (:meth:`Matrix.updated`) - a write of a few entries does not reload the
-scope - when the notes of every generation since are still kept and name fewer than a
+vectors again (:meth:`Matrix.updated`: their old rows marked dead, the new ones appended
+in spare rows) - a write of a few entries neither reloads nor copies the scope - when the notes of every generation since are still kept and name fewer than a
 quarter of its rows; else the scope is loaded whole. The generation is read before the
 notes and the vectors are, so a matrix is never filed under a generation newer than its
 contents (on PostgreSQL, where each read sees the latest commit, its contents may be
