@@ -26,7 +26,7 @@ without fusing a multiply and an add (x86-64 builds); a build that fuses could d
 the last bit and order two entries a bit apart the other way. Word counts come from the
 entries' texts, which is FTS5's tokenization (``unicode61``) only for ASCII text: a query
 with a non-ASCII word, a scored entry with non-ASCII text, or rare words held by more
-than :data:`FAST_CANDIDATES` entries in all, are ranked by FTS5 instead
+than :data:`FAST_CANDIDATES` entries in all (or a quarter of the index), are ranked by FTS5 instead
 (:func:`ranked_by_fts5`).
 """
 
@@ -165,8 +165,10 @@ async def _maxscore(
     shares: dict[int, dict[str, float]] = {}  # FTS5's share of each word taken, by entry
     scored: dict[int, tuple[float, float]] = {}  # entries of the scope: (score, updated_at)
     seen: set[int] = set()  # entries read: scored, or not of the scope
+    # past a quarter of the index, ranking every match costs FTS5 about as much
+    budget = min(FAST_CANDIDATES, rows // 4)
     for taken, word in enumerate(rarest, start=1):
-        if sum(held[w] for w in rarest[:taken]) > FAST_CANDIDATES:
+        if sum(held[w] for w in rarest[:taken]) > budget:
             return None
         for entry_id, share in await _shares(conn, word):
             shares.setdefault(entry_id, {})[word] = share
