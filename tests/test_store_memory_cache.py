@@ -22,7 +22,7 @@ import pytest
 from corral.core.memory import MemoryPlace, MemoryVector
 from corral.resources.secrets import SecretCipher
 from corral.store import Store, open_store
-from corral.store.sql.vector_cache import Matrix, VectorCache
+from corral.store.sql.vector_cache import DEAD, Matrix, VectorCache
 from test_store_memory_vectors import (  # noqa: F401 - fixtures
     EMBEDDER,
     NOTES,
@@ -186,7 +186,7 @@ async def test_full_text_is_the_same_whether_few_or_all_matches_are_ranked_first
     """SQLite ranks the best FTS matches of all scopes first and reads their entries: the
     answer must be the scope's true top k even when another scope's entries rank better
     (the joined query then decides), and with filters."""
-    from corral.store.sql import memory
+    from corral.store.sql import fulltext_sqlite
 
     crowd = MemoryPlace("default", "notes", "crowd")
     await store.write_memories(
@@ -203,9 +203,95 @@ async def test_full_text_is_the_same_whether_few_or_all_matches_are_ranked_first
 
     answers = []
     for candidates in (1, 5, 45, 100_000):
-        monkeypatch.setattr(memory, "FTS_CANDIDATES", candidates)
+        monkeypatch.setattr(fulltext_sqlite, "FTS_CANDIDATES", candidates)
+        monkeypatch.setattr(fulltext_sqlite, "FAST_CANDIDATES", 0)
         answers.append((await search(), await search(odd=True)))
     assert all(answer == answers[-1] for answer in answers)
     everything, odd = answers[-1]
     assert len(everything) == 7 and all(key.startswith("n") for key, _ in everything)
     assert len(odd) == 7 and all(int(key[1:]) % 2 == 1 for key, _ in odd)
+
+
+async def test_a_few_changes_by_another_store_update_the_cached_vectors_without_a_reload(
+    store: Store, store_url: str, cipher: SecretCipher
+) -> None:
+    """Writes, rewrites, deletes and retention through another store object reach this
+    one's cached matrix as updates of the entries they changed: same answers as a fresh
+    store, and no reload of the scope."""
+    rng = np.random.default_rng(3)
+    vectors = rng.standard_normal((120, 4))
+    await store.write_memories(
+        [entry(f"e{n:03d}", f"entry {n}") for n in range(120)],
+        [MemoryVector(EMBEDDER, vectors[n].tolist()) for n in range(120)],
+    )
+    probes = [vectors[n] for n in (0, 7, 42)] + [np.array([0.0, 0.0, 1.0, 0.0])]
+    cache = store.memory_vector_cache  # type: ignore[attr-defined]
+    cached = "pgvector" not in await store.memory_vector_index()
+
+    async def agrees() -> None:
+        async with await open_store(store_url, cipher=cipher) as fresh:
+            for probe in probes:
+                assert await nearest(store, *probe, top_k=5) == await nearest(
+                    fresh, *probe, top_k=5
+                )
+
+    await agrees()
+    loads = cache.loads
+    async with await open_store(store_url, cipher=cipher) as other:
+        await other.write_memory(entry("up", "up"), vector=vec(0, 0, 1, 0))
+        assert await nearest(store, 0, 0, 1, 0, top_k=1) == ["up"]
+        await other.write_memory(entry("e007", "moved"), vector=vec(0, 0, 0, 1))
+        assert "e007" not in await nearest(store, *vectors[7], top_k=1)
+        await other.write_memory(entry("e042", "no vector now"))
+        assert "e042" not in await nearest(store, *vectors[42], top_k=120)
+        assert await other.delete_memory_entry(NOTES, "up")
+        assert "up" not in await nearest(store, 0, 0, 1, 0, top_k=5)
+        await other.write_memory(entry("new", "new"), vector=vec(1, 1, 1, 1), max_entries=118)
+        await agrees()
+        assert (await store.memory_stats("default", "notes")).vectors == 117  # 118, one without
+    if cached:
+        assert cache.loads == loads and cache.updates >= 5
+
+
+async def test_a_cache_older_than_the_kept_changes_or_of_a_deleted_memory_loads_again(
+    store: Store, store_url: str, cipher: SecretCipher
+) -> None:
+    from corral.store.sql.memory import KEPT_GENERATIONS
+
+    await store.write_memory(entry("a", "a"), vector=vec(1, 0, 0, 0))
+    assert await nearest(store, 1, 0, 0, 0) == ["a"]
+    cache = store.memory_vector_cache  # type: ignore[attr-defined]
+    cached = "pgvector" not in await store.memory_vector_index()
+    loads = cache.loads
+    async with await open_store(store_url, cipher=cipher) as other:
+        for n in range(KEPT_GENERATIONS + 1):
+            await other.write_memory(entry(f"k{n}", "k"), vector=vec(0, 1, 0, n))
+    assert await nearest(store, 0, 1, 0, 0, top_k=1) == ["k0"]
+    if cached:
+        assert cache.loads == loads + 1  # the changes since were no longer all kept
+    assert len(await nearest(store, 1, 0, 0, 0, top_k=100)) == KEPT_GENERATIONS + 2
+
+
+def test_an_update_replaces_changed_rows_keeps_the_rest_and_may_empty_the_matrix() -> None:
+    rows = np.eye(3, 4, dtype=np.float32)
+    matrix = Matrix.of(1, list(range(1, 33)), np.tile(rows, (11, 1))[:32])
+    fresh = Matrix.of(2, [2, 99], np.array([[0, 0, 0, 2], [0, 0, 0, 3]], dtype=np.float32))
+    # 3 changed and is not in fresh: deleted; 2 changed: replaced; 99 is new
+    updated = matrix.updated(np.array([2, 3, 99], dtype=np.int64), fresh)
+    assert updated.rows is matrix.rows  # appended in the spare rows: nothing copied
+    alive = sorted(n for n in updated.ids.tolist() if n != DEAD)
+    assert updated.generation == 2 and alive == [1, 2, *range(4, 33), 99]
+    assert [i for i, _ in updated.nearest([0.0, 0.0, 0.0, 1.0], 2)] == [2, 99]
+    assert 3 not in [i for i, _ in updated.nearest([0.0, 0.0, 1.0, 0.0], 40)]
+    assert len(updated.nearest([1.0, 0.0, 0.0, 0.0], 100)) == 32  # 32 - 2 dead + 2 new
+    filtered = updated.nearest([1.0, 0.0, 0.0, 0.0], 5, np.array([3, 2, 1], dtype=np.int64))
+    assert [i for i, _ in filtered] == [1, 2]
+    # the old matrix still answers as it was: its rows were not written over
+    assert [i for i, _ in matrix.nearest([0.0, 0.0, 1.0, 0.0], 1)] == [3]
+    # a second update from the old matrix cannot append after the first: it copies
+    again = matrix.updated(np.array([5], dtype=np.int64), Matrix.of(2, [], rows[:0]))
+    assert again.rows is not matrix.rows and 5 not in again.ids.tolist()
+    assert again.vectors.flags.c_contiguous and again.vectors.dtype == np.float32
+    nothing = Matrix.of(3, [], np.zeros((0, 0), dtype=np.float32))
+    emptied = updated.updated(np.array(alive, dtype=np.int64), nothing)
+    assert emptied.nearest([1.0, 0.0, 0.0, 0.0], 5) == []

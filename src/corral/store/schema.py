@@ -11,7 +11,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import JSONB
 
-LATEST_REVISION = "0015"
+LATEST_REVISION = "0016"
 """The head of ``migrations/versions``; a store at this revision opens without alembic."""
 
 metadata = sa.MetaData(
@@ -244,6 +244,19 @@ memory_generations = sa.Table(
     sa.Column("memory", sa.String(63), primary_key=True),
     sa.Column("scope_key", sa.String(255), primary_key=True),
     sa.Column("generation", sa.BigInteger, nullable=False),
+)
+
+# Memory changes (0016): the entries each raise of a scope's generation wrote or deleted
+# (entry id 0: none), so a process caching the scope's vectors reloads only those. Each
+# write keeps the scope's last generations (KEPT_GENERATIONS in corral.store.sql.memory).
+memory_changes = sa.Table(
+    "memory_changes",
+    metadata,
+    sa.Column("namespace", sa.String(63), primary_key=True),
+    sa.Column("memory", sa.String(63), primary_key=True),
+    sa.Column("scope_key", sa.String(255), primary_key=True),
+    sa.Column("generation", sa.BigInteger, primary_key=True),
+    sa.Column("entry_id", sa.BigInteger, primary_key=True),
 )
 
 # Agent messages (0009): the hops of a system run between its nodes (core/agent_messages.py).

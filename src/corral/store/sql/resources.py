@@ -27,7 +27,7 @@ from corral.store.schema import resources
 from corral.store.sql import keyset
 from corral.store.sql.engine import SqlEngine, fetch_all, fetch_first
 from corral.store.sql.labels import selector_clause
-from corral.store.sql.memory import entries_of_memory, memory_changed
+from corral.store.sql.memory import changes_of_memory, entries_of_memory, memory_changed
 from corral.store.sql.rows import row_to_stored, spec_json
 from corral.store.sql.statements import resource, resources_fingerprint
 
@@ -171,6 +171,7 @@ class SqlResources(SqlEngine):
                 if kind == "Memory":  # its entries go with it, in the same transaction
                     await conn.execute(entries_of_memory(namespace, name))
                     await conn.execute(memory_changed(namespace, name))
+                    await conn.execute(changes_of_memory(namespace, name))
 
         what = "delete a resource" if len(doomed) == 1 else f"delete {len(doomed)} resources"
         await self._write(what, write)

@@ -9,10 +9,16 @@ memory, scope key, embedder), with the entry id of each row.
 
 It is kept correct by the scope's generation (``memory_generations``, migration 0012):
 every write, delete and prune of the scope raises it in the same transaction, and a
-search reads it (one indexed row) before using the matrix. A matrix cached under another
-generation is loaded again, so a change made by another process (serve and workers
-sharing one store) is seen by the next search. The generation is read before the
-vectors are, so a matrix is never filed under a generation newer than its contents.
+search reads it (one indexed row) before using the matrix, so a change made by another
+process (serve and workers sharing one store) is seen by the next search. The same
+transaction notes which entries it wrote or deleted (``memory_changes``, migration
+0013): a matrix of an older generation is brought up to date by reading those entries'
+vectors again (:meth:`Matrix.updated`: their old rows marked dead, the new ones appended
+in spare rows) - a write of a few entries neither reloads nor copies the scope - when the notes of every generation since are still kept and name fewer than a
+quarter of its rows; else the scope is loaded whole. The generation is read before the
+notes and the vectors are, so a matrix is never filed under a generation newer than its
+contents (on PostgreSQL, where each read sees the latest commit, its contents may be
+newer: reading an entry again is idempotent, so the next update still ends right).
 
 The cache is bounded by bytes (``CORRAL_MEMORY_VECTOR_CACHE_BYTES``): the least
 recently used matrices are dropped to make room, and a scope larger than the whole
@@ -23,7 +29,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
@@ -35,28 +41,78 @@ DEFAULT_CACHE_BYTES = 256 * 1024 * 1024
 Key = tuple[str, str, str, str]
 
 
+#: the id of a row whose entry changed after the row was read (a search skips it)
+DEAD = -1
+
+
+class _Rows:
+    """The float32 rows behind the matrices of one scope: a matrix is a view of the first
+    rows, and the spare rows after them take the vectors of later writes, no copy made.
+    Only the matrix that ends at ``used`` may append (under ``lock``): one derived from
+    an older one copies instead, so no view ever sees its rows written over."""
+
+    def __init__(self, buffer: npt.NDArray[np.float32], used: int) -> None:
+        self.buffer = buffer
+        self.used = used
+        self.lock = threading.Lock()
+
+
 @dataclass(frozen=True)
 class Matrix:
     """A scope's vectors: ``ids[i]`` is the entry of row ``i`` of ``vectors`` (float32,
-    unit rows), in ascending id order, as of ``generation``."""
+    unit rows, C-contiguous), as of ``generation``; ``dead`` rows (id :data:`DEAD`) are
+    older vectors of entries changed since, skipped by :meth:`nearest`."""
 
     generation: int
     ids: npt.NDArray[np.int64]
     vectors: npt.NDArray[np.float32]
+    dead: int = 0
+    rows: _Rows | None = field(default=None, compare=False, repr=False)
 
     @property
     def nbytes(self) -> int:
-        return int(self.ids.nbytes + self.vectors.nbytes)
+        vectors = self.rows.buffer if self.rows is not None else self.vectors
+        return int(self.ids.nbytes + vectors.nbytes)
 
     @staticmethod
     def of(generation: int, ids: list[int], rows: npt.NDArray[np.float32]) -> Matrix:
-        """Rows of vectors (any float type) normalised once into a float32 matrix."""
+        """Rows of vectors (any float type) normalised once into a float32 matrix, with
+        a sixteenth more rows spare for later writes."""
         vectors = np.ascontiguousarray(rows, dtype=np.float32)
         if len(ids):
             norms = np.linalg.norm(vectors, axis=1, keepdims=True)
             norms[norms == 0] = 1.0
             vectors /= norms
-        return Matrix(generation, np.asarray(ids, dtype=np.int64), vectors)
+        return _with_spare(generation, np.asarray(ids, dtype=np.int64), [vectors], 0)
+
+    def updated(self, changed: npt.NDArray[np.int64], fresh: Matrix) -> Matrix:
+        """This matrix at ``fresh.generation``: the rows of the ``changed`` entries dead,
+        and their vectors now (``fresh``; a changed entry not in it was deleted, or lost
+        its vector) appended in the spare rows - no copy of the rest, which a search may
+        be reading. Copied into a new matrix, dead rows dropped, when the spare rows run
+        out, another update appended first, or a quarter of the rows would be dead."""
+        n, width = len(self.ids), self.vectors.shape[1]
+        if len(fresh.ids) and n > self.dead and fresh.vectors.shape[1] != width:
+            raise ValueError("vector dimensions differ")
+        stale = np.isin(self.ids, changed)
+        dead = self.dead + int(stale.sum())
+        added = len(fresh.ids)
+        rows = self.rows
+        if rows is not None and dead <= n // 4 and (not added or n > self.dead):
+            with rows.lock:
+                if rows.used == n and n + added <= len(rows.buffer):
+                    if added:
+                        rows.buffer[n : n + added] = fresh.vectors
+                    rows.used = n + added
+                    ids = np.concatenate([np.where(stale, DEAD, self.ids), fresh.ids])
+                    return Matrix(fresh.generation, ids, rows.buffer[: n + added], dead, rows)
+        keep = ~stale & (self.ids != DEAD)
+        parts = [self.vectors[keep]] if keep.any() else []
+        if added:
+            parts.append(fresh.vectors)
+        return _with_spare(
+            fresh.generation, np.concatenate([self.ids[keep], fresh.ids]), parts, width
+        )
 
     def nearest(
         self,
@@ -66,15 +122,18 @@ class Matrix:
     ) -> list[tuple[int, float]]:
         """The ``limit`` rows closest to ``query`` (unit length) as (entry id, cosine),
         best first, ties by ascending id; only entries in ``allowed`` when it is given."""
-        ids, vectors = self.ids, self.vectors
+        ids, vectors, dead = self.ids, self.vectors, self.dead
         if allowed is not None:
-            keep = np.isin(ids, allowed, assume_unique=True)
-            ids, vectors = ids[keep], vectors[keep]
-        if not len(ids) or limit <= 0:
+            keep = np.isin(ids, allowed, assume_unique=not dead) & (ids != DEAD)
+            ids, vectors, dead = ids[keep], vectors[keep], 0
+        limit = min(limit, len(ids) - dead)
+        if limit <= 0:
             return []
         if vectors.shape[1] != len(query):
             raise ValueError("vector dimensions differ")
         scores = vectors @ np.asarray(query, dtype=np.float32)
+        if dead:
+            scores[ids == DEAD] = -np.inf
         if limit < len(scores):
             # the limit-th best score, then every row at least as good (ties kept whole)
             cut = np.partition(scores, len(scores) - limit)[len(scores) - limit]
@@ -86,6 +145,20 @@ class Matrix:
         return [(int(ids[n]), float(scores[n])) for n in picked]
 
 
+def _with_spare(
+    generation: int, ids: npt.NDArray[np.int64], parts: list[npt.NDArray[np.float32]], width: int
+) -> Matrix:
+    """A matrix of the rows of ``parts`` one after another, in a buffer with spare rows."""
+    used = sum(len(part) for part in parts)
+    width = parts[0].shape[1] if parts else width
+    buffer = np.empty((used + used // 16, width), dtype=np.float32)
+    at = 0
+    for part in parts:
+        buffer[at : at + len(part)] = part
+        at += len(part)
+    return Matrix(generation, ids, buffer[:used], 0, _Rows(buffer, used))
+
+
 class VectorCache:
     """Matrices by key, least recently used dropped first beyond ``max_bytes``."""
 
@@ -94,7 +167,8 @@ class VectorCache:
         self._matrices: OrderedDict[Key, Matrix] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
-        self.loads = 0  # matrices loaded from the store (misses), for tests and bench
+        self.loads = 0  # matrices loaded whole from the store (misses), for tests and bench
+        self.updates = 0  # matrices brought up to date from their scope's changes
 
     @property
     def nbytes(self) -> int:
@@ -103,6 +177,14 @@ class VectorCache:
     def keys(self) -> list[Key]:
         with self._lock:
             return list(self._matrices)
+
+    def latest(self, key: Key) -> Matrix | None:
+        """The matrix of ``key`` whatever its generation (to bring it up to date)."""
+        with self._lock:
+            matrix = self._matrices.get(key)
+            if matrix is not None:
+                self._matrices.move_to_end(key)
+            return matrix
 
     def get(self, key: Key, generation: int) -> Matrix | None:
         """The matrix of ``key`` if it is of ``generation`` (else it is dropped)."""
@@ -116,10 +198,14 @@ class VectorCache:
             self._matrices.move_to_end(key)
             return matrix
 
-    def put(self, key: Key, matrix: Matrix) -> None:
-        """Keep ``matrix`` unless it is larger than the whole budget; evict to fit."""
+    def put(self, key: Key, matrix: Matrix, *, updated: bool = False) -> None:
+        """Keep ``matrix`` (loaded whole, or ``updated`` from an older one) unless it is
+        larger than the whole budget; evict to fit."""
         with self._lock:
-            self.loads += 1
+            if updated:
+                self.updates += 1
+            else:
+                self.loads += 1
             if key in self._matrices:
                 self._drop(key)
             if matrix.nbytes > self.max_bytes:
