@@ -375,6 +375,19 @@ async def ranked_by_fts5(
     last = float(ranked[-1][1])
     if len(ranked) < candidates or sum(ranks[r.id] < last for r in hits) >= limit:
         return [MemoryHit(MEMORY_ENTRIES.record(row), -ranks[row.id]) for row in hits[:limit]]
+    return await every_match_ranked(source, matches, rank, conditions, limit, conn)
+
+
+async def every_match_ranked(
+    source: sa.FromClause,
+    matches: sa.ColumnElement[Any],
+    rank: Any,
+    conditions: list[sa.ColumnElement[bool]],
+    limit: int,
+    conn: AsyncConnection,
+) -> list[MemoryHit]:
+    """The best ``limit`` entries that ``matches`` in ``conditions``, the database ranking
+    every match (``rank``: lower is better; newer first, then by id, among ties)."""
     statement = (
         sa.select(_t, rank.label("rank"))
         .select_from(source)

@@ -54,7 +54,12 @@ from corral.core.memory import (
 )
 from corral.store.schema import memory_changes, memory_entries, memory_generations
 from corral.store.sql.engine import SqlEngine, fetch_all, fetch_first
-from corral.store.sql.fulltext_sqlite import WordCounts, fts5_search, fulltext_sqlite
+from corral.store.sql.fulltext_sqlite import (
+    WordCounts,
+    every_match_ranked,
+    fts5_search,
+    fulltext_sqlite,
+)
 from corral.store.sql.rows import MEMORY_ENTRIES
 from corral.store.sql.statements import _insert
 from corral.store.sql.vector_cache import (
@@ -556,18 +561,10 @@ class SqlMemory(SqlEngine):
                 ),
             )
         source, matches, rank = _SEARCH[self._dialect](terms)
-        statement = (
-            sa.select(_t, rank.label("rank"))
-            .select_from(source)
-            .where(matches, *conditions)
-            .order_by(rank, _t.c.updated_at.desc(), _t.c.id)
-            .limit(limit)
+        return await self._read(
+            f"search memory {place.memory}",
+            functools.partial(every_match_ranked, source, matches, rank, conditions, limit),
         )
-        rows = await self._read(f"search memory {place.memory}", fetch_all(statement))
-        return [
-            MemoryHit(MEMORY_ENTRIES.record(tuple(row)[:_COLUMNS]), -float(row.rank))
-            for row in rows
-        ]
 
     @property
     def memory_word_counts(self) -> WordCounts:
