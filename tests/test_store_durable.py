@@ -328,6 +328,35 @@ async def test_a_claim_of_given_runs_lets_more_urgent_runs_go_first(store: Store
     assert queued == {"older_equal", "not_due", "urgent_too"}
 
 
+async def test_an_expired_only_claim_takes_over_dead_leases_and_leaves_the_queue(
+    store: Store,
+) -> None:
+    now, hour = time.time(), 3600.0
+    await store.submit_run(a_task("held", priority=0, created_at=1.0))
+    await store.submit_run(a_task("dropped", priority=0, created_at=2.0))
+    [(_, old)] = await store.claim_runs("dead", 30.0, 1, now=now, run_ids=["held"])
+    await store.claim_runs("alive", hour, 1, now=now, run_ids=["dropped"])
+    await store.submit_run(a_task("queued", priority=9, created_at=0.5))
+
+    assert await store.claim_runs("w", hour, 5, now=now + 29, expired_only=True) == []
+    [(taken, lease)] = await store.claim_runs("w", hour, 5, now=now + 31, expired_only=True)
+    assert (taken.id, taken.attempts, lease.token) == ("held", 2, old.token + 1)
+    assert [r.id for r, _ in await store.claim_runs("w", hour, 5, now=now + 31)] == ["queued"]
+
+
+async def test_an_expired_only_claim_of_a_limited_agent(store: Store) -> None:
+    # Agents with max_concurrent_runs go through the SQLAlchemy claim on every store.
+    await store.apply(load_text(LIMITED % 1, "limits.yaml"))
+    await store.submit_run(agent_task("lim_old", "limited"))
+    await store.claim_runs("dead", 30.0, 1)
+    await store.submit_run(agent_task("lim_new", "limited"))
+    later = time.time() + 60
+    retaken = await store.claim_runs("w", 30.0, 5, now=later, expired_only=True)
+    assert [r.id for r, _ in retaken] == ["lim_old"]
+    queued = {r.id for r in await store.list_runs("default", states=[RunState.QUEUED])}
+    assert queued == {"lim_new"}
+
+
 async def test_unleased_running_runs_are_never_claimed(store: Store) -> None:
     running = a_run("run_local")
     running.state = RunState.RUNNING  # as the local runtime stores it: no lease at all

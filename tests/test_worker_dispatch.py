@@ -265,3 +265,46 @@ async def test_a_more_urgent_due_run_is_claimed_in_place_of_a_delivered_one(
     assert done.state is RunState.SUCCEEDED and done.attempts == 1
     assert (await get(store, urgent)).attempts == 1
     assert worker.dispatched == 2 and worker.swept == 0
+
+
+class BusyBus(DispatchingBus):
+    """A bus that always has something for the worker: each fetch hands out a delivery
+    of a run that is gone (acked at once), so the worker never finds the bus quiet."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.handed = 0
+
+    async def take_runnable(self, limit: int, seconds: float) -> list[Delivery]:
+        await anyio.sleep(0.01)
+        self.handed += 1
+        return [FakeDelivery(f"run_gone_{self.handed}")]
+
+
+async def test_a_busy_bus_still_gets_a_run_back_whose_worker_died_without_announcing_it(
+    store: Store, settings: Settings
+) -> None:
+    # A child claimed on its parent's worker (or a parent its child's save woke and
+    # claimed) is never announced: when that worker dies, no delivery comes back for it.
+    # The sweep must claim it once its lease expires even while the bus is never quiet,
+    # and still leave a queued run (announced, its delivery on the way) to the bus.
+    await quick_agent(store)
+    orphan, _ = await submit(store, "helper", "claimed where it was submitted")
+    [(_, lease)] = await store.claim_runs("dead-worker", 0.5, run_ids=[orphan.id])
+    bus = BusyBus()
+    worker = Worker(store, settings, bus=bus, poll_seconds=0.05)  # type: ignore[arg-type]
+    stop = anyio.Event()
+    async with anyio.create_task_group() as group:
+        group.start_soon(worker.serve, stop)
+        await until(lambda: bus.handed >= 2)  # the bus is busy from here on
+        announced, _ = await submit(store, "helper", "its delivery is on the way")
+        await until(lambda: worker.swept >= 1)
+        await until(lambda: not worker.active)
+        sweeps = worker.sweeps
+        await until(lambda: worker.sweeps >= sweeps + 3)
+        stop.set()
+    done = await get(store, orphan)
+    assert (done.state, done.output, done.attempts) == (RunState.SUCCEEDED, "done", 2)
+    assert done.fencing_token > lease.token
+    assert (await get(store, announced)).state is RunState.QUEUED
+    assert worker.swept == 1 and bus.handed > 3

@@ -260,8 +260,11 @@ class Worker:
             await _first_of(stop.wait, self._wake.wait, lambda: self.bus.wait_runnable(math.inf))
         self._wake = anyio.Event()
 
-    async def _claim(self, group: anyio.abc.TaskGroup, operation: Operation) -> int:
-        """Claim what the free slots can take from the store; 0 when that failed (backing off)."""
+    async def _claim(
+        self, group: anyio.abc.TaskGroup, operation: Operation, *, expired_only: bool = False
+    ) -> int:
+        """Claim what the free slots can take from the store (``expired_only``: only runs
+        whose lease expired); 0 when that failed (backing off)."""
         free = self._free()
         if free <= 0 or self._coalescing(free) or not self.health.due(operation):
             return 0
@@ -269,7 +272,11 @@ class Worker:
         claims: list[tuple[RunRecord, Lease]] = []
         with self.health.attempt(operation):
             claims = await self.store.claim_runs(
-                self.owner, self.lease_seconds, free, now=self.clock.now()
+                self.owner,
+                self.lease_seconds,
+                free,
+                now=self.clock.now(),
+                expired_only=expired_only,
             )
         for record, lease in claims:
             self.active[record.id] = lease
@@ -444,16 +451,18 @@ class Worker:
     async def _serve_dispatched(self, stop: anyio.Event, group: anyio.abc.TaskGroup) -> None:
         """Take deliveries until ``stop``; sweep the store every ``poll_seconds`` meanwhile.
 
-        The sweep claims runs only while the bus has nothing for this worker (its last
-        fetch came back empty): with a backlog of announced runs, runs claimed by the
-        sweep would turn their deliveries into wasted claims on the other workers.
+        The sweep claims queued runs only while the bus has nothing for this worker (its
+        last fetch came back empty): with a backlog of announced runs, runs claimed by the
+        sweep would turn their deliveries into wasted claims on the other workers. Runs
+        whose lease expired are claimed either way: a run claimed where it was submitted
+        (a child on its parent's worker) or woken (a parent its last child's save claimed)
+        was never announced, so no delivery comes back for it when its worker dies.
         """
         async with anyio.create_task_group() as loops:
             loops.start_soon(self._take_deliveries, stop, group)
             while not stop.is_set():
                 started = self.clock.monotonic()
-                if self._bus_quiet:
-                    await self._claim(group, "sweep")
+                await self._claim(group, "sweep", expired_only=not self._bus_quiet)
                 self.sweeps += 1
                 # paced from the sweep's start, as upkeep is
                 poll = self.poll_seconds - (self.clock.monotonic() - started)

@@ -288,6 +288,7 @@ class Store(ABC):
         now: float | None = None,
         run_ids: Sequence[str] | None = None,
         or_higher_priority: bool = False,
+        expired_only: bool = False,
     ) -> list[tuple[RunRecord, Lease]]:
         """Claim up to ``limit`` runnable runs for ``owner``, highest priority then oldest first
         (only among ``run_ids`` when given: ``corral run`` claims its own run, a worker
@@ -297,6 +298,8 @@ class Store(ABC):
         is higher than the lowest among the claimable ``run_ids`` competes with them,
         so a worker handed runs by a first-in-first-out bus still starts a more urgent
         run first. Nothing is claimed when none of ``run_ids`` is claimable.
+        ``expired_only``: only runs whose lease expired (a dispatched worker's sweep while
+        the bus has deliveries: a run claimed where it was submitted or woken has none).
 
         Runnable: ``queued`` with ``not_before <= now``, or ``running`` with a lease
         that expired before ``now`` (its worker died or stalled). Each claim sets

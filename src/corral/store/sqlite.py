@@ -510,6 +510,7 @@ class SqliteStore(SqlStore):
         now: float | None = None,
         run_ids: Sequence[str] | None = None,
         or_higher_priority: bool = False,
+        expired_only: bool = False,
     ) -> list[tuple[RunRecord, Lease]]:
         if limit <= 0 or (run_ids is not None and not run_ids):
             return []
@@ -520,7 +521,7 @@ class SqliteStore(SqlStore):
         def walk(conn: sqlite3.Connection, above: bool, **values: Any) -> list[tuple[Any, ...]]:
             # Two index walks (ix_runs_claim), each stopping at ``limit``.
             found: list[tuple[Any, ...]] = []
-            for expired in (False, True):
+            for expired in (True,) if expired_only else (False, True):
                 query = _candidates(expired, len(given), above)
                 params = query.params(now=now, limit=limit, **given, **values)
                 found += conn.execute(query.sql, params).fetchall()
@@ -551,6 +552,7 @@ class SqliteStore(SqlStore):
                 now=now,
                 run_ids=run_ids,
                 or_higher_priority=or_higher_priority,
+                expired_only=expired_only,
             )
         claimed.sort(key=lambda run: (-run.priority, run.created_at, run.id))
         return [

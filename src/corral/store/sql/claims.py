@@ -132,6 +132,7 @@ class SqlClaims(SqlEngine):
         now: float | None = None,
         run_ids: Sequence[str] | None = None,
         or_higher_priority: bool = False,
+        expired_only: bool = False,
     ) -> list[tuple[RunRecord, Lease]]:
         """See :meth:`Store.claim_runs`. A ``running`` run without a lease expiry (one the
         local runtime runs in-process) is never claimable. ``attempts`` is counted up to
@@ -140,7 +141,9 @@ class SqlClaims(SqlEngine):
             return []
         now = time.time() if now is None else now
         expires_at = now + lease_seconds
-        body = claiming(owner, expires_at, now, limit, run_ids, or_higher_priority)
+        body = claiming(
+            owner, expires_at, now, limit, run_ids, or_higher_priority, expired_only=expired_only
+        )
         return await self._write("claim runs", body)
 
     async def renew_lease(self, lease: Lease, lease_seconds: float) -> tuple[Lease, bool]:
@@ -185,6 +188,8 @@ def claiming(
     limit: int,
     run_ids: Sequence[str] | None,
     or_higher_priority: bool,
+    *,
+    expired_only: bool = False,
 ) -> Body[list[tuple[RunRecord, Lease]]]:
     """The body of a claim (see :meth:`SqlClaims.claim_runs`): the runs it claimed with
     their leases, highest priority first (also a save's claim of the run it woke)."""
@@ -199,12 +204,17 @@ def claiming(
         room = await admission(conn)
         fits = room.exclude_saturated() if room is not None else sa.true()
         candidates: list[Any] = []
-        for runnable in (sa.and_(queued, fits, only), sa.and_(expired, only)):
+
+        def walks(among: sa.ColumnElement[bool]) -> list[sa.ColumnElement[bool]]:
+            expiries = [sa.and_(expired, among)]
+            return expiries if expired_only else [sa.and_(queued, fits, among), *expiries]
+
+        for runnable in walks(only):
             candidates.extend((await conn.execute(claim_candidates(runnable, limit))).all())
         if candidates and run_ids is not None and or_higher_priority:
             # Runs of a higher priority than the lowest given go before it.
             above = outranks(min(row.priority for row in candidates), run_ids)
-            for runnable in (sa.and_(queued, fits, above), sa.and_(expired, above)):
+            for runnable in walks(above):
                 candidates.extend((await conn.execute(claim_candidates(runnable, limit))).all())
         if not candidates:
             return []
