@@ -82,10 +82,8 @@ def desk(router_says: str, schema: dict[str, Any] = ROUTER_SCHEMA) -> list[str]:
     ]
 
 
-def gated() -> list[str]:
-    """The agent ``gated``: it calls the python tool ``add`` (2 + 3), which waits for a
-    person's approval every time, then answers "added"."""
-    add = {"name": "add", "arguments": {"a": 2, "b": 3}}
+def add_tool() -> str:
+    """The python Tool ``add`` (tests/agent_tools.py: ``a + b``)."""
     tool = {
         "apiVersion": "corral/v1",
         "kind": "Tool",
@@ -95,8 +93,15 @@ def gated() -> list[str]:
             "python": {"function": "agent_tools:add", "path": str(Path(__file__).parent)},
         },
     }
+    return json.dumps(tool)
+
+
+def gated() -> list[str]:
+    """The agent ``gated``: it calls the python tool ``add`` (2 + 3), which waits for a
+    person's approval every time, then answers "added"."""
+    add = {"name": "add", "arguments": {"a": 2, "b": 3}}
     return [
-        json.dumps(tool),
+        add_tool(),
         model("gated-model", {"tool_calls": [add]}, {"text": "added"}),
         agent("gated", "gated-model", tools=["add"], approval={"policy": "always"}),
     ]

@@ -25,7 +25,7 @@ from corral.tools.agents import AgentsExec
 from corral.tools.base import ChildRun, ToolContext
 from fake_clock import FakeClock
 from nats_servers import nats_prefix_fixture, nats_server_url_fixture
-from systems_helpers import agent, apply, call, get, model, role_denying, tool_results
+from systems_helpers import add_tool, agent, apply, call, get, model, role_denying, tool_results
 
 __all__ = [
     "backend_fixture",
@@ -93,18 +93,9 @@ async def test_a_child_run_is_capped_by_what_its_parent_has_left(backend: Backen
             }
         )
 
-    tool = {
-        "apiVersion": "corral/v1",
-        "kind": "Tool",
-        "metadata": {"name": "add"},
-        "spec": {
-            "type": "python",
-            "python": {"function": "agent_tools:add", "path": str(Path(__file__).parent)},
-        },
-    }
     await apply(
         store,
-        json.dumps(tool),
+        add_tool(),
         priced(
             "boss-model",
             {**call("agents_exec", agent="helper", input="spend"), "input_tokens": 1},
