@@ -16,7 +16,7 @@ from typing import Any
 import anyio
 import pytest
 
-from backends import Backend, backend_fixture, deployment_fixture
+from backends import SQLITE, Backend, backend_fixture, deployment_fixture
 from corral.core.events import EventType
 from corral.core.runs import RunState
 from corral.runtime import delegation
@@ -216,3 +216,40 @@ async def test_a_parent_whose_children_end_partly_within_the_wait_parks_for_the_
         ("quick answer", None),
         ("slow answer", None),
     ]
+
+
+@pytest.mark.parametrize("deployment", [SQLITE], indirect=True)  # (the worker's own stop)
+async def test_a_stopping_worker_hands_a_chain_of_woken_parents_to_the_queue(
+    backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # boss -> mid -> leaf, both parents parked (the leaf naps past the wait). The worker
+    # is stopped while the leaf naps: the leaf's save (its execution began before the
+    # stop) still claims mid into its slot, but mid's save, begun while stopping, leaves
+    # boss queued for another worker instead of stretching the drain by one more run.
+    monkeypatch.setattr("corral.runtime.executor.CHILD_WAIT_SECONDS", 0.05)
+    await apply(
+        backend.store,
+        nap_tool(),
+        model("boss-model", call("agents_exec", agent="mid", input="go on"), {"text": "done"}),
+        model("mid-model", call("agents_exec", agent="leaf", input="go on"), {"text": "mid"}),
+        model("leaf-model", call("nap", seconds=0.6), {"text": "leaf"}),
+        agent("leaf", "leaf-model", tools=["nap"]),
+        agent("mid", "mid-model", links=["leaf"]),
+        agent("boss", "boss-model", links=["mid"]),
+    )
+    run, _ = await backend.submit("boss", "go")
+    worker = backend.new_worker(poll_seconds=0.05)
+    stop = anyio.Event()
+    async with anyio.create_task_group() as group:
+        group.start_soon(worker.serve, stop)
+        with anyio.fail_after(10):
+            while (await get(backend.store, run)).state is not RunState.WAITING_CHILDREN:
+                await anyio.sleep(0.02)
+            (mid,) = await backend.store.list_children(run.id)
+            while (await get(backend.store, mid)).state is not RunState.WAITING_CHILDREN:
+                await anyio.sleep(0.02)
+        stop.set()
+    assert (await get(backend.store, mid)).state is RunState.SUCCEEDED
+    boss = await get(backend.store, run)
+    assert (boss.state, boss.lease_owner) == (RunState.QUEUED, None)
+    assert worker.taken == 3  # mid and leaf at their submits, mid again by leaf's save

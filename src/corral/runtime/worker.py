@@ -389,8 +389,11 @@ class Worker:
         if child is not None and child.done.is_set():
             child = None  # (an execution of it that ended, kept for its parent: not this one)
         try:
+            # A stopping worker takes no woken run into its slot (an execution that began
+            # before the stop still may: one more turn, within the grace like the rest).
+            stopping = self._stopping is not None and self._stopping.is_set()
             outcome = await self.executor.execute(
-                record, lease, self._shutdown, on_woken=None if self._shutdown.is_set() else take
+                record, lease, self._shutdown, on_woken=None if stopping else take
             )
             if child is not None and outcome == "done" and record.state.finished:
                 child.record = record  # as saved (see RunExecutor._save)
