@@ -6,7 +6,9 @@ must hold: a delivered run is claimed by id, executed while its delivery is kept
 alive, then acked; a delivery the store says needs no worker is acked; one not
 due yet comes back when it is; one whose run another worker holds is acked (or,
 delivered again, comes back when that lease expires, until its last delivery);
-and deliveries that claim nothing never stall a full worker.
+and deliveries that claim nothing never stall a full worker. Also how the worker's
+sweep of the store shares slots with deliveries and child runs: expired leases are taken
+over while the bus is busy, and a claim gives back what a child took the slot of meanwhile.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -308,3 +311,40 @@ async def test_a_busy_bus_still_gets_a_run_back_whose_worker_died_without_announ
     assert done.fencing_token > lease.token
     assert (await get(store, announced)).state is RunState.QUEUED
     assert worker.swept == 1 and bus.handed > 3
+
+
+async def test_a_sweep_gives_back_what_a_child_run_took_the_slot_of_meanwhile(
+    store: Store, settings: Settings
+) -> None:
+    # A child submitted by a run of this worker while a sweep's claim is under way takes a
+    # slot the claim is filling: the claim's least urgent run goes back (its attempt
+    # refunded) rather than the worker running one more than its concurrency.
+    await quick_agent(store)
+    urgent, _ = await submit(store, "helper", "urgent", priority=5)
+    later, _ = await submit(store, "helper", "later")
+    took: list[object] = []
+    worker = Worker(store, settings, bus=LocalBus(), concurrency=2, poll_seconds=60)
+    claim_runs = store.claim_runs
+
+    async def claim_while_a_child_takes_a_slot(*args: Any, **kwargs: Any) -> Any:
+        claims = await claim_runs(*args, **kwargs)
+        if not took:
+            took.append(worker.reserve())  # (a run of the worker submitting a child)
+        return claims
+
+    store.claim_runs = claim_while_a_child_takes_a_slot  # type: ignore[method-assign]
+    stop = anyio.Event()
+    async with anyio.create_task_group() as group:
+        group.start_soon(worker.serve, stop)
+        await until(lambda: worker.executed == 2)  # (the child's slot stays taken)
+        stop.set()
+    assert took[0] is not None
+    assert worker.swept == 2  # the urgent run, then the given-back run by the next sweep
+    for run, claims in ((urgent, 1), (later, 2)):
+        done = await get(store, run)
+        # given back with its attempt refunded, then claimed again
+        assert (done.state, done.attempts, done.fencing_token) == (
+            RunState.SUCCEEDED,
+            1,
+            claims,
+        )

@@ -278,12 +278,27 @@ class Worker:
                 now=self.clock.now(),
                 expired_only=expired_only,
             )
+        # A child run of this worker may have taken a slot while the claim was under way
+        # (see reserve): the least urgent claims beyond the slots left go back.
+        over = len(claims) - max(self._free(), 0)
+        if over > 0:
+            claims, back = claims[:-over], claims[-over:]
+            await self._give_back(back)
         for record, lease in claims:
             self.active[record.id] = lease
             group.start_soon(self._execute, record, lease)
         self.swept += len(claims)
         self._backlog = len(claims) == free
         return len(claims)
+
+    async def _give_back(self, claims: Sequence[tuple[RunRecord, Lease]]) -> None:
+        """Release runs claimed for slots that are gone, their attempt refunded (one whose
+        attempts are exhausted is not refunded: its next claimer ends it)."""
+        for record, lease in claims:
+            try:
+                await self.store.release_run(lease, refund_attempt=not lease.exhausted)
+            except TRANSIENT as exc:
+                log.warning("run %s: not given back (%s): its lease expires", record.id, exc)
 
     def _coalescing(self, free: int) -> bool:
         """Whether to wait for more free slots before claiming (see CLAIM_COALESCE_SECONDS)."""
