@@ -120,6 +120,36 @@ async def test_a_child_run_is_capped_by_what_its_parent_has_left(backend: Backen
     assert parent.error["limit"] == "max_cost_usd" and parent.cost_usd == 3.0
 
 
+async def test_a_child_run_is_capped_by_the_tokens_its_parent_has_left(backend: Backend) -> None:
+    # boss (10 tokens a turn, max_tokens 25) delegates after its first turn; helper would
+    # take 5 turns of 10: given the 15 boss has left as its own cap, it stops after its
+    # second (20), and boss fails on its limit at 30 - not at 60, once helper had ended.
+    store = backend.store
+    add = {"name": "add", "arguments": {"a": 2, "b": 3}}
+    ten = {"input_tokens": 7, "output_tokens": 3}
+    await apply(
+        store,
+        add_tool(),
+        model(
+            "boss-model",
+            {**call("agents_exec", agent="helper", input="spend"), **ten},
+            {"text": "done", **ten},
+        ),
+        model("helper-model", *[{"tool_calls": [add], **ten}] * 4, {"text": "spent", **ten}),
+        agent("helper", "helper-model", tools=["add"], limits={"max_tokens": 1000}),
+        agent("boss", "boss-model", links=["helper"], limits={"max_tokens": 25}),
+    )
+    run, _ = await backend.submit("boss", "go")
+    await backend.drain()
+    parent = await get(store, run)
+    [helper] = await store.list_children(run.id)
+    assert (helper.max_tokens, helper.max_cost_usd) == (15, None)
+    assert helper.state is RunState.FAILED and helper.error is not None
+    assert helper.error["limit"] == "max_tokens" and helper.usage.total_tokens == 20
+    assert parent.state is RunState.FAILED and parent.error is not None
+    assert parent.error["limit"] == "max_tokens" and parent.usage.total_tokens == 30
+
+
 async def test_a_failed_child_is_a_structured_tool_error_of_its_parent(backend: Backend) -> None:
     store = backend.store
     await apply(

@@ -135,6 +135,9 @@ class RunRecord:
     #: ``limits.max_cost_usd``, and on each node run what its system run had left of it
     #: then; the agent loop stops at the lower of this and its agent's own limit
     max_cost_usd: float | None = None
+    #: a cap on the run's own tokens, given when it is created: on a child run
+    #: (``agents_exec``) what its parent had left of its ``limits.max_tokens`` then
+    max_tokens: int | None = None
 
     @property
     def is_system_run(self) -> bool:

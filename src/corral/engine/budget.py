@@ -9,15 +9,17 @@ from corral.core.messages import ModelResponse, Usage
 from corral.resources.kinds import Limits
 
 
-def capped(limits: Limits, max_cost_usd: float | None) -> Limits:
-    """``limits`` under a run's own cost cap (what its system run had left when it was
-    created): the lower of the two ``max_cost_usd``."""
-    if max_cost_usd is None:
-        return limits
-    own = limits.max_cost_usd
-    return limits.model_copy(
-        update={"max_cost_usd": max_cost_usd if own is None else min(own, max_cost_usd)}
-    )
+def capped(limits: Limits, max_cost_usd: float | None, max_tokens: int | None = None) -> Limits:
+    """``limits`` under a run's own caps (what its parent or system run had left when it
+    was created): the lower of the two ``max_cost_usd``, and of the two ``max_tokens``."""
+    update: dict[str, float | int] = {}
+    if max_cost_usd is not None:
+        own = limits.max_cost_usd
+        update["max_cost_usd"] = max_cost_usd if own is None else min(own, max_cost_usd)
+    if max_tokens is not None:
+        own_tokens = limits.max_tokens
+        update["max_tokens"] = max_tokens if own_tokens is None else min(own_tokens, max_tokens)
+    return limits.model_copy(update=update) if update else limits
 
 
 @dataclass

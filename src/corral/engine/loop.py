@@ -207,6 +207,7 @@ class AgentLoop:
         outside_children: OutsideChildren | None = None,
         children_ended: ChildrenEnded | None = None,
         cost_cap: float | None = None,
+        token_cap: int | None = None,
     ) -> None:
         """``raise_retryable``: let a retryable model failure (the endpoints stayed down after
         their own retries) propagate instead of failing the run, so a worker can try the
@@ -221,10 +222,12 @@ class AgentLoop:
         them that end soon (children running on this worker: see
         :mod:`corral.runtime.delegation`); when they all did, the run goes on without
         parking.
-        ``cost_cap``: the run's own cap on its cost (``RunRecord.max_cost_usd``), over its
-        agent's ``limits.max_cost_usd`` and any handoff target's."""
+        ``cost_cap``, ``token_cap``: the run's own caps on its cost and tokens
+        (``RunRecord.max_cost_usd``, ``max_tokens``), over its agent's ``limits`` and any
+        handoff target's."""
         self.agent = agent
         self.cost_cap = cost_cap
+        self.token_cap = token_cap
         self.call_environment = call_environment
         self.switch = switch
         self.outside_children = outside_children
@@ -238,7 +241,7 @@ class AgentLoop:
         self.sink = sink
         self.raise_retryable = raise_retryable
         self.emit = Emitter(run_id, sink, agent.toolset)
-        self.budget = Budget(capped(agent.limits, cost_cap))
+        self.budget = Budget(capped(agent.limits, cost_cap, token_cap))
         self.messages: list[Message] = []
         self.initial_count = 0
         self.repairs = 0
@@ -658,7 +661,7 @@ class AgentLoop:
         self.agent = target
         self.handoffs += 1
         self.budget = Budget(
-            capped(target.limits, self.cost_cap),
+            capped(target.limits, self.cost_cap, self.token_cap),
             self.budget.steps,
             self.budget.usage,
             self.budget.cost_usd,
@@ -743,7 +746,7 @@ class AgentLoop:
         hidden: Mapping[str, str] = {}
         if self.call_environment is not None and agent.toolset.plants_environment(call.name):
             environment, hidden = self.call_environment()  # (a token minted for this call)
-        limit = self.budget.limits.max_cost_usd
+        limit, tokens = self.budget.limits.max_cost_usd, self.budget.limits.max_tokens
         return ToolContext(
             run_id=self.run_id,
             agent=agent.name,
@@ -754,6 +757,7 @@ class AgentLoop:
             environment=environment,
             hidden=hidden,
             cost_left=None if limit is None else max(limit - self.budget.cost_usd, 0.0),
+            tokens_left=None if tokens is None else max(tokens - self.budget.usage.total_tokens, 0),
         )
 
     async def _finish_step(self, step: int) -> None:

@@ -456,7 +456,12 @@ class Limits(Spec):
     max_steps: int = Field(default=10, ge=1)
     timeout_seconds: Seconds = 300.0
     max_tokens: int | None = Field(
-        default=None, ge=1, description="input + output, whole run (its child runs' too)"
+        default=None,
+        ge=1,
+        description=(
+            "input + output, whole run (its child runs' too: each is capped at what the "
+            "run has left when it starts)"
+        ),
     )
     max_cost_usd: float | None = Field(
         default=None, ge=0, description="whole run, its child runs' cost included"

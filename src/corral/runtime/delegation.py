@@ -105,6 +105,7 @@ class StoreDelegation:
             key=key,
             max_depth=max_depth,
             max_cost_usd=ctx.cost_left,
+            max_tokens=ctx.tokens_left,
         )
 
     async def start_child_of(
@@ -118,11 +119,12 @@ class StoreDelegation:
         key: str,
         max_depth: int,
         max_cost_usd: float | None = None,
+        max_tokens: int | None = None,
     ) -> ChildRun:
         """Start (or find, by ``key``) a child run of ``parent_run_id``: what ``agents_exec``
         and ``POST /v1/links/{agent}/exec`` (a tool program's agent token) both do.
-        ``max_cost_usd``: the child's own cap (what its parent has left, for
-        ``agents_exec``: the child cannot spend the parent's budget many times over
+        ``max_cost_usd``, ``max_tokens``: the child's own caps (what its parent has left,
+        for ``agents_exec``: the child cannot spend the parent's budget many times over
         before its end is charged to the parent)."""
         parent = await self.store.get_run(parent_run_id)
         if parent is None or parent.namespace != namespace:
@@ -148,6 +150,7 @@ class StoreDelegation:
             record.parent_run_id = parent.id
             record.depth = depth
             record.max_cost_usd = max_cost_usd
+            record.max_tokens = max_tokens
             # a child goes before the work its parent's siblings queued after it
             record.priority = parent.priority
         except UserError as exc:  # a bad session id

@@ -313,6 +313,7 @@ class RunExecutor:
                 outside_children=calls.finished_children,
                 children_ended=self._children_ended,
                 cost_cap=record.max_cost_usd,
+                token_cap=record.max_tokens,
             )
             try:
                 if events:

@@ -52,6 +52,8 @@ class ToolContext:
     #: what the calling run may still spend (its ``max_cost_usd`` less its spend so far;
     #: ``None``: no limit): a child run a call starts gets it as its own cap
     cost_left: float | None = None
+    #: the same for tokens (its ``max_tokens`` less the tokens it used so far)
+    tokens_left: int | None = None
 
     def key_with(self, arguments: dict[str, Any]) -> str:
         """The call's idempotency key and a digest of its arguments: what a call that a
