@@ -23,6 +23,7 @@ from corral.core.memory import MemoryPlace, MemoryVector
 from corral.resources.secrets import SecretCipher
 from corral.store import Store, open_store
 from corral.store.sql.vector_cache import DEAD, Matrix, VectorCache
+from corral.store.sql.vector_scan import FIRST_PASS
 from test_store_memory_vectors import (  # noqa: F401 - fixtures
     EMBEDDER,
     NOTES,
@@ -103,16 +104,20 @@ async def test_a_tiny_byte_budget_evicts_and_every_search_still_answers(
         await store.write_memory(
             entry("k", f"scope {n}", place), vector=vec(1, n, 0, 0, embedder=EMBEDDER)
         )
-    # one scope's matrix (one id of 8 bytes, 4 floats of 4) is 24 bytes: two fit, not three
-    monkeypatch.setenv("CORRAL_MEMORY_VECTOR_CACHE_BYTES", "50")
+    # one scope's matrix (one id, 4 floats, and their int8 codes with scale and residual
+    # where simsimd is) is 24 or 44 bytes: two fit, not three
+    one = Matrix.of(1, [1], np.ones((1, 4), dtype=np.float32)).nbytes
+    assert one == (44 if FIRST_PASS else 24)
+    budget = 2 * one + one // 2
+    monkeypatch.setenv("CORRAL_MEMORY_VECTOR_CACHE_BYTES", str(budget))
     async with await open_store(store_url, cipher=cipher) as small:
         cache = small.memory_vector_cache  # type: ignore[attr-defined]
-        assert cache.max_bytes == 50
+        assert cache.max_bytes == budget
         for _ in range(2):
             for place in places:
                 hits = await small.search_memory(place, "", vector=vec(1, 0, 0, 0))
                 assert keys(hits) == ["k"]
-                assert cache.nbytes <= 50
+                assert cache.nbytes <= budget
         if "pgvector" not in await small.memory_vector_index():
             assert len(cache.keys()) == 2  # the least recently used scope went
             assert cache.keys()[-1][2] == "s2"
