@@ -110,17 +110,21 @@ def quantise(vectors: npt.NDArray[np.float32]) -> Codes:
     out = Codes.empty(count, width)
     for start in range(0, count, _CHUNK):
         block = vectors[start : start + _CHUNK]
-        finite = np.all(np.isfinite(block), axis=1, keepdims=True)
-        block = np.where(finite, block, np.float32(0))
-        scales = (np.abs(block).max(axis=1, initial=0.0) / np.float32(127)).astype(np.float32)
-        safe = np.where(scales > 0, scales, np.float32(1))
-        codes = np.clip(np.rint(block / safe[:, None]), -127, 127).astype(np.int8)
+        peak = np.abs(block).max(axis=1, initial=0.0)  # not finite if any component is not
+        finite = np.isfinite(peak)
+        if not finite.all():
+            block = np.where(finite[:, None], block, np.float32(0))
+            peak = np.where(finite, peak, np.float32(0))
+        scales = (peak / np.float32(127)).astype(np.float32)
+        scaled = block / np.where(scales > 0, scales, np.float32(1))[:, None]
+        np.clip(np.rint(scaled, out=scaled), -127, 127, out=scaled)
         wide = block.astype(_F64)
-        residual = np.linalg.norm(wide - scales.astype(_F64)[:, None] * codes, axis=1)
-        norms = np.linalg.norm(wide, axis=1)
-        errors = residual * (1 + 2.0**-40)  # float64 rounding of the norm, covered
-        errors[~finite[:, 0] | (norms > NORM_BOUND)] = np.inf
-        out.put(start, Codes(codes, scales.astype(_F64), errors))
+        norms = np.sqrt(np.einsum("ij,ij->i", wide, wide))
+        wide -= scales.astype(_F64)[:, None] * scaled  # exact products: float32 times int
+        # the float64 rounding of the residual's length, covered
+        errors = np.sqrt(np.einsum("ij,ij->i", wide, wide)) * (1 + 2.0**-40)
+        errors[~finite | (norms > NORM_BOUND)] = np.inf
+        out.put(start, Codes(scaled.astype(np.int8), scales.astype(_F64), errors))
     return out
 
 
