@@ -3,9 +3,10 @@
 A vector search compares the query with every vector of a scope (exact cosine: the
 vectors are unit length, so a dot product). Doing that per row in SQL costs a function
 call per row (SQLite without sqlite-vec) or an ``unnest`` per row (PostgreSQL without
-pgvector); a float32 matrix product over the same vectors takes a few milliseconds at
-100,000 entries of 384 dimensions. :class:`VectorCache` keeps one matrix per (namespace,
-memory, scope key, embedder), with the entry id of each row.
+pgvector); numpy over a matrix of the same vectors, and its int8 copy, takes a few
+milliseconds at 100,000 entries of 384 dimensions (:mod:`corral.store.sql.vector_scan`).
+:class:`VectorCache` keeps one matrix per (namespace, memory, scope key, embedder), with
+the entry id of each row.
 
 It is kept correct by the scope's generation (``memory_generations``, migration 0012):
 every write, delete and prune of the scope raises it in the same transaction, and a
@@ -155,23 +156,24 @@ class Matrix:
     ) -> list[tuple[int, float]]:
         """The ``limit`` rows closest to ``query`` (unit length) as (entry id, cosine),
         best first, ties by ascending id; only entries in ``allowed`` when it is given.
-        The int8 first pass runs when ``first_pass`` says so, by default on a matrix of
-        at least :data:`~corral.store.sql.vector_scan.FIRST_PASS_MIN_ROWS` rows; its
-        answer is the float32 pass's, to the bit."""
+        The int8 first pass runs when ``first_pass`` says so, by default over at least
+        :data:`~corral.store.sql.vector_scan.FIRST_PASS_MIN_ROWS` live rows; its answer
+        is the float32 pass's, to the bit."""
         ids = self.ids
         live: npt.NDArray[np.bool_] | None = None
         if allowed is not None:
             live = np.isin(ids, allowed, assume_unique=not self.dead) & (ids != DEAD)
         elif self.dead:
             live = ids != DEAD
-        limit = min(limit, len(ids) - self.dead if live is None else int(live.sum()))
+        count = len(ids) - self.dead if live is None else int(live.sum())
+        limit = min(limit, count)
         if limit <= 0:
             return []
         if self.vectors.shape[1] != len(query):
             raise ValueError("vector dimensions differ")
         vector = np.asarray(query, dtype=np.float32)
-        if first_pass is None:
-            first_pass = len(ids) >= FIRST_PASS_MIN_ROWS
+        if first_pass is None:  # a filter keeping few rows: those alone, in float32
+            first_pass = count >= FIRST_PASS_MIN_ROWS
         rows = None
         if first_pass and self.codes is not None:
             rows = candidates(self.codes, vector, limit, live)
