@@ -226,3 +226,17 @@ def test_without_simsimd_the_float32_pass_answers_and_capabilities_say_so() -> N
     )
     assert done.returncode == 0, done.stderr
     assert "simsimd not importable" in done.stdout
+
+
+def test_a_query_without_direction_or_not_finite_is_scored_by_the_float32_pass_alike() -> None:
+    rng = np.random.default_rng(9)
+    matrix = Matrix.of(1, list(range(3_000)), unit_rows(rng, 3_000, 16))
+    zero = [0.0] * 16
+    assert matrix.nearest(zero, 5, first_pass=True) == matrix.nearest(zero, 5, first_pass=False)
+    assert [score for _, score in matrix.nearest(zero, 5)] == [0.0] * 5
+    broken = [float("nan")] + [0.1] * 15
+    assert len(matrix.nearest(broken, 5, first_pass=True)) == 5  # no crash, no empty answer
+    huge = [3e38] * 16  # float32's largest: its int8 scale is finite
+    assert matrix.nearest(huge, 5, first_pass=True) == matrix.nearest(huge, 5, first_pass=False)
+    with pytest.raises(ValueError, match="dimensions"):
+        matrix.nearest([1.0] * 17, 5, first_pass=True)

@@ -144,13 +144,14 @@ def candidates(
     live: npt.NDArray[np.bool_] | None,
 ) -> npt.NDArray[np.intp] | None:
     """The rows that may be among the ``limit`` best (of the ``live`` ones, if given; at
-    least ``limit`` of them live), or ``None`` when too many are (score them all)."""
+    least ``limit`` of them live), or ``None`` when too many are, or the query is not of
+    unit length (float32 could overflow): score them all."""
     assert simsimd is not None
     count = len(codes.codes)
     wide = query.astype(_F64)
     peak = float(np.abs(query).max())
     query_norm = float(np.linalg.norm(wide)) * (1 + 2.0**-40)
-    if not np.isfinite(query_norm) or peak == 0.0:
+    if not query_norm <= NORM_BOUND or peak == 0.0:  # the store asks with unit queries
         return None
     scale = np.float32(peak / 127)
     query_codes = np.clip(np.rint(query / scale), -127, 127).astype(np.int8)
