@@ -42,7 +42,8 @@ except ImportError:  # no wheel for this platform: the float32 pass alone
 FIRST_PASS = simsimd is not None
 #: below this many rows the float32 pass is as quick as the int8 one
 FIRST_PASS_MIN_ROWS = 2_048
-#: threads of simsimd's int8 pass (the hybrid search runs full text beside it)
+#: threads of simsimd's int8 pass: one, as a hybrid search runs its full text on another
+#: core meanwhile (a second thread there only contends with it)
 THREADS = 1
 #: when more than this share of the rows cannot be ruled out, all are scored exactly
 CANDIDATE_SHARE = 0.25
@@ -51,7 +52,7 @@ CANDIDATE_SHARE = 0.25
 NORM_BOUND = 1.0 + 2.0**-8
 #: the rounding of the float64 arithmetic of the bounds (values near 1)
 _FLOAT64_SLACK = 2.0**-40
-_CHUNK = 4_096
+_CHUNK = 256  # rows at a time: their float64 copies stay in cache
 _F64 = np.float64
 
 
