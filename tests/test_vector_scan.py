@@ -240,3 +240,17 @@ def test_a_query_without_direction_or_not_finite_is_scored_by_the_float32_pass_a
     assert matrix.nearest(huge, 5, first_pass=True) == matrix.nearest(huge, 5, first_pass=False)
     with pytest.raises(ValueError, match="dimensions"):
         matrix.nearest([1.0] * 17, 5, first_pass=True)
+
+
+def test_simsimds_int8_dot_products_are_exact_integers_at_the_extremes() -> None:
+    """The bounds rest on it: every int32 sum exact, whatever the width's tail."""
+    import simsimd
+
+    rng = np.random.default_rng(10)
+    for dims in (1, 3, 17, 64, 65, 384, 4_096):
+        rows = rng.integers(-127, 128, (300, dims), dtype=np.int8)
+        rows[:5], rows[5:10] = 127, -127
+        for query in (rows[0], rows[5], rng.integers(-127, 128, dims, dtype=np.int8)):
+            got = np.asarray(simsimd.cdist(query[None, :], rows, metric="dot"))[0]
+            want = rows.astype(np.int64) @ query.astype(np.int64)
+            assert np.array_equal(got, want.astype(np.float64)), dims

@@ -154,6 +154,8 @@ def candidates(
     query_norm = float(np.linalg.norm(wide)) * (1 + 2.0**-40)
     if not query_norm <= NORM_BOUND or peak == 0.0:  # the store asks with unit queries
         return None
+    if len(query) * 127 * 127 >= 2**31:  # simsimd's int32 sums could overflow
+        return None
     scale = np.float32(peak / 127)
     query_codes = np.clip(np.rint(query / scale), -127, 127).astype(np.int8)
     query_error = float(np.linalg.norm(wide - float(scale) * query_codes)) * (1 + 2.0**-40)
