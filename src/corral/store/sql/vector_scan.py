@@ -19,8 +19,7 @@ whose last bits depend on the shape. When the bounds rule out too few rows (vect
 all alike), every row is scored exactly instead.
 
 Without simsimd (a platform it has no wheel for) no codes are made, and every search is
-the float32 matrix product of numpy: exact, about twice the time (:data:`SEARCH` says
-which runs).
+numpy's float32 matrix product over every row (:data:`SEARCH` says which runs).
 """
 
 from __future__ import annotations
