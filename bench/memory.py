@@ -11,7 +11,7 @@ embedding model runs: what is measured is storing and searching.
   then ``search_memory`` with the query's words and vector: full text and an exact
   cosine over every vector of the scope, fused by reciprocal rank fusion, top 10.
   Each row says how it searched vectors (pgvector's ``<=>``, or the scope's vectors
-  cached in process as a numpy matrix). "first search" is the first query after the
+  cached in process: an int8 first pass, the rows it cannot rule out scored in float32). "first search" is the first query after the
   load: it reads the scope's vectors into the cache (every later one finds them there);
   "after a write" is a query right after one more entry is written (the cache is
   brought up to date from the scope's noted changes, not reloaded).

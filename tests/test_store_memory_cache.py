@@ -23,6 +23,7 @@ from corral.core.memory import MemoryPlace, MemoryVector
 from corral.resources.secrets import SecretCipher
 from corral.store import Store, open_store
 from corral.store.sql.vector_cache import DEAD, Matrix, VectorCache
+from corral.store.sql.vector_scan import FIRST_PASS, FIRST_PASS_MIN_ROWS
 from test_store_memory_vectors import (  # noqa: F401 - fixtures
     EMBEDDER,
     NOTES,
@@ -103,16 +104,20 @@ async def test_a_tiny_byte_budget_evicts_and_every_search_still_answers(
         await store.write_memory(
             entry("k", f"scope {n}", place), vector=vec(1, n, 0, 0, embedder=EMBEDDER)
         )
-    # one scope's matrix (one id of 8 bytes, 4 floats of 4) is 24 bytes: two fit, not three
-    monkeypatch.setenv("CORRAL_MEMORY_VECTOR_CACHE_BYTES", "50")
+    # one scope's matrix (one id, 4 floats, and their int8 codes with scale and residual
+    # where simsimd is) is 24 or 44 bytes: two fit, not three
+    one = Matrix.of(1, [1], np.ones((1, 4), dtype=np.float32)).nbytes
+    assert one == (44 if FIRST_PASS else 24)
+    budget = 2 * one + one // 2
+    monkeypatch.setenv("CORRAL_MEMORY_VECTOR_CACHE_BYTES", str(budget))
     async with await open_store(store_url, cipher=cipher) as small:
         cache = small.memory_vector_cache  # type: ignore[attr-defined]
-        assert cache.max_bytes == 50
+        assert cache.max_bytes == budget
         for _ in range(2):
             for place in places:
                 hits = await small.search_memory(place, "", vector=vec(1, 0, 0, 0))
                 assert keys(hits) == ["k"]
-                assert cache.nbytes <= 50
+                assert cache.nbytes <= budget
         if "pgvector" not in await small.memory_vector_index():
             assert len(cache.keys()) == 2  # the least recently used scope went
             assert cache.keys()[-1][2] == "s2"
@@ -295,3 +300,51 @@ def test_an_update_replaces_changed_rows_keeps_the_rest_and_may_empty_the_matrix
     nothing = Matrix.of(3, [], np.zeros((0, 0), dtype=np.float32))
     emptied = updated.updated(np.array(alive, dtype=np.int64), nothing)
     assert emptied.nearest([1.0, 0.0, 0.0, 0.0], 5) == []
+
+
+async def test_a_large_scope_ranks_by_the_int8_first_pass_as_by_float32_through_updates(
+    store: Store,
+) -> None:
+    """A scope above the first pass's threshold: the store's hits are the exact top k, and
+    its cached matrix answers alike by either pass, before and after writes patch it."""
+    rng = np.random.default_rng(11)
+    count, dims, embedder = FIRST_PASS_MIN_ROWS + 500, 64, "embedder/64"
+    rows = {f"e{n:05d}": row for n, row in enumerate(rng.standard_normal((count, dims)))}
+    await store.write_memories(
+        [entry(key, key) for key in rows],
+        [vec(*map(float, row), embedder=embedder) for row in rows.values()],
+    )
+    query = rng.standard_normal(dims)
+    unit = (query / np.linalg.norm(query)).tolist()
+
+    async def exact_top(loads: int) -> None:
+        hits = await store.search_memory(
+            NOTES, "", top_k=50, vector=vec(*map(float, query), embedder=embedder)
+        )
+        truth = {key: float(row @ query / np.linalg.norm(row)) for key, row in rows.items()}
+        ranked = sorted(truth, key=lambda key: -truth[key])[:51]
+        gaps = np.diff([truth[key] for key in ranked])
+        assert (np.abs(gaps) > 1e-5).all()  # no near-tie for float32 to decide
+        assert keys(hits) == ranked[:50]
+        if "pgvector" in await store.memory_vector_index():
+            return
+        cache: VectorCache = store.memory_vector_cache  # type: ignore[attr-defined]
+        [key] = cache.keys()
+        matrix = cache.latest(key)
+        assert matrix is not None and (matrix.codes is not None) == FIRST_PASS
+        full = matrix.nearest(unit, 50, first_pass=False)
+        assert matrix.nearest(unit, 50, first_pass=True) == full
+        assert cache.loads == loads
+
+    await exact_top(1)
+    # a few writes: the cached matrix is patched (rows appended, old ones dead)
+    changed = {f"e{n:05d}": rng.standard_normal(dims) for n in range(0, 40, 4)}
+    changed["new"] = query + 0.1 * rng.standard_normal(dims)
+    await store.write_memories(
+        [entry(key, key) for key in changed],
+        [vec(*map(float, row), embedder=embedder) for row in changed.values()],
+    )
+    rows.update(changed)
+    await store.delete_memory_entry(NOTES, "e00001")
+    del rows["e00001"]
+    await exact_top(1)

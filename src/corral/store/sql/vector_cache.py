@@ -3,9 +3,10 @@
 A vector search compares the query with every vector of a scope (exact cosine: the
 vectors are unit length, so a dot product). Doing that per row in SQL costs a function
 call per row (SQLite without sqlite-vec) or an ``unnest`` per row (PostgreSQL without
-pgvector); a float32 matrix product over the same vectors takes a few milliseconds at
-100,000 entries of 384 dimensions. :class:`VectorCache` keeps one matrix per (namespace,
-memory, scope key, embedder), with the entry id of each row.
+pgvector); numpy over a matrix of the same vectors, and its int8 copy, takes a few
+milliseconds at 100,000 entries of 384 dimensions (:mod:`corral.store.sql.vector_scan`).
+:class:`VectorCache` keeps one matrix per (namespace, memory, scope key, embedder), with
+the entry id of each row.
 
 It is kept correct by the scope's generation (``memory_generations``, migration 0012):
 every write, delete and prune of the scope raises it in the same transaction, and a
@@ -34,6 +35,16 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
+from corral.store.sql.vector_scan import (
+    FIRST_PASS,
+    FIRST_PASS_MIN_ROWS,
+    Codes,
+    best,
+    candidates,
+    exact,
+    quantise,
+)
+
 #: the default byte budget of one store's cache (``CORRAL_MEMORY_VECTOR_CACHE_BYTES``)
 DEFAULT_CACHE_BYTES = 256 * 1024 * 1024
 
@@ -46,33 +57,44 @@ DEAD = -1
 
 
 class _Rows:
-    """The float32 rows behind the matrices of one scope: a matrix is a view of the first
-    rows, and the spare rows after them take the vectors of later writes, no copy made.
-    Only the matrix that ends at ``used`` may append (under ``lock``): one derived from
-    an older one copies instead, so no view ever sees its rows written over."""
+    """The rows behind the matrices of one scope (float32, and their int8 codes when the
+    first pass runs): a matrix is a view of the first rows, and the spare rows after
+    them take the vectors of later writes, no copy made. Only the matrix that ends at
+    ``used`` may append (under ``lock``): one derived from an older one copies instead,
+    so no view ever sees its rows written over."""
 
-    def __init__(self, buffer: npt.NDArray[np.float32], used: int) -> None:
+    def __init__(self, buffer: npt.NDArray[np.float32], codes: Codes | None, used: int) -> None:
         self.buffer = buffer
+        self.codes = codes
         self.used = used
         self.lock = threading.Lock()
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.buffer.nbytes) + (self.codes.nbytes if self.codes is not None else 0)
 
 
 @dataclass(frozen=True)
 class Matrix:
     """A scope's vectors: ``ids[i]`` is the entry of row ``i`` of ``vectors`` (float32,
-    unit rows, C-contiguous), as of ``generation``; ``dead`` rows (id :data:`DEAD`) are
-    older vectors of entries changed since, skipped by :meth:`nearest`."""
+    unit rows, C-contiguous) and of ``codes`` (the same rows in int8, see
+    :mod:`corral.store.sql.vector_scan`; ``None`` without simsimd), as of ``generation``;
+    ``dead`` rows (id :data:`DEAD`) are older vectors of entries changed since, skipped
+    by :meth:`nearest`."""
 
     generation: int
     ids: npt.NDArray[np.int64]
     vectors: npt.NDArray[np.float32]
+    codes: Codes | None
     dead: int = 0
     rows: _Rows | None = field(default=None, compare=False, repr=False)
 
     @property
     def nbytes(self) -> int:
-        vectors = self.rows.buffer if self.rows is not None else self.vectors
-        return int(self.ids.nbytes + vectors.nbytes)
+        if self.rows is not None:
+            return int(self.ids.nbytes) + self.rows.nbytes
+        codes = self.codes.nbytes if self.codes is not None else 0
+        return int(self.ids.nbytes + self.vectors.nbytes) + codes
 
     @staticmethod
     def of(generation: int, ids: list[int], rows: npt.NDArray[np.float32]) -> Matrix:
@@ -83,7 +105,8 @@ class Matrix:
             norms = np.linalg.norm(vectors, axis=1, keepdims=True)
             norms[norms == 0] = 1.0
             vectors /= norms
-        return _with_spare(generation, np.asarray(ids, dtype=np.int64), [vectors], 0)
+        codes = quantise(vectors) if FIRST_PASS else None
+        return _with_spare(generation, np.asarray(ids, dtype=np.int64), [(vectors, codes)], 0)
 
     def updated(self, changed: npt.NDArray[np.int64], fresh: Matrix) -> Matrix:
         """This matrix at ``fresh.generation``: the rows of the ``changed`` entries dead,
@@ -103,13 +126,22 @@ class Matrix:
                 if rows.used == n and n + added <= len(rows.buffer):
                     if added:
                         rows.buffer[n : n + added] = fresh.vectors
+                        if rows.codes is not None and fresh.codes is not None:
+                            rows.codes.put(n, fresh.codes)
                     rows.used = n + added
                     ids = np.concatenate([np.where(stale, DEAD, self.ids), fresh.ids])
-                    return Matrix(fresh.generation, ids, rows.buffer[: n + added], dead, rows)
+                    codes = rows.codes.take(slice(0, n + added)) if rows.codes is not None else None
+                    return Matrix(
+                        fresh.generation, ids, rows.buffer[: n + added], codes, dead, rows
+                    )
         keep = ~stale & (self.ids != DEAD)
-        parts = [self.vectors[keep]] if keep.any() else []
+        parts: list[_Part] = []
+        if keep.any():
+            parts.append(
+                (self.vectors[keep], self.codes.take(keep) if self.codes is not None else None)
+            )
         if added:
-            parts.append(fresh.vectors)
+            parts.append((fresh.vectors, fresh.codes))
         return _with_spare(
             fresh.generation, np.concatenate([self.ids[keep], fresh.ids]), parts, width
         )
@@ -119,44 +151,63 @@ class Matrix:
         query: list[float],
         limit: int,
         allowed: npt.NDArray[np.int64] | None = None,
+        *,
+        first_pass: bool | None = None,
     ) -> list[tuple[int, float]]:
         """The ``limit`` rows closest to ``query`` (unit length) as (entry id, cosine),
-        best first, ties by ascending id; only entries in ``allowed`` when it is given."""
-        ids, vectors, dead = self.ids, self.vectors, self.dead
+        best first, ties by ascending id; only entries in ``allowed`` when it is given.
+        The int8 first pass runs when ``first_pass`` says so, by default over at least
+        :data:`~corral.store.sql.vector_scan.FIRST_PASS_MIN_ROWS` live rows; its answer
+        is the float32 pass's, to the bit."""
+        ids = self.ids
+        live: npt.NDArray[np.bool_] | None = None
         if allowed is not None:
-            keep = np.isin(ids, allowed, assume_unique=not dead) & (ids != DEAD)
-            ids, vectors, dead = ids[keep], vectors[keep], 0
-        limit = min(limit, len(ids) - dead)
+            live = np.isin(ids, allowed, assume_unique=not self.dead) & (ids != DEAD)
+        elif self.dead:
+            live = ids != DEAD
+        count = len(ids) - self.dead if live is None else int(live.sum())
+        limit = min(limit, count)
         if limit <= 0:
             return []
-        if vectors.shape[1] != len(query):
+        if self.vectors.shape[1] != len(query):
             raise ValueError("vector dimensions differ")
-        scores = vectors @ np.asarray(query, dtype=np.float32)
-        if dead:
-            scores[ids == DEAD] = -np.inf
-        if limit < len(scores):
-            # the limit-th best score, then every row at least as good (ties kept whole)
-            cut = np.partition(scores, len(scores) - limit)[len(scores) - limit]
-            chosen = np.flatnonzero(scores >= cut)
+        vector = np.asarray(query, dtype=np.float32)
+        if first_pass is None:  # a filter keeping few rows: those alone, in float32
+            first_pass = count >= FIRST_PASS_MIN_ROWS
+        rows = None
+        if first_pass and self.codes is not None:
+            rows = candidates(self.codes, vector, limit, live)
+        if rows is None:  # every (live) row scored exactly
+            rows = np.flatnonzero(live) if live is not None else None
+            scores = exact(self.vectors if rows is None else self.vectors[rows], vector)
+            rows = np.arange(len(ids)) if rows is None else rows
         else:
-            chosen = np.arange(len(scores))
-        order = np.lexsort((ids[chosen], -scores[chosen]))[:limit]
-        picked = chosen[order]
-        return [(int(ids[n]), float(scores[n])) for n in picked]
+            scores = exact(self.vectors[rows], vector)
+        picked = best(ids[rows], scores, limit)
+        return [(int(ids[rows[n]]), float(scores[n])) for n in picked]
+
+
+#: the float32 rows of a part of a matrix, and their codes
+_Part = tuple[npt.NDArray[np.float32], Codes | None]
 
 
 def _with_spare(
-    generation: int, ids: npt.NDArray[np.int64], parts: list[npt.NDArray[np.float32]], width: int
+    generation: int, ids: npt.NDArray[np.int64], parts: list[_Part], width: int
 ) -> Matrix:
     """A matrix of the rows of ``parts`` one after another, in a buffer with spare rows."""
-    used = sum(len(part) for part in parts)
-    width = parts[0].shape[1] if parts else width
-    buffer = np.empty((used + used // 16, width), dtype=np.float32)
+    used = sum(len(vectors) for vectors, _ in parts)
+    width = parts[0][0].shape[1] if parts else width
+    capacity = used + used // 16
+    buffer = np.empty((capacity, width), dtype=np.float32)
+    codes = Codes.empty(capacity, width) if FIRST_PASS else None
     at = 0
-    for part in parts:
-        buffer[at : at + len(part)] = part
-        at += len(part)
-    return Matrix(generation, ids, buffer[:used], 0, _Rows(buffer, used))
+    for vectors, part_codes in parts:
+        buffer[at : at + len(vectors)] = vectors
+        if codes is not None:
+            codes.put(at, part_codes if part_codes is not None else quantise(vectors))
+        at += len(vectors)
+    view = codes.take(slice(0, used)) if codes is not None else None
+    return Matrix(generation, ids, buffer[:used], view, 0, _Rows(buffer, codes, used))
 
 
 class VectorCache:

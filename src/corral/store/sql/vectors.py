@@ -28,6 +28,7 @@ import numpy as np
 import sqlalchemy as sa
 
 from corral.core.errors import ConfigurationError
+from corral.store.sql.vector_scan import SEARCH
 
 __all__ = [
     "memory_vectors",
@@ -119,8 +120,8 @@ def _sqlite_vec_version() -> str:
         return "unknown"
 
 
-#: how the store searches vectors without pgvector (see corral.store.sql.vector_cache)
-CACHED_INDEX = "exact cosine, numpy over the scope's vectors cached in process"
+#: how the store searches vectors without pgvector (see corral.store.sql.vector_scan)
+CACHED_INDEX = SEARCH
 
 
 def sqlite_vector_index() -> str:
