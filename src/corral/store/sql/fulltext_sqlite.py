@@ -34,15 +34,19 @@ from __future__ import annotations
 
 import heapq
 import math
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
+import numpy as np
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from corral.core.memory import MemoryHit
-from corral.store.schema import memory_entries
+from corral.core.memory import MemoryHit, MemoryPlace
+from corral.store.schema import memory_changes, memory_entries, memory_generations
+from corral.store.sql.fulltext_index import DEAD, Floats, Ints, TextIndex, TextIndexCache
 from corral.store.sql.rows import MEMORY_ENTRIES
 
+_Number = TypeVar("_Number", float, Floats)
 _t = memory_entries
 _COLUMNS = len(_t.columns)
 _fts = sa.table("memory_fts", sa.column("rowid", sa.Integer))
@@ -63,6 +67,12 @@ FAST_CANDIDATES = 8_192
 FTS_CANDIDATES = 256
 #: how many words' entry counts a store keeps for the index's current version
 COUNTS_KEPT = 4_096
+#: the most entries a scope's changes since its cached index may name for an update
+MOST_CHANGED = 8_192
+#: the most entries of a scope with texts that are not ASCII (scored by FTS5 one by one)
+MOST_ASIDE = 1_024
+#: how many generations a scope too large for the cache is searched without an index
+TOO_LARGE_FOR = 64
 # FTS5's shadow table memory_fts_data: row 1 is the averages record (total rows, then
 # total tokens per column), row 10 the structure record, rewritten by every change
 _AVERAGES_ROWID = 1
@@ -122,19 +132,221 @@ class WordCounts:
         self._counts.update(counts)
 
 
+@dataclass
+class FulltextCaches:
+    """What one store keeps between full-text searches on SQLite."""
+
+    max_bytes: int
+    counts: WordCounts = field(default_factory=lambda: WordCounts())
+    indexes: TextIndexCache = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.indexes = TextIndexCache(self.max_bytes)
+
+
 async def fulltext_sqlite(
+    place: MemoryPlace,
     terms: list[str],
     conditions: list[sa.ColumnElement[bool]],
     limit: int,
-    counts: WordCounts,
+    kept: FulltextCaches,
     conn: AsyncConnection,
 ) -> list[MemoryHit]:
-    """The best ``limit`` entries matching any of ``terms`` under ``conditions``, by
-    BM25 (see the module): MaxScore where it applies, else FTS5's own ranking."""
-    found = await _maxscore(terms, conditions, limit, counts, conn)
+    """The best ``limit`` entries of ``place`` matching any of ``terms`` under
+    ``conditions`` (the scope's, then filters), by BM25 (see the module): over the
+    scope's index where it applies, else by MaxScore, else by FTS5's own ranking."""
+    found = await _indexed(place, terms, conditions, limit, kept, conn)
+    if found is None:
+        found = await _maxscore(terms, conditions, limit, kept.counts, conn)
     if found is not None:
         return found
     return await ranked_by_fts5(terms, conditions, limit, conn)
+
+
+async def _indexed(
+    place: MemoryPlace,
+    terms: list[str],
+    conditions: list[sa.ColumnElement[bool]],
+    limit: int,
+    kept: FulltextCaches,
+    conn: AsyncConnection,
+) -> list[MemoryHit] | None:
+    """The answer scored over the scope's :class:`TextIndex`, or ``None`` where it does
+    not apply (a word that is not ASCII, a scope too large to keep, or with too many
+    texts that are not ASCII)."""
+    if not all(term.isascii() and term.isalnum() for term in terms):
+        return None
+    key = (place.namespace, place.memory, place.scope_key)
+    generation = int((await conn.execute(_generation(place))).scalar() or 0)
+    too_large = kept.indexes.too_large.get(key)
+    if too_large is not None and generation - too_large < TOO_LARGE_FOR:
+        return None
+    state = await _index_state(conn)
+    if state is None:
+        return None
+    rows, tokens, version = state
+    held = await _held(conn, kept.counts, version, terms)
+    words = [term for term in terms if held[term] > 0]  # the others add 0.0
+    if not words or rows <= 0:
+        return []
+    index = await _text_index(conn, place, generation, kept.indexes)
+    if len(index.aside) > MOST_ASIDE:
+        return None
+    query = _Query(words, rows, tokens, held)
+    scores = np.zeros(len(index.ids), dtype=np.float64)
+    matched = np.zeros(len(index.ids), dtype=np.bool_)
+    for word in words:  # in the query's order: each entry's sum as bm25() adds it up
+        for at, counts in index.postings(word):
+            share = query.share(word, counts.astype(np.float64), index.lengths[at])
+            scores[at] += share
+            matched[at] = True
+    if len(index.aside):
+        await _aside_scores(conn, terms, index, scores, matched)
+    candidates = np.flatnonzero(matched & (index.ids != DEAD))
+    best = _first(index, scores, candidates, limit)
+    if len(conditions) > 1 and len(best):  # filters: the best that pass them
+        best = await _passing(conn, index, scores, candidates, conditions, limit)
+    ids = [int(n) for n in index.ids[best]]
+    read_rows = await conn.execute(sa.select(_t).where(_t.c.id.in_(ids)))
+    entries = {row.id: MEMORY_ENTRIES.record(row) for row in read_rows.all()}
+    return [MemoryHit(entries[n], float(scores[row])) for n, row in zip(ids, best, strict=True)]
+
+
+def _first(index: TextIndex, scores: Any, candidates: Ints, limit: int) -> Ints:
+    """The first ``limit`` rows of ``candidates`` in the full ranking's order: score,
+    then the entry written last, then id (every row tying the ``limit``-th score sorted)."""
+    if limit < len(candidates):
+        among = scores[candidates]
+        cut = np.partition(among, len(among) - limit)[len(among) - limit]
+        candidates = candidates[among >= cut]
+    order = np.lexsort((index.ids[candidates], -index.updated[candidates], -scores[candidates]))
+    return candidates[order[:limit]]
+
+
+async def _passing(
+    conn: AsyncConnection,
+    index: TextIndex,
+    scores: Any,
+    candidates: Ints,
+    conditions: list[sa.ColumnElement[bool]],
+    limit: int,
+) -> Ints:
+    """The first ``limit`` rows of ``candidates`` whose entries pass ``conditions``: of
+    the first few hundred if enough of them do, else of the entries the filters keep."""
+    first = _first(index, scores, candidates, max(FTS_CANDIDATES, 4 * limit))
+    ids = [int(n) for n in index.ids[first]]
+    passing = set((await conn.execute(sa.select(_t.c.id).where(_among(ids, conditions)))).scalars())
+    kept = [row for row, n in zip(first, ids, strict=True) if n in passing]
+    if len(kept) >= limit or len(first) == len(candidates):
+        return np.asarray(kept[:limit], dtype=np.int64)
+    allowed = np.fromiter(
+        (await conn.execute(sa.select(_t.c.id).where(*conditions))).scalars(), dtype=np.int64
+    )
+    return _first(index, scores, candidates[np.isin(index.ids[candidates], allowed)], limit)
+
+
+async def _aside_scores(
+    conn: AsyncConnection, terms: list[str], index: TextIndex, scores: Any, matched: Any
+) -> None:
+    """The scores of the ``aside`` rows (texts that are not ASCII) by FTS5's ``bm25()``
+    for the whole query, as the full ranking computes them."""
+    rank = sa.func.bm25(sa.literal_column("memory_fts"))
+    match = _matches(" OR ".join(_phrase(term) for term in terms))
+    row_of = {int(index.ids[row]): int(row) for row in index.aside}
+    aside = list(row_of)
+    for start in range(0, len(aside), 500):
+        statement = sa.select(_fts.c.rowid, rank).where(
+            match, _fts.c.rowid.in_(aside[start : start + 500])
+        )
+        for n, score in (await conn.execute(statement)).all():
+            scores[row_of[int(n)]] = -float(score)
+            matched[row_of[int(n)]] = True
+
+
+async def _text_index(
+    conn: AsyncConnection, place: MemoryPlace, generation: int, cache: TextIndexCache
+) -> TextIndex:
+    """The scope's index at ``generation``: cached, brought up to date from the scope's
+    changes, or built from its texts read whole (kept if it fits the cache)."""
+    key = (place.namespace, place.memory, place.scope_key)
+    cached = cache.latest(key)
+    if cached is not None and cached.generation == generation:
+        return cached
+    if cached is not None and cached.generation < generation:
+        changed = await _changes(conn, place, cached.generation, generation)
+        if changed is not None and len(changed) <= MOST_CHANGED:
+            fresh = await _texts(conn, place, changed)
+            index = cached.updated_to(generation, np.asarray(changed, dtype=np.int64), fresh)
+            if index is not None:
+                cache.put(key, index, updated=True)
+                return index
+    index = TextIndex.of(generation, await _texts(conn, place, None))
+    if cached is None or cached.generation < generation:  # never an older one filed
+        cache.put(key, index)
+    return index
+
+
+def _at(place: MemoryPlace) -> sa.ColumnElement[bool]:
+    return sa.and_(
+        _t.c.namespace == place.namespace,
+        _t.c.memory == place.memory,
+        _t.c.scope_key == place.scope_key,
+    )
+
+
+def _generation(place: MemoryPlace) -> sa.Select[Any]:
+    _g = memory_generations
+    return sa.select(_g.c.generation).where(
+        _g.c.namespace == place.namespace,
+        _g.c.memory == place.memory,
+        _g.c.scope_key == place.scope_key,
+    )
+
+
+async def _changes(
+    conn: AsyncConnection, place: MemoryPlace, since: int, generation: int
+) -> list[int] | None:
+    """The entries the scope's writes, deletes and prunes after ``since`` up to
+    ``generation`` changed; ``None`` when some generation's notes are no longer kept."""
+    _c = memory_changes
+    notes = (
+        await conn.execute(
+            sa.select(_c.c.generation, _c.c.entry_id).where(
+                _c.c.namespace == place.namespace,
+                _c.c.memory == place.memory,
+                _c.c.scope_key == place.scope_key,
+                _c.c.generation > since,
+                _c.c.generation <= generation,
+            )
+        )
+    ).all()
+    if len({row[0] for row in notes}) != generation - since:
+        return None
+    return sorted({int(row[1]) for row in notes} - {0})
+
+
+async def _texts(
+    conn: AsyncConnection, place: MemoryPlace, only: list[int] | None
+) -> list[tuple[int, str, float]]:
+    """The scope's entries (those of ``only``, if given) as (id, text, updated_at)."""
+    statement = sa.select(_t.c.id, _t.c.text, _t.c.updated_at).where(_at(place))
+    if only is not None:
+        statement = statement.where(_t.c.id.in_(only))
+    rows = (await conn.execute(statement.order_by(_t.c.id))).all()
+    return [(int(n), str(text), float(updated_at)) for n, text, updated_at in rows]
+
+
+async def _held(
+    conn: AsyncConnection, counts: WordCounts, version: bytes, terms: list[str]
+) -> dict[str, int]:
+    """How many entries (all scopes) hold each of ``terms``, at the index's ``version``."""
+    held, unknown = counts.get(version, terms)
+    if unknown:
+        found = await _entries_holding(conn, unknown)
+        found.update((word, 0) for word in unknown if word not in found)
+        counts.put(version, found)
+        held.update(found)
+    return held
 
 
 async def _maxscore(
@@ -151,12 +363,7 @@ async def _maxscore(
     if index is None:
         return None
     rows, tokens, version = index
-    held, unknown = counts.get(version, terms)
-    if unknown:
-        found = await _entries_holding(conn, unknown)
-        found.update((word, 0) for word in unknown if word not in found)
-        counts.put(version, found)
-        held.update(found)
+    held = await _held(conn, counts, version, terms)
     words = [term for term in terms if held[term] > 0]  # the others add 0.0
     if not words or rows <= 0:
         return []
@@ -269,9 +476,10 @@ class _Query:
         """Above ``word``'s share in any entry (the share's limit as f grows, with slack)."""
         return self.idf[word] * (K1 + 1.0) * (1.0 + BOUND_SLACK)
 
-    def share(self, word: str, f: float, length: float) -> float:
+    def share(self, word: str, f: _Number, length: _Number) -> _Number:
         """``word``'s share of an entry of ``length`` tokens holding it ``f`` times, with
-        FTS5's operations in FTS5's order (``fts5Bm25Function``)."""
+        FTS5's operations in FTS5's order (``fts5Bm25Function``); of many entries at once
+        for arrays (numpy's element-wise operations: the same doubles, one by one)."""
         idf, average = self.idf[word], self.average
         return idf * ((f * (K1 + 1.0)) / (f + K1 * (1 - B + B * length / average)))
 
