@@ -21,10 +21,8 @@ used dropped first; a scope whose index would not fit is searched without one.
 
 from __future__ import annotations
 
-import re
 import threading
-from collections import Counter, OrderedDict
-from collections.abc import Iterable
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,18 +34,32 @@ Key = tuple[str, str, str]
 DEAD = -1
 #: what one distinct word costs in the vocabulary beyond its characters (dict slot, str)
 _WORD_BYTES = 100
-_ASCII_WORD = re.compile(r"[a-z0-9]+")
 
 Ints = npt.NDArray[np.int64]
 Floats = npt.NDArray[np.float64]
 Counts = npt.NDArray[np.int32]
 
 
+# every byte but ASCII letters and digits (upper case lowered) made a space; NUL kept:
+# it parts the texts tokenized together (a stored text holds none: check_text)
+_FOLD = bytes(
+    n + 32 if 65 <= n <= 90 else n if n == 0 or (chr(n).isalnum() and n < 128) else 32
+    for n in range(256)
+)
+_PART = b"\x00"
+
+
+def indexable(text: str) -> bool:
+    """Whether the index tokenizes ``text`` itself (ASCII without NUL), as FTS5 would."""
+    return text.isascii() and "\x00" not in text
+
+
 def ascii_tokens(text: str) -> list[str] | None:
-    """The tokens FTS5's ``unicode61`` makes of ``text`` if it is ASCII, else ``None``."""
-    if not text.isascii():
+    """The tokens FTS5's ``unicode61`` makes of ``text`` if it is :func:`indexable`,
+    else ``None`` (as :meth:`Postings.of` splits them)."""
+    if not indexable(text):
         return None
-    return _ASCII_WORD.findall(text.lower())
+    return [token.decode() for token in text.encode("ascii").translate(_FOLD).split()]
 
 
 @dataclass(frozen=True)
@@ -61,26 +73,35 @@ class Postings:
     counts: Counts
 
     @staticmethod
-    def of(docs: Iterable[tuple[int, Counter[str]]]) -> Postings:
-        """The postings of ``docs``: (row, how often each word is in it)."""
-        words: dict[str, int] = {}
-        numbers: list[int] = []
-        rows: list[int] = []
-        counts: list[int] = []
-        for row, counted in docs:
-            numbers.extend(words.setdefault(word, len(words)) for word in counted)
-            rows.extend([row] * len(counted))
-            counts.extend(counted.values())
-        number = np.asarray(numbers, dtype=np.int32)
-        order = np.argsort(number, kind="stable")  # rows stay ascending within a word
-        starts = np.zeros(len(words) + 1, dtype=np.int64)
-        np.cumsum(np.bincount(number, minlength=len(words)), out=starts[1:])
-        return Postings(
-            words,
-            starts,
-            np.asarray(rows, dtype=np.int32)[order],
-            np.asarray(counts, dtype=np.int32)[order],
-        )
+    def of(texts: list[str], rows: Ints) -> tuple[Postings, Ints]:
+        """The postings of ``texts`` (each :func:`indexable`; ``rows[i]`` is the row of
+        ``texts[i]``) and each text's length in tokens. The texts are folded and split
+        in one pass and counted with numpy: no Python work per token but a dict lookup."""
+        if not texts:
+            return _EMPTY, np.zeros(0, dtype=np.int64)
+        tokens = (b" " + _PART + b" ").join(t.encode("ascii") for t in texts).translate(_FOLD)
+        split = tokens.split()
+        numbers_of = dict.fromkeys([_PART, *split], 0)
+        for n, token in enumerate(numbers_of):
+            numbers_of[token] = n  # the parting token is 0, words 1 and up
+        numbers = np.fromiter(map(numbers_of.__getitem__, split), np.int32, len(split))
+        parts = numbers == 0
+        docs = np.cumsum(parts)[~parts]
+        numbers = numbers[~parts] - 1
+        lengths = np.bincount(docs, minlength=len(texts)).astype(np.int64)
+        kinds = len(numbers_of) - 1
+        # stable: each word's rows stay ascending (a radix sort for up to 65,536 words)
+        keys = numbers.astype(np.uint16) if kinds <= 1 << 16 else numbers
+        order = np.argsort(keys, kind="stable")
+        numbers, docs = numbers[order], docs[order]
+        first = np.ones(len(numbers), dtype=np.bool_)  # first of a (word, text) run
+        first[1:] = (numbers[1:] != numbers[:-1]) | (docs[1:] != docs[:-1])
+        at = np.flatnonzero(first)
+        counts = np.diff(np.append(at, len(numbers))).astype(np.int32)
+        starts = np.zeros(kinds + 1, dtype=np.int64)
+        np.cumsum(np.bincount(numbers[at], minlength=kinds), out=starts[1:])
+        words = {token.decode(): n - 1 for token, n in numbers_of.items() if n}
+        return Postings(words, starts, rows[docs[at]].astype(np.int32), counts), lengths
 
     def get(self, word: str) -> tuple[Counts, Counts] | None:
         n = self.words.get(word)
@@ -117,29 +138,20 @@ class TextIndex:
     nbytes: int
 
     @staticmethod
-    def of(generation: int, entries: Iterable[tuple[int, str, float]]) -> TextIndex:
+    def of(generation: int, entries: list[tuple[int, str, float]]) -> TextIndex:
         """The index of ``entries`` (id, text, updated_at), read whole."""
-        ids: list[int] = []
-        updated: list[float] = []
-        lengths: list[int] = []
-        aside: list[int] = []
-        docs: list[tuple[int, Counter[str]]] = []
-        for row, (entry_id, text, updated_at) in enumerate(entries):
-            ids.append(entry_id)
-            updated.append(updated_at)
-            tokens = ascii_tokens(text)
-            if tokens is None:
-                aside.append(row)
-                lengths.append(0)
-            else:
-                lengths.append(len(tokens))
-                docs.append((row, Counter(tokens)))
-        base = Postings.of(docs)
-        arrays = (np.asarray(ids, np.int64), np.asarray(updated, np.float64))
-        lengths_array = np.asarray(lengths, np.float64)
-        nbytes = base.nbytes + 3 * 8 * len(ids) + 8 * len(aside)
+        base, lengths, aside = _parts(entries, 0)
         return TextIndex(
-            generation, *arrays, lengths_array, base, {}, np.asarray(aside, np.int64), 0, 0, nbytes
+            generation,
+            np.asarray([e[0] for e in entries], dtype=np.int64),
+            np.asarray([e[2] for e in entries], dtype=np.float64),
+            lengths,
+            base,
+            {},
+            aside,
+            0,
+            0,
+            base.nbytes + 24 * len(entries) + aside.nbytes,
         )
 
     def updated_to(
@@ -154,43 +166,31 @@ class TextIndex:
         appended = self.appended + len(fresh)
         if dead + appended > max(64, (len(self.ids) - dead) // 4):
             return None
+        new, lengths, aside = _parts(fresh, len(self.ids))
         delta = dict(self.delta)
-        lengths: list[int] = []
-        aside: list[int] = []
-        new: dict[str, tuple[list[int], list[int]]] = {}
-        for row, (_, text, _) in enumerate(fresh, start=len(self.ids)):
-            tokens = ascii_tokens(text)
-            if tokens is None:
-                aside.append(row)
-                lengths.append(0)
-                continue
-            lengths.append(len(tokens))
-            for word, count in Counter(tokens).items():
-                rows, counts = new.setdefault(word, ([], []))
-                rows.append(row)
-                counts.append(count)
         added = 0
-        for word, (rows, counts) in new.items():
+        for word, n in new.words.items():
+            start, end = int(new.starts[n]), int(new.starts[n + 1])
             before = delta.get(word, (_NO_ROWS, _NO_ROWS))
-            added += 8 * len(rows) + (0 if word in delta else len(word) + _WORD_BYTES)
+            added += 8 * (end - start) + (0 if word in delta else len(word) + _WORD_BYTES)
             delta[word] = (
-                np.concatenate([before[0], np.asarray(rows, np.int32)]),
-                np.concatenate([before[1], np.asarray(counts, np.int32)]),
+                np.concatenate([before[0], new.rows[start:end]]),
+                np.concatenate([before[1], new.counts[start:end]]),
             )
-        kept_aside = self.aside[~stale[self.aside]] if len(self.aside) else self.aside
+        kept_aside = self.aside[~stale[self.aside]]
         return TextIndex(
             generation,
             np.concatenate(
                 [np.where(stale, DEAD, self.ids), np.asarray([f[0] for f in fresh], np.int64)]
             ),
             np.concatenate([self.updated, np.asarray([f[2] for f in fresh], np.float64)]),
-            np.concatenate([self.lengths, np.asarray(lengths, np.float64)]),
+            np.concatenate([self.lengths, lengths]),
             self.base,
             delta,
-            np.concatenate([kept_aside, np.asarray(aside, np.int64)]),
+            np.concatenate([kept_aside, aside]),
             dead,
             appended,
-            self.nbytes + added + 24 * len(fresh) + 8 * len(aside),
+            self.nbytes + added + 24 * len(fresh) + aside.nbytes,
         )
 
     def postings(self, word: str) -> list[tuple[Counts, Counts]]:
@@ -200,6 +200,17 @@ class TextIndex:
 
 
 _NO_ROWS: Counts = np.zeros(0, dtype=np.int32)
+
+
+def _parts(entries: list[tuple[int, str, float]], first: int) -> tuple[Postings, Floats, Ints]:
+    """The postings of ``entries`` as rows ``first`` and up, each row's length in tokens,
+    and the rows set aside (texts the index does not tokenize: length 0, no postings)."""
+    take = np.fromiter((indexable(e[1]) for e in entries), np.bool_, len(entries))
+    rows = np.arange(first, first + len(entries), dtype=np.int64)
+    postings, counted = Postings.of([e[1] for e in entries if indexable(e[1])], rows[take])
+    lengths = np.zeros(len(entries), dtype=np.float64)
+    lengths[take] = counted
+    return postings, lengths, rows[~take]
 
 
 class TextIndexCache:

@@ -37,6 +37,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+import anyio
 import numpy as np
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -203,9 +204,10 @@ async def _indexed(
     if len(index.aside):
         await _aside_scores(conn, terms, index, scores, matched)
     candidates = np.flatnonzero(matched & (index.ids != DEAD))
-    best = _first(index, scores, candidates, limit)
-    if len(conditions) > 1 and len(best):  # filters: the best that pass them
+    if len(conditions) > 1:  # filters: the best that pass them
         best = await _passing(conn, index, scores, candidates, conditions, limit)
+    else:
+        best = _first(index, scores, candidates, limit)
     ids = [int(n) for n in index.ids[best]]
     read_rows = await conn.execute(sa.select(_t).where(_t.c.id.in_(ids)))
     entries = {row.id: MEMORY_ENTRIES.record(row) for row in read_rows.all()}
@@ -280,7 +282,9 @@ async def _text_index(
             if index is not None:
                 cache.put(key, index, updated=True)
                 return index
-    index = TextIndex.of(generation, await _texts(conn, place, None))
+    entries = await _texts(conn, place, None)
+    # seconds for a large scope: off the event loop (numpy's part lets go of the GIL)
+    index = await anyio.to_thread.run_sync(TextIndex.of, generation, entries)
     if cached is None or cached.generation < generation:  # never an older one filed
         cache.put(key, index)
     return index
