@@ -137,11 +137,11 @@ async def test_writes_rewrites_deletes_and_prunes_update_the_index_and_keep_the_
     assert indexes.loads == loads and indexes.updates == 5
     # a prune of a quarter of the scope: read whole again
     assert await store.prune_memory(NOTES, max_entries=300) > 0
-    await agrees(store, db_path, QUERIES + ["rare11"])
+    await agrees(store, db_path, [*QUERIES, "rare11"])
     # retention written with an entry: the newest 50 stay
     entry = MemoryEntry("default", "notes", "", "last", "rare11 the")
     await store.write_memory(entry, max_entries=50)
-    await agrees(store, db_path, QUERIES + ["rare11", "the"], 10, 60)
+    await agrees(store, db_path, [*QUERIES, "rare11", "the"], 10, 60)
 
 
 async def test_a_scope_changed_by_another_store_or_process_is_seen_by_the_next_search(
