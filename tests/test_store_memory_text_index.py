@@ -128,7 +128,7 @@ async def test_writes_rewrites_deletes_and_prunes_update_the_index_and_keep_the_
     for n in range(0, 60, 3):
         assert await store.delete_memory_entry(NOTES, f"e{n:04d}")
     await agrees(store, db_path, QUERIES)
-    # a text that is not ASCII set aside, then made ASCII again, and a new one of each
+    # a text that is not ASCII (tokenized by FTS5), then made ASCII again, and a new one
     await store.write_memory(MemoryEntry("default", "notes", "", "e0100", "rare7 Café the"))
     await store.write_memory(MemoryEntry("default", "notes", "", "új", "mid3 naïve rare7"))
     await agrees(store, db_path, ["rare7 the mid3", "rare7", "caf mid3"], 2, 40)
@@ -209,7 +209,7 @@ async def test_hostile_entries_and_queries_answer_as_the_full_ranking(
         ("the " * (MAX_ENTRY_CHARS // 4)).strip(),  # one word 4,000 times
         ("mid1," * (MAX_ENTRY_CHARS // 5)),  # the same, with punctuation for spaces
         "\x02the\x01mid2\x7f_rare3_ \t\n rare3-mid2",  # control characters, underscores
-        "tokyo 東京 the 🙂 mid1",  # not ASCII: set aside, scored by FTS5
+        "tokyo 東京 the 🙂 mid1",  # not ASCII: tokenized by FTS5 for the index
         "Kelvin \u212a and the e\u0301 mid1",  # a Kelvin sign, a combining accent
         *distinct,  # 2,000 distinct words each
     ]
@@ -230,7 +230,7 @@ async def test_hostile_entries_and_queries_answer_as_the_full_ranking(
     await agrees(store, db_path, queries, 1, 10, 100)
 
 
-async def test_a_scope_too_large_for_the_cache_or_with_many_texts_not_ascii_is_still_exact(
+async def test_a_scope_too_large_for_the_cache_is_searched_without_an_index_still_exactly(
     db_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("CORRAL_MEMORY_VECTOR_CACHE_BYTES", "1000")
@@ -239,12 +239,28 @@ async def test_a_scope_too_large_for_the_cache_or_with_many_texts_not_ascii_is_s
         await agrees(store, db_path, QUERIES)
         assert kept(store).indexes.too_large.keys() == {KEY, ("default", "notes", "other")}
         assert kept(store).indexes.nbytes == 0
-    monkeypatch.setattr(fulltext_sqlite, "MOST_ASIDE", 2)
-    async with await open_store(f"sqlite:///{db_path}") as store:
-        await store.write_memories(
-            [MemoryEntry("default", "notes", "", f"ü{n}", f"rare7 über {n}") for n in range(3)]
+
+
+async def test_a_scope_mostly_not_ascii_is_indexed_as_fts5_tokenizes_it(
+    store: Store, db_path: Path
+) -> None:
+    """German, French, Japanese and emoji texts with ASCII words among them: the index
+    holds their ASCII words as FTS5 counts them, and their lengths in FTS5's tokens."""
+    rng = random.Random(12)
+    extra = ["Über", "straße", "Ørsted", "東京", "naïve", "🙂", "e\u0301", "\u212a", "ǅ", "ﬁ"]
+    texts = [
+        " ".join(
+            rng.choice(COMMON + MIDDLING + RARE[:20] + extra) for _ in range(rng.randint(2, 25))
         )
-        await agrees(store, db_path, QUERIES)
+        for _ in range(600)
+    ]
+    await store.write_memories(
+        [MemoryEntry("default", "notes", "", f"u{n}", t) for n, t in enumerate(texts)]
+    )
+    await agrees(store, db_path, [*QUERIES, "k e", "the mid1 rare3", "fi ss"], 1, 10, 100)
+    await store.write_memory(MemoryEntry("default", "notes", "", "u1", "Ærø rare3 the ﬁ"))
+    await agrees(store, db_path, ["rare3 the", "fi"], 1, 10, 100)
+    assert kept(store).indexes.loads == 2 and kept(store).indexes.updates == 1
 
 
 def test_ascii_tokens_are_fts5_unicode61s_tokens() -> None:

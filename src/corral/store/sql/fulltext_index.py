@@ -5,13 +5,15 @@ A :class:`TextIndex` holds one scope's entries as rows: each row's entry id, whe
 was written (``updated_at``: the ranking's tie-break) and its length in tokens, and per
 word the rows holding it with how often (numpy arrays). The tokens of an ASCII text are
 its runs of ASCII letters and digits, lower-cased: what FTS5's ``unicode61`` tokenizer
-makes of it. An entry whose text is not ASCII gets a row with no postings, marked
-``aside``: its score is asked of FTS5 itself.
+makes of it, found for all such texts at once by one byte translation and split. Other
+texts are tokenized by FTS5 itself (:func:`fts5_tokens`: an in-memory table of the same
+tokenizer, read through ``fts5vocab``); only their ASCII words are kept (a query word
+that is not ASCII is never answered from the index), their length counts every token.
 
 It is kept as the scope's vectors are (:mod:`corral.store.sql.vector_cache`): filed
 under the scope's generation (``memory_generations``), read before the texts so an
 index is never filed under a generation newer than its contents, and brought up to date
-from the scope's noted changes (``memory_changes``) by :meth:`TextIndex.updated`: the
+from the scope's noted changes (``memory_changes``) by :meth:`TextIndex.updated_to`: the
 rows of the changed entries are marked dead, their texts now appended as new rows whose
 postings live in a small second part (``delta``, copied per update, never the scope's
 whole postings). When dead and appended rows pass a quarter of the index, the scope is
@@ -21,8 +23,10 @@ used dropped first; a scope whose index would not fit is searched without one.
 
 from __future__ import annotations
 
+import sqlite3
 import threading
 from collections import OrderedDict
+from contextlib import closing
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,6 +38,8 @@ Key = tuple[str, str, str]
 DEAD = -1
 #: what one distinct word costs in the vocabulary beyond its characters (dict slot, str)
 _WORD_BYTES = 100
+#: ``memory_fts``'s tokenizer (migration 0008)
+TOKENIZER = "unicode61 remove_diacritics 0"
 
 Ints = npt.NDArray[np.int64]
 Floats = npt.NDArray[np.float64]
@@ -123,8 +129,7 @@ _EMPTY = Postings({}, np.zeros(1, dtype=np.int64), np.zeros(0, np.int32), np.zer
 class TextIndex:
     """One scope's entries as rows (``ids``: :data:`DEAD` for a row whose entry changed
     since), as of ``generation``: postings of the rows read whole (``base``) and of the
-    rows appended by updates (``delta``: word -> rows, counts), and the ``aside`` rows
-    (texts that are not ASCII, scored by FTS5)."""
+    rows appended by updates (``delta``: word -> rows, counts)."""
 
     generation: int
     ids: Ints
@@ -132,7 +137,6 @@ class TextIndex:
     lengths: Floats
     base: Postings
     delta: dict[str, tuple[Counts, Counts]]
-    aside: Ints
     dead: int
     appended: int
     nbytes: int
@@ -140,7 +144,7 @@ class TextIndex:
     @staticmethod
     def of(generation: int, entries: list[tuple[int, str, float]]) -> TextIndex:
         """The index of ``entries`` (id, text, updated_at), read whole."""
-        base, lengths, aside = _parts(entries, 0)
+        base, lengths = _parts(entries, 0)
         return TextIndex(
             generation,
             np.asarray([e[0] for e in entries], dtype=np.int64),
@@ -148,10 +152,9 @@ class TextIndex:
             lengths,
             base,
             {},
-            aside,
             0,
             0,
-            base.nbytes + 24 * len(entries) + aside.nbytes,
+            base.nbytes + 24 * len(entries),
         )
 
     def updated_to(
@@ -166,7 +169,7 @@ class TextIndex:
         appended = self.appended + len(fresh)
         if dead + appended > max(64, (len(self.ids) - dead) // 4):
             return None
-        new, lengths, aside = _parts(fresh, len(self.ids))
+        new, lengths = _parts(fresh, len(self.ids))
         delta = dict(self.delta)
         added = 0
         for word, n in new.words.items():
@@ -177,7 +180,6 @@ class TextIndex:
                 np.concatenate([before[0], new.rows[start:end]]),
                 np.concatenate([before[1], new.counts[start:end]]),
             )
-        kept_aside = self.aside[~stale[self.aside]]
         return TextIndex(
             generation,
             np.concatenate(
@@ -187,10 +189,9 @@ class TextIndex:
             np.concatenate([self.lengths, lengths]),
             self.base,
             delta,
-            np.concatenate([kept_aside, aside]),
             dead,
             appended,
-            self.nbytes + added + 24 * len(fresh) + aside.nbytes,
+            self.nbytes + added + 24 * len(fresh),
         )
 
     def postings(self, word: str) -> list[tuple[Counts, Counts]]:
@@ -202,15 +203,39 @@ class TextIndex:
 _NO_ROWS: Counts = np.zeros(0, dtype=np.int32)
 
 
-def _parts(entries: list[tuple[int, str, float]], first: int) -> tuple[Postings, Floats, Ints]:
-    """The postings of ``entries`` as rows ``first`` and up, each row's length in tokens,
-    and the rows set aside (texts the index does not tokenize: length 0, no postings)."""
-    take = np.fromiter((indexable(e[1]) for e in entries), np.bool_, len(entries))
+def _parts(entries: list[tuple[int, str, float]], first: int) -> tuple[Postings, Floats]:
+    """The postings of ``entries`` as rows ``first`` and up, and each row's length in
+    tokens: ASCII texts split here, the others by FTS5 (their ASCII words, as one ASCII
+    text each, and their length as FTS5 counts it)."""
+    texts = [e[1] for e in entries]
+    others = [n for n, text in enumerate(texts) if not indexable(text)]
+    counted: dict[int, int] = {}
+    for n, (words, length) in zip(others, fts5_tokens([texts[n] for n in others]), strict=True):
+        texts[n] = " ".join(word for word in words if word.isascii())
+        counted[n] = length
     rows = np.arange(first, first + len(entries), dtype=np.int64)
-    postings, counted = Postings.of([e[1] for e in entries if indexable(e[1])], rows[take])
-    lengths = np.zeros(len(entries), dtype=np.float64)
-    lengths[take] = counted
-    return postings, lengths, rows[~take]
+    postings, lengths = Postings.of(texts, rows)
+    for n, length in counted.items():
+        lengths[n] = length
+    return postings, lengths.astype(np.float64)
+
+
+def fts5_tokens(texts: list[str]) -> list[tuple[list[str], int]]:
+    """The tokens FTS5's tokenizer (:data:`TOKENIZER`) makes of each of ``texts`` (in
+    no order) and how many: from an in-memory FTS5 table of this process's SQLite, the
+    library the store's connections use."""
+    if not texts:
+        return []
+    words: list[list[str]] = [[] for _ in texts]
+    lengths = [0] * len(texts)
+    with closing(sqlite3.connect(":memory:")) as db:
+        db.execute(f"CREATE VIRTUAL TABLE t USING fts5(x, tokenize='{TOKENIZER}')")
+        db.execute("CREATE VIRTUAL TABLE v USING fts5vocab(t, 'instance')")
+        db.executemany("INSERT INTO t(rowid, x) VALUES (?, ?)", enumerate(texts))
+        for doc, term, count in db.execute("SELECT doc, term, count(*) FROM v GROUP BY 1, 2"):
+            words[doc].extend([term] * count)
+            lengths[doc] += count
+    return list(zip(words, lengths, strict=True))
 
 
 class TextIndexCache:

@@ -1,40 +1,49 @@
 """Full-text search of Memory entries on SQLite: the best ``limit`` by BM25 without
-ranking every match.
+asking FTS5 to rank every match.
 
 FTS5's ``bm25()`` scores one matching row at a time, so ``ORDER BY bm25 LIMIT k`` scores
 and sorts every entry holding any query word: a query with a common word ranks most of
-the store. :func:`fulltext_sqlite` finds the same answer by MaxScore (Turtle and Flood,
-1995), reading only the entries of the query's rarer words:
+the store. One word's share of an entry's BM25 is ``idf * f * (k1 + 1) / (f + k1 * (1 -
+b + b * length / average length))``; ``idf`` needs how many entries hold the word
+(``memory_fts_vocab``, migration 0016, counts kept per index version by
+:class:`WordCounts`) and the index's row and token totals (FTS5's averages record);
+FTS5 clamps it to 1e-6 for a word in half the entries or more. :func:`fulltext_sqlite`
+answers by the first of these that applies:
 
-- one word's share of an entry's BM25 is ``idf * f * (k1 + 1) / (f + k1 * (1 - b + b *
-  length / average length))``, below ``idf * (k1 + 1)`` whatever the entry. ``idf`` needs
-  how many entries hold the word (``memory_fts_vocab``, migration 0016) and the index's
-  row and token totals (FTS5's averages record); FTS5 clamps it to 1e-6 for a word in
-  half the entries or more, so such a word can never lift an entry far.
-- the words are taken rarest first. The entries of the scope (and filters) holding any
-  word taken so far are scored whole - every query word counted - and once the
-  ``limit``-th best of them scores above the sum of the bounds of the words not taken,
-  no other entry can reach it (each scores at most that sum): the answer is the best
-  ``limit`` of those scored. Else the next word is taken, and with every word taken the
-  scored entries are all the matches.
+1. **The scope's index** (:mod:`corral.store.sql.fulltext_index`): the scope's words
+   kept in process as postings, current by the scope's generation and noted changes.
+   Every entry of the scope holding a query word is scored with numpy - each word's
+   share for all its entries at once, added word by word in the query's order - and
+   the best ``limit`` taken by ``np.partition`` and sorted. Filters are checked on the
+   first few hundred in order, else the ids they keep are read. Not used for a query word that is not ASCII, a scope whose index does not fit
+   the cache (remembered for :data:`TOO_LARGE_FOR` generations), or by a store whose
+   cache budget is 0.
+2. **MaxScore** (Turtle and Flood, 1995), reading only the entries of the rarer words:
+   each word's share is below ``idf * (k1 + 1)``. The words are taken rarest first; the
+   entries of the scope (and filters) holding any word taken so far are scored whole,
+   reading their texts, and once the ``limit``-th best of them scores above the sum of
+   the bounds of the words not taken, no other entry can reach it. Else the next word
+   is taken; with every word taken the scored entries are all the matches.
+3. **FTS5's own ranking** (:func:`ranked_by_fts5`) for the rest: a query with a
+   non-ASCII word, a scored entry with non-ASCII text, or rare words held by more than
+   :data:`FAST_CANDIDATES` entries in all (or a quarter of the index).
 
 Exact: each score is computed with FTS5's formula, constants, statistics and order of
-operations, so it is the double FTS5's ``bm25()`` gives (negated), and the order is the
-full ranking's - score, then the entry written last, then id (the tests compare the two
-on corpora of common words and ties). That holds where SQLite computes in IEEE double
+operations (:meth:`_Query.share`; numpy's element-wise operations round each one as C
+does), so it is the double FTS5's ``bm25()`` gives (negated), and the order is the full
+ranking's - score, then the entry written last, then id (the tests compare the two on
+corpora of common words and ties). That holds where SQLite computes in IEEE double
 without fusing a multiply and an add (x86-64 builds); a build that fuses could differ in
 the last bit and order two entries a bit apart the other way. Word counts come from the
-entries' texts, which is FTS5's tokenization (``unicode61``) only for ASCII text: a query
-with a non-ASCII word, a scored entry with non-ASCII text, or rare words held by more
-than :data:`FAST_CANDIDATES` entries in all (or a quarter of the index), are ranked by FTS5 instead
-(:func:`ranked_by_fts5`).
+entries' texts: for ASCII text FTS5's tokenization (``unicode61``) is the runs of ASCII
+letters and digits, lower-cased (the tests check it against FTS5's); MaxScore hands
+other texts to FTS5's ranking, the index has FTS5 tokenize them.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import anyio
@@ -70,8 +79,6 @@ FTS_CANDIDATES = 256
 COUNTS_KEPT = 4_096
 #: the most entries a scope's changes since its cached index may name for an update
 MOST_CHANGED = 8_192
-#: the most entries of a scope with texts that are not ASCII (scored by FTS5 one by one)
-MOST_ASIDE = 1_024
 #: how many generations a scope too large for the cache is searched without an index
 TOO_LARGE_FOR = 64
 # FTS5's shadow table memory_fts_data: row 1 is the averages record (total rows, then
@@ -133,16 +140,13 @@ class WordCounts:
         self._counts.update(counts)
 
 
-@dataclass
 class FulltextCaches:
-    """What one store keeps between full-text searches on SQLite."""
+    """What one store keeps between full-text searches on SQLite: word counts, and the
+    scopes' indexes within ``max_bytes`` (0 keeps none)."""
 
-    max_bytes: int
-    counts: WordCounts = field(default_factory=lambda: WordCounts())
-    indexes: TextIndexCache = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.indexes = TextIndexCache(self.max_bytes)
+    def __init__(self, max_bytes: int) -> None:
+        self.counts = WordCounts()
+        self.indexes = TextIndexCache(max_bytes)
 
 
 async def fulltext_sqlite(
@@ -173,9 +177,8 @@ async def _indexed(
     conn: AsyncConnection,
 ) -> list[MemoryHit] | None:
     """The answer scored over the scope's :class:`TextIndex`, or ``None`` where it does
-    not apply (a word that is not ASCII, a scope too large to keep, or with too many
-    texts that are not ASCII)."""
-    if not all(term.isascii() and term.isalnum() for term in terms):
+    not apply (a word that is not ASCII, no cache, a scope too large to keep)."""
+    if kept.indexes.max_bytes == 0 or not all(t.isascii() and t.isalnum() for t in terms):
         return None
     key = (place.namespace, place.memory, place.scope_key)
     generation = int((await conn.execute(_generation(place))).scalar() or 0)
@@ -191,8 +194,6 @@ async def _indexed(
     if not words or rows <= 0:
         return []
     index = await _text_index(conn, place, generation, kept.indexes)
-    if len(index.aside) > MOST_ASIDE:
-        return None
     query = _Query(words, rows, tokens, held)
     scores = np.zeros(len(index.ids), dtype=np.float64)
     matched = np.zeros(len(index.ids), dtype=np.bool_)
@@ -201,8 +202,6 @@ async def _indexed(
             share = query.share(word, counts.astype(np.float64), index.lengths[at])
             scores[at] += share
             matched[at] = True
-    if len(index.aside):
-        await _aside_scores(conn, terms, index, scores, matched)
     candidates = np.flatnonzero(matched & (index.ids != DEAD))
     if len(conditions) > 1:  # filters: the best that pass them
         best = await _passing(conn, index, scores, candidates, conditions, limit)
@@ -245,24 +244,6 @@ async def _passing(
         (await conn.execute(sa.select(_t.c.id).where(*conditions))).scalars(), dtype=np.int64
     )
     return _first(index, scores, candidates[np.isin(index.ids[candidates], allowed)], limit)
-
-
-async def _aside_scores(
-    conn: AsyncConnection, terms: list[str], index: TextIndex, scores: Any, matched: Any
-) -> None:
-    """The scores of the ``aside`` rows (texts that are not ASCII) by FTS5's ``bm25()``
-    for the whole query, as the full ranking computes them."""
-    rank = sa.func.bm25(sa.literal_column("memory_fts"))
-    match = _matches(" OR ".join(_phrase(term) for term in terms))
-    row_of = {int(index.ids[row]): int(row) for row in index.aside}
-    aside = list(row_of)
-    for start in range(0, len(aside), 500):
-        statement = sa.select(_fts.c.rowid, rank).where(
-            match, _fts.c.rowid.in_(aside[start : start + 500])
-        )
-        for n, score in (await conn.execute(statement)).all():
-            scores[row_of[int(n)]] = -float(score)
-            matched[row_of[int(n)]] = True
 
 
 async def _text_index(

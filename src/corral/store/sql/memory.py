@@ -5,8 +5,8 @@ Every statement is written once, except where the dialects differ, which is
 here and only here, one function per dialect:
 
 - full-text search: SQLite's FTS5 table ``memory_fts`` (kept in step with
-  ``memory_entries`` by triggers), ranked by BM25 without ranking every match
-  (:mod:`corral.store.sql.fulltext_sqlite`); PostgreSQL's stored
+  ``memory_entries`` by triggers), ranked by BM25 over each scope's words kept in
+  process (:mod:`corral.store.sql.fulltext_sqlite`); PostgreSQL's stored
   ``fts_vector`` column, ``to_tsvector('simple', text)`` (a GIN index on it; migration
   0012), ranked by ``ts_rank``. Both see a query as the words of :func:`~corral.core.memory.query_terms`,
   each a quoted term (FTS5) or a ``plainto_tsquery`` (PostgreSQL): no query text
