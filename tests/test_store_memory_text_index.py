@@ -26,7 +26,15 @@ import pytest
 from corral.core.memory import MAX_ENTRY_CHARS, MemoryEntry, MemoryPlace, query_terms
 from corral.store import Store, open_store
 from corral.store.sql import fulltext_sqlite
-from corral.store.sql.fulltext_index import DEAD, TextIndex, ascii_tokens
+from corral.store.sql.fulltext_index import (
+    DEAD,
+    LEARNED,
+    TOKENIZER,
+    TextIndex,
+    ascii_form,
+    index_tokens,
+    learned,
+)
 from test_store_memory_fulltext import (
     COMMON,
     MIDDLING,
@@ -263,24 +271,37 @@ async def test_a_scope_mostly_not_ascii_is_indexed_as_fts5_tokenizes_it(
     assert kept(store).indexes.loads == 2 and kept(store).indexes.updates == 1
 
 
-def test_ascii_tokens_are_fts5_unicode61s_tokens() -> None:
-    """Random ASCII texts (every character but NUL, which no stored text holds: check_text)
-    tokenized by FTS5 itself."""
+def test_the_index_tokens_are_fts5s_tokens_at_the_same_places() -> None:
+    """Random texts of every ASCII character but NUL (which no stored text holds:
+    check_text) and the learned code points (Latin, Greek, Cyrillic, punctuation), and a
+    few texts with others, against FTS5's own tokens: the same ASCII tokens in the same
+    places, and a token that is not ASCII wherever FTS5 has one."""
     rng = random.Random(1)
-    alphabet = [chr(n) for n in range(1, 128)] + list("aZ9 ") * 20
-    texts = ["".join(rng.choices(alphabet, k=rng.randint(1, 200))) for _ in range(300)]
+    known = [chr(p) for p in learned() if p > 127]
+    assert len(known) > 0.9 * sum(len(part) for part in LEARNED)  # a few marks are not
+    alphabet = [chr(n) for n in range(1, 128)] + list("aZ9 ") * 20 + known
+    texts = ["".join(rng.choices(alphabet, k=rng.randint(1, 200))) for _ in range(600)]
+    texts += ["Ærø Straße naïve ΣΊΣΥΦΟΣ Москва “quoted” — x\u2019s \u2026", "東京 the", "e\u0301 a"]
     with sqlite3.connect(":memory:") as db:
-        db.execute("CREATE VIRTUAL TABLE t USING fts5(x, tokenize='unicode61 remove_diacritics 0')")
+        db.execute(f"CREATE VIRTUAL TABLE t USING fts5(x, tokenize='{TOKENIZER}')")
         db.execute("CREATE VIRTUAL TABLE v USING fts5vocab(t, 'instance')")
         for n, value in enumerate(texts, start=1):
             db.execute("INSERT INTO t(rowid, x) VALUES (?, ?)", (n, value))
         instances = db.execute("SELECT doc, offset, term FROM v ORDER BY doc, offset").fetchall()
-    by_text: dict[int, list[str]] = {}
+    by_text: dict[int, list[str | None]] = {}
     for doc, _, term in instances:
-        by_text.setdefault(doc, []).append(term)
+        by_text.setdefault(doc, []).append(term if term.isascii() else None)
+    tokenized = 0
     for n, value in enumerate(texts, start=1):
-        assert ascii_tokens(value) == by_text.get(n, []), json.dumps(value)
-    assert ascii_tokens("café") is None and ascii_tokens("a\x00b") is None
+        tokens = index_tokens(value)
+        if tokens is None:  # FTS5 tokenizes it for the index: checked through the store
+            assert not ascii_form(value)
+            continue
+        tokenized += 1
+        mine = [token if "\x01" not in token else None for token in tokens]
+        assert mine == by_text.get(n, []), json.dumps(value)
+    assert tokenized == len(texts) - 2  # all but the Japanese and the combining accent
+    assert index_tokens("a\x00b") is None
 
 
 def test_an_update_kills_changed_rows_appends_the_new_and_gives_up_past_a_quarter() -> None:

@@ -3,12 +3,16 @@ SQLite (:mod:`corral.store.sql.fulltext_sqlite` scores them with FTS5's BM25).
 
 A :class:`TextIndex` holds one scope's entries as rows: each row's entry id, when it
 was written (``updated_at``: the ranking's tie-break) and its length in tokens, and per
-word the rows holding it with how often (numpy arrays). The tokens of an ASCII text are
-its runs of ASCII letters and digits, lower-cased: what FTS5's ``unicode61`` tokenizer
-makes of it, found for all such texts at once by one byte translation and split. Other
-texts are tokenized by FTS5 itself (:func:`fts5_tokens`: an in-memory table of the same
-tokenizer, read through ``fts5vocab``); only their ASCII words are kept (a query word
-that is not ASCII is never answered from the index), their length counts every token.
+word the rows holding it with how often (numpy arrays). FTS5's ``unicode61`` tokenizer
+reads one code point at a time - a letter or digit (folded to lower case) or a
+separator - so the tokens of an ASCII text are its runs of ASCII letters and digits,
+lower-cased, and those of other texts follow from what FTS5 makes of each code point:
+a process learns that once from FTS5 itself for the alphabets most texts use
+(:data:`LEARNED`), and tokenizes all such texts at once by one translation and split.
+A text holding any other code point is tokenized by FTS5 (:func:`fts5_tokens`, an
+in-memory table of the same tokenizer read through ``fts5vocab``: slower). Only the
+ASCII words matter to a search (a query word that is not ASCII is never answered from
+the index), but every token counts in an entry's length.
 
 It is kept as the scope's vectors are (:mod:`corral.store.sql.vector_cache`): filed
 under the scope's generation (``memory_generations``), read before the texts so an
@@ -23,6 +27,7 @@ used dropped first; a scope whose index would not fit is searched without one.
 
 from __future__ import annotations
 
+import functools
 import sqlite3
 import threading
 from collections import OrderedDict
@@ -47,25 +52,67 @@ Counts = npt.NDArray[np.int32]
 
 
 # every byte but ASCII letters and digits (upper case lowered) made a space; NUL kept:
-# it parts the texts tokenized together (a stored text holds none: check_text)
+# it parts the texts tokenized together; \x01 kept: it stands for a letter not ASCII
 _FOLD = bytes(
-    n + 32 if 65 <= n <= 90 else n if n == 0 or (chr(n).isalnum() and n < 128) else 32
+    n + 32 if 65 <= n <= 90 else n if n < 2 or (n < 128 and chr(n).isalnum()) else 32
     for n in range(256)
 )
 _PART = b"\x00"
+_OTHER = "\x01"
+#: the code points past ASCII whose tokenization a process learns from FTS5 (once):
+#: Latin, Greek, Cyrillic, Hebrew, Arabic; typographic punctuation; currency signs
+LEARNED = (range(0x80, 0x800), range(0x2000, 0x2070), range(0x20A0, 0x20D0))
 
 
-def indexable(text: str) -> bool:
-    """Whether the index tokenizes ``text`` itself (ASCII without NUL), as FTS5 would."""
-    return text.isascii() and "\x00" not in text
+@functools.cache
+def learned() -> dict[int, str]:
+    """``str.translate``'s table of the :data:`LEARNED` code points as FTS5 tokenizes
+    each: a separator made a space, a letter or digit made its fold if that is ASCII,
+    else :data:`_OTHER`; and ASCII's \x01 (a separator) a space. Each is asked of FTS5
+    alone and between two letters: one that is read otherwise in one place than in the
+    other (a combining mark continues a token but starts none) is not learned."""
+    points = [point for part in LEARNED for point in part]
+    table = {1: " "}
+    terms: dict[int, list[str]] = {}
+    with closing(sqlite3.connect(":memory:")) as db:
+        db.execute(f"CREATE VIRTUAL TABLE t USING fts5(x, tokenize='{TOKENIZER}')")
+        db.execute("CREATE VIRTUAL TABLE v USING fts5vocab(t, 'instance')")
+        texts = [(2 * p + n, f"a{chr(p)}a" if n else chr(p)) for p in points for n in (0, 1)]
+        db.executemany("INSERT INTO t(rowid, x) VALUES (?, ?)", texts)
+        for doc, term in db.execute("SELECT doc, term FROM v"):
+            terms.setdefault(doc, []).append(term)
+    for point in points:
+        alone, between = terms.get(2 * point, []), terms.get(2 * point + 1, [])
+        if not alone and between == ["a", "a"]:
+            table[point] = " "
+        elif len(alone) == 1 and len(alone[0]) == 1 and between == [f"a{alone[0]}a"]:
+            fold = alone[0]
+            if not fold.isascii():
+                table[point] = _OTHER
+            elif fold.isalnum():
+                table[point] = fold
+    return table  # a code point otherwise tokenized is not learned: its texts go to FTS5
 
 
-def ascii_tokens(text: str) -> list[str] | None:
-    """The tokens FTS5's ``unicode61`` makes of ``text`` if it is :func:`indexable`,
-    else ``None`` (as :meth:`Postings.of` splits them)."""
-    if not indexable(text):
+def ascii_form(text: str) -> str | None:
+    """``text`` as an ASCII text of the same tokens at the same places (each letter or
+    digit that is not ASCII made \x01), or ``None`` when it holds a code point not
+    learned (or NUL): FTS5 tokenizes it then (:func:`fts5_tokens`)."""
+    if "\x00" in text:
         return None
-    return [token.decode() for token in text.encode("ascii").translate(_FOLD).split()]
+    if text.isascii() and _OTHER not in text:
+        return text
+    form = text.translate(learned())
+    return form if form.isascii() else None
+
+
+def index_tokens(text: str) -> list[str] | None:
+    """The tokens the index makes of ``text`` (those not ASCII holding \x01), or
+    ``None`` if FTS5 tokenizes it (as :meth:`Postings.of` splits them)."""
+    form = ascii_form(text)
+    if form is None:
+        return None
+    return [token.decode() for token in form.encode("ascii").translate(_FOLD).split()]
 
 
 @dataclass(frozen=True)
@@ -80,7 +127,7 @@ class Postings:
 
     @staticmethod
     def of(texts: list[str], rows: Ints) -> tuple[Postings, Ints]:
-        """The postings of ``texts`` (each :func:`indexable`; ``rows[i]`` is the row of
+        """The postings of ``texts`` (each an :func:`ascii_form`; ``rows[i]`` is the row of
         ``texts[i]``) and each text's length in tokens. The texts are folded and split
         in one pass and counted with numpy: no Python work per token but a dict lookup."""
         if not texts:
@@ -205,13 +252,19 @@ _NO_ROWS: Counts = np.zeros(0, dtype=np.int32)
 
 def _parts(entries: list[tuple[int, str, float]], first: int) -> tuple[Postings, Floats]:
     """The postings of ``entries`` as rows ``first`` and up, and each row's length in
-    tokens: ASCII texts split here, the others by FTS5 (their ASCII words, as one ASCII
-    text each, and their length as FTS5 counts it)."""
+    tokens: texts of learned code points split here (:func:`ascii_form`), the others by
+    FTS5 (their ASCII tokens, as one ASCII text each, and their length as FTS5 counts)."""
     texts = [e[1] for e in entries]
-    others = [n for n, text in enumerate(texts) if not indexable(text)]
+    others: list[int] = []
+    for n, text in enumerate(texts):
+        form = ascii_form(text)
+        if form is None:
+            others.append(n)
+        else:
+            texts[n] = form
     counted: dict[int, int] = {}
     for n, (words, length) in zip(others, fts5_tokens([texts[n] for n in others]), strict=True):
-        texts[n] = " ".join(word for word in words if word.isascii())
+        texts[n] = words
         counted[n] = length
     rows = np.arange(first, first + len(entries), dtype=np.int64)
     postings, lengths = Postings.of(texts, rows)
@@ -220,22 +273,23 @@ def _parts(entries: list[tuple[int, str, float]], first: int) -> tuple[Postings,
     return postings, lengths.astype(np.float64)
 
 
-def fts5_tokens(texts: list[str]) -> list[tuple[list[str], int]]:
-    """The tokens FTS5's tokenizer (:data:`TOKENIZER`) makes of each of ``texts`` (in
-    no order) and how many: from an in-memory FTS5 table of this process's SQLite, the
-    library the store's connections use."""
+def fts5_tokens(texts: list[str]) -> list[tuple[str, int]]:
+    """The ASCII tokens FTS5's tokenizer (:data:`TOKENIZER`) makes of each of ``texts``
+    (one ASCII text, in no order) and how many tokens it makes in all: from an in-memory
+    FTS5 table of this process's SQLite, the library the store's connections use."""
     if not texts:
         return []
-    words: list[list[str]] = [[] for _ in texts]
-    lengths = [0] * len(texts)
+    found = [("", 0)] * len(texts)
     with closing(sqlite3.connect(":memory:")) as db:
         db.execute(f"CREATE VIRTUAL TABLE t USING fts5(x, tokenize='{TOKENIZER}')")
         db.execute("CREATE VIRTUAL TABLE v USING fts5vocab(t, 'instance')")
         db.executemany("INSERT INTO t(rowid, x) VALUES (?, ?)", enumerate(texts))
-        for doc, term, count in db.execute("SELECT doc, term, count(*) FROM v GROUP BY 1, 2"):
-            words[doc].extend([term] * count)
-            lengths[doc] += count
-    return list(zip(words, lengths, strict=True))
+        # one row per text: its ASCII tokens joined (group_concat skips the NULLs)
+        ascii_only = "CASE WHEN term GLOB '*[^a-z0-9]*' THEN NULL ELSE term END"
+        statement = f"SELECT doc, group_concat({ascii_only}, ' '), count(*) FROM v GROUP BY doc"
+        for doc, words, length in db.execute(statement):
+            found[doc] = (words or "", length)
+    return found
 
 
 class TextIndexCache:
