@@ -134,7 +134,8 @@ class Postings:
             return _EMPTY, np.zeros(0, dtype=np.int64)
         tokens = (b" " + _PART + b" ").join(t.encode("ascii") for t in texts).translate(_FOLD)
         split = tokens.split()
-        numbers_of = dict.fromkeys([_PART, *split], 0)
+        numbers_of = {_PART: 0}
+        numbers_of.update(dict.fromkeys(split, 0))
         for n, token in enumerate(numbers_of):
             numbers_of[token] = n  # the parting token is 0, words 1 and up
         numbers = np.fromiter(map(numbers_of.__getitem__, split), np.int32, len(split))

@@ -259,12 +259,13 @@ async def _text_index(
         changed = await _changes(conn, place, cached.generation, generation)
         if changed is not None and len(changed) <= MOST_CHANGED:
             fresh = await _texts(conn, place, changed)
-            index = cached.updated_to(generation, np.asarray(changed, dtype=np.int64), fresh)
+            stale = np.asarray(changed, dtype=np.int64)
+            index = await anyio.to_thread.run_sync(cached.updated_to, generation, stale, fresh)
             if index is not None:
                 cache.put(key, index, updated=True)
                 return index
     entries = await _texts(conn, place, None)
-    # seconds for a large scope: off the event loop (numpy's part lets go of the GIL)
+    # tokenizing is seconds for a large scope: off the event loop, like the update above
     index = await anyio.to_thread.run_sync(TextIndex.of, generation, entries)
     if cached is None or cached.generation < generation:  # never an older one filed
         cache.put(key, index)
