@@ -317,9 +317,18 @@ async def _texts(
     """The scope's entries (those of ``only``, if given) as (id, text, updated_at)."""
     statement = sa.select(_t.c.id, _t.c.text, _t.c.updated_at).where(_at(place))
     if only is not None:
-        statement = statement.where(_t.c.id.in_(only))
-    rows = (await conn.execute(statement.order_by(_t.c.id))).all()
-    return [(int(n), str(text), float(updated_at)) for n, text, updated_at in rows]
+        rows = (await conn.execute(statement.where(_t.c.id.in_(only)).order_by(_t.c.id))).all()
+        return [(int(n), str(text), float(updated_at)) for n, text, updated_at in rows]
+    # the whole scope: the driver's own rows (a third of the time of SQLAlchemy's), in
+    # this transaction; the statement has no list to expand, so it compiles as it runs
+    compiled = statement.order_by(_t.c.id).compile(dialect=conn.dialect)
+    params = [compiled.params[name] for name in compiled.positiontup or ()]
+    raw = await conn.get_raw_connection()
+    cursor = await raw.driver_connection.execute(str(compiled), params)  # type: ignore[union-attr]
+    try:
+        return list(await cursor.fetchall())
+    finally:
+        await cursor.close()
 
 
 async def _held(
