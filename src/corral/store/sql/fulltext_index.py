@@ -5,14 +5,15 @@ A :class:`TextIndex` holds one scope's entries as rows: each row's entry id, whe
 was written (``updated_at``: the ranking's tie-break) and its length in tokens, and per
 word the rows holding it with how often (numpy arrays). FTS5's ``unicode61`` tokenizer
 reads one code point at a time - a letter or digit (folded to lower case) or a
-separator - so the tokens of an ASCII text are its runs of ASCII letters and digits,
+separator; a combining mark continues a token but starts none - so the tokens of an ASCII text are its runs of ASCII letters and digits,
 lower-cased, and those of other texts follow from what FTS5 makes of each code point:
 a process learns that once from FTS5 itself for the alphabets most texts use
 (:data:`LEARNED`), and tokenizes all such texts at once by one translation and split.
 A text holding any other code point is tokenized by FTS5 (:func:`fts5_tokens`, an
-in-memory table of the same tokenizer read through ``fts5vocab``: slower). Only the
-ASCII words matter to a search (a query word that is not ASCII is never answered from
-the index), but every token counts in an entry's length.
+in-memory table of the same tokenizer read through ``fts5vocab``: slower). Only ASCII
+words are looked up (a query word that is not ASCII is never answered from the index):
+other tokens are kept as stand-ins (\x01 for each letter not ASCII, by the table) or
+not at all (by FTS5), but every token counts in an entry's length.
 
 It is kept as the scope's vectors are (:mod:`corral.store.sql.vector_cache`): filed
 under the scope's generation (``memory_generations``), read before the texts so an
