@@ -11,10 +11,12 @@ embedding model runs: what is measured is storing and searching.
   then ``search_memory`` with the query's words and vector: full text and an exact
   cosine over every vector of the scope, fused by reciprocal rank fusion, top 10.
   Each row says how it searched vectors (pgvector's ``<=>``, or the scope's vectors
-  cached in process: an int8 first pass, the rows it cannot rule out scored in float32). "first search" is the first query after the
-  load: it reads the scope's vectors into the cache (every later one finds them there);
-  "after a write" is a query right after one more entry is written (the cache is
-  brought up to date from the scope's noted changes, not reloaded).
+  cached in process: an int8 first pass, the rows it cannot rule out scored in float32).
+  "first search" is the first query after the load: it reads the scope's vectors (and
+  on SQLite its texts, into the full-text index) into the caches (every later one finds
+  them there); "after a write" is a query right after one more entry is written (the
+  caches are brought up to date from the scope's noted changes, not reloaded). "full
+  text" is the same queries' words alone (no vector), after the hybrid ones.
 - ``chromadb``: an embedded ``PersistentClient`` in a temporary directory (persisted,
   as the store is), ``collection.add`` in the same batches with the texts as documents,
   then ``collection.query`` with the query vector, top 10: its HNSW index
@@ -136,6 +138,12 @@ async def _corral(row: str, size: int, dims: int, queries: int, batch: int) -> d
                 if n >= WARMUP:
                     ms.append(1000 * (time.perf_counter() - began))
                 assert hits, "a hybrid search always finds vectors"
+            text_ms: list[float] = []
+            for n in range(queries + WARMUP):
+                began = time.perf_counter()
+                await store.search_memory(place, query_texts[n % queries], top_k=10)
+                if n >= WARMUP:
+                    text_ms.append(1000 * (time.perf_counter() - began))
             await store.write_memories(
                 [MemoryEntry("default", "bench", "", "one more", texts[0])],
                 [MemoryVector(made_by, vectors[0].tolist())],
@@ -148,6 +156,8 @@ async def _corral(row: str, size: int, dims: int, queries: int, batch: int) -> d
         "ingest_per_s": size / ingest_s,
         "p50_ms": percentile(ms, 50),
         "p99_ms": percentile(ms, 99),
+        "text_p50_ms": percentile(text_ms, 50),
+        "text_p99_ms": percentile(text_ms, 99),
         "first_ms": first_ms,
         "after_write_ms": after_write_ms,
         "index": index,
@@ -269,6 +279,8 @@ def render(result: dict[str, Any]) -> str:
         "after a write ms",
         "search p50 ms",
         "search p99 ms",
+        "full text p50 ms",
+        "full text p99 ms",
         "vector search",
     ]
     rows: list[list[str]] = []
@@ -278,9 +290,7 @@ def render(result: dict[str, Any]) -> str:
         for size in result["sizes"]:
             got = sample(result, row, size)
             if got is None:
-                rows.append(
-                    [row, f"{size:,}", result["status"].get(row, "failed"), "", "", "", "", ""]
-                )
+                rows.append([row, f"{size:,}", result["status"].get(row, "failed"), *[""] * 7])
                 continue
             rows.append(
                 [
@@ -291,6 +301,8 @@ def render(result: dict[str, Any]) -> str:
                     fmt(got["after_write_ms"], 1) if "after_write_ms" in got else "",
                     fmt(got["p50_ms"], 2),
                     fmt(got["p99_ms"], 2),
+                    fmt(got["text_p50_ms"], 2) if "text_p50_ms" in got else "",
+                    fmt(got["text_p99_ms"], 2) if "text_p99_ms" in got else "",
                     got["index"],
                 ]
             )
@@ -305,11 +317,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dims", type=int, default=384)
     parser.add_argument("--queries", type=int, default=50)
     parser.add_argument("--batch", type=int, default=1_000)
+    parser.add_argument("--only", action="append", choices=ROWS, help="rows to run (all)")
     args = parser.parse_args(argv)
     if args.child:
         emit(child(args.row, args.size, args.dims, args.queries, args.batch))
         return
-    config = Config(sizes=(args.size,), dims=args.dims, queries=args.queries, batch=args.batch)
+    config = Config(
+        sizes=(args.size,),
+        dims=args.dims,
+        queries=args.queries,
+        batch=args.batch,
+        rows=tuple(args.only or ROWS),
+    )
     print(render(run(config, lambda line: print(line, file=sys.stderr))))
 
 

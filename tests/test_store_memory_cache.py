@@ -206,6 +206,8 @@ async def test_full_text_is_the_same_whether_few_or_all_matches_are_ranked_first
         hits = await store.search_memory(NOTES, "apple pear", top_k=7, filters=filters or None)
         return [(hit.entry.key, hit.score) for hit in hits]
 
+    # SQLite: no scope index (a budget of 0), so FTS5's ranking of few or all is compared
+    store.memory_fulltext.indexes.max_bytes = 0  # type: ignore[attr-defined]
     answers = []
     for candidates in (1, 5, 45, 100_000):
         monkeypatch.setattr(fulltext_sqlite, "FTS_CANDIDATES", candidates)

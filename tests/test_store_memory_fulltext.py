@@ -1,10 +1,10 @@
-"""Full-text search on SQLite (``store/sql/fulltext_sqlite.py``): its MaxScore answer is
-the full ranking's - every match ranked by FTS5's own ``bm25()``, then the entry written
+"""Full-text search on SQLite (``store/sql/fulltext_sqlite.py``): its answer, over the
+scope's index or by MaxScore, is the full ranking's - every match ranked by FTS5's own ``bm25()``, then the entry written
 last, then id - hit for hit and score for score, on corpora of common words, ties and
 several scopes; and it stays so for hostile queries.
 
 The oracle is one SQL statement read straight from the database file with ``sqlite3``:
-what the store answered before MaxScore.
+what the store answered before MaxScore and the scope indexes.
 """
 
 from __future__ import annotations
@@ -34,8 +34,14 @@ def db_path_fixture(tmp_path: Path) -> Path:
     return tmp_path / "corral.db"
 
 
-@pytest.fixture(name="store")
-async def store_fixture(db_path: Path) -> AsyncIterator[Store]:
+@pytest.fixture(name="store", params=["index", "maxscore"])
+async def store_fixture(
+    db_path: Path, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[Store]:
+    """A store searching over its scope indexes, or (a cache budget of 0: none kept) by
+    MaxScore and FTS5's ranking."""
+    if request.param == "maxscore":
+        monkeypatch.setenv("CORRAL_MEMORY_VECTOR_CACHE_BYTES", "0")
     async with await open_store(f"sqlite:///{db_path}") as opened:
         yield opened
 
@@ -94,7 +100,7 @@ async def write_corpus(store: Store, rng: random.Random, size: int) -> None:
         await store.write_memories(entries[start : start + 200])
 
 
-async def test_maxscore_gives_the_full_rankings_hits_and_scores(
+async def test_the_search_gives_the_full_rankings_hits_and_scores(
     store: Store, db_path: Path
 ) -> None:
     rng = random.Random(18)

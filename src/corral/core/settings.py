@@ -32,7 +32,9 @@ class Settings:
     ``CORRAL_MEMORY_VECTOR_CACHE_BYTES`` the memory each process (and store) may spend
                       on Memory vectors kept for exact vector search, least recently
                       used scopes dropped first (default 268435456, 256 MiB; 0 keeps
-                      none: every vector search reads the scope's vectors again)
+                      none: every vector search reads the scope's vectors again); as
+                      much again on SQLite's full-text indexes of scopes (0: none, full
+                      text searched by MaxScore and FTS5)
     ``CORRAL_SECRET_KEY`` the key encrypting inline secret values (default: a
                       key file created in ``CORRAL_HOME`` with mode 0600)
     ``CORRAL_RUN_RETENTION_DAYS`` when set, workers delete finished runs (their

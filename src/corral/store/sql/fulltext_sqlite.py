@@ -1,48 +1,62 @@
 """Full-text search of Memory entries on SQLite: the best ``limit`` by BM25 without
-ranking every match.
+asking FTS5 to rank every match.
 
 FTS5's ``bm25()`` scores one matching row at a time, so ``ORDER BY bm25 LIMIT k`` scores
 and sorts every entry holding any query word: a query with a common word ranks most of
-the store. :func:`fulltext_sqlite` finds the same answer by MaxScore (Turtle and Flood,
-1995), reading only the entries of the query's rarer words:
+the store. One word's share of an entry's BM25 is ``idf * f * (k1 + 1) / (f + k1 * (1 -
+b + b * length / average length))``; ``idf`` needs how many entries hold the word
+(``memory_fts_vocab``, migration 0016, counts kept per index version by
+:class:`WordCounts`) and the index's row and token totals (FTS5's averages record);
+FTS5 clamps it to 1e-6 for a word in half the entries or more. :func:`fulltext_sqlite`
+answers by the first of these that applies:
 
-- one word's share of an entry's BM25 is ``idf * f * (k1 + 1) / (f + k1 * (1 - b + b *
-  length / average length))``, below ``idf * (k1 + 1)`` whatever the entry. ``idf`` needs
-  how many entries hold the word (``memory_fts_vocab``, migration 0016) and the index's
-  row and token totals (FTS5's averages record); FTS5 clamps it to 1e-6 for a word in
-  half the entries or more, so such a word can never lift an entry far.
-- the words are taken rarest first. The entries of the scope (and filters) holding any
-  word taken so far are scored whole - every query word counted - and once the
-  ``limit``-th best of them scores above the sum of the bounds of the words not taken,
-  no other entry can reach it (each scores at most that sum): the answer is the best
-  ``limit`` of those scored. Else the next word is taken, and with every word taken the
-  scored entries are all the matches.
+1. **The scope's index** (:mod:`corral.store.sql.fulltext_index`): the scope's words
+   kept in process as postings, current by the scope's generation and noted changes.
+   Every entry of the scope holding a query word is scored with numpy - each word's
+   share for all its entries at once, added word by word in the query's order - and
+   the best ``limit`` taken by ``np.partition`` and sorted. Filters are checked on the
+   first few hundred in order, else the ids they keep are read. Not used for a query word that is not ASCII, a scope whose index does not fit
+   the cache (remembered for :data:`TOO_LARGE_FOR` generations), or by a store whose
+   cache budget is 0.
+2. **MaxScore** (Turtle and Flood, 1995), reading only the entries of the rarer words:
+   each word's share is below ``idf * (k1 + 1)``. The words are taken rarest first; the
+   entries of the scope (and filters) holding any word taken so far are scored whole,
+   reading their texts, and once the ``limit``-th best of them scores above the sum of
+   the bounds of the words not taken, no other entry can reach it. Else the next word
+   is taken; with every word taken the scored entries are all the matches.
+3. **FTS5's own ranking** (:func:`ranked_by_fts5`) for the rest: a query with a
+   non-ASCII word, a scored entry with non-ASCII text, or rare words held by more than
+   :data:`FAST_CANDIDATES` entries in all (or a quarter of the index).
 
 Exact: each score is computed with FTS5's formula, constants, statistics and order of
-operations, so it is the double FTS5's ``bm25()`` gives (negated), and the order is the
-full ranking's - score, then the entry written last, then id (the tests compare the two
-on corpora of common words and ties). That holds where SQLite computes in IEEE double
+operations (:meth:`_Query.share`; numpy's element-wise operations round each one as C
+does), so it is the double FTS5's ``bm25()`` gives (negated), and the order is the full
+ranking's - score, then the entry written last, then id (the tests compare the two on
+corpora of common words and ties). That holds where SQLite computes in IEEE double
 without fusing a multiply and an add (x86-64 builds); a build that fuses could differ in
 the last bit and order two entries a bit apart the other way. Word counts come from the
-entries' texts, which is FTS5's tokenization (``unicode61``) only for ASCII text: a query
-with a non-ASCII word, a scored entry with non-ASCII text, or rare words held by more
-than :data:`FAST_CANDIDATES` entries in all (or a quarter of the index), are ranked by FTS5 instead
-(:func:`ranked_by_fts5`).
+entries' texts: for ASCII text FTS5's tokenization (``unicode61``) is the runs of ASCII
+letters and digits, lower-cased (the tests check it against FTS5's); MaxScore hands
+other texts to FTS5's ranking, the index has FTS5 tokenize them.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
-from typing import Any
+from typing import Any, TypeVar
 
+import anyio
+import numpy as np
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from corral.core.memory import MemoryHit
-from corral.store.schema import memory_entries
+from corral.core.memory import MemoryHit, MemoryPlace
+from corral.store.schema import memory_changes, memory_entries, memory_generations
+from corral.store.sql.fulltext_index import DEAD, Floats, Ints, TextIndex, TextIndexCache
 from corral.store.sql.rows import MEMORY_ENTRIES
 
+_Number = TypeVar("_Number", float, Floats)
 _t = memory_entries
 _COLUMNS = len(_t.columns)
 _fts = sa.table("memory_fts", sa.column("rowid", sa.Integer))
@@ -63,6 +77,10 @@ FAST_CANDIDATES = 8_192
 FTS_CANDIDATES = 256
 #: how many words' entry counts a store keeps for the index's current version
 COUNTS_KEPT = 4_096
+#: the most entries a scope's changes since its cached index may name for an update
+MOST_CHANGED = 8_192
+#: how many generations a scope too large for the cache is searched without an index
+TOO_LARGE_FOR = 64
 # FTS5's shadow table memory_fts_data: row 1 is the averages record (total rows, then
 # total tokens per column), row 10 the structure record, rewritten by every change
 _AVERAGES_ROWID = 1
@@ -122,19 +140,208 @@ class WordCounts:
         self._counts.update(counts)
 
 
+class FulltextCaches:
+    """What one store keeps between full-text searches on SQLite: word counts, and the
+    scopes' indexes within ``max_bytes`` (0 keeps none)."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.counts = WordCounts()
+        self.indexes = TextIndexCache(max_bytes)
+
+
 async def fulltext_sqlite(
+    place: MemoryPlace,
     terms: list[str],
     conditions: list[sa.ColumnElement[bool]],
     limit: int,
-    counts: WordCounts,
+    kept: FulltextCaches,
     conn: AsyncConnection,
 ) -> list[MemoryHit]:
-    """The best ``limit`` entries matching any of ``terms`` under ``conditions``, by
-    BM25 (see the module): MaxScore where it applies, else FTS5's own ranking."""
-    found = await _maxscore(terms, conditions, limit, counts, conn)
+    """The best ``limit`` entries of ``place`` matching any of ``terms`` under
+    ``conditions`` (the scope's, then filters), by BM25 (see the module): over the
+    scope's index where it applies, else by MaxScore, else by FTS5's own ranking."""
+    found = await _indexed(place, terms, conditions, limit, kept, conn)
+    if found is None:
+        found = await _maxscore(terms, conditions, limit, kept.counts, conn)
     if found is not None:
         return found
     return await ranked_by_fts5(terms, conditions, limit, conn)
+
+
+async def _indexed(
+    place: MemoryPlace,
+    terms: list[str],
+    conditions: list[sa.ColumnElement[bool]],
+    limit: int,
+    kept: FulltextCaches,
+    conn: AsyncConnection,
+) -> list[MemoryHit] | None:
+    """The answer scored over the scope's :class:`TextIndex`, or ``None`` where it does
+    not apply (a word that is not ASCII, no cache, a scope too large to keep)."""
+    if kept.indexes.max_bytes == 0 or not all(t.isascii() and t.isalnum() for t in terms):
+        return None
+    key = (place.namespace, place.memory, place.scope_key)
+    generation = int((await conn.execute(_generation(place))).scalar() or 0)
+    too_large = kept.indexes.too_large.get(key)
+    if too_large is not None and generation - too_large < TOO_LARGE_FOR:
+        return None
+    state = await _index_state(conn)
+    if state is None:
+        return None
+    rows, tokens, version = state
+    held = await _held(conn, kept.counts, version, terms)
+    words = [term for term in terms if held[term] > 0]  # the others add 0.0
+    if not words or rows <= 0:
+        return []
+    index = await _text_index(conn, place, generation, kept.indexes)
+    query = _Query(words, rows, tokens, held)
+    scores = np.zeros(len(index.ids), dtype=np.float64)
+    matched = np.zeros(len(index.ids), dtype=np.bool_)
+    for word in words:  # in the query's order: each entry's sum as bm25() adds it up
+        for at, counts in index.postings(word):
+            share = query.share(word, counts.astype(np.float64), index.lengths[at])
+            scores[at] += share
+            matched[at] = True
+    candidates = np.flatnonzero(matched & (index.ids != DEAD))
+    if len(conditions) > 1:  # filters: the best that pass them
+        best = await _passing(conn, index, scores, candidates, conditions, limit)
+    else:
+        best = _first(index, scores, candidates, limit)
+    ids = [int(n) for n in index.ids[best]]
+    read_rows = await conn.execute(sa.select(_t).where(_t.c.id.in_(ids)))
+    entries = {row.id: MEMORY_ENTRIES.record(row) for row in read_rows.all()}
+    return [MemoryHit(entries[n], float(scores[row])) for n, row in zip(ids, best, strict=True)]
+
+
+def _first(index: TextIndex, scores: Any, candidates: Ints, limit: int) -> Ints:
+    """The first ``limit`` rows of ``candidates`` in the full ranking's order: score,
+    then the entry written last, then id (every row tying the ``limit``-th score sorted)."""
+    if limit < len(candidates):
+        among = scores[candidates]
+        cut = np.partition(among, len(among) - limit)[len(among) - limit]
+        candidates = candidates[among >= cut]
+    order = np.lexsort((index.ids[candidates], -index.updated[candidates], -scores[candidates]))
+    return candidates[order[:limit]]
+
+
+async def _passing(
+    conn: AsyncConnection,
+    index: TextIndex,
+    scores: Any,
+    candidates: Ints,
+    conditions: list[sa.ColumnElement[bool]],
+    limit: int,
+) -> Ints:
+    """The first ``limit`` rows of ``candidates`` whose entries pass ``conditions``: of
+    the first few hundred if enough of them do, else of the entries the filters keep."""
+    first = _first(index, scores, candidates, max(FTS_CANDIDATES, 4 * limit))
+    ids = [int(n) for n in index.ids[first]]
+    passing = set((await conn.execute(sa.select(_t.c.id).where(_among(ids, conditions)))).scalars())
+    kept = [row for row, n in zip(first, ids, strict=True) if n in passing]
+    if len(kept) >= limit or len(first) == len(candidates):
+        return np.asarray(kept[:limit], dtype=np.int64)
+    allowed = np.fromiter(
+        (await conn.execute(sa.select(_t.c.id).where(*conditions))).scalars(), dtype=np.int64
+    )
+    return _first(index, scores, candidates[np.isin(index.ids[candidates], allowed)], limit)
+
+
+async def _text_index(
+    conn: AsyncConnection, place: MemoryPlace, generation: int, cache: TextIndexCache
+) -> TextIndex:
+    """The scope's index at ``generation``: cached, brought up to date from the scope's
+    changes, or built from its texts read whole (kept if it fits the cache)."""
+    key = (place.namespace, place.memory, place.scope_key)
+    cached = cache.latest(key)
+    if cached is not None and cached.generation == generation:
+        return cached
+    if cached is not None and cached.generation < generation:
+        changed = await _changes(conn, place, cached.generation, generation)
+        if changed is not None and len(changed) <= MOST_CHANGED:
+            fresh = await _texts(conn, place, changed)
+            stale = np.asarray(changed, dtype=np.int64)
+            index = await anyio.to_thread.run_sync(cached.updated_to, generation, stale, fresh)
+            if index is not None:
+                cache.put(key, index, updated=True)
+                return index
+    entries = await _texts(conn, place, None)
+    # tokenizing is seconds for a large scope: off the event loop, like the update above
+    index = await anyio.to_thread.run_sync(TextIndex.of, generation, entries)
+    if cached is None or cached.generation < generation:  # never an older one filed
+        cache.put(key, index)
+    return index
+
+
+def _at(place: MemoryPlace) -> sa.ColumnElement[bool]:
+    return sa.and_(
+        _t.c.namespace == place.namespace,
+        _t.c.memory == place.memory,
+        _t.c.scope_key == place.scope_key,
+    )
+
+
+def _generation(place: MemoryPlace) -> sa.Select[Any]:
+    _g = memory_generations
+    return sa.select(_g.c.generation).where(
+        _g.c.namespace == place.namespace,
+        _g.c.memory == place.memory,
+        _g.c.scope_key == place.scope_key,
+    )
+
+
+async def _changes(
+    conn: AsyncConnection, place: MemoryPlace, since: int, generation: int
+) -> list[int] | None:
+    """The entries the scope's writes, deletes and prunes after ``since`` up to
+    ``generation`` changed; ``None`` when some generation's notes are no longer kept."""
+    _c = memory_changes
+    notes = (
+        await conn.execute(
+            sa.select(_c.c.generation, _c.c.entry_id).where(
+                _c.c.namespace == place.namespace,
+                _c.c.memory == place.memory,
+                _c.c.scope_key == place.scope_key,
+                _c.c.generation > since,
+                _c.c.generation <= generation,
+            )
+        )
+    ).all()
+    if len({row[0] for row in notes}) != generation - since:
+        return None
+    return sorted({int(row[1]) for row in notes} - {0})
+
+
+async def _texts(
+    conn: AsyncConnection, place: MemoryPlace, only: list[int] | None
+) -> list[tuple[int, str, float]]:
+    """The scope's entries (those of ``only``, if given) as (id, text, updated_at)."""
+    statement = sa.select(_t.c.id, _t.c.text, _t.c.updated_at).where(_at(place))
+    if only is not None:
+        rows = (await conn.execute(statement.where(_t.c.id.in_(only)).order_by(_t.c.id))).all()
+        return [(int(n), str(text), float(updated_at)) for n, text, updated_at in rows]
+    # the whole scope: the driver's own rows (a third of the time of SQLAlchemy's), in
+    # this transaction; the statement has no list to expand, so it compiles as it runs
+    compiled = statement.order_by(_t.c.id).compile(dialect=conn.dialect)
+    params = [compiled.params[name] for name in compiled.positiontup or ()]
+    raw = await conn.get_raw_connection()
+    cursor = await raw.driver_connection.execute(str(compiled), params)  # type: ignore[union-attr]
+    try:
+        return list(await cursor.fetchall())
+    finally:
+        await cursor.close()
+
+
+async def _held(
+    conn: AsyncConnection, counts: WordCounts, version: bytes, terms: list[str]
+) -> dict[str, int]:
+    """How many entries (all scopes) hold each of ``terms``, at the index's ``version``."""
+    held, unknown = counts.get(version, terms)
+    if unknown:
+        found = await _entries_holding(conn, unknown)
+        found.update((word, 0) for word in unknown if word not in found)
+        counts.put(version, found)
+        held.update(found)
+    return held
 
 
 async def _maxscore(
@@ -151,12 +358,7 @@ async def _maxscore(
     if index is None:
         return None
     rows, tokens, version = index
-    held, unknown = counts.get(version, terms)
-    if unknown:
-        found = await _entries_holding(conn, unknown)
-        found.update((word, 0) for word in unknown if word not in found)
-        counts.put(version, found)
-        held.update(found)
+    held = await _held(conn, counts, version, terms)
     words = [term for term in terms if held[term] > 0]  # the others add 0.0
     if not words or rows <= 0:
         return []
@@ -269,9 +471,10 @@ class _Query:
         """Above ``word``'s share in any entry (the share's limit as f grows, with slack)."""
         return self.idf[word] * (K1 + 1.0) * (1.0 + BOUND_SLACK)
 
-    def share(self, word: str, f: float, length: float) -> float:
+    def share(self, word: str, f: _Number, length: _Number) -> _Number:
         """``word``'s share of an entry of ``length`` tokens holding it ``f`` times, with
-        FTS5's operations in FTS5's order (``fts5Bm25Function``)."""
+        FTS5's operations in FTS5's order (``fts5Bm25Function``); of many entries at once
+        for arrays (numpy's element-wise operations: the same doubles, one by one)."""
         idf, average = self.idf[word], self.average
         return idf * ((f * (K1 + 1.0)) / (f + K1 * (1 - B + B * length / average)))
 

@@ -5,8 +5,8 @@ Every statement is written once, except where the dialects differ, which is
 here and only here, one function per dialect:
 
 - full-text search: SQLite's FTS5 table ``memory_fts`` (kept in step with
-  ``memory_entries`` by triggers), ranked by BM25 without ranking every match
-  (:mod:`corral.store.sql.fulltext_sqlite`); PostgreSQL's stored
+  ``memory_entries`` by triggers), ranked by BM25 over each scope's words kept in
+  process (:mod:`corral.store.sql.fulltext_sqlite`); PostgreSQL's stored
   ``fts_vector`` column, ``to_tsvector('simple', text)`` (a GIN index on it; migration
   0012), ranked by ``ts_rank``. Both see a query as the words of :func:`~corral.core.memory.query_terms`,
   each a quoted term (FTS5) or a ``plainto_tsquery`` (PostgreSQL): no query text
@@ -55,7 +55,7 @@ from corral.core.memory import (
 from corral.store.schema import memory_changes, memory_entries, memory_generations
 from corral.store.sql.engine import SqlEngine, fetch_all, fetch_first
 from corral.store.sql.fulltext_sqlite import (
-    WordCounts,
+    FulltextCaches,
     every_match_ranked,
     fts5_search,
     fulltext_sqlite,
@@ -557,7 +557,7 @@ class SqlMemory(SqlEngine):
             return await self._read(
                 f"search memory {place.memory}",
                 functools.partial(
-                    fulltext_sqlite, terms, conditions, limit, self.memory_word_counts
+                    fulltext_sqlite, place, terms, conditions, limit, self.memory_fulltext
                 ),
             )
         source, matches, rank = _SEARCH[self._dialect](terms)
@@ -567,13 +567,13 @@ class SqlMemory(SqlEngine):
         )
 
     @property
-    def memory_word_counts(self) -> WordCounts:
-        """This store's entry counts of words (see :mod:`corral.store.sql.fulltext_sqlite`)."""
-        counts: WordCounts | None = getattr(self, "_memory_word_counts", None)
-        if counts is None:
-            counts = WordCounts()
-            self._memory_word_counts = counts
-        return counts
+    def memory_fulltext(self) -> FulltextCaches:
+        """This store's word counts and scope indexes (:mod:`.fulltext_sqlite`)."""
+        kept: FulltextCaches | None = getattr(self, "_memory_fulltext", None)
+        if kept is None:
+            kept = FulltextCaches(self._memory_cache_bytes)
+            self._memory_fulltext = kept
+        return kept
 
     @property
     def memory_vector_cache(self) -> VectorCache:
