@@ -40,7 +40,7 @@ from corral.core.messages import Message
 from corral.core.runs import Approval, Lease, RunRecord, RunState
 from corral.core.sessions import SessionMessage
 from corral.store._sqlite_lanes import Lane, connect
-from corral.store.base import StoredResource, StoreError, Submitted
+from corral.store.base import StoredResource, StoreError, Submitted, Woken
 from corral.store.schema import resources, runs
 from corral.store.sql import SqlStore, statements
 from corral.store.sql.approvals import select_approvals
@@ -400,7 +400,7 @@ class SqliteStore(SqlStore):
         session_messages: Sequence[Message] = (),
         events: Sequence[Event] = (),
         claim_woken: tuple[str, float] | None = None,
-    ) -> tuple[RunRecord, Lease] | None:
+    ) -> Woken | None:
         columns = saved_run_columns(record, lease)
         sql, positions = _save_run(columns, fenced=lease is not None)
         row = RUNS.params(record)
@@ -413,9 +413,10 @@ class SqliteStore(SqlStore):
         waking = _woken_by(record)
         claimed: list[RunRecord] = []
 
-        def write(conn: sqlite3.Connection) -> None:
+        def write(conn: sqlite3.Connection) -> bool:
             if conn.execute(sql, params).rowcount == 0:
                 _refuse(conn, record.id, lease)
+            queued = 0
             if waking is not None:  # see statements.wake_parent (the writer's lock is the lock)
                 requeue = _REQUEUE_PARENT.params(id=waking, now=now)
                 queued = conn.execute(_REQUEUE_PARENT.sql, requeue).rowcount
@@ -431,13 +432,18 @@ class SqliteStore(SqlStore):
                 )
             if event_rows:
                 conn.executemany(_INSERT_EVENT.sql, event_rows)
+            return bool(queued)
 
-        await self._lane_write(f"save run {record.id}", write)
-        if not claimed:
+        if not await self._lane_write(f"save run {record.id}", write):
             return None
+        assert waking is not None
+        if not claimed:
+            return Woken(waking)
         run = claimed[0]
         assert run.lease_owner is not None and run.lease_expires_at is not None
-        return run, Lease(run.id, run.lease_owner, run.fencing_token, run.lease_expires_at)
+        return Woken(
+            waking, run, Lease(run.id, run.lease_owner, run.fencing_token, run.lease_expires_at)
+        )
 
     async def get_run(self, run_id: str) -> RunRecord | None:
         params = _RUN_BY_ID.params(id=run_id)
