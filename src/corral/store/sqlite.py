@@ -201,6 +201,8 @@ _ANY_APPROVAL_DUE = Compiled(
 )
 _EXPIRE_APPROVALS = _reading(APPROVALS, statements.expire_due_approvals(_p("now")))
 _REQUEUE_PARENT = Compiled(statements.requeue_parent(_p("id"), _p("now")))
+_QUEUE_OVERDUE = Compiled(statements.queue_overdue(_p("now")))
+_ANY_OVERDUE = Compiled(sa.select(sa.literal(1)).where(statements.overdue(_p("now"))).limit(1))
 
 
 @functools.lru_cache(maxsize=16)
@@ -590,6 +592,24 @@ class SqliteStore(SqlStore):
                 _refuse(conn, lease.run_id, lease)
 
         await self._lane_write(f"release run {lease.run_id}", write)
+
+    async def queue_overdue_runs(self, now: float | None = None) -> list[tuple[str, int]]:
+        now = time.time() if now is None else now
+
+        def any_due(conn: sqlite3.Connection) -> bool:
+            params = _ANY_OVERDUE.params(now=now)
+            return conn.execute(_ANY_OVERDUE.sql, params).fetchone() is not None
+
+        # Every worker looks once per poll interval and nearly always finds nothing: a
+        # read first keeps the writer free then (what falls due meanwhile goes next time).
+        if not await self._lane_read("queue overdue runs", any_due):
+            return []
+
+        def write(conn: sqlite3.Connection) -> list[tuple[str, int]]:
+            params = _QUEUE_OVERDUE.params(now=now)
+            return [(run_id, token) for run_id, token in conn.execute(_QUEUE_OVERDUE.sql, params)]
+
+        return await self._lane_write("queue overdue runs", write)
 
     # ----------------------------------------------------------------- approvals
 
