@@ -326,6 +326,7 @@ class SqliteStore(SqlStore):
 
     _writer_lane: Lane
     _reader_lane: Lane
+    _any_agent_limit: _AgentLimits
 
     async def _start(self, url: sa.URL, busy_timeout_seconds: float) -> None:
         path = sqlite_file(url)
@@ -340,6 +341,7 @@ class SqliteStore(SqlStore):
                 Lane(reader, "corral-sqlite-reader", transactional=False),
             )
 
+        self._any_agent_limit = _AgentLimits()  # (asked in the writer's thread only)
         try:
             self._writer_lane, self._reader_lane = await anyio.to_thread.run_sync(open_lanes)
         except sqlite3.Error as exc:
@@ -423,7 +425,7 @@ class SqliteStore(SqlStore):
                 requeue = _REQUEUE_PARENT.params(id=waking, now=now)
                 queued = conn.execute(_REQUEUE_PARENT.sql, requeue).rowcount
                 # (agents with max_concurrent_runs: left to a claim, which counts their runs)
-                if queued and claim_woken is not None and not _any_agent_limit(conn):
+                if queued and claim_woken is not None and not self._any_agent_limit(conn):
                     owner, lease_seconds = claim_woken
                     claimed.extend(_claim_ids(conn, [waking], owner, now + lease_seconds, now))
             if approval_rows:
@@ -490,7 +492,7 @@ class SqliteStore(SqlStore):
             existing = _insert_run(conn, record, params)
             if existing is None and claim_for is not None:
                 owner, lease_seconds = claim_for
-                if not _any_agent_limit(conn):  # else: see below
+                if not self._any_agent_limit(conn):  # else: see below
                     claimed.extend(_claim_ids(conn, [record.id], owner, now + lease_seconds, now))
             return existing
 
@@ -535,7 +537,7 @@ class SqliteStore(SqlStore):
             return found
 
         def write(conn: sqlite3.Connection) -> list[RunRecord] | None:
-            if _any_agent_limit(conn):
+            if self._any_agent_limit(conn):
                 return None  # limited agents: the SQLAlchemy claim counts their runs
             candidates = walk(conn, False)
             if candidates and run_ids is not None and or_higher_priority:  # see Store.claim_runs
@@ -705,10 +707,23 @@ def _woken_by(record: RunRecord) -> str | None:
     return record.id if record.state is RunState.WAITING_CHILDREN else None
 
 
-def _any_agent_limit(conn: sqlite3.Connection) -> bool:
+class _AgentLimits:
     """Whether any stored agent has ``max_concurrent_runs`` (then claims take the SQLAlchemy
-    path, which counts running runs per agent: store/sql/agent_limits.py)."""
-    return conn.execute(_ANY_AGENT_LIMIT.sql, _ANY_AGENT_LIMIT.params()).fetchone() is not None
+    path, which counts running runs per agent: store/sql/agent_limits.py), as the writer's
+    connection last read it. Resources are written by the SQLAlchemy path only, never by
+    the writer's connection: the answer holds until another connection commits (SQLite's
+    ``data_version`` says so), and the writer asks at every submit, claim and save."""
+
+    def __init__(self) -> None:
+        self._known: tuple[int, bool] | None = None  # (data_version, answer)
+
+    def __call__(self, conn: sqlite3.Connection) -> bool:
+        version = conn.execute("PRAGMA data_version").fetchone()[0]
+        if self._known is not None and self._known[0] == version:
+            return self._known[1]
+        found = conn.execute(_ANY_AGENT_LIMIT.sql, _ANY_AGENT_LIMIT.params()).fetchone()
+        self._known = (version, found is not None)
+        return found is not None
 
 
 _RESOURCE_COLUMNS = tuple(c.name for c in resources.columns)
