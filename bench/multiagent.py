@@ -300,10 +300,12 @@ def target_rows(result: dict[str, Any], verdict: Any) -> list[list[str]]:
     ]
 
 
-#: the write transactions a delegation adds to a parent run making a plain tool call: the
-#: child's submit, claim and save, the parent's park and its second claim (counted by
-#: wrapping the store around one run of each; the reads of the resume come on top)
-DELEGATION_COMMITS = 5
+#: the commits a delegation adds to the path of a parent run making a plain tool call: the
+#: child's submit (claimed in the same transaction) and the child's save; the parent waits
+#: in its slot (no park, no second claim), and the plain call's own write (its call and
+#: result, written ahead while the model answers) is off the path (counted by tracing the
+#: writer's transactions in a run of each)
+DELEGATION_COMMITS = 2
 
 
 def method(result: dict[str, Any]) -> str:
@@ -332,8 +334,8 @@ def reading(result: dict[str, Any], disk_commits_per_s: list[float]) -> list[str
         line = (
             f"A parent run that delegates to a one-turn agent took {fmt(median(adds), 1)} ms "
             f"(p50) more than one making a plain tool call ({fmt(median(plain), 1)} ms): the "
-            f"child's submit, claim, execution and save, and the parent's park, second claim "
-            f"and journal replay, {DELEGATION_COMMITS} more write transactions"
+            f"child's submit (and claim), execution and save while the parent waits in its "
+            f"slot, {DELEGATION_COMMITS} more commits on its way"
         )
         if disk_commits_per_s:
             fast, slow = (

@@ -10,6 +10,7 @@ Every test runs on the embedded SQLite store and on PostgreSQL + NATS (:mod:`bac
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,9 +18,14 @@ import anyio
 import pytest
 
 from backends import SQLITE, Backend, backend_fixture, deployment_fixture
+from corral.bus.local import LocalBus
 from corral.core.events import EventType
 from corral.core.runs import RunState
+from corral.core.settings import Settings
 from corral.runtime import delegation
+from corral.runtime.operations import submit
+from corral.runtime.worker import Worker
+from corral.store import open_store
 from nats_servers import nats_prefix_fixture, nats_server_url_fixture
 from systems_helpers import agent, apply, call, get, model, tool_results
 
@@ -78,6 +84,44 @@ async def test_a_child_that_ends_at_once_spares_its_parent_the_park(backend: Bac
     await check_answered(backend, run.id, "helped")
     # the parent once, the child once (claimed with its submit): no park, no second claim
     assert (worker.executed, worker.taken) == (2, 1)
+
+
+class RecordingBus(LocalBus):
+    """The in-process bus, keeping the mark of every announcement of runnable runs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.marks: list[str | None] = []
+
+    async def announce_runnable(self, run_ids: Sequence[str], *, mark: str | None = None) -> None:
+        self.marks.append(mark)
+        await super().announce_runnable(run_ids, mark=mark)
+
+
+async def test_a_child_whose_parent_waits_in_its_slot_wakes_nobody(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'corral.db'}"
+    store = await open_store(url)
+    try:
+        await apply(
+            store,
+            model("boss-model", call("agents_exec", agent="helper", input="help"), {"text": "ok"}),
+            model("helper-model", {"text": "helped"}),
+            agent("helper", "helper-model"),
+            agent("boss", "boss-model", links=["helper"]),
+        )
+        bus = RecordingBus()
+        worker = Worker(
+            store, Settings(home=tmp_path, db_url=url, secret_key=None), bus=bus, concurrency=4
+        )
+        run, _ = await submit(store, "boss", "go", bus=bus)
+        await worker.serve(anyio.Event(), until_idle=True)
+        assert (await get(store, run)).state is RunState.SUCCEEDED
+        # the submit only: the child's save queued no parent (it waited in its slot), so
+        # announcing one would only have cost the worker an empty claim
+        assert bus.marks == ["submitted"]
+        assert (worker.executed, worker.taken) == (2, 1)
+    finally:
+        await store.close()
 
 
 async def test_a_parent_parks_when_its_child_outlasts_the_wait_and_its_child_wakes_it(

@@ -20,7 +20,7 @@ from corral.core.messages import Message
 from corral.core.runs import Lease, RunRecord, RunState
 from corral.resources.loader import load_text
 from corral.store import Store
-from corral.store.base import Submitted
+from corral.store.base import Submitted, Woken
 from corral.store.sql.agent_limits import ADVISORY_LOCK_KEY
 from systems_helpers import agent, apply, model
 from test_store import (  # noqa: F401 - fixtures
@@ -70,6 +70,18 @@ async def family(store: Store, children: int) -> list[str]:
     await save(store, "run_p", RunState.WAITING_CHILDREN)
     assert await state_of(store, "run_p") is RunState.WAITING_CHILDREN
     return ids
+
+
+async def test_a_save_names_the_run_it_queued_and_only_that(store: Store) -> None:
+    first, second = await family(store, 2)
+    saved: list[Woken | None] = []
+    for child in (first, second):
+        record, lease = await claim(store, child)
+        record.state = RunState.SUCCEEDED
+        saved.append(await store.save_run(record, lease))
+    # the first queued nothing (nobody need be told), the last its parent, not claimed
+    assert saved == [None, Woken("run_p")]
+    assert await state_of(store, "run_p") is RunState.QUEUED
 
 
 async def test_the_last_child_to_finish_queues_its_parent(store: Store) -> None:
@@ -150,8 +162,9 @@ async def test_a_last_childs_save_claims_its_parent_for_the_same_owner(store: St
     record, lease = await claim(store, second)
     record.state = RunState.FAILED
     woken = await store.save_run(record, lease, claim_woken=("w2", 30.0))
-    assert woken is not None
-    parent, parent_lease = woken
+    assert woken is not None and woken.run_id == "run_p"
+    parent, parent_lease = woken.record, woken.lease
+    assert parent is not None and parent_lease is not None
     assert parent.id == parent_lease.run_id == "run_p"
     assert parent.state is RunState.RUNNING and parent.lease_owner == "w2"
     assert parent_lease.owner == "w2" and parent_lease.token == parent.fencing_token
@@ -170,8 +183,9 @@ async def test_a_park_after_the_children_finished_claims_the_run_again(store: St
     await save(store, "run_c", RunState.SUCCEEDED)  # before its parent parked
     parent.state = RunState.WAITING_CHILDREN
     woken = await store.save_run(parent, parent_lease, claim_woken=("w", 30.0))
-    assert woken is not None
-    again, again_lease = woken
+    assert woken is not None and woken.run_id == "run_p"
+    again, again_lease = woken.record, woken.lease
+    assert again is not None and again_lease is not None
     assert again.id == "run_p" and again.state is RunState.RUNNING
     assert again_lease.token == parent_lease.token + 1  # a new claim: the old lease is fenced
 
@@ -277,7 +291,7 @@ async def test_a_save_claiming_a_parent_and_a_submit_claiming_in_its_session_do_
     newcomer.session_id = "ses_1"
     said = [Message.assistant("done")]
 
-    async def save() -> tuple[RunRecord, Lease] | None:
+    async def save() -> Woken | None:
         return await store.save_run(record, lease, session_messages=said, claim_woken=("w", 30.0))
 
     async def submit() -> Submitted:
@@ -319,7 +333,7 @@ async def test_a_save_claiming_a_parent_and_a_submit_claiming_in_its_session_do_
     # deadlock_timeout, a second)
     assert after == before, "the save and the submit deadlocked"
     woken = results["save"]
-    assert isinstance(woken, tuple) and woken[0].id == "run_p"
+    assert isinstance(woken, Woken) and woken.record is not None and woken.record.id == "run_p"
     submitted = results["submit"]
     assert isinstance(submitted, Submitted) and submitted.lease is not None
 

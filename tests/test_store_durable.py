@@ -176,6 +176,19 @@ async def test_submit_agent_run_keeps_an_agents_max_concurrent_runs(store: Store
     assert (await store.get_run("lim_2")).state is RunState.QUEUED  # type: ignore[union-attr]
 
 
+async def test_a_limit_applied_after_claims_is_kept_by_the_next_ones(store: Store) -> None:
+    # (the SQLite fast path keeps "no agent is limited" between commits of other
+    # connections: an apply is one)
+    unlimited = (LIMITED % 1).replace(", max_concurrent_runs: 1", "")
+    await store.apply(load_text(unlimited, "limits.yaml"))
+    first = await store.submit_agent_run(agent_task("lim_1", "limited"), claim_for=("me", 30.0))
+    assert first.lease is not None
+    await store.apply(load_text(LIMITED % 1, "limits.yaml"))
+    second = await store.submit_agent_run(agent_task("lim_2", "limited"), claim_for=("me", 30.0))
+    assert second.lease is None  # lim_1 still runs: the agent runs one at a time now
+    assert await store.claim_runs("w", 30.0, 5) == []
+
+
 SUBMIT_CHILD = """\
 import asyncio, json, sys
 from corral.core.runs import RunRecord

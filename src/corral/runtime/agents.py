@@ -62,6 +62,7 @@ class _Read:
 
     done: anyio.Event = field(default_factory=anyio.Event)
     value: Fingerprint | None = None  # None: the read failed or was cancelled
+    shared: bool = False  # whether another run waits for it
 
 
 @dataclass
@@ -159,10 +160,13 @@ class AgentCache:
         row. The first lets the others ask (one turn of the event loop), then reads for
         all of them. Each still sees the resources as they were when it asked: the
         read starts after every run that shares it asked. If the read fails, or its
-        run is cancelled, the others read for themselves.
+        run is cancelled, the others read for themselves. The reader goes on in the
+        same turn as the others (they go on in the turn after the read): runs that
+        keep step write together, and their writes share a commit.
         """
         shared = self._reads.get(namespace)
         if shared is not None:  # not started yet: share it
+            shared.shared = True
             await shared.done.wait()
             if shared.value is not None:
                 return shared.value
@@ -171,12 +175,14 @@ class AgentCache:
         try:
             await anyio.lowlevel.checkpoint()  # the runs started with this one ask meanwhile
             del self._reads[namespace]  # whoever asks from now on needs a later read
-            shared.value = await self.store.resources_fingerprint(namespace)
-            return shared.value
+            shared.value = value = await self.store.resources_fingerprint(namespace)
         finally:
             if self._reads.get(namespace) is shared:  # cancelled before the read started
                 del self._reads[namespace]
             shared.done.set()
+        if shared.shared:
+            await anyio.lowlevel.checkpoint()
+        return value
 
     async def _build(self, namespace: str, name: str, fingerprint: Fingerprint) -> _Entry:
         if self._group is None:

@@ -24,7 +24,7 @@ call or with the parent's next write, whichever comes first.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from corral.bus.base import Bus
@@ -77,14 +77,20 @@ class ChildSlots(Protocol):
 
 class StoreDelegation:
     """Starts child runs in the store (and announces them on the bus, or starts them in
-    a slot of ``slots``)."""
+    a slot of ``slots``). ``executing``: the runs executing here by id, as claimed (a
+    call's run is read from the store when it is not there)."""
 
     def __init__(
-        self, store: Store, bus: Bus | None = None, slots: ChildSlots | None = None
+        self,
+        store: Store,
+        bus: Bus | None = None,
+        slots: ChildSlots | None = None,
+        executing: Mapping[str, RunRecord] | None = None,
     ) -> None:
         self.store = store
         self.bus = bus
         self.slots = slots
+        self.executing: Mapping[str, RunRecord] = {} if executing is None else executing
 
     async def start_child(
         self,
@@ -106,6 +112,7 @@ class StoreDelegation:
             max_depth=max_depth,
             max_cost_usd=ctx.cost_left,
             max_tokens=ctx.tokens_left,
+            parent=self.executing.get(ctx.run_id),
         )
 
     async def start_child_of(
@@ -120,13 +127,17 @@ class StoreDelegation:
         max_depth: int,
         max_cost_usd: float | None = None,
         max_tokens: int | None = None,
+        parent: RunRecord | None = None,
     ) -> ChildRun:
         """Start (or find, by ``key``) a child run of ``parent_run_id``: what ``agents_exec``
         and ``POST /v1/links/{agent}/exec`` (a tool program's agent token) both do.
         ``max_cost_usd``, ``max_tokens``: the child's own caps (what its parent has left,
         for ``agents_exec``: the child cannot spend the parent's budget many times over
-        before its end is charged to the parent)."""
-        parent = await self.store.get_run(parent_run_id)
+        before its end is charged to the parent). ``parent``: the parent's record, when
+        at hand (what is taken of it - namespace, depth, priority - never changes; that
+        it is still open is checked where the child is stored)."""
+        if parent is None or parent.id != parent_run_id:
+            parent = await self.store.get_run(parent_run_id)
         if parent is None or parent.namespace != namespace:
             # (the calling run is the one executing: never, short of a purge)
             raise ToolError(ToolErrorCode.UNAVAILABLE, f"the run {parent_run_id} is gone")

@@ -108,7 +108,10 @@ class RunExecutor:
         self.retry_base_seconds = retry_base_seconds
         self.observer = observer
         self.slots = slots
-        self.agents = AgentCache(store, settings, loading, StoreDelegation(store, bus, slots))
+        # the runs executing here, as claimed: their child runs are started without a read
+        self._executing: dict[str, RunRecord] = {}
+        delegation = StoreDelegation(store, bus, slots, self._executing)
+        self.agents = AgentCache(store, settings, loading, delegation)
         self.leases = LeaseKeeper(store, lease_seconds, health, clock)
         self.systems = SystemCoordinator(store, bus, clock)
         # the journal writes in flight of every run (see FencedSink)
@@ -150,6 +153,7 @@ class RunExecutor:
         if self._writes is None:
             raise RuntimeError("RunExecutor used outside its `async with` block")
         sink = self._sink(lease)
+        self._executing[record.id] = record
         try:
             async with sink:
                 return await self._execute(record, lease, sink, shutdown, on_woken)
@@ -159,6 +163,9 @@ class RunExecutor:
             raise
         except Exception as exc:  # noqa: BLE001 - the attempt's cause, kept (cancellation passes)
             return await self._failed_attempt(record, lease, exc, sink.redactor)
+        finally:
+            if self._executing.get(record.id) is record:
+                del self._executing[record.id]
 
     async def _failed_attempt(
         self, record: RunRecord, lease: Lease, exc: Exception, redactor: Redactor
@@ -467,9 +474,11 @@ class RunExecutor:
             claim_woken=None if on_woken is None else (lease.owner, self.lease_seconds),
         )
         await sink.announce()
-        if woken is not None and on_woken is not None:
-            on_woken(*woken)  # claimed already: announcing it would only cost a claim
-        else:
+        # (queued nothing: a parent waiting in its slot or for other children hears nothing)
+        if woken is not None and woken.record is not None and woken.lease is not None:
+            assert on_woken is not None  # (only asked for with it)
+            on_woken(woken.record, woken.lease)  # claimed already: announcing costs a claim
+        elif woken is not None:
             await self._announce_woken(record, lease)
         if record.state is RunState.CANCELLED:
             # A child started while the cancellation was on its way (after the store's
@@ -477,7 +486,7 @@ class RunExecutor:
             await self.store.request_cancel(record.id)
 
     async def _announce_woken(self, record: RunRecord, lease: Lease) -> None:
-        """Announce the run a save may have queued (see ``Store.save_run``): a finished
+        """Announce the run a save of ``record`` queued (see ``Store.save_run``): a finished
         child's parent, or the run itself parked for children that all finished meanwhile.
         The mark names the change: the child that finished, the claim that parked it."""
         if self.bus is None:

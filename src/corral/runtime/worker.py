@@ -138,6 +138,7 @@ class Worker:
         self._idle = anyio.Event()
         self._shutdown = anyio.Event()
         self._stopping: anyio.Event | None = None
+        self._until_idle = False
         self._runs: anyio.abc.TaskGroup | None = None  # where executions run, while serving
         # child runs started here, until their parent took them (ended) or no longer
         # executes here (_child_ended, _forget_children_of)
@@ -162,6 +163,7 @@ class Worker:
 
     async def _serve(self, stop: anyio.Event, until_idle: bool) -> None:
         self._stopping = stop
+        self._until_idle = until_idle
         async with self.executor, anyio.create_task_group() as group:
             self._runs = group
             async with anyio.create_task_group() as background:
@@ -184,7 +186,9 @@ class Worker:
                     idle = not claimed and not self.active and self.executed == ended
                     if until_idle and idle and self.health.due("claim"):
                         break
-                    if not claimed:
+                    # (a claim that got fewer runs than it asked for left none due: what
+                    # comes next is announced, or found by the next look)
+                    if not claimed or not self._backlog:
                         await self._idle_wait(stop)
                 background.cancel_scope.cancel()
             await self._drain()
@@ -438,7 +442,11 @@ class Worker:
             if child is not None:
                 self._child_ended(record.id, child)
             self.executed += 1
-            self._wake.set()
+            # A freed slot is news to a worker that had none free or claimed all it could
+            # (more may be queued), and to a drain looking for its end; other work that
+            # comes is announced (a parent this run queued, too: see RunExecutor._save).
+            if self._until_idle or self._backlog or self._free() <= 1:
+                self._wake.set()
             if not self.active:
                 self._idle.set()
 

@@ -75,6 +75,17 @@ class Submitted:
 
 
 @dataclass(frozen=True)
+class Woken:
+    """The run a :meth:`Store.save_run` queued (a finished child's parent, or the run
+    itself parked for children that all finished meanwhile), and, when the save claimed
+    it too (``claim_woken``), the run as claimed and its lease."""
+
+    run_id: str
+    record: RunRecord | None = None
+    lease: Lease | None = None
+
+
+@dataclass(frozen=True)
 class StoredResource:
     """A resource as stored: ``generation`` counts its configurations, starting at 1."""
 
@@ -182,7 +193,7 @@ class Store(ABC):
         session_messages: Sequence[Message] = (),
         events: Sequence[Event] = (),
         claim_woken: tuple[str, float] | None = None,
-    ) -> tuple[RunRecord, Lease] | None:
+    ) -> Woken | None:
         """Overwrite a stored run with ``record``; ``NotFoundError`` when it does not exist.
 
         ``events`` of the run are appended in the same transaction (a run's last
@@ -200,8 +211,9 @@ class Store(ABC):
         Child runs: a save that finishes a child queues its parent in the same
         transaction when the parent is ``waiting_children`` and this was its last
         unfinished child; a save into ``waiting_children`` queues the run itself when
-        its children all finished meanwhile (the record still says waiting).
-        With ``claim_woken=(owner, lease_seconds)`` the run such a save queued is
+        its children all finished meanwhile (the record still says waiting). The run
+        such a save queued is returned (:class:`Woken`; ``None``: it queued none, and
+        nobody need be told of it). With ``claim_woken=(owner, lease_seconds)`` it is
         claimed for ``owner`` in the same transaction (as :meth:`claim_runs` would,
         agent limits included) and returned with its lease: a worker goes on with a
         parent in the slot its last child frees, without a claim of its own.

@@ -40,7 +40,7 @@ from corral.core.messages import Message
 from corral.core.runs import Approval, Lease, RunRecord, RunState
 from corral.core.sessions import SessionMessage
 from corral.store._sqlite_lanes import Lane, connect
-from corral.store.base import StoredResource, StoreError, Submitted
+from corral.store.base import StoredResource, StoreError, Submitted, Woken
 from corral.store.schema import resources, runs
 from corral.store.sql import SqlStore, statements
 from corral.store.sql.approvals import select_approvals
@@ -201,6 +201,8 @@ _ANY_APPROVAL_DUE = Compiled(
 )
 _EXPIRE_APPROVALS = _reading(APPROVALS, statements.expire_due_approvals(_p("now")))
 _REQUEUE_PARENT = Compiled(statements.requeue_parent(_p("id"), _p("now")))
+_QUEUE_OVERDUE = Compiled(statements.queue_overdue(_p("now")))
+_ANY_OVERDUE = Compiled(sa.select(sa.literal(1)).where(statements.overdue(_p("now"))).limit(1))
 
 
 @functools.lru_cache(maxsize=16)
@@ -324,6 +326,7 @@ class SqliteStore(SqlStore):
 
     _writer_lane: Lane
     _reader_lane: Lane
+    _any_agent_limit: _AgentLimits
 
     async def _start(self, url: sa.URL, busy_timeout_seconds: float) -> None:
         path = sqlite_file(url)
@@ -338,6 +341,7 @@ class SqliteStore(SqlStore):
                 Lane(reader, "corral-sqlite-reader", transactional=False),
             )
 
+        self._any_agent_limit = _AgentLimits()  # (asked in the writer's thread only)
         try:
             self._writer_lane, self._reader_lane = await anyio.to_thread.run_sync(open_lanes)
         except sqlite3.Error as exc:
@@ -400,7 +404,7 @@ class SqliteStore(SqlStore):
         session_messages: Sequence[Message] = (),
         events: Sequence[Event] = (),
         claim_woken: tuple[str, float] | None = None,
-    ) -> tuple[RunRecord, Lease] | None:
+    ) -> Woken | None:
         columns = saved_run_columns(record, lease)
         sql, positions = _save_run(columns, fenced=lease is not None)
         row = RUNS.params(record)
@@ -413,14 +417,15 @@ class SqliteStore(SqlStore):
         waking = _woken_by(record)
         claimed: list[RunRecord] = []
 
-        def write(conn: sqlite3.Connection) -> None:
+        def write(conn: sqlite3.Connection) -> bool:
             if conn.execute(sql, params).rowcount == 0:
                 _refuse(conn, record.id, lease)
+            queued = 0
             if waking is not None:  # see statements.wake_parent (the writer's lock is the lock)
                 requeue = _REQUEUE_PARENT.params(id=waking, now=now)
                 queued = conn.execute(_REQUEUE_PARENT.sql, requeue).rowcount
                 # (agents with max_concurrent_runs: left to a claim, which counts their runs)
-                if queued and claim_woken is not None and not _any_agent_limit(conn):
+                if queued and claim_woken is not None and not self._any_agent_limit(conn):
                     owner, lease_seconds = claim_woken
                     claimed.extend(_claim_ids(conn, [waking], owner, now + lease_seconds, now))
             if approval_rows:
@@ -431,13 +436,18 @@ class SqliteStore(SqlStore):
                 )
             if event_rows:
                 conn.executemany(_INSERT_EVENT.sql, event_rows)
+            return bool(queued)
 
-        await self._lane_write(f"save run {record.id}", write)
-        if not claimed:
+        if not await self._lane_write(f"save run {record.id}", write):
             return None
+        assert waking is not None
+        if not claimed:
+            return Woken(waking)
         run = claimed[0]
         assert run.lease_owner is not None and run.lease_expires_at is not None
-        return run, Lease(run.id, run.lease_owner, run.fencing_token, run.lease_expires_at)
+        return Woken(
+            waking, run, Lease(run.id, run.lease_owner, run.fencing_token, run.lease_expires_at)
+        )
 
     async def get_run(self, run_id: str) -> RunRecord | None:
         params = _RUN_BY_ID.params(id=run_id)
@@ -482,7 +492,7 @@ class SqliteStore(SqlStore):
             existing = _insert_run(conn, record, params)
             if existing is None and claim_for is not None:
                 owner, lease_seconds = claim_for
-                if not _any_agent_limit(conn):  # else: see below
+                if not self._any_agent_limit(conn):  # else: see below
                     claimed.extend(_claim_ids(conn, [record.id], owner, now + lease_seconds, now))
             return existing
 
@@ -528,7 +538,7 @@ class SqliteStore(SqlStore):
             return found
 
         def write(conn: sqlite3.Connection) -> list[RunRecord] | None:
-            if _any_agent_limit(conn):
+            if self._any_agent_limit(conn):
                 return None  # limited agents: the SQLAlchemy claim counts their runs
             candidates = walk(conn, False)
             if candidates and run_ids is not None and or_higher_priority:  # see Store.claim_runs
@@ -586,6 +596,24 @@ class SqliteStore(SqlStore):
                 _refuse(conn, lease.run_id, lease)
 
         await self._lane_write(f"release run {lease.run_id}", write)
+
+    async def queue_overdue_runs(self, now: float | None = None) -> list[tuple[str, int]]:
+        now = time.time() if now is None else now
+
+        def any_due(conn: sqlite3.Connection) -> bool:
+            params = _ANY_OVERDUE.params(now=now)
+            return conn.execute(_ANY_OVERDUE.sql, params).fetchone() is not None
+
+        # Every worker looks once per poll interval and nearly always finds nothing: a
+        # read first keeps the writer free then (what falls due meanwhile goes next time).
+        if not await self._lane_read("queue overdue runs", any_due):
+            return []
+
+        def write(conn: sqlite3.Connection) -> list[tuple[str, int]]:
+            params = _QUEUE_OVERDUE.params(now=now)
+            return [(run_id, token) for run_id, token in conn.execute(_QUEUE_OVERDUE.sql, params)]
+
+        return await self._lane_write("queue overdue runs", write)
 
     # ----------------------------------------------------------------- approvals
 
@@ -681,10 +709,23 @@ def _woken_by(record: RunRecord) -> str | None:
     return record.id if record.state is RunState.WAITING_CHILDREN else None
 
 
-def _any_agent_limit(conn: sqlite3.Connection) -> bool:
+class _AgentLimits:
     """Whether any stored agent has ``max_concurrent_runs`` (then claims take the SQLAlchemy
-    path, which counts running runs per agent: store/sql/agent_limits.py)."""
-    return conn.execute(_ANY_AGENT_LIMIT.sql, _ANY_AGENT_LIMIT.params()).fetchone() is not None
+    path, which counts running runs per agent: store/sql/agent_limits.py), as the writer's
+    connection last read it. Resources are written by the SQLAlchemy path only, never by
+    the writer's connection: the answer holds until another connection commits (SQLite's
+    ``data_version`` says so), and the writer asks at every submit, claim and save."""
+
+    def __init__(self) -> None:
+        self._known: tuple[int, bool] | None = None  # (data_version, answer)
+
+    def __call__(self, conn: sqlite3.Connection) -> bool:
+        version = conn.execute("PRAGMA data_version").fetchone()[0]
+        if self._known is not None and self._known[0] == version:
+            return self._known[1]
+        found = conn.execute(_ANY_AGENT_LIMIT.sql, _ANY_AGENT_LIMIT.params()).fetchone()
+        self._known = (version, found is not None)
+        return found is not None
 
 
 _RESOURCE_COLUMNS = tuple(c.name for c in resources.columns)

@@ -371,14 +371,16 @@ def requeue_parent(parent_id: Value, now: Value) -> sa.Update:
     )
 
 
+def overdue(now: Value) -> sa.ColumnElement[bool]:
+    """A run parked in ``waiting_children`` past its ``deadline_at``."""
+    return sa.and_(runs.c.deadline_at <= now, runs.c.state == RunState.WAITING_CHILDREN.value)
+
+
 def queue_overdue(now: Value) -> sa.Update:
     """Queue the runs parked in ``waiting_children`` past their ``deadline_at``."""
     return (
         runs.update()
-        .where(
-            runs.c.deadline_at <= now,
-            runs.c.state == RunState.WAITING_CHILDREN.value,
-        )
+        .where(overdue(now))
         .values(state=RunState.QUEUED.value, not_before=now)
         .returning(runs.c.id, runs.c.fencing_token)
     )
