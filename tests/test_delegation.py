@@ -432,9 +432,11 @@ async def test_a_childs_tokens_count_against_its_parents_limit(backend: Backend)
         model(
             "boss-model",
             {**call("agents_exec", agent="verbose", input="x"), "input_tokens": 10},
-            {"text": "never asked"},
+            {"text": "over", "input_tokens": 60},
         ),
-        model("verbose-model", {"text": "a lot", "input_tokens": 500}),
+        # (within the 90 tokens boss has left, its own cap; boss's next turn passes 100
+        # only with them counted)
+        model("verbose-model", {"text": "a lot", "input_tokens": 50}),
         agent("verbose", "verbose-model"),
         agent("boss", "boss-model", links=["verbose"], limits={"max_tokens": 100}),
     )
@@ -444,7 +446,7 @@ async def test_a_childs_tokens_count_against_its_parents_limit(backend: Backend)
     assert parent.state is RunState.FAILED
     assert parent.error is not None
     assert (parent.error["code"], parent.error["limit"]) == ("budget_exceeded", "max_tokens")
-    assert parent.usage.input_tokens == 510
+    assert parent.usage.input_tokens == 120
     # the child's answer is journaled before the limit stops the parent
     assert [r["output"] for r in tool_results(await store.list_events(run.id))] == ["a lot"]
 
