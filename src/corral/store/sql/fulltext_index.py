@@ -30,13 +30,13 @@ from __future__ import annotations
 
 import functools
 import sqlite3
-import threading
-from collections import OrderedDict
 from contextlib import closing
 from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
+
+from corral.store.sql.scope_cache import ScopeCache
 
 #: (namespace, memory, scope key)
 Key = tuple[str, str, str]
@@ -294,48 +294,7 @@ def fts5_tokens(texts: list[str]) -> list[tuple[str, int]]:
     return found
 
 
-class TextIndexCache:
-    """Indexes by key, least recently used dropped first beyond ``max_bytes``. A scope
-    too large to keep is remembered with its generation (``too_large``), so it is not
-    read whole search after search: it is tried again once it has changed much."""
-
-    def __init__(self, max_bytes: int) -> None:
-        self.max_bytes = max(0, int(max_bytes))
-        self._indexes: OrderedDict[Key, TextIndex] = OrderedDict()
-        self._bytes = 0
-        self._lock = threading.Lock()
-        self.too_large: dict[Key, int] = {}
-        self.loads = 0  # indexes built from a scope read whole (misses), for tests and bench
-        self.updates = 0  # indexes brought up to date from their scope's changes
-
-    @property
-    def nbytes(self) -> int:
-        return self._bytes
-
-    def latest(self, key: Key) -> TextIndex | None:
-        """The index of ``key`` whatever its generation (to bring it up to date)."""
-        with self._lock:
-            index = self._indexes.get(key)
-            if index is not None:
-                self._indexes.move_to_end(key)
-            return index
-
-    def put(self, key: Key, index: TextIndex, *, updated: bool = False) -> bool:
-        """Keep ``index`` unless it is larger than the whole budget (then remember its
-        scope as too large: ``False``); evict to fit."""
-        with self._lock:
-            if updated:
-                self.updates += 1
-            else:
-                self.loads += 1
-            if key in self._indexes:
-                self._bytes -= self._indexes.pop(key).nbytes
-            if index.nbytes > self.max_bytes:
-                self.too_large[key] = index.generation
-                return False
-            self.too_large.pop(key, None)
-            while self._indexes and self._bytes + index.nbytes > self.max_bytes:
-                self._bytes -= self._indexes.popitem(last=False)[1].nbytes
-            self._indexes[key] = index
-            self._bytes += index.nbytes
-            return True
+class TextIndexCache(ScopeCache[Key, TextIndex]):
+    """Indexes by key (:class:`~corral.store.sql.scope_cache.ScopeCache`). A scope too
+    large to keep is remembered with its generation (``too_large``), so it is not read
+    whole search after search: it is tried again once it has changed much."""

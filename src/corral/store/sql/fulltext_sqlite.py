@@ -52,8 +52,9 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from corral.core.memory import MemoryHit, MemoryPlace
-from corral.store.schema import memory_changes, memory_entries, memory_generations
+from corral.store.schema import memory_entries
 from corral.store.sql.fulltext_index import DEAD, Floats, Ints, TextIndex, TextIndexCache
+from corral.store.sql.memory_scopes import at_place, changed_entries, generation_of
 from corral.store.sql.rows import MEMORY_ENTRIES
 
 _Number = TypeVar("_Number", float, Floats)
@@ -181,7 +182,7 @@ async def _indexed(
     if kept.indexes.max_bytes == 0 or not all(t.isascii() and t.isalnum() for t in terms):
         return None
     key = (place.namespace, place.memory, place.scope_key)
-    generation = int((await conn.execute(_generation(place))).scalar() or 0)
+    generation = int((await conn.execute(generation_of(place))).scalar() or 0)
     too_large = kept.indexes.too_large.get(key)
     if too_large is not None and generation - too_large < TOO_LARGE_FOR:
         return None
@@ -256,7 +257,7 @@ async def _text_index(
     if cached is not None and cached.generation == generation:
         return cached
     if cached is not None and cached.generation < generation:
-        changed = await _changes(conn, place, cached.generation, generation)
+        changed = await changed_entries(conn, place, cached.generation, generation)
         if changed is not None and len(changed) <= MOST_CHANGED:
             fresh = await _texts(conn, place, changed)
             stale = np.asarray(changed, dtype=np.int64)
@@ -272,50 +273,11 @@ async def _text_index(
     return index
 
 
-def _at(place: MemoryPlace) -> sa.ColumnElement[bool]:
-    return sa.and_(
-        _t.c.namespace == place.namespace,
-        _t.c.memory == place.memory,
-        _t.c.scope_key == place.scope_key,
-    )
-
-
-def _generation(place: MemoryPlace) -> sa.Select[Any]:
-    _g = memory_generations
-    return sa.select(_g.c.generation).where(
-        _g.c.namespace == place.namespace,
-        _g.c.memory == place.memory,
-        _g.c.scope_key == place.scope_key,
-    )
-
-
-async def _changes(
-    conn: AsyncConnection, place: MemoryPlace, since: int, generation: int
-) -> list[int] | None:
-    """The entries the scope's writes, deletes and prunes after ``since`` up to
-    ``generation`` changed; ``None`` when some generation's notes are no longer kept."""
-    _c = memory_changes
-    notes = (
-        await conn.execute(
-            sa.select(_c.c.generation, _c.c.entry_id).where(
-                _c.c.namespace == place.namespace,
-                _c.c.memory == place.memory,
-                _c.c.scope_key == place.scope_key,
-                _c.c.generation > since,
-                _c.c.generation <= generation,
-            )
-        )
-    ).all()
-    if len({row[0] for row in notes}) != generation - since:
-        return None
-    return sorted({int(row[1]) for row in notes} - {0})
-
-
 async def _texts(
     conn: AsyncConnection, place: MemoryPlace, only: list[int] | None
 ) -> list[tuple[int, str, float]]:
     """The scope's entries (those of ``only``, if given) as (id, text, updated_at)."""
-    statement = sa.select(_t.c.id, _t.c.text, _t.c.updated_at).where(_at(place))
+    statement = sa.select(_t.c.id, _t.c.text, _t.c.updated_at).where(at_place(place))
     if only is not None:
         rows = (await conn.execute(statement.where(_t.c.id.in_(only)).order_by(_t.c.id))).all()
         return [(int(n), str(text), float(updated_at)) for n, text, updated_at in rows]

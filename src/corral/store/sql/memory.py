@@ -60,6 +60,7 @@ from corral.store.sql.fulltext_sqlite import (
     fts5_search,
     fulltext_sqlite,
 )
+from corral.store.sql.memory_scopes import at_place, changed_entries, generation_of
 from corral.store.sql.rows import MEMORY_ENTRIES
 from corral.store.sql.statements import _insert
 from corral.store.sql.vector_cache import (
@@ -94,15 +95,6 @@ KEPT_GENERATIONS = 64
 #: the most entries one statement of a batch write carries (bound parameters: SQLite
 #: takes 32,766 per statement, asyncpg 32,767)
 ROWS_PER_STATEMENT = 500
-
-
-def at_place(place: MemoryPlace) -> sa.ColumnElement[bool]:
-    """The entries of one scope of one Memory."""
-    return sa.and_(
-        _t.c.namespace == place.namespace,
-        _t.c.memory == place.memory,
-        _t.c.scope_key == place.scope_key,
-    )
 
 
 def entries_of_memory(namespace: str, memory: str) -> sa.Delete:
@@ -163,15 +155,6 @@ async def _changed(
                 _c.c.generation <= generation - KEPT_GENERATIONS,
             )
         )
-
-
-def _generation(place: MemoryPlace) -> sa.Select[Any]:
-    _g = memory_generations
-    return sa.select(_g.c.generation).where(
-        _g.c.namespace == place.namespace,
-        _g.c.memory == place.memory,
-        _g.c.scope_key == place.scope_key,
-    )
 
 
 # --------------------------------------------------------------------------- per dialect
@@ -629,7 +612,7 @@ class SqlMemory(SqlEngine):
         else read whole (the generation first: never filed under a newer one)."""
         cache = self.memory_vector_cache
         key = (place.namespace, place.memory, place.scope_key, embedder)
-        generation = int((await conn.execute(_generation(place))).scalar() or 0)
+        generation = int((await conn.execute(generation_of(place))).scalar() or 0)
         cached = cache.latest(key)
         if cached is not None and cached.generation == generation:
             return cached
@@ -654,22 +637,8 @@ class SqlMemory(SqlEngine):
         """``cached`` brought to ``generation`` by reading again the entries changed
         since; ``None`` when some generation's changes are no longer kept, or when they
         touch so many entries that reading the scope whole is as quick."""
-        _c = memory_changes
-        notes = (
-            await conn.execute(
-                sa.select(_c.c.generation, _c.c.entry_id).where(
-                    _c.c.namespace == place.namespace,
-                    _c.c.memory == place.memory,
-                    _c.c.scope_key == place.scope_key,
-                    _c.c.generation > cached.generation,
-                    _c.c.generation <= generation,
-                )
-            )
-        ).all()
-        if len({row[0] for row in notes}) != generation - cached.generation:
-            return None
-        changed = sorted({int(row[1]) for row in notes} - {0})
-        if len(changed) > max(64, len(cached.ids) // 4):
+        changed = await changed_entries(conn, place, cached.generation, generation)
+        if changed is None or len(changed) > max(64, len(cached.ids) // 4):
             return None
         fresh = await _load(conn, kind, place, embedder, generation, changed)
         return cached.updated(np.asarray(changed, dtype=np.int64), fresh)

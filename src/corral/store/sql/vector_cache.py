@@ -29,12 +29,12 @@ budget is searched from a matrix loaded for that search alone (still exact, slow
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
 
+from corral.store.sql.scope_cache import ScopeCache
 from corral.store.sql.vector_scan import (
     FIRST_PASS,
     FIRST_PASS_MIN_ROWS,
@@ -210,64 +210,11 @@ def _with_spare(
     return Matrix(generation, ids, buffer[:used], view, 0, _Rows(buffer, codes, used))
 
 
-class VectorCache:
-    """Matrices by key, least recently used dropped first beyond ``max_bytes``."""
+class VectorCache(ScopeCache[Key, Matrix]):
+    """Matrices by key (:class:`~corral.store.sql.scope_cache.ScopeCache`)."""
 
     def __init__(self, max_bytes: int = DEFAULT_CACHE_BYTES) -> None:
-        self.max_bytes = max(0, int(max_bytes))
-        self._matrices: OrderedDict[Key, Matrix] = OrderedDict()
-        self._bytes = 0
-        self._lock = threading.Lock()
-        self.loads = 0  # matrices loaded whole from the store (misses), for tests and bench
-        self.updates = 0  # matrices brought up to date from their scope's changes
-
-    @property
-    def nbytes(self) -> int:
-        return self._bytes
-
-    def keys(self) -> list[Key]:
-        with self._lock:
-            return list(self._matrices)
-
-    def latest(self, key: Key) -> Matrix | None:
-        """The matrix of ``key`` whatever its generation (to bring it up to date)."""
-        with self._lock:
-            matrix = self._matrices.get(key)
-            if matrix is not None:
-                self._matrices.move_to_end(key)
-            return matrix
-
-    def get(self, key: Key, generation: int) -> Matrix | None:
-        """The matrix of ``key`` if it is of ``generation`` (else it is dropped)."""
-        with self._lock:
-            matrix = self._matrices.get(key)
-            if matrix is None:
-                return None
-            if matrix.generation != generation:
-                self._drop(key)
-                return None
-            self._matrices.move_to_end(key)
-            return matrix
-
-    def put(self, key: Key, matrix: Matrix, *, updated: bool = False) -> None:
-        """Keep ``matrix`` (loaded whole, or ``updated`` from an older one) unless it is
-        larger than the whole budget; evict to fit."""
-        with self._lock:
-            if updated:
-                self.updates += 1
-            else:
-                self.loads += 1
-            if key in self._matrices:
-                self._drop(key)
-            if matrix.nbytes > self.max_bytes:
-                return
-            while self._matrices and self._bytes + matrix.nbytes > self.max_bytes:
-                self._drop(next(iter(self._matrices)))
-            self._matrices[key] = matrix
-            self._bytes += matrix.nbytes
-
-    def _drop(self, key: Key) -> None:
-        self._bytes -= self._matrices.pop(key).nbytes
+        super().__init__(max_bytes)
 
 
 def decode_blobs(blobs: list[bytes], dims: int) -> npt.NDArray[np.float32]:
