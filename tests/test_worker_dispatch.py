@@ -348,3 +348,38 @@ async def test_a_sweep_gives_back_what_a_child_run_took_the_slot_of_meanwhile(
             1,
             claims,
         )
+
+
+async def test_a_slot_kept_by_a_claim_is_not_free_while_the_rest_goes_back(
+    store: Store, settings: Settings
+) -> None:
+    # The claim keeps the urgent run and gives the other back (a child took its slot). While
+    # the give-back waits on the store, the kept run holds its slot: a second child asking
+    # then (or a delivery) finds none free, or the worker would run three runs on two slots.
+    await quick_agent(store)
+    await submit(store, "helper", "urgent", priority=5)
+    await submit(store, "helper", "later")
+    slots: list[object] = []
+    worker = Worker(store, settings, bus=LocalBus(), concurrency=2, poll_seconds=60)
+    claim_runs, release_run = store.claim_runs, store.release_run
+
+    async def claim_while_a_child_takes_a_slot(*args: Any, **kwargs: Any) -> Any:
+        claims = await claim_runs(*args, **kwargs)
+        if not slots:
+            slots.append(worker.reserve())  # (a run of the worker submitting a child)
+        return claims
+
+    async def release_while_another_child_asks(*args: Any, **kwargs: Any) -> None:
+        slots.append(worker.reserve())
+        await release_run(*args, **kwargs)
+
+    store.claim_runs = claim_while_a_child_takes_a_slot  # type: ignore[method-assign]
+    store.release_run = release_while_another_child_asks  # type: ignore[method-assign]
+    stop = anyio.Event()
+    async with anyio.create_task_group() as group:
+        group.start_soon(worker.serve, stop)
+        await until(lambda: len(slots) == 2)
+        await until(lambda: worker.executed >= 1)
+        stop.set()
+    assert slots[0] is not None  # the first child's slot
+    assert slots[1] is None, "a slot the kept claim holds went to another child"

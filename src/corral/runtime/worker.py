@@ -285,12 +285,15 @@ class Worker:
         # A child run of this worker may have taken a slot while the claim was under way
         # (see reserve): the least urgent claims beyond the slots left go back.
         over = len(claims) - max(self._free(), 0)
-        if over > 0:
-            claims, back = claims[:-over], claims[-over:]
-            await self._give_back(back)
+        back = claims[len(claims) - over :] if over > 0 else []
+        claims = claims[: len(claims) - len(back)]
+        # The kept runs hold their slots before the give-back waits on the store: a child
+        # or a delivery asking meanwhile must not find them free.
         for record, lease in claims:
             self.active[record.id] = lease
             group.start_soon(self._execute, record, lease)
+        if back:
+            await self._give_back(back)
         self.swept += len(claims)
         self._backlog = len(claims) == free
         return len(claims)
