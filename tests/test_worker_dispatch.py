@@ -9,6 +9,7 @@ delivered again, comes back when that lease expires, until its last delivery);
 and deliveries that claim nothing never stall a full worker. Also how the worker's
 sweep of the store shares slots with deliveries and child runs: expired leases are taken
 over while the bus is busy, and a claim gives back what a child took the slot of meanwhile.
+Without a dispatching bus: the end of a run of an Agent at max_concurrent_runs is news.
 """
 
 from __future__ import annotations
@@ -383,3 +384,26 @@ async def test_a_slot_kept_by_a_claim_is_not_free_while_the_rest_goes_back(
         stop.set()
     assert slots[0] is not None  # the first child's slot
     assert slots[1] is None, "a slot the kept claim holds went to another child"
+
+
+async def test_a_run_of_a_limited_agent_that_ends_lets_the_next_one_go_at_once(
+    store: Store, settings: Settings
+) -> None:
+    # Agent at max_concurrent_runs: 1, three runs queued, a worker with slots to spare.
+    # Its claims get one run at a time (the rest wait for the agent's room): the end of
+    # each must lead to the next claim, not leave the worker idle until its poll.
+    await apply(
+        store,
+        scripted("{tool_calls: [{name: note, arguments: {note: hi}}]}", "{text: done}"),
+        NOTE_TOOL,
+        agent(extra="  max_concurrent_runs: 1"),
+    )
+    runs = [(await submit(store, "helper", f"run {i}"))[0] for i in range(3)]
+    worker = Worker(store, settings, bus=LocalBus(), concurrency=4, poll_seconds=60)
+    stop = anyio.Event()
+    async with anyio.create_task_group() as group:
+        group.start_soon(worker.serve, stop)
+        await until(lambda: worker.executed >= 3)  # (well before the poll)
+        stop.set()
+    for run in runs:
+        assert (await get(store, run)).state is RunState.SUCCEEDED

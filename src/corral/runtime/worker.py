@@ -446,9 +446,16 @@ class Worker:
                 self._child_ended(record.id, child)
             self.executed += 1
             # A freed slot is news to a worker that had none free or claimed all it could
-            # (more may be queued), and to a drain looking for its end; other work that
-            # comes is announced (a parent this run queued, too: see RunExecutor._save).
-            if self._until_idle or self._backlog or self._free() <= 1:
+            # (more may be queued), and to a drain looking for its end; so is the end of a
+            # run of an agent at max_concurrent_runs (its queued runs, left out of the last
+            # claim, may fit now); other work that comes is announced (a parent this run
+            # queued, too: see RunExecutor._save).
+            if (
+                self._until_idle
+                or self._backlog
+                or self._free() <= 1
+                or (record.namespace, record.agent) in self.executor.limited_agents
+            ):
                 self._wake.set()
             if not self.active:
                 self._idle.set()
