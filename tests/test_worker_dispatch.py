@@ -407,3 +407,61 @@ async def test_a_run_of_a_limited_agent_that_ends_lets_the_next_one_go_at_once(
         stop.set()
     for run in runs:
         assert (await get(store, run)).state is RunState.SUCCEEDED
+
+
+class AnnouncingBusyBus(BusyBus):
+    """A :class:`BusyBus` that also delivers the runs announced on it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.announced: list[str] = []
+
+    async def announce_runnable(self, run_ids: Any, *, mark: str | None = None) -> None:
+        self.announced.extend(run_ids)
+
+    async def take_runnable(self, limit: int, seconds: float) -> list[Delivery]:
+        if self.announced:
+            taken, self.announced = self.announced[:limit], self.announced[limit:]
+            return [FakeDelivery(run_id) for run_id in taken]
+        return await super().take_runnable(limit, seconds)
+
+
+async def test_a_run_a_busy_sweep_took_over_and_gave_back_is_delivered_again(
+    store: Store, settings: Settings
+) -> None:
+    # The sweep of a worker whose bus is busy takes over a dead worker's run (never
+    # announced) and gives it back: a child took the slot meanwhile. Queued again, its
+    # lease no longer expired, only a sweep of queued runs would find it, and this
+    # worker's bus is never quiet: it must be announced like any released run.
+    await quick_agent(store)
+    orphan, _ = await submit(store, "helper", "claimed where it was submitted")
+    await store.claim_runs("dead-worker", 0.2, run_ids=[orphan.id])
+    bus = AnnouncingBusyBus()
+    worker = Worker(store, settings, bus=bus, concurrency=1, poll_seconds=0.05)  # type: ignore[arg-type]
+    claim_runs, release_run = store.claim_runs, store.release_run
+    took: list[object] = []
+
+    async def claim_while_a_child_takes_the_slot(*args: Any, **kwargs: Any) -> Any:
+        claims = await claim_runs(*args, **kwargs)
+        if claims and not took and kwargs.get("expired_only"):
+            took.append(worker.reserve())  # (a run of the worker submitting a child)
+        return claims
+
+    async def release_then_the_child_ends(*args: Any, **kwargs: Any) -> None:
+        await release_run(*args, **kwargs)
+        if took and took[0] is not None:
+            took[0] = None
+            worker.release()  # (the child ended: its slot is free)
+
+    store.claim_runs = claim_while_a_child_takes_the_slot  # type: ignore[method-assign]
+    store.release_run = release_then_the_child_ends  # type: ignore[method-assign]
+    stop = anyio.Event()
+    async with anyio.create_task_group() as group:
+        group.start_soon(worker.serve, stop)
+        await until(lambda: bool(took))
+        with anyio.move_on_after(5):
+            while (await get(store, orphan)).state is not RunState.SUCCEEDED:
+                await anyio.sleep(0.02)
+        stop.set()
+    done = await get(store, orphan)
+    assert done.state is RunState.SUCCEEDED, f"given back and left {done.state.value}"

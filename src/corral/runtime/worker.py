@@ -300,12 +300,20 @@ class Worker:
 
     async def _give_back(self, claims: Sequence[tuple[RunRecord, Lease]]) -> None:
         """Release runs claimed for slots that are gone, their attempt refunded (one whose
-        attempts are exhausted is not refunded: its next claimer ends it)."""
+        attempts are exhausted is not refunded: its next claimer ends it), and announce
+        them as any released run is: a run whose lease had expired was never announced,
+        and a queued one's delivery may have been settled as another's meanwhile; queued
+        again, only a sweep of queued runs would find it, which a busy bus puts off."""
         for record, lease in claims:
             try:
                 await self.store.release_run(lease, refund_attempt=not lease.exhausted)
             except TRANSIENT as exc:
                 log.warning("run %s: not given back (%s): its lease expires", record.id, exc)
+                continue
+            try:
+                await self.bus.announce_runnable([lease.run_id], mark=f"released:{lease.token}")
+            except TRANSIENT as exc:
+                log.warning("run %s: given back, not announced (%s)", record.id, exc)
 
     def _coalescing(self, free: int) -> bool:
         """Whether to wait for more free slots before claiming (see CLAIM_COALESCE_SECONDS)."""
