@@ -443,7 +443,7 @@ async def test_a_run_a_busy_sweep_took_over_and_gave_back_is_delivered_again(
 
     async def claim_while_a_child_takes_the_slot(*args: Any, **kwargs: Any) -> Any:
         claims = await claim_runs(*args, **kwargs)
-        if claims and not took and kwargs.get("expired_only"):
+        if claims and not took:
             took.append(worker.reserve())  # (a run of the worker submitting a child)
         return claims
 
