@@ -30,7 +30,7 @@ from corral.core.runs import RunState
 from corral.core.settings import Settings
 from corral.runtime.operations import submit
 from corral.runtime.worker import Worker
-from corral.store import Store
+from corral.store import Store, open_store
 from durable_tools import ENV_DIR
 from test_worker import NOTE_TOOL, agent, apply, get, scripted, settings, store
 
@@ -386,12 +386,31 @@ async def test_a_slot_kept_by_a_claim_is_not_free_while_the_rest_goes_back(
     assert slots[1] is None, "a slot the kept claim holds went to another child"
 
 
+@pytest.fixture(params=["sqlite", "postgresql"])
+async def either_store(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[Store]:
+    """A SQLite store, or the scratch PostgreSQL database (runs claimed by sweeping both)."""
+    monkeypatch.setenv("CORRAL_TEST_SIDE_EFFECTS", str(tmp_path / "effects.txt"))
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'corral.db'}"
+    else:
+        postgres = request.getfixturevalue("postgres")
+        url = postgres.url(postgres.scratch())
+    opened = await open_store(url)
+    try:
+        yield opened
+    finally:
+        await opened.close()
+
+
 async def test_a_run_of_a_limited_agent_that_ends_lets_the_next_one_go_at_once(
-    store: Store, settings: Settings
+    either_store: Store, settings: Settings
 ) -> None:
     # Agent at max_concurrent_runs: 1, three runs queued, a worker with slots to spare.
     # Its claims get one run at a time (the rest wait for the agent's room): the end of
     # each must lead to the next claim, not leave the worker idle until its poll.
+    store = either_store
     await apply(
         store,
         scripted("{tool_calls: [{name: note, arguments: {note: hi}}]}", "{text: done}"),
