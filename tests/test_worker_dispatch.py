@@ -9,6 +9,7 @@ delivered again, comes back when that lease expires, until its last delivery);
 and deliveries that claim nothing never stall a full worker. Also how the worker's
 sweep of the store shares slots with deliveries and child runs: expired leases are taken
 over while the bus is busy, and a claim gives back what a child took the slot of meanwhile.
+Without a dispatching bus: the end of a run of an Agent at max_concurrent_runs is news.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from corral.core.runs import RunState
 from corral.core.settings import Settings
 from corral.runtime.operations import submit
 from corral.runtime.worker import Worker
-from corral.store import Store
+from corral.store import Store, open_store
 from durable_tools import ENV_DIR
 from test_worker import NOTE_TOOL, agent, apply, get, scripted, settings, store
 
@@ -348,3 +349,138 @@ async def test_a_sweep_gives_back_what_a_child_run_took_the_slot_of_meanwhile(
             1,
             claims,
         )
+
+
+async def test_a_slot_kept_by_a_claim_is_not_free_while_the_rest_goes_back(
+    store: Store, settings: Settings
+) -> None:
+    # The claim keeps the urgent run and gives the other back (a child took its slot). While
+    # the give-back waits on the store, the kept run holds its slot: a second child asking
+    # then (or a delivery) finds none free, or the worker would run three runs on two slots.
+    await quick_agent(store)
+    await submit(store, "helper", "urgent", priority=5)
+    await submit(store, "helper", "later")
+    slots: list[object] = []
+    worker = Worker(store, settings, bus=LocalBus(), concurrency=2, poll_seconds=60)
+    claim_runs, release_run = store.claim_runs, store.release_run
+
+    async def claim_while_a_child_takes_a_slot(*args: Any, **kwargs: Any) -> Any:
+        claims = await claim_runs(*args, **kwargs)
+        if not slots:
+            slots.append(worker.reserve())  # (a run of the worker submitting a child)
+        return claims
+
+    async def release_while_another_child_asks(*args: Any, **kwargs: Any) -> None:
+        slots.append(worker.reserve())
+        await release_run(*args, **kwargs)
+
+    store.claim_runs = claim_while_a_child_takes_a_slot  # type: ignore[method-assign]
+    store.release_run = release_while_another_child_asks  # type: ignore[method-assign]
+    stop = anyio.Event()
+    async with anyio.create_task_group() as group:
+        group.start_soon(worker.serve, stop)
+        await until(lambda: len(slots) == 2)
+        await until(lambda: worker.executed >= 1)
+        stop.set()
+    assert slots[0] is not None  # the first child's slot
+    assert slots[1] is None, "a slot the kept claim holds went to another child"
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+async def either_store(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[Store]:
+    """A SQLite store, or the scratch PostgreSQL database (runs claimed by sweeping both)."""
+    monkeypatch.setenv("CORRAL_TEST_SIDE_EFFECTS", str(tmp_path / "effects.txt"))
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'corral.db'}"
+    else:
+        postgres = request.getfixturevalue("postgres")
+        url = postgres.url(postgres.scratch())
+    opened = await open_store(url)
+    try:
+        yield opened
+    finally:
+        await opened.close()
+
+
+async def test_a_run_of_a_limited_agent_that_ends_lets_the_next_one_go_at_once(
+    either_store: Store, settings: Settings
+) -> None:
+    # Agent at max_concurrent_runs: 1, three runs queued, a worker with slots to spare.
+    # Its claims get one run at a time (the rest wait for the agent's room): the end of
+    # each must lead to the next claim, not leave the worker idle until its poll.
+    store = either_store
+    await apply(
+        store,
+        scripted("{tool_calls: [{name: note, arguments: {note: hi}}]}", "{text: done}"),
+        NOTE_TOOL,
+        agent(extra="  max_concurrent_runs: 1"),
+    )
+    runs = [(await submit(store, "helper", f"run {i}"))[0] for i in range(3)]
+    worker = Worker(store, settings, bus=LocalBus(), concurrency=4, poll_seconds=60)
+    stop = anyio.Event()
+    async with anyio.create_task_group() as group:
+        group.start_soon(worker.serve, stop)
+        await until(lambda: worker.executed >= 3)  # (well before the poll)
+        stop.set()
+    for run in runs:
+        assert (await get(store, run)).state is RunState.SUCCEEDED
+
+
+class AnnouncingBusyBus(BusyBus):
+    """A :class:`BusyBus` that also delivers the runs announced on it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.announced: list[str] = []
+
+    async def announce_runnable(self, run_ids: Any, *, mark: str | None = None) -> None:
+        self.announced.extend(run_ids)
+
+    async def take_runnable(self, limit: int, seconds: float) -> list[Delivery]:
+        if self.announced:
+            taken, self.announced = self.announced[:limit], self.announced[limit:]
+            return [FakeDelivery(run_id) for run_id in taken]
+        return await super().take_runnable(limit, seconds)
+
+
+async def test_a_run_a_busy_sweep_took_over_and_gave_back_is_delivered_again(
+    store: Store, settings: Settings
+) -> None:
+    # The sweep of a worker whose bus is busy takes over a dead worker's run (never
+    # announced) and gives it back: a child took the slot meanwhile. Queued again, its
+    # lease no longer expired, only a sweep of queued runs would find it, and this
+    # worker's bus is never quiet: it must be announced like any released run.
+    await quick_agent(store)
+    orphan, _ = await submit(store, "helper", "claimed where it was submitted")
+    await store.claim_runs("dead-worker", 0.2, run_ids=[orphan.id])
+    bus = AnnouncingBusyBus()
+    worker = Worker(store, settings, bus=bus, concurrency=1, poll_seconds=0.05)  # type: ignore[arg-type]
+    claim_runs, release_run = store.claim_runs, store.release_run
+    took: list[object] = []
+
+    async def claim_while_a_child_takes_the_slot(*args: Any, **kwargs: Any) -> Any:
+        claims = await claim_runs(*args, **kwargs)
+        if claims and not took:
+            took.append(worker.reserve())  # (a run of the worker submitting a child)
+        return claims
+
+    async def release_then_the_child_ends(*args: Any, **kwargs: Any) -> None:
+        await release_run(*args, **kwargs)
+        if took and took[0] is not None:
+            took[0] = None
+            worker.release()  # (the child ended: its slot is free)
+
+    store.claim_runs = claim_while_a_child_takes_the_slot  # type: ignore[method-assign]
+    store.release_run = release_then_the_child_ends  # type: ignore[method-assign]
+    stop = anyio.Event()
+    async with anyio.create_task_group() as group:
+        group.start_soon(worker.serve, stop)
+        await until(lambda: bool(took))
+        with anyio.move_on_after(5):
+            while (await get(store, orphan)).state is not RunState.SUCCEEDED:
+                await anyio.sleep(0.02)
+        stop.set()
+    done = await get(store, orphan)
+    assert done.state is RunState.SUCCEEDED, f"given back and left {done.state.value}"

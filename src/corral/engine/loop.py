@@ -97,6 +97,8 @@ class AgentDefinition:
     execution: dict[str, Any] | None = None
     #: the names of the agents it may call (``spec.links``): its agent tokens carry them
     links: tuple[str, ...] = ()
+    #: ``spec.max_concurrent_runs``: its runs executing at once across all workers
+    max_concurrent_runs: int | None = None
 
 
 #: a tool call's planted environment variables, and those of their values to redact by name

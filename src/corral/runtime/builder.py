@@ -172,6 +172,7 @@ class AgentBuilder:
             session_policy=spec.session,
             execution=policy.to_dict(),
             links=tuple(link.agent for link in spec.links),
+            max_concurrent_runs=spec.max_concurrent_runs,
         )
 
     async def execution_policy(self, name: str, spec: AgentSpec) -> EffectivePolicy:

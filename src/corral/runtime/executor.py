@@ -108,6 +108,10 @@ class RunExecutor:
         self.retry_base_seconds = retry_base_seconds
         self.observer = observer
         self.slots = slots
+        #: (namespace, agent) of the agents with ``max_concurrent_runs`` whose runs this
+        #: executor started, as last built: the end of one of their runs may let a queued
+        #: run of theirs be claimed (nothing announces that)
+        self.limited_agents: set[tuple[str, str]] = set()
         # the runs executing here, as claimed: their child runs are started without a read
         self._executing: dict[str, RunRecord] = {}
         delegation = StoreDelegation(store, bus, slots, self._executing)
@@ -292,6 +296,11 @@ class RunExecutor:
         except CorralError as exc:  # (the builder redacted it)
             return await self._failed_to_start(sink, exc, events, record)
         sink.redactor = agent.toolset.redactor
+        if agent.name == record.agent:  # (the agent a claim's admission counts the run under)
+            if agent.max_concurrent_runs is None:
+                self.limited_agents.discard((record.namespace, record.agent))
+            else:
+                self.limited_agents.add((record.namespace, record.agent))
         releases = [release]
         calls = _LinkedCalls(self, record, agent, resumed=bool(events))
 

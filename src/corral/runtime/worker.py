@@ -285,24 +285,35 @@ class Worker:
         # A child run of this worker may have taken a slot while the claim was under way
         # (see reserve): the least urgent claims beyond the slots left go back.
         over = len(claims) - max(self._free(), 0)
-        if over > 0:
-            claims, back = claims[:-over], claims[-over:]
-            await self._give_back(back)
+        back = claims[len(claims) - over :] if over > 0 else []
+        claims = claims[: len(claims) - len(back)]
+        # The kept runs hold their slots before the give-back waits on the store: a child
+        # or a delivery asking meanwhile must not find them free.
         for record, lease in claims:
             self.active[record.id] = lease
             group.start_soon(self._execute, record, lease)
+        if back:
+            await self._give_back(back)
         self.swept += len(claims)
         self._backlog = len(claims) == free
         return len(claims)
 
     async def _give_back(self, claims: Sequence[tuple[RunRecord, Lease]]) -> None:
         """Release runs claimed for slots that are gone, their attempt refunded (one whose
-        attempts are exhausted is not refunded: its next claimer ends it)."""
+        attempts are exhausted is not refunded: its next claimer ends it), and announce
+        them as any released run is: a run whose lease had expired was never announced,
+        and a queued one's delivery may have been settled as another's meanwhile; queued
+        again, only a sweep of queued runs would find it, which a busy bus puts off."""
         for record, lease in claims:
             try:
                 await self.store.release_run(lease, refund_attempt=not lease.exhausted)
             except TRANSIENT as exc:
                 log.warning("run %s: not given back (%s): its lease expires", record.id, exc)
+                continue
+            try:
+                await self.bus.announce_runnable([lease.run_id], mark=f"released:{lease.token}")
+            except TRANSIENT as exc:
+                log.warning("run %s: given back, not announced (%s)", record.id, exc)
 
     def _coalescing(self, free: int) -> bool:
         """Whether to wait for more free slots before claiming (see CLAIM_COALESCE_SECONDS)."""
@@ -443,9 +454,16 @@ class Worker:
                 self._child_ended(record.id, child)
             self.executed += 1
             # A freed slot is news to a worker that had none free or claimed all it could
-            # (more may be queued), and to a drain looking for its end; other work that
-            # comes is announced (a parent this run queued, too: see RunExecutor._save).
-            if self._until_idle or self._backlog or self._free() <= 1:
+            # (more may be queued), and to a drain looking for its end; so is the end of a
+            # run of an agent at max_concurrent_runs (its queued runs, left out of the last
+            # claim, may fit now); other work that comes is announced (a parent this run
+            # queued, too: see RunExecutor._save).
+            if (
+                self._until_idle
+                or self._backlog
+                or self._free() <= 1
+                or (record.namespace, record.agent) in self.executor.limited_agents
+            ):
                 self._wake.set()
             if not self.active:
                 self._idle.set()
