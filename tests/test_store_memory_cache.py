@@ -19,10 +19,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from corral.core.memory import MemoryPlace, MemoryVector
+from corral.core.memory import MemoryInputError, MemoryPlace, MemoryVector
 from corral.resources.secrets import SecretCipher
 from corral.store import Store, open_store
-from corral.store.sql.vector_cache import DEAD, Matrix, VectorCache
+from corral.store.sql.vector_cache import DEAD, Matrix, VectorCache, decode_arrays, decode_blobs
 from corral.store.sql.vector_scan import FIRST_PASS, FIRST_PASS_MIN_ROWS
 from test_store_memory_vectors import (  # noqa: F401 - fixtures
     EMBEDDER,
@@ -350,3 +350,48 @@ async def test_a_large_scope_ranks_by_the_int8_first_pass_as_by_float32_through_
     await store.delete_memory_entry(NOTES, "e00001")
     del rows["e00001"]
     await exact_top(1)
+
+
+async def test_vectors_of_one_embedder_in_several_dimensions_are_refused_not_misread(
+    store: Store, request: pytest.FixtureRequest
+) -> None:
+    """The store takes any vector under an embedder's name; rows of 3, 2 and 4 dimensions
+    (9 numbers: three rows of 3, read end to end) are a clear error at search, never
+    vectors cut out of their neighbours (the 2-dimensional one read as (0, 1, 0))."""
+    if request.node.callspec.params["store_url"] == "pgvector":
+        pytest.skip("pgvector compares in SQL, where PostgreSQL refuses the mix itself")
+    await store.write_memories(
+        [entry(key, key) for key in ("three", "two", "four")],
+        [vec(1, 0, 0), vec(0, 1), vec(0, 0, 0, 1)],
+    )
+    with pytest.raises(MemoryInputError, match="dimensions differ") as raised:
+        await store.search_memory(NOTES, "", vector=vec(0, 1, 0))
+    assert raised.value.code == "invalid_memory_input"
+    # a few rows of another size written later are refused as the update reads them
+    await store.delete_memory_entry(NOTES, "two")
+    await store.delete_memory_entry(NOTES, "four")
+    assert await nearest(store, 1, 0, 0, top_k=1) == ["three"]
+    await store.write_memory(entry("five", "five"), vector=vec(0, 0, 0, 0, 1))
+    with pytest.raises(MemoryInputError, match="dimensions differ"):
+        await store.search_memory(NOTES, "", vector=vec(1, 0, 0))
+
+
+def test_decoding_rows_of_several_sizes_fails_rather_than_realigning_them() -> None:
+    blobs = [np.asarray(row, dtype="<f4").tobytes() for row in ([1, 0, 0], [0, 1], [0, 0, 0, 1])]
+    with pytest.raises(ValueError, match="dimensions differ"):
+        decode_blobs(blobs, 3)
+    with pytest.raises(ValueError, match="dimensions differ"):
+        decode_blobs([b"\x00" * 6], 1)  # not whole float32s
+    sent = [_array_send(row) for row in ([1.0, 0.0, 0.0], [0.0, 1.0], [0.0, 0.0, 0.0, 1.0])]
+    with pytest.raises(ValueError, match="dimensions differ"):
+        decode_arrays(sent)
+    assert decode_arrays(sent[:1]).tolist() == [[1.0, 0.0, 0.0]]
+
+
+def _array_send(values: list[float]) -> bytes:
+    """PostgreSQL's ``array_send`` of a one-dimensional ``real[]`` (float4's oid, 700)."""
+    header = np.asarray([1, 0, 700, len(values), 1], dtype=">i4").tobytes()
+    return header + b"".join(
+        np.asarray([4], dtype=">i4").tobytes() + np.asarray([v], dtype=">f4").tobytes()
+        for v in values
+    )

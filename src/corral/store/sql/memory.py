@@ -600,7 +600,10 @@ class SqlMemory(SqlEngine):
             kind = await self._vector_kind(conn)
             if kind == PGVECTOR:
                 return await _nearest_in_sql(conn, kind, embedder, values, conditions, limit)
-            matrix = await self._matrix(conn, kind, place, embedder)
+            try:
+                matrix = await self._matrix(conn, kind, place, embedder)
+            except ValueError as exc:  # rows of several sizes under one embedder's name
+                raise MemoryInputError(f"the scope's vectors of {embedder!r}: {exc}") from None
             allowed = None
             if filtered:  # the ids of the entries the filters keep: scored alone
                 ids = (await conn.execute(sa.select(_t.c.id).where(*conditions))).scalars()
