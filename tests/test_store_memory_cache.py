@@ -14,7 +14,9 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -395,3 +397,36 @@ def _array_send(values: list[float]) -> bytes:
         np.asarray([4], dtype=">i4").tobytes() + np.asarray([v], dtype=">f4").tobytes()
         for v in values
     )
+
+
+async def test_a_scopes_vectors_are_read_and_patched_off_the_event_loop(
+    store: Store, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Normalising and quantising a scope read whole, and copying a matrix an update
+    cannot append to, take a large scope's tenths of a second: in a worker thread, as the
+    full-text index is tokenized, never on the event loop's."""
+    if request.node.callspec.params["store_url"] == "pgvector":
+        pytest.skip("pgvector compares in SQL: no matrix")
+    loop = threading.get_ident()
+    threads: dict[str, set[int]] = {"of": set(), "updated": set()}
+    of, updated = Matrix.of, Matrix.updated
+
+    def recorded_of(*args: Any) -> Matrix:
+        threads["of"].add(threading.get_ident())
+        return of(*args)
+
+    def recorded_updated(self: Matrix, *args: Any) -> Matrix:
+        threads["updated"].add(threading.get_ident())
+        return updated(self, *args)
+
+    monkeypatch.setattr(Matrix, "of", staticmethod(recorded_of))
+    monkeypatch.setattr(Matrix, "updated", recorded_updated)
+    await store.write_memories(
+        [entry(f"k{n}", "x") for n in range(8)],
+        [vec(1, n, 0, 0) for n in range(8)],
+    )
+    assert await nearest(store, 1, 0, 0, 0, top_k=1) == ["k0"]
+    await store.write_memory(entry("k9", "x"), vector=vec(0, 0, 1, 0))
+    assert await nearest(store, 0, 0, 1, 0, top_k=1) == ["k9"]
+    assert threads["of"] and threads["updated"]
+    assert loop not in threads["of"] | threads["updated"]

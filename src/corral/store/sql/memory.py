@@ -675,7 +675,10 @@ class SqlMemory(SqlEngine):
         if len(changed) > max(64, len(cached.ids) // 4):
             return None
         fresh = await _load(conn, kind, place, embedder, generation, changed)
-        return cached.updated(np.asarray(changed, dtype=np.int64), fresh)
+        # a copy when the spare rows run out: tenths of a second for a large scope
+        return await anyio.to_thread.run_sync(
+            cached.updated, np.asarray(changed, dtype=np.int64), fresh
+        )
 
     async def memory_stats(self, namespace: str, memory: str) -> MemoryStats:
         of_memory = sa.and_(_t.c.namespace == namespace, _t.c.memory == memory)
@@ -742,6 +745,13 @@ async def _load(
     rows = (await conn.execute(statement)).all()
     ids = [row[0] for row in rows]
     stored = [row[1] for row in rows]
+    # decoding, normalising and quantising are tenths of a second for a large scope:
+    # off the event loop, like the full-text index's tokenizing
+    return await anyio.to_thread.run_sync(_decoded, kind, generation, ids, stored)
+
+
+def _decoded(kind: str, generation: int, ids: list[int], stored: list[bytes]) -> Matrix:
+    """The matrix of the vectors ``stored`` (SQLite's blobs or ``array_send``'s bytes)."""
     if kind == "blob":
         vectors = decode_blobs(stored, len(stored[0]) // 4 if stored else 0)
     else:
