@@ -20,10 +20,12 @@ from typing import Any
 
 import numpy as np
 import pytest
+import sqlalchemy as sa
 
 from corral.core.memory import MemoryInputError, MemoryPlace, MemoryVector
 from corral.resources.secrets import SecretCipher
 from corral.store import Store, open_store
+from corral.store.sql import memory
 from corral.store.sql.vector_cache import DEAD, Matrix, VectorCache, decode_arrays, decode_blobs
 from corral.store.sql.vector_scan import FIRST_PASS, FIRST_PASS_MIN_ROWS
 from test_store_memory_vectors import (  # noqa: F401 - fixtures
@@ -430,3 +432,38 @@ async def test_a_scopes_vectors_are_read_and_patched_off_the_event_loop(
     assert await nearest(store, 0, 0, 1, 0, top_k=1) == ["k9"]
     assert threads["of"] and threads["updated"]
     assert loop not in threads["of"] | threads["updated"]
+
+
+async def test_an_update_reads_the_changed_vectors_a_statements_worth_of_ids_at_a_time(
+    store: Store, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A quarter of a large scope changed at once (40,000 of 160,000 entries, in one
+    batch) is more ids than one statement may bind (asyncpg takes 32,767): the update
+    reads them in parts, here of 3, and patches the cached matrix alike."""
+    if request.node.callspec.params["store_url"] == "pgvector":
+        pytest.skip("pgvector compares in SQL: no matrix")
+    monkeypatch.setattr(memory, "IDS_PER_STATEMENT", 3, raising=False)
+    bound: list[int] = []
+
+    def count(conn: Any, cursor: Any, statement: str, params: Any, *_: Any) -> None:
+        if "memory_vectors" in statement and statement.lstrip().upper().startswith("SELECT"):
+            bound.append(len(params))
+
+    engine = store._engine.sync_engine  # type: ignore[attr-defined]
+    sa.event.listen(engine, "before_cursor_execute", count)
+    try:
+        await store.write_memories(
+            [entry(f"k{n}", "x") for n in range(40)], [vec(1, n, 0, 0) for n in range(40)]
+        )
+        assert await nearest(store, 1, 0, 0, 0, top_k=1) == ["k0"]
+        await store.write_memories(
+            [entry(f"k{n}", "x") for n in range(1, 10)],
+            [vec(0, 0, n, 1) for n in range(1, 10)],
+        )
+        assert await nearest(store, 0, 0, 1, 0, top_k=2) == ["k9", "k8"]
+    finally:
+        sa.event.remove(engine, "before_cursor_execute", count)
+    cache: VectorCache = store.memory_vector_cache  # type: ignore[attr-defined]
+    assert cache.loads == 1 and cache.updates == 1
+    # the scope read whole (its place and the embedder), then 3 ids at a time with them
+    assert [n for n in bound if n] == [4, 3 + 4, 3 + 4, 3 + 4]

@@ -94,6 +94,8 @@ KEPT_GENERATIONS = 64
 #: the most entries one statement of a batch write carries (bound parameters: SQLite
 #: takes 32,766 per statement, asyncpg 32,767)
 ROWS_PER_STATEMENT = 500
+#: the most entry ids one statement reading vectors binds (the same limits)
+IDS_PER_STATEMENT = 8_192
 
 
 def at_place(place: MemoryPlace) -> sa.ColumnElement[bool]:
@@ -733,21 +735,31 @@ async def _load(
     # IN, not a join: the vectors are read in entry id order, no sort (half the time)
     # real[] goes out in its binary form (array_send): no Python float per element
     embedding = _v.c.embedding if kind == "blob" else sa.func.array_send(_v.c.embedding)
-    of_scope = sa.select(_t.c.id).where(at_place(place))
-    if only is not None:
-        of_scope = of_scope.where(_t.c.id.in_(only))
-    statement = (
-        sa.select(_v.c.entry_id, embedding)
-        .where(_v.c.entry_id.in_(of_scope))
-        .where(_v.c.embedder == embedder)
-        .order_by(_v.c.entry_id)
-    )
-    rows = (await conn.execute(statement)).all()
-    ids = [row[0] for row in rows]
-    stored = [row[1] for row in rows]
+    ids: list[int] = []
+    stored: list[bytes] = []
+    # the ids of ``only`` (ascending) a statement's worth at a time: a quarter of a large
+    # scope changed at once is more than a statement may bind
+    parts = [None] if only is None else _parts(only, IDS_PER_STATEMENT)
+    for part in parts:
+        of_scope = sa.select(_t.c.id).where(at_place(place))
+        if part is not None:
+            of_scope = of_scope.where(_t.c.id.in_(part))
+        statement = (
+            sa.select(_v.c.entry_id, embedding)
+            .where(_v.c.entry_id.in_(of_scope))
+            .where(_v.c.embedder == embedder)
+            .order_by(_v.c.entry_id)
+        )
+        for entry_id, value in (await conn.execute(statement)).all():
+            ids.append(entry_id)
+            stored.append(value)
     # decoding, normalising and quantising are tenths of a second for a large scope:
     # off the event loop, like the full-text index's tokenizing
     return await anyio.to_thread.run_sync(_decoded, kind, generation, ids, stored)
+
+
+def _parts(ids: list[int], size: int) -> list[list[int] | None]:
+    return [ids[start : start + size] for start in range(0, len(ids), size)]
 
 
 def _decoded(kind: str, generation: int, ids: list[int], stored: list[bytes]) -> Matrix:
