@@ -9,6 +9,7 @@ hostile entries and queries. The oracle is one SQL statement read with ``sqlite3
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import json
 import os
@@ -341,3 +342,37 @@ def test_an_index_counts_the_bytes_its_updates_hold() -> None:
         tracemalloc.stop()
     assert updated is not None and len(updated.delta) > 70_000
     assert 0.9 * held <= updated.nbytes - index.nbytes <= 1.5 * held
+
+
+async def test_searches_of_a_scope_not_yet_indexed_at_once_build_its_index_once(
+    store: Store, db_path: Path
+) -> None:
+    """Eight searches at once of a scope no search has indexed yet (after a restart, say):
+    one reads and tokenizes the scope, the others wait for its index rather than each
+    holding the scope's texts and a build of their own (eight times the memory and the
+    CPU), and all answer as the full ranking; a write meanwhile is an update."""
+    await write_corpus(store, random.Random(21), 1_000)
+    queries = [QUERIES[n % len(QUERIES)] for n in range(8)]
+    answers = await asyncio.gather(*(found(store, NOTES, query, 10) for query in queries))
+    for query, answer in zip(queries, answers, strict=True):
+        assert answer == full_ranking(db_path, NOTES, query, 10)
+    indexes = kept(store).indexes
+    assert indexes.loads == 1 and indexes.updates == 0
+    await store.write_memory(MemoryEntry("default", "notes", "", "new", "rare7 the mid3"))
+    answers = await asyncio.gather(*(found(store, NOTES, query, 10) for query in queries))
+    for query, answer in zip(queries, answers, strict=True):
+        assert answer == full_ranking(db_path, NOTES, query, 10)
+    assert indexes.loads == 1 and indexes.updates == 1
+
+
+async def test_searches_at_once_of_a_scope_too_large_to_keep_read_it_once(
+    db_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CORRAL_MEMORY_VECTOR_CACHE_BYTES", "1000")
+    async with await open_store(f"sqlite:///{db_path}") as store:
+        await write_corpus(store, random.Random(22), 300)
+        queries = [QUERIES[n % len(QUERIES)] for n in range(8)]
+        answers = await asyncio.gather(*(found(store, NOTES, query, 10) for query in queries))
+        for query, answer in zip(queries, answers, strict=True):
+            assert answer == full_ranking(db_path, NOTES, query, 10)
+        assert kept(store).indexes.loads == 1 and KEY in kept(store).indexes.too_large
