@@ -10,6 +10,7 @@ the shared PostgreSQL without pgvector, pgvector on a private cluster - where se
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -467,3 +468,47 @@ async def test_an_update_reads_the_changed_vectors_a_statements_worth_of_ids_at_
     assert cache.loads == 1 and cache.updates == 1
     # the scope read whole (its place and the embedder), then 3 ids at a time with them
     assert [n for n in bound if n] == [4, 3 + 4, 3 + 4, 3 + 4]
+
+
+async def test_searches_at_once_of_a_scope_not_yet_cached_load_its_vectors_once(
+    store: Store, request: pytest.FixtureRequest
+) -> None:
+    """Eight vector searches at once of a scope whose vectors no search has read: one
+    loads the matrix, the others wait for it (not eight matrices of the scope at once)."""
+    if request.node.callspec.params["store_url"] == "pgvector":
+        pytest.skip("pgvector compares in SQL: no matrix")
+    await store.write_memories(
+        [entry(f"k{n}", "x") for n in range(50)], [vec(1, n, 0, 0) for n in range(50)]
+    )
+    answers = await asyncio.gather(*(nearest(store, 1, 0, 0, 0, top_k=2) for _ in range(8)))
+    assert answers == [["k0", "k1"]] * 8
+    cache: VectorCache = store.memory_vector_cache  # type: ignore[attr-defined]
+    assert cache.loads == 1 and cache.updates == 0
+
+
+async def test_searches_at_once_of_a_scope_too_large_to_keep_load_it_each_at_once(
+    store_url: str, cipher: SecretCipher, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A scope over the whole budget is loaded for each search: searches at once of it,
+    once it is known too large, do not wait for one another's loads."""
+    if "pgvector" in store_url or not store_url.startswith("sqlite"):
+        pytest.skip("the SQLite matrix is enough here")
+    monkeypatch.setenv("CORRAL_MEMORY_VECTOR_CACHE_BYTES", "100")
+    async with await open_store(store_url, cipher=cipher) as store:
+        await store.write_memories(
+            [entry(f"k{n}", "x") for n in range(50)], [vec(1, n, 0, 0) for n in range(50)]
+        )
+        assert await nearest(store, 1, 0, 0, 0, top_k=2) == ["k0", "k1"]
+        cache: VectorCache = store.memory_vector_cache  # type: ignore[attr-defined]
+        assert cache.too_large and cache.keys() == []
+        loading = store._memory_vector_loading  # type: ignore[attr-defined]
+        entered: list[int] = []
+        turn = loading.turn
+
+        def counted(key: str) -> Any:
+            entered.append(1)
+            return turn(key)
+
+        monkeypatch.setattr(loading, "turn", counted)
+        answers = await asyncio.gather(*(nearest(store, 1, 0, 0, 0, top_k=2) for _ in range(4)))
+        assert answers == [["k0", "k1"]] * 4 and entered == [] and cache.loads == 5

@@ -53,7 +53,7 @@ from corral.core.memory import (
     query_terms,
 )
 from corral.store.schema import memory_changes, memory_entries, memory_generations
-from corral.store.sql.engine import SqlEngine, fetch_all, fetch_first
+from corral.store.sql.engine import SqlEngine, Turns, fetch_all, fetch_first
 from corral.store.sql.fulltext_sqlite import (
     FulltextCaches,
     every_match_ranked,
@@ -638,6 +638,31 @@ class SqlMemory(SqlEngine):
         cached = cache.latest(key)
         if cached is not None and cached.generation == generation:
             return cached
+        # one search of the scope at a time loads or updates it, the others then use it
+        loading: Turns | None = getattr(self, "_memory_vector_loading", None)
+        if loading is None:
+            loading = self._memory_vector_loading = Turns()
+        if cache.too_large.get(key) != generation:  # a scope kept: loaded once
+            async with loading.turn("\x00".join(key)):
+                cached = cache.latest(key)
+                if cached is not None and cached.generation == generation:
+                    return cached
+                if cache.too_large.get(key) != generation:
+                    return await self._matrix_read(conn, kind, place, embedder, generation, cached)
+        # too large to keep: each search loads it for itself, at once
+        return await self._matrix_read(conn, kind, place, embedder, generation, cached)
+
+    async def _matrix_read(
+        self,
+        conn: AsyncConnection,
+        kind: str,
+        place: MemoryPlace,
+        embedder: str,
+        generation: int,
+        cached: Matrix | None,
+    ) -> Matrix:
+        cache = self.memory_vector_cache
+        key = (place.namespace, place.memory, place.scope_key, embedder)
         if cached is not None and cached.generation < generation:
             matrix = await self._updated(conn, kind, place, embedder, cached, generation)
             if matrix is not None:

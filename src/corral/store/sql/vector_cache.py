@@ -218,6 +218,8 @@ class VectorCache:
         self._matrices: OrderedDict[Key, Matrix] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
+        #: scopes larger than the whole budget, by the generation found so (not kept)
+        self.too_large: dict[Key, int] = {}
         self.loads = 0  # matrices loaded whole from the store (misses), for tests and bench
         self.updates = 0  # matrices brought up to date from their scope's changes
 
@@ -260,7 +262,9 @@ class VectorCache:
             if key in self._matrices:
                 self._drop(key)
             if matrix.nbytes > self.max_bytes:
+                self.too_large[key] = matrix.generation
                 return
+            self.too_large.pop(key, None)
             while self._matrices and self._bytes + matrix.nbytes > self.max_bytes:
                 self._drop(next(iter(self._matrices)))
             self._matrices[key] = matrix
