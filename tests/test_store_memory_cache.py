@@ -10,19 +10,24 @@ the shared PostgreSQL without pgvector, pgvector on a private cluster - where se
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
+import sqlalchemy as sa
 
-from corral.core.memory import MemoryPlace, MemoryVector
+from corral.core.memory import MemoryInputError, MemoryPlace, MemoryVector
 from corral.resources.secrets import SecretCipher
 from corral.store import Store, open_store
-from corral.store.sql.vector_cache import DEAD, Matrix, VectorCache
+from corral.store.sql import memory
+from corral.store.sql.vector_cache import DEAD, Matrix, VectorCache, decode_arrays, decode_blobs
 from corral.store.sql.vector_scan import FIRST_PASS, FIRST_PASS_MIN_ROWS
 from test_store_memory_vectors import (  # noqa: F401 - fixtures
     EMBEDDER,
@@ -350,3 +355,159 @@ async def test_a_large_scope_ranks_by_the_int8_first_pass_as_by_float32_through_
     await store.delete_memory_entry(NOTES, "e00001")
     del rows["e00001"]
     await exact_top(1)
+
+
+async def test_vectors_of_one_embedder_in_several_dimensions_are_refused_not_misread(
+    store: Store, request: pytest.FixtureRequest
+) -> None:
+    """The store takes any vector under an embedder's name; rows of 3, 2 and 4 dimensions
+    (9 numbers: three rows of 3, read end to end) are a clear error at search, never
+    vectors cut out of their neighbours (the 2-dimensional one read as (0, 1, 0))."""
+    if request.node.callspec.params["store_url"] == "pgvector":
+        pytest.skip("pgvector compares in SQL, where PostgreSQL refuses the mix itself")
+    await store.write_memories(
+        [entry(key, key) for key in ("three", "two", "four")],
+        [vec(1, 0, 0), vec(0, 1), vec(0, 0, 0, 1)],
+    )
+    with pytest.raises(MemoryInputError, match="dimensions differ") as raised:
+        await store.search_memory(NOTES, "", vector=vec(0, 1, 0))
+    assert raised.value.code == "invalid_memory_input"
+    # a few rows of another size written later are refused as the update reads them
+    await store.delete_memory_entry(NOTES, "two")
+    await store.delete_memory_entry(NOTES, "four")
+    assert await nearest(store, 1, 0, 0, top_k=1) == ["three"]
+    await store.write_memory(entry("five", "five"), vector=vec(0, 0, 0, 0, 1))
+    with pytest.raises(MemoryInputError, match="dimensions differ"):
+        await store.search_memory(NOTES, "", vector=vec(1, 0, 0))
+
+
+def test_decoding_rows_of_several_sizes_fails_rather_than_realigning_them() -> None:
+    blobs = [np.asarray(row, dtype="<f4").tobytes() for row in ([1, 0, 0], [0, 1], [0, 0, 0, 1])]
+    with pytest.raises(ValueError, match="dimensions differ"):
+        decode_blobs(blobs, 3)
+    with pytest.raises(ValueError, match="dimensions differ"):
+        decode_blobs([b"\x00" * 6], 1)  # not whole float32s
+    sent = [_array_send(row) for row in ([1.0, 0.0, 0.0], [0.0, 1.0], [0.0, 0.0, 0.0, 1.0])]
+    with pytest.raises(ValueError, match="dimensions differ"):
+        decode_arrays(sent)
+    assert decode_arrays(sent[:1]).tolist() == [[1.0, 0.0, 0.0]]
+
+
+def _array_send(values: list[float]) -> bytes:
+    """PostgreSQL's ``array_send`` of a one-dimensional ``real[]`` (float4's oid, 700)."""
+    header = np.asarray([1, 0, 700, len(values), 1], dtype=">i4").tobytes()
+    return header + b"".join(
+        np.asarray([4], dtype=">i4").tobytes() + np.asarray([v], dtype=">f4").tobytes()
+        for v in values
+    )
+
+
+async def test_a_scopes_vectors_are_read_and_patched_off_the_event_loop(
+    store: Store, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Normalising and quantising a scope read whole, and copying a matrix an update
+    cannot append to, take a large scope's tenths of a second: in a worker thread, as the
+    full-text index is tokenized, never on the event loop's."""
+    if request.node.callspec.params["store_url"] == "pgvector":
+        pytest.skip("pgvector compares in SQL: no matrix")
+    loop = threading.get_ident()
+    threads: dict[str, set[int]] = {"of": set(), "updated": set()}
+    of, updated = Matrix.of, Matrix.updated
+
+    def recorded_of(*args: Any) -> Matrix:
+        threads["of"].add(threading.get_ident())
+        return of(*args)
+
+    def recorded_updated(self: Matrix, *args: Any) -> Matrix:
+        threads["updated"].add(threading.get_ident())
+        return updated(self, *args)
+
+    monkeypatch.setattr(Matrix, "of", staticmethod(recorded_of))
+    monkeypatch.setattr(Matrix, "updated", recorded_updated)
+    await store.write_memories(
+        [entry(f"k{n}", "x") for n in range(8)],
+        [vec(1, n, 0, 0) for n in range(8)],
+    )
+    assert await nearest(store, 1, 0, 0, 0, top_k=1) == ["k0"]
+    await store.write_memory(entry("k9", "x"), vector=vec(0, 0, 1, 0))
+    assert await nearest(store, 0, 0, 1, 0, top_k=1) == ["k9"]
+    assert threads["of"] and threads["updated"]
+    assert loop not in threads["of"] | threads["updated"]
+
+
+async def test_an_update_reads_the_changed_vectors_a_statements_worth_of_ids_at_a_time(
+    store: Store, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A quarter of a large scope changed at once (40,000 of 160,000 entries, in one
+    batch) is more ids than one statement may bind (asyncpg takes 32,767): the update
+    reads them in parts, here of 3, and patches the cached matrix alike."""
+    if request.node.callspec.params["store_url"] == "pgvector":
+        pytest.skip("pgvector compares in SQL: no matrix")
+    monkeypatch.setattr(memory, "IDS_PER_STATEMENT", 3, raising=False)
+    bound: list[int] = []
+
+    def count(conn: Any, cursor: Any, statement: str, params: Any, *_: Any) -> None:
+        if "memory_vectors" in statement and statement.lstrip().upper().startswith("SELECT"):
+            bound.append(len(params))
+
+    engine = store._engine.sync_engine  # type: ignore[attr-defined]
+    sa.event.listen(engine, "before_cursor_execute", count)
+    try:
+        await store.write_memories(
+            [entry(f"k{n}", "x") for n in range(40)], [vec(1, n, 0, 0) for n in range(40)]
+        )
+        assert await nearest(store, 1, 0, 0, 0, top_k=1) == ["k0"]
+        await store.write_memories(
+            [entry(f"k{n}", "x") for n in range(1, 10)],
+            [vec(0, 0, n, 1) for n in range(1, 10)],
+        )
+        assert await nearest(store, 0, 0, 1, 0, top_k=2) == ["k9", "k8"]
+    finally:
+        sa.event.remove(engine, "before_cursor_execute", count)
+    cache: VectorCache = store.memory_vector_cache  # type: ignore[attr-defined]
+    assert cache.loads == 1 and cache.updates == 1
+    # the scope read whole (its place and the embedder), then 3 ids at a time with them
+    assert [n for n in bound if n] == [4, 3 + 4, 3 + 4, 3 + 4]
+
+
+async def test_searches_at_once_of_a_scope_not_yet_cached_load_its_vectors_once(
+    store: Store, request: pytest.FixtureRequest
+) -> None:
+    """Eight vector searches at once of a scope whose vectors no search has read: one
+    loads the matrix, the others wait for it (not eight matrices of the scope at once)."""
+    if request.node.callspec.params["store_url"] == "pgvector":
+        pytest.skip("pgvector compares in SQL: no matrix")
+    await store.write_memories(
+        [entry(f"k{n}", "x") for n in range(50)], [vec(1, n, 0, 0) for n in range(50)]
+    )
+    answers = await asyncio.gather(*(nearest(store, 1, 0, 0, 0, top_k=2) for _ in range(8)))
+    assert answers == [["k0", "k1"]] * 8
+    cache: VectorCache = store.memory_vector_cache  # type: ignore[attr-defined]
+    assert cache.loads == 1 and cache.updates == 0
+
+
+@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)  # (the matrix is the same)
+async def test_searches_at_once_of_a_scope_too_large_to_keep_load_it_each_at_once(
+    store_url: str, cipher: SecretCipher, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A scope over the whole budget is loaded for each search: searches at once of it,
+    once it is known too large, do not wait for one another's loads."""
+    monkeypatch.setenv("CORRAL_MEMORY_VECTOR_CACHE_BYTES", "100")
+    async with await open_store(store_url, cipher=cipher) as store:
+        await store.write_memories(
+            [entry(f"k{n}", "x") for n in range(50)], [vec(1, n, 0, 0) for n in range(50)]
+        )
+        assert await nearest(store, 1, 0, 0, 0, top_k=2) == ["k0", "k1"]
+        cache: VectorCache = store.memory_vector_cache  # type: ignore[attr-defined]
+        assert cache.too_large and cache.keys() == []
+        loading = store._memory_vector_loading  # type: ignore[attr-defined]
+        entered: list[int] = []
+        turn = loading.turn
+
+        def counted(key: str) -> Any:
+            entered.append(1)
+            return turn(key)
+
+        monkeypatch.setattr(loading, "turn", counted)
+        answers = await asyncio.gather(*(nearest(store, 1, 0, 0, 0, top_k=2) for _ in range(4)))
+        assert answers == [["k0", "k1"]] * 4 and entered == [] and cache.loads == 5

@@ -9,6 +9,8 @@ hostile entries and queries. The oracle is one SQL statement read with ``sqlite3
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import json
 import os
 import random
@@ -17,6 +19,7 @@ import string
 import subprocess
 import sys
 import textwrap
+import tracemalloc
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -315,3 +318,61 @@ def test_an_update_kills_changed_rows_appends_the_new_and_gives_up_past_a_quarte
     assert sum(len(rows) for rows, _ in updated.postings("common")) == 200
     many = [(n, "again", 400.0) for n in range(1, 80)]
     assert updated.updated_to(3, np.arange(1, 80, dtype=np.int64), many) is None
+
+
+def test_an_index_counts_the_bytes_its_updates_hold() -> None:
+    """Entries of thousands of distinct words each, written after the index was read:
+    their words' postings (a pair of arrays per word) are counted as they are held, so
+    the cache's budget bounds them (not a third of what they take)."""
+    rng = random.Random(3)
+
+    def distinct(count: int) -> str:
+        return " ".join("".join(rng.choices(string.ascii_lowercase, k=7)) for _ in range(count))
+
+    index = TextIndex.of(1, [(n, distinct(50), float(n)) for n in range(1, 401)])
+    fresh = [(n, distinct(2_000), 500.0 + n) for n in range(1, 41)]
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        updated = index.updated_to(2, np.arange(1, 41, dtype=np.int64), fresh)
+        gc.collect()
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert updated is not None and len(updated.delta) > 70_000
+    assert 0.9 * held <= updated.nbytes - index.nbytes <= 1.5 * held
+
+
+async def test_searches_of_a_scope_not_yet_indexed_at_once_build_its_index_once(
+    store: Store, db_path: Path
+) -> None:
+    """Eight searches at once of a scope no search has indexed yet (after a restart, say):
+    one reads and tokenizes the scope, the others wait for its index rather than each
+    holding the scope's texts and a build of their own (eight times the memory and the
+    CPU), and all answer as the full ranking; a write meanwhile is an update."""
+    await write_corpus(store, random.Random(21), 1_000)
+    queries = [QUERIES[n % len(QUERIES)] for n in range(8)]
+    answers = await asyncio.gather(*(found(store, NOTES, query, 10) for query in queries))
+    for query, answer in zip(queries, answers, strict=True):
+        assert answer == full_ranking(db_path, NOTES, query, 10)
+    indexes = kept(store).indexes
+    assert indexes.loads == 1 and indexes.updates == 0
+    await store.write_memory(MemoryEntry("default", "notes", "", "new", "rare7 the mid3"))
+    answers = await asyncio.gather(*(found(store, NOTES, query, 10) for query in queries))
+    for query, answer in zip(queries, answers, strict=True):
+        assert answer == full_ranking(db_path, NOTES, query, 10)
+    assert indexes.loads == 1 and indexes.updates == 1
+
+
+async def test_searches_at_once_of_a_scope_too_large_to_keep_read_it_once(
+    db_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CORRAL_MEMORY_VECTOR_CACHE_BYTES", "1000")
+    async with await open_store(f"sqlite:///{db_path}") as store:
+        await write_corpus(store, random.Random(22), 300)
+        queries = [QUERIES[n % len(QUERIES)] for n in range(8)]
+        answers = await asyncio.gather(*(found(store, NOTES, query, 10) for query in queries))
+        for query, answer in zip(queries, answers, strict=True):
+            assert answer == full_ranking(db_path, NOTES, query, 10)
+        assert kept(store).indexes.loads == 1 and KEY in kept(store).indexes.too_large

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import functools
 import sqlite3
+import sys
 from contextlib import closing
 from dataclasses import dataclass
 
@@ -224,7 +225,7 @@ class TextIndex:
         for word, n in new.words.items():
             start, end = int(new.starts[n]), int(new.starts[n + 1])
             before = delta.get(word, (_NO_ROWS, _NO_ROWS))
-            added += 8 * (end - start) + (0 if word in delta else len(word) + _WORD_BYTES)
+            added += 8 * (end - start) + (0 if word in delta else len(word) + _DELTA_WORD_BYTES)
             delta[word] = (
                 np.concatenate([before[0], new.rows[start:end]]),
                 np.concatenate([before[1], new.counts[start:end]]),
@@ -250,6 +251,9 @@ class TextIndex:
 
 
 _NO_ROWS: Counts = np.zeros(0, dtype=np.int32)
+#: what one word of the delta costs beyond its characters and postings: a vocabulary
+#: word's, and its pair of arrays (an object each) in a tuple
+_DELTA_WORD_BYTES = _WORD_BYTES + 2 * sys.getsizeof(_NO_ROWS) + sys.getsizeof((_NO_ROWS, _NO_ROWS))
 
 
 def _parts(entries: list[tuple[int, str, float]], first: int) -> tuple[Postings, Floats]:

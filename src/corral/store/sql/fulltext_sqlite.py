@@ -11,7 +11,8 @@ FTS5 clamps it to 1e-6 for a word in half the entries or more. :func:`fulltext_s
 answers by the first of these that applies:
 
 1. **The scope's index** (:mod:`corral.store.sql.fulltext_index`): the scope's words
-   kept in process as postings, current by the scope's generation and noted changes.
+   kept in process as postings, current by the scope's generation and noted changes
+   (built or updated by one search of the scope at a time: the others wait for it).
    Every entry of the scope holding a query word is scored with numpy - each word's
    share for all its entries at once, added word by word in the query's order - and
    the best ``limit`` taken by ``np.partition`` and sorted. Filters are checked on the
@@ -53,6 +54,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from corral.core.memory import MemoryHit, MemoryPlace
 from corral.store.schema import memory_entries
+from corral.store.sql.engine import Turns
 from corral.store.sql.fulltext_index import DEAD, Floats, Ints, TextIndex, TextIndexCache
 from corral.store.sql.memory_scopes import at_place, changed_entries, generation_of
 from corral.store.sql.rows import MEMORY_ENTRIES
@@ -148,6 +150,8 @@ class FulltextCaches:
     def __init__(self, max_bytes: int) -> None:
         self.counts = WordCounts()
         self.indexes = TextIndexCache(max_bytes)
+        # one search at a time builds or updates a scope's index, the others then use it
+        self.building = Turns()
 
 
 async def fulltext_sqlite(
@@ -194,7 +198,9 @@ async def _indexed(
     words = [term for term in terms if held[term] > 0]  # the others add 0.0
     if not words or rows <= 0:
         return []
-    index = await _text_index(conn, place, generation, kept.indexes)
+    index = await _text_index(conn, place, generation, kept)
+    if index is None:  # found too large by the search before this one
+        return None
     query = _Query(words, rows, tokens, held)
     scores = np.zeros(len(index.ids), dtype=np.float64)
     matched = np.zeros(len(index.ids), dtype=np.bool_)
@@ -248,14 +254,31 @@ async def _passing(
 
 
 async def _text_index(
-    conn: AsyncConnection, place: MemoryPlace, generation: int, cache: TextIndexCache
-) -> TextIndex:
-    """The scope's index at ``generation``: cached, brought up to date from the scope's
-    changes, or built from its texts read whole (kept if it fits the cache)."""
+    conn: AsyncConnection, place: MemoryPlace, generation: int, kept: FulltextCaches
+) -> TextIndex | None:
+    """The scope's index at ``generation``: cached, else (one search of the scope at a
+    time: searches at once do not each read the scope whole) brought up to date from the
+    scope's changes, or built from its texts read whole (kept if it fits the cache);
+    ``None`` if the search before this one found the scope too large to keep."""
+    cache = kept.indexes
     key = (place.namespace, place.memory, place.scope_key)
     cached = cache.latest(key)
     if cached is not None and cached.generation == generation:
         return cached
+    async with kept.building.turn("\x00".join(key)):
+        return await _built(conn, place, generation, cache)
+
+
+async def _built(
+    conn: AsyncConnection, place: MemoryPlace, generation: int, cache: TextIndexCache
+) -> TextIndex | None:
+    key = (place.namespace, place.memory, place.scope_key)
+    cached = cache.latest(key)  # again: the search before this one may have built it
+    if cached is not None and cached.generation == generation:
+        return cached
+    too_large = cache.too_large.get(key)
+    if too_large is not None and 0 <= generation - too_large < TOO_LARGE_FOR:
+        return None
     if cached is not None and cached.generation < generation:
         changed = await changed_entries(conn, place, cached.generation, generation)
         if changed is not None and len(changed) <= MOST_CHANGED:

@@ -53,7 +53,7 @@ from corral.core.memory import (
     query_terms,
 )
 from corral.store.schema import memory_changes, memory_entries, memory_generations
-from corral.store.sql.engine import SqlEngine, fetch_all, fetch_first
+from corral.store.sql.engine import SqlEngine, Turns, fetch_all, fetch_first
 from corral.store.sql.fulltext_sqlite import (
     FulltextCaches,
     every_match_ranked,
@@ -95,6 +95,8 @@ KEPT_GENERATIONS = 64
 #: the most entries one statement of a batch write carries (bound parameters: SQLite
 #: takes 32,766 per statement, asyncpg 32,767)
 ROWS_PER_STATEMENT = 500
+#: the most entry ids one statement reading vectors binds (the same limits)
+IDS_PER_STATEMENT = 8_192
 
 
 def entries_of_memory(namespace: str, memory: str) -> sa.Delete:
@@ -583,7 +585,10 @@ class SqlMemory(SqlEngine):
             kind = await self._vector_kind(conn)
             if kind == PGVECTOR:
                 return await _nearest_in_sql(conn, kind, embedder, values, conditions, limit)
-            matrix = await self._matrix(conn, kind, place, embedder)
+            try:
+                matrix = await self._matrix(conn, kind, place, embedder)
+            except ValueError as exc:  # rows of several sizes under one embedder's name
+                raise MemoryInputError(f"the scope's vectors of {embedder!r}: {exc}") from None
             allowed = None
             if filtered:  # the ids of the entries the filters keep: scored alone
                 ids = (await conn.execute(sa.select(_t.c.id).where(*conditions))).scalars()
@@ -616,6 +621,31 @@ class SqlMemory(SqlEngine):
         cached = cache.latest(key)
         if cached is not None and cached.generation == generation:
             return cached
+        # one search of the scope at a time loads or updates it, the others then use it
+        loading: Turns | None = getattr(self, "_memory_vector_loading", None)
+        if loading is None:
+            loading = self._memory_vector_loading = Turns()
+        if cache.too_large.get(key) != generation:  # a scope kept: loaded once
+            async with loading.turn("\x00".join(key)):
+                cached = cache.latest(key)
+                if cached is not None and cached.generation == generation:
+                    return cached
+                if cache.too_large.get(key) != generation:
+                    return await self._matrix_read(conn, kind, place, embedder, generation, cached)
+        # too large to keep: each search loads it for itself, at once
+        return await self._matrix_read(conn, kind, place, embedder, generation, cached)
+
+    async def _matrix_read(
+        self,
+        conn: AsyncConnection,
+        kind: str,
+        place: MemoryPlace,
+        embedder: str,
+        generation: int,
+        cached: Matrix | None,
+    ) -> Matrix:
+        cache = self.memory_vector_cache
+        key = (place.namespace, place.memory, place.scope_key, embedder)
         if cached is not None and cached.generation < generation:
             matrix = await self._updated(conn, kind, place, embedder, cached, generation)
             if matrix is not None:
@@ -641,7 +671,10 @@ class SqlMemory(SqlEngine):
         if changed is None or len(changed) > max(64, len(cached.ids) // 4):
             return None
         fresh = await _load(conn, kind, place, embedder, generation, changed)
-        return cached.updated(np.asarray(changed, dtype=np.int64), fresh)
+        # a copy when the spare rows run out: tenths of a second for a large scope
+        return await anyio.to_thread.run_sync(
+            cached.updated, np.asarray(changed, dtype=np.int64), fresh
+        )
 
     async def memory_stats(self, namespace: str, memory: str) -> MemoryStats:
         of_memory = sa.and_(_t.c.namespace == namespace, _t.c.memory == memory)
@@ -696,18 +729,35 @@ async def _load(
     # IN, not a join: the vectors are read in entry id order, no sort (half the time)
     # real[] goes out in its binary form (array_send): no Python float per element
     embedding = _v.c.embedding if kind == "blob" else sa.func.array_send(_v.c.embedding)
-    of_scope = sa.select(_t.c.id).where(at_place(place))
-    if only is not None:
-        of_scope = of_scope.where(_t.c.id.in_(only))
-    statement = (
-        sa.select(_v.c.entry_id, embedding)
-        .where(_v.c.entry_id.in_(of_scope))
-        .where(_v.c.embedder == embedder)
-        .order_by(_v.c.entry_id)
-    )
-    rows = (await conn.execute(statement)).all()
-    ids = [row[0] for row in rows]
-    stored = [row[1] for row in rows]
+    ids: list[int] = []
+    stored: list[bytes] = []
+    # the ids of ``only`` (ascending) a statement's worth at a time: a quarter of a large
+    # scope changed at once is more than a statement may bind
+    parts = [None] if only is None else _parts(only, IDS_PER_STATEMENT)
+    for part in parts:
+        of_scope = sa.select(_t.c.id).where(at_place(place))
+        if part is not None:
+            of_scope = of_scope.where(_t.c.id.in_(part))
+        statement = (
+            sa.select(_v.c.entry_id, embedding)
+            .where(_v.c.entry_id.in_(of_scope))
+            .where(_v.c.embedder == embedder)
+            .order_by(_v.c.entry_id)
+        )
+        for entry_id, value in (await conn.execute(statement)).all():
+            ids.append(entry_id)
+            stored.append(value)
+    # decoding, normalising and quantising are tenths of a second for a large scope:
+    # off the event loop, like the full-text index's tokenizing
+    return await anyio.to_thread.run_sync(_decoded, kind, generation, ids, stored)
+
+
+def _parts(ids: list[int], size: int) -> list[list[int] | None]:
+    return [ids[start : start + size] for start in range(0, len(ids), size)]
+
+
+def _decoded(kind: str, generation: int, ids: list[int], stored: list[bytes]) -> Matrix:
+    """The matrix of the vectors ``stored`` (SQLite's blobs or ``array_send``'s bytes)."""
     if kind == "blob":
         vectors = decode_blobs(stored, len(stored[0]) // 4 if stored else 0)
     else:

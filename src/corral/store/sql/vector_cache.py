@@ -218,7 +218,11 @@ class VectorCache(ScopeCache[Key, Matrix]):
 
 
 def decode_blobs(blobs: list[bytes], dims: int) -> npt.NDArray[np.float32]:
-    """SQLite's little-endian float32 blobs as one (n, dims) matrix."""
+    """SQLite's little-endian float32 blobs as one (n, dims) matrix; a blob of another
+    length is an error (the store takes any vector under an embedder's name: rows of
+    several sizes read end to end would be vectors cut out of their neighbours)."""
+    if any(size != 4 * dims for size in set(map(len, blobs))):
+        raise ValueError("vector dimensions differ")
     joined = np.frombuffer(b"".join(blobs), dtype="<f4")
     return joined.reshape(len(blobs), dims).astype(np.float32, copy=True)
 
@@ -230,6 +234,8 @@ def decode_arrays(sent: list[bytes]) -> npt.NDArray[np.float32]:
     type, length, lower bound), then per element its byte length (4) and the float4."""
     if not sent:
         return np.zeros((0, 0), dtype=np.float32)
+    if len(set(map(len, sent))) > 1:  # of several sizes (see decode_blobs)
+        raise ValueError("vector dimensions differ")
     dims = (len(sent[0]) - _ARRAY_HEADER) // 8
     words = np.frombuffer(b"".join(sent), dtype=">f4").reshape(len(sent), -1)
     if words.shape[1] != _ARRAY_HEADER // 4 + 2 * dims:
