@@ -343,17 +343,24 @@ def reading(result: dict[str, Any], disk_commits_per_s: list[float]) -> list[str
             )
             line += (
                 f"; with one commit (an fsync) taking {fmt(fast, 1)}-{fmt(slow, 1)} ms on this "
-                f"disk, those alone come to {fmt(DELEGATION_COMMITS * fast, 0)}-"
-                f"{fmt(DELEGATION_COMMITS * slow, 0)} ms unless commits share an fsync"
+                f"disk, those alone come to {fmt(DELEGATION_COMMITS * fast, 1)}-"
+                f"{fmt(DELEGATION_COMMITS * slow, 1)} ms unless commits share an fsync"
             )
         said.append(line + ".")
     if ratio:
-        said.append(
+        line = (
             f"Fanning out to {result['fan_out']} children in one turn took "
-            f"{fmt(median(ratio), 2)}x the wall time of one child: the children's submits "
-            "and saves are separate write transactions, which the store's group commit "
-            "shares between them."
+            f"{fmt(median(ratio), 2)}x the wall time of one child. The children's submits "
+            "share one commit and their saves mostly another (the store's group commit): "
+            "what the ratio measures is each child run's own CPU in the one worker process, "
+            "paid one child after another on one core"
         )
+        if slow := fan_out_ratios(result, FAN_PAIRS[1]):
+            line += (
+                f"; with children whose model takes {fmt(CHILD_MODEL_SECONDS * 1000, 0)} ms, "
+                f"as a fast remote model would, {fmt(median(slow), 2)}x"
+            )
+        said.append(line + ".")
     if "systems" in result:
         said += sysruns.reading(result["systems"], disk_commits_per_s)
     return said
