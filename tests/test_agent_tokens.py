@@ -138,7 +138,7 @@ metadata: {{name: waiter}}
 spec:
   model: waiter-model
   tools: [echo]
-  links: [adder]
+  links: [adder, costly]
 ---
 apiVersion: corral/v1
 kind: ModelEndpoint
@@ -146,7 +146,7 @@ metadata: {{name: costly-model}}
 spec:
   provider: scripted
   script:
-    - {{text: pricey, input_tokens: 500}}
+    - {{text: pricey, input_tokens: 50}}
 ---
 apiVersion: corral/v1
 kind: Agent
@@ -161,7 +161,7 @@ spec:
   provider: scripted
   script:
     - {call({"action": "exec", "agent": "costly", "input": "spend"})}
-    - text: never asked
+    - {{text: over, input_tokens: 60}}
 ---
 apiVersion: corral/v1
 kind: Agent
@@ -287,7 +287,9 @@ def test_a_childs_spend_started_over_the_api_counts_against_the_callers_budget(
     assert (child["agent"], child["state"], child["output"]) == ("costly", "succeeded", "pricey")
     assert run["state"] == "failed"
     assert (run["error"]["code"], run["error"]["limit"]) == ("budget_exceeded", "max_tokens")
-    assert run["usage"]["input_tokens"] == 500
+    # the child's 50 (within the 100 the token said spender had left) and spender's next
+    # turn's 60: past spender's 100 only with the child's counted
+    assert run["usage"]["input_tokens"] == 110
     kinds = [e["type"] for e in events["items"]]
     # the call's result (the child's answer, as the program got it), then the charge
     assert kinds.index("tool.result") < kinds.index("child.finish") < kinds.index("error")
@@ -504,6 +506,48 @@ def test_exec_without_waiting_is_202_and_a_retried_request_finds_its_child(
         )
         assert {c["parent_run_id"] for c in children} == {parent["id"]}
         admin.post(f"/v1/tasks/{parent['id']}/cancel")
+
+
+def test_a_child_started_over_the_api_is_capped_at_what_its_caller_had_left(
+    server: LiveServer,
+) -> None:
+    # The token of a call carries what its run had left of its limits then; a child the
+    # token starts gets that as its own cap, as an agents_exec child does: costly's one
+    # turn (50 tokens) passes the 20 left.
+    with server.client(server.admin) as admin:
+        parent = admin.post("/v1/tasks", json={"agent": "waiter", "input": "sleep"}).json()
+        wait_for(
+            lambda: admin.get(f"/v1/tasks/{parent['id']}").json()["state"] == "running",
+            message="the waiter to run",
+        )
+        token = signer(server).mint(
+            namespace="default",
+            agent="waiter",
+            run_id=parent["id"],
+            links=["costly"],
+            tokens_left=20,
+        )
+        with server.client(token) as client:
+            child = client.post("/v1/links/costly/exec", json={"input": "spend"}).json()
+        admin.post(f"/v1/tasks/{parent['id']}/cancel")
+    assert child["state"] == "failed", child
+    assert (child["error"]["code"], child["error"]["limit"]) == ("budget_exceeded", "max_tokens")
+    assert child["usage"]["input_tokens"] == 50
+
+
+@pytest.mark.parametrize(
+    "left", [{"tokens_left": -1}, {"tokens_left": 1.5}, {"cost_left": float("nan")}]
+)
+def test_a_token_whose_budget_claim_is_not_a_budget_is_401_token_invalid(
+    server: LiveServer, left: dict[str, Any]
+) -> None:
+    token = signer(server).mint(
+        namespace="default", agent="boss", run_id="r-x", links=["adder"], **left
+    )
+    with links_client(server, token) as client:
+        response = client.get("/v1/links")
+    assert response.status_code == 401, response.text
+    assert response.json()["code"] == "token_invalid"
 
 
 @pytest.mark.parametrize("network", [True, False])

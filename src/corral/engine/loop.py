@@ -101,8 +101,9 @@ class AgentDefinition:
     max_concurrent_runs: int | None = None
 
 
-#: a tool call's planted environment variables, and those of their values to redact by name
-CallEnvironment = Callable[[], tuple[Mapping[str, str], Mapping[str, str]]]
+#: a tool call's planted environment variables, and those of their values to redact by name,
+#: given what the run has left of its ``max_cost_usd`` and ``max_tokens`` (``None``: no limit)
+CallEnvironment = Callable[[float | None, int | None], tuple[Mapping[str, str], Mapping[str, str]]]
 #: the live definition of the agent a ``handoff`` names (raises ``CorralError`` when it
 #: cannot be built)
 Switch = Callable[[str], Awaitable[AgentDefinition]]
@@ -746,9 +747,12 @@ class AgentLoop:
         agent = self.agent
         environment: Mapping[str, str] = {}
         hidden: Mapping[str, str] = {}
-        if self.call_environment is not None and agent.toolset.plants_environment(call.name):
-            environment, hidden = self.call_environment()  # (a token minted for this call)
         limit, tokens = self.budget.limits.max_cost_usd, self.budget.limits.max_tokens
+        cost_left = None if limit is None else max(limit - self.budget.cost_usd, 0.0)
+        tokens_left = None if tokens is None else max(tokens - self.budget.usage.total_tokens, 0)
+        if self.call_environment is not None and agent.toolset.plants_environment(call.name):
+            # (a token minted for this call, carrying what the run has left)
+            environment, hidden = self.call_environment(cost_left, tokens_left)
         return ToolContext(
             run_id=self.run_id,
             agent=agent.name,
@@ -758,8 +762,8 @@ class AgentLoop:
             workspace=agent.workspace,
             environment=environment,
             hidden=hidden,
-            cost_left=None if limit is None else max(limit - self.budget.cost_usd, 0.0),
-            tokens_left=None if tokens is None else max(tokens - self.budget.usage.total_tokens, 0),
+            cost_left=cost_left,
+            tokens_left=tokens_left,
         )
 
     async def _finish_step(self, step: int) -> None:

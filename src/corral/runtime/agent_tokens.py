@@ -5,7 +5,10 @@ An agent with ``links`` gets, in the environment of each ``exec`` tool call,
 the worker knows it). The token's claims say who calls and what it may reach:
 ``ns`` (namespace), ``agent``, ``run`` (the calling run: the parent of any child it
 starts), ``links`` (the names of the linked agents), ``iat``/``exp`` (a fresh
-token per call, valid :data:`TOKEN_SECONDS`), ``iss`` and ``aud``. The server
+token per call, valid :data:`TOKEN_SECONDS`), ``iss`` and ``aud``, and, when the calling
+run has limits, ``cost_left``/``tokens_left``: what it had left of its ``max_cost_usd`` /
+``max_tokens`` when the call started, the cap of any child the token starts (as an
+``agents_exec`` child gets it). The server
 accepts it only on ``/v1/links`` (see :mod:`corral.server.routes_links`).
 
 The signing key is derived (HKDF-SHA256) from the store's secret key
@@ -17,10 +20,12 @@ first key signs, every listed key verifies.
 
 from __future__ import annotations
 
+import math
 import secrets as _secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import jwt
 from cryptography.hazmat.primitives import hashes
@@ -51,6 +56,10 @@ class AgentClaims:
     run_id: str
     links: tuple[str, ...]
     expires_at: float
+    #: what the calling run had left of its limits when the token was minted (``None``:
+    #: no limit): the caps of a child the token starts
+    cost_left: float | None = None
+    tokens_left: int | None = None
 
 
 class AgentTokenError(Exception):
@@ -105,8 +114,11 @@ class AgentTokenSigner:
         run_id: str,
         links: Sequence[str],
         ttl_seconds: float | None = None,
+        cost_left: float | None = None,
+        tokens_left: int | None = None,
     ) -> str:
-        """A token for run ``run_id`` of ``agent``, valid ``ttl_seconds`` (default the signer's)."""
+        """A token for run ``run_id`` of ``agent``, valid ``ttl_seconds`` (default the signer's),
+        carrying what the run has left of its limits (``None``: no limit)."""
         now = self.now()
         claims = {
             "iss": ISSUER,
@@ -120,6 +132,10 @@ class AgentTokenSigner:
             "exp": int(now + (self.ttl_seconds if ttl_seconds is None else ttl_seconds)),
             "jti": _secrets.token_urlsafe(9),
         }
+        if cost_left is not None:
+            claims["cost_left"] = cost_left
+        if tokens_left is not None:
+            claims["tokens_left"] = tokens_left
         return jwt.encode(claims, self._signing_keys()[0], algorithm=_ALGORITHM)
 
     def verify(self, token: str) -> AgentClaims:
@@ -154,6 +170,8 @@ class AgentTokenSigner:
                 run_id=_text(claims, "run"),
                 links=tuple(_links(claims.get("links"))),
                 expires_at=float(expires_at),
+                cost_left=_left(claims.get("cost_left"), float),
+                tokens_left=_left(claims.get("tokens_left"), int),
             )
         except ValueError:
             raise AgentTokenError("token_invalid", "the agent token is not valid") from None
@@ -167,10 +185,24 @@ class AgentTokenIssuer:
         self.url = url
 
     def environment(
-        self, *, namespace: str, agent: str, run_id: str, links: Sequence[str]
+        self,
+        *,
+        namespace: str,
+        agent: str,
+        run_id: str,
+        links: Sequence[str],
+        cost_left: float | None = None,
+        tokens_left: int | None = None,
     ) -> dict[str, str]:
         """``CORRAL_AGENT_TOKEN`` and (when known) ``CORRAL_URL`` for one call."""
-        token = self.signer.mint(namespace=namespace, agent=agent, run_id=run_id, links=links)
+        token = self.signer.mint(
+            namespace=namespace,
+            agent=agent,
+            run_id=run_id,
+            links=links,
+            cost_left=cost_left,
+            tokens_left=tokens_left,
+        )
         env = {TOKEN_VARIABLE: token}
         url = self.url()
         if url:
@@ -194,3 +226,15 @@ def _links(value: object) -> list[str]:
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise ValueError("links")
     return [str(v) for v in value]
+
+
+def _left(value: object, kind: type[float] | type[int]) -> Any:
+    """An optional ``cost_left``/``tokens_left`` claim: absent, or a finite number >= 0
+    (tokens: a whole one)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError("left")
+    if not math.isfinite(value) or value < 0 or (kind is int and value != int(value)):
+        raise ValueError("left")
+    return kind(value)

@@ -523,13 +523,20 @@ class _LinkedCalls:
         # maybe, before the crash)
         self.minted = resumed
 
-    def environment(self) -> tuple[Mapping[str, str], Mapping[str, str]]:
+    def environment(
+        self, cost_left: float | None, tokens_left: int | None
+    ) -> tuple[Mapping[str, str], Mapping[str, str]]:
         agent, record = self.agent, self.record
         if not agent.links:
             return {}, {}
         self.minted = True
         env = self.tokens.environment(
-            namespace=record.namespace, agent=agent.name, run_id=record.id, links=agent.links
+            namespace=record.namespace,
+            agent=agent.name,
+            run_id=record.id,
+            links=agent.links,
+            cost_left=cost_left,
+            tokens_left=tokens_left,
         )
         return env, {REDACTION_NAME: env[TOKEN_VARIABLE]}
 

@@ -231,6 +231,9 @@ async def exec_link(
             body.session,
             key=key,
             max_depth=spec.limits.max_depth,
+            # what the calling run had left when its tool call started (the token says)
+            max_cost_usd=caller.cost_left,
+            max_tokens=caller.tokens_left,
         )
     except ToolError as exc:
         raise _problem(exc) from None
