@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import stat
 import subprocess
 import sys
@@ -81,11 +82,18 @@ def spawn(env: dict[str, str], *args: str) -> pexpect.spawn:
         encoding="utf-8",
         timeout=20,
         dimensions=(40, 200),
+        # as from a terminal's shell: a suite started in the background of a script (`&`)
+        # ignores SIGINT, which the child would inherit, and Ctrl-C would do nothing
+        preexec_fn=_default_sigint,
     )
     # (its start is the CLI's, timed in the benchmark: a machine busy with the rest of the
     # suite has taken over 20 s to show the first prompt)
     child.expect_exact(PROMPT, timeout=90)
     return child
+
+
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def ended(child: pexpect.spawn) -> int:
