@@ -473,18 +473,29 @@ def test_a_linked_agent_its_roles_deny_is_403_and_not_listed(server: LiveServer)
         assert denied.status_code == 403 and denied.json()["code"] == "permission_denied"
 
 
+def running_waiter(
+    server: LiveServer, admin: httpx.Client, links: list[str], **left: Any
+) -> tuple[dict[str, Any], str]:
+    """A task of ``waiter`` (its tool call sleeps), once it runs, and an agent token of it
+    for ``links`` (``left``: the budget claims, ``cost_left`` / ``tokens_left``)."""
+    parent: dict[str, Any] = admin.post(
+        "/v1/tasks", json={"agent": "waiter", "input": "sleep"}
+    ).json()
+    wait_for(
+        lambda: admin.get(f"/v1/tasks/{parent['id']}").json()["state"] == "running",
+        message="the waiter to run",
+    )
+    token = signer(server).mint(
+        namespace="default", agent="waiter", run_id=parent["id"], links=links, **left
+    )
+    return parent, token
+
+
 def test_exec_without_waiting_is_202_and_a_retried_request_finds_its_child(
     server: LiveServer,
 ) -> None:
     with server.client(server.admin) as admin:
-        parent = admin.post("/v1/tasks", json={"agent": "waiter", "input": "sleep"}).json()
-        wait_for(
-            lambda: admin.get(f"/v1/tasks/{parent['id']}").json()["state"] == "running",
-            message="the waiter to run",
-        )
-        token = signer(server).mint(
-            namespace="default", agent="waiter", run_id=parent["id"], links=["adder"]
-        )
+        parent, token = running_waiter(server, admin, ["adder"])
         with server.client(token) as client:
             body = {"input": "1 + 1?", "wait": False}
             key = {"Idempotency-Key": "call-7"}
@@ -515,18 +526,7 @@ def test_a_child_started_over_the_api_is_capped_at_what_its_caller_had_left(
     # token starts gets that as its own cap, as an agents_exec child does: costly's one
     # turn (50 tokens) passes the 20 left.
     with server.client(server.admin) as admin:
-        parent = admin.post("/v1/tasks", json={"agent": "waiter", "input": "sleep"}).json()
-        wait_for(
-            lambda: admin.get(f"/v1/tasks/{parent['id']}").json()["state"] == "running",
-            message="the waiter to run",
-        )
-        token = signer(server).mint(
-            namespace="default",
-            agent="waiter",
-            run_id=parent["id"],
-            links=["costly"],
-            tokens_left=20,
-        )
+        parent, token = running_waiter(server, admin, ["costly"], tokens_left=20)
         with server.client(token) as client:
             child = client.post("/v1/links/costly/exec", json={"input": "spend"}).json()
         admin.post(f"/v1/tasks/{parent['id']}/cancel")
@@ -606,14 +606,7 @@ def test_corral_public_url_is_read_without_its_trailing_slash(tmp_path: Path) ->
 
 def test_the_python_client_calls_linked_agents_with_an_agent_token(server: LiveServer) -> None:
     with server.client(server.admin) as admin:
-        parent = admin.post("/v1/tasks", json={"agent": "waiter", "input": "sleep"}).json()
-        wait_for(
-            lambda: admin.get(f"/v1/tasks/{parent['id']}").json()["state"] == "running",
-            message="the waiter to run",
-        )
-        token = signer(server).mint(
-            namespace="default", agent="waiter", run_id=parent["id"], links=["adder"]
-        )
+        parent, token = running_waiter(server, admin, ["adder"])
         try:
             with Client(server.url, token) as client:
                 assert [link.agent for link in client.links().items] == ["adder"]

@@ -204,7 +204,7 @@ class RunExecutor:
                 await self.store.release_run(lease, not_before=retry_at)
         except LeaseLostError:
             return "lost"
-        await self._announce_released(lease)
+        await self.announce_released(lease)
         return "released"
 
     async def _execute(
@@ -244,14 +244,14 @@ class RunExecutor:
             return "lost"
         try:
             if result == "released":  # a retry with backoff: due at its not_before
-                await self._announce_released(lease)
+                await self.announce_released(lease)
                 return "released"
             if stop.reason == "shutdown":
                 await sink.flush()
                 # Stopping the worker did not fail the run: the attempt is given back
                 # (an exhausted claim counted none, so has none to give back).
                 await self.store.release_run(lease, refund_attempt=not lease.exhausted)
-                await self._announce_released(lease)
+                await self.announce_released(lease)
                 return "released"
             if stop.reason == "cancelled":
                 record.cancel_requested = True  # as stored (the lease keeper read it there)
@@ -358,7 +358,7 @@ class RunExecutor:
             return {}
         return await self.slots.ended(child_ids, CHILD_WAIT_SECONDS)
 
-    async def _announce_released(self, lease: Lease) -> None:
+    async def announce_released(self, lease: Lease) -> None:
         """Announce a run this lease released: its fencing token marks the release, which
         no other announcement of the run shares (each claim takes a new token)."""
         if self.bus is not None:

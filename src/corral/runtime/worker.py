@@ -311,7 +311,7 @@ class Worker:
                 log.warning("run %s: not given back (%s): its lease expires", record.id, exc)
                 continue
             try:
-                await self.bus.announce_runnable([lease.run_id], mark=f"released:{lease.token}")
+                await self.executor.announce_released(lease)
             except TRANSIENT as exc:
                 log.warning("run %s: given back, not announced (%s)", record.id, exc)
 
