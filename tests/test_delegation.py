@@ -120,6 +120,49 @@ async def test_a_child_run_is_capped_by_what_its_parent_has_left(backend: Backen
     assert parent.error["limit"] == "max_cost_usd" and parent.cost_usd == 3.0
 
 
+async def test_children_started_at_once_share_what_their_parent_has_left(backend: Backend) -> None:
+    # boss ($1 a turn, max_cost_usd 4) fans out to three helpers in its first turn: each
+    # may spend a third of the $3 left, so together they cannot spend more than boss has
+    # (not $3 each: $9 before boss is charged); each helper spends its $1 and answers,
+    # and boss, charged $4, is within its limit
+    store = backend.store
+    pricing = {"input_per_million": 1_000_000.0, "output_per_million": 0.0}
+    fan = [
+        {"name": "agents_exec", "arguments": {"agent": "helper", "input": f"part {n}"}}
+        for n in range(3)
+    ]
+    model_docs = [
+        {
+            "name": "boss-model",
+            "script": [{"tool_calls": fan, "input_tokens": 1}, {"text": "done"}],
+        },
+        {"name": "helper-model", "script": [{"text": "spent", "input_tokens": 1}] * 3},
+    ]
+    await apply(
+        store,
+        *[
+            json.dumps(
+                {
+                    "apiVersion": "corral/v1",
+                    "kind": "ModelEndpoint",
+                    "metadata": {"name": doc["name"]},
+                    "spec": {"provider": "scripted", "pricing": pricing, "script": doc["script"]},
+                }
+            )
+            for doc in model_docs
+        ],
+        agent("helper", "helper-model"),
+        agent("boss", "boss-model", links=["helper"], limits={"max_cost_usd": 4.0}),
+    )
+    run, _ = await backend.submit("boss", "go")
+    await backend.drain()
+    parent = await get(store, run)
+    helpers = await store.list_children(run.id)
+    assert [h.max_cost_usd for h in helpers] == [1.0] * 3
+    assert all(h.state is RunState.SUCCEEDED for h in helpers)
+    assert (parent.state, parent.cost_usd) == (RunState.SUCCEEDED, 4.0)
+
+
 async def test_a_child_run_is_capped_by_the_tokens_its_parent_has_left(backend: Backend) -> None:
     # boss (10 tokens a turn, max_tokens 25) delegates after its first turn; helper would
     # take 5 turns of 10: given the 15 boss has left as its own cap, it stops after its

@@ -11,7 +11,7 @@ from corral.core.runs import RunRecord, RunState
 from corral.engine.loop import AgentLoop
 from corral.engine.replay import replay
 from corral.resources.kinds import Limits
-from corral.tools.base import ChildRun
+from corral.tools.base import ChildRun, ToolContext
 from test_engine import FunctionTool, Harness, turn
 
 SCRIPT = [turn("", ("delegate", {})), turn("the child said so")]
@@ -94,3 +94,74 @@ async def test_a_childs_cost_past_the_runs_limit_fails_it_after_the_result(
     assert [r["output"] for r in results] == ["ok"]
     error = next(e for e in h.events if e.type is EventType.ERROR)
     assert (error.data["code"], error.data["limit"]) == ("budget_exceeded", "max_cost_usd")
+
+
+class Spender(FunctionTool):
+    """A tool starting a child run per call (as ``agents_exec``), recording what each call
+    was given to spend."""
+
+    starts_children = True
+
+    def __init__(self) -> None:
+        super().__init__("delegate", delegate)
+        self.given: list[tuple[float | None, int | None]] = []
+
+    async def call(self, arguments: dict[str, object], ctx: ToolContext) -> ChildRun:
+        self.given.append((ctx.cost_left, ctx.tokens_left))
+        return ChildRun(f"run_child_{len(self.given)}", "helper")
+
+
+class Looker(FunctionTool):
+    """A tool starting nothing, recording what its call was given."""
+
+    def __init__(self) -> None:
+        super().__init__("look", lambda: "seen")
+        self.given: list[tuple[float | None, int | None]] = []
+
+    async def call(self, arguments: dict[str, object], ctx: ToolContext) -> str:
+        self.given.append((ctx.cost_left, ctx.tokens_left))
+        return "seen"
+
+
+FAN_OUT = [turn("", ("delegate", {}), ("look", {}), ("delegate", {}), ("delegate", {}), tokens=3)]
+
+
+async def test_the_calls_of_a_step_that_start_children_share_what_the_run_has_left(
+    tmp_path: Path,
+) -> None:
+    # max $3 and 30 tokens; the first turn used 6 tokens: three children at once may
+    # spend $1 and 8 tokens each (all three spending all of it: what the run had left),
+    # not $3 and 24 each; the call that starts nothing is told the whole remainder
+    spender, looker = Spender(), Looker()
+    limits = Limits(max_cost_usd=3.0, max_tokens=30)
+    h = Harness(list(FAN_OUT), [spender, looker], tmp_path, limits=limits)
+    assert (await h.run()).state is RunState.WAITING_CHILDREN
+    assert spender.given == [(1.0, 8)] * 3
+    assert looker.given == [(3.0, 24)]
+
+
+async def test_a_resumed_step_gives_its_other_calls_what_its_running_children_do_not_hold(
+    tmp_path: Path,
+) -> None:
+    # the worker died after the step's first two children started: the third call, run
+    # again, may spend what the run has left less the two children's caps
+    spender, looker = Spender(), Looker()
+    limits = Limits(max_cost_usd=3.0, max_tokens=30)
+    h = Harness(list(FAN_OUT), [spender, looker], tmp_path, limits=limits)
+    await h.run()
+    third = [e for e in h.events if e.data.get("call_id") and e.type is not EventType.STEP_FINISH]
+    last_call = third[-1].data["call_id"]
+    journal = [
+        e
+        for e in h.events
+        if e.data.get("call_id") != last_call and e.type is not EventType.STEP_FINISH
+    ]
+    running = {
+        f"run_child_{n}": child(RunState.RUNNING, max_cost_usd=1.0, max_tokens=8) for n in (1, 2)
+    }
+    for run_id, record in running.items():
+        record.id = run_id
+    spender.given = []
+    result = await AgentLoop(h.agent, "run_test", h.sink).resume(journal, {}, running)
+    assert result.state is RunState.WAITING_CHILDREN
+    assert spender.given == [(1.0, 8)]

@@ -534,6 +534,8 @@ class AgentLoop:
             else:
                 runnable.append((index, call, False))
 
+        sharing = sum(1 for _, call, _ in runnable if toolset.shares_budget(call.name))
+        share = self._outside_share(step, sharing)
         spent: list[tuple[Usage, float]] = []
 
         async def invoke(index: int, call: ToolCall, approved: bool) -> None:
@@ -547,7 +549,7 @@ class AgentLoop:
                     idempotent=toolset.is_idempotent(call.name),
                 )
 
-            context = self._context(step.step, index, call)
+            context = self._context(step.step, index, call, share)
             outcome = await toolset.invoke(call, context, approved=approved, on_start=started)
             for kind, data in context.journal:  # what the call did, before its result
                 await self.emit(kind, step=step.step, call_id=call.id, tool=outcome.ref, **data)
@@ -743,13 +745,44 @@ class AgentLoop:
         )
         return Message.tool(outcome.call, outcome.model_text(), is_error=outcome.error is not None)
 
-    def _context(self, step: int, index: int, call: ToolCall) -> ToolContext:
+    def _outside_share(self, step: OpenStep, sharing: int) -> tuple[float | None, int | None]:
+        """What each of ``sharing`` calls of ``step`` that can spend the run's budget outside
+        the run (child runs) may spend, as ``(cost, tokens)`` (``None``: no limit): what the
+        run has left, less the caps of the step's children still running (each may spend all
+        of its cap before it is charged), split evenly. Together they cannot spend more than
+        the run has left, however many run at once."""
+        limits, budget = self.budget.limits, self.budget
+        running = [
+            child
+            for call_id, run_id in step.children.items()
+            if call_id not in step.results
+            and (child := self.children.get(run_id)) is not None
+            and not child.state.finished
+        ]
+        ways = max(sharing, 1)
+        cost = tokens = None
+        if limits.max_cost_usd is not None:
+            held = sum(child.max_cost_usd or 0.0 for child in running)
+            cost = max(limits.max_cost_usd - budget.cost_usd - held, 0.0) / ways
+        if limits.max_tokens is not None:
+            held_tokens = sum(child.max_tokens or 0 for child in running)
+            left = limits.max_tokens - budget.usage.total_tokens - held_tokens
+            tokens = max(left, 0) // ways
+        return cost, tokens
+
+    def _context(
+        self, step: int, index: int, call: ToolCall, share: tuple[float | None, int | None]
+    ) -> ToolContext:
         agent = self.agent
         environment: Mapping[str, str] = {}
         hidden: Mapping[str, str] = {}
-        limit, tokens = self.budget.limits.max_cost_usd, self.budget.limits.max_tokens
-        cost_left = None if limit is None else max(limit - self.budget.cost_usd, 0.0)
-        tokens_left = None if tokens is None else max(tokens - self.budget.usage.total_tokens, 0)
+        if agent.toolset.shares_budget(call.name):
+            cost_left, tokens_left = share
+        else:  # (it starts nothing: what the run has left, as it is)
+            limit, tokens = self.budget.limits.max_cost_usd, self.budget.limits.max_tokens
+            cost_left = None if limit is None else max(limit - self.budget.cost_usd, 0.0)
+            used = self.budget.usage.total_tokens
+            tokens_left = None if tokens is None else max(tokens - used, 0)
         if self.call_environment is not None and agent.toolset.plants_environment(call.name):
             # (a token minted for this call, carrying what the run has left)
             environment, hidden = self.call_environment(cost_left, tokens_left)

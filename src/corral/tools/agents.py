@@ -164,6 +164,7 @@ class AgentsExec(_LinkedAgentTool):
     answer is the result (the calling run waits for the child run, durably)."""
 
     ref = "agents_exec"
+    starts_children = True
 
     def __init__(
         self,

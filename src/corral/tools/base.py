@@ -49,8 +49,10 @@ class ToolContext:
     journal: list[tuple[EventType, dict[str, Any]]] = field(
         default_factory=list[tuple[EventType, dict[str, Any]]]
     )
-    #: what the calling run may still spend (its ``max_cost_usd`` less its spend so far;
-    #: ``None``: no limit): a child run a call starts gets it as its own cap
+    #: what this call may spend outside the run (``None``: no limit): the calling run's
+    #: ``max_cost_usd`` less its spend so far and less what children still running hold,
+    #: split evenly between the calls of the step that can spend it (those starting child
+    #: runs and those handed an agent token): a child run the call starts gets it as its cap
     cost_left: float | None = None
     #: the same for tokens (its ``max_tokens`` less the tokens it used so far)
     tokens_left: int | None = None
@@ -99,6 +101,9 @@ class Tool(ABC):
     #: whether a call's planted variables (:attr:`ToolContext.environment`) reach a
     #: process the tool starts: only such calls get an agent token minted
     plants_environment: bool = False
+    #: whether a call starts child runs (``agents_exec``): such calls, and those that get an
+    #: agent token, share what the calling run has left (see ``ToolContext.cost_left``)
+    starts_children: ClassVar[bool] = False
 
     def targets(self, arguments: dict[str, Any]) -> Sequence[str]:
         """The refs a call with these arguments needs permitted (``by_target`` tools); may

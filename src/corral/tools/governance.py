@@ -407,6 +407,13 @@ class Toolset:
         tool = self.by_name.get(model_name)
         return tool is not None and tool.tool.plants_environment
 
+    def shares_budget(self, model_name: str) -> bool:
+        """Whether a call of this tool can spend the run's budget outside the run: it starts
+        child runs, or its process gets the planted variables (an agent token, for agents
+        with links)."""
+        tool = self.by_name.get(model_name)
+        return tool is not None and (tool.tool.starts_children or tool.tool.plants_environment)
+
     def is_idempotent(self, model_name: str) -> bool:
         tool = self.by_name.get(model_name)
         return tool is not None and tool.tool.idempotent
