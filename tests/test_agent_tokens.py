@@ -138,7 +138,14 @@ metadata: {{name: waiter}}
 spec:
   model: waiter-model
   tools: [echo]
-  links: [adder, costly]
+  links: [adder, costly, napper]
+---
+apiVersion: corral/v1
+kind: Agent
+metadata: {{name: napper}}
+spec:
+  model: waiter-model
+  tools: [echo]
 ---
 apiVersion: corral/v1
 kind: ModelEndpoint
@@ -535,8 +542,65 @@ def test_a_child_started_over_the_api_is_capped_at_what_its_caller_had_left(
     assert child["usage"]["input_tokens"] == 50
 
 
+def test_the_children_of_one_token_share_what_it_carries(server: LiveServer) -> None:
+    # One call's token carries 120 tokens: costly's children (50 each) get what the
+    # earlier ones left - 120, 70, then 20, which its one turn passes.
+    with server.client(server.admin) as admin:
+        parent, token = running_waiter(server, admin, ["costly"], tokens_left=120, call="1:0")
+        with server.client(token) as client:
+            children = [
+                client.post("/v1/links/costly/exec", json={"input": f"spend {n}"}).json()
+                for n in range(3)
+            ]
+        admin.post(f"/v1/tasks/{parent['id']}/cancel")
+    assert [c["state"] for c in children] == ["succeeded", "succeeded", "failed"], children
+    assert children[2]["error"]["limit"] == "max_tokens"
+    assert [c["max_tokens"] for c in children] == [120, 70, 20]
+
+
+def test_children_one_token_starts_at_once_never_get_more_than_it_carries(
+    server: LiveServer,
+) -> None:
+    # Six children of one token started at once, each running on (napper sleeps): the
+    # first submitted holds all 120 tokens until it ends, the others get none - not 120
+    # each. Another call's token has its own 120.
+    with server.client(server.admin) as admin:
+        parent, token = running_waiter(server, admin, ["napper"], tokens_left=120, call="1:0")
+        _, other = running_waiter(server, admin, ["napper"], tokens_left=120, call="1:1")
+
+        def start(token: str) -> dict[str, Any]:
+            with server.client(token) as client:
+                body = {"input": "nap", "wait": False}
+                response = client.post("/v1/links/napper/exec", json=body)
+                assert response.status_code == 202, response.text
+                return response.json()
+
+        started: list[dict[str, Any]] = []
+
+        async def all_at_once() -> None:
+            async with anyio.create_task_group() as group:
+                for _ in range(6):
+                    group.start_soon(anyio.to_thread.run_sync, lambda: started.append(start(token)))
+
+        anyio.run(all_at_once)
+        apart = start(other)
+        admin.post(f"/v1/tasks/{parent['id']}/cancel")
+        assert sorted(c["max_tokens"] for c in started) == [0, 0, 0, 0, 0, 120]
+        assert apart["max_tokens"] == 120
+        for child in [*started, apart]:
+            admin.post(f"/v1/tasks/{child['id']}/cancel")
+
+
 @pytest.mark.parametrize(
-    "left", [{"tokens_left": -1}, {"tokens_left": 1.5}, {"cost_left": float("nan")}]
+    "left",
+    [
+        {"tokens_left": -1},
+        {"tokens_left": 1.5},
+        {"cost_left": float("nan")},
+        {"call": "1:2:3"},
+        {"call": "../x"},
+        {"call": "1:" + "9" * 40},
+    ],
 )
 def test_a_token_whose_budget_claim_is_not_a_budget_is_401_token_invalid(
     server: LiveServer, left: dict[str, Any]

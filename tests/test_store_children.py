@@ -16,11 +16,11 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection, create_async_engine
 
 from corral.core.errors import ConflictError, NotFoundError
-from corral.core.messages import Message
+from corral.core.messages import Message, Usage
 from corral.core.runs import Lease, RunRecord, RunState
 from corral.resources.loader import load_text
 from corral.store import Store
-from corral.store.base import Submitted, Woken
+from corral.store.base import Allowance, Submitted, Woken
 from corral.store.sql.agent_limits import ADVISORY_LOCK_KEY
 from systems_helpers import agent, apply, model
 from test_store import (  # noqa: F401 - fixtures
@@ -344,3 +344,67 @@ async def waiting_for_locks(conn: AsyncConnection, count: int) -> None:
     while (await conn.execute(waiting)).scalar_one() < count:
         await conn.rollback()
         await anyio.sleep(0.01)
+
+
+def keyed(run_id: str, key: str) -> RunRecord:
+    record = a_run(run_id, "run_p", 1)
+    record.idempotency_key = key
+    return record
+
+
+async def test_children_sharing_an_allowance_get_what_the_others_leave(store: Store) -> None:
+    # An agent token's children share what it carries: one not finished holds its caps,
+    # a finished one what it spent; children of other groups (another call's token, or a
+    # key that differs where a LIKE pattern would have matched: "_") hold nothing of it
+    await store.apply(load_text(AGENTS, "agents.yaml"))
+    await store.submit_run(a_run("run_p"))
+    await claim(store, "run_p")
+    group = "link:run_p:1_0:"
+    allowance = Allowance(group, cost_usd=1.0, tokens=100)
+
+    async def submit(run_id: str, key: str, shared: Allowance | None = allowance) -> RunRecord:
+        submitted = await store.submit_agent_run(keyed(run_id, key), allowance=shared)
+        assert submitted.created
+        stored = await store.get_run(run_id)
+        assert stored is not None
+        return stored
+
+    other = Allowance("link:run_p:1x0:", cost_usd=5.0, tokens=500)
+    assert (await submit("run_o", "link:run_p:1x0:aa", other)).max_tokens == 500
+    first = await submit("run_c1", f"{group}aa")
+    assert (first.max_cost_usd, first.max_tokens) == (1.0, 100)
+    second = await submit("run_c2", f"{group}bb")  # the first holds all of it
+    assert (second.max_cost_usd, second.max_tokens) == (0.0, 0)
+
+    # the first ends having spent $0.25 and 30 tokens, the second nothing
+    for run_id, cost, tokens in (("run_c1", 0.25, 30), ("run_c2", 0.0, 0)):
+        record, lease = await claim(store, run_id)
+        record.state, record.finished_at = RunState.SUCCEEDED, time.time()
+        record.cost_usd, record.usage = cost, Usage(input_tokens=tokens)
+        await store.save_run(record, lease)
+    third = await submit("run_c3", f"{group}cc")
+    assert (third.max_cost_usd, third.max_tokens) == (0.75, 70)
+    # an allowance with no token limit caps tokens at nothing
+    fourth = await submit("run_c4", f"{group}dd", Allowance(group, cost_usd=2.0))
+    assert (fourth.max_cost_usd, fourth.max_tokens) == (2.0 - 0.25 - 0.75, None)
+
+
+async def test_children_submitted_at_once_never_share_more_than_their_allowance(
+    store: Store,
+) -> None:
+    await store.apply(load_text(AGENTS, "agents.yaml"))
+    await store.submit_run(a_run("run_p"))
+    await claim(store, "run_p")
+    group = "link:run_p:2:0:"
+    allowance = Allowance(group, cost_usd=1.0, tokens=100)
+
+    async def submit(n: int) -> None:
+        await store.submit_agent_run(keyed(f"run_c{n}", f"{group}{n}"), allowance=allowance)
+
+    async with anyio.create_task_group() as group_of_submits:
+        for n in range(8):
+            group_of_submits.start_soon(submit, n)
+    children = await store.list_children("run_p")
+    assert len(children) == 8
+    assert sorted(c.max_tokens or 0 for c in children) == [0] * 7 + [100]
+    assert sum(c.max_cost_usd or 0.0 for c in children) == 1.0

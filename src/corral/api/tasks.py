@@ -89,6 +89,14 @@ class Task(FromRecord):
         None, description="The task whose agents_exec call started this one (a child task)."
     )
     depth: int = Field(0, description="How many parents it has: 0 unless a child task.")
+    max_cost_usd: float | None = Field(
+        None,
+        description=(
+            "The task's own cost cap over its agent's limits: what its parent (or the agent "
+            "token that started it) had left for it. Null: its agent's limits only."
+        ),
+    )
+    max_tokens: int | None = Field(None, description="The same for tokens.")
     active_agent: str | None = Field(
         None,
         description=(

@@ -102,8 +102,11 @@ class AgentDefinition:
 
 
 #: a tool call's planted environment variables, and those of their values to redact by name,
-#: given what the run has left of its ``max_cost_usd`` and ``max_tokens`` (``None``: no limit)
-CallEnvironment = Callable[[float | None, int | None], tuple[Mapping[str, str], Mapping[str, str]]]
+#: given the call (``STEP:INDEX``) and what it may spend of the run's ``max_cost_usd`` and
+#: ``max_tokens`` (``None``: no limit)
+CallEnvironment = Callable[
+    [str, float | None, int | None], tuple[Mapping[str, str], Mapping[str, str]]
+]
 #: the live definition of the agent a ``handoff`` names (raises ``CorralError`` when it
 #: cannot be built)
 Switch = Callable[[str], Awaitable[AgentDefinition]]
@@ -785,7 +788,7 @@ class AgentLoop:
             tokens_left = None if tokens is None else max(tokens - used, 0)
         if self.call_environment is not None and agent.toolset.plants_environment(call.name):
             # (a token minted for this call, carrying what the run has left)
-            environment, hidden = self.call_environment(cost_left, tokens_left)
+            environment, hidden = self.call_environment(f"{step}:{index}", cost_left, tokens_left)
         return ToolContext(
             run_id=self.run_id,
             agent=agent.name,

@@ -7,8 +7,9 @@ the worker knows it). The token's claims say who calls and what it may reach:
 starts), ``links`` (the names of the linked agents), ``iat``/``exp`` (a fresh
 token per call, valid :data:`TOKEN_SECONDS`), ``iss`` and ``aud``, and, when the calling
 run has limits, ``cost_left``/``tokens_left``: what it had left of its ``max_cost_usd`` /
-``max_tokens`` when the call started, the cap of any child the token starts (as an
-``agents_exec`` child gets it). The server
+``max_tokens`` when the call started, and ``call`` (the call's step and index in its
+run): the children a token starts share what it carries (the server caps each at what
+the call's earlier children leave: see :class:`~corral.store.base.Allowance`). The server
 accepts it only on ``/v1/links`` (see :mod:`corral.server.routes_links`).
 
 The signing key is derived (HKDF-SHA256) from the store's secret key
@@ -21,6 +22,7 @@ first key signs, every listed key verifies.
 from __future__ import annotations
 
 import math
+import re
 import secrets as _secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -44,6 +46,7 @@ URL_VARIABLE = "CORRAL_URL"
 #: how redaction names the token (``[REDACTED:agent_token]``)
 REDACTION_NAME = "agent_token"
 _ALGORITHM = "HS256"
+_CALL = re.compile(r"[0-9]{1,9}:[0-9]{1,9}")
 _HKDF_INFO = b"corral agent token v1"
 
 
@@ -60,6 +63,9 @@ class AgentClaims:
     #: no limit): the caps of a child the token starts
     cost_left: float | None = None
     tokens_left: int | None = None
+    #: the tool call the token was minted for (``STEP:INDEX``; ``None`` in a token minted
+    #: before calls were named): its children share the budget claims
+    call: str | None = None
 
 
 class AgentTokenError(Exception):
@@ -116,6 +122,7 @@ class AgentTokenSigner:
         ttl_seconds: float | None = None,
         cost_left: float | None = None,
         tokens_left: int | None = None,
+        call: str | None = None,
     ) -> str:
         """A token for run ``run_id`` of ``agent``, valid ``ttl_seconds`` (default the signer's),
         carrying what the run has left of its limits (``None``: no limit)."""
@@ -136,6 +143,8 @@ class AgentTokenSigner:
             claims["cost_left"] = cost_left
         if tokens_left is not None:
             claims["tokens_left"] = tokens_left
+        if call is not None:
+            claims["call"] = call
         return jwt.encode(claims, self._signing_keys()[0], algorithm=_ALGORITHM)
 
     def verify(self, token: str) -> AgentClaims:
@@ -172,6 +181,7 @@ class AgentTokenSigner:
                 expires_at=float(expires_at),
                 cost_left=_left(claims.get("cost_left"), float),
                 tokens_left=_left(claims.get("tokens_left"), int),
+                call=_call(claims.get("call")),
             )
         except ValueError:
             raise AgentTokenError("token_invalid", "the agent token is not valid") from None
@@ -193,6 +203,7 @@ class AgentTokenIssuer:
         links: Sequence[str],
         cost_left: float | None = None,
         tokens_left: int | None = None,
+        call: str | None = None,
     ) -> dict[str, str]:
         """``CORRAL_AGENT_TOKEN`` and (when known) ``CORRAL_URL`` for one call."""
         token = self.signer.mint(
@@ -202,6 +213,7 @@ class AgentTokenIssuer:
             links=links,
             cost_left=cost_left,
             tokens_left=tokens_left,
+            call=call,
         )
         env = {TOKEN_VARIABLE: token}
         url = self.url()
@@ -238,3 +250,12 @@ def _left(value: object, kind: type[float] | type[int]) -> Any:
     if not math.isfinite(value) or value < 0 or (kind is int and value != int(value)):
         raise ValueError("left")
     return kind(value)
+
+
+def _call(value: object) -> str | None:
+    """An optional ``call`` claim: absent, or ``STEP:INDEX``."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or _CALL.fullmatch(value) is None:
+        raise ValueError("call")
+    return value

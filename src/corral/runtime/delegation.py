@@ -31,8 +31,9 @@ from corral.bus.base import Bus
 from corral.core.errors import ConflictError, NotFoundError, ToolError, ToolErrorCode, UserError
 from corral.core.runs import Lease, RunRecord
 from corral.resources.kinds import AgentSpec
+from corral.runtime.agent_tokens import AgentClaims
 from corral.runtime.operations import new_run
-from corral.store.base import Store, Submitted
+from corral.store.base import Allowance, Store, Submitted
 from corral.tools.base import ChildRun, ToolContext
 
 #: how long a parent waits in its slot for children running on its worker before it
@@ -43,10 +44,27 @@ CHILD_WAIT_SECONDS = 0.5
 LINK_KEY_PREFIX = "link:"
 
 
-def link_child_key(run_id: str, digest: str) -> str:
+def link_group(run_id: str, call: str | None) -> str:
+    """How the idempotency keys of the children that the agent token of ``call`` (a tool
+    call of run ``run_id``; ``None``: a token that names none) starts begin: they share the
+    token's budget claims (:class:`~corral.store.base.Allowance`)."""
+    return f"{LINK_KEY_PREFIX}{run_id}:{call or '-'}:"
+
+
+def link_allowance(caller: AgentClaims) -> Allowance | None:
+    """What the children the agent token ``caller`` starts share: what its call had left
+    when it started (``None``: no limit to share)."""
+    if caller.cost_left is None and caller.tokens_left is None:
+        return None
+    group = link_group(caller.run_id, caller.call)
+    return Allowance(group, caller.cost_left, caller.tokens_left)
+
+
+def link_child_key(run_id: str, call: str | None, digest: str) -> str:
     """The idempotency key of a child of run ``run_id`` started by ``POST
-    /v1/links/{agent}/exec`` (``digest``: of the request's key and body)."""
-    return f"{LINK_KEY_PREFIX}{run_id}:{digest}"
+    /v1/links/{agent}/exec`` with the token of ``call`` (``digest``: of the request's key
+    and body)."""
+    return f"{link_group(run_id, call)}{digest}"
 
 
 def started_by_a_tool_program(child: RunRecord, parent_run_id: str) -> bool:
@@ -127,13 +145,15 @@ class StoreDelegation:
         max_depth: int,
         max_cost_usd: float | None = None,
         max_tokens: int | None = None,
+        allowance: Allowance | None = None,
         parent: RunRecord | None = None,
     ) -> ChildRun:
         """Start (or find, by ``key``) a child run of ``parent_run_id``: what ``agents_exec``
         and ``POST /v1/links/{agent}/exec`` (a tool program's agent token) both do.
         ``max_cost_usd``, ``max_tokens``: the child's own caps (what its parent has left,
         for ``agents_exec``: the child cannot spend the parent's budget many times over
-        before its end is charged to the parent). ``parent``: the parent's record, when
+        before its end is charged to the parent); ``allowance``: caps the child shares with
+        its siblings of the same group instead (an agent token's children). ``parent``: the parent's record, when
         at hand (what is taken of it - namespace, depth, priority - never changes; that
         it is still open is checked where the child is stored)."""
         if parent is None or parent.id != parent_run_id:
@@ -169,7 +189,7 @@ class StoreDelegation:
         slots = self.slots
         slot = slots.reserve() if slots is not None else None
         try:
-            submitted = await self._submit(record, slot)
+            submitted = await self._submit(record, slot, allowance)
         except BaseException:
             if slots is not None and slot is not None:
                 slots.release()
@@ -183,9 +203,11 @@ class StoreDelegation:
             await self.bus.announce_runnable([submitted.record.id], mark="submitted")
         return ChildRun(submitted.record.id, agent)
 
-    async def _submit(self, record: RunRecord, slot: tuple[str, float] | None) -> Submitted:
+    async def _submit(
+        self, record: RunRecord, slot: tuple[str, float] | None, allowance: Allowance | None
+    ) -> Submitted:
         try:
-            return await self.store.submit_agent_run(record, claim_for=slot)
+            return await self.store.submit_agent_run(record, claim_for=slot, allowance=allowance)
         except NotFoundError as exc:
             raise ToolError(ToolErrorCode.UNAVAILABLE, exc.message) from None
         except (ConflictError, UserError) as exc:  # a session of another agent, a bad id

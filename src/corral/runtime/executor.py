@@ -524,7 +524,7 @@ class _LinkedCalls:
         self.minted = resumed
 
     def environment(
-        self, cost_left: float | None, tokens_left: int | None
+        self, call: str, cost_left: float | None, tokens_left: int | None
     ) -> tuple[Mapping[str, str], Mapping[str, str]]:
         agent, record = self.agent, self.record
         if not agent.links:
@@ -537,6 +537,7 @@ class _LinkedCalls:
             links=agent.links,
             cost_left=cost_left,
             tokens_left=tokens_left,
+            call=call,
         )
         return env, {REDACTION_NAME: env[TOKEN_VARIABLE]}
 

@@ -48,7 +48,7 @@ from corral.runtime.agent_tokens import (
     looks_like_agent_token,
 )
 from corral.runtime.builder import AgentBuilder
-from corral.runtime.delegation import StoreDelegation, link_child_key
+from corral.runtime.delegation import StoreDelegation, link_allowance, link_child_key
 from corral.runtime.follow import Until
 from corral.server.context import ServerContext, context_of
 from corral.server.limits import address_key, refuse_while_waiting
@@ -220,7 +220,7 @@ async def exec_link(
     digest = hashlib.sha256(
         json.dumps([idempotency_key or new_id("x"), asked], ensure_ascii=False).encode()
     ).hexdigest()[:32]
-    key = link_child_key(caller.run_id, digest)
+    key = link_child_key(caller.run_id, caller.call, digest)
     delegation = StoreDelegation(context.store, context.bus)
     try:
         child = await delegation.start_child_of(
@@ -231,9 +231,8 @@ async def exec_link(
             body.session,
             key=key,
             max_depth=spec.limits.max_depth,
-            # what the calling run had left when its tool call started (the token says)
-            max_cost_usd=caller.cost_left,
-            max_tokens=caller.tokens_left,
+            # what the calling run had left for the call when it started (the token says)
+            allowance=link_allowance(caller),
         )
     except ToolError as exc:
         raise _problem(exc) from None

@@ -22,7 +22,7 @@ from corral.core.agent_messages import AgentMessage, MessageState
 from corral.core.errors import CorralError
 from corral.core.events import Event
 from corral.core.memory import MemoryEntry, MemoryHit, MemoryPlace, MemoryStats, MemoryVector
-from corral.core.messages import Message
+from corral.core.messages import Message, Usage
 from corral.core.runs import Approval, Lease, RunRecord, RunState
 from corral.core.selectors import Selector
 from corral.core.sessions import Session, SessionMessage
@@ -72,6 +72,37 @@ class Submitted:
     record: RunRecord
     created: bool
     lease: Lease | None = None
+
+
+@dataclass(frozen=True)
+class Allowance:
+    """What the child runs of one parent whose idempotency keys begin with ``group`` share
+    (those one agent token started): together at most ``cost_usd`` and ``tokens``
+    (``None``: no limit). A new one is capped at what the others leave: a finished one
+    holds what it spent, one not finished its own caps (all of which it may spend)."""
+
+    group: str
+    cost_usd: float | None = None
+    tokens: int | None = None
+
+    def left(
+        self, others: Sequence[tuple[RunState, float | None, int | None, float, Usage]]
+    ) -> tuple[float | None, int | None]:
+        """The caps of a new child, given the others' ``(state, max_cost_usd, max_tokens,
+        cost_usd, usage)``."""
+        cost = tokens = None
+        if self.cost_usd is not None:
+            held = sum(
+                spent if state.finished else (cap or 0.0) for state, cap, _, spent, _ in others
+            )
+            cost = max(self.cost_usd - held, 0.0)
+        if self.tokens is not None:
+            held_tokens = sum(
+                used.total_tokens if state.finished else (cap or 0)
+                for state, _, cap, _, used in others
+            )
+            tokens = max(self.tokens - held_tokens, 0)
+        return cost, tokens
 
 
 @dataclass(frozen=True)
@@ -273,7 +304,11 @@ class Store(ABC):
 
     @abstractmethod
     async def submit_agent_run(
-        self, record: RunRecord, *, claim_for: tuple[str, float] | None = None
+        self,
+        record: RunRecord,
+        *,
+        claim_for: tuple[str, float] | None = None,
+        allowance: Allowance | None = None,
     ) -> Submitted:
         """Queue a run of a stored Agent: ``submit_run`` with the Agent's ``max_attempts``.
 
@@ -286,6 +321,10 @@ class Store(ABC):
         started after it. With ``claim_for=(owner, lease_seconds)`` a new run that is due is
         also claimed for ``owner`` (``corral run`` executes the run it submits):
         :attr:`Submitted.lease` is set then, and the record is the claimed one.
+        With ``allowance`` (a child run), the record's ``max_cost_usd``/``max_tokens`` are
+        set to what the allowance's other children leave, read in the same transaction
+        (siblings submitted at once are capped one after the other: together they never
+        get more than the allowance).
         A store reads the Agent, opens the session, stores the run and claims it in
         one transaction where it can (one commit where there would be two).
         """

@@ -36,11 +36,11 @@ from sqlalchemy.sql.compiler import SQLCompiler
 
 from corral.core.errors import ConfigurationError, ConflictError
 from corral.core.events import Event
-from corral.core.messages import Message
+from corral.core.messages import Message, Usage, load
 from corral.core.runs import Approval, Lease, RunRecord, RunState
 from corral.core.sessions import SessionMessage
 from corral.store._sqlite_lanes import Lane, connect
-from corral.store.base import StoredResource, StoreError, Submitted, Woken
+from corral.store.base import Allowance, StoredResource, StoreError, Submitted, Woken
 from corral.store.schema import resources, runs
 from corral.store.sql import SqlStore, statements
 from corral.store.sql.approvals import select_approvals
@@ -168,6 +168,7 @@ _INSERT_RUN_OR_SKIP = _inserting(
 )
 _AGENT_MAX_ATTEMPTS = Compiled(statements.agent_max_attempts(_p("namespace"), _p("name")))
 _PARENT_OF_NEW_CHILD = Compiled(statements.parent_of_new_child(_p("id")))
+_ALLOWANCE_HOLDERS = Compiled(statements.allowance_holders(_p("id"), _p("group")))
 _ANY_AGENT_LIMIT = Compiled(statements.LIMITED_AGENTS.limit(1))
 _RENEW = Compiled(statements.renew(_p("id"), _p("token"), _p("expires_at")))
 _RELEASE = {
@@ -220,6 +221,8 @@ def _save_run(columns: tuple[str, ...], *, fenced: bool) -> tuple[str, tuple[int
 
 
 _MAX_ATTEMPTS = RUNS.columns.index("max_attempts")
+_MAX_COST_USD = RUNS.columns.index("max_cost_usd")
+_MAX_TOKENS = RUNS.columns.index("max_tokens")
 # The columns of a claim's candidates (statements.claim_candidates).
 _ID, _PRIORITY, _CREATED_AT, _EXHAUSTED = 0, 1, 2, 6
 
@@ -468,7 +471,11 @@ class SqliteStore(SqlStore):
         return (record, True) if existing is None else (existing, False)
 
     async def submit_agent_run(
-        self, record: RunRecord, *, claim_for: tuple[str, float] | None = None
+        self,
+        record: RunRecord,
+        *,
+        claim_for: tuple[str, float] | None = None,
+        allowance: Allowance | None = None,
     ) -> Submitted:
         """See :meth:`Store.submit_agent_run`: the Agent's read, a child's parent checked,
         opening the session, the insert and the claim are one operation of the writer
@@ -487,6 +494,15 @@ class SqliteStore(SqlStore):
             if record.parent_run_id is not None:
                 parent = _PARENT_OF_NEW_CHILD.params(id=record.parent_run_id)
                 check_parent_open(record, conn.execute(_PARENT_OF_NEW_CHILD.sql, parent).fetchone())
+                if allowance is not None:  # (the writer's transactions take turns)
+                    held = _ALLOWANCE_HOLDERS.params(id=record.parent_run_id, group=allowance.group)
+                    others = [
+                        (RunState(row[0]), row[1], row[2], row[3], load(Usage, loads(row[4])))
+                        for row in conn.execute(_ALLOWANCE_HOLDERS.sql, held)
+                    ]
+                    record.max_cost_usd, record.max_tokens = allowance.left(others)
+                    params[_MAX_COST_USD] = record.max_cost_usd
+                    params[_MAX_TOKENS] = record.max_tokens
             if record.session_id is not None:
                 _open_session(conn, record, record.session_id, now)
             existing = _insert_run(conn, record, params)

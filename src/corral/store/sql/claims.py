@@ -18,8 +18,9 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from corral.core.messages import Usage, load
 from corral.core.runs import Lease, RunRecord, RunState
-from corral.store.base import Submitted
+from corral.store.base import Allowance, Submitted
 from corral.store.schema import runs
 from corral.store.sql.agent_limits import admission, admitted
 from corral.store.sql.engine import Body, SqlEngine, execute
@@ -28,6 +29,7 @@ from corral.store.sql.rules import agent_not_found, check_parent_open, no_longer
 from corral.store.sql.statements import (
     IDEMPOTENCY_COLUMNS,
     agent_max_attempts,
+    allowance_holders,
     claim,
     claim_candidates,
     due,
@@ -46,6 +48,9 @@ from corral.store.sql.statements import (
 # (a statement built anew per call costs its cache key to compute).
 _INSERT_RUN = runs.insert()
 _AGENT_MAX_ATTEMPTS = agent_max_attempts(sa.bindparam("b_namespace"), sa.bindparam("b_name"))
+#: the first key of the PostgreSQL advisory locks (two-int form) that serialize the submits
+#: of children sharing an allowance (the second: a hash of the group)
+ALLOWANCE_LOCK_CLASS = 0x636F72  # "cor"
 
 
 def _claim_key(row: sa.Row[Any]) -> tuple[int, float, str]:
@@ -62,7 +67,11 @@ class SqlClaims(SqlEngine):
         return (record, True) if row is None else (RUNS.record(row), False)
 
     async def submit_agent_run(
-        self, record: RunRecord, *, claim_for: tuple[str, float] | None = None
+        self,
+        record: RunRecord,
+        *,
+        claim_for: tuple[str, float] | None = None,
+        allowance: Allowance | None = None,
     ) -> Submitted:
         """See :meth:`Store.submit_agent_run`: the Agent's ``max_attempts`` is read, a
         child's parent checked, the session opened, the run inserted and, when asked for,
@@ -85,6 +94,8 @@ class SqlClaims(SqlEngine):
             if record.parent_run_id is not None:
                 parent = parent_of_new_child(record.parent_run_id)
                 check_parent_open(record, (await conn.execute(parent)).first())
+                if allowance is not None:
+                    await self._cap_by_allowance(conn, record, allowance)
             if record.session_id is not None:  # opened (and locked) with its run: see delete
                 await open_session(
                     conn, self._dialect, record.namespace, record.session_id, record.agent, now
@@ -101,6 +112,23 @@ class SqlClaims(SqlEngine):
             claimed_record, lease = claimed[0]
             return Submitted(claimed_record, True, lease)
         return Submitted(record, True)
+
+    async def _cap_by_allowance(
+        self, conn: AsyncConnection, record: RunRecord, allowance: Allowance
+    ) -> None:
+        """Cap the child ``record`` at what ``allowance`` has left, as this transaction reads
+        it; on PostgreSQL the siblings' submits take turns (an advisory lock of the group)."""
+        if self._dialect == "postgresql":
+            lock = sa.func.pg_advisory_xact_lock(
+                ALLOWANCE_LOCK_CLASS, sa.func.hashtext(allowance.group)
+            )
+            await conn.execute(sa.select(lock))
+        holders = allowance_holders(record.parent_run_id, allowance.group)
+        others = [
+            (RunState(row[0]), row[1], row[2], row[3], load(Usage, row[4]))
+            for row in await conn.execute(holders)
+        ]
+        record.max_cost_usd, record.max_tokens = allowance.left(others)
 
     def _inserting(self, record: RunRecord) -> Body[sa.Row[Any] | None]:
         """The body of a transaction inserting a new run: ``None``, or the stored run with

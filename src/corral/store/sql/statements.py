@@ -129,6 +129,18 @@ def parent_of_new_child(parent_id: Value) -> sa.Select[Any]:
     )
 
 
+def allowance_holders(parent_id: Value, group: Value) -> sa.Select[Any]:
+    """What the children of ``parent_id`` whose idempotency keys begin with ``group`` hold of
+    an allowance (see :class:`~corral.store.base.Allowance`): state, caps, spend."""
+    key = runs.c.idempotency_key
+    return sa.select(
+        runs.c.state, runs.c.max_cost_usd, runs.c.max_tokens, runs.c.cost_usd, runs.c.usage
+    ).where(
+        runs.c.parent_run_id == parent_id,
+        sa.func.substr(key, 1, sa.func.length(group)) == group,
+    )
+
+
 def agent_max_attempts(namespace: Value, name: Value) -> sa.Select[Any]:
     """The ``max_attempts`` of an Agent's stored spec (no row: no such Agent)."""
     return sa.select(resources.c.spec["max_attempts"].as_integer()).where(
