@@ -16,10 +16,12 @@ every child run is announced on its bus, as in embedded mode), on the
 - **fan-out**: a parent whose first turn calls ``agents_exec`` 10 times (one
   turn, 10 tool calls: 10 child runs at once, slots free), against one call.
   Wall time of the parent run, the two interleaved; the figure is the ratio of
-  the p50s. Twice: with children whose model answers at once (the ratio is then
-  Corral's own cost per child run, which one worker process pays on one core),
-  and with children whose model takes 50 ms, as a fast remote model would
-  (``latency_seconds`` of the scripted turn): whether children run side by side.
+  the p50s. Three times: with children whose model answers at once (the ratio is
+  then Corral's own cost per child run, which one worker process pays on one
+  core), and with children whose model takes 5 ms (a local model's short answer)
+  and 50 ms (a fast remote model's), the ``latency_seconds`` of the scripted turn:
+  whether children run side by side, and from what model time their own cost is
+  hidden behind it.
 
 Each round is a child process (``multiagent.py --child``): it warms up untimed,
 freezes its heap, measures. The page shows the median over rounds of each
@@ -48,8 +50,8 @@ from _common import BENCH, emit, fmt, freeze_heap, median, percentile, run_child
 TARGET_DELEGATION_ADDS_MS = 3.0
 TARGET_FAN_OUT_RATIO = 1.5
 FAN_OUT = 10
-#: the model time of a child in the second fan-out measurement
-CHILD_MODEL_SECONDS = 0.05
+#: the model times of the children in the other fan-out measurements, in milliseconds
+CHILD_MODEL_MS = (5, 50)
 
 
 @dataclass(frozen=True)
@@ -88,9 +90,15 @@ def resources() -> str:
         model("plain-model", {"tool_calls": [_call("add", a=2, b=3)]}, {"text": "5"}),
         model("boss-model", ask(1), {"text": "the helper is done"}),
         model("fan-model", ask(FAN_OUT), {"text": "all helpers are done"}),
-        model("slow-helper-model", {"text": "done", "latency_seconds": CHILD_MODEL_SECONDS}),
-        model("slow-1-model", ask(1, "slow-helper"), {"text": "the helper is done"}),
-        model("slow-fan-model", ask(FAN_OUT, "slow-helper"), {"text": "all helpers are done"}),
+        *[
+            doc
+            for ms in CHILD_MODEL_MS
+            for doc in (
+                model(f"helper-{ms}ms-model", {"text": "done", "latency_seconds": ms / 1000}),
+                model(f"one-{ms}ms-model", ask(1, f"helper-{ms}ms"), {"text": "it is done"}),
+                model(f"fan-{ms}ms-model", ask(FAN_OUT, f"helper-{ms}ms"), {"text": "all done"}),
+            )
+        ],
         {
             "kind": "Tool",
             "metadata": {"name": "add"},
@@ -105,9 +113,15 @@ def resources() -> str:
         agent("boss", "boss-model", links=["helper"]),
         agent("fan-1", "boss-model", links=["helper"]),
         agent("fan-10", "fan-model", links=["helper"]),
-        agent("slow-helper", "slow-helper-model"),
-        agent("slow-1", "slow-1-model", links=["slow-helper"]),
-        agent("slow-10", "slow-fan-model", links=["slow-helper"]),
+        *[
+            doc
+            for ms in CHILD_MODEL_MS
+            for doc in (
+                agent(f"helper-{ms}ms", f"helper-{ms}ms-model"),
+                agent(f"fan-1-{ms}ms", f"one-{ms}ms-model", links=[f"helper-{ms}ms"]),
+                agent(f"fan-10-{ms}ms", f"fan-{ms}ms-model", links=[f"helper-{ms}ms"]),
+            )
+        ],
     ]
     return "\n---\n".join(json.dumps({"apiVersion": "corral/v1", **doc}) for doc in docs)
 
@@ -163,7 +177,7 @@ async def _child(runs: int, fan_runs: int, warmup: int) -> dict[str, Any]:
                         number += 1
                         ms[agent].append(await _one(store, worker, agent, number))
                 for _ in range(fan_runs):
-                    for agent in ("fan-1", "fan-10", "slow-1", "slow-10"):
+                    for agent in [name for pair in FAN_PAIRS for name in pair]:
                         number += 1
                         ms[agent].append(await _one(store, worker, agent, number))
                 stop.set()
@@ -188,11 +202,17 @@ LABELS = {
     "boss": "one delegation (agents_exec, one-turn child)",
     "fan-1": "agents_exec x1 in one turn",
     "fan-10": f"agents_exec x{FAN_OUT} in one turn",
-    "slow-1": f"agents_exec x1, the child's model {1000 * CHILD_MODEL_SECONDS:g} ms",
-    "slow-10": f"agents_exec x{FAN_OUT}, each child's model {1000 * CHILD_MODEL_SECONDS:g} ms",
+    **{
+        name: label
+        for ms in CHILD_MODEL_MS
+        for name, label in (
+            (f"fan-1-{ms}ms", f"agents_exec x1, the child's model {ms} ms"),
+            (f"fan-10-{ms}ms", f"agents_exec x{FAN_OUT}, each child's model {ms} ms"),
+        )
+    },
 }
-#: the fan-out pairs: (one child, FAN_OUT children)
-FAN_PAIRS = (("fan-1", "fan-10"), ("slow-1", "slow-10"))
+#: the fan-out pairs: (one child, FAN_OUT children); the first's children answer at once
+FAN_PAIRS = (("fan-1", "fan-10"), *((f"fan-1-{ms}ms", f"fan-10-{ms}ms") for ms in CHILD_MODEL_MS))
 
 
 def run(config: Config, log: Any = print) -> dict[str, Any]:
@@ -233,8 +253,11 @@ def run(config: Config, log: Any = print) -> dict[str, Any]:
         log(f"[multiagent] a delegation adds {spread(adds, 2)} ms (p50)")
     if ratio:
         log(f"[multiagent] fan-out x{FAN_OUT} / x1: {spread(ratio, 2)}")
-    if slow := fan_out_ratios(result, FAN_PAIRS[1]):
-        log(f"[multiagent] fan-out x{FAN_OUT} / x1, children on a 50 ms model: {spread(slow, 2)}")
+    for ms, pair in zip(CHILD_MODEL_MS, FAN_PAIRS[1:], strict=True):
+        if slow := fan_out_ratios(result, pair):
+            log(
+                f"[multiagent] fan-out x{FAN_OUT} / x1, children on a {ms} ms model: {spread(slow, 2)}"
+            )
     return result
 
 
@@ -355,11 +378,13 @@ def reading(result: dict[str, Any], disk_commits_per_s: list[float]) -> list[str
             "what the ratio measures is each child run's own CPU in the one worker process, "
             "paid one child after another on one core"
         )
-        if slow := fan_out_ratios(result, FAN_PAIRS[1]):
-            line += (
-                f"; with children whose model takes {fmt(CHILD_MODEL_SECONDS * 1000, 0)} ms, "
-                f"as a fast remote model would, {fmt(median(slow), 2)}x"
-            )
+        slower = [
+            f"{fmt(median(slow), 2)}x with children whose model takes {ms} ms"
+            for ms, pair in zip(CHILD_MODEL_MS, FAN_PAIRS[1:], strict=True)
+            if (slow := fan_out_ratios(result, pair))
+        ]
+        if slower:
+            line += "; " + ", ".join(slower) + " (their own cost then hides behind the model's)"
         said.append(line + ".")
     if "systems" in result:
         said += sysruns.reading(result["systems"], disk_commits_per_s)
