@@ -408,3 +408,20 @@ async def test_children_submitted_at_once_never_share_more_than_their_allowance(
     assert len(children) == 8
     assert sorted(c.max_tokens or 0 for c in children) == [0] * 7 + [100]
     assert sum(c.max_cost_usd or 0.0 for c in children) == 1.0
+
+
+async def test_children_about_to_start_split_what_is_left_evenly(store: Store) -> None:
+    # A system's messages waiting for their node runs: the first of three gets a third of
+    # what is left, not all of it; a waiting one whose child started meanwhile is no longer
+    # counted (that child holds its cap instead)
+    await store.apply(load_text(AGENTS, "agents.yaml"))
+    await store.submit_run(a_run("run_p"))
+    await claim(store, "run_p")
+    waiting = frozenset({"msg_a", "msg_b", "msg_c"})
+    allowance = Allowance("msg_", cost_usd=3.0, waiting=waiting)
+    first = await store.submit_agent_run(keyed("run_a", "msg_a"), allowance=allowance)
+    assert first.record.max_cost_usd == 1.0
+    second = await store.submit_agent_run(keyed("run_b", "msg_b"), allowance=allowance)
+    assert second.record.max_cost_usd == 1.0  # (3 - 1 held) split with msg_c
+    third = await store.submit_agent_run(keyed("run_c", "msg_c"), allowance=allowance)
+    assert third.record.max_cost_usd == 1.0

@@ -397,6 +397,37 @@ async def test_a_node_run_is_capped_by_what_the_system_has_left(backend: Backend
     assert done.cost_usd == 3.0
 
 
+async def test_node_runs_started_at_once_split_what_the_system_has_left(
+    backend: Backend,
+) -> None:
+    # cheap ($1) fans out to left and right: each is capped at half of the $2 left, not at
+    # all of it ($4 before their ends count); each spends its $1 and the system, at $3,
+    # is within its limit
+    store = backend.store
+    await apply(
+        store,
+        priced("cheap-model", {"text": "go on", "input_tokens": 1}),
+        priced("side-model", *[{"text": "half", "input_tokens": 1}] * 2),
+        agent("cheap", "cheap-model"),
+        agent("left", "side-model"),
+        agent("right", "side-model"),
+        system(
+            "split",
+            entry="cheap",
+            graph={"cheap": {"next": ["left", "right"]}},
+            output="left",
+            limits={"max_cost_usd": 3.0},
+        ),
+    )
+    run, _ = await system_runs.submit_system(store, "split", "go", bus=backend.bus)
+    await backend.drain()
+    done = await get(store, run)
+    assert done.state is RunState.SUCCEEDED, done.error
+    nodes = {c.agent: c for c in await store.list_children(run.id)}
+    assert (nodes["left"].max_cost_usd, nodes["right"].max_cost_usd) == (1.0, 1.0)
+    assert done.cost_usd == 3.0
+
+
 async def test_a_failed_node_fails_the_system_naming_it(backend: Backend) -> None:
     store = backend.store
     await apply(

@@ -20,18 +20,20 @@ from corral.core.agent_messages import AgentMessage, MessageState
 from corral.core.errors import ConflictError, NotFoundError
 from corral.core.runs import RunRecord
 from corral.runtime.operations import new_run
-from corral.store.base import Store
+from corral.store.base import Allowance, Store
 
 #: the kind of the resource a system run runs
 KIND = "AgentSystem"
-_MESSAGE_ID = re.compile(r"msg_[0-9a-f]{32}")
+#: how a message id (and so the idempotency key of its node run) begins
+MESSAGE_ID_PREFIX = "msg_"
+_MESSAGE_ID = re.compile(rf"{MESSAGE_ID_PREFIX}[0-9a-f]{{32}}")
 
 
 def message_id(system_run_id: str, source: str, to_agent: str) -> str:
     """The id of the message to ``to_agent`` that ``source`` (the message its sender
     handled, ``input``, or ``join``) leads to in a system run: the same on every pass."""
     digest = hashlib.sha256(f"{system_run_id}\x00{source}\x00{to_agent}".encode()).hexdigest()
-    return f"msg_{digest[:32]}"
+    return f"{MESSAGE_ID_PREFIX}{digest[:32]}"
 
 
 def is_message_id(text: str) -> bool:
@@ -89,14 +91,17 @@ async def deliver(
     record.depth = parent.depth + 1
     record.priority = parent.priority
     record.system = parent.system
+    allowance = None
     if parent.max_cost_usd is not None:
-        # what the system has left, as its agent loop's cap: one node cannot spend the
-        # budget many times over before its end counts (nodes running at once share it)
-        spent = await store.children_cost(parent.id)
-        record.max_cost_usd = max(parent.max_cost_usd - spent, 0.0)
+        # what the system has left, as its agent loop's cap, split with the other messages
+        # waiting for their node runs: nodes running at once cannot together spend more
+        # than the system has (each holds its cap until it ends, then what it spent)
+        waiting = await store.list_agent_messages(parent.id, states=[MessageState.PENDING])
+        pending = frozenset(m.id for m in waiting)
+        allowance = Allowance(MESSAGE_ID_PREFIX, parent.max_cost_usd, None, waiting=pending)
     record.branch_id = message.branch_id
     record.parent_branch_id = message.parent_branch_id
-    submitted = await store.submit_agent_run(record)
+    submitted = await store.submit_agent_run(record, allowance=allowance)
     if submitted.record.parent_run_id != parent.id:
         # a task submitted under this message's id as its idempotency key (the ids are
         # derived from the system run's): not a node run, and never one to wait for

@@ -137,7 +137,7 @@ class SystemCoordinator:
         # saved with the pass: parked past it, a worker's upkeep queues the run (a node
         # that hangs brings no node's end to wake it) and this check fails it
         record.deadline_at = (record.started_at or record.created_at) + spec.limits.timeout_seconds
-        # what deliver() caps each node run with, less what the finished ones cost
+        # what deliver() caps the node runs with, less what the others hold
         record.max_cost_usd = spec.limits.max_cost_usd
         position = Position.of(record)
         if position is None:

@@ -77,31 +77,38 @@ class Submitted:
 @dataclass(frozen=True)
 class Allowance:
     """What the child runs of one parent whose idempotency keys begin with ``group`` share
-    (those one agent token started): together at most ``cost_usd`` and ``tokens``
-    (``None``: no limit). A new one is capped at what the others leave: a finished one
-    holds what it spent, one not finished its own caps (all of which it may spend)."""
+    (those one agent token started, the node runs of a system run): together at most
+    ``cost_usd`` and ``tokens`` (``None``: no limit). A new one is capped at what the others
+    leave - a finished one holds what it spent, one not finished its own caps (all of which
+    it may spend) - split evenly between the children about to start: the new one and
+    those of ``waiting`` (their idempotency keys: the messages of a system waiting for
+    their node runs) not started yet, so that none of them is starved by the first."""
 
     group: str
     cost_usd: float | None = None
     tokens: int | None = None
+    waiting: frozenset[str] = frozenset()
 
     def left(
-        self, others: Sequence[tuple[RunState, float | None, int | None, float, Usage]]
+        self,
+        key: str,
+        others: Sequence[tuple[str, RunState, float | None, int | None, float, Usage]],
     ) -> tuple[float | None, int | None]:
-        """The caps of a new child, given the others' ``(state, max_cost_usd, max_tokens,
-        cost_usd, usage)``."""
+        """The caps of a new child of idempotency key ``key``, given the others' ``(key,
+        state, max_cost_usd, max_tokens, cost_usd, usage)``."""
+        ways = len((self.waiting - {k for k, *_ in others}) | {key})
         cost = tokens = None
         if self.cost_usd is not None:
             held = sum(
-                spent if state.finished else (cap or 0.0) for state, cap, _, spent, _ in others
+                spent if state.finished else (cap or 0.0) for _, state, cap, _, spent, _ in others
             )
-            cost = max(self.cost_usd - held, 0.0)
+            cost = max(self.cost_usd - held, 0.0) / ways
         if self.tokens is not None:
             held_tokens = sum(
                 used.total_tokens if state.finished else (cap or 0)
-                for state, _, cap, _, used in others
+                for _, state, _, cap, _, used in others
             )
-            tokens = max(self.tokens - held_tokens, 0)
+            tokens = max(self.tokens - held_tokens, 0) // ways
         return cost, tokens
 
 
@@ -281,10 +288,6 @@ class Store(ABC):
     ) -> list[RunRecord]:
         """The child runs of a run (those its ``agents_exec`` calls started), oldest first;
         only those among ``ids`` when given."""
-
-    @abstractmethod
-    async def children_cost(self, run_id: str) -> float:
-        """What the finished child runs of a run cost together (0 when it has none)."""
 
     @abstractmethod
     async def count_runs(self, *, now: float | None = None) -> RunCounts:

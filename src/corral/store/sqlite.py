@@ -497,10 +497,18 @@ class SqliteStore(SqlStore):
                 if allowance is not None:  # (the writer's transactions take turns)
                     held = _ALLOWANCE_HOLDERS.params(id=record.parent_run_id, group=allowance.group)
                     others = [
-                        (RunState(row[0]), row[1], row[2], row[3], load(Usage, loads(row[4])))
+                        (
+                            row[0],
+                            RunState(row[1]),
+                            row[2],
+                            row[3],
+                            row[4],
+                            load(Usage, loads(row[5])),
+                        )
                         for row in conn.execute(_ALLOWANCE_HOLDERS.sql, held)
                     ]
-                    record.max_cost_usd, record.max_tokens = allowance.left(others)
+                    key = record.idempotency_key or ""
+                    record.max_cost_usd, record.max_tokens = allowance.left(key, others)
                     params[_MAX_COST_USD] = record.max_cost_usd
                     params[_MAX_TOKENS] = record.max_tokens
             if record.session_id is not None:

@@ -188,17 +188,6 @@ class SqlRuns(SqlEngine):
 
         return await self._write("queue overdue runs", write)
 
-    async def children_cost(self, run_id: str) -> float:
-        query = sa.select(sa.func.coalesce(sa.func.sum(runs.c.cost_usd), 0.0)).where(
-            runs.c.parent_run_id == run_id,
-            runs.c.state.in_([s.value for s in RunState if s.finished]),
-        )
-
-        async def read(conn: AsyncConnection) -> float:
-            return float((await conn.execute(query)).scalar_one())
-
-        return await self._read(f"sum the cost of the children of run {run_id}", read)
-
     async def list_children(
         self, run_id: str, *, ids: Sequence[str] | None = None
     ) -> list[RunRecord]:

@@ -134,7 +134,7 @@ def allowance_holders(parent_id: Value, group: Value) -> sa.Select[Any]:
     an allowance (see :class:`~corral.store.base.Allowance`): state, caps, spend."""
     key = runs.c.idempotency_key
     return sa.select(
-        runs.c.state, runs.c.max_cost_usd, runs.c.max_tokens, runs.c.cost_usd, runs.c.usage
+        key, runs.c.state, runs.c.max_cost_usd, runs.c.max_tokens, runs.c.cost_usd, runs.c.usage
     ).where(
         runs.c.parent_run_id == parent_id,
         sa.func.substr(key, 1, sa.func.length(group)) == group,
