@@ -62,6 +62,20 @@ class Budget:
                 f"the run cost ${self.cost_usd:.6f}, over its limit of ${max_cost:.6f}",
             )
 
+    def left(
+        self, held_cost: float = 0.0, held_tokens: int = 0, ways: int = 1
+    ) -> tuple[float | None, int | None]:
+        """What the run has left of its ``max_cost_usd`` and ``max_tokens`` (``None``: no
+        limit), less what others hold of it (children still running: their caps), split
+        evenly ``ways`` ways; never below 0."""
+        max_cost, max_tokens = self.limits.max_cost_usd, self.limits.max_tokens
+        cost = tokens = None
+        if max_cost is not None:
+            cost = max(max_cost - self.cost_usd - held_cost, 0.0) / ways
+        if max_tokens is not None:
+            tokens = max(max_tokens - self.usage.total_tokens - held_tokens, 0) // ways
+        return cost, tokens
+
     def timed_out(self) -> BudgetExceededError:
         return BudgetExceededError(
             "timeout", f"the run passed its time limit of {self.limits.timeout_seconds:g}s"

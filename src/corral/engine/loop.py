@@ -754,7 +754,6 @@ class AgentLoop:
         run has left, less the caps of the step's children still running (each may spend all
         of its cap before it is charged), split evenly. Together they cannot spend more than
         the run has left, however many run at once."""
-        limits, budget = self.budget.limits, self.budget
         running = [
             child
             for call_id, run_id in step.children.items()
@@ -762,16 +761,11 @@ class AgentLoop:
             and (child := self.children.get(run_id)) is not None
             and not child.state.finished
         ]
-        ways = max(sharing, 1)
-        cost = tokens = None
-        if limits.max_cost_usd is not None:
-            held = sum(child.max_cost_usd or 0.0 for child in running)
-            cost = max(limits.max_cost_usd - budget.cost_usd - held, 0.0) / ways
-        if limits.max_tokens is not None:
-            held_tokens = sum(child.max_tokens or 0 for child in running)
-            left = limits.max_tokens - budget.usage.total_tokens - held_tokens
-            tokens = max(left, 0) // ways
-        return cost, tokens
+        return self.budget.left(
+            sum(child.max_cost_usd or 0.0 for child in running),
+            sum(child.max_tokens or 0 for child in running),
+            max(sharing, 1),
+        )
 
     def _context(
         self, step: int, index: int, call: ToolCall, share: tuple[float | None, int | None]
@@ -782,10 +776,7 @@ class AgentLoop:
         if agent.toolset.shares_budget(call.name):
             cost_left, tokens_left = share
         else:  # (it starts nothing: what the run has left, as it is)
-            limit, tokens = self.budget.limits.max_cost_usd, self.budget.limits.max_tokens
-            cost_left = None if limit is None else max(limit - self.budget.cost_usd, 0.0)
-            used = self.budget.usage.total_tokens
-            tokens_left = None if tokens is None else max(tokens - used, 0)
+            cost_left, tokens_left = self.budget.left()
         if self.call_environment is not None and agent.toolset.plants_environment(call.name):
             # (a token minted for this call, carrying what the run has left)
             environment, hidden = self.call_environment(f"{step}:{index}", cost_left, tokens_left)
