@@ -37,6 +37,7 @@ kind: Agent
 metadata: {name: boss}
 spec:
   model: boss-model
+  limits: {max_tokens: 500, max_cost_usd: 0.25}
   links:
     - {agent: adder, description: "adds numbers"}
 """
@@ -100,6 +101,8 @@ def test_tasks_tree_and_describe_show_the_child_under_its_parent(tmp_path: Path)
     code, out, err = corral(home, "tasks", "describe", child["id"])
     assert code == 0, err
     assert f"{parent['id']} (depth 1)" in out
+    # what its parent left it: boss's limits, its first turn free
+    assert "  Capped At:" in out and "$0.250000, 500 tokens" in out
 
     code, out, err = corral(home, "tasks", "tree", "run_nope")
     assert code == 2 and "not found" in err and "Traceback" not in err

@@ -92,6 +92,12 @@ def describe_task(
         _field("Model Requests", usage.requests, 2),
         _field("Cost", f"${task.cost_usd:.6f}", 2),
     ]
+    caps = [
+        *([f"${task.max_cost_usd:.6f}"] if task.max_cost_usd is not None else []),
+        *([f"{task.max_tokens} tokens"] if task.max_tokens is not None else []),
+    ]
+    if caps:  # what its parent (or the token that started it) left it, over its agent's limits
+        lines.append(_field("Capped At", ", ".join(caps), 2))
     lines += _approvals(approvals)
     lines += _children(children)
     return "\n".join(lines)
