@@ -10,6 +10,7 @@ flood   a Message of ``size`` (the JSON text's) bytes of "x"
 fail    a Task that fails, its status message the request's text
 hang    a Task that never finishes (asleep)
 tasker  a Task completed with an artifact "done: TEXT" (headers of the call recorded)
+resty   tasker over HTTP+JSON only (its card names no JSON-RPC interface)
 
 and, hand-written (the SDK would never answer so), ``/liar`` (a valid card, then a
 JSON-RPC answer that is not A2A), ``/huge`` (a card, then 5 MiB of JSON) and
@@ -39,7 +40,11 @@ from a2a.server.agent_execution import AgentExecutor, RequestContext
 from a2a.server.events.event_queue_v2 import EventQueue
 from a2a.server.request_handlers import DefaultRequestHandler
 from a2a.server.request_handlers.response_helpers import agent_card_to_dict
-from a2a.server.routes import create_agent_card_routes, create_jsonrpc_routes
+from a2a.server.routes import (
+    create_agent_card_routes,
+    create_jsonrpc_routes,
+    create_rest_routes,
+)
 from a2a.server.tasks import InMemoryTaskStore, TaskUpdater
 from a2a.types.a2a_pb2 import (
     AgentCapabilities,
@@ -73,13 +78,18 @@ class Remote:
         return self.url(agent) + CARD
 
 
+#: the agents served over HTTP+JSON only
+REST_ONLY = ("resty",)
+
+
 def _card(remote: Remote, name: str) -> AgentCard:
+    binding = "HTTP+JSON" if name in REST_ONLY else "JSONRPC"
     return AgentCard(
         name=name,
         description=f"test agent {name}",
         version="1.0",
         supported_interfaces=[
-            AgentInterface(url=remote.url(name), protocol_binding="JSONRPC", protocol_version="1.0")
+            AgentInterface(url=remote.url(name), protocol_binding=binding, protocol_version="1.0")
         ],
         capabilities=AgentCapabilities(streaming=False),
         default_input_modes=["text/plain"],
@@ -132,7 +142,7 @@ class Scripted(AgentExecutor):
         elif self.name == "fail":
             await updater.failed(updater.new_agent_message([Part(text=text)]))
             return
-        if self.name == "tasker":
+        if self.name in ("tasker", "resty"):
             headers = context.call_context.state.get("headers", {})
             self.remote.headers.append(dict(headers))
         artifact = new_text_artifact(name="answer", text=f"done: {text}")
@@ -143,7 +153,7 @@ class Scripted(AgentExecutor):
         raise NotImplementedError
 
 
-AGENTS = ("echo", "slow", "flood", "fail", "hang", "tasker")
+AGENTS = ("echo", "slow", "flood", "fail", "hang", "tasker", "resty")
 
 
 def _liars(remote: Remote) -> list[BaseRoute]:
@@ -229,7 +239,12 @@ def _app(remote: Remote) -> Starlette:
         routes += create_agent_card_routes(
             card, card_modifier=_current_card(remote, name), card_url=f"/{name}{CARD}"
         )
-        routes += create_jsonrpc_routes(handler, rpc_url=f"/{name}")
+        if name in REST_ONLY:
+            # (not its tenant Mount of "/{tenant}", which would shadow the routes after it)
+            rest = create_rest_routes(handler, path_prefix=f"/{name}")
+            routes += [route for route in rest if isinstance(route, Route)]
+        else:
+            routes += create_jsonrpc_routes(handler, rpc_url=f"/{name}")
     return Starlette(routes=routes + _liars(remote))
 
 

@@ -2,7 +2,7 @@
 
 A real ``corral serve`` (uvicorn, embedded worker, SQLite) serves each agent at
 ``/a2a/{namespace}/{agent}``; the SDK resolves the card there and speaks JSON-RPC
-(spec 1.0; a raw 0.3 ``message/send`` is served too). Runs are A2A tasks: the tests
+(spec 1.0; a raw 0.3 ``message/send`` is served too), and HTTP+JSON at the same base. Runs are A2A tasks: the tests
 check the card, ``SendMessage`` (text and data output, a failed run as a failed task
 with its stable code), ``SendStreamingMessage``, ``GetTask``, ``CancelTask``, the
 bearer auth and roles, other namespaces, and the hostile inputs of the JSON-RPC layer.
@@ -41,6 +41,7 @@ from a2a.types.a2a_pb2 import (
     Task,
     TaskState,
 )
+from a2a.utils.constants import TransportProtocol
 from a2a.utils.errors import (
     ContentTypeNotSupportedError,
     InternalError,
@@ -129,7 +130,12 @@ async def test_the_sdk_resolves_the_card_of_an_agent_with_bearer_auth_and_stream
     interfaces = [
         (i.url, i.protocol_binding, i.protocol_version) for i in card.supported_interfaces
     ]
-    assert interfaces == [(agent_url(live, "greeter"), "JSONRPC", v) for v in ("1.0", "0.3")]
+    url = agent_url(live, "greeter")
+    assert interfaces == [
+        (url, "JSONRPC", "1.0"),
+        (url, "JSONRPC", "0.3"),
+        (url, "HTTP+JSON", "1.0"),
+    ]
     assert card.capabilities.streaming and not card.capabilities.push_notifications
     assert card.security_schemes["bearer"].http_auth_security_scheme.scheme == "Bearer"
     assert list(card.security_requirements[0].schemes) == ["bearer"]
@@ -560,3 +566,112 @@ def test_an_unexpected_failure_answers_a_plain_internal_error_and_keeps_details_
     assert "/srv/secret" in caplog.text
     with pytest.raises(TaskNotFoundError), internal_errors():
         raise TaskNotFoundError("task 'x' not found")  # A2A errors pass as they are
+
+
+# ----------------------------------------------------------------------------- HTTP+JSON
+
+REST = TransportProtocol.HTTP_JSON.value
+
+
+async def rest_client(
+    live: LiveServer, http: httpx.AsyncClient, agent: str, *, streaming: bool = False
+) -> Client:
+    """An SDK client that speaks HTTP+JSON only."""
+    config = ClientConfig(
+        httpx_client=http, streaming=streaming, supported_protocol_bindings=[REST]
+    )
+    return await ClientFactory(config).create_from_url(agent_url(live, agent))
+
+
+async def test_the_card_names_the_base_url_as_an_http_json_interface_too(
+    live: LiveServer, operator: httpx.AsyncClient
+) -> None:
+    raw = (await operator.get(f"{agent_url(live, 'greeter')}/.well-known/agent-card.json")).json()
+    interfaces = [(i["url"], i["protocolBinding"]) for i in raw["supportedInterfaces"]]
+    assert (agent_url(live, "greeter"), REST) in interfaces
+
+
+async def test_send_stream_get_and_cancel_over_http_json(
+    live: LiveServer, operator: httpx.AsyncClient
+) -> None:
+    client = await rest_client(live, operator, "greeter")
+    task = await only_task(client, text_message("hi over rest"))
+    assert task.status.state == TaskState.TASK_STATE_COMPLETED
+    assert [p.text for p in task.artifacts[0].parts] == ["hello there"]
+    detail = (await operator.get(f"{live.url}/v1/tasks/{task.id}")).json()
+    assert (detail["agent"], detail["input"]) == ("greeter", "hi over rest")
+
+    streaming = await rest_client(live, operator, "worker", streaming=True)
+    events = await send(streaming, text_message("work over rest"))
+    assert events[0].HasField("task")
+    updates = [e.status_update for e in events if e.HasField("status_update")]
+    assert updates[-1].status.state == TaskState.TASK_STATE_COMPLETED
+
+    sleeper = await rest_client(live, operator, "sleeper")
+    request = text_message("sleep over rest")
+    request.configuration.CopyFrom(SendMessageConfiguration(return_immediately=True))
+    asleep = await only_task(sleeper, request)
+    got = await sleeper.get_task(GetTaskRequest(id=asleep.id))
+    assert got.id == asleep.id and got.history[0].parts[0].text == "sleep over rest"
+    cancelled = await sleeper.cancel_task(CancelTaskRequest(id=asleep.id))
+    assert cancelled.status.state == TaskState.TASK_STATE_CANCELED
+    with pytest.raises(TaskNotCancelableError):
+        await sleeper.cancel_task(CancelTaskRequest(id=asleep.id))
+    # another agent's task, or none at all: not found
+    with pytest.raises(TaskNotFoundError):
+        await sleeper.get_task(GetTaskRequest(id=task.id))
+    with pytest.raises(TaskNotFoundError):
+        await sleeper.get_task(GetTaskRequest(id="run_nope"))
+
+
+async def test_a_viewer_reads_over_http_json_but_may_not_send_or_cancel(
+    live: LiveServer, operator: httpx.AsyncClient
+) -> None:
+    task = await only_task(await rest_client(live, operator, "greeter"), text_message("hi"))
+    headers = {"Authorization": f"Bearer {live.mint(NS, TokenRole.VIEWER)}"}
+    async with httpx.AsyncClient(headers=headers, timeout=30) as http:
+        viewer = await rest_client(live, http, "greeter")
+        assert (await viewer.get_task(GetTaskRequest(id=task.id))).id == task.id
+        with pytest.raises(A2AClientError, match="403"):
+            await send(viewer, text_message("hi"))
+        with pytest.raises(A2AClientError, match="403"):
+            await viewer.cancel_task(CancelTaskRequest(id=task.id))
+        raw = await http.post(f"{agent_url(live, 'greeter')}/message:send", json={})
+        assert (raw.status_code, raw.json()["code"]) == (403, "forbidden")
+
+
+async def test_hostile_http_json_requests_get_clear_errors_and_the_server_serves_on(
+    live: LiveServer, operator: httpx.AsyncClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="a2a")
+    base = agent_url(live, "greeter")
+    headers = {"A2A-Version": "1.0", "Content-Type": "application/json"}
+
+    async def refused(status: int, method: str, path: str, content: str | None = None) -> None:
+        response = await operator.request(method, base + path, content=content, headers=headers)
+        assert response.status_code == status, (path, response.text)
+        assert "Traceback" not in response.text and response.json()["error"]["message"]
+
+    await refused(400, "POST", "/message:send", "{not json")
+    await refused(400, "POST", "/message:send", "[]")
+    await refused(400, "POST", "/message:send", '{"message": ' + "[" * 50_000)
+    await refused(400, "POST", "/message:send", '{"message": {"messageId": "e", "parts": []}}')
+    data_part = '{"message": {"messageId": "d", "role": "ROLE_USER", "parts": [{"data": {}}]}}'
+    await refused(400, "POST", "/message:send", data_part)
+    await refused(404, "GET", "/tasks/run_nope")
+    await refused(404, "GET", "/tasks/%F0%9F%90%8D%00x")
+    await refused(404, "GET", "/tasks/" + "r" * 5000)
+    await refused(404, "POST", "/tasks/run_nope:cancel")
+    # what Corral does not offer: an A2A error saying so
+    await refused(400, "POST", "/tasks/run_nope/pushNotificationConfigs", '{"url": "http://x"}')
+    await refused(400, "GET", "/extendedAgentCard")
+    # another namespace's agent, or an agent that does not exist: the API's 404
+    for url in (f"{live.url}/a2a/beta/greeter/tasks/x", f"{live.url}/a2a/{NS}/nobody/tasks/x"):
+        response = await operator.get(url)
+        assert (response.status_code, response.json()["code"]) == (404, "not_found")
+    client = await rest_client(live, operator, "greeter")
+    assert (await only_task(client, text_message("still there?"))).status.state == (
+        TaskState.TASK_STATE_COMPLETED
+    )
+    sdk = [r for r in caplog.records if r.name.startswith("a2a.")]
+    assert not [r for r in sdk if r.exc_info or r.levelno >= logging.ERROR], sdk

@@ -81,6 +81,19 @@ async def test_a_completed_tasks_artifact_is_the_result_and_the_auth_header_is_s
     assert remote.headers[-1]["authorization"] == "Bearer s3cret"
 
 
+async def test_a_remote_that_speaks_http_json_only_is_called_over_it(
+    remote: Remote, tmp_path: Path
+) -> None:
+    auth = {"type": "bearer", "secret": "remote-token"}
+    tool = make(remote.url("resty"), auth=auth, secrets={"remote-token": "s3cret"})
+
+    outcome = await invoke(tool, tmp_path, {"input": "the rest"})
+
+    assert outcome.error is None, outcome.error
+    assert outcome.output == "done: the rest"
+    assert remote.headers[-1]["authorization"] == "Bearer s3cret"
+
+
 async def test_the_guard_blocks_a_private_card_before_any_connection(
     remote: Remote, tmp_path: Path
 ) -> None:

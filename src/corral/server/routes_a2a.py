@@ -2,10 +2,14 @@
 
     GET  /a2a/{namespace}/{agent}/.well-known/agent-card.json   the agent card (viewer)
     POST /a2a/{namespace}/{agent}                                JSON-RPC 2.0
+    POST /a2a/{namespace}/{agent}/message:send, ...              HTTP+JSON (REST)
 
 The agent's base URL is ``/a2a/{namespace}/{agent}``: the SDK's client resolves the
-card at ``<base>/.well-known/agent-card.json`` and the card names the base as its
-JSON-RPC interface. Methods: ``SendMessage`` and ``SendStreamingMessage`` (0.3:
+card at ``<base>/.well-known/agent-card.json`` and the card names the base as both its
+JSON-RPC interface (1.0 and 0.3) and its HTTP+JSON one (1.0: ``message:send``,
+``message:stream``, ``tasks/{id}``, ``tasks/{id}:cancel``, ``tasks/{id}:subscribe``,
+``tasks``, the push notification configs and ``extendedAgentCard`` under it, the SDK's
+REST dispatcher over the same request handler). Methods: ``SendMessage`` and ``SendStreamingMessage`` (0.3:
 ``message/send``, ``message/stream``) need the operator role, ``CancelTask``
 (``tasks/cancel``) too; ``GetTask`` (``tasks/get``) and ``SubscribeToTask``
 (``tasks/resubscribe``) the viewer role. Push notifications, ``ListTasks`` and the
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Annotated
 
 from a2a.server.context import ServerCallContext
@@ -35,6 +40,7 @@ from a2a.server.request_handlers.response_helpers import (
 )
 from a2a.server.routes.common import DefaultServerCallContextBuilder
 from a2a.server.routes.jsonrpc_dispatcher import JsonRpcDispatcher
+from a2a.server.routes.rest_dispatcher import RestDispatcher
 from a2a.types.a2a_pb2 import (
     AgentCapabilities,
     AgentCard,
@@ -112,6 +118,17 @@ class _ContextBuilder(DefaultServerCallContextBuilder):
         return context
 
 
+def _rest_dispatcher(request: Request) -> RestDispatcher:
+    """The app's one HTTP+JSON dispatcher (made on first use) over its one request handler."""
+    dispatcher = getattr(request.app.state, "a2a_rest_dispatcher", None)
+    if not isinstance(dispatcher, RestDispatcher):
+        dispatcher = RestDispatcher(
+            CorralRequestHandler(context_of(request)), context_builder=_ContextBuilder()
+        )
+        request.app.state.a2a_rest_dispatcher = dispatcher
+    return dispatcher
+
+
 def _dispatcher(request: Request) -> JsonRpcDispatcher:
     """The app's one dispatcher (made on first use) over its one request handler."""
     dispatcher = getattr(request.app.state, "a2a_dispatcher", None)
@@ -165,6 +182,13 @@ def agent_card(url: str, caller: Caller) -> AgentCard:
                 url=url, protocol_binding=TransportProtocol.JSONRPC.value, protocol_version=version
             )
             for version in (PROTOCOL_VERSION_1_0, PROTOCOL_VERSION_0_3)
+        ]
+        + [
+            AgentInterface(
+                url=url,
+                protocol_binding=TransportProtocol.HTTP_JSON.value,
+                protocol_version=PROTOCOL_VERSION_1_0,
+            )
         ],
         capabilities=AgentCapabilities(streaming=True, push_notifications=False),
         security_schemes={
@@ -213,14 +237,63 @@ async def a2a_jsonrpc(
     except RecursionError:  # the SDK would answer an internal error
         error = JSONParseError(message="the JSON nests too deeply")
         return JSONResponse(build_error_response(None, error))
-    if method in OPERATOR_METHODS and not who.role.allows(Role.OPERATOR):
-        raise ProblemError(
-            403,
-            f"{method} needs the operator role; the token has {who.role.value}",
-            code="forbidden",
-        )
+    if method in OPERATOR_METHODS:
+        _needs_operator(who, method)
     request.state.a2a_caller = caller
     return await _dispatcher(request).handle_requests(request)
+
+
+def _needs_operator(who: Principal, what: str) -> None:
+    if not who.role.allows(Role.OPERATOR):
+        raise ProblemError(
+            403, f"{what} needs the operator role; the token has {who.role.value}", code="forbidden"
+        )
+
+
+#: the HTTP+JSON binding: (path under the agent's base, method, the SDK dispatcher's
+#: method, whether it needs the operator role); a ``:verb`` path before the plain one
+REST_ROUTES = (
+    ("/message:send", "POST", "on_message_send", True),
+    ("/message:stream", "POST", "on_message_send_stream", True),
+    ("/tasks/{id}:cancel", "POST", "on_cancel_task", True),
+    ("/tasks/{id}:subscribe", "GET", "on_subscribe_to_task", False),
+    ("/tasks/{id}:subscribe", "POST", "on_subscribe_to_task", False),
+    ("/tasks/{id}", "GET", "on_get_task", False),
+    ("/tasks", "GET", "list_tasks", False),
+    ("/tasks/{id}/pushNotificationConfigs/{push_id}", "GET", "get_push_notification", False),
+    ("/tasks/{id}/pushNotificationConfigs/{push_id}", "DELETE", "delete_push_notification", True),
+    ("/tasks/{id}/pushNotificationConfigs", "POST", "set_push_notification", True),
+    ("/tasks/{id}/pushNotificationConfigs", "GET", "list_push_notifications", False),
+    ("/extendedAgentCard", "GET", "handle_authenticated_agent_card", False),
+)
+
+
+def _rest_endpoint(
+    method: str, operation: str, operator: bool
+) -> Callable[..., Awaitable[Response]]:
+    async def endpoint(
+        namespace: Namespace, agent: AgentName, who: Viewer, request: Request
+    ) -> Response:
+        context = context_of(request)
+        caller = await _caller(context, who, namespace, agent)
+        if operator:
+            _needs_operator(who, f"{method} {request.url.path}")
+        request.state.a2a_caller = caller
+        handle: Callable[[Request], Awaitable[Response]] = getattr(
+            _rest_dispatcher(request), operation
+        )
+        return await handle(request)
+
+    endpoint.__name__ = f"a2a_rest_{operation}_{method.lower()}"
+    return endpoint
+
+
+for _path, _verb, _operation, _operator in REST_ROUTES:
+    router.add_api_route(
+        f"/{{namespace}}/{{agent}}{_path}",
+        _rest_endpoint(_verb, _operation, _operator),
+        methods=[_verb],
+    )
 
 
 def _method(body: bytes) -> str | None:

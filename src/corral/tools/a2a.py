@@ -45,7 +45,7 @@ from a2a.types.a2a_pb2 import (
     Task,
     TaskState,
 )
-from a2a.utils.constants import AGENT_CARD_WELL_KNOWN_PATH
+from a2a.utils.constants import AGENT_CARD_WELL_KNOWN_PATH, TransportProtocol
 from a2a.utils.errors import A2AError
 from google.protobuf.json_format import MessageToDict, ParseError
 
@@ -267,13 +267,17 @@ class A2aTool(Tool):
         if self._client is None:
             resolver = A2ACardResolver(self._http, self._base, self._card_path)
             card: AgentCard = await resolver.get_agent_card()
-            factory = ClientFactory(ClientConfig(httpx_client=self._http, streaming=False))
+            bindings = [TransportProtocol.JSONRPC.value, TransportProtocol.HTTP_JSON.value]
+            config = ClientConfig(
+                httpx_client=self._http, streaming=False, supported_protocol_bindings=bindings
+            )
+            factory = ClientFactory(config)
             try:
                 self._client = factory.create(card)
             except ValueError as exc:  # no interface this client speaks
                 raise ToolError(
                     ToolErrorCode.EXECUTION_FAILED,
-                    f"{self.url}: the agent card offers no JSON-RPC interface ({exc})",
+                    f"{self.url}: the agent card offers no JSON-RPC or HTTP+JSON interface ({exc})",
                 ) from None
         return self._client
 
