@@ -2,10 +2,11 @@
 
 A real ``corral serve`` (uvicorn, embedded worker, SQLite) serves each agent at
 ``/a2a/{namespace}/{agent}``; the SDK resolves the card there and speaks JSON-RPC
-(spec 1.0; a raw 0.3 ``message/send`` is served too), and HTTP+JSON at the same base. Runs are A2A tasks: the tests
-check the card, ``SendMessage`` (text and data output, a failed run as a failed task
-with its stable code), ``SendStreamingMessage``, ``GetTask``, ``CancelTask``, the
-bearer auth and roles, other namespaces, and the hostile inputs of the JSON-RPC layer.
+(spec 1.0; a raw 0.3 ``message/send`` is served too), or HTTP+JSON at the same base.
+Runs are A2A tasks: the tests check the card, ``SendMessage`` (text and data output, a
+failed run as a failed task with its stable code), ``SendStreamingMessage``,
+``GetTask``, ``CancelTask``, the bearer auth and roles, other namespaces, and the
+hostile inputs of both bindings.
 """
 
 from __future__ import annotations
