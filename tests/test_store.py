@@ -9,6 +9,7 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -533,9 +534,9 @@ async def test_list_runs_filters_by_session_and_status_time_and_counts_each_list
     ]:
         await create_run(store, record)
 
-    async def listed(**filters: object) -> list[str]:
-        records = await store.list_runs("default", **filters)  # type: ignore[arg-type]
-        counted = await store.count_matching_runs("default", **filters)  # type: ignore[arg-type]
+    async def listed(**filters: Any) -> list[str]:
+        records = await store.list_runs("default", **filters)
+        counted = await store.count_matching_runs("default", **filters)
         assert counted == len(records), filters
         return [r.id for r in records]
 

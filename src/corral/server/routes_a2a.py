@@ -7,9 +7,9 @@ The agent's base URL is ``/a2a/{namespace}/{agent}``: the SDK's client resolves 
 card at ``<base>/.well-known/agent-card.json`` and the card names the base as its
 JSON-RPC interface. Methods: ``SendMessage`` and ``SendStreamingMessage`` (0.3:
 ``message/send``, ``message/stream``) need the operator role, ``CancelTask``
-(``tasks/cancel``) too; ``GetTask`` (``tasks/get``) and ``SubscribeToTask``
-(``tasks/resubscribe``) the viewer role. Push notifications, ``ListTasks`` and the
-extended card are not offered (their A2A errors).
+(``tasks/cancel``) too; ``GetTask`` (``tasks/get``), ``ListTasks`` (1.0 only: 0.3 has
+no such method) and ``SubscribeToTask`` (``tasks/resubscribe``) the viewer role. Push
+notifications and the extended card are not offered (their A2A errors).
 
 Authentication is the API's (:func:`corral.server.auth.require`): a bearer token,
 401/403/429 as ``application/problem+json`` before any JSON-RPC is read. A namespace
