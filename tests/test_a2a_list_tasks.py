@@ -285,6 +285,10 @@ def clean_log(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
         ({"pageSize": "many"}, ""),
         ({"historyLength": -1}, "history length"),
         ({"status": 99}, "not a task state"),
+        # the SDK's parser would drop an unknown name and list unfiltered
+        ({"status": "TASK_STATE_NOPE"}, "not a task state"),
+        ({"status": "completed"}, "not a task state"),
+        ({"status": ["TASK_STATE_WORKING"]}, ""),
         ({"contextId": "ctx-\u00e9t\u00e9"}, "contextId"),
         ({"contextId": "ctx\u0000"}, "contextId"),
         ({"contextId": "c" * 10_000}, "contextId"),
@@ -374,3 +378,18 @@ def test_each_task_state_filter_selects_the_run_states_shown_as_it() -> None:
     assert run_states(TaskState.TASK_STATE_AUTH_REQUIRED) == []
     with pytest.raises(InvalidParamsError, match="not a task state"):
         run_states(TaskState.ValueType(99))
+
+
+@pytest.mark.usefixtures("clean_log")
+async def test_a_method_or_id_of_another_json_type_is_a_json_rpc_error(
+    live: LiveServer, operator: httpx.AsyncClient
+) -> None:
+    for body in (
+        {"jsonrpc": "2.0", "id": 1, "method": ["ListTasks"], "params": {}},
+        {"jsonrpc": "2.0", "id": 1, "method": {"ListTasks": 1}, "params": {}},
+        {"jsonrpc": "2.0", "id": [1], "method": "ListTasks", "params": {"status": "NOPE"}},
+        {"jsonrpc": "2.0", "id": 1, "method": "ListTasks", "params": ["status"]},
+    ):
+        response = await operator.post(agent_url(live, "greeter"), json=body, headers=V1)
+        assert response.status_code == 200, response.text
+        assert response.json()["error"]["code"] in (-32600, -32602), response.text

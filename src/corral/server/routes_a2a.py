@@ -25,10 +25,10 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Annotated
+from typing import Annotated, Any
 
 from a2a.server.context import ServerCallContext
-from a2a.server.jsonrpc_models import JSONParseError
+from a2a.server.jsonrpc_models import InvalidParamsError, JSONParseError
 from a2a.server.request_handlers.response_helpers import (
     agent_card_to_dict,
     build_error_response,
@@ -45,6 +45,7 @@ from a2a.types.a2a_pb2 import (
     SecurityRequirement,
     SecurityScheme,
     StringList,
+    TaskState,
 )
 from a2a.utils.constants import PROTOCOL_VERSION_0_3, PROTOCOL_VERSION_1_0, TransportProtocol
 from fastapi import APIRouter, Path, Request
@@ -54,7 +55,7 @@ from starlette.responses import Response
 from corral import __version__
 from corral.core.tokens import Role
 from corral.resources.kinds import NAME_PATTERN
-from corral.server.a2a_tasks import CALLER, REQUEST, Caller, CorralRequestHandler
+from corral.server.a2a_tasks import CALLER, REQUEST, Caller, CorralRequestHandler, shown
 from corral.server.auth import Principal, Viewer
 from corral.server.context import ServerContext, context_of
 from corral.server.problems import ProblemError
@@ -209,10 +210,16 @@ async def a2a_jsonrpc(
     context = context_of(request)
     caller = await _caller(context, who, namespace, agent)
     try:
-        method = _method(await request.body())
+        document = _document(await request.body())
     except RecursionError:  # the SDK would answer an internal error
         error = JSONParseError(message="the JSON nests too deeply")
         return JSONResponse(build_error_response(None, error))
+    method = document.get("method") if document is not None else None
+    if not isinstance(method, str):  # the SDK judges it
+        method = None
+    elif method == "ListTasks" and document and (bad := _unknown_status(document)):
+        refused = InvalidParamsError(message=f"status {bad} is not a task state")
+        return JSONResponse(build_error_response(_request_id(document), refused))
     if method in OPERATOR_METHODS and not who.role.allows(Role.OPERATOR):
         raise ProblemError(
             403,
@@ -223,11 +230,31 @@ async def a2a_jsonrpc(
     return await _dispatcher(request).handle_requests(request)
 
 
-def _method(body: bytes) -> str | None:
-    """The JSON-RPC method of a request body, when it has one (the SDK judges the rest)."""
+def _document(body: bytes) -> dict[str, Any] | None:
+    """The JSON-RPC request object of a body, when it is one (the SDK judges the rest)."""
     try:
         document = json.loads(body)
     except ValueError:
         return None
-    method = document.get("method") if isinstance(document, dict) else None
-    return method if isinstance(method, str) else None
+    return document if isinstance(document, dict) else None
+
+
+def _unknown_status(document: dict[str, Any]) -> str | None:
+    """A ListTasks ``status`` that names no task state, quoted. The SDK parses params
+    ignoring what it does not know, unknown enum names too: the filter would vanish and
+    the listing come back unfiltered instead of refused."""
+    params = document.get("params")
+    status = params.get("status") if isinstance(params, dict) else None
+    if not isinstance(status, str):
+        return None
+    try:
+        TaskState.Value(status)
+    except ValueError:
+        return shown(status)
+    return None
+
+
+def _request_id(document: dict[str, Any]) -> str | int | None:
+    request_id = document.get("id")
+    valid = isinstance(request_id, str | int) and not isinstance(request_id, bool)
+    return request_id if valid else None
