@@ -39,6 +39,7 @@ from google.protobuf.json_format import MessageToDict
 
 from corral.core.runs import RunState
 from corral.core.tokens import Role as TokenRole
+from corral.runtime.agent_tokens import AgentTokenSigner
 from corral.server.a2a_tasks import run_states, task_state
 from server_harness import LiveServer, apply, echo_turn, resources
 
@@ -126,17 +127,22 @@ async def test_the_sdk_pages_through_a_context_newest_first_each_task_once(
     tasks = await conversation(client, 7)
     context = tasks[0].context_id
 
-    pages = await list_all(client, ListTasksRequest(context_id=context, page_size=3))
+    first = await client.list_tasks(ListTasksRequest(context_id=context, page_size=3))
+    late = await send(client, text_message("late", context))  # arrives mid-listing
+    follow = ListTasksRequest(context_id=context, page_size=3, page_token=first.next_page_token)
+    pages = [first, *await list_all(client, follow)]
 
     assert [len(p.tasks) for p in pages] == [3, 3, 1]
-    assert [p.total_size for p in pages] == [7, 7, 7]
+    assert [p.total_size for p in pages] == [7, 8, 8]  # counted when each page was read
     assert [p.page_size for p in pages] == [3, 3, 3]
     listed = [t.id for p in pages for t in p.tasks]
-    assert listed == [t.id for t in reversed(tasks)]  # newest first, none twice, none missed
+    # newest first, none twice, none missed; the late one is before the first page's cursor
+    assert listed == [t.id for t in reversed(tasks)]
+    assert late.id not in listed
     assert {t.context_id for p in pages for t in p.tasks} == {context}
     # the same runs, in the same order, as the REST API lists them
     rest = (await operator.get(f"{live.url}/v1/tasks", params={"agent": "pager"})).json()
-    assert [t["id"] for t in rest["items"] if t["session_id"] == context] == listed
+    assert [t["id"] for t in rest["items"] if t["session_id"] == context] == [late.id, *listed]
 
 
 async def test_a_listing_is_the_agents_tasks_in_its_namespace_only(
@@ -378,6 +384,17 @@ def test_each_task_state_filter_selects_the_run_states_shown_as_it() -> None:
     assert run_states(TaskState.TASK_STATE_AUTH_REQUIRED) == []
     with pytest.raises(InvalidParamsError, match="not a task state"):
         run_states(TaskState.ValueType(99))
+
+
+async def test_an_agent_token_may_not_list_tasks(live: LiveServer) -> None:
+    """A run's agent token reaches ``/v1/links`` only, not the A2A routes of its agent."""
+    token = AgentTokenSigner.from_settings(live.settings).mint(
+        namespace=NS, agent="greeter", run_id="run_x", links=["pager"]
+    )
+    headers = {"Authorization": f"Bearer {token}", **V1}
+    async with httpx.AsyncClient(headers=headers, timeout=30) as http:
+        response = await http.post(agent_url(live, "greeter"), json=rpc({}))
+    assert (response.status_code, response.json()["code"]) == (403, "agent_token_not_allowed")
 
 
 @pytest.mark.usefixtures("clean_log")
