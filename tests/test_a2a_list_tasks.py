@@ -284,6 +284,8 @@ def clean_log(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
         ({"pageToken": token_of([1.0, "r" * 65])}, "pageToken"),
         ({"pageToken": token_of("[" * 5000)}, "pageToken"),
         ({"pageToken": "A" * 100_000}, "pageToken"),
+        ({"pageToken": "\u00e9t\u00e9-\U0001f600"}, "pageToken"),
+        ({"pageToken": "\ud800"}, ""),
         ({"pageSize": 0}, "minimum page size is 1"),
         ({"pageSize": -5}, "minimum page size is 1"),
         ({"pageSize": 101}, "maximum page size is 100"),
