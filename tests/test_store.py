@@ -9,6 +9,7 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -503,6 +504,64 @@ async def test_list_runs_newest_first_filtered_and_limited(store: Store) -> None
     assert [r.id for r in await store.list_runs("default")] == ["run_3", "run_2", "run_1", "run_0"]
     assert [r.id for r in await store.list_runs("default", "a", limit=2)] == ["run_3", "run_2"]
     assert await store.list_runs("other") == []
+
+
+async def test_list_runs_filters_by_session_and_status_time_and_counts_each_listing(
+    store: Store,
+) -> None:
+    def run(run_id: str, session: str | None, at: float, **more: object) -> RunRecord:
+        record = a_run(run_id, created_at=at)
+        record.session_id = session
+        for name, value in more.items():
+            setattr(record, name, value)
+        return record
+
+    for record in [
+        run("run_0", "ctx-1", 1000.0),
+        run("run_1", "ctx-1", 1001.0, started_at=1050.0),
+        run("run_2", None, 1002.0),
+        run("run_3", "ctx-2", 1003.0, started_at=1004.0, finished_at=1060.0),
+        run("run_4", "ctx-1", 1004.0, started_at=1005.0, finished_at=1006.0),
+        # the same session id in another namespace is another session
+        RunRecord(
+            id="run_5",
+            namespace="other",
+            agent="assistant",
+            input="hi",
+            session_id="ctx-1",
+            created_at=1005.0,
+        ),
+    ]:
+        await create_run(store, record)
+
+    async def listed(**filters: Any) -> list[str]:
+        records = await store.list_runs("default", **filters)
+        counted = await store.count_matching_runs("default", **filters)
+        assert counted == len(records), filters
+        return [r.id for r in records]
+
+    assert await listed(session="ctx-1") == ["run_4", "run_1", "run_0"]
+    assert await listed(session="ctx-missing") == []
+    # status_at: finished_at, else started_at, else created_at; at or after the bound
+    assert await listed(status_since=1050.0) == ["run_3", "run_1"]
+    assert await listed(status_since=1006.0, session="ctx-1") == ["run_4", "run_1"]
+    assert await listed(status_since=1006.5, session="ctx-1") == ["run_1"]
+    assert await listed(session="ctx-1", states=[RunState.QUEUED], agent="assistant") == [
+        "run_4",
+        "run_1",
+        "run_0",
+    ]
+    assert await listed(agent="someone") == []
+    assert await store.count_matching_runs("default") == 5
+    assert await store.count_matching_runs("other", session="ctx-1") == 1
+    # pages of one session by the keyset cursor: each run once
+    first = await store.list_runs("default", limit=2, session="ctx-1")
+    last = first[-1]
+    rest = await store.list_runs(
+        "default", limit=2, session="ctx-1", before=(last.created_at, last.id)
+    )
+    assert [r.id for r in first + rest] == ["run_4", "run_1", "run_0"]
+    assert [r.status_at for r in first + rest] == [1006.0, 1050.0, 1000.0]
 
 
 # --------------------------------------------------------------------------- events

@@ -140,6 +140,15 @@ class RunRecord:
     max_tokens: int | None = None
 
     @property
+    def status_at(self) -> float:
+        """When the run last reached a state the store stamps: ``finished_at``, else
+        ``started_at``, else ``created_at`` (the A2A task's status timestamp; what
+        ``Store.list_runs(status_since=)`` compares)."""
+        if self.finished_at is not None:
+            return self.finished_at
+        return self.started_at if self.started_at is not None else self.created_at
+
+    @property
     def is_system_run(self) -> bool:
         """Whether this is a system run (executed by its coordinator, not an agent loop)."""
         return self.system is not None and self.branch_id is None

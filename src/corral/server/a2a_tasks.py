@@ -18,6 +18,17 @@ A message's text parts are the run's input; ``contextId`` is the Corral session
 (one is made when the message has none, so a follow-up continues the conversation);
 ``messageId`` is the run's idempotency key (a client retry never starts a second
 run). File and data parts are refused (``ContentTypeNotSupportedError``).
+
+``ListTasks`` lists the runs of the endpoint's agent in the caller's namespace, newest
+first (by creation; ``Store.list_runs``), filtered in the store: ``contextId`` is the
+session, ``status`` maps back through the table above (WORKING: running, waiting for
+children or for approval; FAILED: failed or dead-lettered; a state no run has, such as
+INPUT_REQUIRED, lists nothing), ``statusTimestampAfter`` compares the status timestamp
+(``RunRecord.status_at``: finished, else started, else created). ``pageToken`` is the
+keyset position ``(created_at, id)`` of the previous page's last task, base64url JSON,
+checked strictly (anything else is ``InvalidParamsError``). ``totalSize`` is exact: one
+``COUNT`` over the same filters (``Store.count_matching_runs``), read beside the page,
+so a run submitted between the two reads may be counted and not listed.
 """
 
 from __future__ import annotations
@@ -25,6 +36,8 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import math
+import re
 from collections.abc import AsyncGenerator, Callable, Coroutine, Iterator
 from contextlib import aclosing, contextmanager, suppress
 from dataclasses import dataclass
@@ -58,6 +71,7 @@ from a2a.types.a2a_pb2 import (
     TaskStatus,
     TaskStatusUpdateEvent,
 )
+from a2a.utils.constants import DEFAULT_LIST_TASKS_PAGE_SIZE
 from a2a.utils.errors import (
     A2AError,
     ContentTypeNotSupportedError,
@@ -69,19 +83,21 @@ from a2a.utils.errors import (
     TaskNotFoundError,
     UnsupportedOperationError,
 )
-from a2a.utils.task import apply_history_length, validate_history_length
+from a2a.utils.task import apply_history_length, validate_history_length, validate_page_size
 from google.protobuf.json_format import ParseDict, ParseError
 from google.protobuf.message import DecodeError
 from google.protobuf.struct_pb2 import Struct, Value
 from starlette.requests import Request
 
-from corral.api.common import surrogate_path
+from corral.api.common import ID_PATTERN, surrogate_path
 from corral.core.errors import ConflictError, NotFoundError, UserError
 from corral.core.events import Event, EventType
 from corral.core.ids import new_id
 from corral.core.runs import RunRecord, RunState
+from corral.core.sessions import check_session_id
 from corral.runtime import operations
 from corral.runtime.follow import RunFollower, Until
+from corral.server import pagination
 from corral.server.context import ServerContext
 from corral.store.base import StoreError
 
@@ -100,6 +116,11 @@ MAX_MESSAGE_ID_CHARS = 200
 MAX_DATA_DEPTH = 24
 #: how long tasks/cancel waits for a running run to stop before it answers
 CANCEL_WAIT_SECONDS = 10.0
+#: the longest ListTasks pageToken taken (the server's own are well under it)
+MAX_PAGE_TOKEN_CHARS = 512
+#: a run id, as a page token may name one (the runs table keeps 64 characters)
+_RUN_ID = re.compile(ID_PATTERN.removesuffix("$") + r"\Z")
+MAX_RUN_ID_CHARS = 64
 
 _STATES: dict[RunState, TaskState] = {
     RunState.QUEUED: TaskState.TASK_STATE_SUBMITTED,
@@ -131,6 +152,36 @@ def shown(value: str, limit: int = 80) -> str:
 def task_state(state: RunState) -> TaskState:
     """The A2A state of a run state (see the module docstring)."""
     return _STATES[state]
+
+
+def run_states(state: TaskState) -> list[RunState] | None:
+    """The run states an A2A state filter selects: ``None`` for no filter (UNSPECIFIED),
+    none for a state no run has (INPUT_REQUIRED, REJECTED, AUTH_REQUIRED)."""
+    if state == TaskState.TASK_STATE_UNSPECIFIED:
+        return None
+    if state not in TaskState.values():
+        raise InvalidParamsError(f"status {state} is not a task state")
+    return [run for run, task in _STATES.items() if task == state]
+
+
+def page_token(record: RunRecord) -> str:
+    """The ListTasks page token after ``record``: its keyset position, opaque to clients."""
+    return pagination.encode((record.created_at, record.id))
+
+
+def page_position(token: str) -> tuple[float, str]:
+    """The keyset position of a ListTasks page token; ``InvalidParamsError`` for one this
+    server did not issue (garbage, another shape, a value no run has)."""
+    refused = InvalidParamsError("pageToken is not one this server issued: list from the start")
+    if len(token) > MAX_PAGE_TOKEN_CHARS:
+        raise refused
+    try:
+        created_at, run_id = pagination.parse(token, (float, str))
+    except pagination.NotACursorError:
+        raise refused from None
+    if created_at < 0 or len(run_id) > MAX_RUN_ID_CHARS or not _RUN_ID.match(run_id):
+        raise refused
+    return created_at, run_id
 
 
 def _struct(data: dict[str, Any]) -> Struct:
@@ -188,7 +239,9 @@ def output_artifact(record: RunRecord) -> Artifact:
 def task_status(record: RunRecord) -> TaskStatus:
     """The run's state, with a status message where there is something to say."""
     status = TaskStatus(state=task_state(record.state))
-    status.timestamp.FromSeconds(int(record.finished_at or record.started_at or record.created_at))
+    # to the microsecond, rounded down: a client's statusTimestampAfter of a task's own
+    # timestamp lists that task (RunRecord.status_at is what ListTasks compares)
+    status.timestamp.FromMicroseconds(math.floor(record.status_at * 1_000_000))
     if record.state in (RunState.FAILED, RunState.DEAD_LETTER):
         error = record.error or {"code": record.state.value, "message": "the run failed"}
         text = f"{error.get('code', 'error')}: {error.get('message', '')}"
@@ -467,10 +520,57 @@ class CorralRequestHandler(RequestHandler):
             record = await self._current(record)
         return to_task(record)
 
+    @_answered
     async def on_list_tasks(
         self, params: ListTasksRequest, context: ServerCallContext
     ) -> ListTasksResponse:
-        raise UnsupportedOperationError("ListTasks is not supported: use GET /v1/tasks")
+        caller = _caller(context)
+        validate_history_length(params)
+        size = DEFAULT_LIST_TASKS_PAGE_SIZE
+        if params.HasField("page_size"):
+            validate_page_size(params.page_size)  # 1 to 100, as the specification says
+            size = params.page_size
+        before = page_position(params.page_token) if params.page_token else None
+        states = run_states(params.status)
+        session = None
+        if params.context_id:
+            try:
+                session = check_session_id(params.context_id)
+            except UserError as exc:
+                message = f"contextId {shown(params.context_id)}: {exc.message}"
+                raise InvalidParamsError(message) from None
+        status_since = None
+        if params.HasField("status_timestamp_after"):
+            after = params.status_timestamp_after
+            status_since = after.seconds + after.nanos / 1e9
+        if states == []:  # a state no run has
+            return ListTasksResponse(page_size=size, total_size=0)
+        store, namespace, agent = self.server.store, caller.namespace, caller.agent
+        records = await store.list_runs(
+            namespace,
+            agent,
+            size + 1,
+            states,
+            before=before,
+            session=session,
+            status_since=status_since,
+        )
+        total = await store.count_matching_runs(
+            namespace, agent, states, session=session, status_since=status_since
+        )
+        more = len(records) > size
+        page = records[:size]
+        answer = ListTasksResponse(
+            next_page_token=page_token(page[-1]) if more else "",
+            page_size=size,
+            total_size=total,
+        )
+        for record in page:
+            task = to_task(record)
+            if not params.include_artifacts:
+                task.ClearField("artifacts")
+            answer.tasks.append(apply_history_length(task, params))
+        return answer
 
     # ------------------------------------------------------------------ not offered
 

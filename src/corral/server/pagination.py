@@ -45,38 +45,52 @@ def encode(position: Sequence[Any]) -> str:
     return base64.urlsafe_b64encode(text.encode()).decode().rstrip("=")
 
 
+class NotACursorError(ValueError):
+    """A cursor that does not decode to a position of the expected shape: not one this
+    server issued (:func:`decode` answers it as a 422, the A2A server as invalid params)."""
+
+
 def decode(cursor: str, shape: Sequence[type]) -> list[Any]:
     """The position in ``cursor``, checked against ``shape`` (one type per element; a
     ``float`` element is returned as a finite float, a ``str`` one as text a database
-    takes)."""
+    takes); a 422 naming ``query.cursor`` when it is not one."""
+    try:
+        return parse(cursor, shape)
+    except NotACursorError:
+        raise invalid_cursor() from None
+
+
+def parse(cursor: str, shape: Sequence[type]) -> list[Any]:
+    """:func:`decode` without HTTP: :class:`NotACursorError` for a cursor that is not one."""
     try:
         padded = cursor + "=" * (-len(cursor) % 4)
         value = json.loads(base64.urlsafe_b64decode(padded.encode()))
-    except (binascii.Error, ValueError, UnicodeDecodeError):
-        raise invalid_cursor() from None
+    except (binascii.Error, ValueError, UnicodeError):
+        raise NotACursorError(cursor) from None
     if not isinstance(value, list) or len(value) != len(shape):
-        raise invalid_cursor()
+        raise NotACursorError(cursor)
     return [_checked(item, kind) for item, kind in zip(value, shape, strict=True)]
 
 
 def _checked(item: Any, kind: type) -> Any:
-    """``item`` as a ``kind``, or 422: a forged cursor must not reach the store as a value
-    it would fail on (a number out of range, text PostgreSQL refuses: NUL, lone
-    surrogates). Integers (sequence numbers, offsets) are never negative."""
+    """``item`` as a ``kind``, or :class:`NotACursorError`: a forged cursor must not reach
+    the store as a value it would fail on (a number out of range, text PostgreSQL
+    refuses: NUL, lone surrogates). Integers (sequence numbers, offsets) are never
+    negative."""
     if isinstance(item, bool):
-        raise invalid_cursor()
+        raise NotACursorError(item)
     if kind is float and isinstance(item, int | float):
         try:
             number = float(item)
         except OverflowError:
-            raise invalid_cursor() from None
+            raise NotACursorError(item) from None
         if not math.isfinite(number):
-            raise invalid_cursor()
+            raise NotACursorError(item)
         return number
     if not isinstance(item, kind) or (isinstance(item, int) and not 0 <= item <= MAX_INT):
-        raise invalid_cursor()
+        raise NotACursorError(item)
     if isinstance(item, str) and ("\x00" in item or _unencodable(item)):
-        raise invalid_cursor()
+        raise NotACursorError(item)
     return item
 
 

@@ -9,11 +9,11 @@ card at ``<base>/.well-known/agent-card.json`` and the card names the base as bo
 JSON-RPC interface (1.0 and 0.3) and its HTTP+JSON one (1.0: ``message:send``,
 ``message:stream``, ``tasks/{id}``, ``tasks/{id}:cancel``, ``tasks/{id}:subscribe``,
 ``tasks``, the push notification configs and ``extendedAgentCard`` under it, the SDK's
-REST dispatcher over the same request handler). Methods: ``SendMessage`` and ``SendStreamingMessage`` (0.3:
-``message/send``, ``message/stream``) need the operator role, ``CancelTask``
-(``tasks/cancel``) too; ``GetTask`` (``tasks/get``) and ``SubscribeToTask``
-(``tasks/resubscribe``) the viewer role. Push notifications, ``ListTasks`` and the
-extended card are not offered (their A2A errors).
+REST dispatcher over the same request handler). Methods: ``SendMessage`` and
+``SendStreamingMessage`` (0.3: ``message/send``, ``message/stream``) need the operator role, ``CancelTask``
+(``tasks/cancel``) too; ``GetTask`` (``tasks/get``), ``ListTasks`` (1.0 only: 0.3 has
+no such method) and ``SubscribeToTask`` (``tasks/resubscribe``) the viewer role. Push
+notifications and the extended card are not offered (their A2A errors).
 
 Authentication is the API's (:func:`corral.server.auth.require`): a bearer token,
 401/403/429 as ``application/problem+json`` before any JSON-RPC is read. A namespace
@@ -30,10 +30,10 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Annotated
+from typing import Annotated, Any
 
 from a2a.server.context import ServerCallContext
-from a2a.server.jsonrpc_models import JSONParseError
+from a2a.server.jsonrpc_models import InvalidParamsError, JSONParseError
 from a2a.server.request_handlers.response_helpers import (
     agent_card_to_dict,
     build_error_response,
@@ -51,6 +51,7 @@ from a2a.types.a2a_pb2 import (
     SecurityRequirement,
     SecurityScheme,
     StringList,
+    TaskState,
 )
 from a2a.utils.constants import PROTOCOL_VERSION_0_3, PROTOCOL_VERSION_1_0, TransportProtocol
 from fastapi import APIRouter, Path, Request
@@ -60,7 +61,7 @@ from starlette.responses import Response
 from corral import __version__
 from corral.core.tokens import Role
 from corral.resources.kinds import NAME_PATTERN
-from corral.server.a2a_tasks import CALLER, REQUEST, Caller, CorralRequestHandler
+from corral.server.a2a_tasks import CALLER, REQUEST, Caller, CorralRequestHandler, shown
 from corral.server.auth import Principal, Viewer
 from corral.server.context import ServerContext, context_of
 from corral.server.problems import ProblemError
@@ -233,10 +234,16 @@ async def a2a_jsonrpc(
     context = context_of(request)
     caller = await _caller(context, who, namespace, agent)
     try:
-        method = _method(await request.body())
+        document = _document(await request.body())
     except RecursionError:  # the SDK would answer an internal error
         error = JSONParseError(message="the JSON nests too deeply")
         return JSONResponse(build_error_response(None, error))
+    method = document.get("method") if document is not None else None
+    if not isinstance(method, str):  # the SDK judges it
+        method = None
+    elif method == "ListTasks" and document and (bad := _unknown_status(document)):
+        refused = InvalidParamsError(message=f"status {bad} is not a task state")
+        return JSONResponse(build_error_response(_request_id(document), refused))
     if method in OPERATOR_METHODS:
         _needs_operator(who, method)
     request.state.a2a_caller = caller
@@ -296,11 +303,31 @@ for _path, _verb, _operation, _operator in REST_ROUTES:
     )
 
 
-def _method(body: bytes) -> str | None:
-    """The JSON-RPC method of a request body, when it has one (the SDK judges the rest)."""
+def _document(body: bytes) -> dict[str, Any] | None:
+    """The JSON-RPC request object of a body, when it is one (the SDK judges the rest)."""
     try:
         document = json.loads(body)
     except ValueError:
         return None
-    method = document.get("method") if isinstance(document, dict) else None
-    return method if isinstance(method, str) else None
+    return document if isinstance(document, dict) else None
+
+
+def _unknown_status(document: dict[str, Any]) -> str | None:
+    """A ListTasks ``status`` that names no task state, quoted. The SDK parses params
+    ignoring what it does not know, unknown enum names too: the filter would vanish and
+    the listing come back unfiltered instead of refused."""
+    params = document.get("params")
+    status = params.get("status") if isinstance(params, dict) else None
+    if not isinstance(status, str):
+        return None
+    try:
+        TaskState.Value(status)
+    except ValueError:
+        return shown(status)
+    return None
+
+
+def _request_id(document: dict[str, Any]) -> str | int | None:
+    request_id = document.get("id")
+    valid = isinstance(request_id, str | int) and not isinstance(request_id, bool)
+    return request_id if valid else None

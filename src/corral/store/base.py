@@ -273,14 +273,31 @@ class Store(ABC):
         *,
         before: tuple[float, str] | None = None,
         selector: Selector | None = None,
+        session: str | None = None,
+        status_since: float | None = None,
     ) -> list[RunRecord]:
         """The newest runs of a namespace (of one agent, in some states, whose labels match
-        ``selector``, when given), newest first.
+        ``selector``, of one session, whose :attr:`~RunRecord.status_at` is at or after
+        ``status_since``, when given), newest first.
 
         ``before`` is a keyset cursor ``(created_at, id)``: only runs that sort after
         it (older, or as old with a smaller id) are listed, so the next page of a
         listing starts at the last run of the previous one and no run is seen twice.
         """
+
+    @abstractmethod
+    async def count_matching_runs(
+        self,
+        namespace: str,
+        agent: str | None = None,
+        states: Sequence[RunState] | None = None,
+        *,
+        selector: Selector | None = None,
+        session: str | None = None,
+        status_since: float | None = None,
+    ) -> int:
+        """How many runs :meth:`list_runs` would list with these filters, on all its pages:
+        one ``COUNT`` over the same conditions."""
 
     @abstractmethod
     async def list_children(

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import JSONB
 
-LATEST_REVISION = "0017"
+LATEST_REVISION = "0018"
 """The head of ``migrations/versions``; a store at this revision opens without alembic."""
 
 metadata = sa.MetaData(
@@ -89,6 +89,8 @@ runs = sa.Table(
     sa.Index("ix_runs_parent_run_id", "parent_run_id"),
     sa.Index("ix_runs_deadline_at", "deadline_at"),
     sa.Index("ix_runs_namespace_agent_created_at", "namespace", "agent", "created_at"),
+    # A session's runs, newest first (A2A ListTasks by contextId, 0018).
+    sa.Index("ix_runs_namespace_session_id_created_at", "namespace", "session_id", "created_at"),
     # NULL keys never collide (SQLite and PostgreSQL alike): only keyed submits are deduplicated.
     sa.Index(
         "uq_runs_namespace_agent_idempotency_key",

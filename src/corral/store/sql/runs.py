@@ -111,19 +111,62 @@ class SqlRuns(SqlEngine):
         *,
         before: tuple[float, str] | None = None,
         selector: Selector | None = None,
+        session: str | None = None,
+        status_since: float | None = None,
     ) -> list[RunRecord]:
-        query = sa.select(runs).where(runs.c.namespace == namespace)
-        if agent is not None:
-            query = query.where(runs.c.agent == agent)
-        if states is not None:
-            query = query.where(runs.c.state.in_([RunState(s).value for s in states]))
-        if selector is not None:
-            query = query.where(selector_clause(self._dialect, runs.c.labels, selector))
+        matching = self._matching(namespace, agent, states, selector, session, status_since)
         query = keyset.page(
-            query, (runs.c.created_at, runs.c.id), limit=limit, position=before, descending=True
+            sa.select(runs).where(*matching),
+            (runs.c.created_at, runs.c.id),
+            limit=limit,
+            position=before,
+            descending=True,
         )
         rows = await self._read("list runs", fetch_all(query))
         return [RUNS.record(row) for row in rows]
+
+    async def count_matching_runs(
+        self,
+        namespace: str,
+        agent: str | None = None,
+        states: Sequence[RunState] | None = None,
+        *,
+        selector: Selector | None = None,
+        session: str | None = None,
+        status_since: float | None = None,
+    ) -> int:
+        matching = self._matching(namespace, agent, states, selector, session, status_since)
+        query = sa.select(sa.func.count()).select_from(runs).where(*matching)
+
+        async def read(conn: AsyncConnection) -> int:
+            return int((await conn.execute(query)).scalar_one())
+
+        return await self._read("count runs", read)
+
+    def _matching(
+        self,
+        namespace: str,
+        agent: str | None,
+        states: Sequence[RunState] | None,
+        selector: Selector | None,
+        session: str | None,
+        status_since: float | None,
+    ) -> list[sa.ColumnElement[bool]]:
+        """The conditions of :meth:`list_runs` and :meth:`count_matching_runs`, once."""
+        matching = [runs.c.namespace == namespace]
+        if agent is not None:
+            matching.append(runs.c.agent == agent)
+        if states is not None:
+            matching.append(runs.c.state.in_([RunState(s).value for s in states]))
+        if selector is not None:
+            matching.append(selector_clause(self._dialect, runs.c.labels, selector))
+        if session is not None:
+            matching.append(runs.c.session_id == session)
+        if status_since is not None:
+            # RunRecord.status_at, in SQL
+            status_at = sa.func.coalesce(runs.c.finished_at, runs.c.started_at, runs.c.created_at)
+            matching.append(status_at >= status_since)
+        return matching
 
     async def count_runs(self, *, now: float | None = None) -> RunCounts:
         now = time.time() if now is None else now
