@@ -317,6 +317,33 @@ async def test_hostile_list_params_answer_invalid_params(
     assert "Traceback" not in response.text and len(response.text) < 2000
 
 
+async def test_http_json_lists_pages_and_refuses_what_json_rpc_refuses(
+    live: LiveServer, operator: httpx.AsyncClient
+) -> None:
+    # GET tasks under the agent's base: the same listing, and the same refusals, as A2A's
+    # REST errors (an unknown status name would otherwise list unfiltered)
+    client = await sdk_client(live, operator, "pager")
+    context = (await conversation(client, 3))[0].context_id
+    url = f"{agent_url(live, 'pager')}/tasks"
+    page = await operator.get(url, params={"contextId": context, "pageSize": 2}, headers=V1)
+    assert page.status_code == 200, page.text
+    first = page.json()
+    assert (len(first["tasks"]), first["totalSize"]) == (2, 3)
+    after = {"contextId": context, "pageSize": 2, "pageToken": first["nextPageToken"]}
+    rest = (await operator.get(url, params=after, headers=V1)).json()
+    assert len(rest["tasks"]) == 1 and not rest.get("nextPageToken")
+    for params, says in (
+        ({"status": "TASK_STATE_NOPE"}, "not a task state"),
+        ({"status": "99"}, "not a task state"),
+        ({"pageToken": "zzz"}, "pageToken"),
+        ({"pageSize": "0"}, "minimum page size"),
+        ({"contextId": "c" * 10_000}, "contextId"),
+    ):
+        response = await operator.get(url, params=params, headers=V1)
+        assert response.status_code == 400, (params, response.text)
+        assert says in response.json()["error"]["message"], response.text
+
+
 async def test_a_well_formed_forged_token_is_only_a_position_in_the_callers_own_tasks(
     live: LiveServer, operator: httpx.AsyncClient
 ) -> None:

@@ -54,6 +54,8 @@ from a2a.types.a2a_pb2 import (
     TaskState,
 )
 from a2a.utils.constants import PROTOCOL_VERSION_0_3, PROTOCOL_VERSION_1_0, TransportProtocol
+from a2a.utils.error_handlers import build_rest_error_payload
+from a2a.utils.errors import InvalidParamsError as A2AInvalidParamsError
 from fastapi import APIRouter, Path, Request
 from fastapi.responses import JSONResponse
 from starlette.responses import Response
@@ -285,6 +287,11 @@ def _rest_endpoint(
         caller = await _caller(context, who, namespace, agent)
         if operator:
             _needs_operator(who, f"{method} {request.url.path}")
+        if operation == "list_tasks":  # (as over JSON-RPC: see _unknown_status)
+            for status in request.query_params.getlist("status"):
+                if (bad := _unknown_state(status)) is not None:
+                    refused = A2AInvalidParamsError(f"status {bad} is not a task state")
+                    return JSONResponse(build_rest_error_payload(refused), status_code=400)
         request.state.a2a_caller = caller
         handle: Callable[[Request], Awaitable[Response]] = getattr(
             _rest_dispatcher(request), operation
@@ -313,17 +320,21 @@ def _document(body: bytes) -> dict[str, Any] | None:
 
 
 def _unknown_status(document: dict[str, Any]) -> str | None:
-    """A ListTasks ``status`` that names no task state, quoted. The SDK parses params
-    ignoring what it does not know, unknown enum names too: the filter would vanish and
-    the listing come back unfiltered instead of refused."""
+    """A JSON-RPC ListTasks ``status`` that names no task state, quoted (see
+    :func:`_unknown_state`)."""
     params = document.get("params")
     status = params.get("status") if isinstance(params, dict) else None
-    if not isinstance(status, str):
-        return None
+    return _unknown_state(status) if isinstance(status, str) else None
+
+
+def _unknown_state(name: str) -> str | None:
+    """``name``, quoted, when it names no task state. The SDK parses params ignoring what
+    it does not know, unknown enum names too: a ListTasks ``status`` filter would vanish
+    and the listing come back unfiltered instead of refused."""
     try:
-        TaskState.Value(status)
+        TaskState.Value(name)
     except ValueError:
-        return shown(status)
+        return shown(name)
     return None
 
 
