@@ -544,26 +544,40 @@ def test_a_child_started_over_the_api_is_capped_at_what_its_caller_had_left(
 
 def test_the_children_of_one_token_share_what_it_carries(server: LiveServer) -> None:
     # One call's token carries 120 tokens: costly's children (50 each) get what the
-    # earlier ones left - 120, 70, then 20, which its one turn passes.
+    # earlier ones left - 120, 70, then 20, which its one turn passes. Then nothing is
+    # left: a fourth is refused (capped at nothing it would still take a paid turn, and
+    # so would any number more), but a retry of the first still finds its child.
     with server.client(server.admin) as admin:
         parent, token = running_waiter(server, admin, ["costly"], tokens_left=120, call="1:0")
         with server.client(token) as client:
+            key = {"Idempotency-Key": "first"}
             children = [
-                client.post("/v1/links/costly/exec", json={"input": f"spend {n}"}).json()
+                client.post(
+                    "/v1/links/costly/exec",
+                    json={"input": f"spend {n}"},
+                    headers=key if n == 0 else {},
+                ).json()
                 for n in range(3)
             ]
+            fourth = client.post("/v1/links/costly/exec", json={"input": "spend 3"})
+            again = client.post("/v1/links/costly/exec", json={"input": "spend 0"}, headers=key)
+        listed = admin.get(f"/v1/tasks/{parent['id']}/children").json()["items"]
         admin.post(f"/v1/tasks/{parent['id']}/cancel")
     assert [c["state"] for c in children] == ["succeeded", "succeeded", "failed"], children
     assert children[2]["error"]["limit"] == "max_tokens"
     assert [c["max_tokens"] for c in children] == [120, 70, 20]
+    assert fourth.status_code == 409, fourth.text
+    assert fourth.json()["code"] == "budget_exceeded"
+    assert again.status_code == 200 and again.json()["id"] == children[0]["id"]
+    assert len(listed) == 3
 
 
 def test_children_one_token_starts_at_once_never_get_more_than_it_carries(
     server: LiveServer,
 ) -> None:
     # Six children of one token started at once, each running on (napper sleeps): the
-    # first submitted holds all 120 tokens until it ends, the others get none - not 120
-    # each. Another call's token has its own 120.
+    # first submitted holds all 120 tokens until it ends, the others are refused (409
+    # budget_exceeded) - not given 120 each. Another call's token has its own 120.
     with server.client(server.admin) as admin:
         parent, token = running_waiter(server, admin, ["napper"], tokens_left=120, call="1:0")
         _, other = running_waiter(server, admin, ["napper"], tokens_left=120, call="1:1")
@@ -572,7 +586,7 @@ def test_children_one_token_starts_at_once_never_get_more_than_it_carries(
             with server.client(token) as client:
                 body = {"input": "nap", "wait": False}
                 response = client.post("/v1/links/napper/exec", json=body)
-                assert response.status_code == 202, response.text
+                assert response.status_code in (202, 409), response.text
                 return response.json()
 
         started: list[dict[str, Any]] = []
@@ -585,10 +599,12 @@ def test_children_one_token_starts_at_once_never_get_more_than_it_carries(
         anyio.run(all_at_once)
         apart = start(other)
         admin.post(f"/v1/tasks/{parent['id']}/cancel")
-        assert sorted(c["max_tokens"] for c in started) == [0, 0, 0, 0, 0, 120]
+        assert [c["max_tokens"] for c in started if "id" in c] == [120]
+        assert [c["code"] for c in started if "id" not in c] == ["budget_exceeded"] * 5
         assert apart["max_tokens"] == 120
         for child in [*started, apart]:
-            admin.post(f"/v1/tasks/{child['id']}/cancel")
+            if "id" in child:
+                admin.post(f"/v1/tasks/{child['id']}/cancel")
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection, create_async_engine
 
-from corral.core.errors import ConflictError, NotFoundError
+from corral.core.errors import BudgetExceededError, ConflictError, NotFoundError
 from corral.core.messages import Message, Usage
 from corral.core.runs import Lease, RunRecord, RunState
 from corral.resources.loader import load_text
@@ -360,7 +360,7 @@ async def test_children_sharing_an_allowance_get_what_the_others_leave(store: St
     await store.submit_run(a_run("run_p"))
     await claim(store, "run_p")
     group = "link:run_p:1_0:"
-    allowance = Allowance(group, cost_usd=1.0, tokens=100)
+    allowance = Allowance(group, cost_usd=1.0, tokens=100, refuses_when_spent=True)
 
     async def submit(run_id: str, key: str, shared: Allowance | None = allowance) -> RunRecord:
         submitted = await store.submit_agent_run(keyed(run_id, key), allowance=shared)
@@ -369,23 +369,24 @@ async def test_children_sharing_an_allowance_get_what_the_others_leave(store: St
         assert stored is not None
         return stored
 
-    other = Allowance("link:run_p:1x0:", cost_usd=5.0, tokens=500)
+    other = Allowance("link:run_p:1x0:", cost_usd=5.0, tokens=500, refuses_when_spent=True)
     assert (await submit("run_o", "link:run_p:1x0:aa", other)).max_tokens == 500
     first = await submit("run_c1", f"{group}aa")
     assert (first.max_cost_usd, first.max_tokens) == (1.0, 100)
-    second = await submit("run_c2", f"{group}bb")  # the first holds all of it
-    assert (second.max_cost_usd, second.max_tokens) == (0.0, 0)
+    with pytest.raises(BudgetExceededError):  # the first holds all of it
+        await submit("run_c2", f"{group}bb")
 
-    # the first ends having spent $0.25 and 30 tokens, the second nothing
-    for run_id, cost, tokens in (("run_c1", 0.25, 30), ("run_c2", 0.0, 0)):
-        record, lease = await claim(store, run_id)
-        record.state, record.finished_at = RunState.SUCCEEDED, time.time()
-        record.cost_usd, record.usage = cost, Usage(input_tokens=tokens)
-        await store.save_run(record, lease)
+    # the first ends having spent $0.25 and 30 tokens
+    record, lease = await claim(store, "run_c1")
+    record.state, record.finished_at = RunState.SUCCEEDED, time.time()
+    record.cost_usd, record.usage = 0.25, Usage(input_tokens=30)
+    await store.save_run(record, lease)
     third = await submit("run_c3", f"{group}cc")
     assert (third.max_cost_usd, third.max_tokens) == (0.75, 70)
     # an allowance with no token limit caps tokens at nothing
-    fourth = await submit("run_c4", f"{group}dd", Allowance(group, cost_usd=2.0))
+    fourth = await submit(
+        "run_c4", f"{group}dd", Allowance(group, cost_usd=2.0, refuses_when_spent=True)
+    )
     assert (fourth.max_cost_usd, fourth.max_tokens) == (2.0 - 0.25 - 0.75, None)
 
 
@@ -396,18 +397,22 @@ async def test_children_submitted_at_once_never_share_more_than_their_allowance(
     await store.submit_run(a_run("run_p"))
     await claim(store, "run_p")
     group = "link:run_p:2:0:"
-    allowance = Allowance(group, cost_usd=1.0, tokens=100)
+    allowance = Allowance(group, cost_usd=1.0, tokens=100, refuses_when_spent=True)
+
+    refused: list[str] = []
 
     async def submit(n: int) -> None:
-        await store.submit_agent_run(keyed(f"run_c{n}", f"{group}{n}"), allowance=allowance)
+        try:
+            await store.submit_agent_run(keyed(f"run_c{n}", f"{group}{n}"), allowance=allowance)
+        except BudgetExceededError as exc:
+            refused.append(exc.limit)
 
     async with anyio.create_task_group() as group_of_submits:
         for n in range(8):
             group_of_submits.start_soon(submit, n)
-    children = await store.list_children("run_p")
-    assert len(children) == 8
-    assert sorted(c.max_tokens or 0 for c in children) == [0] * 7 + [100]
-    assert sum(c.max_cost_usd or 0.0 for c in children) == 1.0
+    [child] = await store.list_children("run_p")  # the first holds it all: none other starts
+    assert (child.max_cost_usd, child.max_tokens) == (1.0, 100)
+    assert refused == ["max_cost_usd"] * 7
 
 
 async def test_children_about_to_start_split_what_is_left_evenly(store: Store) -> None:
@@ -425,3 +430,33 @@ async def test_children_about_to_start_split_what_is_left_evenly(store: Store) -
     assert second.record.max_cost_usd == 1.0  # (3 - 1 held) split with msg_c
     third = await store.submit_agent_run(keyed("run_c", "msg_c"), allowance=allowance)
     assert third.record.max_cost_usd == 1.0
+
+
+async def test_a_child_its_allowance_has_nothing_left_for_is_refused_but_a_retry_is_not(
+    store: Store,
+) -> None:
+    # A child capped at nothing still takes a model turn before its limit is checked: a
+    # token whose allowance is spent could start any number of them, each paid for. It is
+    # refused (budget_exceeded) instead, whatever limit is spent; a retry of a child the
+    # allowance holds (its key) still finds that child.
+    await store.apply(load_text(AGENTS, "agents.yaml"))
+    await store.submit_run(a_run("run_p"))
+    await claim(store, "run_p")
+    for n in range(2):
+        group = f"link:run_p:3:{n}:"
+        cost, tokens = (1.0, None) if n == 0 else (None, 100)
+        shared = Allowance(group, cost, tokens, refuses_when_spent=True)
+        await store.submit_agent_run(keyed(f"run_a{n}", f"{group}aa"), allowance=shared)
+        with pytest.raises(BudgetExceededError) as refused:
+            await store.submit_agent_run(keyed(f"run_b{n}", f"{group}bb"), allowance=shared)
+        assert refused.value.limit == ("max_cost_usd" if n == 0 else "max_tokens")
+        assert await store.get_run(f"run_b{n}") is None
+        again = await store.submit_agent_run(keyed(f"run_c{n}", f"{group}aa"), allowance=shared)
+        assert (again.record.id, again.created) == (f"run_a{n}", False)
+        assert await store.get_run(f"run_c{n}") is None
+    # an allowance that does not refuse (a system's node runs) caps such a child at nothing
+    group = "link:run_p:3:0:"
+    capped = await store.submit_agent_run(
+        keyed("run_d", f"{group}dd"), allowance=Allowance(group, 1.0)
+    )
+    assert (capped.created, capped.record.max_cost_usd) == (True, 0.0)

@@ -28,7 +28,14 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from corral.bus.base import Bus
-from corral.core.errors import ConflictError, NotFoundError, ToolError, ToolErrorCode, UserError
+from corral.core.errors import (
+    BudgetExceededError,
+    ConflictError,
+    NotFoundError,
+    ToolError,
+    ToolErrorCode,
+    UserError,
+)
 from corral.core.runs import Lease, RunRecord
 from corral.resources.kinds import AgentSpec
 from corral.runtime.agent_tokens import AgentClaims
@@ -57,7 +64,8 @@ def link_allowance(caller: AgentClaims) -> Allowance | None:
     if caller.cost_left is None and caller.tokens_left is None:
         return None
     group = link_group(caller.run_id, caller.call)
-    return Allowance(group, caller.cost_left, caller.tokens_left)
+    # (refused once spent: a program could otherwise start any number capped at nothing)
+    return Allowance(group, caller.cost_left, caller.tokens_left, refuses_when_spent=True)
 
 
 def link_child_key(run_id: str, call: str | None, digest: str) -> str:
@@ -210,6 +218,9 @@ class StoreDelegation:
             return await self.store.submit_agent_run(record, claim_for=slot, allowance=allowance)
         except NotFoundError as exc:
             raise ToolError(ToolErrorCode.UNAVAILABLE, exc.message) from None
+        except BudgetExceededError as exc:  # (its allowance left it nothing)
+            details = {"limit": exc.limit}
+            raise ToolError(ToolErrorCode.BUDGET_EXCEEDED, exc.message, details=details) from None
         except (ConflictError, UserError) as exc:  # a session of another agent, a bad id
             raise ToolError(ToolErrorCode.INVALID_INPUT, exc.message) from None
 

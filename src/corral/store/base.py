@@ -19,7 +19,7 @@ from types import TracebackType
 from typing import Any, Self
 
 from corral.core.agent_messages import AgentMessage, MessageState
-from corral.core.errors import CorralError
+from corral.core.errors import BudgetExceededError, CorralError
 from corral.core.events import Event
 from corral.core.memory import MemoryEntry, MemoryHit, MemoryPlace, MemoryStats, MemoryVector
 from corral.core.messages import Message, Usage
@@ -74,6 +74,11 @@ class Submitted:
     lease: Lease | None = None
 
 
+#: what a child run holds of an :class:`Allowance`, as the store reads it: its idempotency
+#: key, state, caps (``max_cost_usd``, ``max_tokens``), spend (``cost_usd``, ``usage``)
+Holder = tuple[str | None, RunState, float | None, int | None, float, Usage]
+
+
 @dataclass(frozen=True)
 class Allowance:
     """What the child runs of one parent whose idempotency keys begin with ``group`` share
@@ -89,14 +94,14 @@ class Allowance:
     tokens: int | None = None
     waiting: frozenset[str] = frozenset()
 
-    def left(
-        self,
-        key: str,
-        others: Sequence[tuple[str, RunState, float | None, int | None, float, Usage]],
-    ) -> tuple[float | None, int | None]:
-        """The caps of a new child of idempotency key ``key``, given the others' ``(key,
-        state, max_cost_usd, max_tokens, cost_usd, usage)``."""
-        ways = len((self.waiting - {k for k, *_ in others}) | {key})
+    #: refuse a new child that what the others hold leaves nothing of a limit (see
+    #: :meth:`caps`): an agent token's children (a system's node runs are started capped
+    #: at nothing instead, as their messages come)
+    refuses_when_spent: bool = False
+
+    def left(self, key: str, others: Sequence[Holder]) -> tuple[float | None, int | None]:
+        """The caps of a new child of idempotency key ``key``, given what the others hold."""
+        ways = len((self.waiting - {k for k, *_ in others if k is not None}) | {key})
         cost = tokens = None
         if self.cost_usd is not None:
             held = sum(
@@ -109,6 +114,29 @@ class Allowance:
                 for _, state, _, cap, _, used in others
             )
             tokens = max(self.tokens - held_tokens, 0) // ways
+        return cost, tokens
+
+    def caps(self, key: str, others: Sequence[Holder]) -> tuple[float | None, int | None]:
+        """:meth:`left`; with :attr:`refuses_when_spent`, ``BudgetExceededError`` when that
+        leaves the new child nothing of a limit and no other holds ``key`` (a retry finds
+        its child): a child capped at nothing still takes a model turn before its limit is
+        checked, so a token whose allowance is spent could start any number of them, each
+        one paid for."""
+        cost, tokens = self.left(key, others)
+        if not self.refuses_when_spent or any(held == key for held, *_ in others):
+            return cost, tokens
+        if cost is not None and cost <= 0.0:
+            raise BudgetExceededError(
+                "max_cost_usd",
+                f"the child runs this agent token started hold or spent all of its "
+                f"${self.cost_usd:.6f} (max_cost_usd): no other starts",
+            )
+        if tokens is not None and tokens <= 0:
+            raise BudgetExceededError(
+                "max_tokens",
+                f"the child runs this agent token started hold or used all of its "
+                f"{self.tokens} tokens (max_tokens): no other starts",
+            )
         return cost, tokens
 
 
@@ -344,7 +372,8 @@ class Store(ABC):
         With ``allowance`` (a child run), the record's ``max_cost_usd``/``max_tokens`` are
         set to what the allowance's other children leave, read in the same transaction
         (siblings submitted at once are capped one after the other: together they never
-        get more than the allowance).
+        get more than the allowance); a new child they leave nothing of a limit is refused
+        (``BudgetExceededError``, see :meth:`Allowance.caps`).
         A store reads the Agent, opens the session, stores the run and claims it in
         one transaction where it can (one commit where there would be two).
         """

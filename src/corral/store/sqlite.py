@@ -508,7 +508,7 @@ class SqliteStore(SqlStore):
                         for row in conn.execute(_ALLOWANCE_HOLDERS.sql, held)
                     ]
                     key = record.idempotency_key or ""
-                    record.max_cost_usd, record.max_tokens = allowance.left(key, others)
+                    record.max_cost_usd, record.max_tokens = allowance.caps(key, others)
                     params[_MAX_COST_USD] = record.max_cost_usd
                     params[_MAX_TOKENS] = record.max_tokens
             if record.session_id is not None:

@@ -116,9 +116,9 @@ class SqlClaims(SqlEngine):
     async def _cap_by_allowance(
         self, conn: AsyncConnection, record: RunRecord, allowance: Allowance
     ) -> None:
-        key = record.idempotency_key or ""
         """Cap the child ``record`` at what ``allowance`` has left, as this transaction reads
         it; on PostgreSQL the siblings' submits take turns (an advisory lock of the group)."""
+        key = record.idempotency_key or ""
         if self._dialect == "postgresql":
             group = f"{record.parent_run_id} {allowance.group}"
             lock = sa.func.pg_advisory_xact_lock(ALLOWANCE_LOCK_CLASS, sa.func.hashtext(group))
@@ -128,7 +128,7 @@ class SqlClaims(SqlEngine):
             (row[0], RunState(row[1]), row[2], row[3], row[4], load(Usage, row[5]))
             for row in await conn.execute(holders)
         ]
-        record.max_cost_usd, record.max_tokens = allowance.left(key, others)
+        record.max_cost_usd, record.max_tokens = allowance.caps(key, others)
 
     def _inserting(self, record: RunRecord) -> Body[sa.Row[Any] | None]:
         """The body of a transaction inserting a new run: ``None``, or the stored run with

@@ -131,7 +131,7 @@ def parent_of_new_child(parent_id: Value) -> sa.Select[Any]:
 
 def allowance_holders(parent_id: Value, group: Value) -> sa.Select[Any]:
     """What the children of ``parent_id`` whose idempotency keys begin with ``group`` hold of
-    an allowance (see :class:`~corral.store.base.Allowance`): state, caps, spend."""
+    an allowance (see :class:`~corral.store.base.Holder`): key, state, caps, spend."""
     key = runs.c.idempotency_key
     return sa.select(
         key, runs.c.state, runs.c.max_cost_usd, runs.c.max_tokens, runs.c.cost_usd, runs.c.usage
