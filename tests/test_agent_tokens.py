@@ -180,6 +180,25 @@ spec:
   limits: {{max_tokens: 100}}
 ---
 apiVersion: corral/v1
+kind: ModelEndpoint
+metadata: {{name: relay-model}}
+spec:
+  provider: scripted
+  script:
+    - {call({"action": "exec", "agent": "napper", "input": "nap", "wait": False})}
+    - {call({"action": "exec", "agent": "napper", "input": "nap", "wait": False})}
+    - {{text: relayed}}
+---
+apiVersion: corral/v1
+kind: Agent
+metadata: {{name: relay}}
+spec:
+  model: relay-model
+  tools: [link_caller]
+  links: [napper]
+  limits: {{max_tokens: 100}}
+---
+apiVersion: corral/v1
 kind: Agent
 metadata: {{name: boss}}
 spec:
@@ -605,6 +624,29 @@ def test_children_one_token_starts_at_once_never_get_more_than_it_carries(
         for child in [*started, apart]:
             if "id" in child:
                 admin.post(f"/v1/tasks/{child['id']}/cancel")
+
+
+def test_a_child_a_program_left_running_holds_its_cap_in_the_runs_next_steps(
+    server: LiveServer,
+) -> None:
+    # relay (max_tokens 100) starts a napper child in one step without waiting for it
+    # (it sleeps on, holding its cap of 100): the next step's token has nothing left to
+    # carry, so its child is refused - not capped at 100 again
+    with server.client(server.admin) as admin:
+        response = admin.post("/v1/agents/relay/prompt", json={"input": "go"})
+        assert response.status_code == 200, response.text
+        run = response.json()
+        events = admin.get(f"/v1/runs/{run['id']}/events", params={"limit": 500}).json()
+        children = admin.get(f"/v1/tasks/{run['id']}/children").json()["items"]
+        for child in children:
+            admin.post(f"/v1/tasks/{child['id']}/cancel")
+    results = [
+        json.loads(e["data"]["output"]) for e in events["items"] if e["type"] == "tool.result"
+    ]
+    assert results[0]["status"] == 202 and results[0]["body"]["max_tokens"] == 100
+    assert results[1]["status"] == 409, results[1]
+    assert results[1]["body"]["code"] == "budget_exceeded"
+    assert [c["max_tokens"] for c in children] == [100]
 
 
 @pytest.mark.parametrize(

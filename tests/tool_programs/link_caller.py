@@ -5,7 +5,7 @@ worker for an agent with links) and, by the call's ``action``:
 
 list    GET /v1/links
 info    GET /v1/links/{agent}
-exec    POST /v1/links/{agent}/exec with {"input": input}
+exec    POST /v1/links/{agent}/exec with {"input": input} (and ``wait``, when given)
 raw     ``method`` ``path`` (any route: to see which refuse the token)
 leak    print the token itself (its redaction is what the test looks at)
 leak-fail  write the token to stderr and exit 1
@@ -43,7 +43,10 @@ def main() -> None:
     elif action == "info":
         result = request("GET", f"/v1/links/{agent}")
     elif action == "exec":
-        result = request("POST", f"/v1/links/{agent}/exec", {"input": arguments["input"]})
+        body = {"input": arguments["input"]}
+        if "wait" in arguments:
+            body["wait"] = arguments["wait"]
+        result = request("POST", f"/v1/links/{agent}/exec", body)
     elif action == "raw":
         result = request(arguments["method"], arguments["path"])
     elif action == "leak":

@@ -111,7 +111,7 @@ CallEnvironment = Callable[
 #: cannot be built)
 Switch = Callable[[str], Awaitable[AgentDefinition]]
 #: the run's child runs started outside its journal (a tool program's
-#: ``POST /v1/links/{agent}/exec``) that finished and are not in ``known`` (run ids)
+#: ``POST /v1/links/{agent}/exec``) that are not in ``known`` (run ids), finished or not
 OutsideChildren = Callable[[set[str]], Awaitable[Sequence[RunRecord]]]
 #: of the child runs ``run_ids`` the run would park for, those that ended soon, by run id
 #: (the run goes on when they all did)
@@ -222,8 +222,9 @@ class AgentLoop:
         variables and the values of them to redact (an agent with links: a fresh agent
         token per such call). ``switch`` builds the target of a
         ``handoff`` (without it, handoffs are refused). ``outside_children`` finds the
-        finished child runs a tool program started over the API during a step: their
-        spend is charged to this run (``child.finish``) when the step's calls are done.
+        child runs a tool program started over the API: a finished one's spend is charged
+        to this run (``child.finish``) when a step's calls are done; until then (and while
+        it runs, its caps) it is held from what later calls may spend outside the run.
         ``children_ended`` is asked, before the run parks for child runs, for those of
         them that end soon (children running on this worker: see
         :mod:`corral.runtime.delegation`); when they all did, the run goes on without
@@ -538,7 +539,10 @@ class AgentLoop:
                 runnable.append((index, call, False))
 
         sharing = sum(1 for _, call, _ in runnable if toolset.shares_budget(call.name))
-        share = self._outside_share(step, sharing)
+        outside: Sequence[RunRecord] = ()
+        if sharing and self.outside_children is not None:
+            outside = await self.outside_children(self.charged)
+        share = self._outside_share(step, sharing, outside)
         spent: list[tuple[Usage, float]] = []
 
         async def invoke(index: int, call: ToolCall, approved: bool) -> None:
@@ -627,7 +631,8 @@ class AgentLoop:
         the spend of child runs its tool programs started over the API, then its handoff."""
         if self.outside_children is not None:
             for child in await self.outside_children(self.charged):
-                await self._charge_outside(step.step, child)
+                if child.state.finished:  # (one still running is charged once it ended)
+                    await self._charge_outside(step.step, child)
         if step.handoff is not None:
             call_id, handoff = step.handoff
             await self._hand_off(step.step, call_id, handoff)
@@ -748,11 +753,15 @@ class AgentLoop:
         )
         return Message.tool(outcome.call, outcome.model_text(), is_error=outcome.error is not None)
 
-    def _outside_share(self, step: OpenStep, sharing: int) -> tuple[float | None, int | None]:
+    def _outside_share(
+        self, step: OpenStep, sharing: int, outside: Sequence[RunRecord]
+    ) -> tuple[float | None, int | None]:
         """What each of ``sharing`` calls of ``step`` that can spend the run's budget outside
         the run (child runs) may spend, as ``(cost, tokens)`` (``None``: no limit): what the
         run has left, less the caps of the step's children still running (each may spend all
-        of its cap before it is charged), split evenly. Together they cannot spend more than
+        of its cap before it is charged) and what the uncharged children tool programs
+        started (``outside``: of this step or an earlier one) hold - their caps while they
+        run, their spend once ended - split evenly. Together they cannot spend more than
         the run has left, however many run at once."""
         running = [
             child
@@ -761,9 +770,13 @@ class AgentLoop:
             and (child := self.children.get(run_id)) is not None
             and not child.state.finished
         ]
+        running += [child for child in outside if not child.state.finished]
+        ended = [child for child in outside if child.state.finished]
         return self.budget.left(
-            sum(child.max_cost_usd or 0.0 for child in running),
-            sum(child.max_tokens or 0 for child in running),
+            sum(child.max_cost_usd or 0.0 for child in running)
+            + sum(child.cost_usd for child in ended),
+            sum(child.max_tokens or 0 for child in running)
+            + sum(child.usage.total_tokens for child in ended),
             max(sharing, 1),
         )
 

@@ -326,7 +326,7 @@ class RunExecutor:
                 raise_retryable=True,
                 call_environment=calls.environment,
                 switch=switch,
-                outside_children=calls.finished_children,
+                outside_children=calls.outside_children,
                 children_ended=self._children_ended,
                 cost_cap=record.max_cost_usd,
                 token_cap=record.max_tokens,
@@ -522,6 +522,9 @@ class _LinkedCalls:
         # whether a token went out since the children were last looked for (a resumed run:
         # maybe, before the crash)
         self.minted = resumed
+        # whether the last look found children not yet charged (looked for again until
+        # they are: one still running holds its caps, then is charged once it ended)
+        self.uncharged = False
 
     def environment(
         self, call: str, cost_left: float | None, tokens_left: int | None
@@ -541,17 +544,17 @@ class _LinkedCalls:
         )
         return env, {REDACTION_NAME: env[TOKEN_VARIABLE]}
 
-    async def finished_children(self, known: set[str]) -> list[RunRecord]:
-        if not self.minted:  # no token, no child over the API: no read
+    async def outside_children(self, known: set[str]) -> list[RunRecord]:
+        if not self.minted and not self.uncharged:  # no token, no new child: no read
             return []
         self.minted = False
-        return [
+        children = [
             child
             for child in await self.store.list_children(self.record.id)
-            if child.state.finished
-            and child.id not in known
-            and started_by_a_tool_program(child, self.record.id)
+            if child.id not in known and started_by_a_tool_program(child, self.record.id)
         ]
+        self.uncharged = bool(children)
+        return children
 
 
 def _active_agent(events: list[Event]) -> str | None:
