@@ -199,6 +199,40 @@ spec:
   limits: {{max_tokens: 100}}
 ---
 apiVersion: corral/v1
+kind: ModelEndpoint
+metadata: {{name: dozer-model}}
+spec:
+  provider: scripted
+  script:
+    - {{tool_calls: [{{name: echo, arguments: {{text: "z", seconds: 1}}}}]}}
+    - {{text: rested, input_tokens: 10}}
+---
+apiVersion: corral/v1
+kind: Agent
+metadata: {{name: dozer}}
+spec:
+  model: dozer-model
+  tools: [echo]
+---
+apiVersion: corral/v1
+kind: ModelEndpoint
+metadata: {{name: leaver-model}}
+spec:
+  provider: scripted
+  script:
+    - {call({"action": "exec", "agent": "dozer", "input": "doze", "wait": False})}
+    - {{tool_calls: [{{name: echo, arguments: {{text: "later", seconds: 6}}}}]}}
+    - {{text: left}}
+---
+apiVersion: corral/v1
+kind: Agent
+metadata: {{name: leaver}}
+spec:
+  model: leaver-model
+  tools: [link_caller, echo]
+  links: [dozer]
+---
+apiVersion: corral/v1
 kind: Agent
 metadata: {{name: boss}}
 spec:
@@ -647,6 +681,22 @@ def test_a_child_a_program_left_running_holds_its_cap_in_the_runs_next_steps(
     assert results[1]["status"] == 409, results[1]
     assert results[1]["body"]["code"] == "budget_exceeded"
     assert [c["max_tokens"] for c in children] == [100]
+
+
+def test_a_child_a_program_left_running_is_charged_once_it_ended(server: LiveServer) -> None:
+    # leaver starts a dozer child without waiting (it ends a second or so later, having
+    # used 10 tokens), then its next call (no token) sleeps 6s: the child's spend is
+    # charged to leaver when that step is done, not lost for ending after its own step
+    with server.client(server.admin) as admin:
+        response = admin.post("/v1/agents/leaver/prompt", json={"input": "go"})
+        assert response.status_code == 200, response.text
+        run = response.json()
+        events = admin.get(f"/v1/runs/{run['id']}/events", params={"limit": 500}).json()
+        (child,) = admin.get(f"/v1/tasks/{run['id']}/children").json()["items"]
+    assert child["state"] == "succeeded"
+    finished = [e for e in events["items"] if e["type"] == "child.finish"]
+    assert [(e["data"]["step"], e["data"]["run_id"]) for e in finished] == [(2, child["id"])]
+    assert run["usage"]["input_tokens"] == 10
 
 
 @pytest.mark.parametrize(
