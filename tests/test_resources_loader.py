@@ -108,6 +108,17 @@ def test_nested_invalid_value_points_at_its_own_line() -> None:
     assert "greater than or equal to 1" in reason
 
 
+def test_a_token_limit_past_64_bits_is_refused_where_it_is() -> None:
+    # (a child run's cap is stored as a 64-bit integer: one past it could not be)
+    fits = load_text(AGENT.replace("max_steps: 5", f"max_tokens: {2**63 - 1}"), "a.yaml")
+    assert fits
+    with pytest.raises(ResourceError) as exc:
+        load_text(AGENT.replace("max_steps: 5", f"max_tokens: {2**63}"), "a.yaml")
+    [(loc, reason)] = problems(exc)
+    assert str(loc) == "a.yaml:9, field 'spec.limits.max_tokens'"
+    assert "less than or equal to" in reason
+
+
 def test_unknown_field_is_reported_where_it_is() -> None:
     with pytest.raises(ResourceError) as exc:
         load_text(AGENT.replace("  model: gpt\n", "  model: gpt\n  modle: gpt\n"), "a.yaml")

@@ -460,3 +460,23 @@ async def test_a_child_its_allowance_has_nothing_left_for_is_refused_but_a_retry
         keyed("run_d", f"{group}dd"), allowance=Allowance(group, 1.0)
     )
     assert (capped.created, capped.record.max_cost_usd) == (True, 0.0)
+
+
+async def test_a_child_capped_at_more_tokens_than_a_32_bit_integer_holds_is_stored(
+    store: Store,
+) -> None:
+    # limits.max_tokens has no upper bound: an agent allowed 5e9 tokens starts children
+    # capped at up to that (agents_exec, or an agent token's allowance); PostgreSQL's
+    # INTEGER column refused them (value out of int32 range) before migration 0019
+    await store.apply(load_text(AGENTS, "agents.yaml"))
+    await store.submit_run(a_run("run_p"))
+    await claim(store, "run_p")
+    many = 5_000_000_000
+    plain = keyed("run_c1", "key-1")
+    plain.max_tokens = many
+    await store.submit_agent_run(plain)
+    group = "link:run_p:1:0:"
+    shared = Allowance(group, tokens=2 * many)
+    await store.submit_agent_run(keyed("run_c2", f"{group}a"), allowance=shared)
+    caps = [(await store.get_run(run_id)) for run_id in ("run_c1", "run_c2")]
+    assert [c.max_tokens for c in caps if c is not None] == [many, 2 * many]

@@ -458,6 +458,7 @@ class Limits(Spec):
     max_tokens: int | None = Field(
         default=None,
         ge=1,
+        le=2**63 - 1,  # (a child's cap is stored as a 64-bit integer)
         description=(
             "input + output, whole run (its child runs' too: each is capped at what the "
             "run has left when it starts)"

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import JSONB
 
-LATEST_REVISION = "0018"
+LATEST_REVISION = "0019"
 """The head of ``migrations/versions``; a store at this revision opens without alembic."""
 
 metadata = sa.MetaData(
@@ -85,7 +85,8 @@ runs = sa.Table(
     sa.Column("position", Json, nullable=True),
     # Run cost caps (0015): what a node run may spend (its system run's budget left).
     sa.Column("max_cost_usd", sa.Double, nullable=True),
-    sa.Column("max_tokens", sa.Integer, nullable=True),
+    # Run token caps (0017; 64 bits on PostgreSQL since 0019, as limits.max_tokens).
+    sa.Column("max_tokens", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), nullable=True),
     sa.Index("ix_runs_parent_run_id", "parent_run_id"),
     sa.Index("ix_runs_deadline_at", "deadline_at"),
     sa.Index("ix_runs_namespace_agent_created_at", "namespace", "agent", "created_at"),
