@@ -167,3 +167,27 @@ async def test_a_resumed_step_gives_its_other_calls_what_its_running_children_do
     result = await AgentLoop(h.agent, "run_test", h.sink).resume(journal, {}, running)
     assert result.state is RunState.WAITING_CHILDREN
     assert spender.given == [(1.0, 8)]
+
+
+async def test_children_tool_programs_started_hold_their_part_of_the_shares(
+    tmp_path: Path,
+) -> None:
+    # two children tool programs started over the API, not yet charged: one running
+    # ($0.50 and 5 tokens its caps), one ended (it spent $0.25 and 3 tokens). The three
+    # calls share what the run has left less those: $2.25 and 16 tokens, not $3 and 24
+    running = child(RunState.RUNNING, max_cost_usd=0.5, max_tokens=5)
+    ended = child(RunState.SUCCEEDED, cost_usd=0.25, usage=Usage(input_tokens=3))
+    asked: list[set[str]] = []
+
+    async def outside(known: set[str]) -> list[RunRecord]:
+        asked.append(set(known))
+        return [running, ended]
+
+    spender, looker = Spender(), Looker()
+    limits = Limits(max_cost_usd=3.0, max_tokens=30)
+    h = Harness(list(FAN_OUT), [spender, looker], tmp_path, limits=limits)
+    loop = AgentLoop(h.agent, "run_test", h.sink, outside_children=outside)
+    assert (await loop.run("go")).state is RunState.WAITING_CHILDREN
+    assert asked == [set()]
+    assert spender.given == [(0.75, 5)] * 3
+    assert looker.given == [(3.0, 24)]
