@@ -191,3 +191,38 @@ async def test_children_tool_programs_started_hold_their_part_of_the_shares(
     assert asked == [set()]
     assert spender.given == [(0.75, 5)] * 3
     assert looker.given == [(3.0, 24)]
+
+
+class Program(FunctionTool):
+    """A tool whose process gets the planted variables (an exec tool): its call is handed
+    an agent token carrying what the call may spend."""
+
+    plants_environment = True
+
+    def __init__(self) -> None:
+        super().__init__("program", lambda: "ran")
+
+
+async def test_a_step_mixing_programs_and_agents_exec_splits_the_remainder_between_them(
+    tmp_path: Path,
+) -> None:
+    # one agents_exec call and two program calls (each handed a token) in one step: three
+    # ways, each minted for its own call (STEP:INDEX); the call starting nothing is told
+    # all of it
+    minted: list[tuple[str, float | None, int | None]] = []
+
+    def environment(
+        call: str, cost: float | None, tokens: int | None
+    ) -> tuple[dict[str, str], dict[str, str]]:
+        minted.append((call, cost, tokens))
+        return {}, {}
+
+    spender, looker = Spender(), Looker()
+    script = [turn("", ("program", {}), ("delegate", {}), ("look", {}), ("program", {}), tokens=3)]
+    limits = Limits(max_cost_usd=3.0, max_tokens=30)
+    h = Harness(script, [spender, looker, Program()], tmp_path, limits=limits)
+    loop = AgentLoop(h.agent, "run_test", h.sink, call_environment=environment)
+    assert (await loop.run("go")).state is RunState.WAITING_CHILDREN
+    assert sorted(minted) == [("1:0", 1.0, 8), ("1:3", 1.0, 8)]
+    assert spender.given == [(1.0, 8)]
+    assert looker.given == [(3.0, 24)]
