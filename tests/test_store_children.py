@@ -480,3 +480,51 @@ async def test_a_child_capped_at_more_tokens_than_a_32_bit_integer_holds_is_stor
     await store.submit_agent_run(keyed("run_c2", f"{group}a"), allowance=shared)
     caps = [(await store.get_run(run_id)) for run_id in ("run_c1", "run_c2")]
     assert [c.max_tokens for c in caps if c is not None] == [many, 2 * many]
+
+
+@pytest.mark.parametrize("cancel_after", [0.0, 0.01, 0.02])
+async def test_allowance_submits_racing_a_cancel_and_lease_renewals_all_settle(
+    store: Store, cancel_after: float
+) -> None:
+    # Siblings of three groups submitted at once (on PostgreSQL: the parent share-locked,
+    # then each group's advisory lock), the parent's lease renewed meanwhile (its row
+    # updated) and the parent cancelled (its cascade locks it, then its children): every
+    # submit ends - stored, refused for its allowance, or refused for the cancel - none
+    # waits forever or fails otherwise, and no child outlives the cancel unfinished
+    await store.apply(load_text(AGENTS, "agents.yaml"))
+    await store.submit_run(a_run("run_p"))
+    _, lease = await claim(store, "run_p")
+    outcomes: list[str] = []
+
+    async def submit(n: int) -> None:
+        group = f"link:run_p:{n % 3}:0:"
+        try:
+            await store.submit_agent_run(
+                keyed(f"run_c{n}", f"{group}{n}"),
+                allowance=Allowance(group, 1.0, 100, refuses_when_spent=True),
+            )
+            outcomes.append("stored")
+        except (BudgetExceededError, ConflictError) as exc:
+            outcomes.append(type(exc).__name__)
+
+    async def renew() -> None:
+        current = lease
+        for _ in range(10):
+            current, cancelling = await store.renew_lease(current, 30.0)
+            if cancelling:
+                return
+            await anyio.sleep(0)
+
+    async def cancel() -> None:
+        await anyio.sleep(cancel_after)
+        await store.request_cancel("run_p")
+
+    with anyio.fail_after(20):
+        async with anyio.create_task_group() as group:
+            for n in range(12):
+                group.start_soon(submit, n)
+            group.start_soon(renew)
+            group.start_soon(cancel)
+    children = await store.list_children("run_p")
+    assert len(outcomes) == 12 and outcomes.count("stored") == len(children) <= 3
+    assert all(c.state is RunState.CANCELLED for c in children)
