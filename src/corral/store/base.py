@@ -372,8 +372,9 @@ class Store(ABC):
         With ``allowance`` (a child run), the record's ``max_cost_usd``/``max_tokens`` are
         set to what the allowance's other children leave, read in the same transaction
         (siblings submitted at once are capped one after the other: together they never
-        get more than the allowance); a new child they leave nothing of a limit is refused
-        (``BudgetExceededError``, see :meth:`Allowance.caps`).
+        get more than the allowance); with :attr:`Allowance.refuses_when_spent`, a new
+        child they leave nothing of a limit is refused (``BudgetExceededError``, see
+        :meth:`Allowance.caps`).
         A store reads the Agent, opens the session, stores the run and claims it in
         one transaction where it can (one commit where there would be two).
         """
