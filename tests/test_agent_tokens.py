@@ -233,6 +233,24 @@ spec:
   links: [dozer]
 ---
 apiVersion: corral/v1
+kind: ModelEndpoint
+metadata: {{name: keeper-model}}
+spec:
+  provider: scripted
+  script:
+    - {call({"action": "save"})}
+    - {call({"action": "exec-kept", "agent": "adder", "input": "1 + 1?"})}
+    - {{text: kept}}
+---
+apiVersion: corral/v1
+kind: Agent
+metadata: {{name: keeper}}
+spec:
+  model: keeper-model
+  tools: [link_caller]
+  links: [adder]
+---
+apiVersion: corral/v1
 kind: Agent
 metadata: {{name: boss}}
 spec:
@@ -699,6 +717,49 @@ def test_a_child_a_program_left_running_is_charged_once_it_ended(server: LiveSer
     assert run["usage"]["input_tokens"] == 10
 
 
+def test_a_token_kept_past_its_call_starts_no_child(server: LiveServer) -> None:
+    # keeper's first call keeps its token in the workspace; its second call's program
+    # uses that token: its call has ended (the run is a step further), so no child starts
+    with server.client(server.admin) as admin:
+        response = admin.post("/v1/agents/keeper/prompt", json={"input": "go"})
+        assert response.status_code == 200, response.text
+        run = response.json()
+        events = admin.get(f"/v1/runs/{run['id']}/events", params={"limit": 500}).json()
+        children = admin.get(f"/v1/tasks/{run['id']}/children").json()["items"]
+    results = [
+        json.loads(e["data"]["output"]) for e in events["items"] if e["type"] == "tool.result"
+    ]
+    assert results[0] == {"saved": True}
+    assert results[1]["status"] == 401, results[1]
+    assert results[1]["body"]["code"] == "token_expired"
+    assert "has ended" in results[1]["body"]["detail"]
+    assert children == []
+
+
+def test_a_token_of_an_earlier_step_is_refused_one_of_the_current_step_is_not(
+    server: LiveServer,
+) -> None:
+    # the waiter's run is in its step 1: a token naming step 0 (minted at the journal's
+    # start) belongs to a call that ended; one naming step 1 to a call still running
+    with server.client(server.admin) as admin:
+        parent, ended = running_waiter(server, admin, ["adder"], call="0:0", seq=0)
+        current = signer(server).mint(
+            namespace="default",
+            agent="waiter",
+            run_id=parent["id"],
+            links=["adder"],
+            call="1:0",
+            seq=0,
+        )
+        with server.client(ended) as client:
+            refused = client.post("/v1/links/adder/exec", json={"input": "hi", "wait": False})
+        with server.client(current) as client:
+            started = client.post("/v1/links/adder/exec", json={"input": "hi", "wait": False})
+        admin.post(f"/v1/tasks/{parent['id']}/cancel")
+    assert (refused.status_code, refused.json()["code"]) == (401, "token_expired")
+    assert started.status_code == 202, started.text
+
+
 @pytest.mark.parametrize(
     "left",
     [
@@ -708,6 +769,8 @@ def test_a_child_a_program_left_running_is_charged_once_it_ended(server: LiveSer
         {"call": "1:2:3"},
         {"call": "../x"},
         {"call": "1:" + "9" * 40},
+        {"seq": -1},
+        {"seq": "12"},
     ],
 )
 def test_a_token_whose_budget_claim_is_not_a_budget_is_401_token_invalid(

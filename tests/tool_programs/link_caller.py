@@ -7,6 +7,8 @@ list    GET /v1/links
 info    GET /v1/links/{agent}
 exec    POST /v1/links/{agent}/exec with {"input": input} (and ``wait``, when given)
 raw     ``method`` ``path`` (any route: to see which refuse the token)
+save    keep the token in the working directory (the agent's workspace), file ``kept.token``
+exec-kept  POST /v1/links/{agent}/exec with the token ``save`` kept (an earlier call's)
 leak    print the token itself (its redaction is what the test looks at)
 leak-fail  write the token to stderr and exit 1
 
@@ -19,12 +21,16 @@ import sys
 import urllib.error
 import urllib.request
 
+KEPT = "kept.token"
 
-def request(method: str, path: str, body: object = None) -> dict[str, object]:
+
+def request(
+    method: str, path: str, body: object = None, token: str | None = None
+) -> dict[str, object]:
     url = os.environ["CORRAL_URL"] + path
     data = None if body is None else json.dumps(body).encode()
     req = urllib.request.Request(url, data=data, method=method)
-    req.add_header("Authorization", "Bearer " + os.environ["CORRAL_AGENT_TOKEN"])
+    req.add_header("Authorization", "Bearer " + (token or os.environ["CORRAL_AGENT_TOKEN"]))
     if data is not None:
         req.add_header("Content-Type", "application/json")
     try:
@@ -47,6 +53,15 @@ def main() -> None:
         if "wait" in arguments:
             body["wait"] = arguments["wait"]
         result = request("POST", f"/v1/links/{agent}/exec", body)
+    elif action == "save":
+        with open(KEPT, "w") as kept:
+            kept.write(os.environ["CORRAL_AGENT_TOKEN"])
+        result = {"saved": True}
+    elif action == "exec-kept":
+        with open(KEPT) as kept:
+            token = kept.read()
+        body = {"input": arguments["input"]}
+        result = request("POST", f"/v1/links/{agent}/exec", body, token)
     elif action == "raw":
         result = request(arguments["method"], arguments["path"])
     elif action == "leak":

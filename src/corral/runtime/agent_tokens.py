@@ -7,8 +7,10 @@ the worker knows it). The token's claims say who calls and what it may reach:
 starts), ``links`` (the names of the linked agents), ``iat``/``exp`` (a fresh
 token per call, valid :data:`TOKEN_SECONDS`), ``iss`` and ``aud``, and, when the calling
 run has limits, ``cost_left``/``tokens_left``: what it had left of its ``max_cost_usd`` /
-``max_tokens`` when the call started, and ``call`` (the call's step and index in its
-run): the children a token starts share what it carries (the server caps each at what
+``max_tokens`` when the call started, ``call`` (the call's step and index in its run)
+and ``seq`` (the run's journal position then: a token whose call's step has ended starts
+no child, see :func:`~corral.runtime.delegation.token_call_ended`): the children a token
+starts share what it carries (the server caps each at what
 the call's earlier children leave: see :class:`~corral.store.base.Allowance`). The server
 accepts it only on ``/v1/links`` (see :mod:`corral.server.routes_links`).
 
@@ -66,6 +68,9 @@ class AgentClaims:
     #: the tool call the token was minted for (``STEP:INDEX``; ``None`` in a token minted
     #: before calls were named): its children share the budget claims
     call: str | None = None
+    #: the run's journal position when the token was minted: the server looks after it
+    #: for the end of the call's step (a token outlives its call by its expiry otherwise)
+    seq: int | None = None
 
 
 class AgentTokenError(Exception):
@@ -123,6 +128,7 @@ class AgentTokenSigner:
         cost_left: float | None = None,
         tokens_left: int | None = None,
         call: str | None = None,
+        seq: int | None = None,
     ) -> str:
         """A token for run ``run_id`` of ``agent``, valid ``ttl_seconds`` (default the signer's),
         carrying what the run has left of its limits (``None``: no limit)."""
@@ -145,6 +151,8 @@ class AgentTokenSigner:
             claims["tokens_left"] = tokens_left
         if call is not None:
             claims["call"] = call
+        if seq is not None:
+            claims["seq"] = seq
         return jwt.encode(claims, self._signing_keys()[0], algorithm=_ALGORITHM)
 
     def verify(self, token: str) -> AgentClaims:
@@ -182,6 +190,7 @@ class AgentTokenSigner:
                 cost_left=_left(claims.get("cost_left"), float),
                 tokens_left=_left(claims.get("tokens_left"), int),
                 call=_call(claims.get("call")),
+                seq=_left(claims.get("seq"), int),
             )
         except ValueError:
             raise AgentTokenError("token_invalid", "the agent token is not valid") from None
@@ -204,6 +213,7 @@ class AgentTokenIssuer:
         cost_left: float | None = None,
         tokens_left: int | None = None,
         call: str | None = None,
+        seq: int | None = None,
     ) -> dict[str, str]:
         """``CORRAL_AGENT_TOKEN`` and (when known) ``CORRAL_URL`` for one call."""
         token = self.signer.mint(
@@ -214,6 +224,7 @@ class AgentTokenIssuer:
             cost_left=cost_left,
             tokens_left=tokens_left,
             call=call,
+            seq=seq,
         )
         env = {TOKEN_VARIABLE: token}
         url = self.url()

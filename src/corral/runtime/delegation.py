@@ -36,6 +36,7 @@ from corral.core.errors import (
     ToolErrorCode,
     UserError,
 )
+from corral.core.events import EventType
 from corral.core.runs import Lease, RunRecord
 from corral.resources.kinds import AgentSpec
 from corral.runtime.agent_tokens import AgentClaims
@@ -66,6 +67,20 @@ def link_allowance(caller: AgentClaims) -> Allowance | None:
     group = link_group(caller.run_id, caller.call)
     # (refused once spent: a program could otherwise start any number capped at nothing)
     return Allowance(group, caller.cost_left, caller.tokens_left, refuses_when_spent=True)
+
+
+async def token_call_ended(store: Store, caller: AgentClaims) -> bool:
+    """Whether the tool call the agent token ``caller`` was minted for has ended: its run's
+    journal went on to a later step after the token's position. (A program may keep its
+    token and hand it to a later call's program: the unspent part of its call's share
+    would then be given out twice.) A token that names no call or position: ``False``."""
+    if caller.call is None or caller.seq is None:
+        return False
+    step = int(caller.call.split(":", 1)[0])
+    return any(
+        event.type is EventType.STEP_START and int(event.data.get("step", 0)) > step
+        for event in await store.list_events(caller.run_id, caller.seq)
+    )
 
 
 def link_child_key(run_id: str, call: str | None, digest: str) -> str:

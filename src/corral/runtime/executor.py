@@ -302,7 +302,7 @@ class RunExecutor:
             else:
                 self.limited_agents.add((record.namespace, record.agent))
         releases = [release]
-        calls = _LinkedCalls(self, record, agent, resumed=bool(events))
+        calls = _LinkedCalls(self, record, agent, sink, resumed=bool(events))
 
         async def switch(name: str) -> AgentDefinition:
             if name not in calls.agent.links:  # unlinked while the handoff's turn waited
@@ -513,12 +513,19 @@ class _LinkedCalls:
     over the API (``POST /v1/links/{agent}/exec``) once finished, for the loop to charge."""
 
     def __init__(
-        self, executor: RunExecutor, record: RunRecord, agent: AgentDefinition, *, resumed: bool
+        self,
+        executor: RunExecutor,
+        record: RunRecord,
+        agent: AgentDefinition,
+        sink: FencedSink,
+        *,
+        resumed: bool,
     ) -> None:
         self.tokens = executor.tokens
         self.store = executor.store
         self.record = record
         self.agent = agent
+        self.sink = sink
         # whether a token went out since the children were last looked for (a resumed run:
         # maybe, before the crash)
         self.minted = resumed
@@ -541,6 +548,7 @@ class _LinkedCalls:
             cost_left=cost_left,
             tokens_left=tokens_left,
             call=call,
+            seq=self.sink.last_seq,
         )
         return env, {REDACTION_NAME: env[TOKEN_VARIABLE]}
 

@@ -48,7 +48,12 @@ from corral.runtime.agent_tokens import (
     looks_like_agent_token,
 )
 from corral.runtime.builder import AgentBuilder
-from corral.runtime.delegation import StoreDelegation, link_allowance, link_child_key
+from corral.runtime.delegation import (
+    StoreDelegation,
+    link_allowance,
+    link_child_key,
+    token_call_ended,
+)
 from corral.runtime.follow import Until
 from corral.server.context import ServerContext, context_of
 from corral.server.limits import address_key, refuse_while_waiting
@@ -210,6 +215,13 @@ async def exec_link(
             409,
             f"the calling run {caller.run_id} is {parent.state.value}, not running",
             code="conflict",
+        )
+    if await token_call_ended(context.store, caller):
+        raise ProblemError(
+            401,
+            "the tool call this agent token was minted for has ended: a call's token starts "
+            "children only while its call runs",
+            code="token_expired",
         )
     # the caller's own token never goes into the child's input: a run's input and events
     # are any viewer's to read, and the token starts runs while its run runs
