@@ -234,6 +234,23 @@ spec:
 ---
 apiVersion: corral/v1
 kind: ModelEndpoint
+metadata: {{name: quitter-model}}
+spec:
+  provider: scripted
+  script:
+    - {call({"action": "exec", "agent": "napper", "input": "nap", "wait": False})}
+    - {{text: bye}}
+---
+apiVersion: corral/v1
+kind: Agent
+metadata: {{name: quitter}}
+spec:
+  model: quitter-model
+  tools: [link_caller]
+  links: [napper]
+---
+apiVersion: corral/v1
+kind: ModelEndpoint
 metadata: {{name: keeper-model}}
 spec:
   provider: scripted
@@ -715,6 +732,21 @@ def test_a_child_a_program_left_running_is_charged_once_it_ended(server: LiveSer
     finished = [e for e in events["items"] if e["type"] == "child.finish"]
     assert [(e["data"]["step"], e["data"]["run_id"]) for e in finished] == [(2, child["id"])]
     assert run["usage"]["input_tokens"] == 10
+
+
+def test_a_runs_end_cancels_the_children_its_programs_left_running(server: LiveServer) -> None:
+    # quitter starts a napper child without waiting (it would sleep 30 s), then answers:
+    # nothing would charge what the child spends after its parent ended, so it is cancelled
+    with server.client(server.admin) as admin:
+        response = admin.post("/v1/agents/quitter/prompt", json={"input": "go"})
+        assert response.status_code == 200, response.text
+        run = response.json()
+        assert run["state"] == "succeeded", run
+        (child,) = admin.get(f"/v1/tasks/{run['id']}/children").json()["items"]
+        wait_for(
+            lambda: admin.get(f"/v1/tasks/{child['id']}").json()["state"] == "cancelled",
+            message="the child left running to be cancelled",
+        )
 
 
 def test_a_token_kept_past_its_call_starts_no_child(server: LiveServer) -> None:

@@ -114,6 +114,9 @@ class RunExecutor:
         self.limited_agents: set[tuple[str, str]] = set()
         # the runs executing here, as claimed: their child runs are started without a read
         self._executing: dict[str, RunRecord] = {}
+        # the runs executing here that may have children their end would leave running (a
+        # journal with children, or agent tokens handed out): their end cancels them
+        self._parents: set[str] = set()
         delegation = StoreDelegation(store, bus, slots, self._executing)
         self.agents = AgentCache(store, settings, loading, delegation)
         self.leases = LeaseKeeper(store, lease_seconds, health, clock)
@@ -170,6 +173,7 @@ class RunExecutor:
         finally:
             if self._executing.get(record.id) is record:
                 del self._executing[record.id]
+                self._parents.discard(record.id)
 
     async def _failed_attempt(
         self, record: RunRecord, lease: Lease, exc: Exception, redactor: Redactor
@@ -282,6 +286,8 @@ class RunExecutor:
             return RunResult(state=RunState.DEAD_LETTER, error=error)
         if record.is_system_run:  # a graph of agents: its coordinator, not an agent loop
             return await self.systems.run(record, sink, events)
+        if any(event.type is EventType.CHILD_START for event in events):
+            self._parents.add(record.id)
         gone = await missing_session(self.store, record)
         if gone is not None:
             return await self._failed_to_start(sink, gone, events, record)
@@ -489,9 +495,14 @@ class RunExecutor:
             on_woken(woken.record, woken.lease)  # claimed already: announcing costs a claim
         elif woken is not None:
             await self._announce_woken(record, lease)
-        if record.state is RunState.CANCELLED:
-            # A child started while the cancellation was on its way (after the store's
-            # cascade looked) is cancelled now: cancelling a run cancels its children.
+        if record.state is RunState.CANCELLED or (
+            record.state.finished and record.id in self._parents
+        ):
+            # A run's end ends its children: one started while the cancellation was on its
+            # way (after the store's cascade looked) is cancelled now, and so is one still
+            # running when its parent ended otherwise (a tool program's, started without
+            # waiting; those a run given up on was waiting for): nothing would charge what
+            # it spent after, or read its answer.
             await self.store.request_cancel(record.id)
 
     async def _announce_woken(self, record: RunRecord, lease: Lease) -> None:
@@ -523,6 +534,7 @@ class _LinkedCalls:
     ) -> None:
         self.tokens = executor.tokens
         self.store = executor.store
+        self.parents = executor._parents
         self.record = record
         self.agent = agent
         self.sink = sink
@@ -540,6 +552,7 @@ class _LinkedCalls:
         if not agent.links:
             return {}, {}
         self.minted = True
+        self.parents.add(record.id)  # (its program may start children over the API)
         env = self.tokens.environment(
             namespace=record.namespace,
             agent=agent.name,
