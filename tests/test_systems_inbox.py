@@ -89,6 +89,21 @@ async def test_a_delivery_becomes_one_node_run_however_often_it_comes(
     assert len(await store.list_children(run.id)) == 1
 
 
+async def test_a_delivery_wakes_the_coordinator_waiting_on_its_system_runs_events(
+    env: tuple[Store, Settings],
+) -> None:
+    # the coordinator waits for the consumers' deliveries on the system run's events: a
+    # delivery announces there, so the coordinator looks then instead of at its next poll
+    store, _ = env
+    run, message = await stored_input(store)
+    bus = LocalBus()
+    async with bus.watch_events(run.id) as watch:
+        await bus.send_agent_message("default", "solo", message.id)
+        assert not await watch.wait(0)
+        await deliver_all(bus, InboxConsumer(store, bus))
+        assert await watch.wait(0)
+
+
 async def test_an_unknown_message_is_terminated(env: tuple[Store, Settings]) -> None:
     store, _ = env
     bus = LocalBus()

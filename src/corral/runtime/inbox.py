@@ -83,6 +83,9 @@ class InboxConsumer:
                 await self._dead(delivery, exc.message)
                 return
             self.delivered += 1
+            # the system run's coordinator waits for its deliveries on the run's events (its
+            # journal did not move: a follower that wakes for this reads nothing new)
+            await self.bus.announce_events(message.system_run_id, 0)
             await delivery.ack()
         except TRANSIENT as exc:
             if delivery.last:

@@ -61,13 +61,14 @@ carries it): the run's ``usage``, ``cost_usd`` and ``steps`` are running totals.
 from __future__ import annotations
 
 import contextlib
+import math
 import reprlib
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 from corral.bus.base import Bus
 from corral.core.agent_messages import AgentMessage, MessageState
-from corral.core.clock import SYSTEM_CLOCK, Clock
+from corral.core.clock import SYSTEM_CLOCK, Clock, move_on_after
 from corral.core.errors import (
     BudgetExceededError,
     ConflictError,
@@ -514,15 +515,21 @@ class SystemCoordinator:
             if m.state is MessageState.PENDING and not _is_arrival(state.spec, m)
         ]
         if self._bus_delivers() and pending:
+            assert self.bus is not None
             now = self.clock.now()
             due = min(_sent_at(m, now) for m in pending) + DELIVERY_GRACE_SECONDS
-            for message in pending:
-                assert self.bus is not None
-                await self.bus.send_agent_message(message.namespace, message.to_agent, message.id)
-            polls = delivery_polls()
-            while pending and self.clock.now() < due:
-                await self.clock.sleep(next(polls))
-                pending = await self._still_pending(state, pending)
+            # a consumer that delivers one announces it on the system run's events (see
+            # corral.runtime.inbox): the look after a delivery comes then, not at the poll
+            async with self.bus.watch_events(state.record.id) as delivered:
+                for message in pending:
+                    await self.bus.send_agent_message(
+                        message.namespace, message.to_agent, message.id
+                    )
+                polls = delivery_polls()
+                while pending and self.clock.now() < due:
+                    with move_on_after(self.clock, next(polls)):
+                        await delivered.wait(math.inf)
+                    pending = await self._still_pending(state, pending)
         for message in pending:
             try:
                 started, marked = await deliver(self.store, self.bus, message, parent=state.record)
