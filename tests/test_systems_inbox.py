@@ -265,3 +265,37 @@ async def test_the_deliveries_of_one_fetch_are_handled_concurrently(tmp_path: Pa
             assert len(await store.list_children(message.system_run_id)) == 1
     finally:
         await store.close()
+
+
+async def test_a_delivery_is_taken_while_an_earlier_one_is_still_being_handled(
+    tmp_path: Path,
+) -> None:
+    # the second message is published while the first one's node run is being submitted
+    # (which waits for a second submit): a consumer that took nothing more until the
+    # first was handled would never deliver it
+    url = f"sqlite:///{tmp_path / 'corral.db'}"
+    store = await MeetingStore.open(url, cipher=SecretCipher(key=SecretCipher.generate_key()))
+    try:
+        await store.apply(load_text(TEAM, "team.yaml"))
+        bus = LocalBus()
+        messages = []
+        for n in range(2):
+            run, _ = await submit_system(store, "team", f"hello {n}")
+            messages.append(input_message(run.id, "solo"))
+        await store.add_agent_messages(messages)
+        consumer = InboxConsumer(store, bus)
+        stop = anyio.Event()
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as group:
+                group.start_soon(consumer.serve, stop)
+                await bus.send_agent_message("default", "solo", messages[0].id)
+                while store.inside < 1:
+                    await anyio.sleep(0.01)
+                await bus.send_agent_message("default", "solo", messages[1].id)
+                while consumer.delivered < 2:
+                    await anyio.sleep(0.01)
+                stop.set()
+        for message in messages:
+            assert len(await store.list_children(message.system_run_id)) == 1
+    finally:
+        await store.close()

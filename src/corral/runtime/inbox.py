@@ -19,7 +19,11 @@ to its agent's inbox. Every worker takes deliveries from the inboxes and, for ea
 - a message that can never be delivered (its agent or system run gone) -> marked
   ``dead_letter`` with the reason, the same way, and acked.
 
-The deliveries of one fetch (up to :data:`BATCH`) are handled concurrently.
+Deliveries are handled concurrently, up to :data:`HANDLING` at once: the consumer takes
+the next while earlier ones are still being handled (the messages a coordinator publishes
+one after another, the branches of a fan-out, each reach a worker at once; a fetch
+that waited for the last handling of the one before would hold each back by a whole
+delivery).
 """
 
 from __future__ import annotations
@@ -41,6 +45,8 @@ log = logging.getLogger(__name__)
 TAKE_SECONDS = 1.0
 #: deliveries taken at once
 BATCH = 16
+#: deliveries handled at once, at most (each a store transaction or two, then its ack)
+HANDLING = 64
 #: how soon a delivery that hit a store failure comes again
 RETRY_SECONDS = 1.0
 
@@ -54,15 +60,28 @@ class InboxConsumer:
         self.delivered = 0  # node runs this consumer created (or found)
 
     async def serve(self, stop: anyio.Event) -> None:
-        """Take and handle deliveries until ``stop`` is set."""
-        while not stop.is_set():
-            deliveries = await self.bus.take_agent_messages(BATCH, TAKE_SECONDS)
-            # concurrently: each is its own message and node run (keyed by the message id),
-            # and a burst of system runs must not queue behind one store round trip after
-            # another while their coordinators wait for the deliveries
-            async with anyio.create_task_group() as group:
+        """Take and handle deliveries until ``stop`` is set (then finish those taken)."""
+        # concurrently: each is its own message and node run (keyed by the message id), and
+        # a burst of system runs must not queue behind one store round trip after another
+        # while their coordinators wait for the deliveries
+        free = anyio.Semaphore(HANDLING)
+        async with anyio.create_task_group() as group:
+            while not stop.is_set():
+                if free.value == 0:  # as many as it may handle: wait for one to end
+                    async with free:
+                        pass
+                deliveries = await self.bus.take_agent_messages(
+                    min(BATCH, free.value), TAKE_SECONDS
+                )
                 for delivery in deliveries:
-                    group.start_soon(self.handle, delivery)
+                    await free.acquire()  # (at once: no more were taken than were free)
+                    group.start_soon(self._handled, delivery, free)
+
+    async def _handled(self, delivery: MessageDelivery, free: anyio.Semaphore) -> None:
+        try:
+            await self.handle(delivery)
+        finally:
+            free.release()
 
     async def handle(self, delivery: MessageDelivery) -> None:
         """Handle one delivery, settling it exactly once (see the module docstring)."""
