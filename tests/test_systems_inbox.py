@@ -6,6 +6,8 @@ is dead-lettered and fails its system run with a clear error."""
 from __future__ import annotations
 
 import itertools
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -237,17 +239,27 @@ class MeetingStore(SqlStore):
         return await super().submit_agent_run(*args, **kwargs)
 
 
-async def test_the_deliveries_of_one_fetch_are_handled_concurrently(tmp_path: Path) -> None:
+@asynccontextmanager
+async def meeting(tmp_path: Path) -> AsyncIterator[tuple[MeetingStore, list[AgentMessage]]]:
+    """A :class:`MeetingStore` with two system runs of ``team``, each with its input message
+    stored (not yet published)."""
     url = f"sqlite:///{tmp_path / 'corral.db'}"
     store = await MeetingStore.open(url, cipher=SecretCipher(key=SecretCipher.generate_key()))
     try:
         await store.apply(load_text(TEAM, "team.yaml"))
-        bus = LocalBus()
         messages = []
         for n in range(2):
             run, _ = await submit_system(store, "team", f"hello {n}")
             messages.append(input_message(run.id, "solo"))
         await store.add_agent_messages(messages)
+        yield store, messages
+    finally:
+        await store.close()
+
+
+async def test_the_deliveries_of_one_fetch_are_handled_concurrently(tmp_path: Path) -> None:
+    async with meeting(tmp_path) as (store, messages):
+        bus = LocalBus()
         for message in messages:
             await bus.send_agent_message("default", "solo", message.id)
         consumer = InboxConsumer(store, bus)
@@ -263,8 +275,6 @@ async def test_the_deliveries_of_one_fetch_are_handled_concurrently(tmp_path: Pa
             stored = await store.get_agent_message(message.id)
             assert stored is not None and stored.state is MessageState.DELIVERED
             assert len(await store.list_children(message.system_run_id)) == 1
-    finally:
-        await store.close()
 
 
 async def test_a_delivery_is_taken_while_an_earlier_one_is_still_being_handled(
@@ -273,16 +283,8 @@ async def test_a_delivery_is_taken_while_an_earlier_one_is_still_being_handled(
     # the second message is published while the first one's node run is being submitted
     # (which waits for a second submit): a consumer that took nothing more until the
     # first was handled would never deliver it
-    url = f"sqlite:///{tmp_path / 'corral.db'}"
-    store = await MeetingStore.open(url, cipher=SecretCipher(key=SecretCipher.generate_key()))
-    try:
-        await store.apply(load_text(TEAM, "team.yaml"))
+    async with meeting(tmp_path) as (store, messages):
         bus = LocalBus()
-        messages = []
-        for n in range(2):
-            run, _ = await submit_system(store, "team", f"hello {n}")
-            messages.append(input_message(run.id, "solo"))
-        await store.add_agent_messages(messages)
         consumer = InboxConsumer(store, bus)
         stop = anyio.Event()
         with anyio.fail_after(10):
@@ -297,5 +299,3 @@ async def test_a_delivery_is_taken_while_an_earlier_one_is_still_being_handled(
                 stop.set()
         for message in messages:
             assert len(await store.list_children(message.system_run_id)) == 1
-    finally:
-        await store.close()
