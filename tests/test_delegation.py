@@ -193,6 +193,33 @@ async def test_a_child_run_is_capped_by_the_tokens_its_parent_has_left(backend: 
     assert parent.error["limit"] == "max_tokens" and parent.usage.total_tokens == 30
 
 
+async def test_a_call_whose_share_is_nothing_starts_no_child(backend: Backend) -> None:
+    # boss (max_tokens 10) used all 10 in the turn that asks for a child: capped at nothing
+    # the child would still take a paid turn, so the call is refused (budget_exceeded) and
+    # no child starts; boss answers in a free turn, within its limit
+    store = backend.store
+    ten = {"input_tokens": 7, "output_tokens": 3}
+    await apply(
+        store,
+        model(
+            "boss-model",
+            {**call("agents_exec", agent="helper", input="help"), **ten},
+            {"text": "no help left"},
+        ),
+        model("helper-model", {"text": "helped", "input_tokens": 1}),
+        agent("helper", "helper-model"),
+        agent("boss", "boss-model", links=["helper"], limits={"max_tokens": 10}),
+    )
+    run, _ = await backend.submit("boss", "go")
+    await backend.drain()
+    parent = await get(store, run)
+    assert (parent.state, parent.output) == (RunState.SUCCEEDED, "no help left")
+    assert await store.list_children(run.id) == []
+    (result,) = tool_results(await store.list_events(run.id))
+    assert result["error"]["code"] == "budget_exceeded"
+    assert result["error"]["details"]["limit"] == "max_tokens"
+
+
 async def test_a_failed_child_is_a_structured_tool_error_of_its_parent(backend: Backend) -> None:
     store = backend.store
     await apply(

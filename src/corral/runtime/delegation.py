@@ -143,6 +143,18 @@ class StoreDelegation:
         key: str,
         max_depth: int,
     ) -> ChildRun:
+        # capped at the call's share of what the run has left; refused when that is nothing
+        # (capped at nothing, it would still take a paid model turn): an allowance of its
+        # own key, which a retry of the call finds its child under
+        allowance = None
+        if ctx.cost_left is not None or ctx.tokens_left is not None:
+            allowance = Allowance(
+                key,
+                ctx.cost_left,
+                ctx.tokens_left,
+                refuses_when_spent=True,
+                spender="this call (its share of what the run has left)",
+            )
         return await self.start_child_of(
             ctx.run_id,
             ctx.namespace,
@@ -151,8 +163,7 @@ class StoreDelegation:
             session,
             key=key,
             max_depth=max_depth,
-            max_cost_usd=ctx.cost_left,
-            max_tokens=ctx.tokens_left,
+            allowance=allowance,
             parent=self.executing.get(ctx.run_id),
         )
 

@@ -98,6 +98,8 @@ class Allowance:
     #: :meth:`caps`): an agent token's children (a system's node runs are started capped
     #: at nothing instead, as their messages come)
     refuses_when_spent: bool = False
+    #: who may spend the allowance, as its refusal names it
+    spender: str = "this agent token"
 
     def left(self, key: str, others: Sequence[Holder]) -> tuple[float | None, int | None]:
         """The caps of a new child of idempotency key ``key``, given what the others hold."""
@@ -128,14 +130,14 @@ class Allowance:
         if cost is not None and cost <= 0.0:
             raise BudgetExceededError(
                 "max_cost_usd",
-                f"the child runs this agent token started hold or spent all of its "
-                f"${self.cost_usd:.6f} (max_cost_usd): no other starts",
+                f"{self.spender} may spend ${self.cost_usd:.6f} (max_cost_usd), and its child "
+                "runs hold or spent all of it: no child run starts",
             )
         if tokens is not None and tokens <= 0:
             raise BudgetExceededError(
                 "max_tokens",
-                f"the child runs this agent token started hold or used all of its "
-                f"{self.tokens} tokens (max_tokens): no other starts",
+                f"{self.spender} may use {self.tokens} tokens (max_tokens), and its child runs "
+                "hold or used all of them: no child run starts",
             )
         return cost, tokens
 
