@@ -139,6 +139,8 @@ def test_sigterm_lets_the_in_flight_run_finish_and_exits_0(
         run_id = client.post("/v1/tasks", json={"agent": "drained", "input": "x"}).json()["id"]
         follower, received = start_follower(server, run_id)
         wait_for(lambda: in_flight(client, run_id), message="the tool call to start")
+        # (its stream open: the shutdown is to close it, not to refuse its connection)
+        wait_for(lambda: bool(received), message="the follower's stream to open")
 
     signalled = time.monotonic()
     code, stderr = server.terminate()
