@@ -145,14 +145,8 @@ class AgentTokenSigner:
             "exp": int(now + (self.ttl_seconds if ttl_seconds is None else ttl_seconds)),
             "jti": _secrets.token_urlsafe(9),
         }
-        if cost_left is not None:
-            claims["cost_left"] = cost_left
-        if tokens_left is not None:
-            claims["tokens_left"] = tokens_left
-        if call is not None:
-            claims["call"] = call
-        if seq is not None:
-            claims["seq"] = seq
+        optional = {"cost_left": cost_left, "tokens_left": tokens_left, "call": call, "seq": seq}
+        claims.update({name: value for name, value in optional.items() if value is not None})
         return jwt.encode(claims, self._signing_keys()[0], algorithm=_ALGORITHM)
 
     def verify(self, token: str) -> AgentClaims:

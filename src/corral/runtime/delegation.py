@@ -177,18 +177,16 @@ class StoreDelegation:
         *,
         key: str,
         max_depth: int,
-        max_cost_usd: float | None = None,
-        max_tokens: int | None = None,
         allowance: Allowance | None = None,
         parent: RunRecord | None = None,
     ) -> ChildRun:
         """Start (or find, by ``key``) a child run of ``parent_run_id``: what ``agents_exec``
         and ``POST /v1/links/{agent}/exec`` (a tool program's agent token) both do.
-        ``max_cost_usd``, ``max_tokens``: the child's own caps (what its parent has left,
-        for ``agents_exec``: the child cannot spend the parent's budget many times over
-        before its end is charged to the parent); ``allowance``: caps the child shares with
-        its siblings of the same group instead (an agent token's children). ``parent``: the parent's record, when
-        at hand (what is taken of it - namespace, depth, priority - never changes; that
+        ``allowance``: what the child may spend, shared with its siblings of the same group
+        (an ``agents_exec`` call's share of what its parent has left; what an agent token
+        carries): the store caps the child at what they leave, so that children cannot
+        spend the parent's budget many times over before their ends are charged to it
+        (``None``: no cap). ``parent``: the parent's record, when at hand (what is taken of it - namespace, depth, priority - never changes; that
         it is still open is checked where the child is stored)."""
         if parent is None or parent.id != parent_run_id:
             parent = await self.store.get_run(parent_run_id)
@@ -214,8 +212,6 @@ class StoreDelegation:
             )
             record.parent_run_id = parent.id
             record.depth = depth
-            record.max_cost_usd = max_cost_usd
-            record.max_tokens = max_tokens
             # a child goes before the work its parent's siblings queued after it
             record.priority = parent.priority
         except UserError as exc:  # a bad session id

@@ -68,8 +68,8 @@ class InboxConsumer:
         async with anyio.create_task_group() as group:
             while not stop.is_set():
                 if free.value == 0:  # as many as it may handle: wait for one to end
-                    async with free:
-                        pass
+                    await free.acquire()
+                    free.release()
                 deliveries = await self.bus.take_agent_messages(
                     min(BATCH, free.value), TAKE_SECONDS
                 )
