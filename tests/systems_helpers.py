@@ -139,7 +139,7 @@ async def get(store: Store, run: RunRecord) -> RunRecord:
 
 
 def tool_results(events: list[Any]) -> list[dict[str, Any]]:
-    return [e.data for e in events if e.type is EventType.TOOL_RESULT]
+    return [e.data.to_dict() for e in events if e.type is EventType.TOOL_RESULT]
 
 
 def input_message(run_id: str, to: str) -> AgentMessage:

@@ -167,7 +167,7 @@ spec:
         for record in (first, second):
             assert record.state is RunState.SUCCEEDED and record.output == "done"
             results = [
-                e.data["output"]
+                e.data.output
                 for e in await store.list_events(record.id)
                 if e.type is EventType.TOOL_RESULT
             ]

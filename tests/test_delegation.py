@@ -67,8 +67,8 @@ async def test_a_parent_gets_its_linked_agents_answer_from_a_child_run(backend: 
     assert kinds.count(EventType.CHILD_START) == 1 and kinds.count(EventType.CHILD_FINISH) == 1
     start = next(e for e in events if e.type is EventType.CHILD_START)
     finish = next(e for e in events if e.type is EventType.CHILD_FINISH)
-    assert start.data["run_id"] == child.id == finish.data["run_id"]
-    assert finish.data["state"] == "succeeded"
+    assert start.data.run_id == child.id == finish.data.run_id
+    assert finish.data.state == "succeeded"
     assert kinds.index(EventType.CHILD_FINISH) < kinds.index(EventType.TOOL_RESULT)
     assert [r["output"] for r in tool_results(events)] == ["4"]
     assert kinds.count(EventType.RUN_FINISH) == 1

@@ -67,7 +67,7 @@ async def test_sigkill_while_a_child_runs_resumes_one_child_and_finishes_the_par
     check_journal(events)  # one run.start, one run.finish
     kinds = Counter(e.type for e in events)
     assert kinds[EventType.CHILD_START] == kinds[EventType.CHILD_FINISH] == 1
-    (result,) = [e.data for e in events if e.type is EventType.TOOL_RESULT]
+    (result,) = [e.data.to_dict() for e in events if e.type is EventType.TOOL_RESULT]
     assert result["output"] == "work done"
     tree = json.loads(await cluster.corral("tasks", "get", child.id, "-o", "json"))
     assert tree["state"] == "succeeded"

@@ -29,7 +29,7 @@ import anyio
 import pytest
 
 from corral.bus.base import Bus
-from corral.core.events import Event, EventType
+from corral.core.events import Event, EventType, parse_event_data
 from corral.core.messages import Message, dump
 from corral.core.runs import Lease, RunRecord, RunState
 from corral.core.settings import Settings
@@ -321,9 +321,9 @@ def check_journal(events: list[Event]) -> None:
     kinds = [e.type for e in events]
     assert kinds[0] is EventType.RUN_START and kinds[-1] is EventType.RUN_FINISH
     assert kinds.count(EventType.RUN_START) == kinds.count(EventType.RUN_FINISH) == 1
-    steps = [e.data["step"] for e in events if e.type is EventType.MESSAGE_CREATE]
+    steps = [e.data.step for e in events if e.type is EventType.MESSAGE_CREATE]
     assert steps == list(range(1, len(steps) + 1)), steps
-    results = Counter(e.data["call_id"] for e in events if e.type is EventType.TOOL_RESULT)
+    results = Counter(e.data.call_id for e in events if e.type is EventType.TOOL_RESULT)
     assert all(n == 1 for n in results.values()), results
 
 
@@ -360,7 +360,7 @@ async def test_sigkill_during_an_idempotent_tool_call_reruns_it_without_a_second
     assert sorted(cluster.effects().values()) == ["first", "second"]
     events = await cluster.events(run_id)
     check_journal(events)
-    assert [e.data["step"] for e in events if e.type is EventType.MESSAGE_CREATE] == [1, 2, 3]
+    assert [e.data.step for e in events if e.type is EventType.MESSAGE_CREATE] == [1, 2, 3]
     assert sum(e.type is EventType.TOOL_CALL for e in events) == 3  # 2 calls, 1 re-run
     shown = json.loads(await cluster.corral("tasks", "get", run_id, "-o", "json"))
     assert (shown["state"], shown["output"], shown["attempts"]) == ("succeeded", "all done", 2)
@@ -624,7 +624,7 @@ async def test_a_worker_whose_lease_ran_out_unrenewed_starts_no_model_call(
     assert gate.calls == 2
     events = await cluster.events(record.id)
     check_journal(events)  # finished once
-    assert [e.data["step"] for e in events if e.type is EventType.MESSAGE_CREATE] == [1, 2]
+    assert [e.data.step for e in events if e.type is EventType.MESSAGE_CREATE] == [1, 2]
 
 
 async def test_a_run_outlasting_its_lease_goes_on_while_its_renewals_succeed(
@@ -774,7 +774,10 @@ async def test_run_journaled_to_its_end_but_never_saved_is_completed_from_its_jo
         (EventType.STEP_FINISH, {"step": 1, "usage": usage, "cost_usd": 0.0}),
         (EventType.RUN_FINISH, {"state": "succeeded", "output": "journaled answer", "steps": 1}),
     ]
-    events = [Event(run_id, seq, type, data) for seq, (type, data) in enumerate(journal, 1)]
+    events = [
+        Event(run_id, seq, parse_event_data(type, data))
+        for seq, (type, data) in enumerate(journal, 1)
+    ]
     await cluster.store.append_events(events, lease=lease)
 
     cluster.start_worker("b", lease=1.0)

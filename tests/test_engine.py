@@ -106,7 +106,7 @@ class Harness:
         return await AgentLoop(self.agent, "run_test", self.sink).run(prompt)
 
     def of(self, kind: EventType) -> list[dict[str, Any]]:
-        return [e.data for e in self.events if e.type is kind]
+        return [e.data.to_dict() for e in self.events if e.type is kind]
 
 
 def add(a: int, b: int) -> int:
@@ -351,7 +351,7 @@ async def test_secret_values_are_redacted_from_outputs_and_events(tmp_path: Path
         secrets={"api-token": secret},
     )
     result = await h.run()
-    assert all(secret not in json.dumps(e.data) for e in h.events)
+    assert all(secret not in json.dumps(e.data.to_dict()) for e in h.events)
     tool_message = next(m for m in result.messages if m.role == "tool")
     assert secret not in tool_message.content
     assert "[REDACTED:api-token]" in tool_message.content

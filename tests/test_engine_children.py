@@ -44,7 +44,7 @@ async def resume(h: Harness, children: dict[str, RunRecord]) -> tuple[RunState, 
     h.model.requests = []
     result = await AgentLoop(h.agent, "run_test", h.sink).resume(journal, {}, children)
     new = h.events[len(journal) :]
-    return result.state, [e.data for e in new if e.type is EventType.TOOL_RESULT]
+    return result.state, [e.data.to_dict() for e in new if e.type is EventType.TOOL_RESULT]
 
 
 async def test_a_child_still_running_leaves_the_run_parked(tmp_path: Path) -> None:
@@ -63,10 +63,10 @@ async def test_a_finished_child_answers_the_call_and_its_spend_is_the_runs(
     assert state is RunState.SUCCEEDED
     assert [r["output"] for r in results] == ["42"]
     finish = next(e for e in h.events if e.type is EventType.CHILD_FINISH)
-    assert (finish.data["run_id"], finish.data["state"]) == ("run_child", "succeeded")
+    assert (finish.data.run_id, finish.data.state) == ("run_child", "succeeded")
     checkpoint = replay(h.events)
     assert checkpoint.usage.input_tokens == 40 and checkpoint.cost_usd == 0.5
-    assert h.events[-1].data["cost_usd"] == 0.5  # run.finish counts the child's cost
+    assert h.events[-1].data.cost_usd == 0.5  # run.finish counts the child's cost
 
 
 async def test_a_failed_or_missing_child_is_a_child_failed_tool_error(tmp_path: Path) -> None:
@@ -93,7 +93,7 @@ async def test_a_childs_cost_past_the_runs_limit_fails_it_after_the_result(
     assert state is RunState.FAILED
     assert [r["output"] for r in results] == ["ok"]
     error = next(e for e in h.events if e.type is EventType.ERROR)
-    assert (error.data["code"], error.data["limit"]) == ("budget_exceeded", "max_cost_usd")
+    assert (error.data.code, error.data.limit) == ("budget_exceeded", "max_cost_usd")
 
 
 class Spender(FunctionTool):
@@ -150,13 +150,11 @@ async def test_a_resumed_step_gives_its_other_calls_what_its_running_children_do
     h = Harness(list(FAN_OUT), [spender, looker], tmp_path, limits=limits)
     await h.run()
     # the journal as if the worker died before the step's last call started its child
-    last_call = next(e for e in reversed(h.events) if e.type is EventType.CHILD_START).data[
-        "call_id"
-    ]
+    last_call = next(e.data.call_id for e in reversed(h.events) if e.type is EventType.CHILD_START)
     journal = [
         e
         for e in h.events
-        if e.data.get("call_id") != last_call and e.type is not EventType.STEP_FINISH
+        if e.data.to_dict().get("call_id") != last_call and e.type is not EventType.STEP_FINISH
     ]
     running = {
         f"run_child_{n}": child(RunState.RUNNING, max_cost_usd=1.0, max_tokens=8) for n in (1, 2)

@@ -82,7 +82,7 @@ class Agents:
         return await self.loop(agent).run(prompt)
 
     def of(self, kind: EventType) -> list[dict[str, Any]]:
-        return [e.data for e in self.events if e.type is kind]
+        return [e.data.to_dict() for e in self.events if e.type is kind]
 
 
 def _all(ref: str) -> bool:
@@ -181,7 +181,7 @@ async def test_a_run_resumed_after_a_crash_past_a_handoff_goes_on_under_the_targ
     assert len(again.models["triage"].requests) == triage_calls
     assert len(again.models["billing"].requests) == billing_calls
     adds_before = sum(
-        1 for e in journal if e.type is EventType.TOOL_RESULT and e.data["tool"] == "add"
+        1 for e in journal if e.type is EventType.TOOL_RESULT and e.data.tool == "add"
     )
     assert len(again.adds["billing"].calls) == 1 - adds_before
     # exactly one switch across both processes, and the conversation the first one built

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from corral.core.errors import CorralError
-from corral.core.events import Event, EventType
+from corral.core.events import Event, EventType, MessageCreateData, RunStartData
 from corral.core.runs import Decision, RunState
 from corral.engine.loop import AgentLoop
 from corral.engine.replay import replay
@@ -99,7 +99,7 @@ async def test_interrupted_non_idempotent_call_waits_for_a_human(tmp_path: Path)
     )
     assert approved.state is RunState.SUCCEEDED
     assert len(tool.calls) == 3
-    resolved = [e.data for e in h.events if e.type is EventType.APPROVAL_RESOLVED]
+    resolved = [e.data.to_dict() for e in h.events if e.type is EventType.APPROVAL_RESOLVED]
     assert resolved == [
         {"step": 1, "call_id": "call_1_1", "tool": "add", "approved": True, "reason": None}
     ]
@@ -181,7 +181,7 @@ async def test_rejected_call_is_reported_to_the_model(tmp_path: Path) -> None:
     error = json.loads(rejected.content)["error"]
     assert error["code"] == "approval_rejected" and "too much" in error["message"]
     # who decided, when, and which approval it was, are journaled with the decision
-    [resolved] = [e.data for e in h.events if e.type is EventType.APPROVAL_RESOLVED]
+    [resolved] = [e.data.to_dict() for e in h.events if e.type is EventType.APPROVAL_RESOLVED]
     assert resolved["approved"] is False and resolved["reason"] == "too much"
     assert (resolved["by"], resolved["decided_at"], resolved["approval_id"]) == (
         "alice",
@@ -208,17 +208,16 @@ async def test_finished_runs_cannot_be_resumed(tmp_path: Path) -> None:
 
 def test_replay_rebuilds_usage_and_steps(tmp_path: Path) -> None:
     events = [
-        Event("r", 1, EventType.RUN_START, {"input": "x", "messages": []}),
+        Event("r", 1, RunStartData(agent=None, input="x", messages=[])),
         Event(
             "r",
             2,
-            EventType.MESSAGE_CREATE,
-            {
-                "step": 1,
-                "message": {"role": "assistant", "content": "ok"},
-                "usage": {"input_tokens": 7, "output_tokens": 3, "requests": 1},
-                "cost_usd": 0.5,
-            },
+            MessageCreateData(
+                step=1,
+                message={"role": "assistant", "content": "ok"},
+                usage={"input_tokens": 7, "output_tokens": 3, "requests": 1},
+                cost_usd=0.5,
+            ),
         ),
     ]
     checkpoint = replay(events)

@@ -350,7 +350,7 @@ async def test_run_start_records_the_effective_policy(env: tuple[Store, Settings
     assert record.state is RunState.SUCCEEDED, record.error
     start = (await store.list_events(record.id))[0]
     assert start.type is EventType.RUN_START
-    assert start.data["execution"] == {
+    assert start.data.execution == {
         "isolation": "preferred",
         "network": "deny",
         "allowed_tool_types": ["python"],

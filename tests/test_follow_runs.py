@@ -14,7 +14,7 @@ import pytest
 
 from corral.bus import LocalBus
 from corral.core.errors import NotFoundError
-from corral.core.events import Event, EventType
+from corral.core.events import Event, EventType, StepStartData
 from corral.core.runs import Lease, RunRecord, RunState
 from corral.core.settings import Settings
 from corral.resources.loader import load_text
@@ -120,7 +120,7 @@ async def test_a_run_deleted_while_followed_is_not_found(
     store, settings = env
     bus = LocalBus()
     record, lease = await held_elsewhere(store)
-    await store.append_events([Event(record.id, 1, EventType.STEP_START, {"step": 1})], lease)
+    await store.append_events([Event(record.id, 1, StepStartData(step=1))], lease)
     seen: list[Event] = []
 
     async def observe(event: Event) -> None:

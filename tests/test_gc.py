@@ -7,7 +7,7 @@ import time
 import pytest
 
 from corral.cli.worker_cmd import parse_duration
-from corral.core.events import Event, EventType
+from corral.core.events import Event, RunStartData
 from corral.core.runs import RunRecord, RunState
 from corral.store import Store
 from store_helpers import create_run
@@ -20,7 +20,7 @@ async def add_run(store: Store, run_id: str, state: RunState, finished_ago: floa
     if finished_ago is not None:
         record.finished_at = now - finished_ago
     await create_run(store, record)
-    await store.append_events([Event(run_id, 1, EventType.RUN_START, {"input": "x"})])
+    await store.append_events([Event(run_id, 1, RunStartData(agent="a", input="x"))])
 
 
 async def test_prune_by_age_keeps_unfinished_runs_and_drops_events(store: Store) -> None:

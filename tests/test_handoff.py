@@ -53,7 +53,7 @@ async def test_a_handoff_keeps_the_history_and_the_run_names_its_active_agent(
     assert done.messages[1].content == "how much do I owe?"
     assert await store.list_children(run.id) == []  # no child run: the same run goes on
     events = await store.list_events(run.id)
-    [switch] = [e.data for e in events if e.type is EventType.HANDOFF]
+    [switch] = [e.data.to_dict() for e in events if e.type is EventType.HANDOFF]
     assert (switch["from"], switch["to"], switch["reason"]) == (
         "triage",
         "billing",
@@ -177,7 +177,7 @@ async def test_a_handoff_ping_pong_stops_at_max_handoffs(backend: Backend) -> No
         None,
     )
     events = await store.list_events(run.id)
-    assert [(e.data["from"], e.data["to"]) for e in events if e.type is EventType.HANDOFF] == [
+    assert [(e.data.from_agent, e.data.to) for e in events if e.type is EventType.HANDOFF] == [
         ("ping", "pong"),
         ("pong", "ping"),
     ]

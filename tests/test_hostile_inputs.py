@@ -401,15 +401,17 @@ async def test_a_2mb_tool_argument_is_invalid_input_journaled_once_cut_and_the_r
     assert record.state is RunState.SUCCEEDED, record.error
     assert record.output == "done"
     events = await db.list_events(record.id)
-    stored = json.dumps([e.data for e in events])
+    stored = json.dumps([e.data.to_dict() for e in events])
     assert "A" * 1000 not in stored  # not once in full: cut before it was journaled
     assert len(stored) < 64 * 1024
-    [cut_result, short_result] = [e.data for e in events if e.type is EventType.TOOL_RESULT]
+    [cut_result, short_result] = [
+        e.data.to_dict() for e in events if e.type is EventType.TOOL_RESULT
+    ]
     assert cut_result["error"]["code"] == "invalid_input"
     assert "max_input_bytes" in cut_result["error"]["reason"]
     assert short_result["output"] == "short" and short_result["error"] is None
     # the refused call never started: only the short one has a tool.call
-    assert [e.data["call_id"] for e in events if e.type is EventType.TOOL_CALL] == ["call_short"]
+    assert [e.data.call_id for e in events if e.type is EventType.TOOL_CALL] == ["call_short"]
     # the model saw its call cut (with a glimpse), and the error saying why
     second_request = fake_openai.requests[1].json["messages"]
     [assistant] = [m for m in second_request if m["role"] == "assistant"]
@@ -437,7 +439,7 @@ async def test_a_tool_argument_cap_is_set_per_tool(
     record = await run_agent(db, settings, "writer", "hi")
     assert record.state is RunState.SUCCEEDED, record.error
     events = await db.list_events(record.id)
-    [result] = [e.data for e in events if e.type is EventType.TOOL_RESULT]
+    [result] = [e.data.to_dict() for e in events if e.type is EventType.TOOL_RESULT]
     assert result["error"]["code"] == "invalid_input"
     assert "(128, its max_input_bytes)" in result["error"]["reason"]
 
@@ -455,6 +457,6 @@ async def test_tool_arguments_nested_too_deep_are_invalid_input_not_a_crash(
     record = await run_agent(db, settings, "writer", "hi")
     assert record.state is RunState.SUCCEEDED, record.error
     events = await db.list_events(record.id)
-    [result] = [e.data for e in events if e.type is EventType.TOOL_RESULT]
+    [result] = [e.data.to_dict() for e in events if e.type is EventType.TOOL_RESULT]
     assert result["error"]["code"] == "invalid_input"
     assert "nested deeper than 64 levels" in result["error"]["reason"]

@@ -339,7 +339,7 @@ async def test_agents_write_and_search_an_http_memory_and_a_replay_writes_once(
             assert stored is not None and stored.state is RunState.SUCCEEDED, stored
         events = await store.list_events(searched.id)
         [result] = [e for e in events if e.type is EventType.TOOL_RESULT]
-        [hit] = json.loads(result.data["output"])["results"]
+        [hit] = json.loads(result.data.output)["results"]
         assert hit["key"] == "cw" and hit["preview"] == "The code word is mango"
         assert [e for e in events if e.type is EventType.MEMORY_SEARCH]
         writes = [r for r in svc.requests if r.path == "write"]

@@ -129,7 +129,7 @@ async def test_an_agent_ingests_a_document_and_finds_it(backend: Backend) -> Non
     stored = await store.get_run(run.id)
     assert stored is not None and stored.state is RunState.SUCCEEDED, stored
     outputs = [
-        json.loads(e.data["output"])
+        json.loads(e.data.output)
         for e in await store.list_events(run.id)
         if e.type is EventType.TOOL_RESULT
     ]
@@ -146,13 +146,13 @@ async def test_an_agent_ingests_a_document_and_finds_it(backend: Backend) -> Non
     write = next(e for e in events if e.type is EventType.MEMORY_WRITE)
     search = next(e for e in events if e.type is EventType.MEMORY_SEARCH)
     assert kinds.index(EventType.MEMORY_WRITE) < kinds.index(EventType.TOOL_RESULT)
-    assert write.data["memory"] == "notes" and write.data["tool"] == "memory_ingest"
-    assert write.data["chunks"] == write.data["written"] == ingested["chunks"]
-    assert write.data["chars"] == len(DOCUMENT)
-    assert len(write.data["preview"]) <= 80 and DOCUMENT[:40] in write.data["preview"]
-    assert search.data == {
+    assert write.data.memory == "notes" and write.data.tool == "memory_ingest"
+    assert write.data.chunks == write.data.written == ingested["chunks"]
+    assert write.data.chars == len(DOCUMENT)
+    assert len(write.data.preview) <= 80 and DOCUMENT[:40] in write.data.preview
+    assert search.data.to_dict() == {
         "step": 2,
-        "call_id": search.data["call_id"],
+        "call_id": search.data.call_id,
         "tool": "memory_search",
         "memory": "notes",
         "query": "kingfisher",

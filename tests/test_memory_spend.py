@@ -20,7 +20,7 @@ import pytest
 
 from backends import Backend, backend_fixture, deployment_fixture
 from corral.cli.events_view import memory_search_line, memory_write_line
-from corral.core.events import Event, EventType
+from corral.core.events import Event, EventType, MemorySearchData, MemoryWriteData
 from corral.core.memory import MemoryPlace
 from corral.core.redaction import Redactor
 from corral.core.runs import RunState
@@ -103,9 +103,9 @@ SCRIPT = [
 def charged(events: list[Event]) -> list[tuple[str, int, float]]:
     """The memory events' charges: (type, tokens, cost), of those that carry one."""
     return [
-        (e.type.value, e.data["usage"]["input_tokens"], e.data["cost_usd"])
+        (e.type.value, e.data.usage["input_tokens"], e.data.cost_usd)
         for e in events
-        if e.type in (EventType.MEMORY_WRITE, EventType.MEMORY_SEARCH) and "usage" in e.data
+        if e.type in (EventType.MEMORY_WRITE, EventType.MEMORY_SEARCH) and e.data.usage is not None
     ]
 
 
@@ -120,7 +120,7 @@ async def test_a_run_is_charged_what_its_memory_calls_embed(tools: Tools, tmp_pa
     assert result.cost_usd == pytest.approx(0.008)
     assert result.usage.input_tokens == 8 and result.usage.requests == 3 + 2
     finish = harness.events[-1]
-    assert finish.type is EventType.RUN_FINISH and finish.data["cost_usd"] == pytest.approx(0.008)
+    assert finish.type is EventType.RUN_FINISH and finish.data.cost_usd == pytest.approx(0.008)
 
 
 async def test_a_memory_without_embedding_charges_nothing(
@@ -134,7 +134,7 @@ async def test_a_memory_without_embedding_charges_nothing(
     result = await harness.run("remember")
     assert result.state is RunState.SUCCEEDED and result.cost_usd == 0
     memory = [e for e in harness.events if e.type.value.startswith("memory.")]
-    assert len(memory) == 2 and all("usage" not in e.data for e in memory)
+    assert len(memory) == 2 and all("usage" not in e.data.to_dict() for e in memory)
 
 
 @pytest.mark.parametrize(
@@ -156,7 +156,7 @@ async def test_memory_writes_past_a_limit_stop_the_run_with_budget_exceeded(
     assert result.error["code"] == "budget_exceeded" and result.error["limit"] == limit
     # both calls of the second step were written, recorded and charged before the run stopped
     results = [e for e in harness.events if e.type is EventType.TOOL_RESULT]
-    assert len(results) == 3 and not any(e.data["error"] for e in results)
+    assert len(results) == 3 and not any(e.data.error for e in results)
     assert sorted(map(tuple, embedded(tools.server))) == [
         ("five six seven",),
         ("four",),
@@ -164,7 +164,7 @@ async def test_memory_writes_past_a_limit_stop_the_run_with_budget_exceeded(
     ]
     assert result.cost_usd == pytest.approx(0.007) and result.usage.input_tokens == 7
     finish = harness.events[-1]
-    assert finish.type is EventType.RUN_FINISH and finish.data["cost_usd"] == pytest.approx(0.007)
+    assert finish.type is EventType.RUN_FINISH and finish.data.cost_usd == pytest.approx(0.007)
 
 
 async def test_a_resumed_run_counts_what_was_embedded_once(tools: Tools, tmp_path: Path) -> None:
@@ -203,7 +203,7 @@ async def test_a_write_resumed_after_its_result_was_lost_embeds_and_charges_noth
     assert embedded(tools.server) == [[TEXT], [QUERY], [QUERY]]
     assert charged(resumed.events) == [("memory.search", 2, pytest.approx(0.002))]
     [write] = [e for e in resumed.events if e.type is EventType.MEMORY_WRITE]
-    assert write.data["written"] is False and "usage" not in write.data
+    assert write.data.written is False and "usage" not in write.data.to_dict()
 
 
 async def test_the_stored_run_shows_its_embeddings_spend_and_stops_at_its_limit(
@@ -268,12 +268,12 @@ async def test_an_ingest_failing_midway_is_charged_what_it_embedded(
     result = await harness.run("remember")
     assert result.state is RunState.SUCCEEDED  # the model saw the tool error, and ended
     [outcome] = [e for e in harness.events if e.type is EventType.TOOL_RESULT]
-    assert outcome.data["error"]["code"] == "unavailable", outcome.data["error"]
+    assert outcome.data.error["code"] == "unavailable", outcome.data.error
     first, second = embedded(tools.server)
     assert len(first) == EMBED_BATCH and "poison" in second[-1]
     tokens = sum(len(re.findall(r"[^\W_]+", chunk)) for chunk in first)
     [failed] = [e for e in harness.events if e.type is EventType.MEMORY_WRITE]
-    assert failed.data["failed"] == "memory_backend_unavailable"
+    assert failed.data.failed == "memory_backend_unavailable"
     assert charged(harness.events) == [("memory.write", tokens, pytest.approx(tokens / 1000))]
     assert result.cost_usd == pytest.approx(tokens / 1000)
     written = await tools.store.list_memory(MemoryPlace("default", "notes"), limit=100)
@@ -296,9 +296,9 @@ async def test_an_answer_of_other_dimensions_is_refused_and_charged_all_the_same
     result = await harness.run("remember")
     assert result.state is RunState.SUCCEEDED  # the model saw the tool error, and ended
     [outcome] = [e for e in harness.events if e.type is EventType.TOOL_RESULT]
-    assert f"{DIMENSIONS * 2} dimensions, not the {DIMENSIONS}" in outcome.data["error"]["reason"]
+    assert f"{DIMENSIONS * 2} dimensions, not the {DIMENSIONS}" in outcome.data.error["reason"]
     [failed] = [e for e in harness.events if e.type.value == f"memory.{operation}"]
-    assert failed.data["failed"] == "memory_backend_bad_answer"
+    assert failed.data.failed == "memory_backend_bad_answer"
     assert charged(harness.events) == [(f"memory.{operation}", 6, pytest.approx(0.006))]
     assert result.cost_usd == pytest.approx(0.006) and result.usage.input_tokens == 6
     assert replay(harness.events[:-1]).cost_usd == pytest.approx(0.006)
@@ -306,11 +306,15 @@ async def test_an_answer_of_other_dimensions_is_refused_and_charged_all_the_same
 
 
 def test_the_event_lines_show_what_a_memory_call_embedded() -> None:
-    charged_write = {"memory": "notes", "key": "k", "preview": "p", "chars": 1}
-    charged_write |= {"usage": {"input_tokens": 6}, "cost_usd": 0.006}
-    assert "embedded 6 tokens, $0.006000" in memory_write_line(charged_write)
-    failed = {"memory": "notes", "failed": "memory_backend_bad_answer", "cost_usd": 0.001}
-    assert "failed (memory_backend_bad_answer)" in memory_search_line(
-        failed | {"usage": {"input_tokens": 1}}
+    charged_write = MemoryWriteData(
+        memory="notes", key="k", preview="p", chars=1, usage={"input_tokens": 6}, cost_usd=0.006
     )
-    assert "embedded" not in memory_search_line({"memory": "n", "query": "q", "hits": 0})
+    assert "embedded 6 tokens, $0.006000" in memory_write_line(charged_write)
+    failed = MemorySearchData(
+        memory="notes",
+        failed="memory_backend_bad_answer",
+        usage={"input_tokens": 1},
+        cost_usd=0.001,
+    )
+    assert "failed (memory_backend_bad_answer)" in memory_search_line(failed)
+    assert "embedded" not in memory_search_line(MemorySearchData(memory="n", query="q", hits=0))

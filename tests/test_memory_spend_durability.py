@@ -70,7 +70,7 @@ async def test_sigkill_after_a_charged_memory_write_charges_it_once(cluster: Clu
     journaled = [e for e in await cluster.events(run_id) if e.type is EventType.MEMORY_WRITE]
     a.signal(signal.SIGKILL)
     assert await a.exited() == -signal.SIGKILL
-    assert [e.data["cost_usd"] for e in journaled] == [pytest.approx(0.006)]
+    assert [e.data.cost_usd for e in journaled] == [pytest.approx(0.006)]
 
     cluster.start_worker("b")
     record = await cluster.wait_for_state(run_id, RunState.SUCCEEDED)
@@ -80,14 +80,14 @@ async def test_sigkill_after_a_charged_memory_write_charges_it_once(cluster: Clu
     events = await cluster.events(run_id)
     check_journal(events)
     writes = [e for e in events if e.type is EventType.MEMORY_WRITE]
-    assert len(writes) == 1 and writes[0].data["usage"]["input_tokens"] == 6
+    assert len(writes) == 1 and writes[0].data.usage["input_tokens"] == 6
     # the chat model has no prices: the run's whole cost is the one embedding
     assert record.cost_usd == pytest.approx(0.006)
     shown = json.loads(await cluster.corral("tasks", "get", run_id, "-o", "json"))
     assert shown["cost_usd"] == pytest.approx(0.006)
     chat = sum(
-        e.data["usage"]["input_tokens"]
+        e.data.usage["input_tokens"]
         for e in events
-        if e.type is EventType.MESSAGE_CREATE and "usage" in e.data
+        if e.type is EventType.MESSAGE_CREATE and e.data.usage is not None
     )
     assert shown["usage"]["input_tokens"] == chat + 6

@@ -71,8 +71,8 @@ async def results(store: Store, run: RunRecord) -> list[dict[str, Any]]:
     found = []
     for event in await store.list_events(run.id):
         if event.type is EventType.TOOL_RESULT:
-            error = event.data.get("error")
-            found.append({"error": error} if error else json.loads(event.data["output"]))
+            error = event.data.to_dict().get("error")
+            found.append({"error": error} if error else json.loads(event.data.output))
     return found
 
 
@@ -419,7 +419,7 @@ async def test_a_run_resumed_after_a_crash_mid_write_writes_once(
     [stored] = await store.list_memory(MemoryPlace("default", "notes"))
     assert stored.text == "written exactly once"
     # the resumed run ran the write again (its result is new) and found the first one's entry
-    outputs = [e.data["output"] for e in resumed.events if e.type is EventType.TOOL_RESULT]
+    outputs = [e.data.output for e in resumed.events if e.type is EventType.TOOL_RESULT]
     assert json.loads(outputs[0]) == {"memory": "notes", "key": stored.key, "stored": True}
     assert [r["key"] for r in json.loads(outputs[1])["results"]] == [stored.key]
 

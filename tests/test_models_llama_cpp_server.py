@@ -137,7 +137,7 @@ async def run(env: tuple[Store, Settings], text: str, prompt: str) -> RunRecord:
 
 async def tool_results(db: Store, record: RunRecord) -> list[str]:
     events = await db.list_events(record.id)
-    return [str(e.data["output"]) for e in events if e.type is EventType.TOOL_RESULT]
+    return [str(e.data.output) for e in events if e.type is EventType.TOOL_RESULT]
 
 
 async def model_turns(db: Store, record: RunRecord) -> int:

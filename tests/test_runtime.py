@@ -135,7 +135,7 @@ async def test_fallback_endpoint_takes_over_when_the_primary_keeps_failing(
     assert record.output == "hello from the fallback"
     events = await store.list_events(record.id)
     [created] = [e for e in events if e.type is EventType.MESSAGE_CREATE]
-    assert created.data["endpoint"] == "backup"
+    assert created.data.endpoint == "backup"
 
 
 async def test_429_is_retried_after_the_servers_delay(
@@ -223,7 +223,7 @@ spec:
     record = await run_agent(store, settings, "helper", "go")
     assert record.state is RunState.SUCCEEDED, record.error
     results = {
-        e.data["tool"]: e.data
+        e.data.tool: e.data.to_dict()
         for e in await store.list_events(record.id)
         if e.type is EventType.TOOL_RESULT
     }
@@ -235,7 +235,7 @@ spec:
     sandboxed = SandboxHost.from_env().probe().works
     workspace = settings.workspaces / "default" / "helper"
     assert probe["cwd"] == ("/workspace" if sandboxed else str(workspace))
-    stored = json.dumps([e.data for e in await store.list_events(record.id)])
+    stored = json.dumps([e.data.to_dict() for e in await store.list_events(record.id)])
     assert "tok-0123456789" not in stored
 
 
@@ -286,7 +286,7 @@ spec:
     record = await run_agent(store, settings, "helper", "go")
     assert record.state is RunState.SUCCEEDED, record.error
     results = {
-        e.data["tool"]: e.data
+        e.data.tool: e.data.to_dict()
         for e in await store.list_events(record.id)
         if e.type is EventType.TOOL_RESULT
     }
@@ -325,7 +325,9 @@ spec: {permissions: [only-mcp]}
     )
     record = await run_agent(store, settings, "helper", "1+2?")
     [result] = [
-        e.data for e in await store.list_events(record.id) if e.type is EventType.TOOL_RESULT
+        e.data.to_dict()
+        for e in await store.list_events(record.id)
+        if e.type is EventType.TOOL_RESULT
     ]
     assert result["error"]["code"] == "permission_denied"
 

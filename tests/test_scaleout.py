@@ -334,7 +334,7 @@ async def test_fault_run_every_task_succeeds_once_with_exact_side_effects(
     for run in runs:
         events = await cluster.events(run.id)
         check_journal(events)  # one run.start, one run.finish, gap-free, one answer per step
-        assert [e.data["step"] for e in events if e.type is EventType.MESSAGE_CREATE] == [1, 2]
+        assert [e.data.step for e in events if e.type is EventType.MESSAGE_CREATE] == [1, 2]
         keys.append(f"{run.id}:1:0")
 
     # One side effect per task, under its own idempotency key.
@@ -482,7 +482,7 @@ async def test_a_follower_on_one_api_replica_sees_the_run_driven_through_another
     assert final == RunState.SUCCEEDED.value
     record = await cluster.store.get_run(run_id)
     assert record is not None and record.output == "both done"
-    assert {e.data["tool"] for e in stored if e.type is EventType.TOOL_RESULT} == {"perform"}
+    assert {e.data.tool for e in stored if e.type is EventType.TOOL_RESULT} == {"perform"}
 
 
 async def _until_end(lines: AsyncIterator[str]) -> AsyncIterator[str]:

@@ -16,7 +16,13 @@ import sqlalchemy as sa
 from sqlalchemy.schema import CreateIndex
 
 from corral.core.errors import ConfigurationError, ConflictError, NotFoundError, ResourceError
-from corral.core.events import Event, EventType
+from corral.core.events import (
+    Event,
+    RunFinishData,
+    RunStartData,
+    StepStartData,
+    TextDeltaData,
+)
 from corral.core.messages import Message, ToolCall, Usage
 from corral.core.runs import PendingApproval, RunRecord, RunState
 from corral.core.settings import Settings
@@ -570,9 +576,9 @@ async def test_list_runs_filters_by_session_and_status_time_and_counts_each_list
 async def test_events_are_listed_in_order_from_a_cursor(store: Store) -> None:
     await create_run(store, a_run("run_1"))
     events = [
-        Event("run_1", 1, EventType.RUN_START, {"agent": "assistant"}, ts=1.0),
-        Event("run_1", 2, EventType.TEXT_DELTA, {"text": "hé"}, ts=2.0),
-        Event("run_1", 3, EventType.RUN_FINISH, {}, ts=3.0),
+        Event("run_1", 1, RunStartData(agent="assistant", input="x"), ts=1.0),
+        Event("run_1", 2, TextDeltaData(text="hé"), ts=2.0),
+        Event("run_1", 3, RunFinishData(state="succeeded"), ts=3.0),
     ]
     await store.append_events(events[:2])
     await store.append_events(events[2:])
@@ -584,17 +590,20 @@ async def test_events_are_listed_in_order_from_a_cursor(store: Store) -> None:
 
 async def test_a_duplicate_event_stores_nothing_of_its_batch(store: Store) -> None:
     await create_run(store, a_run("run_1"))
-    await store.append_events([Event("run_1", 1, EventType.RUN_START)])
+    await store.append_events([Event("run_1", 1, RunStartData(agent="a", input="x"))])
     with pytest.raises(ConflictError):
         await store.append_events(
-            [Event("run_1", 2, EventType.STEP_START), Event("run_1", 1, EventType.RUN_START)]
+            [
+                Event("run_1", 2, StepStartData(step=1)),
+                Event("run_1", 1, RunStartData(agent="a", input="x")),
+            ]
         )
     assert [e.seq for e in await store.list_events("run_1")] == [1]
 
 
 async def test_events_of_an_unknown_run_are_refused(store: Store) -> None:
     with pytest.raises(ConflictError):
-        await store.append_events([Event("run_ghost", 1, EventType.RUN_START)])
+        await store.append_events([Event("run_ghost", 1, RunStartData(agent="a", input="x"))])
 
 
 # --------------------------------------------------------------------------- failures

@@ -19,7 +19,7 @@ import pytest
 import sqlalchemy as sa
 
 from corral.core.errors import ConflictError, LeaseLostError, NotFoundError
-from corral.core.events import Event, EventType
+from corral.core.events import Event, EventType, RunFinishData, RunStartData, StepStartData
 from corral.core.messages import Message
 from corral.core.runs import Approval, ApprovalState, Lease, RunRecord, RunState
 from corral.resources.loader import load_text
@@ -155,7 +155,9 @@ async def test_submit_agent_run_takes_the_agents_max_attempts_and_can_claim_at_o
     assert claimed.record == await store.get_run("run_2")
     assert claimed.record.state is RunState.RUNNING and claimed.record.attempts == 1
     assert claimed.record.lease_owner == "me" and claimed.record.max_attempts == 7
-    await store.append_events([Event("run_2", 1, EventType.RUN_START)], claimed.lease)
+    await store.append_events(
+        [Event("run_2", 1, RunStartData(agent="a", input="x"))], claimed.lease
+    )
     assert [r.id for r, _ in await store.claim_runs("w1", 30.0, 10)] == ["run_1"]
 
     # A key seen before: the earlier run, not claimed; a run not due yet: not claimed.
@@ -388,7 +390,9 @@ async def test_an_expired_lease_is_reclaimed_and_the_old_holder_is_fenced_off(
     session = await store.get_or_create_session("default", "ses_1", "assistant")
     record, old = await claim_one(store, "w1", now=now)
     assert old.token == 1
-    await store.append_events([Event("run_1", 1, EventType.RUN_START, ts=1.0)], lease=old)
+    await store.append_events(
+        [Event("run_1", 1, RunStartData(agent="a", input="x"), ts=1.0)], lease=old
+    )
 
     assert await other_store.claim_runs("w2", 30.0, now=now + 29) == []  # not expired yet
     [(reclaimed, new)] = await other_store.claim_runs("w2", 30.0, now=now + 31)
@@ -399,7 +403,7 @@ async def test_an_expired_lease_is_reclaimed_and_the_old_holder_is_fenced_off(
     with pytest.raises(LeaseLostError, match="run_1"):
         await store.save_run(record, lease=old, approvals=[an_approval("apr_1", "run_1")])
     with pytest.raises(LeaseLostError):
-        await store.append_events([Event("run_1", 2, EventType.RUN_FINISH)], lease=old)
+        await store.append_events([Event("run_1", 2, RunFinishData(state="succeeded"))], lease=old)
     with pytest.raises(LeaseLostError):
         await store.release_run(old, not_before=now + 999)
     with pytest.raises(LeaseLostError):
@@ -416,7 +420,9 @@ async def test_an_expired_lease_is_reclaimed_and_the_old_holder_is_fenced_off(
     assert await store.session_messages("default", session.id, include_hidden=True) == []
 
     # The new holder writes freely.
-    await other_store.append_events([Event("run_1", 2, EventType.RUN_FINISH)], lease=new)
+    await other_store.append_events(
+        [Event("run_1", 2, RunFinishData(state="succeeded"))], lease=new
+    )
     [stored] = await append_session_messages(
         other_store, "default", session.id, [Message.assistant("fresh")], lease=new
     )
@@ -438,7 +444,7 @@ async def test_expiry_alone_does_not_refuse_a_fenced_write(store: Store) -> None
     record, lease = await claim_one(store, now=time.time() - 3600)  # expired an hour ago
     record.steps = 3
     await store.save_run(record, lease=lease)
-    await store.append_events([Event("run_1", 1, EventType.RUN_START)], lease=lease)
+    await store.append_events([Event("run_1", 1, RunStartData(agent="a", input="x"))], lease=lease)
     renewed, cancel = await store.renew_lease(lease, 30.0)
     assert not cancel and renewed.token == lease.token
     assert renewed.expires_at > time.time() + 20
@@ -456,7 +462,9 @@ async def test_fenced_writes_check_the_lease_belongs_to_the_run(store: Store) ->
     await create_run(store, a_run("run_2"))
     _, lease = await claim_one(store)
     with pytest.raises(ConflictError):
-        await store.append_events([Event("run_2", 1, EventType.RUN_START)], lease=lease)
+        await store.append_events(
+            [Event("run_2", 1, RunStartData(agent="a", input="x"))], lease=lease
+        )
     other = await store.get_run("run_2")
     assert other is not None
     with pytest.raises(ConflictError):
@@ -608,7 +616,7 @@ async def test_appends_of_one_run_are_stored_in_call_order_for_a_follower(
     follower = asyncio.ensure_future(follow())
     await asyncio.gather(
         *(
-            store.append_events([Event("run_1", seq, EventType.STEP_START)], lease=lease)
+            store.append_events([Event("run_1", seq, StepStartData(step=1))], lease=lease)
             for seq in range(1, total + 1)
         )
     )
@@ -798,25 +806,27 @@ async def test_save_run_writes_the_last_events_with_the_outcome_or_nothing(store
     """The executor stores ``run.finish`` and the final state in one commit."""
     await store.submit_run(a_task("run_1"))
     record, lease = await claim_one(store)
-    await store.append_events([Event("run_1", 1, EventType.RUN_START)], lease=lease)
+    await store.append_events([Event("run_1", 1, RunStartData(agent="a", input="x"))], lease=lease)
     # A stale holder (its lease was taken over) writes neither the events nor the state.
     [(_, newer)] = await store.claim_runs("w2", 30.0, now=time.time() + 60)
     record.state = RunState.FAILED
     with pytest.raises(LeaseLostError):
-        await store.save_run(record, lease, events=[Event("run_1", 2, EventType.RUN_FINISH)])
+        await store.save_run(
+            record, lease, events=[Event("run_1", 2, RunFinishData(state="succeeded"))]
+        )
     assert [e.seq for e in await store.list_events("run_1")] == [1]
     stored = await store.get_run("run_1")
     assert stored is not None and stored.state is RunState.RUNNING
 
     record.state = RunState.SUCCEEDED
-    finish = Event("run_1", 2, EventType.RUN_FINISH, {"state": "succeeded"})
+    finish = Event("run_1", 2, RunFinishData(state="succeeded"))
     await store.save_run(record, newer, events=[finish])
     events = await store.list_events("run_1")
     assert [(e.seq, e.type, e.data) for e in events][-1] == (2, EventType.RUN_FINISH, finish.data)
     stored = await store.get_run("run_1")
     assert stored is not None and stored.state is RunState.SUCCEEDED
     with pytest.raises(ConflictError):
-        await store.save_run(record, events=[Event("run_2", 1, EventType.RUN_START)])
+        await store.save_run(record, events=[Event("run_2", 1, RunStartData(agent="a", input="x"))])
 
 
 LIMITED = (
@@ -890,7 +900,7 @@ async def test_list_events_pages_with_a_limit(store: Store) -> None:
     await store.submit_run(a_task("run_1"))
     _, lease = await claim_one(store)
     await store.append_events(
-        [Event("run_1", seq, EventType.STEP_START) for seq in range(1, 8)], lease=lease
+        [Event("run_1", seq, StepStartData(step=1)) for seq in range(1, 8)], lease=lease
     )
     assert [e.seq for e in await store.list_events("run_1", 2, limit=3)] == [3, 4, 5]
     assert [e.seq for e in await store.list_events("run_1", 5, limit=10)] == [6, 7]

@@ -7,7 +7,7 @@ from pathlib import Path
 import anyio
 
 from corral.core.errors import ConflictError, LeaseLostError
-from corral.core.events import Event, EventType
+from corral.core.events import Event, RunStartData
 from corral.core.runs import Lease, RunRecord, RunState
 from corral.core.settings import Settings
 from corral.store import open_store
@@ -47,7 +47,9 @@ async def test_a_failing_write_in_a_batch_leaves_the_others_committed(tmp_path: 
 
         async def write(lease: Lease, name: str) -> None:
             try:
-                await store.append_events([Event(lease.run_id, 1, EventType.RUN_START)], lease)
+                await store.append_events(
+                    [Event(lease.run_id, 1, RunStartData(agent="a", input="x"))], lease
+                )
                 outcomes[name] = "ok"
             except (LeaseLostError, ConflictError) as exc:
                 outcomes[name] = type(exc).__name__

@@ -21,7 +21,7 @@ import pytest
 import sqlalchemy as sa
 
 from corral.core.errors import LeaseLostError
-from corral.core.events import Event, EventType
+from corral.core.events import Event, RunFinishData, RunStartData, StepStartData
 from corral.core.messages import Message
 from corral.core.runs import RunState
 from corral.resources.secrets import SecretCipher
@@ -141,7 +141,9 @@ async def test_fenced_writes_wait_for_a_claim_in_flight_then_are_refused(
     writes = [
         asyncio.ensure_future(w)
         for w in (
-            store.append_events([Event("run_1", 1, EventType.RUN_START)], lease=lease),
+            store.append_events(
+                [Event("run_1", 1, RunStartData(agent="a", input="x"))], lease=lease
+            ),
             store.save_run(record, lease=lease),
             store.renew_lease(lease, 30.0),
             store.release_run(lease),
@@ -172,7 +174,7 @@ async def test_a_fenced_write_in_flight_holds_off_a_reclaim(
         await admin.execute("LOCK TABLE run_events IN EXCLUSIVE MODE")
         # The stale holder's append has locked the run row and waits to insert.
         append = asyncio.ensure_future(
-            store.append_events([Event("run_1", 1, EventType.RUN_START)], lease=old)
+            store.append_events([Event("run_1", 1, RunStartData(agent="a", input="x"))], lease=old)
         )
         await eventually(lambda: _has_waiter(admin))
         assert await other.claim_runs("w2", 30.0) == []  # passed over, not waited for
@@ -181,8 +183,8 @@ async def test_a_fenced_write_in_flight_holds_off_a_reclaim(
         [(_, new)] = await other.claim_runs("w2", 30.0)
         assert new.token == old.token + 1
         with pytest.raises(LeaseLostError):
-            await store.append_events([Event("run_1", 2, EventType.STEP_START)], lease=old)
-        await other.append_events([Event("run_1", 2, EventType.STEP_START)], lease=new)
+            await store.append_events([Event("run_1", 2, StepStartData(step=1))], lease=old)
+        await other.append_events([Event("run_1", 2, StepStartData(step=1))], lease=new)
     assert [e.seq for e in await store.list_events("run_1")] == [1, 2]
 
 
@@ -200,7 +202,7 @@ async def test_terminated_connections_are_survived_between_operations(
     record, lease = await claim_one(store)
     for seq in range(1, 7):
         await terminate(admin, await store_backends(admin))
-        await store.append_events([Event("run_1", seq, EventType.STEP_START)], lease=lease)
+        await store.append_events([Event("run_1", seq, StepStartData(step=1))], lease=lease)
         await terminate(admin, await store_backends(admin))
         assert [e.seq for e in await store.list_events("run_1")] == list(range(1, seq + 1))
     record.state = RunState.SUCCEEDED
@@ -216,10 +218,13 @@ async def test_a_connection_terminated_inside_a_transaction_is_retried_once_and_
     await store.submit_run(a_task("run_1"))
     session = await store.get_or_create_session("default", "ses_1", "assistant")
     record, lease = await claim_one(store)
-    await store.append_events([Event("run_1", 1, EventType.RUN_START)], lease=lease)
+    await store.append_events([Event("run_1", 1, RunStartData(agent="a", input="x"))], lease=lease)
     record.state, record.output, record.session_id = RunState.SUCCEEDED, "done", session.id
     for table, write in (
-        ("run_events", store.append_events([Event("run_1", 2, EventType.RUN_FINISH)], lease)),
+        (
+            "run_events",
+            store.append_events([Event("run_1", 2, RunFinishData(state="succeeded"))], lease),
+        ),
         (
             "session_messages",
             store.save_run(record, lease, session_messages=[Message.assistant("done")]),
@@ -316,7 +321,9 @@ async def test_a_commit_whose_answer_is_lost_is_not_applied_twice(
             record, lease = await claim_one(store)
 
             cutter.armed = True
-            await store.append_events([Event("run_1", 1, EventType.RUN_START)], lease=lease)
+            await store.append_events(
+                [Event("run_1", 1, RunStartData(agent="a", input="x"))], lease=lease
+            )
             cutter.armed = True
             messages = [Message.user("hi"), Message.assistant("hello")]
             appended = await append_session_messages(
@@ -359,7 +366,7 @@ async def test_a_commit_cut_off_before_it_lands_runs_again(
     await store.submit_run(a_task("run_1"))
     _, lease = await claim_one(store)
     append = asyncio.ensure_future(
-        store.append_events([Event("run_1", 1, EventType.RUN_START)], lease=lease)
+        store.append_events([Event("run_1", 1, RunStartData(agent="a", input="x"))], lease=lease)
     )
 
     async def stalled() -> bool:

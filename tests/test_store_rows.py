@@ -14,7 +14,7 @@ import sqlite3
 import pytest
 import sqlalchemy as sa
 
-from corral.core.events import Event, EventType
+from corral.core.events import Event, ToolResultData
 from corral.core.messages import Message, ToolCall, Usage
 from corral.core.runs import Approval, ApprovalState, PendingApproval, RunRecord, RunState
 from corral.core.sessions import SessionMessage
@@ -90,7 +90,10 @@ def test_nulls_and_empty_values_survive_both_paths() -> None:
 
 
 def test_events_approvals_and_session_messages_survive_the_fast_path() -> None:
-    event = Event("r", 3, EventType.TOOL_RESULT, {"nested": {"ok": True}, "list": []}, 4.5)
+    output = {"nested": {"ok": True}, "list": []}
+    event = Event(
+        "r", 3, ToolResultData(step=1, call_id="c", tool="t", output=output, error=None), 4.5
+    )
     assert EVENTS.record(sqlite_row(EVENTS, EVENTS.params(event)), text=True) == event
     approval = Approval("a1", "r", "n", "ag", "c1", "tool", "{}", "why", ApprovalState.APPROVED)
     assert APPROVALS.record(sqlite_row(APPROVALS, APPROVALS.params(approval)), text=True) == (

@@ -117,14 +117,14 @@ async def test_a_fan_out_joined_by_all_gives_the_writer_both_outputs_once(
     assert counts[EventType.MESSAGE_DELIVER] == 4
     assert counts[EventType.CHILD_START] == counts[EventType.CHILD_FINISH] == 4
     assert counts[EventType.BRANCH_JOIN] == 1
-    (join,) = [e.data for e in events if e.type is EventType.BRANCH_JOIN]
+    (join,) = [e.data.to_dict() for e in events if e.type is EventType.BRANCH_JOIN]
     assert (join["agent"], join["join"], len(join["inputs"]), join["dropped"]) == (
         "writer",
         "all",
         2,
         [],
     )
-    assert events[-1].data == {"state": "succeeded", "output": "the report"}
+    assert events[-1].data.to_dict() == {"state": "succeeded", "output": "the report"}
 
 
 async def test_route_by_output_sends_the_output_only_where_it_names(backend: Backend) -> None:
@@ -274,7 +274,9 @@ async def test_a_200_hop_system_runs_each_hop_once_and_counts_every_node_runs_sp
     assert {m.child_run_id for m in messages} == {c.id for c in children}
     events = await store.list_events(run.id)
     for kind in (EventType.MESSAGE_SEND, EventType.MESSAGE_DELIVER, EventType.CHILD_FINISH):
-        keyed = [e.data.get("message_id") or e.data["run_id"] for e in events if e.type is kind]
+        keyed = [
+            e.data.to_dict().get("message_id") or e.data.run_id for e in events if e.type is kind
+        ]
         assert len(keyed) == len(set(keyed)) == 201, kind
     assert done.steps == 201
     assert done.usage.input_tokens == sum(c.usage.input_tokens for c in children) == 201 * 10
@@ -572,7 +574,7 @@ async def test_a_system_run_memory_is_shared_by_its_agents_and_no_other_run(
     assert (await get(store, run)).state is RunState.SUCCEEDED
     (reader,) = [c for c in await store.list_children(run.id) if c.agent == "reader"]
     (found,) = [
-        _json(e.data["output"])
+        _json(e.data.output)
         for e in await store.list_events(reader.id)
         if e.type is EventType.TOOL_RESULT
     ]
@@ -582,7 +584,7 @@ async def test_a_system_run_memory_is_shared_by_its_agents_and_no_other_run(
     await backend.drain()
     (lonely,) = await store.list_children(other.id)
     (missing,) = [
-        _json(e.data["output"])
+        _json(e.data.output)
         for e in await store.list_events(lonely.id)
         if e.type is EventType.TOOL_RESULT
     ]

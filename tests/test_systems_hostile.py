@@ -376,8 +376,8 @@ async def test_a_position_that_cannot_be_read_makes_the_pass_rebuild_from_the_st
     done = await get(store, run)
     assert done.state is RunState.SUCCEEDED and done.output == "two"
     events = await store.list_events(run.id)
-    sent = [e.data["message_id"] for e in events if e.type is EventType.MESSAGE_SEND]
-    finished = [e.data["run_id"] for e in events if e.type is EventType.CHILD_FINISH]
+    sent = [e.data.message_id for e in events if e.type is EventType.MESSAGE_SEND]
+    finished = [e.data.run_id for e in events if e.type is EventType.CHILD_FINISH]
     assert len(sent) == len(set(sent)) == 2 and len(finished) == len(set(finished)) == 2
 
 

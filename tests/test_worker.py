@@ -22,7 +22,7 @@ import pytest
 import sqlalchemy as sa
 
 from backends import Backend, backend_fixture, deployment_fixture
-from corral.core.events import Event, EventType
+from corral.core.events import ErrorData, Event, EventType, RunStartData
 from corral.core.ids import new_id
 from corral.core.runs import ApprovalState, RunRecord, RunState
 from corral.core.settings import Settings
@@ -170,7 +170,7 @@ async def test_approval_survives_in_the_store_and_the_approved_call_runs_once(
     assert kinds.count(EventType.APPROVAL_REQUESTED) == 1
     assert kinds.count(EventType.APPROVAL_RESOLVED) == 1
     # the decision is journaled with who took it, when, and which approval it was
-    [resolved] = [e.data for e in events if e.type is EventType.APPROVAL_RESOLVED]
+    [resolved] = [e.data.to_dict() for e in events if e.type is EventType.APPROVAL_RESOLVED]
     [decided] = await store.list_approvals(run_id=run.id)
     assert resolved["tool"] == "note" and resolved["approved"] is True
     assert (resolved["by"], resolved["decided_at"]) == ("tester", decided.decided_at)
@@ -260,7 +260,7 @@ async def test_an_attempt_that_raises_is_retried_then_dead_letters_with_its_caus
     events = await store.list_events(run.id)
     # (each attempt failed before its first journal write: no retry error could be journaled)
     assert [e.type for e in events] == [EventType.RUN_START, EventType.ERROR, EventType.RUN_FINISH]
-    assert events[1].data == stored.error and events[-1].data["state"] == "dead_letter"
+    assert events[1].data.to_dict() == stored.error and events[-1].data.state == "dead_letter"
 
 
 async def test_a_run_whose_workers_kept_stopping_ends_at_max_attempts_with_the_last_error(
@@ -275,8 +275,8 @@ async def test_a_run_whose_workers_kept_stopping_ends_at_max_attempts_with_the_l
     past = time.time() - 100
     [(_, lease)] = await store.claim_runs("dead-1", 1.0, now=past)
     error = {"code": "model_error", "message": "upstream answered 503", "retry": 2}
-    start = Event(run.id, 1, EventType.RUN_START, {"agent": "helper", "input": "hi"})
-    await store.append_events([start, Event(run.id, 2, EventType.ERROR, error)], lease)
+    start = Event(run.id, 1, RunStartData(agent="helper", input="hi"))
+    await store.append_events([start, Event(run.id, 2, ErrorData.of(error))], lease)
     assert len(await store.claim_runs("dead-2", 1.0, now=past + 10)) == 1
 
     await Worker(store, settings, poll_seconds=0.05).serve(anyio.Event(), until_idle=True)
@@ -446,13 +446,13 @@ spec:
     assert stored.attempts == 3 and fake_openai.calls == 3
     assert stored.error is not None and stored.error["status_code"] == 503
     events = await store.list_events(run.id)
-    errors = [e.data for e in events if e.type is EventType.ERROR]
+    errors = [e.data.to_dict() for e in events if e.type is EventType.ERROR]
     assert [e.get("retry") for e in errors][:2] == [2, 3]
     # each retry is journaled with how many attempts there are and when the next comes
     assert [e.get("max_attempts") for e in errors][:2] == [3, 3]
     assert all(0 <= e["retry_in"] <= 60 for e in errors[:2])
     assert "retry" not in errors[-1] and "retry_in" not in errors[-1]
-    assert events[-1].data["state"] == "dead_letter"
+    assert events[-1].data.state == "dead_letter"
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith(f"run {run.id}")]
     released = "(the attempt failed; it is retried after a backoff)"
     assert [line.endswith(released) for line in lines] == [True, True, False], lines
@@ -503,7 +503,7 @@ spec:
                 await anyio.sleep(0.05)
         assert time.monotonic() - started < 3
     events = await store.list_events(run.id)
-    assert events[-1].type is EventType.RUN_FINISH and events[-1].data["state"] == "cancelled"
+    assert events[-1].type is EventType.RUN_FINISH and events[-1].data.state == "cancelled"
 
 
 async def test_session_carries_the_conversation_across_runs(
@@ -569,9 +569,11 @@ async def test_expired_approval_counts_as_rejected(
     [expired] = await store.list_approvals(run_id=run.id)
     assert expired.state is ApprovalState.EXPIRED
     [resolved] = [
-        e.data for e in await store.list_events(run.id) if e.type is EventType.APPROVAL_RESOLVED
+        e.data.to_dict()
+        for e in await store.list_events(run.id)
+        if e.type is EventType.APPROVAL_RESOLVED
     ]
-    assert (resolved["approved"], resolved["expired"], resolved["by"]) == (False, True, None)
+    assert (resolved["approved"], resolved["expired"], resolved.get("by")) == (False, True, None)
     assert resolved["decided_at"] == expired.decided_at
     tool_message = next(m for m in stored.messages if m.role == "tool")
     assert "expired" in tool_message.content

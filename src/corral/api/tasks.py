@@ -16,7 +16,7 @@ from corral.api.common import (
     Text,
     Timestamp,
 )
-from corral.core.events import Event, EventType
+from corral.core.events import AnyEventData, Event, EventType, parse_event_data
 from corral.core.labels import labels_problem
 from corral.core.limits import MAX_DELAY_SECONDS, MAX_PRIORITY
 from corral.core.runs import RunRecord, RunState
@@ -160,7 +160,18 @@ class EventOut(FromRecord):
 
     @classmethod
     def from_event(cls, event: Event) -> Self:
-        return cls.model_validate(event)
+        return cls(
+            run_id=event.run_id,
+            seq=event.seq,
+            type=event.type,
+            ts=event.ts,
+            data=event.data.to_dict(),
+        )
+
+    def payload(self) -> AnyEventData:
+        """``data`` as its event type's payload (:mod:`corral.core.events`);
+        ``ValueError`` when it is not one."""
+        return parse_event_data(self.type, self.data)
 
 
 class EventPage(BaseModel):

@@ -17,7 +17,23 @@ from rich.console import Console
 from corral.api import EventOut, Task
 from corral.cli.common import escape, printable
 from corral.cli.render import render_output
-from corral.core.events import EventType
+from corral.core.events import (
+    ApprovalRequestedData,
+    ApprovalResolvedData,
+    ChildFinishData,
+    ChildStartData,
+    ErrorData,
+    HandoffData,
+    MemorySearchData,
+    MemoryWriteData,
+    MessageCreateData,
+    RunFinishData,
+    RunStartData,
+    StepStartData,
+    TextDeltaData,
+    ToolCallData,
+    ToolResultData,
+)
 from corral.core.runs import RunState
 
 _PREVIEW = 300
@@ -79,63 +95,50 @@ class EventPrinter:
         self.err.print(f"[dim]{self._when}[/]{markup}" if self._when else markup, soft_wrap=True)
 
     def render(self, event: EventOut) -> None:
-        data = event.data
+        data = event.payload()
         self._when = timestamp(event.ts) + " " if self.timestamps else ""
-        if event.type is EventType.TEXT_DELTA:
-            self._text(str(data.get("text", "")))
+        if isinstance(data, TextDeltaData):
+            self._text(data.text)
             return
         self._close_line()
-        kind = event.type
-        if kind is EventType.RUN_START and self.header:
-            self._say(
-                f"[bold]▶ {escape(str(data.get('agent')))}[/] "
-                f"[dim]{escape(_short(str(data.get('input', ''))))}[/]"
-            )
-        elif kind is EventType.STEP_START:
-            self._say(f"[dim]── step {data.get('step')} ──[/]")
-        elif kind is EventType.TOOL_CALL:
-            self._say(
-                f"[cyan]→ {escape(str(data.get('tool')))}[/]"
-                f"[dim]({escape(_short(str(data.get('arguments', ''))))})[/]"
-            )
-        elif kind is EventType.TOOL_RESULT:
-            self._tool_result(data)
-        elif kind is EventType.MESSAGE_CREATE:
-            self._retries(str(data.get("endpoint") or "model"), data.get("retries"))
-        elif kind is EventType.APPROVAL_REQUESTED:
-            self._say(
-                f"[yellow]⏸ {escape(str(data.get('tool')))} waits for approval:[/] "
-                f"{escape(str(data.get('reason', '')))}"
-            )
-        elif kind is EventType.APPROVAL_RESOLVED:
-            self._say(approval_resolved_line(data))
-        elif kind is EventType.CHILD_START:
-            self._say(
-                f"[cyan]⇢ {escape(str(data.get('agent')))}[/] "
-                f"[dim]child run {escape(str(data.get('run_id')))}[/]"
-            )
-        elif kind is EventType.CHILD_FINISH:
-            state = str(data.get("state"))
-            colour = "green" if state == RunState.SUCCEEDED.value else "red"
-            self._say(
-                f"[{colour}]⇠ {escape(str(data.get('agent')))} {escape(state)}[/] "
-                f"[dim]child run {escape(str(data.get('run_id')))}[/]"
-            )
-        elif kind is EventType.MEMORY_WRITE:
-            self._say(memory_write_line(data))
-        elif kind is EventType.MEMORY_SEARCH:
-            self._say(memory_search_line(data))
-        elif kind is EventType.HANDOFF:
-            reason = str(data.get("reason") or "")
-            self._say(
-                f"[magenta]⇒ {escape(str(data.get('to')))}[/] "
-                f"[dim]handoff from {escape(str(data.get('from')))}"
-                f"{': ' + escape(_short(reason)) if reason else ''}[/]"
-            )
-        elif kind is EventType.ERROR:
-            self._error(data)
-        elif kind is EventType.RUN_FINISH and data.get("state") == RunState.CANCELLED.value:
-            self._say("[red]⊘ cancelled[/]")
+        match data:
+            case RunStartData(agent=agent, input=given) if self.header:
+                self._say(f"[bold]▶ {escape(str(agent))}[/] [dim]{escape(_short(given))}[/]")
+            case StepStartData(step=step):
+                self._say(f"[dim]── step {step} ──[/]")
+            case ToolCallData(tool=tool, arguments=arguments):
+                self._say(f"[cyan]→ {escape(tool)}[/][dim]({escape(_short(arguments))})[/]")
+            case ToolResultData():
+                self._tool_result(data)
+            case MessageCreateData(endpoint=endpoint, retries=retries):
+                self._retries(endpoint or "model", retries)
+            case ApprovalRequestedData(tool=tool, reason=reason):
+                self._say(f"[yellow]⏸ {escape(tool)} waits for approval:[/] {escape(reason)}")
+            case ApprovalResolvedData():
+                self._say(approval_resolved_line(data))
+            case ChildStartData(agent=agent, run_id=run_id):
+                self._say(f"[cyan]⇢ {escape(agent)}[/] [dim]child run {escape(run_id)}[/]")
+            case ChildFinishData(agent=agent, run_id=run_id, state=state):
+                colour = "green" if state == RunState.SUCCEEDED.value else "red"
+                self._say(
+                    f"[{colour}]⇠ {escape(agent)} {escape(state)}[/] "
+                    f"[dim]child run {escape(run_id)}[/]"
+                )
+            case MemoryWriteData():
+                self._say(memory_write_line(data))
+            case MemorySearchData():
+                self._say(memory_search_line(data))
+            case HandoffData(to=to, from_agent=from_agent, reason=reason):
+                self._say(
+                    f"[magenta]⇒ {escape(to)}[/] [dim]handoff from {escape(from_agent)}"
+                    f"{': ' + escape(_short(reason)) if reason else ''}[/]"
+                )
+            case ErrorData():
+                self._error(data)
+            case RunFinishData(state=RunState.CANCELLED.value):
+                self._say("[red]⊘ cancelled[/]")
+            case _:
+                pass
 
     def _text(self, text: str) -> None:
         if not self.show_text:
@@ -150,31 +153,28 @@ class EventPrinter:
         self.streamed_text = True
         self._line_open = not text.endswith("\n")
 
-    def _tool_result(self, data: dict[str, Any]) -> None:
-        tool = escape(str(data.get("tool")))
-        self._retries(str(data.get("tool")), data.get("retries"))
-        error = data.get("error")
-        if error:
-            code = escape(str(error.get("code")))
-            reason = escape(_short(str(error.get("reason", ""))))
+    def _tool_result(self, data: ToolResultData) -> None:
+        tool = escape(data.tool)
+        self._retries(data.tool, data.retries)
+        if data.error:
+            code = escape(str(data.error.get("code")))
+            reason = escape(_short(str(data.error.get("reason", ""))))
             self._say(f"[red]← {tool} failed ({code}): {reason}[/]")
         else:
-            output = escape(_short(str(data.get("output", ""))))
+            output = escape(_short(str(data.output if data.output is not None else "")))
             self._say(f"[green]← {tool}[/] [dim]{output}[/]")
 
-    def _retries(self, what: str, retries: Any) -> None:
+    def _retries(self, what: str, retries: list[dict[str, Any]] | None) -> None:
         """The retries a tool call or a model turn went through (``retries`` of its event)."""
-        if not isinstance(retries, list):
-            return
-        for retry in retries:
+        for retry in retries or ():
             if isinstance(retry, dict):
                 self._say(f"[yellow]↻ {escape(what)}: {escape(retry_line(retry))}[/]")
 
-    def _error(self, data: dict[str, Any]) -> None:
-        if "retry" in data:  # the attempt failed; the run is tried again (executor)
-            self._say(f"[yellow]↻ run: {escape(retry_line(data))}[/]")
+    def _error(self, data: ErrorData) -> None:
+        if data.retry is not None:  # the attempt failed; the run is tried again (executor)
+            self._say(f"[yellow]↻ run: {escape(retry_line(data.to_dict()))}[/]")
         else:
-            self._say(f"[bold red]✗ {escape(str(data.get('message', data)))}[/]")
+            self._say(f"[bold red]✗ {escape(data.message)}[/]")
 
     def _close_line(self) -> None:
         if self._line_open:
@@ -223,59 +223,55 @@ def retry_line(retry: dict[str, Any]) -> str:
     return f"{text}: {_short(str(cause or code or 'failed'))}"
 
 
-def memory_write_line(data: dict[str, Any]) -> str:
+def memory_write_line(data: MemoryWriteData) -> str:
     """A ``memory.write`` event: what a tool call wrote to which Memory (one entry, or the
     chunks of an ingest), and a preview of the (redacted) text the event carries."""
-    memory = escape(str(data.get("memory")))
-    if data.get("failed"):
-        return f"[red]✎ memory {memory}: failed ({escape(str(data['failed']))})[/]{_cost(data)}"
-    preview = escape(_short(str(data.get("preview", "")), 80))
-    if "key_prefix" in data:
-        chunks, written = data.get("chunks"), data.get("written")
-        what = f"ingested {chunks} chunk(s) as {escape(str(data['key_prefix']))}#N"
-        if written != chunks:
-            what += f" ({written} new: the others were written before)"
+    memory = escape(data.memory)
+    if data.failed:
+        return f"[red]✎ memory {memory}: failed ({escape(data.failed)})[/]{_cost(data)}"
+    preview = escape(_short(data.preview or "", 80))
+    if data.key_prefix is not None:
+        what = f"ingested {data.chunks} chunk(s) as {escape(data.key_prefix)}#N"
+        if data.written != data.chunks:
+            what += f" ({data.written} new: the others were written before)"
     else:
-        what = f"wrote {escape(str(data.get('key')))}"
-        if data.get("written") is False:
+        what = f"wrote {escape(str(data.key))}"
+        if data.written is False:
             what += " (written before: not again)"
-    chars = f", {data['chars']} chars" if data.get("chars") is not None else ""
+    chars = f", {data.chars} chars" if data.chars is not None else ""
     return f"[magenta]✎ memory {memory}:[/] {what}[dim]{chars} “{preview}”[/]{_cost(data)}"
 
 
-def memory_search_line(data: dict[str, Any]) -> str:
+def memory_search_line(data: MemorySearchData) -> str:
     """A ``memory.search`` event: the Memory, the query's preview and how many hits."""
-    memory = escape(str(data.get("memory")))
-    if data.get("failed"):
-        return f"[red]⌕ memory {memory}: failed ({escape(str(data['failed']))})[/]{_cost(data)}"
-    query = escape(_short(str(data.get("query", "")), 80))
-    hits = data.get("hits")
-    return f"[magenta]⌕ memory {memory}:[/] “{query}” [dim]→ {hits} hit(s)[/]{_cost(data)}"
+    memory = escape(data.memory)
+    if data.failed:
+        return f"[red]⌕ memory {memory}: failed ({escape(data.failed)})[/]{_cost(data)}"
+    query = escape(_short(data.query or "", 80))
+    return f"[magenta]⌕ memory {memory}:[/] “{query}” [dim]→ {data.hits} hit(s)[/]{_cost(data)}"
 
 
-def _cost(data: dict[str, Any]) -> str:
+def _cost(data: MemoryWriteData | MemorySearchData) -> str:
     """What a memory call's embeddings cost the run (nothing when it embedded nothing)."""
-    usage = data.get("usage")
-    if not isinstance(usage, dict):
+    if data.usage is None:
         return ""
-    return (
-        f"[dim] (embedded {usage.get('input_tokens', 0)} tokens, ${data.get('cost_usd', 0):.6f})[/]"
-    )
+    tokens = data.usage.get("input_tokens", 0)
+    return f"[dim] (embedded {tokens} tokens, ${data.cost_usd or 0:.6f})[/]"
 
 
-def approval_resolved_line(data: dict[str, Any]) -> str:
+def approval_resolved_line(data: ApprovalResolvedData) -> str:
     """A human decision (or an expiry) as journaled in ``approval.resolved``: the tool,
     approved or rejected, by whom, when, and the reason."""
-    tool = escape(str(data.get("tool") or data.get("call_id")))
-    if data.get("expired"):
+    tool = escape(data.tool or data.call_id)
+    if data.expired:
         return f"[red]✗ {tool}: the approval request expired[/]"
-    verdict = "[green]✓ " if data.get("approved") else "[red]✗ "
-    verdict += f"{tool} {'approved' if data.get('approved') else 'rejected'}"
-    if data.get("by"):
-        verdict += f" by {escape(str(data['by']))}"
-    if data.get("decided_at"):
-        verdict += f" at {timestamp(float(data['decided_at']))}"
+    verdict = "[green]✓ " if data.approved else "[red]✗ "
+    verdict += f"{tool} {'approved' if data.approved else 'rejected'}"
+    if data.by:
+        verdict += f" by {escape(data.by)}"
+    if data.decided_at:
+        verdict += f" at {timestamp(data.decided_at)}"
     verdict += "[/]"
-    if data.get("reason"):
-        verdict += f": {escape(str(data['reason']))}"
+    if data.reason:
+        verdict += f": {escape(data.reason)}"
     return verdict

@@ -19,7 +19,17 @@ from rich.console import Console
 from corral.api import EventOut, TaskDetail
 from corral.cli.common import escape
 from corral.cli.events_view import timestamp
-from corral.core.events import EventType
+from corral.core.events import (
+    BranchJoinData,
+    ChildFinishData,
+    ChildStartData,
+    ErrorData,
+    MessageSendData,
+    RunFinishData,
+    RunStartData,
+    ToolCallData,
+    ToolResultData,
+)
 from corral.core.runs import RunState
 
 _PREVIEW = 160
@@ -58,77 +68,73 @@ class TreePrinter:
             self._node(event)
 
     def _system(self, event: EventOut) -> None:
-        data, kind = event.data, event.type
-        branch = str(data.get("branch_id") or "1")
+        data = event.payload()
+        branch = str(getattr(data, "branch_id", None) or "1")
         at = _indent(branch)[2:]
-        if kind is EventType.RUN_START:
-            self._say(
-                event,
-                f"[bold]▶ system {escape(str(data.get('system')))}[/] "
-                f"[dim]{escape(_short(data.get('input', '')))}[/]",
-            )
-        elif kind is EventType.MESSAGE_SEND:
-            sender = data.get("from") or ("input" if data.get("kind") == "input" else "join")
-            self._say(
-                event,
-                f"{at}[dim]✉ {escape(str(sender))} → {escape(str(data.get('to')))} "
-                f"(branch {escape(branch)}, hop {data.get('hop')})[/]",
-            )
-        elif kind is EventType.CHILD_START:
-            agent = str(data.get("agent"))
-            self.nodes[str(data.get("run_id"))] = (agent, branch)
-            self._say(
-                event,
-                f"{at}[cyan]⇢ {escape(agent)}[/] [dim]branch {escape(branch)} · "
-                f"run {escape(str(data.get('run_id')))}[/]",
-            )
-        elif kind is EventType.CHILD_FINISH:
-            state = str(data.get("state"))
-            colour = "green" if state == RunState.SUCCEEDED.value else "red"
-            self._say(
-                event,
-                f"{at}[{colour}]⇠ {escape(str(data.get('agent')))} {escape(state)}[/] "
-                f"[dim]branch {escape(branch)}[/]",
-            )
-        elif kind is EventType.BRANCH_JOIN:
-            inputs, dropped = data.get("inputs") or [], data.get("dropped") or []
-            line = f"⋈ {escape(str(data.get('agent')))}"
-            if inputs:
-                line += f" joins {len(inputs)} input(s) ({escape(str(data.get('join')))})"
-            if dropped:
-                line += f", {len(dropped)} dropped"
-            self._say(event, f"{at}[magenta]{line}[/]")
-        elif kind is EventType.ERROR:
-            self._say(event, f"[bold red]✗ {escape(str(data.get('message', data)))}[/]")
+        match data:
+            case RunStartData(system=system, input=given):
+                self._say(
+                    event,
+                    f"[bold]▶ system {escape(str(system))}[/] [dim]{escape(_short(given))}[/]",
+                )
+            case MessageSendData(from_agent=sender, kind=kind, to=to, hop=hop):
+                sender = sender or ("input" if kind == "input" else "join")
+                self._say(
+                    event,
+                    f"{at}[dim]✉ {escape(sender)} → {escape(to)} "
+                    f"(branch {escape(branch)}, hop {hop})[/]",
+                )
+            case ChildStartData(agent=agent, run_id=run_id):
+                self.nodes[run_id] = (agent, branch)
+                self._say(
+                    event,
+                    f"{at}[cyan]⇢ {escape(agent)}[/] [dim]branch {escape(branch)} · "
+                    f"run {escape(run_id)}[/]",
+                )
+            case ChildFinishData(agent=agent, state=state):
+                colour = "green" if state == RunState.SUCCEEDED.value else "red"
+                self._say(
+                    event,
+                    f"{at}[{colour}]⇠ {escape(agent)} {escape(state)}[/] "
+                    f"[dim]branch {escape(branch)}[/]",
+                )
+            case BranchJoinData(agent=agent, join=join, inputs=inputs, dropped=dropped):
+                line = f"⋈ {escape(agent)}"
+                if inputs:
+                    line += f" joins {len(inputs)} input(s) ({escape(str(join))})"
+                if dropped:
+                    line += f", {len(dropped)} dropped"
+                self._say(event, f"{at}[magenta]{line}[/]")
+            case ErrorData(message=message):
+                self._say(event, f"[bold red]✗ {escape(message)}[/]")
+            case _:
+                pass
 
     def _node(self, event: EventOut) -> None:
         agent, branch = self.nodes.get(event.run_id, (event.run_id, "1"))
-        data, kind = event.data, event.type
         head = f"{_indent(branch)}[bold]{escape(agent)}[/] "
-        if kind is EventType.TOOL_CALL:
-            self._say(
-                event,
-                f"{head}[cyan]→ {escape(str(data.get('tool')))}[/]"
-                f"[dim]({escape(_short(data.get('arguments', '')))})[/]",
-            )
-        elif kind is EventType.TOOL_RESULT:
-            error = data.get("error")
-            if error:
-                self._say(event, f"{head}[red]← {escape(str(data.get('tool')))} failed[/]")
-            else:
+        match event.payload():
+            case ToolCallData(tool=tool, arguments=arguments):
+                self._say(
+                    event, f"{head}[cyan]→ {escape(tool)}[/][dim]({escape(_short(arguments))})[/]"
+                )
+            case ToolResultData(tool=tool, error=error) if error:
+                self._say(event, f"{head}[red]← {escape(tool)} failed[/]")
+            case ToolResultData(tool=tool, output=output):
                 self._say(
                     event,
-                    f"{head}[green]← {escape(str(data.get('tool')))}[/] "
-                    f"[dim]{escape(_short(data.get('output', '')))}[/]",
+                    f"{head}[green]← {escape(tool)}[/] [dim]{escape(_short('' if output is None else output))}[/]",
                 )
-        elif kind is EventType.ERROR:
-            self._say(event, f"{head}[red]✗ {escape(str(data.get('message', data)))}[/]")
-        elif kind is EventType.RUN_FINISH:
-            state = str(data.get("state"))
-            if state == RunState.SUCCEEDED.value:
-                self._say(event, f"{head}[green]✓[/] {escape(_short(data.get('output', '')))}")
-            else:
+            case ErrorData(message=message):
+                self._say(event, f"{head}[red]✗ {escape(message)}[/]")
+            case RunFinishData(state=RunState.SUCCEEDED.value, output=output):
+                self._say(
+                    event, f"{head}[green]✓[/] {escape(_short('' if output is None else output))}"
+                )
+            case RunFinishData(state=state):
                 self._say(event, f"{head}[red]{escape(state)}[/]")
+            case _:
+                pass
 
 
 Show = Callable[[EventOut], Awaitable[None]]
@@ -143,8 +149,8 @@ async def follow_tree(follow: Follow, root: str, show: Show, *, live: bool) -> T
 
         async def shown(event: EventOut) -> None:
             await show(event)
-            if event.run_id == root and event.type is EventType.CHILD_START:
-                group.start_soon(node_of, str(event.data["run_id"]))
+            if event.run_id == root and isinstance(start := event.payload(), ChildStartData):
+                group.start_soon(node_of, start.run_id)
 
         async def node_of(run_id: str) -> None:
             await follow(run_id, show, follow=live)

@@ -38,7 +38,7 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -52,7 +52,26 @@ from corral.core.errors import (
     ToolErrorCode,
     ToolErrorInfo,
 )
-from corral.core.events import Event, EventSink, EventType
+from corral.core.events import (
+    AnyEventData,
+    ApprovalRequestedData,
+    ApprovalResolvedData,
+    ChildFinishData,
+    ChildStartData,
+    ErrorData,
+    Event,
+    EventSink,
+    HandoffData,
+    JsonObject,
+    MessageCreateData,
+    RunFinishData,
+    RunStartData,
+    StepFinishData,
+    StepStartData,
+    TextDeltaData,
+    ToolCallData,
+    ToolResultData,
+)
 from corral.core.messages import (
     Message,
     ModelResponse,
@@ -64,7 +83,7 @@ from corral.core.messages import (
 )
 from corral.core.runs import Decision, PendingApproval, RunRecord, RunState
 from corral.engine.budget import Budget, capped
-from corral.engine.replay import CHARGED_CALL_EVENTS, OpenStep, charge_of, replace_system, replay
+from corral.engine.replay import OpenStep, charge_of, replace_system, replay
 from corral.engine.structured import parse_output, repair_prompt, schema_instruction
 from corral.models.base import Model, ModelSettings
 from corral.resources.kinds import Limits, SessionPolicy
@@ -162,20 +181,20 @@ class Emitter:
         self._seq = last_seq
         self._lock: anyio.Lock | None = None
 
-    async def __call__(self, type: EventType, **data: Any) -> None:
+    async def __call__(self, data: AnyEventData) -> None:
         if self._lock is None:
-            await self._sink(self._next(type, data))
+            await self._sink(self._next(data))
         else:
             async with self._lock:
-                await self._sink(self._next(type, data))
+                await self._sink(self._next(data))
 
-    def _next(self, type: EventType, data: dict[str, Any]) -> Event:
+    def _next(self, data: AnyEventData) -> Event:
         """The next event: numbered and redacted. (A plain function, not a coroutine of
         its own: every event of every run goes through here.)"""
         self._seq += 1
         if self._redact is not None:
-            data = self._redact(data)
-        return Event(self.run_id, self._seq, type, data, time.time())
+            data = data.from_dict(self._redact(data.to_dict()))
+        return Event(self.run_id, self._seq, data, time.time())
 
     def redact_also(self, toolset: Toolset) -> None:
         """Redact the secrets of ``toolset`` from now on too (a handoff's target: the
@@ -263,13 +282,13 @@ class AgentLoop:
         self.messages = [Message.system(system)] if system else []
         self.messages += [*history, Message.user(user_input)]
         self.initial_count = len(self.messages)
-        policy = {"execution": agent.execution} if agent.execution is not None else {}
         await self.emit(
-            EventType.RUN_START,
-            agent=agent.name,
-            input=user_input,
-            messages=dump_messages(self.messages),
-            **policy,
+            RunStartData(
+                agent=agent.name,
+                input=user_input,
+                messages=dump_messages(self.messages),
+                execution=agent.execution,
+            )
         )
         return await self._guarded(self._drive(None, None, {}, None))
 
@@ -339,12 +358,13 @@ class AgentLoop:
 
     async def _finish(self, result: RunResult) -> None:
         await self.emit(
-            EventType.RUN_FINISH,
-            state=result.state.value,
-            output=result.output,
-            steps=self.budget.steps,
-            usage=dump(self.budget.usage),
-            cost_usd=self.budget.cost_usd,
+            RunFinishData(
+                state=result.state.value,
+                output=result.output,
+                steps=self.budget.steps,
+                usage=dump(self.budget.usage),
+                cost_usd=self.budget.cost_usd,
+            )
         )
 
     async def _drive(
@@ -393,7 +413,7 @@ class AgentLoop:
                 self.repairs += 1
                 repair = Message.user(repair_prompt(str(problem)))
                 self.messages.append(repair)
-                await self.emit(EventType.MESSAGE_CREATE, message=dump(repair))
+                await self.emit(MessageCreateData(message=dump(repair)))
                 message = None
                 continue
             await self._finish_step(step)
@@ -401,20 +421,21 @@ class AgentLoop:
 
     async def _model_step(self) -> Message:
         step = self.budget.start_step()
-        await self.emit(EventType.STEP_START, step=step)
+        await self.emit(StepStartData(step=step))
         response = await self._model_turn()
         # arguments over their tool's cap are cut here, before the journal and the
         # conversation keep them (so a replay sees what the live run saw)
         message = self.agent.toolset.bound(response.message)
         self.messages.append(message)
         await self.emit(
-            EventType.MESSAGE_CREATE,
-            step=step,
-            message=dump(message),
-            endpoint=response.endpoint,
-            usage=dump(response.usage),
-            cost_usd=response.cost_usd,
-            **({"retries": list(response.retries)} if response.retries else {}),
+            MessageCreateData(
+                step=step,
+                message=dump(message),
+                endpoint=response.endpoint,
+                usage=dump(response.usage),
+                cost_usd=response.cost_usd,
+                retries=list(response.retries) if response.retries else None,
+            )
         )
         self.budget.charge(response)
         return message
@@ -431,11 +452,11 @@ class AgentLoop:
             if isinstance(item, TextDelta):
                 text = item.text if pieces is None else pieces.feed(item.text)
                 if text:
-                    await self.emit(EventType.TEXT_DELTA, text=text)
+                    await self.emit(TextDeltaData(text=text))
             else:
                 final = item
         if pieces is not None and (rest := pieces.flush()):
-            await self.emit(EventType.TEXT_DELTA, text=rest)
+            await self.emit(TextDeltaData(text=rest))
         if final is None:  # a provider bug, not a user error
             raise CorralError(f"model {agent.model.name!r} ended its stream without a response")
         return final
@@ -514,13 +535,14 @@ class AgentLoop:
                     approved, reason = decision
                 if call.id not in step.decided:
                     await self.emit(
-                        EventType.APPROVAL_RESOLVED,
-                        step=step.step,
-                        call_id=call.id,
-                        tool=toolset.ref_of(call.name),
-                        approved=approved,
-                        reason=reason,
-                        **(decision.journaled() if isinstance(decision, Decision) else {}),
+                        ApprovalResolvedData(
+                            step=step.step,
+                            call_id=call.id,
+                            tool=toolset.ref_of(call.name),
+                            approved=approved,
+                            reason=reason,
+                            **(decision.journaled() if isinstance(decision, Decision) else {}),
+                        )
                     )
                 if not approved:
                     rejected = ToolErrorInfo(
@@ -548,48 +570,44 @@ class AgentLoop:
         async def invoke(index: int, call: ToolCall, approved: bool) -> None:
             async def started() -> None:
                 await self.emit(
-                    EventType.TOOL_CALL,
-                    step=step.step,
-                    call_id=call.id,
-                    tool=toolset.ref_of(call.name),
-                    arguments=call.arguments,
-                    idempotent=toolset.is_idempotent(call.name),
+                    ToolCallData(
+                        step=step.step,
+                        call_id=call.id,
+                        tool=toolset.ref_of(call.name),
+                        arguments=call.arguments,
+                        idempotent=toolset.is_idempotent(call.name),
+                    )
                 )
 
             context = self._context(step.step, index, call, share)
             outcome = await toolset.invoke(call, context, approved=approved, on_start=started)
-            for kind, data in context.journal:  # what the call did, before its result
-                await self.emit(kind, step=step.step, call_id=call.id, tool=outcome.ref, **data)
-                if kind in CHARGED_CALL_EVENTS:  # what it paid (embeddings), the run's spend
-                    spent.append(charge_of(data))
+            for done in context.journal:  # what the call did, before its result
+                await self.emit(replace(done, step=step.step, call_id=call.id, tool=outcome.ref))
+                spent.append(charge_of(done))  # what it paid (embeddings), the run's spend
             if outcome.child is not None:
                 step.children[call.id] = outcome.child.run_id
                 waiting.append(call.id)
                 await self.emit(
-                    EventType.CHILD_START,
-                    step=step.step,
-                    call_id=call.id,
-                    tool=outcome.ref,
-                    run_id=outcome.child.run_id,
-                    agent=outcome.child.agent,
+                    ChildStartData(
+                        step=step.step,
+                        call_id=call.id,
+                        tool=outcome.ref,
+                        run_id=outcome.child.run_id,
+                        agent=outcome.child.agent,
+                    )
                 )
             elif outcome.handoff is not None:
                 outcome = self._handoff_allowed(outcome)
-                extra: dict[str, Any] = {}
+                accepted: JsonObject | None = None
                 if outcome.handoff is not None:
                     step.handoff = (call.id, outcome.handoff)
-                    extra = {
-                        "handoff": {
-                            "agent": outcome.handoff.agent,
-                            "reason": outcome.handoff.reason,
-                        }
-                    }
-                step.results[call.id] = await self._record(step.step, outcome, **extra)
+                    accepted = {"agent": outcome.handoff.agent, "reason": outcome.handoff.reason}
+                step.results[call.id] = await self._record(step.step, outcome, accepted)
             elif outcome.needs_approval:
                 assert outcome.error is not None
                 approval = self._pending(call, outcome.error.reason)
                 pending.append(approval)
-                await self.emit(EventType.APPROVAL_REQUESTED, step=step.step, **dump(approval))
+                await self.emit(ApprovalRequestedData(step=step.step, **dump(approval)))
             else:
                 step.results[call.id] = await self._record(step.step, outcome)
 
@@ -642,14 +660,14 @@ class AgentLoop:
         this run answers with it) and charge it; a limit this passes fails the run."""
         self.charged.add(child.id)
         await self.emit(
-            EventType.CHILD_FINISH,
-            step=step,
-            call_id=None,
-            run_id=child.id,
-            agent=child.agent,
-            state=child.state.value,
-            usage=dump(child.usage),
-            cost_usd=child.cost_usd,
+            ChildFinishData(
+                step=step,
+                run_id=child.id,
+                agent=child.agent,
+                state=child.state.value,
+                usage=dump(child.usage),
+                cost_usd=child.cost_usd,
+            )
         )
         self.budget.spend(child.usage, child.cost_usd)
 
@@ -662,13 +680,14 @@ class AgentLoop:
         if target.output_schema is not None:
             system = f"{system}\n\n{schema_instruction(target.output_schema)}".strip()
         await self.emit(
-            EventType.HANDOFF,
-            step=step,
-            call_id=call_id,
-            **{"from": self.agent.name},
-            to=target.name,
-            reason=handoff.reason,
-            system=system,
+            HandoffData(
+                step=step,
+                call_id=call_id,
+                from_agent=self.agent.name,
+                to=target.name,
+                reason=handoff.reason,
+                system=system,
+            )
         )
         self.initial_count += replace_system(self.messages, system)
         self.agent = target
@@ -689,14 +708,15 @@ class AgentLoop:
         as ``child_failed``), one commit (see the journal). A limit this passes fails the
         run after both are recorded."""
         await self.emit(
-            EventType.CHILD_FINISH,
-            step=step,
-            call_id=call.id,
-            run_id=child.id,
-            agent=child.agent,
-            state=child.state.value,
-            usage=dump(child.usage),
-            cost_usd=child.cost_usd,
+            ChildFinishData(
+                step=step,
+                call_id=call.id,
+                run_id=child.id,
+                agent=child.agent,
+                state=child.state.value,
+                usage=dump(child.usage),
+                cost_usd=child.cost_usd,
+            )
         )
         error = None
         if child.state is not RunState.SUCCEEDED:
@@ -722,7 +742,7 @@ class AgentLoop:
             raise CorralError(f"{what}; the agent fails such runs")
         reason = f"{what}; the tool is not idempotent, so running it again needs a human's approval"
         approval = self._pending(call, reason)
-        await self.emit(EventType.APPROVAL_REQUESTED, step=step, **dump(approval))
+        await self.emit(ApprovalRequestedData(step=step, **dump(approval)))
         return approval
 
     def _pending(self, call: ToolCall, reason: str) -> PendingApproval:
@@ -738,18 +758,21 @@ class AgentLoop:
             now + ttl if ttl else None,
         )
 
-    async def _record(self, step: int, outcome: ToolOutcome, **extra: Any) -> Message:
+    async def _record(
+        self, step: int, outcome: ToolOutcome, handoff: JsonObject | None = None
+    ) -> Message:
         await self.emit(
-            EventType.TOOL_RESULT,
-            step=step,
-            call_id=outcome.call.id,
-            tool=outcome.ref,
-            output=outcome.output,
-            error=dump(outcome.error) if outcome.error else None,
-            attempts=outcome.attempts,
-            duration_ms=outcome.duration_ms,
-            **({"retries": list(outcome.retries)} if outcome.retries else {}),
-            **extra,
+            ToolResultData(
+                step=step,
+                call_id=outcome.call.id,
+                tool=outcome.ref,
+                output=outcome.output,
+                error=dump(outcome.error) if outcome.error else None,
+                attempts=outcome.attempts,
+                duration_ms=outcome.duration_ms,
+                retries=list(outcome.retries) if outcome.retries else None,
+                handoff=handoff,
+            )
         )
         return Message.tool(outcome.call, outcome.model_text(), is_error=outcome.error is not None)
 
@@ -808,15 +831,12 @@ class AgentLoop:
 
     async def _finish_step(self, step: int) -> None:
         await self.emit(
-            EventType.STEP_FINISH,
-            step=step,
-            usage=dump(self.budget.usage),
-            cost_usd=self.budget.cost_usd,
+            StepFinishData(step=step, usage=dump(self.budget.usage), cost_usd=self.budget.cost_usd)
         )
 
     async def _failed(self, exc: CorralError) -> RunResult:
         error = exc.to_dict()
-        await self.emit(EventType.ERROR, **error)
+        await self.emit(ErrorData.of(error))
         return self._result(RunState.FAILED, error=error)
 
     def _result(

@@ -17,21 +17,31 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
-from corral.core.events import Event, EventType
+from corral.core.events import (
+    ApprovalRequestedData,
+    ApprovalResolvedData,
+    ChildFinishData,
+    ChildStartData,
+    Event,
+    HandoffData,
+    MemorySearchData,
+    MemoryWriteData,
+    MessageCreateData,
+    RunFinishData,
+    RunStartData,
+    StepFinishData,
+    ToolCallData,
+    ToolResultData,
+)
 from corral.core.messages import Message, ToolCall, Usage, load
 from corral.tools.base import Handoff
 from corral.tools.governance import tool_message_text
 
-#: the events a tool call journals (before its result) whose ``usage`` and ``cost_usd``
-#: are charged to the run: what a memory tool paid its embedding model
-CHARGED_CALL_EVENTS = frozenset({EventType.MEMORY_WRITE, EventType.MEMORY_SEARCH})
 
-
-def charge_of(data: dict[str, Any]) -> tuple[Usage, float]:
+def charge_of(data: MemoryWriteData | MemorySearchData | ChildFinishData) -> tuple[Usage, float]:
     """The tokens and cost an event charges to its run (none when it carries none)."""
-    return load(Usage, data.get("usage") or {}), float(data.get("cost_usd") or 0.0)
+    return load(Usage, data.usage or {}), float(data.cost_usd or 0.0)
 
 
 @dataclass
@@ -88,91 +98,118 @@ class Checkpoint:
 
 def replay(events: Sequence[Event]) -> Checkpoint:
     """The checkpoint the events describe; raises ``ValueError`` when they do not start a run."""
-    if not events or events[0].type is not EventType.RUN_START:
+    if not events or not isinstance(start := events[0].data, RunStartData):
         raise ValueError("a run's events must begin with run.start")
-    start = events[0].data
     checkpoint = Checkpoint(
-        input=str(start.get("input", "")),
-        messages=[load(Message, m) for m in start.get("messages", [])],
+        input=start.input,
+        messages=[load(Message, m) for m in start.messages or ()],
     )
     checkpoint.initial_count = len(checkpoint.messages)
-    open_step: OpenStep | None = None
+    fold = _Fold(checkpoint)
     for event in events:
         checkpoint.last_seq = event.seq
-        data = event.data
-        if event.type is EventType.MESSAGE_CREATE:
-            message = load(Message, data["message"])
-            if open_step is not None and not open_step.unresolved():
-                # a step whose step.finish was never journaled (a run resumed with all its
-                # results in): its tool messages come before what followed it
-                _append_results(checkpoint, open_step)
-                open_step = None
-            checkpoint.messages.append(message)
-            if message.role != "assistant":
-                checkpoint.repairs += 1
-                continue
-            checkpoint.steps = int(data["step"])
-            checkpoint.usage = checkpoint.usage + load(Usage, data.get("usage", {}))
-            checkpoint.cost_usd += float(data.get("cost_usd", 0.0))
-            if message.tool_calls:
-                open_step = OpenStep(checkpoint.steps, message.tool_calls)
-                checkpoint.final = None
-            else:
-                open_step = None
-                checkpoint.final = message
-        elif event.type is EventType.TOOL_CALL and open_step is not None:
-            open_step.started.add(data["call_id"])
-        elif event.type is EventType.TOOL_RESULT and open_step is not None:
-            call = next(c for c in open_step.calls if c.id == data["call_id"])
-            text = tool_message_text(data.get("output", ""), data.get("error"))
-            open_step.results[call.id] = Message.tool(call, text, is_error=bool(data.get("error")))
-            open_step.started.discard(call.id)
-            if isinstance(handoff := data.get("handoff"), dict):
-                target = Handoff(str(handoff.get("agent")), str(handoff.get("reason") or ""))
-                open_step.handoff = (call.id, target)
-        elif event.type is EventType.CHILD_START and open_step is not None:
-            open_step.children[data["call_id"]] = str(data["run_id"])
-        elif event.type is EventType.CHILD_FINISH:
-            # a child's spend counts as its parent's (journaled with the call's result)
-            checkpoint.charged.add(str(data.get("run_id")))
-            checkpoint.usage = checkpoint.usage + load(Usage, data.get("usage", {}))
-            checkpoint.cost_usd += float(data.get("cost_usd", 0.0))
-        elif event.type in CHARGED_CALL_EVENTS:
-            usage, cost = charge_of(data)
-            checkpoint.usage = checkpoint.usage + usage
-            checkpoint.cost_usd += cost
-        elif event.type is EventType.APPROVAL_REQUESTED and open_step is not None:
-            open_step.awaiting[data["call_id"]] = str(data.get("reason", ""))
-        elif event.type is EventType.APPROVAL_RESOLVED and open_step is not None:
-            open_step.awaiting.pop(data["call_id"], None)
-            open_step.decided[data["call_id"]] = (bool(data["approved"]), data.get("reason"))
-        elif event.type is EventType.HANDOFF:
-            checkpoint.agent = str(data["to"])
-            checkpoint.handoffs += 1
-            checkpoint.initial_count += replace_system(
-                checkpoint.messages, str(data.get("system") or "")
-            )
-            if open_step is not None:
-                open_step.handoff = None
-            checkpoint.handoff_due = None
-        elif event.type is EventType.STEP_FINISH and open_step is not None:
-            if not open_step.unresolved():
-                _append_results(checkpoint, open_step)
-                if open_step.handoff is not None:
-                    call_id, target = open_step.handoff
-                    checkpoint.handoff_due = (open_step.step, call_id, target)
-                open_step = None
-        elif event.type is EventType.RUN_FINISH:
-            checkpoint.finished = True
-    if open_step is not None:
-        if open_step.unresolved():
-            checkpoint.open_step = open_step
-        else:  # every result is in but step.finish was not recorded
-            _append_results(checkpoint, open_step)
-            if open_step.handoff is not None:
-                call_id, target = open_step.handoff
-                checkpoint.handoff_due = (open_step.step, call_id, target)
+        fold.apply(event)
+    fold.end()
     return checkpoint
+
+
+class _Fold:
+    """Folds a run's events into its checkpoint, one at a time (see :func:`replay`)."""
+
+    def __init__(self, checkpoint: Checkpoint) -> None:
+        self.checkpoint = checkpoint
+        self.open_step: OpenStep | None = None
+
+    def apply(self, event: Event) -> None:
+        checkpoint, open_step = self.checkpoint, self.open_step
+        match event.data:
+            case MessageCreateData() as data:
+                self._message(data)
+            case ToolCallData(call_id=call_id) if open_step is not None:
+                open_step.started.add(call_id)
+            case ToolResultData() as data if open_step is not None:
+                self._result(open_step, data)
+            case ChildStartData(call_id=str(call_id), run_id=run_id) if open_step is not None:
+                open_step.children[call_id] = run_id
+            case ChildFinishData() as data:
+                # a child's spend counts as its parent's (journaled with the call's result)
+                checkpoint.charged.add(data.run_id)
+                self._charge(data)
+            case MemoryWriteData() | MemorySearchData() as data:
+                self._charge(data)
+            case ApprovalRequestedData(call_id=call_id, reason=reason) if open_step is not None:
+                open_step.awaiting[call_id] = reason
+            case ApprovalResolvedData() as data if open_step is not None:
+                open_step.awaiting.pop(data.call_id, None)
+                open_step.decided[data.call_id] = (data.approved, data.reason)
+            case HandoffData(to=to, system=system):
+                checkpoint.agent = to
+                checkpoint.handoffs += 1
+                checkpoint.initial_count += replace_system(checkpoint.messages, system or "")
+                if open_step is not None:
+                    open_step.handoff = None
+                checkpoint.handoff_due = None
+            case StepFinishData() if open_step is not None and not open_step.unresolved():
+                self._close(open_step)
+            case RunFinishData():
+                checkpoint.finished = True
+            case _:
+                pass
+
+    def _message(self, data: MessageCreateData) -> None:
+        checkpoint = self.checkpoint
+        message = load(Message, data.message)
+        if self.open_step is not None and not self.open_step.unresolved():
+            # a step whose step.finish was never journaled (a run resumed with all its
+            # results in): its tool messages come before what followed it
+            _append_results(checkpoint, self.open_step)
+            self.open_step = None
+        checkpoint.messages.append(message)
+        if message.role != "assistant":
+            checkpoint.repairs += 1
+            return
+        checkpoint.steps = int(data.step or 0)
+        checkpoint.usage = checkpoint.usage + load(Usage, data.usage or {})
+        checkpoint.cost_usd += float(data.cost_usd or 0.0)
+        if message.tool_calls:
+            self.open_step = OpenStep(checkpoint.steps, message.tool_calls)
+            checkpoint.final = None
+        else:
+            self.open_step = None
+            checkpoint.final = message
+
+    @staticmethod
+    def _result(open_step: OpenStep, data: ToolResultData) -> None:
+        call = next(c for c in open_step.calls if c.id == data.call_id)
+        text = tool_message_text(data.output, data.error)
+        open_step.results[call.id] = Message.tool(call, text, is_error=bool(data.error))
+        open_step.started.discard(call.id)
+        if data.handoff is not None:
+            target = Handoff(str(data.handoff.get("agent")), str(data.handoff.get("reason") or ""))
+            open_step.handoff = (call.id, target)
+
+    def _charge(self, data: MemoryWriteData | MemorySearchData | ChildFinishData) -> None:
+        usage, cost = charge_of(data)
+        self.checkpoint.usage = self.checkpoint.usage + usage
+        self.checkpoint.cost_usd += cost
+
+    def _close(self, open_step: OpenStep) -> None:
+        """A step whose every call has its result: its tool messages join the conversation
+        (and its handoff is due, when it made one)."""
+        _append_results(self.checkpoint, open_step)
+        if open_step.handoff is not None:
+            call_id, target = open_step.handoff
+            self.checkpoint.handoff_due = (open_step.step, call_id, target)
+        self.open_step = None
+
+    def end(self) -> None:
+        open_step = self.open_step
+        if open_step is None:
+            return
+        if open_step.unresolved():
+            self.checkpoint.open_step = open_step
+        else:  # every result is in but step.finish was not recorded
+            self._close(open_step)
 
 
 def _append_results(checkpoint: Checkpoint, step: OpenStep) -> None:

@@ -36,7 +36,7 @@ from corral.core.errors import (
     ToolErrorCode,
     UserError,
 )
-from corral.core.events import EventType
+from corral.core.events import StepStartData
 from corral.core.runs import Lease, RunRecord
 from corral.resources.kinds import AgentSpec
 from corral.runtime.agent_tokens import AgentClaims
@@ -78,7 +78,7 @@ async def token_call_ended(store: Store, caller: AgentClaims) -> bool:
         return False
     step = int(caller.call.split(":", 1)[0])
     return any(
-        event.type is EventType.STEP_START and int(event.data.get("step", 0)) > step
+        isinstance(event.data, StepStartData) and event.data.step > step
         for event in await store.list_events(caller.run_id, caller.seq)
     )
 

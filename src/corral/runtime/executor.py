@@ -24,7 +24,7 @@ from corral.bus.base import Bus
 from corral.core.backoff import jittered_backoff
 from corral.core.clock import SYSTEM_CLOCK, Clock
 from corral.core.errors import CorralError, LeaseLostError, ModelError, ToolError, ToolErrorCode
-from corral.core.events import Event, EventType
+from corral.core.events import ErrorData, Event, EventType, HandoffData, RunFinishData, RunStartData
 from corral.core.ids import new_id
 from corral.core.messages import Message
 from corral.core.redaction import Redactor
@@ -193,9 +193,9 @@ class RunExecutor:
                 sink.last_seq = events[-1].seq if events else 0
                 if record.attempts >= record.max_attempts:
                     if not events:
-                        await sink.emit(EventType.RUN_START, agent=record.agent, input=record.input)
-                    await sink.emit(EventType.ERROR, **error)
-                    await sink.emit(EventType.RUN_FINISH, state=RunState.DEAD_LETTER.value)
+                        await sink.emit(RunStartData(agent=record.agent, input=record.input))
+                    await sink.emit(ErrorData.of(error))
+                    await sink.emit(RunFinishData(state=RunState.DEAD_LETTER.value))
                     result = RunResult(state=RunState.DEAD_LETTER, error=error)
                     await self._save(record, lease, result, sink)
                     return "done"
@@ -203,7 +203,7 @@ class RunExecutor:
                 # conversation); before it, the cause stays in the log until the last attempt.
                 retry_at = self._retry_at(record)
                 if events:
-                    await sink.emit(EventType.ERROR, **error, **self._retry(record, retry_at))
+                    await sink.emit(ErrorData.of(error, **self._retry(record, retry_at)))
                     await sink.flush()
                 await self.store.release_run(lease, not_before=retry_at)
         except LeaseLostError:
@@ -260,7 +260,7 @@ class RunExecutor:
             if stop.reason == "cancelled":
                 record.cancel_requested = True  # as stored (the lease keeper read it there)
                 await sink.flush()
-                await sink.emit(EventType.RUN_FINISH, state=RunState.CANCELLED.value)
+                await sink.emit(RunFinishData(state=RunState.CANCELLED.value))
                 result = RunResult(state=RunState.CANCELLED)
             assert isinstance(result, RunResult)
             await self._save(record, lease, result, sink, on_woken)
@@ -275,14 +275,14 @@ class RunExecutor:
         if ended is not None:  # its worker died between the last event and saving the record
             return ended
         if record.cancel_requested:  # asked while it was queued between two attempts
-            await sink.emit(EventType.RUN_FINISH, state=RunState.CANCELLED.value)
+            await sink.emit(RunFinishData(state=RunState.CANCELLED.value))
             return RunResult(state=RunState.CANCELLED)
         if lease.exhausted:
             # This claim only ends the run: it is not an attempt of its own (the store
             # counted none).
             error = _gave_up(record, events)
-            await sink.emit(EventType.ERROR, **error)
-            await sink.emit(EventType.RUN_FINISH, state=RunState.DEAD_LETTER.value)
+            await sink.emit(ErrorData.of(error))
+            await sink.emit(RunFinishData(state=RunState.DEAD_LETTER.value))
             return RunResult(state=RunState.DEAD_LETTER, error=error)
         if record.is_system_run:  # a graph of agents: its coordinator, not an agent loop
             return await self.systems.run(record, sink, events)
@@ -349,7 +349,7 @@ class RunExecutor:
                     return await loop.conclude(RunState.DEAD_LETTER, exc)
                 await sink.flush()
                 retry_at = self._retry_at(record)
-                await sink.emit(EventType.ERROR, **exc.to_dict(), **self._retry(record, retry_at))
+                await sink.emit(ErrorData.of(exc.to_dict(), **self._retry(record, retry_at)))
                 await self.store.release_run(lease, not_before=retry_at)
                 return "released"
         finally:
@@ -420,9 +420,9 @@ class RunExecutor:
         self, sink: FencedSink, exc: CorralError, events: list[Event], record: RunRecord
     ) -> RunResult:
         if not events:
-            await sink.emit(EventType.RUN_START, agent=record.agent, input=record.input)
-        await sink.emit(EventType.ERROR, **exc.to_dict())
-        await sink.emit(EventType.RUN_FINISH, state=RunState.FAILED.value)
+            await sink.emit(RunStartData(agent=record.agent, input=record.input))
+        await sink.emit(ErrorData.of(exc.to_dict()))
+        await sink.emit(RunFinishData(state=RunState.FAILED.value))
         return RunResult(state=RunState.FAILED, error=exc.to_dict())
 
     async def _save(
@@ -581,8 +581,8 @@ class _LinkedCalls:
 def _active_agent(events: list[Event]) -> str | None:
     """The agent of the journal's last ``handoff``, if any."""
     for event in reversed(events):
-        if event.type is EventType.HANDOFF:
-            return str(event.data["to"])
+        if isinstance(event.data, HandoffData):
+            return event.data.to
     return None
 
 
@@ -595,15 +595,20 @@ def _gave_up(record: RunRecord, events: list[Event]) -> dict[str, Any]:
     """The error of a run whose workers stopped during every attempt, with the last error
     its journal holds (an earlier attempt's) as the cause, when there is one."""
     message = f"gave up after {record.max_attempts} attempts (its workers kept stopping)"
-    cause = next((e.data for e in reversed(events) if e.type is EventType.ERROR), None)
-    if cause is None:
+    last = _last_error(events)
+    if last is None:
         return {"code": CorralError.code, "message": message}
-    cause = {k: v for k, v in cause.items() if k not in ("retry", "max_attempts", "retry_in")}
+    cause = dataclasses.replace(last, retry=None, max_attempts=None, retry_in=None).to_dict()
     return {
         "code": CorralError.code,
-        "message": f"{message}; the last error: {cause.get('message', cause)}",
+        "message": f"{message}; the last error: {last.message}",
         "cause": cause,
     }
+
+
+def _last_error(events: list[Event]) -> ErrorData | None:
+    """The journal's last ``error`` event, if any."""
+    return next((e.data for e in reversed(events) if isinstance(e.data, ErrorData)), None)
 
 
 def _redacted(result: RunResult, redact: Redactor) -> RunResult:
@@ -620,17 +625,16 @@ def _redacted(result: RunResult, redact: Redactor) -> RunResult:
 
 def _journaled_end(events: list[Event]) -> RunResult | None:
     """The result a journal that ends with ``run.finish`` records, or ``None``."""
-    if not events or events[-1].type is not EventType.RUN_FINISH:
+    if not events or not isinstance(finish := events[-1].data, RunFinishData):
         return None
     checkpoint = replay(events)
-    finish = events[-1].data
-    state = RunState(finish.get("state", RunState.FAILED.value))
+    state = RunState(finish.state)
     error = None
-    if state is not RunState.SUCCEEDED:
-        error = next((e.data for e in reversed(events) if e.type is EventType.ERROR), None)
+    if state is not RunState.SUCCEEDED and (last := _last_error(events)) is not None:
+        error = last.to_dict()
     return RunResult(
         state=state,
-        output=finish.get("output"),
+        output=finish.output,
         error=error,
         messages=checkpoint.messages,
         steps=checkpoint.steps,

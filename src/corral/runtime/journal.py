@@ -65,7 +65,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from types import TracebackType
-from typing import Any, Literal, Self
+from typing import Literal, Self, cast
 
 import anyio
 import anyio.abc
@@ -73,7 +73,15 @@ import anyio.abc
 from corral.bus.base import Bus
 from corral.core.clock import SYSTEM_CLOCK, Clock, Timer
 from corral.core.errors import LeaseLostError
-from corral.core.events import Event, EventType
+from corral.core.events import (
+    AnyEventData,
+    ChildFinishData,
+    Event,
+    EventType,
+    MessageCreateData,
+    ToolCallData,
+    ToolResultData,
+)
 from corral.core.redaction import Redactor
 from corral.core.runs import Lease
 from corral.runtime.leases import HeldLease
@@ -226,29 +234,35 @@ class FencedSink:
             # The run may end waiting for a human, with no event after this one.
             self._approvals_in_step = False
             return "now"
-        elif kind is _TOOL_CALL and event.data.get("idempotent"):
-            self._idempotent_calls.add(event.data["call_id"])
-            return "behind"
-        elif kind is _TOOL_RESULT and event.data.get("call_id") in self._finished_children:
-            self._finished_children.discard(event.data["call_id"])
-            return "behind"
-        elif kind is _TOOL_RESULT and event.data.get("call_id") in self._idempotent_calls:
-            self._idempotent_calls.discard(event.data["call_id"])
-            return "ahead"
+        elif kind is _TOOL_CALL:
+            call = cast(ToolCallData, event.data)
+            if call.idempotent:
+                self._idempotent_calls.add(call.call_id)
+                return "behind"
+        elif kind is _TOOL_RESULT:
+            call_id = cast(ToolResultData, event.data).call_id
+            if call_id in self._finished_children:
+                self._finished_children.discard(call_id)
+                return "behind"
+            if call_id in self._idempotent_calls:
+                self._idempotent_calls.discard(call_id)
+                return "ahead"
         elif kind is _CHILD_START:
             return "behind"
         elif kind is _CHILD_FINISH:
             # the child's record keeps its outcome: the call's result is written behind
             # (a system run's node runs answer no call: its coordinator has no call_id)
-            if event.data.get("call_id") is not None:
-                self._finished_children.add(event.data["call_id"])
+            finished = cast(ChildFinishData, event.data).call_id
+            if finished is not None:
+                self._finished_children.add(finished)
             return "later"
         if kind in LATER:
             return "later"
-        if kind is _MESSAGE_CREATE:
-            message = event.data.get("message")
-            if isinstance(message, dict) and message.get("role") == "assistant":
-                return "later"
+        if (
+            kind is _MESSAGE_CREATE
+            and cast(MessageCreateData, event.data).message.get("role") == "assistant"
+        ):
+            return "later"
         return "now"
 
     async def flush(self) -> None:
@@ -342,7 +356,8 @@ class FencedSink:
         if self.bus is not None:
             await self.bus.announce_events(self.lease.run_id, self.last_seq)
 
-    async def emit(self, type: EventType, **data: Any) -> None:
+    async def emit(self, data: AnyEventData) -> None:
         """An event from outside the loop, numbered after the last one, redacted."""
-        data = self.redactor.data(data)
-        await self(Event(self.lease.run_id, self.last_seq + 1, type, data, self.clock.now()))
+        if self.redactor:
+            data = data.from_dict(self.redactor.data(data.to_dict()))
+        await self(Event(self.lease.run_id, self.last_seq + 1, data, self.clock.now()))

@@ -30,7 +30,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from corral.core.agent_messages import AgentMessage, MessageState
-from corral.core.events import Event, EventType
+from corral.core.events import (
+    AnyEventData,
+    BranchJoinData,
+    ChildFinishData,
+    ChildStartData,
+    Event,
+    EventType,
+    MessageDeliverData,
+    MessageSendData,
+)
 from corral.core.messages import Usage
 from corral.core.runs import RunRecord
 from corral.resources.systems import AgentSystemSpec
@@ -102,7 +111,7 @@ class Pass:
             spec,
             {m.id: m for m in await store.list_agent_messages(record.id)},
             {c.id: c for c in await store.list_children(record.id)},
-            {(e.type.value, event_key(e.type, e.data)) for e in events},
+            {(e.type.value, event_key(e.data)) for e in events},
         )
         state.total = len(state.messages)
         for message in state.messages.values():
@@ -179,11 +188,24 @@ class Pass:
         return (c for c in self.children.values() if not c.state.finished)
 
 
-def event_key(kind: EventType, data: dict[str, Any]) -> str:
-    """What an event of a system run is about (one event of each type per key)."""
-    if kind in (EventType.CHILD_START, EventType.CHILD_FINISH):
-        return str(data.get("run_id"))
-    return str(data.get("message_id"))
+#: the events a system run's coordinator journals about its messages and node runs
+SystemEventData = (
+    MessageSendData | MessageDeliverData | BranchJoinData | ChildStartData | ChildFinishData
+)
 
 
-__all__ = ["LIVE", "TAKEN", "Pass", "Position", "event_key"]
+def event_key(data: AnyEventData) -> str:
+    """What an event of a system run is about (one event of each type per key): a node
+    run's id, a message's id (``None`` for the run's own events)."""
+    match data:
+        case ChildStartData(run_id=run_id) | ChildFinishData(run_id=run_id):
+            return run_id
+        case MessageSendData(message_id=ident) | MessageDeliverData(message_id=ident):
+            return ident
+        case BranchJoinData(message_id=ident):
+            return ident
+        case _:
+            return "None"
+
+
+__all__ = ["LIVE", "TAKEN", "Pass", "Position", "SystemEventData", "event_key"]

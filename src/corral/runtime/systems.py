@@ -76,14 +76,24 @@ from corral.core.errors import (
     NotFoundError,
     UserError,
 )
-from corral.core.events import Event, EventType
+from corral.core.events import (
+    BranchJoinData,
+    ChildFinishData,
+    ChildStartData,
+    ErrorData,
+    Event,
+    MessageDeliverData,
+    MessageSendData,
+    RunFinishData,
+    RunStartData,
+)
 from corral.core.messages import dump
 from corral.core.runs import RunRecord, RunState
 from corral.engine.loop import RunResult
 from corral.resources.systems import AgentSystemSpec
 from corral.runtime.journal import FencedSink
 from corral.runtime.system_messages import KIND, deliver, message_id
-from corral.runtime.system_pass import Pass, Position, event_key
+from corral.runtime.system_pass import Pass, Position, SystemEventData, event_key
 from corral.store.base import Store
 
 #: how long a message published on a bus that delivers messages may stay pending before
@@ -160,7 +170,7 @@ class SystemCoordinator:
                 # flight were dead-lettered): the run ends as a cancel ends it, and its
                 # save cascades to the node runs.
                 record.cancel_requested = True
-                await sink.emit(EventType.RUN_FINISH, state=RunState.CANCELLED.value)
+                await sink.emit(RunFinishData(state=RunState.CANCELLED.value))
                 return self._result(state, RunState.CANCELLED)
             return await self._fail(state, sink, exc.to_dict())
 
@@ -172,18 +182,20 @@ class SystemCoordinator:
         """The spec the run follows: recorded in its ``run.start`` (written at the first
         claim, from the stored AgentSystem)."""
         if events:
-            recorded = events[0].data.get("system_spec")
+            start = events[0].data
+            recorded = start.system_spec if isinstance(start, RunStartData) else None
             return AgentSystemSpec.model_validate(recorded)
         assert record.system is not None
         stored = await self.store.get_resource(record.namespace, KIND, record.system)
         await sink.emit(
-            EventType.RUN_START,
-            agent=record.agent,
-            input=record.input,
-            system=record.system,
-            system_spec=(
-                stored.resource.spec.model_dump(mode="json") if stored is not None else None
-            ),
+            RunStartData(
+                agent=record.agent,
+                input=record.input,
+                system=record.system,
+                system_spec=(
+                    stored.resource.spec.model_dump(mode="json") if stored is not None else None
+                ),
+            )
         )
         if stored is None or not isinstance(stored.resource.spec, AgentSystemSpec):
             error = {
@@ -191,8 +203,8 @@ class SystemCoordinator:
                 "message": f"AgentSystem {record.system!r} not found in namespace "
                 f"{record.namespace!r}",
             }
-            await sink.emit(EventType.ERROR, **error)
-            await sink.emit(EventType.RUN_FINISH, state=RunState.FAILED.value)
+            await sink.emit(ErrorData.of(error))
+            await sink.emit(RunFinishData(state=RunState.FAILED.value))
             return RunResult(state=RunState.FAILED, error=error)
         return stored.resource.spec
 
@@ -237,7 +249,7 @@ class SystemCoordinator:
         that stored it and stopped before its events were written)."""
         for message in state.ordered():
             if ("message.send", message.id) not in state.journaled:
-                await self._event(state, sink, EventType.MESSAGE_SEND, _sent(message))
+                await self._event(state, sink, _sent(message))
 
     def _check_time(self, state: Pass) -> None:
         limits, record = state.spec.limits, state.record
@@ -276,16 +288,15 @@ class SystemCoordinator:
                 await self._event(
                     state,
                     sink,
-                    EventType.CHILD_FINISH,
-                    {
-                        "run_id": child.id,
-                        "agent": child.agent,
-                        "state": child.state.value,
-                        "usage": dump(child.usage),
-                        "cost_usd": child.cost_usd,
-                        "message_id": message.id,
-                        "branch_id": message.branch_id,
-                    },
+                    ChildFinishData(
+                        run_id=child.id,
+                        agent=child.agent,
+                        state=child.state.value,
+                        usage=dump(child.usage),
+                        cost_usd=child.cost_usd,
+                        message_id=message.id,
+                        branch_id=message.branch_id,
+                    ),
                 )
             succeeded = child.state is RunState.SUCCEEDED
             if message.state is MessageState.DELIVERED:
@@ -378,7 +389,7 @@ class SystemCoordinator:
                 continue
             state.total += 1
             state.messages[message.id] = message
-            await self._event(state, sink, EventType.MESSAGE_SEND, _sent(message))
+            await self._event(state, sink, _sent(message))
 
     # ----------------------------------------------------------------- joins
 
@@ -453,15 +464,14 @@ class SystemCoordinator:
             await self._event(
                 state,
                 sink,
-                EventType.BRANCH_JOIN,
-                {
-                    "agent": node,
-                    "join": state.spec.node(node).join,
-                    "message_id": ident,
-                    "branch_id": branch,
-                    "inputs": [m.id for m in inputs],
-                    "dropped": [m.id for m in dropped],
-                },
+                BranchJoinData(
+                    agent=node,
+                    join=state.spec.node(node).join,
+                    message_id=ident,
+                    branch_id=branch,
+                    inputs=[m.id for m in inputs],
+                    dropped=[m.id for m in dropped],
+                ),
             )
         for message in taken:
             if _unfinished(message):
@@ -488,8 +498,7 @@ class SystemCoordinator:
                 await self._event(
                     state,
                     sink,
-                    EventType.BRANCH_JOIN,
-                    {"agent": node, "message_id": message.id, "dropped": [message.id]},
+                    BranchJoinData(agent=node, message_id=message.id, dropped=[message.id]),
                 )
 
     async def _mark(
@@ -580,26 +589,24 @@ class SystemCoordinator:
                 await self._event(
                     state,
                     sink,
-                    EventType.MESSAGE_DELIVER,
-                    {
-                        "message_id": message.id,
-                        "to": message.to_agent,
-                        "run_id": child.id,
-                        "branch_id": message.branch_id,
-                    },
+                    MessageDeliverData(
+                        message_id=message.id,
+                        to=message.to_agent,
+                        run_id=child.id,
+                        branch_id=message.branch_id,
+                    ),
                 )
             if ("child.start", child.id) not in state.journaled:
                 await self._event(
                     state,
                     sink,
-                    EventType.CHILD_START,
-                    {
-                        "run_id": child.id,
-                        "agent": child.agent,
-                        "message_id": message.id,
-                        "branch_id": message.branch_id,
-                        "parent_branch_id": message.parent_branch_id,
-                    },
+                    ChildStartData(
+                        run_id=child.id,
+                        agent=child.agent,
+                        message_id=message.id,
+                        branch_id=message.branch_id,
+                        parent_branch_id=message.parent_branch_id,
+                    ),
                 )
 
     # ----------------------------------------------------------------- the end
@@ -621,7 +628,7 @@ class SystemCoordinator:
                 "no route led there"
             )
         output = max(outputs)[2]
-        await sink.emit(EventType.RUN_FINISH, state=RunState.SUCCEEDED.value, output=output)
+        await sink.emit(RunFinishData(state=RunState.SUCCEEDED.value, output=output))
         return self._result(state, RunState.SUCCEEDED, output=output)
 
     async def _fail(self, state: Pass, sink: FencedSink, error: dict[str, Any]) -> RunResult:
@@ -631,8 +638,8 @@ class SystemCoordinator:
         for child in list(state.unfinished_children()):
             with contextlib.suppress(NotFoundError):  # (deleted meanwhile)
                 await self.store.request_cancel(child.id)
-        await sink.emit(EventType.ERROR, **error)
-        await sink.emit(EventType.RUN_FINISH, state=RunState.FAILED.value)
+        await sink.emit(ErrorData.of(error))
+        await sink.emit(RunFinishData(state=RunState.FAILED.value))
         return self._result(state, RunState.FAILED, error=error)
 
     async def _cancel_requested(self, record: RunRecord) -> bool:
@@ -658,11 +665,9 @@ class SystemCoordinator:
             cost_usd=state.cost_usd,
         )
 
-    async def _event(
-        self, state: Pass, sink: FencedSink, kind: EventType, data: dict[str, Any]
-    ) -> None:
-        state.journaled.add((kind.value, event_key(kind, data)))
-        await sink.emit(kind, **data)
+    async def _event(self, state: Pass, sink: FencedSink, data: SystemEventData) -> None:
+        state.journaled.add((data.TYPE.value, event_key(data)))
+        await sink.emit(data)
 
 
 # --------------------------------------------------------------------------- helpers
@@ -676,16 +681,16 @@ def delivery_polls() -> Iterator[float]:
         wait = min(2 * wait, BUS_DELIVERY_POLL_SECONDS)
 
 
-def _sent(message: AgentMessage) -> dict[str, Any]:
-    return {
-        "message_id": message.id,
-        "from": message.from_agent,
-        "to": message.to_agent,
-        "kind": message.type,
-        "branch_id": message.branch_id,
-        "parent_branch_id": message.parent_branch_id,
-        "hop": message.hop,
-    }
+def _sent(message: AgentMessage) -> MessageSendData:
+    return MessageSendData(
+        message_id=message.id,
+        from_agent=message.from_agent,
+        to=message.to_agent,
+        kind=message.type,
+        branch_id=message.branch_id,
+        parent_branch_id=message.parent_branch_id,
+        hop=message.hop,
+    )
 
 
 def _sent_at(message: AgentMessage, now: float) -> float:

@@ -91,7 +91,7 @@ from starlette.requests import Request
 
 from corral.api.common import ID_PATTERN, surrogate_path
 from corral.core.errors import ConflictError, NotFoundError, UserError
-from corral.core.events import Event, EventType
+from corral.core.events import ApprovalRequestedData, Event, TextDeltaData, ToolCallData
 from corral.core.ids import new_id
 from corral.core.runs import RunRecord, RunState
 from corral.core.sessions import check_session_id
@@ -480,12 +480,15 @@ class CorralRequestHandler(RequestHandler):
         status = TaskStatus(state=TaskState.TASK_STATE_WORKING)
         status.timestamp.FromSeconds(int(event.ts))
         text = None
-        if event.type is EventType.TEXT_DELTA:
-            text = str(event.data.get("text", ""))
-        elif event.type is EventType.TOOL_CALL:
-            text = f"calling {event.data.get('tool', 'a tool')}"
-        elif event.type is EventType.APPROVAL_REQUESTED:
-            text = f"waiting for a human to approve {event.data.get('tool', 'a tool call')}"
+        match event.data:
+            case TextDeltaData(text=delta):
+                text = delta
+            case ToolCallData(tool=tool):
+                text = f"calling {tool}"
+            case ApprovalRequestedData(tool=tool):
+                text = f"waiting for a human to approve {tool}"
+            case _:
+                pass
         if text:
             status.message.CopyFrom(_agent_message(record, text))
         update = TaskStatusUpdateEvent(

@@ -27,7 +27,13 @@ from prometheus_client import CONTENT_TYPE_LATEST as CONTENT_TYPE_LATEST
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from corral.core.events import Event, EventType
+from corral.core.events import (
+    Event,
+    MessageCreateData,
+    RunFinishData,
+    StepStartData,
+    ToolResultData,
+)
 from corral.core.runs import RunState
 from corral.runtime.health import OPERATIONS, Operation
 from corral.store.base import Store, StoreError
@@ -108,27 +114,28 @@ class Metrics:
 
     async def observe(self, event: Event) -> None:
         """Count what one event of a run executed in this process says."""
-        data = event.data
-        if event.type is EventType.STEP_START:
-            self._step_started[event.run_id] = event.ts
-        elif event.type is EventType.MESSAGE_CREATE and "endpoint" in data:
-            started = self._step_started.pop(event.run_id, None)
-            if started is not None:
-                self.model_latency.observe(max(0.0, event.ts - started))
-            usage = data.get("usage") or {}
-            self.tokens.labels("input").inc(_number(usage.get("input_tokens")))
-            self.tokens.labels("output").inc(_number(usage.get("output_tokens")))
-            self.cost.inc(_number(data.get("cost_usd")))
-        elif event.type is EventType.TOOL_RESULT:
-            error = data.get("error")
-            if isinstance(error, dict):
-                self.tool_calls.labels("error").inc()
-                self.tool_errors.labels(str(error.get("code", "unknown"))).inc()
-            else:
-                self.tool_calls.labels("ok").inc()
-        elif event.type is EventType.RUN_FINISH:
-            self._step_started.pop(event.run_id, None)
-            self.runs_finished.labels(str(data.get("state", "unknown"))).inc()
+        match event.data:
+            case StepStartData():
+                self._step_started[event.run_id] = event.ts
+            case MessageCreateData(endpoint=str(), usage=usage, cost_usd=cost):
+                started = self._step_started.pop(event.run_id, None)
+                if started is not None:
+                    self.model_latency.observe(max(0.0, event.ts - started))
+                usage = usage or {}
+                self.tokens.labels("input").inc(_number(usage.get("input_tokens")))
+                self.tokens.labels("output").inc(_number(usage.get("output_tokens")))
+                self.cost.inc(_number(cost))
+            case ToolResultData(error=error):
+                if error is not None:
+                    self.tool_calls.labels("error").inc()
+                    self.tool_errors.labels(str(error.get("code", "unknown"))).inc()
+                else:
+                    self.tool_calls.labels("ok").inc()
+            case RunFinishData(state=state):
+                self._step_started.pop(event.run_id, None)
+                self.runs_finished.labels(state).inc()
+            case _:
+                pass
 
     def count_worker_error(self, operation: Operation) -> None:
         """One failure of a worker's ``operation`` (the worker's ``on_error``)."""

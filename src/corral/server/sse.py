@@ -29,7 +29,7 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator
 
 from corral.api import EventOut
-from corral.core.events import Event, EventType
+from corral.core.events import Event, RunFinishData
 from corral.runtime.follow import RunFollower, Until
 from corral.server.context import ServerContext
 
@@ -88,8 +88,7 @@ async def event_stream(context: ServerContext, run_id: str, after: int) -> Async
                 first = ""
                 last_sent = time.monotonic()
                 final = next(
-                    (str(e.data.get("state")) for e in batch if e.type is EventType.RUN_FINISH),
-                    final,
+                    (e.data.state for e in batch if isinstance(e.data, RunFinishData)), final
                 )
             elif time.monotonic() - last_sent >= context.keepalive_seconds:
                 yield ": keep-alive\n"

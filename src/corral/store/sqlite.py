@@ -50,6 +50,7 @@ from corral.store.sql.rows import (
     EVENTS,
     RUNS,
     SESSION_MESSAGES,
+    EventRows,
     RecordRows,
     loads,
     row_to_stored,
@@ -139,7 +140,9 @@ def _named(prefix: str, ids: Sequence[str]) -> dict[str, str]:
     return {f"{prefix}{i}": run_id for i, run_id in enumerate(ids)}
 
 
-def _reading(rows: RecordRows[Any], statement: sa.Select[Any] | sa.UpdateBase) -> Compiled:
+def _reading(
+    rows: RecordRows[Any] | EventRows, statement: sa.Select[Any] | sa.UpdateBase
+) -> Compiled:
     """``statement`` compiled, checked to return ``rows``' columns in table order."""
     returned = tuple(c.key for c in statement.exported_columns)
     if returned != rows.columns:
@@ -147,7 +150,7 @@ def _reading(rows: RecordRows[Any], statement: sa.Select[Any] | sa.UpdateBase) -
     return Compiled(statement)
 
 
-def _inserting(rows: RecordRows[Any], statement: sa.Insert) -> Compiled:
+def _inserting(rows: RecordRows[Any] | EventRows, statement: sa.Insert) -> Compiled:
     """``statement`` compiled, checked to take ``rows``' parameters (in table order)."""
     compiled = Compiled(statement)
     if compiled.names != rows.columns:
@@ -720,7 +723,8 @@ class SqliteStore(SqlStore):
         )
 
         def read(conn: sqlite3.Connection) -> list[Event]:
-            return _records(EVENTS, conn.execute(_EVENTS_AFTER.sql, params))
+            rows = conn.execute(_EVENTS_AFTER.sql, params).fetchall()
+            return [EVENTS.record(row, text=True) for row in rows]
 
         return await self._lane_read("list run events", read)
 

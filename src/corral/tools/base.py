@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from corral.core.events import EventType
+from corral.core.events import MemorySearchData, MemoryWriteData
 from corral.core.messages import ToolSpec
 
 
@@ -46,8 +46,8 @@ class ToolContext:
     hidden: Mapping[str, str] = field(default_factory=dict[str, str])
     #: events the call asks to be journaled with its result (the engine emits them,
     #: redacted, before the call's ``tool.result``): what a memory tool wrote or searched
-    journal: list[tuple[EventType, dict[str, Any]]] = field(
-        default_factory=list[tuple[EventType, dict[str, Any]]]
+    journal: list[MemoryWriteData | MemorySearchData] = field(
+        default_factory=list[MemoryWriteData | MemorySearchData]
     )
     #: what this call may spend outside the run (``None``: no limit): the calling run's
     #: ``max_cost_usd`` less its spend so far and less what children still running hold,

@@ -32,7 +32,7 @@ from typing import Any, ClassVar, Literal
 
 from corral.core.chunking import MAX_INGEST_CHARS
 from corral.core.errors import ToolError, ToolErrorCode
-from corral.core.events import EventType
+from corral.core.events import MemorySearchData, MemoryWriteData
 from corral.core.ids import new_id
 from corral.core.memory import (
     MAX_KEY_CHARS,
@@ -249,8 +249,8 @@ class MemoryTool(Tool):
         why it failed (nothing when it paid nothing)."""
         if not spend:
             return
-        kind = EventType.MEMORY_SEARCH if self.operation == "search" else EventType.MEMORY_WRITE
-        ctx.journal.append((kind, {"memory": binding.name, "failed": code, **_charged(spend)}))
+        kind = MemorySearchData if self.operation == "search" else MemoryWriteData
+        ctx.journal.append(kind(memory=binding.name, failed=code, **_charged(spend)))
 
     def _redacted(self, arguments: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         """A write's text and metadata with every secret the agent saw redacted: no secret
@@ -332,8 +332,11 @@ class MemoryTool(Tool):
             spend=spend,
         )
         query = str(arguments["query"])
-        event = {"memory": binding.name, "query": _short(query), "hits": len(hits)}
-        ctx.journal.append((EventType.MEMORY_SEARCH, {**event, **_charged(spend)}))
+        ctx.journal.append(
+            MemorySearchData(
+                memory=binding.name, query=_short(query), hits=len(hits), **_charged(spend)
+            )
+        )
         results = [
             {
                 "key": hit.entry.key,
@@ -457,8 +460,15 @@ def _journal_write(
 ) -> None:
     """The call's ``memory.write`` event: a short preview of the (redacted) text, never all,
     and what embedding it cost."""
-    event = {"memory": binding.name, **fields, "preview": _short(text), "chars": len(text)}
-    ctx.journal.append((EventType.MEMORY_WRITE, {**event, **_charged(spend)}))
+    ctx.journal.append(
+        MemoryWriteData(
+            memory=binding.name,
+            **fields,
+            preview=_short(text),
+            chars=len(text),
+            **_charged(spend),
+        )
+    )
 
 
 def _charged(spend: EmbeddingSpend) -> dict[str, Any]:

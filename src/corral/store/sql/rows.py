@@ -22,7 +22,7 @@ from pydantic import ValidationError
 
 from corral.core.agent_messages import AgentMessage, MessageState
 from corral.core.errors import ConfigurationError
-from corral.core.events import Event, EventType
+from corral.core.events import Event, parse_event_data
 from corral.core.memory import MemoryEntry
 from corral.core.messages import Message, Usage, dump, dump_messages, load, load_messages
 from corral.core.runs import Approval, ApprovalState, PendingApproval, RunRecord, RunState
@@ -230,7 +230,48 @@ RUNS = RecordRows(
         "pending_approvals": _as_json(list[PendingApproval]),
     },
 )
-EVENTS = RecordRows(Event, schema.run_events, stored={"type": _as_value(EventType)})
+
+
+class EventRows:
+    """The rows of ``run_events`` (as :class:`RecordRows` gives a record's): an event's
+    ``type`` column comes from its payload's class, its ``data`` column is the payload's
+    JSON object, and a row is read back through the payload class of its type."""
+
+    table = schema.run_events
+    columns = ("run_id", "seq", "type", "ts", "data")
+
+    def __init__(self) -> None:
+        if tuple(c.name for c in self.table.columns) != self.columns:
+            raise TypeError(f"run_events has columns {[c.name for c in self.table.columns]}")
+
+    def values(self, event: Event) -> dict[str, Any]:
+        """Every column of ``event``'s row, for SQLAlchemy."""
+        return {
+            "run_id": event.run_id,
+            "seq": event.seq,
+            "type": str(event.data.TYPE),
+            "ts": event.ts,
+            "data": event.data.to_dict(),
+        }
+
+    def params(self, event: Event) -> list[Any]:
+        """Every column of ``event``'s row in table order, for the SQLite fast path."""
+        return [
+            event.run_id,
+            event.seq,
+            str(event.data.TYPE),
+            event.ts,
+            dumps(event.data.to_dict()),
+        ]
+
+    def record(self, row: Sequence[Any], *, text: bool = False) -> Event:
+        """The event of a full row (``text``: the fast path's, its JSON as text)."""
+        run_id, seq, kind, ts, data = row
+        payload = parse_event_data(kind, loads(data) if text else data)
+        return Event(run_id, seq, payload, ts)
+
+
+EVENTS = EventRows()
 APPROVALS = RecordRows(Approval, schema.approvals, stored={"state": _as_value(ApprovalState)})
 SESSIONS = RecordRows(Session, schema.sessions)
 SESSION_MESSAGES = RecordRows(
