@@ -9,11 +9,10 @@ only says how it is published.
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal, Self
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema
 
-from corral.core.messages import Message
 from corral.core.sessions import (
     SESSION_ID_PATTERN,
     SESSION_ID_RULE,
@@ -113,7 +112,3 @@ class MessageOut(FromRecord):
     tool_call_id: str | None = None
     name: str | None = None
     is_error: bool = False
-
-    @classmethod
-    def from_message(cls, message: Message) -> Self:
-        return cls.model_validate(message)
