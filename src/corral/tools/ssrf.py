@@ -24,8 +24,10 @@ import anyio.to_thread
 import httpx
 
 from corral.core.addresses import (
+    ALLOWED_PRIVATE_VARIABLE,
     SCHEMES,
     IPAddress,
+    PrivateAllowList,
     blocked_reason,
     literal_address,
     url_problem,
@@ -94,13 +96,19 @@ def _parse_address(text: str) -> IPAddress:
 
 
 async def check_destination(
-    url: str | httpx.URL, *, allow_private: bool = False, resolver: Resolver = system_resolver
+    url: str | httpx.URL,
+    *,
+    allow_private: bool = False,
+    resolver: Resolver = system_resolver,
+    allowed: PrivateAllowList | None = None,
 ) -> Destination:
     """Check ``url`` and pin it to one of its addresses; see the module docstring.
 
     Raises ``ToolError`` with code ``blocked_destination`` for a refused URL
     and ``unavailable`` (retryable) when the host does not resolve.
-    ``allow_private`` turns the address check off; the URL is still pinned.
+    ``allow_private`` lets the call reach a private, loopback or metadata address
+    only where the operator's allow-list (``allowed``, default
+    :meth:`PrivateAllowList.from_env`) names it; the URL is still pinned.
     """
     text = str(url)
     problem = url_problem(text, allow_private=allow_private)
@@ -127,9 +135,26 @@ async def check_destination(
             ToolErrorCode.UNAVAILABLE, f"{text}: {host!r} has no address", retryable=True
         )
     parsed_addresses = [_parse_address(a) for a in addresses]
-    if not allow_private:
-        for address in parsed_addresses:
-            reason = blocked_reason(address)
-            if reason is not None:
-                raise _blocked(text, f"{host} resolves to {address}, {reason}")
+    listed = _allow_list(text, allowed) if allow_private else None
+    for address in parsed_addresses:
+        reason = blocked_reason(address)
+        if reason is None or (listed is not None and listed.allows(host, address)):
+            continue
+        if listed is None:
+            raise _blocked(text, f"{host} resolves to {address}, {reason}")
+        raise _blocked(
+            text,
+            f"{host} resolves to {address}, {reason}, which the operator's allow-list of "
+            f"private destinations does not name ({ALLOWED_PRIVATE_VARIABLE}="
+            f"{listed.describe()}); allow_private alone reaches none",
+        )
     return Destination(parsed, host, str(parsed_addresses[0]))
+
+
+def _allow_list(url: str, allowed: PrivateAllowList | None) -> PrivateAllowList:
+    if allowed is not None:
+        return allowed
+    try:
+        return PrivateAllowList.from_env()
+    except ValueError as exc:  # the operator's setting is malformed: nothing is allowed
+        raise _blocked(url, str(exc)) from None
