@@ -348,6 +348,33 @@ async def test_a_sandboxed_functions_prints_cannot_forge_its_answer(
     assert (caught.value.code, caught.value.info.reason) == ("execution_failed", "ValueError: no")
 
 
+@pytest.mark.parametrize(
+    ("function", "code", "reason"),
+    [
+        ("vanish", "execution_failed", "python exited with code 3"),
+        ("odd_code", "execution_failed", "a code of its own"),
+    ],
+)
+async def test_a_sandboxed_function_that_dies_or_invents_a_code_is_execution_failed(
+    env: tuple[Store, Settings], function: str, code: str, reason: str
+) -> None:
+    store, settings = env
+    require_bwrap(sandbox_host(settings.home))
+    await apply(store, MODEL, python_tool(function), agent("[reach]"))
+    async with AsyncExitStack() as stack:
+        tool, workspace = await built_tool(store, settings, stack)
+        with pytest.raises(ToolError) as caught:
+            await tool.call({}, context(workspace))
+    assert caught.value.code == code
+    assert reason in caught.value.info.reason
+    assert "Traceback" not in caught.value.info.reason
+
+
+def test_a_sandboxed_python_tool_cannot_be_inline() -> None:
+    with pytest.raises(ResourceError, match="isolation 'sandbox' cannot"):
+        load_text(python_tool("read", ", isolation: sandbox, inline: true"), "t.yaml")
+
+
 def _runners() -> list[int]:
     """The pids of sandboxed python runners alive now."""
     found = []

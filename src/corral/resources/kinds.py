@@ -260,7 +260,10 @@ class HttpToolSpec(Spec):
     # Declared before ``url`` so that the url's validator can read it.
     allow_private: bool = Field(
         default=False,
-        description="allow loopback, link-local and private destinations (SSRF guard off)",
+        description=(
+            "reach the loopback, link-local and private destinations that the operator lists "
+            "in CORRAL_ALLOWED_PRIVATE_DESTINATIONS (no others)"
+        ),
     )
     url: str
     method: Literal["POST", "PUT"] = "POST"
@@ -296,7 +299,10 @@ class A2aToolSpec(Spec):
     # Declared before ``url`` so that the url's validator can read it.
     allow_private: bool = Field(
         default=False,
-        description="allow loopback, link-local and private destinations (SSRF guard off)",
+        description=(
+            "reach the loopback, link-local and private destinations that the operator lists "
+            "in CORRAL_ALLOWED_PRIVATE_DESTINATIONS (no others)"
+        ),
     )
     url: str = Field(description="the remote agent card, or the agent's base URL")
     headers: dict[str, str] = Field(default_factory=dict)

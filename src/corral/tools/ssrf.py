@@ -8,6 +8,11 @@ pinned to the checked address. The caller connects to that address, never to the
 name again, so a DNS answer that changes between the check and the connection
 (DNS rebinding) cannot redirect the call.
 
+A URL whose tool says ``allow_private`` may reach a blocked address only where the
+operator's allow-list (:class:`~corral.core.addresses.PrivateAllowList`,
+``CORRAL_ALLOWED_PRIVATE_DESTINATIONS``, read at each call) names the host or the
+address: ``allow_private`` alone reaches none of them.
+
 Nothing here opens a connection; resolution goes through a ``Resolver``
 (the system resolver in a worker thread by default).
 """

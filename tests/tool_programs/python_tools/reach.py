@@ -60,3 +60,15 @@ def spin(seconds: float = 3600.0) -> str:
 def fail(reason: str) -> str:
     """Raise ValueError(reason)."""
     raise ValueError(reason)
+
+
+def vanish() -> str:
+    """End the process at once, answering nothing."""
+    os._exit(3)
+
+
+def odd_code() -> str:
+    """Raise a ToolError whose code Corral does not know."""
+    from corral.core.errors import ToolError
+
+    raise ToolError("made_up_code", "a code of its own", details={"x": 1})
