@@ -20,6 +20,7 @@ from typing import Any
 
 import anyio
 import pytest
+import wasmtime
 
 from cli_harness import invoke
 from corral.core.errors import ConfigurationError, ResourceError, ToolError
@@ -272,6 +273,36 @@ def test_a_tenant_admin_over_the_api_gets_422_for_isolation_none(live: LiveServe
             "/v1/resources", content=relax, headers={"content-type": "application/yaml"}
         )
         assert answer.status_code == 403 and answer.json()["code"] == "forbidden"
+
+
+def test_a_tenants_wasm_tool_over_its_namespaces_cap_is_422_at_the_field(
+    live: LiveServer, tmp_path: Path
+) -> None:
+    module = tmp_path / "probe.wasm"
+    module.write_bytes(wasmtime.wat2wasm((TESTS / "tool_programs/wasm/probe.wat").read_text()))
+    with live.client(live.admin) as client:
+        cap = namespace_policy("{wasm: {max_memory_mb: 16}}", namespace="wasm-tenant")
+        answer = client.post(
+            "/v1/resources", content=cap, headers={"content-type": "application/yaml"}
+        )
+        assert answer.status_code == 200, answer.text
+    tool = f"""
+apiVersion: corral/v1
+kind: Tool
+metadata: {{name: big}}
+spec:
+  type: wasm
+  parameters: {{type: object}}
+  wasm: {{module: "{module}", entrypoint: echo, max_memory_mb: 4096}}
+"""
+    with live.client(live.mint("wasm-tenant", Role.ADMIN)) as client:
+        answer = client.post(
+            "/v1/resources", content=tool, headers={"content-type": "application/yaml"}
+        )
+    assert answer.status_code == 422, answer.text
+    (problem,) = answer.json()["errors"]
+    assert problem["field"] == "spec.wasm.max_memory_mb"
+    assert "wasm.max_memory_mb (16)" in problem["reason"]
 
 
 # --------------------------------------------------------------------------- python tools
