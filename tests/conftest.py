@@ -52,6 +52,16 @@ def sandbox_allows_the_test_interpreter() -> Iterator[None]:
 
 
 @pytest.fixture(scope="session", autouse=True)
+def operator_allows_the_loopback_test_services() -> Iterator[None]:
+    """The tests' HTTP services (tools, A2A peers, memory services) listen on the loopback:
+    the operator's allow-list that lets a tool with ``allow_private`` reach them. A test of
+    what the list refuses sets it (or removes it) itself."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("CORRAL_ALLOWED_PRIVATE_DESTINATIONS", "127.0.0.0/8, ::1")
+        yield
+
+
+@pytest.fixture(scope="session", autouse=True)
 def no_hosted_model_apis() -> Iterator[None]:
     """Refuse every connection to a hosted model API, for the whole session (see hosted_apis)."""
     with pytest.MonkeyPatch.context() as patch:

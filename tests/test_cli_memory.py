@@ -257,8 +257,10 @@ spec:
     assert "Backend:     store" in described
     assert "Entries:     1 in 1 scope(s), 11 characters" in described
     assert "Index:" in described and "Embedding:   <none> (full-text search only)" in described
-    # a remote backend that is not there: described all the same, saying why
-    remote = cli(home, "describe", "memory", "remote")
+    # a remote backend that is not there: described all the same, saying why (the operator
+    # lets allow_private reach the loopback)
+    allowed = {"CORRAL_ALLOWED_PRIVATE_DESTINATIONS": "127.0.0.1"}
+    remote = cli(home, "describe", "memory", "remote", env=allowed)
     assert "Backend:     http (http://127.0.0.1:9/memory/v1)" in remote
     assert "Entries:     unavailable (memory_backend_unavailable:" in remote
     assert "Traceback" not in remote

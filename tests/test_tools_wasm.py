@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import time
+from contextlib import AsyncExitStack
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -17,13 +19,18 @@ import pytest
 import wasmtime
 from pydantic import ValidationError
 
-from corral.core.errors import ConfigurationError, ToolError
+from corral.core.errors import ConfigurationError, ResourceError, ToolError
+from corral.core.settings import Settings
+from corral.resources.execution import NamespacePolicySpec
 from corral.resources.kinds import ToolSpecModel, WasmToolSpec
 from corral.resources.loader import load_path, load_text, unanchored_paths
 from corral.resources.wasm_module import MAX_MODULE_BYTES
+from corral.runtime.builder import AgentBuilder
+from corral.store import Store
 from corral.tools import wasm as wasm_tool
 from corral.tools.base import Tool, ToolContext
 from corral.tools.exec import MAX_STDOUT_BYTES
+from corral.tools.wasm_budget import MemoryBudget
 
 PROBE_WAT = Path(__file__).parent / "tool_programs" / "wasm" / "probe.wat"
 EXAMPLE = Path(__file__).parent.parent / "examples" / "tools" / "word_count.wasm"
@@ -45,10 +52,17 @@ def workspace(tmp_path: Path) -> Path:
     return path
 
 
-def make(module: Path, entrypoint: str, *, timeout: float = 30.0, **wasm: Any) -> Tool:
+def make(
+    module: Path,
+    entrypoint: str,
+    *,
+    timeout: float = 30.0,
+    budget: MemoryBudget | None = None,
+    **wasm: Any,
+) -> Tool:
     block = WasmToolSpec(module=str(module), entrypoint=entrypoint, **wasm)
     spec = ToolSpecModel(type="wasm", parameters=ANY, wasm=block, timeout_seconds=timeout)
-    return wasm_tool.create(entrypoint, spec, {})
+    return wasm_tool.create(entrypoint, spec, {}, budget=budget)
 
 
 async def call(tool: Tool, workspace: Path, **arguments: Any) -> Any:
@@ -301,3 +315,148 @@ def test_the_module_cache_keeps_the_most_recently_used(monkeypatch: pytest.Monke
 
     assert wasm_tool.compiled(modules[0])[1] is first
     assert len(wasm_tool._cache) == 2
+
+
+# --------------------------------------------------------------------------- memory of the server
+
+
+async def _reserved(budget: MemoryBudget, mb: int, waiting: int = 0) -> None:
+    """Until ``mb`` are reserved and ``waiting`` calls wait (polled, with a deadline)."""
+    with anyio.fail_after(10):
+        while budget.reserved_mb != mb or budget.waiting_calls != waiting:
+            await anyio.sleep(0.005)
+
+
+async def test_calls_running_at_once_never_hold_more_than_the_budget(
+    probe: Path, workspace: Path
+) -> None:
+    budget = MemoryBudget(16)
+    holder = make(probe, "spin", fuel=10**15, max_memory_mb=10, budget=budget)
+    late = make(probe, "echo", timeout=0.4, max_memory_mb=10, budget=budget)
+    small = make(probe, "echo", max_memory_mb=6, budget=budget)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(call, holder, workspace)
+        await _reserved(budget, 10)
+        error = await failure(late, workspace)  # 10 + 10 > 16: it waited 0.2 s, then failed
+        assert (error.code, error.retryable) == ("resource_exhausted", True)
+        assert error.info.details == {"limit": "memory_budget"}
+        assert "CORRAL_WASM_MEMORY_BUDGET_MB" in error.info.reason
+        assert (await call(small, workspace, text="fits"))["arguments"] == {"text": "fits"}
+        tg.cancel_scope.cancel()
+    assert (budget.reserved_mb, budget.waiting_calls) == (0, 0)
+
+
+async def test_a_waiting_call_runs_when_the_memory_is_free_and_a_cancelled_one_frees_its_turn(
+    probe: Path, workspace: Path
+) -> None:
+    budget = MemoryBudget(10)
+    holder = make(probe, "spin", fuel=10**15, max_memory_mb=10, budget=budget)
+    waiter = make(probe, "echo", max_memory_mb=8, budget=budget)
+    answers: list[Any] = []
+    holding = anyio.CancelScope()
+    abandoned = anyio.CancelScope()
+
+    async def hold() -> None:
+        with holding:
+            await call(holder, workspace)
+
+    async def wait_and_give_up() -> None:
+        with abandoned:
+            await call(waiter, workspace, text="never")
+
+    async def wait() -> None:
+        answers.append(await call(waiter, workspace, text="late"))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(hold)
+        await _reserved(budget, 10)
+        tg.start_soon(wait_and_give_up)
+        await _reserved(budget, 10, waiting=1)
+        abandoned.cancel()  # a cancelled waiter leaves the line
+        await _reserved(budget, 10, waiting=0)
+        tg.start_soon(wait)
+        await _reserved(budget, 10, waiting=1)
+        holding.cancel()
+    assert answers[0]["arguments"] == {"text": "late"}
+    assert (budget.reserved_mb, budget.waiting_calls) == (0, 0)
+
+
+async def test_a_call_asking_more_than_the_whole_budget_fails_at_once(
+    probe: Path, workspace: Path
+) -> None:
+    error = await failure(make(probe, "echo", max_memory_mb=64, budget=MemoryBudget(32)), workspace)
+    assert (error.code, error.retryable) == ("resource_exhausted", False)
+    assert "more than the whole budget" in error.info.reason
+
+
+def _wasm_tool(module: Path, mb: int) -> str:
+    return f"""
+apiVersion: corral/v1
+kind: Tool
+metadata: {{name: big}}
+spec:
+  type: wasm
+  parameters: {{type: object}}
+  wasm: {{module: "{module}", entrypoint: echo, max_memory_mb: {mb}}}
+---
+apiVersion: corral/v1
+kind: ModelEndpoint
+metadata: {{name: m}}
+spec: {{provider: scripted, script: [{{text: done}}]}}
+---
+apiVersion: corral/v1
+kind: Agent
+metadata: {{name: helper}}
+spec: {{model: m, tools: [big]}}
+"""
+
+
+async def test_a_tool_asking_more_than_the_servers_cap_is_refused_when_built(
+    probe: Path, env: tuple[Store, Settings]
+) -> None:
+    store, settings = env
+    await store.apply(load_text(_wasm_tool(probe, 1024), "t.yaml"))
+    async with AsyncExitStack() as stack:
+        with pytest.raises(ConfigurationError, match="max_memory_mb 1024 is over the cap of 256"):
+            await AgentBuilder(store, settings).build("helper", stack)
+    capped = replace(settings, wasm_max_memory_mb=2048)
+    async with AsyncExitStack() as stack:
+        await AgentBuilder(store, capped).build("helper", stack)
+
+
+async def test_a_namespace_policy_caps_its_wasm_tools_at_apply_and_at_build(
+    probe: Path, env: tuple[Store, Settings]
+) -> None:
+    store, settings = env
+    policy = """
+apiVersion: corral/v1
+kind: NamespacePolicy
+metadata: {name: default}
+spec: {wasm: {max_memory_mb: 32}}
+"""
+    with pytest.raises(ResourceError) as caught:
+        await store.apply(load_text(policy + "---" + _wasm_tool(probe, 64), "t.yaml"))
+    assert "spec.wasm.max_memory_mb" in str(caught.value)
+    assert "over the namespace policy's wasm.max_memory_mb (32)" in str(caught.value)
+    await store.apply(load_text(_wasm_tool(probe, 64), "t.yaml"))  # before the policy
+    await store.apply(load_text(policy, "p.yaml"))
+    async with AsyncExitStack() as stack:
+        with pytest.raises(ConfigurationError, match="over the cap of 32 MiB"):
+            await AgentBuilder(store, settings).build("helper", stack)
+
+
+@pytest.mark.parametrize("variable", ["CORRAL_WASM_MAX_MEMORY_MB", "CORRAL_WASM_MEMORY_BUDGET_MB"])
+def test_the_memory_settings_refuse_what_is_no_size(variable: str) -> None:
+    with pytest.raises(ConfigurationError, match=variable):
+        Settings.from_env({variable: "lots"})
+    with pytest.raises(ConfigurationError, match=variable):
+        Settings.from_env({variable: "0"})
+
+
+def test_a_namespace_policys_wasm_cap_is_validated() -> None:
+    with pytest.raises(ValidationError):
+        NamespacePolicySpec.model_validate({"wasm": {"max_memory_mb": 0}})
+    with pytest.raises(ValidationError):
+        NamespacePolicySpec.model_validate({"wasm": {"max_memory_mb": 5000}})
+    with pytest.raises(ValidationError):
+        NamespacePolicySpec.model_validate({"wasm": {"memory": 1}})

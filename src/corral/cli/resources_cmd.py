@@ -437,6 +437,7 @@ def _execution_lines(found: ResourceOut, others: list[ResourceOut]) -> list[str]
         NAMESPACE_POLICY_NAME,
         NamespacePolicySpec,
         effective_policy,
+        namespace_defaults,
     )
     from corral.resources.kinds import AgentSpec
 
@@ -452,7 +453,8 @@ def _execution_lines(found: ResourceOut, others: list[ResourceOut]) -> list[str]
         ),
         None,
     )
-    policy = effective_policy(found.spec.execution, defaults)
+    restricted = namespace_defaults(found.metadata.namespace)
+    policy = effective_policy(found.spec.execution, defaults, restricted)
     sources = dict(policy.sources)
     return [
         "Execution (effective):",

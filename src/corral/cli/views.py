@@ -190,6 +190,7 @@ KIND_COLUMNS: dict[str, list[Column[ResourceOut]]] = {
         Column("ISOLATION", _attr("execution", "isolation")),
         Column("NETWORK", _attr("execution", "network")),
         Column("TOOL TYPES", _attr("execution", "allowed_tool_types"), free_text=True),
+        Column("WASM MB", _attr("wasm", "max_memory_mb")),
     ],
     "Memory": [Column("BACKEND", _attr("backend")), Column("SCOPE", _attr("scope"))],
 }

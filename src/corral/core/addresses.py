@@ -14,17 +14,31 @@ again after resolving the host (:mod:`corral.tools.ssrf`):
 - :func:`url_problem` checks a whole URL: http or https, a well-formed host, no
   credentials, and (unless private destinations are allowed) no blocked literal
   address and no ``localhost`` name.
+- :class:`PrivateAllowList` is the operator's list of the private destinations a
+  tool with ``allow_private`` may reach (``CORRAL_ALLOWED_PRIVATE_DESTINATIONS``):
+  a tool's ``allow_private`` alone reaches none.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ipaddress
+import os
 import re
+from collections.abc import Mapping
+from dataclasses import dataclass
 
 import httpx
 
-__all__ = ["SCHEMES", "IPAddress", "blocked_reason", "literal_address", "url_problem"]
+__all__ = [
+    "ALLOWED_PRIVATE_VARIABLE",
+    "SCHEMES",
+    "IPAddress",
+    "PrivateAllowList",
+    "blocked_reason",
+    "literal_address",
+    "url_problem",
+]
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
@@ -36,6 +50,70 @@ _CGNAT = ipaddress.IPv4Network("100.64.0.0/10")
 _METADATA = {ipaddress.ip_address("169.254.169.254"), ipaddress.ip_address("fd00:ec2::254")}
 _HOST_NAME = re.compile(r"[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*\.?")
 _NUMBER = re.compile(r"0[xX][0-9a-fA-F]*|[0-9]+")
+#: the operator's allow-list of private destinations (comma separated)
+ALLOWED_PRIVATE_VARIABLE = "CORRAL_ALLOWED_PRIVATE_DESTINATIONS"
+
+
+@dataclass(frozen=True)
+class PrivateAllowList:
+    """The private destinations a tool with ``allow_private`` may reach, as the operator
+    names them: IP addresses, networks (``10.0.0.0/8``, ``::1/128``) and host names
+    (``db.internal``: whatever it resolves to). Empty: ``allow_private`` reaches nothing
+    that the SSRF guard would block."""
+
+    networks: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = ()
+    hosts: frozenset[str] = frozenset()
+
+    @staticmethod
+    def parse(text: str) -> PrivateAllowList:
+        """Read the comma separated entries of :data:`ALLOWED_PRIVATE_VARIABLE`.
+
+        Raises ``ValueError`` naming an entry that is neither an address, a network
+        nor a host name.
+        """
+        networks: list[ipaddress.IPv4Network | ipaddress.IPv6Network] = []
+        hosts: set[str] = set()
+        for raw in text.split(","):
+            entry = raw.strip()
+            if not entry:
+                continue
+            try:
+                networks.append(ipaddress.ip_network(entry.strip("[]"), strict=False))
+                continue
+            except ValueError:
+                pass
+            if not _HOST_NAME.fullmatch(entry) or _NUMBER.fullmatch(entry.split(".")[-1]):
+                raise ValueError(
+                    f"{ALLOWED_PRIVATE_VARIABLE}: {entry!r} is not an address, a network "
+                    "or a host name"
+                )
+            hosts.add(entry.lower().removesuffix("."))
+        return PrivateAllowList(tuple(networks), frozenset(hosts))
+
+    @staticmethod
+    def from_env(environ: Mapping[str, str] | None = None) -> PrivateAllowList:
+        env = os.environ if environ is None else environ
+        return _parsed(env.get(ALLOWED_PRIVATE_VARIABLE, ""))
+
+    def allows(self, host: str, address: IPAddress) -> bool:
+        """Whether ``host`` (as the URL names it), resolved to ``address``, is listed."""
+        if host.lower().removesuffix(".") in self.hosts:
+            return True
+        return any(address.version == n.version and address in n for n in self.networks)
+
+    def describe(self) -> str:
+        entries = [*map(str, self.networks), *sorted(self.hosts)]
+        return ", ".join(entries) or "unset"
+
+
+_parsed_cache: dict[str, PrivateAllowList] = {}
+
+
+def _parsed(text: str) -> PrivateAllowList:
+    found = _parsed_cache.get(text)
+    if found is None:
+        found = _parsed_cache[text] = PrivateAllowList.parse(text)
+    return found
 
 
 def _embedded_ipv4(address: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:

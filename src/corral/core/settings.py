@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from corral.core.addresses import ALLOWED_PRIVATE_VARIABLE, PrivateAllowList
 from corral.core.errors import ConfigurationError
 from corral.core.limits import LIMIT_VARIABLES, DocumentLimits
 
@@ -42,6 +43,15 @@ class Settings:
     ``CORRAL_SANDBOX_ALLOWED_PATHS`` host directories a tool sandbox may show (colon
                       separated; read where tools are built and applied, see
                       :mod:`corral.resources.isolation`)
+    ``CORRAL_ALLOWED_PRIVATE_DESTINATIONS`` the private destinations (addresses,
+                      networks, host names; comma separated) that an outbound tool
+                      with ``allow_private`` may reach; unset: none (read by the SSRF
+                      guard at each call, checked here, see :mod:`corral.core.addresses`)
+    ``CORRAL_WASM_MAX_MEMORY_MB`` the most linear memory one ``wasm`` call may have
+                      (default 256; a Tool asking more is refused when it is built)
+    ``CORRAL_WASM_MEMORY_BUDGET_MB`` what this process's ``wasm`` calls running at once
+                      may reserve together (each reserves its ``max_memory_mb``;
+                      default 1024): a call that does not fit waits its turn
 
     Limits of the YAML and JSON documents read (``corral apply``, ``POST /v1/resources``,
     tool-call arguments; see :mod:`corral.core.limits`):
@@ -102,6 +112,8 @@ class Settings:
     nats_ack_wait_seconds: float = 30.0
     nats_max_deliver: int = 5
     document_limits: DocumentLimits = field(default_factory=DocumentLimits)
+    wasm_max_memory_mb: int = 256
+    wasm_memory_budget_mb: int = 1024
 
     @property
     def workspaces(self) -> Path:
@@ -116,6 +128,10 @@ class Settings:
         env = os.environ if environ is None else environ
         home = Path(env.get("CORRAL_HOME") or Path.home() / ".corral").expanduser()
         db_url = env.get("CORRAL_DB_URL") or f"sqlite:///{home / 'corral.db'}"
+        try:
+            PrivateAllowList.parse(env.get(ALLOWED_PRIVATE_VARIABLE, ""))
+        except ValueError as exc:
+            raise ConfigurationError(str(exc)) from None
         retention = env.get("CORRAL_RUN_RETENTION_DAYS")
         try:
             retention_days = float(retention) if retention else None
@@ -148,6 +164,8 @@ class Settings:
             nats_prefix=env.get("CORRAL_NATS_PREFIX") or "corral",
             nats_ack_wait_seconds=_number(env, "CORRAL_NATS_ACK_WAIT_SECONDS", 30.0),
             nats_max_deliver=int(_number(env, "CORRAL_NATS_MAX_DELIVER", 5, minimum=2)),
+            wasm_max_memory_mb=int(_number(env, "CORRAL_WASM_MAX_MEMORY_MB", 256)),
+            wasm_memory_budget_mb=int(_number(env, "CORRAL_WASM_MEMORY_BUDGET_MB", 1024)),
             document_limits=DocumentLimits(
                 **{
                     limit: int(_number(env, variable, getattr(DocumentLimits, limit)))

@@ -3,11 +3,18 @@
 An ``Agent`` may say ``execution: {isolation, network, allowed_tool_types}``; a
 ``NamespacePolicy`` (one per namespace, named ``default``) gives the namespace's
 default. :func:`effective_policy` is the one place they meet: each field is the
-agent's own, else the namespace's, else the built-in default (isolation
-``preferred`` = each tool's own ``isolation``, network ``allow``, every type).
+agent's own, else the namespace's, else the built-in default of the namespace.
 
-An agent may tighten its namespace's policy but never loosen it (a tenant's admin
-writes the agent, the operator writes the namespace policy):
+The built-in defaults are secure outside the operator's namespace: in ``default``
+isolation is ``preferred`` (each tool's own ``isolation``), network ``allow`` and
+every type allowed; every other namespace gets :data:`RESTRICTED_DEFAULTS`
+(isolation ``required``: every exec tool and stdio MCP server sandboxed, no
+``isolation.mode: none``, python tools in a sandboxed subprocess) for each field
+its NamespacePolicy leaves unset. Only the operator writes a NamespacePolicy, so
+only the operator relaxes a namespace (``isolation: preferred`` in its policy).
+
+An agent may tighten its namespace's policy (or its restricted defaults) but never
+loosen it (a tenant's admin writes the agent, the operator writes the namespace policy):
 :func:`loosening_problems` names what an agent would loosen, and apply refuses it.
 
 The effective policy acts on tools in two places, both through this module:
@@ -28,13 +35,18 @@ from corral.resources.spec import Spec
 __all__ = [
     "DEFAULT_POLICY",
     "NAMESPACE_POLICY_NAME",
+    "OPERATOR_NAMESPACE",
+    "RESTRICTED_DEFAULTS",
     "TOOL_TYPES",
     "EffectivePolicy",
     "ExecutionSpec",
     "NamespacePolicySpec",
+    "WasmPolicySpec",
     "effective_policy",
     "isolation_under",
     "loosening_problems",
+    "namespace_defaults",
+    "python_isolation_under",
     "tool_problem",
 ]
 
@@ -48,7 +60,11 @@ NAMESPACE_POLICY_NAME = "default"
 #: the kind a namespace's policy is stored as
 NAMESPACE_POLICY_KIND = "NamespacePolicy"
 
+#: the operator's namespace: its agents get the permissive built-in defaults
+OPERATOR_NAMESPACE = "default"
+
 _STRICTNESS: dict[str, int] = {"off": 0, "preferred": 1, "required": 2}
+_FIELDS = ("isolation", "network", "allowed_tool_types")
 
 
 class ExecutionSpec(Spec):
@@ -85,10 +101,22 @@ class ExecutionSpec(Spec):
         return types
 
 
+class WasmPolicySpec(Spec):
+    """What a namespace's ``wasm`` tools may ask for (over the server's own caps)."""
+
+    max_memory_mb: int | None = Field(
+        default=None,
+        ge=1,
+        le=4096,
+        description="the most linear memory a wasm tool of the namespace may declare, MiB",
+    )
+
+
 class NamespacePolicySpec(Spec):
     """The defaults of a namespace's agents; only the store's owner or a default admin sets it."""
 
     execution: ExecutionSpec = Field(default_factory=ExecutionSpec)
+    wasm: WasmPolicySpec = Field(default_factory=WasmPolicySpec)
 
 
 @dataclass(frozen=True)
@@ -115,16 +143,27 @@ class EffectivePolicy:
 
 
 DEFAULT_POLICY = EffectivePolicy()
+#: what a namespace other than ``default`` gets for each field its NamespacePolicy leaves unset
+RESTRICTED_DEFAULTS = ExecutionSpec(isolation="required")
+
+
+def namespace_defaults(namespace: str) -> ExecutionSpec | None:
+    """The built-in defaults of ``namespace`` over :data:`DEFAULT_POLICY` (``None``: none)."""
+    return None if namespace == OPERATOR_NAMESPACE else RESTRICTED_DEFAULTS
 
 
 def effective_policy(
-    agent: ExecutionSpec | None, namespace: ExecutionSpec | None
+    agent: ExecutionSpec | None,
+    namespace: ExecutionSpec | None,
+    restricted: ExecutionSpec | None = None,
 ) -> EffectivePolicy:
-    """Each field: the agent's own, else the namespace's, else the built-in default."""
+    """Each field: the agent's own, else the namespace's, else ``restricted`` (the
+    namespace's built-in defaults, :func:`namespace_defaults`), else :data:`DEFAULT_POLICY`."""
     values: dict[str, Any] = {}
     sources: list[tuple[str, str]] = []
-    for field in ("isolation", "network", "allowed_tool_types"):
-        for source, spec in (("agent", agent), ("namespace", namespace)):
+    layers = (("agent", agent), ("namespace", namespace), ("restricted", restricted))
+    for field in _FIELDS:
+        for source, spec in layers:
             value = getattr(spec, field) if spec is not None else None
             if value is not None:
                 values[field] = tuple(value) if isinstance(value, list) else value
@@ -137,9 +176,37 @@ def effective_policy(
 
 
 def loosening_problems(
+    agent: ExecutionSpec | None,
+    namespace: ExecutionSpec | None,
+    restricted: ExecutionSpec | None = None,
+) -> list[tuple[str, str]]:
+    """``(field, reason)`` for each field where ``agent`` is looser than ``namespace``
+    (its fields unset taken from ``restricted``, the namespace's built-in defaults)."""
+    unset: dict[str, Any] = {}
+    if restricted is not None:
+        base = namespace if namespace is not None else ExecutionSpec()
+        unset = {
+            f: getattr(restricted, f)
+            for f in _FIELDS
+            if getattr(base, f) is None and getattr(restricted, f) is not None
+        }
+        namespace = base.model_copy(update=unset)
+    problems = _loosened(agent, namespace)
+    return [
+        (field, f"{reason} ({_RESTRICTED_NOTE})" if field in unset else reason)
+        for field, reason in problems
+    ]
+
+
+_RESTRICTED_NOTE = (
+    f"the built-in default of a namespace other than {OPERATOR_NAMESPACE!r}; "
+    f"an admin of {OPERATOR_NAMESPACE!r} may relax it with a NamespacePolicy"
+)
+
+
+def _loosened(
     agent: ExecutionSpec | None, namespace: ExecutionSpec | None
 ) -> list[tuple[str, str]]:
-    """``(field, reason)`` for each field where ``agent`` is looser than ``namespace``."""
     if agent is None or namespace is None:
         return []
     problems: list[tuple[str, str]] = []
@@ -171,11 +238,17 @@ def loosening_problems(
 
 
 def tool_problem(
-    policy: EffectivePolicy, ref: str, tool_type: str, isolation: IsolationSpec | None
+    policy: EffectivePolicy,
+    ref: str,
+    tool_type: str,
+    isolation: IsolationSpec | None,
+    outbound: bool = False,
 ) -> str | None:
     """Why the agent's policy refuses tool ``ref`` of ``tool_type``, or ``None``.
 
-    ``isolation`` is the tool's own block (exec tools, stdio MCP servers), else ``None``.
+    ``isolation`` is the tool's own block (exec tools, stdio MCP servers), else ``None``;
+    ``outbound``: the tool calls out over the network itself (``http``, ``a2a``, an
+    MCP server over HTTP), which ``network: deny`` refuses.
     """
     if not policy.allows(tool_type):
         allowed = ", ".join(policy.allowed_tool_types) or "none"
@@ -184,9 +257,19 @@ def tool_problem(
             f"not allow (allowed_tool_types: {allowed})"
         )
     if policy.isolation == "required" and isolation is not None and isolation.mode == "none":
+        note = (
+            f" ({_RESTRICTED_NOTE})"
+            if dict(policy.sources).get("isolation") == "restricted"
+            else ""
+        )
         return (
             f"tool {ref!r} says isolation.mode 'none', but the agent's execution policy "
-            "requires a sandbox (isolation: required)"
+            f"requires a sandbox (isolation: required){note}"
+        )
+    if policy.network == "deny" and outbound:
+        return (
+            f"tool {ref!r} calls out over the network, which the agent's execution policy "
+            "denies (network: deny)"
         )
     return None
 
@@ -207,3 +290,9 @@ def isolation_under(policy: EffectivePolicy, isolation: IsolationSpec) -> Isolat
     if policy.network == "deny" and isolation.network:
         update["network"] = False
     return isolation.model_copy(update=update) if update else isolation
+
+
+def python_isolation_under(policy: EffectivePolicy, isolation: str) -> str:
+    """A python tool's ``isolation`` under ``policy``: ``required`` runs every python tool
+    in the sandbox (``sandbox``, never in the server's process), whatever it says."""
+    return "sandbox" if policy.isolation == "required" else isolation

@@ -4,7 +4,11 @@ Runs in the apply's transaction next to :func:`~corral.resources.references.chec
 against the batch and the stored resources. An Agent in the batch is refused when it
 would loosen its namespace's policy, or when its effective policy
 (:func:`~corral.resources.execution.effective_policy`) refuses one of its tools: a type
-not in ``allowed_tool_types``, or ``isolation.mode: none`` under ``required``.
+not in ``allowed_tool_types``, ``isolation.mode: none`` under ``required``, or a tool
+that calls out over the network under ``network: deny``.
+
+A wasm Tool in the batch is refused when it asks more memory than its namespace's
+``wasm.max_memory_mb``.
 
 Applying a NamespacePolicy does not re-check the agents already stored: an agent
 the new policy refuses fails at its next run's build, with the same reason
@@ -24,6 +28,7 @@ from corral.resources.execution import (
     NamespacePolicySpec,
     effective_policy,
     loosening_problems,
+    namespace_defaults,
     tool_problem,
 )
 from corral.resources.isolation import IsolationSpec
@@ -36,6 +41,7 @@ __all__ = [
     "agent_tool_problems",
     "check_execution_policies",
     "namespace_execution",
+    "namespace_wasm_cap",
     "tool_facts",
 ]
 
@@ -43,12 +49,19 @@ SpecLookup = Callable[[str, str, str], Awaitable[Spec | None]]
 """``(namespace, kind, name) -> spec`` of what is already stored (``None``: absent)."""
 
 
-def tool_facts(spec: Spec) -> tuple[str, IsolationSpec | None] | None:
-    """A Tool's or McpServer's type as policies name it, and its own isolation (if any)."""
+#: the Tool types whose calls go out over the network from the server's process
+OUTBOUND_TOOL_TYPES = frozenset({"http", "a2a"})
+
+
+def tool_facts(spec: Spec) -> tuple[str, IsolationSpec | None, bool] | None:
+    """A Tool's or McpServer's type as policies name it, its own isolation (if any), and
+    whether the server calls out over the network for it."""
     if isinstance(spec, ToolSpecModel):
-        return spec.type, spec.exec.isolation if spec.exec is not None else None
+        isolation = spec.exec.isolation if spec.exec is not None else None
+        return spec.type, isolation, spec.type in OUTBOUND_TOOL_TYPES
     if isinstance(spec, McpServerSpec):
-        return "mcp", spec.isolation if spec.transport == "stdio" else None
+        stdio = spec.transport == "stdio"
+        return "mcp", spec.isolation if stdio else None, not stdio
     return None
 
 
@@ -77,6 +90,12 @@ async def namespace_execution(namespace: str, lookup: SpecLookup) -> ExecutionSp
     return spec.execution if isinstance(spec, NamespacePolicySpec) else None
 
 
+async def namespace_wasm_cap(namespace: str, lookup: SpecLookup) -> int | None:
+    """The NamespacePolicy's cap on a wasm tool's ``max_memory_mb``, if it sets one."""
+    spec = await lookup(namespace, NAMESPACE_POLICY_KIND, NAMESPACE_POLICY_NAME)
+    return spec.wasm.max_memory_mb if isinstance(spec, NamespacePolicySpec) else None
+
+
 async def check_execution_policies(
     batch: Sequence[Resource | LoadedResource], stored: SpecLookup
 ) -> None:
@@ -100,12 +119,23 @@ async def check_execution_policies(
                 )
             )
         spec = resource.spec
+        if isinstance(spec, ToolSpecModel) and spec.wasm is not None:
+            cap = await namespace_wasm_cap(resource.namespace, lookup)
+            if cap is not None and spec.wasm.max_memory_mb > cap:
+                problems.append(
+                    (
+                        locate(item, ("spec", "wasm", "max_memory_mb")),
+                        f"{prefix}max_memory_mb {spec.wasm.max_memory_mb} is over the "
+                        f"namespace policy's wasm.max_memory_mb ({cap})",
+                    )
+                )
         if not isinstance(spec, AgentSpec):
             continue
         defaults = await namespace_execution(resource.namespace, lookup)
-        for field, reason in loosening_problems(spec.execution, defaults):
+        restricted = namespace_defaults(resource.namespace)
+        for field, reason in loosening_problems(spec.execution, defaults, restricted):
             problems.append((locate(item, ("spec", "execution", field)), prefix + reason))
-        policy = effective_policy(spec.execution, defaults)
+        policy = effective_policy(spec.execution, defaults, restricted)
         for index, reason in await agent_tool_problems(spec, policy, resource.namespace, lookup):
             problems.append((locate(item, ("spec", "tools", index)), prefix + reason))
     if problems:

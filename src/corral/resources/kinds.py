@@ -150,11 +150,14 @@ class PythonToolSpec(Spec):
             "cannot interrupt it. Coroutine functions always run on the loop"
         ),
     )
-    isolation: Literal["none", "process"] = Field(
+    isolation: Literal["none", "process", "sandbox"] = Field(
         default="none",
         description=(
-            "process: run the function in a worker subprocess that a timeout or cancellation "
-            "kills; none: in this process (a timed-out synchronous call keeps its thread)"
+            "none: in the server's process, with the server's rights (its files, secret key "
+            "and environment; a timed-out synchronous call keeps its thread); process: in a "
+            "worker subprocess that a timeout or cancellation kills, still as the server's "
+            "user; sandbox: in a subprocess inside the bubblewrap sandbox, as an exec tool "
+            "runs (what a namespace's isolation 'required' gives every python tool)"
         ),
     )
 
@@ -162,8 +165,10 @@ class PythonToolSpec(Spec):
     def _import_path(self) -> PythonToolSpec:
         if ":" not in self.function:
             raise ValueError("function must look like 'package.module:function'")
-        if self.inline and self.isolation == "process":
-            raise ValueError("'inline' runs on the event loop; isolation 'process' cannot")
+        if self.inline and self.isolation != "none":
+            raise ValueError(
+                f"'inline' runs on the event loop; isolation {self.isolation!r} cannot"
+            )
         return self
 
 
@@ -255,7 +260,10 @@ class HttpToolSpec(Spec):
     # Declared before ``url`` so that the url's validator can read it.
     allow_private: bool = Field(
         default=False,
-        description="allow loopback, link-local and private destinations (SSRF guard off)",
+        description=(
+            "reach the loopback, link-local and private destinations that the operator lists "
+            "in CORRAL_ALLOWED_PRIVATE_DESTINATIONS (no others)"
+        ),
     )
     url: str
     method: Literal["POST", "PUT"] = "POST"
@@ -291,7 +299,10 @@ class A2aToolSpec(Spec):
     # Declared before ``url`` so that the url's validator can read it.
     allow_private: bool = Field(
         default=False,
-        description="allow loopback, link-local and private destinations (SSRF guard off)",
+        description=(
+            "reach the loopback, link-local and private destinations that the operator lists "
+            "in CORRAL_ALLOWED_PRIVATE_DESTINATIONS (no others)"
+        ),
     )
     url: str = Field(description="the remote agent card, or the agent's base URL")
     headers: dict[str, str] = Field(default_factory=dict)

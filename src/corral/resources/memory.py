@@ -73,7 +73,10 @@ class MemoryHttp(Spec):
     # Declared before ``url`` so that the url's validator can read it.
     allow_private: bool = Field(
         default=False,
-        description="allow loopback, link-local and private destinations (SSRF guard off)",
+        description=(
+            "reach the loopback, link-local and private destinations that the operator lists "
+            "in CORRAL_ALLOWED_PRIVATE_DESTINATIONS (no others)"
+        ),
     )
     url: str = Field(description="the service's base URL (each operation is a path under it)")
     auth: HttpAuth | None = None

@@ -21,9 +21,12 @@ from corral.resources.execution import (
     effective_policy,
     isolation_under,
     loosening_problems,
+    namespace_defaults,
+    python_isolation_under,
     tool_problem,
 )
 from corral.resources.execution_check import tool_facts
+from corral.resources.isolation import IsolationSpec
 from corral.resources.kinds import (
     AgentRoleSpec,
     AgentSpec,
@@ -41,6 +44,7 @@ from corral.resources.memory import MemorySpec
 from corral.resources.secrets import SecretResolver, header_secret
 from corral.runtime.memory import check_embeds
 from corral.store.base import Store
+from corral.tools import python_sandbox
 from corral.tools.agents import Delegation, linked_agent_tools
 from corral.tools.base import Tool
 from corral.tools.governance import GovernedTool, Permissions, ToolPolicy, Toolset
@@ -48,6 +52,7 @@ from corral.tools.memory import MemoryBinding, memory_tools
 from corral.tools.memory_backend import open_memory_backend
 from corral.tools.registry import build_tool
 from corral.tools.sandbox.host import SandboxHost
+from corral.tools.wasm_budget import memory_budget
 
 MCP_PREFIX = "mcp:"
 S = TypeVar("S", bound=Spec)
@@ -181,16 +186,29 @@ class AgentBuilder:
         A policy applied after the agent that the agent would loosen is a configuration
         error here, as it would have been at apply.
         """
+        found = await self.namespace_policy()
+        defaults = found.execution if found is not None else None
+        restricted = namespace_defaults(self.namespace)
+        loosened = loosening_problems(spec.execution, defaults, restricted)
+        if loosened:
+            reasons = "; ".join(reason for _, reason in loosened)
+            raise ConfigurationError(f"agent {name!r}: execution policy: {reasons}")
+        return effective_policy(spec.execution, defaults, restricted)
+
+    async def namespace_policy(self) -> NamespacePolicySpec | None:
+        """The namespace's NamespacePolicy, if it has one."""
         stored = await self.store.get_resource(
             self.namespace, NAMESPACE_POLICY_KIND, NAMESPACE_POLICY_NAME
         )
         found = stored.resource.spec if stored is not None else None
-        defaults = found.execution if isinstance(found, NamespacePolicySpec) else None
-        loosened = loosening_problems(spec.execution, defaults)
-        if loosened:
-            reasons = "; ".join(reason for _, reason in loosened)
-            raise ConfigurationError(f"agent {name!r}: execution policy: {reasons}")
-        return effective_policy(spec.execution, defaults)
+        return found if isinstance(found, NamespacePolicySpec) else None
+
+    async def wasm_max_memory_mb(self) -> int:
+        """The most memory one wasm call may have: the server's cap, and the namespace's."""
+        found = await self.namespace_policy()
+        cap = found.wasm.max_memory_mb if found is not None else None
+        server = self.settings.wasm_max_memory_mb
+        return server if cap is None else min(server, cap)
 
     def _under_policy(self, policy: EffectivePolicy, ref: str, spec: S) -> S:
         """``spec`` (a Tool's or McpServer's) with the isolation ``policy`` gives it."""
@@ -205,6 +223,13 @@ class AgentBuilder:
             return spec.model_copy(
                 update={"exec": spec.exec.model_copy(update={"isolation": isolation})}
             )
+        if isinstance(spec, ToolSpecModel) and spec.python is not None:
+            python_isolation = python_isolation_under(policy, spec.python.isolation)
+            if python_isolation == spec.python.isolation:
+                return spec
+            update = {"isolation": python_isolation, "inline": False}
+            python = spec.python.model_copy(update=update)
+            return spec.model_copy(update={"python": python})
         if isinstance(spec, McpServerSpec) and spec.transport == "stdio":
             return spec.model_copy(update={"isolation": isolation_under(policy, spec.isolation)})
         return spec
@@ -260,9 +285,22 @@ class AgentBuilder:
                 )
                 env = spec.exec.env if spec.exec else {}
                 auth = spec.http.auth if spec.http else spec.a2a.auth if spec.a2a else None
-                tool = build_tool(
-                    entry, spec, await self._secrets_of(env, auth), sandbox_host=self.sandbox_host
-                )
+                if spec.python is not None and spec.python.isolation == "sandbox":
+                    tool = await python_sandbox.create(
+                        entry,
+                        spec,
+                        isolation=isolation_under(policy, IsolationSpec(mode="sandbox")),
+                        sandbox_host=self.sandbox_host,
+                    )
+                else:
+                    tool = build_tool(
+                        entry,
+                        spec,
+                        await self._secrets_of(env, auth),
+                        sandbox_host=self.sandbox_host,
+                        wasm_budget=memory_budget(self.settings.wasm_memory_budget_mb),
+                        wasm_max_memory_mb=await self.wasm_max_memory_mb(),
+                    )
                 stack.push_async_callback(tool.aclose)
                 tools.append(GovernedTool(tool, ToolPolicy.of_tool(spec)))
                 continue

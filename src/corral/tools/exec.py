@@ -327,6 +327,10 @@ class ExecTool(Tool):
         return list(self._argv)
 
     async def call(self, arguments: dict[str, Any], ctx: ToolContext) -> Any:
+        return parse_output(await self.run(json.dumps(arguments).encode("utf-8"), ctx))
+
+    async def run(self, payload: bytes, ctx: ToolContext) -> bytes:
+        """One run of the program with ``payload`` on stdin: its stdout, or the ToolError."""
         workspace = ctx.workspace.resolve()
         await anyio.Path(workspace).mkdir(parents=True, exist_ok=True)
         if self._cwd:
@@ -342,7 +346,6 @@ class ExecTool(Tool):
             },
             view=self.isolation.view(workspace),
         )
-        payload = json.dumps(arguments).encode("utf-8")
         program = os.path.basename(self._argv[0])
         launch = self.isolation.launch(self._argv, workspace, self._cwd or "", env)
         try:
@@ -382,7 +385,7 @@ class ExecTool(Tool):
                 f"{reason}: {tail}" if tail else reason,
                 details={"exit_code": done.returncode, "stderr": tail},
             )
-        return parse_output(done.stdout)
+        return done.stdout
 
 
 def create(

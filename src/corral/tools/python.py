@@ -205,6 +205,10 @@ def create(name: str, spec: ToolSpecModel, secrets: Mapping[str, str]) -> Tool:
     """
     if spec.python is None:
         raise ConfigurationError(f"Tool {name!r}: type 'python' needs a 'python' block")
+    if spec.python.isolation == "sandbox":  # never imported here: see corral.tools.python_sandbox
+        raise ConfigurationError(
+            f"Tool {name!r}: isolation 'sandbox' is built by corral.tools.python_sandbox"
+        )
     fn = load_function(spec.python.function, spec.python.path, name=name)
     doc_description, _ = _split_docstring(inspect.getdoc(fn) or "")
     description = spec.description or doc_description

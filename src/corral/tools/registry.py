@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from corral.core.errors import ConfigurationError
 from corral.resources.kinds import ToolSpecModel
 from corral.tools.base import Tool
 from corral.tools.sandbox.host import SandboxHost
+
+if TYPE_CHECKING:
+    from corral.tools.wasm_budget import MemoryBudget
 
 KINDS: dict[str, str] = {
     "python": "corral.tools.python",
@@ -32,10 +36,14 @@ def build_tool(
     secrets: Mapping[str, str],
     *,
     sandbox_host: SandboxHost | None = None,
+    wasm_budget: MemoryBudget | None = None,
+    wasm_max_memory_mb: int | None = None,
 ) -> Tool:
     """The tool kind's implementation for one ``Tool`` resource.
 
-    ``sandbox_host`` reaches the kinds that start programs (``exec``).
+    ``sandbox_host`` reaches the kinds that start programs (``exec``); ``wasm_budget``
+    and ``wasm_max_memory_mb`` (the process's memory budget and the cap of one call)
+    reach ``wasm``.
     """
     module_name = KINDS.get(spec.type)
     if module_name is None:
@@ -48,6 +56,11 @@ def build_tool(
         raise ConfigurationError(
             f"tool {name!r}: type 'a2a' needs the a2a-sdk: pip install 'corral[a2a]'"
         ) from None
+    if spec.type == "wasm":
+        wasm: Tool = module.create(
+            name, spec, secrets, budget=wasm_budget, max_memory_mb=wasm_max_memory_mb
+        )
+        return wasm
     if spec.type in SANDBOXED_KINDS:
         sandboxed: Tool = module.create(name, spec, secrets, sandbox_host=sandbox_host)
         return sandboxed

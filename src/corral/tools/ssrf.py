@@ -8,6 +8,11 @@ pinned to the checked address. The caller connects to that address, never to the
 name again, so a DNS answer that changes between the check and the connection
 (DNS rebinding) cannot redirect the call.
 
+A URL whose tool says ``allow_private`` may reach a blocked address only where the
+operator's allow-list (:class:`~corral.core.addresses.PrivateAllowList`,
+``CORRAL_ALLOWED_PRIVATE_DESTINATIONS``, read at each call) names the host or the
+address: ``allow_private`` alone reaches none of them.
+
 Nothing here opens a connection; resolution goes through a ``Resolver``
 (the system resolver in a worker thread by default).
 """
@@ -24,8 +29,10 @@ import anyio.to_thread
 import httpx
 
 from corral.core.addresses import (
+    ALLOWED_PRIVATE_VARIABLE,
     SCHEMES,
     IPAddress,
+    PrivateAllowList,
     blocked_reason,
     literal_address,
     url_problem,
@@ -94,13 +101,19 @@ def _parse_address(text: str) -> IPAddress:
 
 
 async def check_destination(
-    url: str | httpx.URL, *, allow_private: bool = False, resolver: Resolver = system_resolver
+    url: str | httpx.URL,
+    *,
+    allow_private: bool = False,
+    resolver: Resolver = system_resolver,
+    allowed: PrivateAllowList | None = None,
 ) -> Destination:
     """Check ``url`` and pin it to one of its addresses; see the module docstring.
 
     Raises ``ToolError`` with code ``blocked_destination`` for a refused URL
     and ``unavailable`` (retryable) when the host does not resolve.
-    ``allow_private`` turns the address check off; the URL is still pinned.
+    ``allow_private`` lets the call reach a private, loopback or metadata address
+    only where the operator's allow-list (``allowed``, default
+    :meth:`PrivateAllowList.from_env`) names it; the URL is still pinned.
     """
     text = str(url)
     problem = url_problem(text, allow_private=allow_private)
@@ -127,9 +140,26 @@ async def check_destination(
             ToolErrorCode.UNAVAILABLE, f"{text}: {host!r} has no address", retryable=True
         )
     parsed_addresses = [_parse_address(a) for a in addresses]
-    if not allow_private:
-        for address in parsed_addresses:
-            reason = blocked_reason(address)
-            if reason is not None:
-                raise _blocked(text, f"{host} resolves to {address}, {reason}")
+    listed = _allow_list(text, allowed) if allow_private else None
+    for address in parsed_addresses:
+        reason = blocked_reason(address)
+        if reason is None or (listed is not None and listed.allows(host, address)):
+            continue
+        if listed is None:
+            raise _blocked(text, f"{host} resolves to {address}, {reason}")
+        raise _blocked(
+            text,
+            f"{host} resolves to {address}, {reason}, which the operator's allow-list of "
+            f"private destinations does not name ({ALLOWED_PRIVATE_VARIABLE}="
+            f"{listed.describe()}); allow_private alone reaches none",
+        )
     return Destination(parsed, host, str(parsed_addresses[0]))
+
+
+def _allow_list(url: str, allowed: PrivateAllowList | None) -> PrivateAllowList:
+    if allowed is not None:
+        return allowed
+    try:
+        return PrivateAllowList.from_env()
+    except ValueError as exc:  # the operator's setting is malformed: nothing is allowed
+        raise _blocked(url, str(exc)) from None

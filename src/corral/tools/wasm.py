@@ -22,6 +22,15 @@ Limits, each a structured tool error the model sees:
 - stdout past :data:`~corral.tools.exec.MAX_STDOUT_BYTES` stops the module
   (``output_too_large``); only the tail of stderr is kept.
 
+The module's memory is the server's: a Tool's ``max_memory_mb`` is bounded by the
+server's cap (``CORRAL_WASM_MAX_MEMORY_MB``) and its NamespacePolicy's
+(``wasm.max_memory_mb``) when the agent is built, and each call reserves its
+``max_memory_mb`` from the process's :class:`MemoryBudget`
+(``CORRAL_WASM_MEMORY_BUDGET_MB``) before it starts, so the calls running at once
+never hold more than the budget. A call that does not fit waits, first come first
+served, for at most half its ``timeout_seconds``, then fails ``resource_exhausted``
+(limit ``memory_budget``, retryable).
+
 Any other trap is ``execution_failed`` with ``details.trap`` naming it
 (``unreachable``, ``memory_out_of_bounds``, ...).
 
@@ -61,6 +70,7 @@ from corral.tools.exec import (
     parse_output,
 )
 from corral.tools.naming import declared_spec
+from corral.tools.wasm_budget import MemoryBudget, memory_budget
 
 __all__ = ["CACHED_MODULES", "WASI_MODULE", "WasmTool", "compiled", "create"]
 
@@ -166,7 +176,14 @@ def _trap_name(trap: wasmtime.Trap) -> str:
 class WasmTool(Tool):
     """A Tool that runs a WebAssembly module per call; see the module docstring."""
 
-    def __init__(self, name: str, spec: ToolSpecModel, code: bytes, digest: str) -> None:
+    def __init__(
+        self,
+        name: str,
+        spec: ToolSpecModel,
+        code: bytes,
+        digest: str,
+        budget: MemoryBudget | None = None,
+    ) -> None:
         assert spec.wasm is not None
         self.ref = name
         self.spec = declared_spec(name, spec)
@@ -176,6 +193,7 @@ class WasmTool(Tool):
         self._code = code
         self._timeout = spec.timeout_seconds
         self._memory_limit = spec.wasm.max_memory_mb * 1024 * 1024
+        self._budget = budget if budget is not None else memory_budget()
 
     def _run(
         self, engine: wasmtime.Engine, payload: bytes, workspace: Path, extra: dict[str, str]
@@ -241,6 +259,13 @@ class WasmTool(Tool):
             "CORRAL_RUN_ID": ctx.run_id,
             "CORRAL_TOOL_CALL_ID": ctx.call_id,
         }
+        reservation = self._budget.reserve(
+            self._wasm.max_memory_mb, wait_seconds=self._timeout / 2, owner=self.ref
+        )
+        async with reservation:
+            return await self._call(payload, workspace, extra)
+
+    async def _call(self, payload: bytes, workspace: Path, extra: dict[str, str]) -> Any:
         engine = _engine()  # its own epoch: stopping this call stops no other
         timed_out: list[bool] = []
         outcome: _Outcome | None = None
@@ -340,12 +365,29 @@ def _check_interface(owner: str, code: bytes, entrypoint: str) -> None:
     raise ConfigurationError(f"{owner}: the module exports no function {entrypoint!r}")
 
 
-def create(name: str, spec: ToolSpecModel, secrets: Mapping[str, str]) -> Tool:
-    """Build a ``wasm`` Tool: the module is checked and compiled (or found compiled) now."""
+def create(
+    name: str,
+    spec: ToolSpecModel,
+    secrets: Mapping[str, str],
+    *,
+    budget: MemoryBudget | None = None,
+    max_memory_mb: int | None = None,
+) -> Tool:
+    """Build a ``wasm`` Tool: the module is checked and compiled (or found compiled) now.
+
+    ``budget`` is the process's (default: :func:`memory_budget`); a Tool asking more
+    memory than ``max_memory_mb`` (the server's and the namespace's cap) is refused.
+    """
     del secrets  # a module's environment is literal (wasi.env)
     if spec.wasm is None:
         raise ConfigurationError(f"Tool {name!r}: type 'wasm' needs a 'wasm' block")
     owner = f"Tool {name!r}"
+    if max_memory_mb is not None and spec.wasm.max_memory_mb > max_memory_mb:
+        raise ConfigurationError(
+            f"{owner}: max_memory_mb {spec.wasm.max_memory_mb} is over the cap of "
+            f"{max_memory_mb} MiB (CORRAL_WASM_MAX_MEMORY_MB, or the NamespacePolicy's "
+            "wasm.max_memory_mb)"
+        )
     path = spec.wasm.module
     problem = module_problem(path, validate=False)
     if problem is None:
@@ -359,4 +401,4 @@ def create(name: str, spec: ToolSpecModel, secrets: Mapping[str, str]) -> Tool:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else "invalid"
         raise ConfigurationError(f"{owner}: not a valid WebAssembly module: {first}") from exc
     _check_interface(owner, code, spec.wasm.entrypoint)
-    return WasmTool(name, spec, code, digest)
+    return WasmTool(name, spec, code, digest, budget)
