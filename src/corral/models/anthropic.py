@@ -284,6 +284,7 @@ class AnthropicModel(SDKModel[anthropic.AsyncAnthropic]):
     """A model behind the Messages API, reached through an injected SDK client."""
 
     errors = SDK_ERRORS
+    default_output_tokens = DEFAULT_MAX_TOKENS
 
     def _params(
         self, messages: Sequence[Message], tools: Sequence[ToolSpec], settings: ModelSettings
