@@ -134,6 +134,8 @@ class EventPrinter:
             )
         elif kind is EventType.ERROR:
             self._error(data)
+        elif kind is EventType.WARNING:
+            self._say(f"[yellow]! {escape(str(data.get('message', '')))}[/]")
         elif kind is EventType.RUN_FINISH and data.get("state") == RunState.CANCELLED.value:
             self._say("[red]⊘ cancelled[/]")
 

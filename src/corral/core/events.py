@@ -45,6 +45,9 @@ class EventType(StrEnum):
     STEP_FINISH = "step.finish"
     RUN_FINISH = "run.finish"
     ERROR = "error"
+    #: something the run's reader should know that does not stop it (``code``, ``message``),
+    #: said once per run: ``usage_estimated`` (a provider reported no token usage)
+    WARNING = "warning"
 
 
 @dataclass(frozen=True)

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from corral.core.errors import BudgetExceededError
 from corral.core.messages import ModelResponse, Usage
+from corral.core.runs import RunRecord
+from corral.models.base import TurnBound
 from corral.resources.kinds import Limits
 
 
@@ -20,6 +23,18 @@ def capped(limits: Limits, max_cost_usd: float | None, max_tokens: int | None = 
         own_tokens = limits.max_tokens
         update["max_tokens"] = max_tokens if own_tokens is None else min(own_tokens, max_tokens)
     return limits.model_copy(update=update) if update else limits
+
+
+def held_by(running: Sequence[RunRecord], ended: Sequence[RunRecord]) -> tuple[float, int]:
+    """What child runs not yet charged to their parent hold of its budget, as ``(cost,
+    tokens)``: those ``running``, their caps (each may spend all of it before it is
+    charged); those ``ended``, what they spent."""
+    return (
+        sum(child.max_cost_usd or 0.0 for child in running)
+        + sum(child.cost_usd for child in ended),
+        sum(child.max_tokens or 0 for child in running)
+        + sum(child.usage.total_tokens for child in ended),
+    )
 
 
 @dataclass
@@ -75,6 +90,33 @@ class Budget:
         if max_tokens is not None:
             tokens = max(max_tokens - self.usage.total_tokens - held_tokens, 0) // ways
         return cost, tokens
+
+    @property
+    def limited(self) -> bool:
+        """Whether the run has a token or cost limit (what a model turn is checked against)."""
+        return self.limits.max_tokens is not None or self.limits.max_cost_usd is not None
+
+    def afford(self, bound: TurnBound, held_cost: float = 0.0, held_tokens: int = 0) -> None:
+        """Check, before a model turn is paid, that its worst case (``bound``) fits in what
+        the run has left less what others hold of it (see :meth:`left`); raises
+        ``BudgetExceededError`` when it does not."""
+        cost_left, tokens_left = self.left(held_cost, held_tokens)
+        if tokens_left is not None and bound.total_tokens > tokens_left:
+            raise BudgetExceededError(
+                "max_tokens",
+                f"the next model turn may use {bound.total_tokens} tokens ({bound.input_tokens} "
+                f"input, up to {bound.output_tokens} output), more than the {tokens_left} left "
+                f"of the run's limit of {self.limits.max_tokens} (a lower "
+                "model_settings.max_output_tokens lowers what a turn may use)",
+            )
+        if cost_left is not None and bound.cost_usd > cost_left:
+            raise BudgetExceededError(
+                "max_cost_usd",
+                f"the next model turn may cost ${bound.cost_usd:.6f} ({bound.input_tokens} "
+                f"input, up to {bound.output_tokens} output tokens), more than the "
+                f"${cost_left:.6f} left of the run's limit of ${self.limits.max_cost_usd:.6f} "
+                "(a lower model_settings.max_output_tokens lowers what a turn may cost)",
+            )
 
     def timed_out(self) -> BudgetExceededError:
         return BudgetExceededError(

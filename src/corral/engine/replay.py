@@ -84,6 +84,8 @@ class Checkpoint:
     handoff_due: tuple[int, str, Handoff] | None = None
     #: the child runs whose spend is journaled (``child.finish``), by run id
     charged: set[str] = field(default_factory=set[str])
+    #: the codes of the ``warning`` events the run emitted (each is said once per run)
+    warned: set[str] = field(default_factory=set[str])
 
 
 def replay(events: Sequence[Event]) -> Checkpoint:
@@ -164,6 +166,8 @@ def replay(events: Sequence[Event]) -> Checkpoint:
                 open_step = None
         elif event.type is EventType.RUN_FINISH:
             checkpoint.finished = True
+        elif event.type is EventType.WARNING:
+            checkpoint.warned.add(str(data.get("code")))
     if open_step is not None:
         if open_step.unresolved():
             checkpoint.open_step = open_step
