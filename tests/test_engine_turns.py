@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from corral.core.errors import ResourceError
 from corral.core.events import Event, EventType
 from corral.core.messages import Message, ModelResponse, ToolSpec
 from corral.core.runs import RunState
@@ -20,6 +21,7 @@ from corral.models.base import DEFAULT_OUTPUT_TOKENS, Model, ModelSettings, Name
 from corral.models.registry import build_model
 from corral.models.scripted import ScriptedModel
 from corral.resources.kinds import ApprovalPolicy, Limits, Pricing, ScriptedToolCall, ScriptedTurn
+from corral.resources.loader import load_text
 from corral.testing.fake_openai import FakeOpenAIServer, FakeReply, FakeToolCall, ToolLoop
 from corral.tools.base import Tool, ToolContext
 from corral.tools.governance import GovernedTool, ToolPolicy, Toolset
@@ -289,3 +291,31 @@ async def test_the_usage_warning_is_said_once_per_run_across_a_resume(tmp_path: 
     assert (done.state, done.output) == (RunState.SUCCEEDED, "3")
     assert [e.data["code"] for e in events if e.type is EventType.WARNING] == ["usage_estimated"]
     assert sum(e.type is EventType.MESSAGE_CREATE for e in events) == 2
+
+
+# --------------------------------------------------------------------------- careless input
+
+
+async def test_a_negative_usage_from_the_server_is_estimated_not_given_back(
+    fake_openai: FakeOpenAIServer, tmp_path: Path
+) -> None:
+    # a broken or hostile server's -1000 input tokens would hand the run back its spend
+    fake_openai.add_reply(ADD_CALL, FakeReply(text="42", input_tokens=-1000, output_tokens=5))
+    run = Run(fake_openai, tmp_path, settings=ModelSettings(max_output_tokens=16))
+    result = await run()
+    second = run.of(EventType.MESSAGE_CREATE)[1]["usage"]
+    assert second["source"] == "estimated" and second["input_tokens"] > 0
+    assert result.usage.input_tokens > 10 and len(run.of(EventType.WARNING)) == 1
+
+
+@pytest.mark.parametrize("value", ['"sometimes"', "[true]", "null"])
+def test_a_reset_tool_choice_that_is_no_boolean_is_refused_at_apply(value: str) -> None:
+    text = (
+        "apiVersion: corral/v1\nkind: Agent\nmetadata: {name: a}\nspec:\n  model: m\n"
+        f"  model_settings:\n    tool_choice: required\n    reset_tool_choice: {value}\n"
+    )
+    with pytest.raises(ResourceError) as exc:
+        load_text(text, "a.yaml")
+    [(where, reason)] = exc.value.problems
+    assert (where.line, where.field) == (8, "spec.model_settings.reset_tool_choice")
+    assert "boolean" in reason

@@ -189,8 +189,13 @@ Sent = tuple[Sequence[Message], Sequence[ToolSpec]]
 
 def _usage(usage: CompletionUsage | None, sent: Sent, answer: Message) -> Usage:
     """The usage the server reported; estimated from ``sent`` and ``answer`` when it
-    reported none, or only zeros (no model reads a request in no tokens)."""
-    if usage is None or not (usage.prompt_tokens or usage.completion_tokens):
+    reported none, only zeros (no model reads a request in no tokens), or a negative count
+    (which would give back what the run spent)."""
+    if (
+        usage is None
+        or not (usage.prompt_tokens or usage.completion_tokens)
+        or min(usage.prompt_tokens, usage.completion_tokens) < 0
+    ):
         return estimated_usage(*sent, answer)
     return Usage(usage.prompt_tokens, usage.completion_tokens, 1)
 
