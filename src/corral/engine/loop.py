@@ -63,7 +63,7 @@ from corral.core.messages import (
     dump_messages,
 )
 from corral.core.runs import Decision, PendingApproval, RunRecord, RunState
-from corral.engine.budget import Budget, capped, held_by
+from corral.engine.budget import Budget, capped, held_by, inherited_limits
 from corral.engine.replay import CHARGED_CALL_EVENTS, OpenStep, charge_of, replace_system, replay
 from corral.engine.structured import parse_output, repair_prompt, schema_instruction
 from corral.engine.turn_settings import turn_settings
@@ -256,7 +256,10 @@ class AgentLoop:
         self.sink = sink
         self.raise_retryable = raise_retryable
         self.emit = Emitter(run_id, sink, agent.toolset)
-        self.budget = Budget(capped(agent.limits, cost_cap, token_cap))
+        self.budget = Budget(
+            capped(agent.limits, cost_cap, token_cap),
+            inherited=inherited_limits(agent.limits, cost_cap, token_cap),
+        )
         self.messages: list[Message] = []
         self.initial_count = 0
         self.repairs = 0
@@ -718,6 +721,7 @@ class AgentLoop:
             self.budget.steps,
             self.budget.usage,
             self.budget.cost_usd,
+            inherited_limits(target.limits, self.cost_cap, self.token_cap),
         )
         self.emit.redact_also(target.toolset)
         if self._deadline_scope is not None:  # the target's time limit, from the run's start
