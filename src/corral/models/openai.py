@@ -282,8 +282,9 @@ class _StreamState:
         return ModelError(
             f"model endpoint {endpoint!r}: the server answered a streamed request with tools "
             "with an empty stream: it cannot stream tool calls (llama.cpp's "
-            "chatml-function-calling cannot with tool_choice auto); set 'stream: false' on "
-            "the Agent, or name the tool in its model_settings.tool_choice",
+            "chatml-function-calling cannot with tool_choice auto, which a forced tool_choice "
+            "goes back to once the run called a tool); set 'stream: false' on the Agent, or "
+            "name the tool in its model_settings.tool_choice with reset_tool_choice: false",
             endpoint=endpoint,
         )
 
