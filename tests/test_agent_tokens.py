@@ -382,9 +382,9 @@ def test_a_childs_spend_started_over_the_api_counts_against_the_callers_budget(
     assert (child["agent"], child["state"], child["output"]) == ("costly", "succeeded", "pricey")
     assert run["state"] == "failed"
     assert (run["error"]["code"], run["error"]["limit"]) == ("budget_exceeded", "max_tokens")
-    # the child's 50 (within the 100 the token said spender had left) and spender's next
-    # turn's 60: past spender's 100 only with the child's counted
-    assert run["usage"]["input_tokens"] == 110
+    # the child's 50 (within the 100 the token said spender had left), and spender's next
+    # turn's 60 would pass its 100 only with the child's counted: that turn is not made
+    assert run["usage"]["input_tokens"] == 50
     kinds = [e["type"] for e in events["items"]]
     # the call's result (the child's answer, as the program got it), then the charge
     assert kinds.index("tool.result") < kinds.index("child.finish") < kinds.index("error")
@@ -619,7 +619,7 @@ def test_a_child_started_over_the_api_is_capped_at_what_its_caller_had_left(
 ) -> None:
     # The token of a call carries what its run had left of its limits then; a child the
     # token starts gets that as its own cap, as an agents_exec child does: costly's one
-    # turn (50 tokens) passes the 20 left.
+    # turn (50 tokens) would pass the 20 left, and is not made.
     with server.client(server.admin) as admin:
         parent, token = running_waiter(server, admin, ["costly"], tokens_left=20)
         with server.client(token) as client:
@@ -627,14 +627,13 @@ def test_a_child_started_over_the_api_is_capped_at_what_its_caller_had_left(
         admin.post(f"/v1/tasks/{parent['id']}/cancel")
     assert child["state"] == "failed", child
     assert (child["error"]["code"], child["error"]["limit"]) == ("budget_exceeded", "max_tokens")
-    assert child["usage"]["input_tokens"] == 50
+    assert child["usage"]["input_tokens"] == 0
 
 
 def test_the_children_of_one_token_share_what_it_carries(server: LiveServer) -> None:
     # One call's token carries 120 tokens: costly's children (50 each) get what the
-    # earlier ones left - 120, 70, then 20, which its one turn passes. Then nothing is
-    # left: a fourth is refused (capped at nothing it would still take a paid turn, and
-    # so would any number more), but a retry of the first still finds its child.
+    # earlier ones left - 120, 70, then 20, which its one turn would pass (so it is not
+    # made). A fourth gets the 20 left too, and fails alike; no child spent past it.
     with server.client(server.admin) as admin:
         parent, token = running_waiter(server, admin, ["costly"], tokens_left=120, call="1:0")
         with server.client(token) as client:
@@ -654,10 +653,12 @@ def test_the_children_of_one_token_share_what_it_carries(server: LiveServer) -> 
     assert [c["state"] for c in children] == ["succeeded", "succeeded", "failed"], children
     assert children[2]["error"]["limit"] == "max_tokens"
     assert [c["max_tokens"] for c in children] == [120, 70, 20]
-    assert fourth.status_code == 409, fourth.text
-    assert fourth.json()["code"] == "budget_exceeded"
+    assert [c["usage"]["input_tokens"] for c in children] == [50, 50, 0]
+    assert fourth.status_code == 200, fourth.text
+    assert (fourth.json()["max_tokens"], fourth.json()["state"]) == (20, "failed")
+    assert fourth.json()["usage"]["input_tokens"] == 0
     assert again.status_code == 200 and again.json()["id"] == children[0]["id"]
-    assert len(listed) == 3
+    assert len(listed) == 4
 
 
 def test_children_one_token_starts_at_once_never_get_more_than_it_carries(

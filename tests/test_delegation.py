@@ -76,35 +76,24 @@ async def test_a_parent_gets_its_linked_agents_answer_from_a_child_run(backend: 
 
 async def test_a_child_run_is_capped_by_what_its_parent_has_left(backend: Backend) -> None:
     # boss ($1 a turn, max_cost_usd 2.5) delegates after its first turn; helper would
-    # take 5 turns at $1: given the $1.5 boss has left as its own cap, it stops after its
-    # second ($2), and boss fails on its limit at $3 - not at $6, once helper had ended.
+    # take 5 turns at $1: given the $1.5 boss has left as its own cap, it stops before its
+    # second ($1 more would pass it), and boss before its second turn too ($2 spent, $0.5
+    # left) - not after them at $2 and $3, as when a turn was checked only once paid.
     store = backend.store
-    pricing = {"input_per_million": 1_000_000.0, "output_per_million": 0.0}
     add = {"name": "add", "arguments": {"a": 2, "b": 3}}
-
-    def priced(name: str, *turns: dict[str, Any]) -> str:
-        spec = {"provider": "scripted", "pricing": pricing, "script": list(turns)}
-        return json.dumps(
-            {
-                "apiVersion": "corral/v1",
-                "kind": "ModelEndpoint",
-                "metadata": {"name": name},
-                "spec": spec,
-            }
-        )
 
     await apply(
         store,
         add_tool(),
-        priced(
+        priced_model(
             "boss-model",
-            {**call("agents_exec", agent="helper", input="spend"), "input_tokens": 1},
-            {"text": "done", "input_tokens": 1},
+            {**call("agents_exec", agent="helper", input="spend"), "input_tokens": 1000},
+            {"text": "done", "input_tokens": 1000},
         ),
-        priced(
+        priced_model(
             "helper-model",
-            *[{"tool_calls": [add], "input_tokens": 1}] * 4,
-            {"text": "spent", "input_tokens": 1},
+            *[{"tool_calls": [add], "input_tokens": 1000}] * 4,
+            {"text": "spent", "input_tokens": 1000},
         ),
         agent("helper", "helper-model", tools=["add"]),
         agent("boss", "boss-model", links=["helper"], limits={"max_cost_usd": 2.5}),
@@ -115,9 +104,9 @@ async def test_a_child_run_is_capped_by_what_its_parent_has_left(backend: Backen
     [helper] = await store.list_children(run.id)
     assert helper.max_cost_usd == 1.5
     assert helper.state is RunState.FAILED and helper.error is not None
-    assert helper.error["limit"] == "max_cost_usd" and helper.cost_usd == 2.0
+    assert helper.error["limit"] == "max_cost_usd" and helper.cost_usd == 1.0
     assert parent.state is RunState.FAILED and parent.error is not None
-    assert parent.error["limit"] == "max_cost_usd" and parent.cost_usd == 3.0
+    assert parent.error["limit"] == "max_cost_usd" and parent.cost_usd == 2.0
 
 
 async def test_children_started_at_once_share_what_their_parent_has_left(backend: Backend) -> None:
@@ -165,8 +154,9 @@ async def test_children_started_at_once_share_what_their_parent_has_left(backend
 
 async def test_a_child_run_is_capped_by_the_tokens_its_parent_has_left(backend: Backend) -> None:
     # boss (10 tokens a turn, max_tokens 25) delegates after its first turn; helper would
-    # take 5 turns of 10: given the 15 boss has left as its own cap, it stops after its
-    # second (20), and boss fails on its limit at 30 - not at 60, once helper had ended.
+    # take 5 turns of 10: given the 15 boss has left as its own cap, it stops before its
+    # second (10 more would pass it), and boss before its second turn (20 spent, 5 left) -
+    # not after them at 20 and 30, as when a turn was checked only once paid.
     store = backend.store
     add = {"name": "add", "arguments": {"a": 2, "b": 3}}
     ten = {"input_tokens": 7, "output_tokens": 3}
@@ -188,9 +178,47 @@ async def test_a_child_run_is_capped_by_the_tokens_its_parent_has_left(backend: 
     [helper] = await store.list_children(run.id)
     assert (helper.max_tokens, helper.max_cost_usd) == (15, None)
     assert helper.state is RunState.FAILED and helper.error is not None
-    assert helper.error["limit"] == "max_tokens" and helper.usage.total_tokens == 20
+    assert helper.error["limit"] == "max_tokens" and helper.usage.total_tokens == 10
     assert parent.state is RunState.FAILED and parent.error is not None
-    assert parent.error["limit"] == "max_tokens" and parent.usage.total_tokens == 30
+    assert parent.error["limit"] == "max_tokens" and parent.usage.total_tokens == 20
+
+
+async def test_parallel_children_and_their_parent_never_pass_their_cost_caps(
+    backend: Backend,
+) -> None:
+    # boss ($1 a turn, max_cost_usd 13) starts six helpers in one step: $12 left, $2 each;
+    # a helper would take five $1 turns: each stops before its third, at its $2 cap, and
+    # boss before its second turn, at its $13 (each child paid a third turn past its cap,
+    # and boss ended at $19)
+    store = backend.store
+    add = {"name": "add", "arguments": {"a": 2, "b": 3}}
+    spend = {"name": "agents_exec", "arguments": {"agent": "helper", "input": "spend"}}
+
+    await apply(
+        store,
+        add_tool(),
+        priced_model(
+            "boss-model",
+            {"tool_calls": [spend] * 6, "input_tokens": 1000},
+            {"text": "done", "input_tokens": 1000},
+        ),
+        priced_model(
+            "helper-model",
+            *[{"tool_calls": [add], "input_tokens": 1000}] * 4,
+            {"text": "spent", "input_tokens": 1000},
+        ),
+        agent("helper", "helper-model", tools=["add"]),
+        agent("boss", "boss-model", links=["helper"], limits={"max_cost_usd": 13.0}),
+    )
+    run, _ = await backend.submit("boss", "go")
+    await backend.drain()
+    parent = await get(store, run)
+    helpers = await store.list_children(run.id)
+    assert [h.max_cost_usd for h in helpers] == [2.0] * 6
+    assert all(h.state is RunState.FAILED and h.cost_usd == 2.0 for h in helpers)
+    assert all(h.error is not None and h.error["limit"] == "max_cost_usd" for h in helpers)
+    assert parent.state is RunState.FAILED and parent.error is not None
+    assert parent.error["limit"] == "max_cost_usd" and parent.cost_usd == 13.0
 
 
 async def test_a_call_whose_share_is_nothing_starts_no_child(backend: Backend) -> None:
@@ -335,7 +363,8 @@ async def test_a_ping_pong_is_stopped_by_the_top_runs_budget_naming_the_limit(
     # Each turn costs $1 (1000 input tokens). The chain ping > pong > ping > pong is cut
     # at depth 3; each child is capped at what its parent had left ($4, $3, $2), and
     # unwinding, each run is charged its child's whole spend: the top ping ($1 + its
-    # child's $5, past $5), or a ping past its one step, fails with the limit.
+    # child's $4, its $5: its next turn would pass it), or a ping past its one step,
+    # fails with the limit.
     await apply(
         store,
         priced_model(
@@ -366,10 +395,10 @@ async def test_a_ping_pong_is_stopped_by_the_top_runs_budget_naming_the_limit(
     assert all(r.state.finished for r in chain)
     if limit == "max_cost_usd":
         assert [r.max_cost_usd for r in chain] == [None, 4.0, 3.0, 2.0]
-        # the last pong ends at its cap; the ping above it passes its $3 with its last
-        # turn, the pong above that with its child's spend, and the top with its own
+        # the last pong ends at its cap; each run above it, charged its child's whole
+        # spend, is at its cap too, and its last turn is refused before it is paid
         assert [r.state for r in chain] == [RunState.FAILED] * 3 + [RunState.SUCCEEDED]
-        assert [round(r.cost_usd, 6) for r in chain] == [6.0, 5.0, 4.0, 2.0]
+        assert [round(r.cost_usd, 6) for r in chain] == [5.0, 4.0, 3.0, 2.0]
     else:  # every ping stops at its second step; a pong answers its failed child
         assert [r.state for r in chain] == [
             RunState.FAILED,
@@ -504,8 +533,8 @@ async def test_a_childs_tokens_count_against_its_parents_limit(backend: Backend)
             {**call("agents_exec", agent="verbose", input="x"), "input_tokens": 10},
             {"text": "over", "input_tokens": 60},
         ),
-        # (within the 90 tokens boss has left, its own cap; boss's next turn passes 100
-        # only with them counted)
+        # (within the 90 tokens boss has left, its own cap; boss's next turn would pass
+        # 100 only with them counted, and is not made)
         model("verbose-model", {"text": "a lot", "input_tokens": 50}),
         agent("verbose", "verbose-model"),
         agent("boss", "boss-model", links=["verbose"], limits={"max_tokens": 100}),
@@ -516,7 +545,7 @@ async def test_a_childs_tokens_count_against_its_parents_limit(backend: Backend)
     assert parent.state is RunState.FAILED
     assert parent.error is not None
     assert (parent.error["code"], parent.error["limit"]) == ("budget_exceeded", "max_tokens")
-    assert parent.usage.input_tokens == 120
+    assert parent.usage.input_tokens == 10 + 50
     # the child's answer is journaled before the limit stops the parent
     assert [r["output"] for r in tool_results(await store.list_events(run.id))] == ["a lot"]
 

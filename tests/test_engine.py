@@ -386,7 +386,30 @@ async def test_cost_budget_uses_endpoint_pricing(tmp_path: Path) -> None:
     )
     result = await h.run()
     assert result.error is not None and result.error["limit"] == "max_cost_usd"
-    assert result.steps == 2 and result.cost_usd == pytest.approx(0.012)
+    # the second turn ($0.006 at worst, $0.004 left) is refused before it is paid
+    assert len(h.model.requests) == 1 and result.cost_usd == pytest.approx(0.006)
+
+
+@pytest.mark.parametrize(
+    ("own", "cap", "inherited"), [(0.01, 0.05, False), (0.05, 0.01, True), (None, 0.01, True)]
+)
+async def test_a_budget_error_says_whether_the_cap_the_run_was_given_stopped_it(
+    tmp_path: Path, own: float | None, cap: float, inherited: bool
+) -> None:
+    # $0.006 a turn: whichever of the agent's own limit and the run's cap (what its parent
+    # or system had left) is lower stops the second turn; an agent_exec parent or a system
+    # reads "inherited" as its own budget having run out
+    h = Harness(
+        [turn("", ("add", {"a": 1, "b": 1}), tokens=1000)] * 3,
+        [FunctionTool("add", add, ADD_SCHEMA)],
+        tmp_path,
+        limits=Limits(max_cost_usd=own),
+        pricing=Pricing(input_per_million=3.0, output_per_million=3.0),
+    )
+    result = await AgentLoop(h.agent, "run_test", h.sink, cost_cap=cap).run("go")
+    assert result.error is not None and result.error["limit"] == "max_cost_usd"
+    assert result.error.get("inherited", False) is inherited
+    assert result.cost_usd == pytest.approx(0.006)
 
 
 async def test_run_timeout_cancels_a_slow_tool(tmp_path: Path) -> None:

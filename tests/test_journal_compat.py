@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import shutil
 import sqlite3
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,15 @@ def home_fixture(tmp_path: Path) -> Path:
     home = tmp_path / "home"
     home.mkdir()
     shutil.copy(FIXTURE / "journals.db", home / "corral.db")
+    with sqlite3.connect(home / "corral.db") as conn:
+        # The runs were parked when the fixture was made: their times move as if they were
+        # parked a moment ago (a system run's limits.timeout_seconds counts from its start).
+        (made,) = conn.execute("SELECT max(created_at) FROM runs").fetchone()
+        conn.execute(
+            "UPDATE runs SET created_at = created_at + :s, started_at = started_at + :s,"
+            " deadline_at = deadline_at + :s",
+            {"s": time.time() - made},
+        )
     return home
 
 

@@ -12,7 +12,7 @@ import pathlib
 import pytest
 
 from corral.core.errors import ConfigurationError
-from corral.core.messages import Message, ToolCall
+from corral.core.messages import Message, ModelResponse, ToolCall
 from corral.models import anthropic as anthropic_provider
 from corral.models.base import Model, ModelSettings, NamedTool, ToolChoice
 from corral.testing.fake_anthropic import FakeAnthropicServer, FakeReply, FakeToolCall
@@ -174,3 +174,19 @@ async def test_tool_choice_is_mapped_to_the_messages_api(
     assert fake_anthropic.requests[0].json["tool_choice"] == wire
     assert "tool_choice" not in fake_anthropic.requests[1].json
     await model.aclose()
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_a_negative_usage_counts_as_none(
+    fake_anthropic: FakeAnthropicServer, stream: bool
+) -> None:
+    # a broken or hostile server's negative count would give back what the run spent
+    fake_anthropic.add_reply(FakeReply(text="ok", input_tokens=-500, output_tokens=-3))
+    model = make(fake_anthropic)
+    if stream:
+        final = [item async for item in model.stream([Message.user("hi")], [], ModelSettings())][-1]
+    else:
+        final = await model.request([Message.user("hi")], [], ModelSettings())
+    await model.aclose()
+    assert isinstance(final, ModelResponse)
+    assert (final.usage.input_tokens, final.usage.output_tokens) == (0, 0)

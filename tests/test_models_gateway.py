@@ -324,3 +324,49 @@ def test_retry_after_is_read_as_an_http_date() -> None:
     assert seconds is not None and 25 <= seconds <= 31
     past = email.utils.formatdate(time.time() - 30, usegmt=True)
     assert retry_after_seconds({"retry-after": past}) == 0.0
+
+
+# --------------------------------------------------------------------------- turn bounds
+
+
+class CappedModel(StepModel):
+    """A provider with an output cap of its own."""
+
+    default_output_tokens = 300
+
+
+def test_a_turn_bound_is_the_estimated_input_and_the_output_cap_priced() -> None:
+    from corral.models.base import DEFAULT_OUTPUT_TOKENS, TurnBound
+    from corral.models.estimate import estimate_input_tokens
+
+    pricing = Pricing(input_per_million=2.0, output_per_million=10.0)
+    inner = StepModel("a", [])
+    model = RetryingModel(PricedModel(inner, pricing), RetryPolicy(max_attempts=1))
+    tokens = estimate_input_tokens(HI, [])
+    assert tokens == 4 + 1  # "hi": 2 bytes, one token, and the message's 4
+
+    capped = model.turn_bound(HI, [], ModelSettings(max_output_tokens=100))
+    assert capped == TurnBound(tokens, 100, (tokens * 2.0 + 100 * 10.0) / 1e6)
+    # nothing set: the provider's own cap, else the default one
+    assert model.turn_bound(HI, [], SETTINGS).output_tokens == DEFAULT_OUTPUT_TOKENS
+    assert (
+        PricedModel(CappedModel("b", []), pricing).turn_bound(HI, [], SETTINGS).output_tokens == 300
+    )
+
+
+def test_a_fallback_chains_bound_is_its_dearest_models() -> None:
+    cheap = PricedModel(CappedModel("cheap", []), Pricing(output_per_million=1.0))
+    dear = PricedModel(StepModel("dear", []), Pricing(output_per_million=50.0))
+    chain = FallbackModel([cheap, dear])
+    assert chain.default_output_tokens is None  # one of them sends no cap of its own
+    bound = chain.turn_bound(HI, [], SETTINGS)
+    assert bound == dear.turn_bound(HI, [], SETTINGS)
+    both_capped = FallbackModel([cheap, PricedModel(CappedModel("c", []), Pricing())])
+    assert both_capped.default_output_tokens == 300
+
+
+def test_usage_sums_are_estimated_when_any_part_was() -> None:
+    reported, estimated = Usage(1, 2, 1), Usage(3, 4, 1, "estimated")
+    assert (reported + reported).source == "reported"
+    assert (reported + estimated) == Usage(4, 6, 2, "estimated")
+    assert (estimated + reported).source == "estimated"

@@ -54,6 +54,24 @@ def endpoint(**options: object) -> ModelEndpointSpec:
 # --------------------------------------------------------------------------- no model needed
 
 
+@pytest.mark.parametrize(
+    ("settings", "tools", "output"),
+    [
+        (ModelSettings(), [], 256),  # its options.max_output_tokens
+        (ModelSettings(), [ADD], 256 + llama_cpp.DECISION_TOKENS),  # and the decision step
+        (ModelSettings(max_output_tokens=10), [ADD], 10 + llama_cpp.DECISION_TOKENS),
+        (ModelSettings(tool_choice=NamedTool("add")), [ADD], 256),  # no decision to make
+        (ModelSettings(tool_choice="none"), [ADD], 256),
+    ],
+)
+def test_a_turns_worst_case_counts_the_decision_step(
+    settings: ModelSettings, tools: list[ToolSpec], output: int
+) -> None:
+    model = llama_cpp.LlamaCppModel("local", Path("any.gguf"), llama_cpp.LlamaCppOptions())
+    assert model.default_output_tokens == 256
+    assert model.turn_bound([Message.user("1 + 2?")], tools, settings).output_tokens == output
+
+
 def test_tool_results_are_given_back_as_a_user_turn_with_the_tool_name() -> None:
     call = ToolCall("call_1", "add", '{"a": 17, "b": 25}')
     prompt = render_chatml(

@@ -146,7 +146,11 @@ async def model_turns(db: Store, record: RunRecord) -> int:
 
 
 @pytest.mark.parametrize(
-    ("stream", "choice"), [(False, "auto"), (True, "{name: add}")], ids=["request", "stream"]
+    ("stream", "choice"),
+    # streamed, the server cannot stream a call it chose (auto): the tool is named on every
+    # turn, the tool result's too
+    [(False, "auto"), (True, "{name: add}, reset_tool_choice: false")],
+    ids=["request", "stream"],
 )
 async def test_a_tool_calling_agent_runs_through_the_llama_cpp_server(
     llama_server: str, env: tuple[Store, Settings], stream: bool, choice: str
@@ -164,6 +168,13 @@ async def test_a_tool_calling_agent_runs_through_the_llama_cpp_server(
     assert await model_turns(env[0], record) == 2
     assert record.state is RunState.FAILED
     assert record.error is not None and record.error["code"] == "budget_exceeded", record.error
+    # streamed, this server reports no usage (it ignores stream_options.include_usage):
+    # Corral estimates it, and says so once
+    events = await env[0].list_events(record.id)
+    warnings = [e.data.code for e in events if e.type is EventType.WARNING]
+    assert record.usage.input_tokens > 0 and record.usage.output_tokens > 0
+    assert record.usage.source == ("estimated" if stream else "reported")
+    assert warnings == (["usage_estimated"] if stream else [])
 
 
 async def test_a_streamed_tool_choice_the_server_cannot_stream_fails_saying_so(

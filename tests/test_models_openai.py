@@ -16,7 +16,7 @@ from openai.types.chat.completion_create_params import (
 )
 
 from corral.core.errors import ConfigurationError, ResourceError
-from corral.core.messages import Message, ModelResponse, StreamItem, ToolCall
+from corral.core.messages import Message, ModelResponse, StreamItem, ToolCall, Usage
 from corral.models import openai as openai_provider
 from corral.models.base import Model, ModelSettings, NamedTool, ToolChoice
 from corral.resources.loader import load_text
@@ -345,3 +345,32 @@ async def test_no_tool_choice_is_sent_unless_the_agent_sets_one(
     await model.request([Message.user("hi")], [LOOKUP], SETTINGS)
     assert "tool_choice" not in fake_openai.requests[0].json
     await model.aclose()
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_an_answer_without_usage_gets_an_estimated_one(stream: bool) -> None:
+    # llama.cpp's server ignores stream_options.include_usage (a streamed answer) and some
+    # servers send "usage": null: the answer was 0 + 0 tokens, and no limit ever bound
+    conversation = [Message.system("Be brief."), Message.user("What is 17 + 25? " * 20)]
+    with FakeOpenAIServer(stream_usage=False) as server:
+        server.add_reply(FakeReply(text="The answer is 42.", input_tokens=0, output_tokens=0))
+        model = make(server)
+        if stream:
+            final = (await collect(model, conversation))[-1]
+        else:
+            final = await model.request(conversation, [LOOKUP, CLOCK], SETTINGS)
+        await model.aclose()
+    assert isinstance(final, ModelResponse)
+    usage = final.usage
+    assert usage.source == "estimated" and usage.requests == 1
+    # the question alone is 340 bytes: more than 100 tokens at 3 bytes a token
+    assert usage.input_tokens > 100 and usage.output_tokens == 4 + 6
+
+
+async def test_a_reported_usage_is_marked_reported(fake_openai: FakeOpenAIServer) -> None:
+    fake_openai.add_reply(FakeReply(text="ok", input_tokens=3, output_tokens=1))
+    model = make(fake_openai)
+    final = (await collect(model, [Message.user("hi")]))[-1]
+    await model.aclose()
+    assert isinstance(final, ModelResponse)
+    assert final.usage == Usage(3, 1, 1, "reported")

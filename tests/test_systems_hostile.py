@@ -385,7 +385,8 @@ async def test_a_system_with_no_budget_stops_its_first_node_at_its_first_turn(
     env: tuple[Store, Settings],
 ) -> None:
     # max_cost_usd: 0 (allowed): the entry node is capped at $0 and its first priced turn
-    # passes it; the system fails on its budget, and nothing runs after that node
+    # would pass it (so it is not made); the system fails on its budget, and nothing runs
+    # after that node
     store, settings = env
     priced = {
         "apiVersion": "corral/v1",
@@ -417,3 +418,41 @@ async def test_a_system_with_no_budget_stops_its_first_node_at_its_first_turn(
     [node] = await store.list_children(run.id)
     assert node.agent == "first" and node.max_cost_usd == 0.0
     assert node.error is not None and node.error["limit"] == "max_cost_usd"
+
+
+async def test_a_node_stopped_by_its_agents_own_limit_fails_the_system_as_a_node_failure(
+    env: tuple[Store, Settings],
+) -> None:
+    store, settings = env
+    # the system has $100; first's own limit ($0.5) stops its only turn ($1): that is the
+    # node's failure (system_failed), not the system's budget running out
+    priced = {
+        "apiVersion": "corral/v1",
+        "kind": "ModelEndpoint",
+        "metadata": {"name": "priced"},
+        "spec": {
+            "provider": "scripted",
+            "pricing": {"input_per_million": 1_000_000.0},
+            "script": [{"text": "costly", "input_tokens": 1}],
+        },
+    }
+    await apply(
+        store,
+        json.dumps(priced),
+        agent("first", "priced", limits={"max_cost_usd": 0.5}),
+        agent("second", "priced"),
+        system(
+            "rich",
+            entry="first",
+            graph={"first": {"next": ["second"]}},
+            limits={"max_cost_usd": 100},
+        ),
+    )
+    run, _ = await system_runs.submit_system(store, "rich", "hello")
+    await drain(store, settings)
+    done = await get(store, run)
+    assert done.state is RunState.FAILED and done.error is not None
+    assert done.error["code"] == "system_failed" and done.cost_usd == 0.0
+    [node] = await store.list_children(run.id)
+    assert node.error is not None and node.error["limit"] == "max_cost_usd"
+    assert "inherited" not in node.error

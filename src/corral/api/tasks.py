@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Self
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import AfterValidator, BaseModel, Field
 
@@ -44,6 +44,11 @@ class Usage(FromRecord):
     input_tokens: int
     output_tokens: int
     requests: int
+    source: Literal["reported", "estimated"] = Field(
+        "reported",
+        description="estimated: a model endpoint reported no usage for some turn, and Corral "
+        "estimated it",
+    )
 
 
 class PendingApprovalOut(FromRecord):

@@ -33,6 +33,7 @@ from corral.core.events import (
     TextDeltaData,
     ToolCallData,
     ToolResultData,
+    WarningData,
 )
 from corral.core.runs import RunState
 
@@ -135,6 +136,8 @@ class EventPrinter:
                 )
             case ErrorData():
                 self._error(data)
+            case WarningData(message=message):
+                self._say(f"[yellow]! {escape(message)}[/]")
             case RunFinishData(state=RunState.CANCELLED.value):
                 self._say("[red]⊘ cancelled[/]")
             case _:

@@ -273,17 +273,22 @@ class ToolError(CorralError):
 
 
 class BudgetExceededError(CorralError):
-    """A run passed one of its limits (``max_steps``, ``timeout``, ``max_tokens``, ``max_cost_usd``)."""
+    """A run reached one of its limits (``max_steps``, ``timeout``, ``max_tokens``,
+    ``max_cost_usd``); ``inherited``: the limit was the cap its parent or system run gave it
+    (what that run had left), not its agent's own."""
 
     code = "budget_exceeded"
 
-    def __init__(self, limit: str, message: str) -> None:
+    def __init__(self, limit: str, message: str, *, inherited: bool = False) -> None:
         super().__init__(message)
         self.limit = limit
+        self.inherited = inherited
 
     def to_dict(self) -> dict[str, Any]:
         data = super().to_dict()
         data["limit"] = self.limit
+        if self.inherited:
+            data["inherited"] = True
         return data
 
 

@@ -54,6 +54,9 @@ class EventType(StrEnum):
     STEP_FINISH = "step.finish"
     RUN_FINISH = "run.finish"
     ERROR = "error"
+    #: something the run's reader should know that does not stop it (``code``, ``message``),
+    #: said once per run: ``usage_estimated`` (a provider reported no token usage)
+    WARNING = "warning"
 
 
 @dataclass(frozen=True, slots=True)
@@ -408,6 +411,8 @@ class ErrorData(EventData):
     status_code: int | None = None
     endpoint: str | None = None
     limit: str | None = None
+    #: a ``budget_exceeded`` of a limit the run was given by its parent or system run
+    inherited: bool | None = None
     details: JsonObject | None = None
     #: the error an earlier attempt ended with (a run given up on)
     cause: JsonObject | None = None
@@ -419,6 +424,18 @@ class ErrorData(EventData):
     def of(cls, error: Mapping[str, Any], **retry: Any) -> ErrorData:
         """The event of an error as ``CorralError.to_dict`` describes it."""
         return cls.from_dict({**error, **retry})
+
+
+@_payload
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WarningData(EventData):
+    """Something the run's reader should know that does not stop it, said once per run:
+    ``usage_estimated`` (a provider reported no token usage; the run's usage and limits
+    rest on an estimate)."""
+
+    TYPE = EventType.WARNING
+    code: str
+    message: str
 
 
 @_payload
@@ -454,6 +471,7 @@ AnyEventData = (
     | MemorySearchData
     | StepFinishData
     | ErrorData
+    | WarningData
     | RunFinishData
 )
 

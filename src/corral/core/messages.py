@@ -62,23 +62,32 @@ class Message:
         return Message("tool", content, tool_call_id=call.id, name=call.name, is_error=is_error)
 
 
+#: where token counts come from: the provider's report, or Corral's estimate
+#: (:mod:`corral.models.estimate`) when the provider reported none
+UsageSource = Literal["reported", "estimated"]
+
+
 @dataclass(frozen=True)
 class Usage:
-    """Token counts of one or more model calls."""
+    """Token counts of one or more model calls; ``source`` is ``estimated`` when any of
+    them was estimated."""
 
     input_tokens: int = 0
     output_tokens: int = 0
     requests: int = 0
+    source: UsageSource = "reported"
 
     @property
     def total_tokens(self) -> int:
         return self.input_tokens + self.output_tokens
 
     def __add__(self, other: Usage) -> Usage:
+        estimated = "estimated" in (self.source, other.source)
         return Usage(
             self.input_tokens + other.input_tokens,
             self.output_tokens + other.output_tokens,
             self.requests + other.requests,
+            "estimated" if estimated else "reported",
         )
 
 

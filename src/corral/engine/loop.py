@@ -71,6 +71,7 @@ from corral.core.events import (
     TextDeltaData,
     ToolCallData,
     ToolResultData,
+    WarningData,
 )
 from corral.core.messages import (
     Message,
@@ -82,9 +83,10 @@ from corral.core.messages import (
     dump_messages,
 )
 from corral.core.runs import Decision, PendingApproval, RunRecord, RunState
-from corral.engine.budget import Budget, capped
+from corral.engine.budget import Budget, capped, held_by, inherited_limits
 from corral.engine.replay import OpenStep, charge_of, replace_system, replay
 from corral.engine.structured import parse_output, repair_prompt, schema_instruction
+from corral.engine.turn_settings import turn_settings
 from corral.models.base import Model, ModelSettings
 from corral.resources.kinds import Limits, SessionPolicy
 from corral.tools.base import Handoff, ToolContext
@@ -138,6 +140,13 @@ ChildrenEnded = Callable[[list[str]], Awaitable[Mapping[str, RunRecord]]]
 
 #: the ref of the built-in handoff tool (:class:`corral.tools.agents.HandOff`)
 HANDOFF_TOOL = "handoff"
+
+
+def _usage_estimated(endpoint: str) -> str:
+    return (
+        f"model endpoint {endpoint!r} reported no token usage: the run's tokens and cost are "
+        "estimated (about 3 bytes of text a token), and its limits are enforced on the estimate"
+    )
 
 
 @dataclass
@@ -267,11 +276,16 @@ class AgentLoop:
         self.sink = sink
         self.raise_retryable = raise_retryable
         self.emit = Emitter(run_id, sink, agent.toolset)
-        self.budget = Budget(capped(agent.limits, cost_cap, token_cap))
+        self.budget = Budget(
+            capped(agent.limits, cost_cap, token_cap),
+            inherited=inherited_limits(agent.limits, cost_cap, token_cap),
+        )
         self.messages: list[Message] = []
         self.initial_count = 0
         self.repairs = 0
         self.children: Mapping[str, RunRecord] = {}
+        #: the codes of the ``warning`` events emitted (each is said once per run)
+        self.warned: set[str] = set()
 
     async def run(self, user_input: str, history: Sequence[Message] = ()) -> RunResult:
         """Run to a final answer, a pause for approval, or a failure."""
@@ -318,6 +332,7 @@ class AgentLoop:
         self.budget.cost_usd = checkpoint.cost_usd
         self.charged = set(checkpoint.charged)
         self.handoffs = checkpoint.handoffs
+        self.warned = checkpoint.warned
         self.emit = Emitter(self.run_id, self.sink, self.agent.toolset, checkpoint.last_seq)
         return await self._guarded(
             self._drive(
@@ -437,18 +452,21 @@ class AgentLoop:
                 retries=list(response.retries) if response.retries else None,
             )
         )
+        if response.usage.source == "estimated":
+            await self._warn_once("usage_estimated", _usage_estimated(response.endpoint))
         self.budget.charge(response)
         return message
 
     async def _model_turn(self) -> ModelResponse:
         agent = self.agent
         tools = agent.toolset.specs
+        settings = await self._affordable_settings()
         if not agent.stream:
-            return await agent.model.request(self.messages, tools, agent.model_settings)
+            return await agent.model.request(self.messages, tools, settings)
         final: ModelResponse | None = None
         # a secret split across two deltas is caught by holding a few characters back
         pieces = agent.toolset.redactor.stream() if agent.toolset.redactor else None
-        async for item in agent.model.stream(self.messages, tools, agent.model_settings):
+        async for item in agent.model.stream(self.messages, tools, settings):
             if isinstance(item, TextDelta):
                 text = item.text if pieces is None else pieces.feed(item.text)
                 if text:
@@ -460,6 +478,32 @@ class AgentLoop:
         if final is None:  # a provider bug, not a user error
             raise CorralError(f"model {agent.model.name!r} ended its stream without a response")
         return final
+
+    async def _affordable_settings(self) -> ModelSettings:
+        """The next turn's settings (:func:`~corral.engine.turn_settings.turn_settings`),
+        once the turn's worst case is known to fit in what the run has left, less what
+        uncharged children its tool programs started hold of it (``BudgetExceededError``
+        before anything is paid otherwise)."""
+        agent, budget = self.agent, self.budget
+        run_messages = self.messages[self.initial_count :]
+        settings = turn_settings(agent.model_settings, agent.model, run_messages, budget.limited)
+        if budget.limited:
+            held = (0.0, 0)
+            if self.outside_children is not None:
+                outside = await self.outside_children(self.charged)
+                held = held_by(
+                    [child for child in outside if not child.state.finished],
+                    [child for child in outside if child.state.finished],
+                )
+            bound = agent.model.turn_bound(self.messages, agent.toolset.specs, settings)
+            budget.afford(bound, *held)
+        return settings
+
+    async def _warn_once(self, code: str, message: str) -> None:
+        """A ``warning`` event, unless the run already emitted one with this code."""
+        if code not in self.warned:
+            self.warned.add(code)
+            await self.emit(WarningData(code=code, message=message))
 
     def _parked(self, pending: list[PendingApproval]) -> RunResult:
         """The result of a step some of whose calls wait: for a human first (a decision
@@ -697,6 +741,7 @@ class AgentLoop:
             self.budget.steps,
             self.budget.usage,
             self.budget.cost_usd,
+            inherited_limits(target.limits, self.cost_cap, self.token_cap),
         )
         self.emit.redact_also(target.toolset)
         if self._deadline_scope is not None:  # the target's time limit, from the run's start
@@ -795,13 +840,7 @@ class AgentLoop:
         ]
         running += [child for child in outside if not child.state.finished]
         ended = [child for child in outside if child.state.finished]
-        return self.budget.left(
-            sum(child.max_cost_usd or 0.0 for child in running)
-            + sum(child.cost_usd for child in ended),
-            sum(child.max_tokens or 0 for child in running)
-            + sum(child.usage.total_tokens for child in ended),
-            max(sharing, 1),
-        )
+        return self.budget.left(*held_by(running, ended), max(sharing, 1))
 
     def _context(
         self, step: int, index: int, call: ToolCall, share: tuple[float | None, int | None]

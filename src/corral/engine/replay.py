@@ -33,6 +33,7 @@ from corral.core.events import (
     StepFinishData,
     ToolCallData,
     ToolResultData,
+    WarningData,
 )
 from corral.core.messages import Message, ToolCall, Usage, load
 from corral.tools.base import Handoff
@@ -94,6 +95,8 @@ class Checkpoint:
     handoff_due: tuple[int, str, Handoff] | None = None
     #: the child runs whose spend is journaled (``child.finish``), by run id
     charged: set[str] = field(default_factory=set[str])
+    #: the codes of the ``warning`` events the run emitted (each is said once per run)
+    warned: set[str] = field(default_factory=set[str])
 
 
 def replay(events: Sequence[Event]) -> Checkpoint:
@@ -153,6 +156,8 @@ class _Fold:
                 self._close(open_step)
             case RunFinishData():
                 checkpoint.finished = True
+            case WarningData(code=code):
+                checkpoint.warned.add(code)
             case _:
                 pass
 

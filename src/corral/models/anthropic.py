@@ -178,7 +178,13 @@ def to_anthropic_tool_choice(choice: ToolChoice) -> ToolChoiceParam:
 def _usage(usage: AnthropicUsage) -> Usage:
     # cached prompt tokens are reported apart from input_tokens; they are still input
     cached = (usage.cache_creation_input_tokens or 0) + (usage.cache_read_input_tokens or 0)
-    return Usage(usage.input_tokens + cached, usage.output_tokens, 1)
+    return _counted(usage.input_tokens + cached, usage.output_tokens)
+
+
+def _counted(input_tokens: int, output_tokens: int) -> Usage:
+    """A turn's usage; a negative count (a broken or hostile server's) counts as none,
+    since it would give back what the run spent."""
+    return Usage(max(input_tokens, 0), max(output_tokens, 0), 1)
 
 
 def _finish_reason(stop_reason: str | None) -> str | None:
@@ -270,7 +276,7 @@ class _StreamState:
         )
         return ModelResponse(
             message=Message.assistant("".join(self.text), calls),
-            usage=Usage(self.input_tokens, self.output_tokens, 1),
+            usage=_counted(self.input_tokens, self.output_tokens),
             model=self.model,
             endpoint=endpoint,
             finish_reason=_finish_reason(self.stop_reason),
@@ -284,6 +290,7 @@ class AnthropicModel(SDKModel[anthropic.AsyncAnthropic]):
     """A model behind the Messages API, reached through an injected SDK client."""
 
     errors = SDK_ERRORS
+    default_output_tokens = DEFAULT_MAX_TOKENS
 
     def _params(
         self, messages: Sequence[Message], tools: Sequence[ToolSpec], settings: ModelSettings

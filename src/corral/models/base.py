@@ -31,19 +31,26 @@ from corral.core.messages import (
     ToolSpec,
     Usage,
 )
+from corral.models.estimate import estimate_input_tokens
 
 __all__ = [
+    "DEFAULT_OUTPUT_TOKENS",
     "EMBEDDING_PROVIDERS",
     "Embeddings",
     "Model",
     "ModelSettings",
     "NamedTool",
     "ToolChoice",
+    "TurnBound",
     "checked_embeddings",
 ]
 
 #: the providers whose models embed (the others refuse :meth:`Model.embed`)
 EMBEDDING_PROVIDERS = frozenset({"openai", "azure-openai", "ollama", "llama-cpp"})
+
+#: the output cap of a turn of a run with a token or cost limit when neither the Agent
+#: (``model_settings.max_output_tokens``) nor the provider sets one (it is then sent)
+DEFAULT_OUTPUT_TOKENS = 4096
 
 
 @dataclass(frozen=True)
@@ -65,6 +72,23 @@ class ModelSettings:
     temperature: float | None = None
     max_output_tokens: int | None = None
     tool_choice: ToolChoice = None
+    #: send ``auto`` instead of a forced ``tool_choice`` once the run has called a tool
+    #: (the engine's business: providers send ``tool_choice`` as they are given it)
+    reset_tool_choice: bool = True
+
+
+@dataclass(frozen=True)
+class TurnBound:
+    """The most one model turn can spend: its input tokens (counted, or estimated), its
+    output tokens (the turn's cap) and what they cost at the endpoint's prices."""
+
+    input_tokens: int
+    output_tokens: int
+    cost_usd: float = 0.0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.input_tokens + self.output_tokens
 
 
 def _checked_vectors(
@@ -142,6 +166,21 @@ class Model(ABC):
         if response.message.content:
             yield TextDelta(response.message.content)
         yield response
+
+    #: the output cap the provider sends when the settings set none (``None``: it sends
+    #: none, and the model may write up to its own limit)
+    default_output_tokens: int | None = None
+
+    def turn_bound(
+        self, messages: Sequence[Message], tools: Sequence[ToolSpec], settings: ModelSettings
+    ) -> TurnBound:
+        """The most a turn on ``messages`` under ``settings`` can spend: the input estimated
+        (:mod:`corral.models.estimate`), the output at its cap (``max_output_tokens``, else
+        :attr:`default_output_tokens`, else :data:`DEFAULT_OUTPUT_TOKENS`), at no cost
+        (:class:`~corral.models.gateway.PricedModel` prices it). Providers that count input
+        tokens, or write past the cap, say so by overriding it."""
+        cap = settings.max_output_tokens or self.default_output_tokens or DEFAULT_OUTPUT_TOKENS
+        return TurnBound(estimate_input_tokens(messages, tools), cap)
 
     async def embed(self, texts: Sequence[str], *, dimensions: int | None = None) -> Embeddings:
         """The embedding of each of ``texts`` (one batch, one request).

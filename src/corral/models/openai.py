@@ -56,6 +56,7 @@ from corral.models.base import (
     ToolChoice,
     checked_embeddings,
 )
+from corral.models.estimate import estimate_tokens, estimated_usage
 from corral.resources.kinds import MaxTokensParam, ModelEndpointSpec, ToolCallContent
 
 DEFAULT_AZURE_API_VERSION = "2024-10-21"
@@ -181,14 +182,29 @@ def to_openai_tool_choice(choice: ToolChoice) -> Any:
     return choice
 
 
-def _usage(usage: CompletionUsage | None) -> Usage:
-    if usage is None:
-        return Usage(requests=1)
+#: a conversation as it was sent (messages, tools): what usage is estimated from when the
+#: server reports none
+Sent = tuple[Sequence[Message], Sequence[ToolSpec]]
+
+
+def _usage(usage: CompletionUsage | None, sent: Sent, answer: Message) -> Usage:
+    """The usage the server reported; estimated from ``sent`` and ``answer`` when it
+    reported none, only zeros (no model reads a request in no tokens), or a negative count
+    (which would give back what the run spent)."""
+    if (
+        usage is None
+        or not (usage.prompt_tokens or usage.completion_tokens)
+        or min(usage.prompt_tokens, usage.completion_tokens) < 0
+    ):
+        return estimated_usage(*sent, answer)
     return Usage(usage.prompt_tokens, usage.completion_tokens, 1)
 
 
-def from_openai_completion(completion: ChatCompletion, endpoint: str) -> ModelResponse:
-    """A complete Chat Completions answer as a :class:`ModelResponse`."""
+def from_openai_completion(
+    completion: ChatCompletion, endpoint: str, sent: Sent = ((), ())
+) -> ModelResponse:
+    """A complete Chat Completions answer as a :class:`ModelResponse` (``sent``: the
+    request's messages and tools, to estimate the usage from when it has none)."""
     if not completion.choices:
         raise ModelError(f"model endpoint {endpoint!r} answered without choices", endpoint=endpoint)
     choice = completion.choices[0]
@@ -197,9 +213,10 @@ def from_openai_completion(completion: ChatCompletion, endpoint: str) -> ModelRe
         for call in choice.message.tool_calls or ()
         if call.type == "function"
     )
+    message = Message.assistant(choice.message.content or "", calls)
     return ModelResponse(
-        message=Message.assistant(choice.message.content or "", calls),
-        usage=_usage(completion.usage),
+        message=message,
+        usage=_usage(completion.usage, sent, message),
         model=completion.model,
         endpoint=endpoint,
         finish_reason=choice.finish_reason,
@@ -218,6 +235,8 @@ class _StreamState:
     """What the chunks of one streamed answer add up to."""
 
     tools_offered: bool = False
+    #: the request's messages and tools (see :func:`_usage`)
+    sent: Sent = ((), ())
     chunks: int = 0
     text: list[str] = field(default_factory=list[str])
     calls: dict[int, _PartialCall] = field(default_factory=dict[int, _PartialCall])
@@ -263,8 +282,9 @@ class _StreamState:
         return ModelError(
             f"model endpoint {endpoint!r}: the server answered a streamed request with tools "
             "with an empty stream: it cannot stream tool calls (llama.cpp's "
-            "chatml-function-calling cannot with tool_choice auto); set 'stream: false' on "
-            "the Agent, or name the tool in its model_settings.tool_choice",
+            "chatml-function-calling cannot with tool_choice auto, which a forced tool_choice "
+            "goes back to once the run called a tool); set 'stream: false' on the Agent, or "
+            "name the tool in its model_settings.tool_choice with reset_tool_choice: false",
             endpoint=endpoint,
         )
 
@@ -277,9 +297,10 @@ class _StreamState:
             )
             for index, call in sorted(self.calls.items())
         )
+        message = Message.assistant("".join(self.text), calls)
         return ModelResponse(
-            message=Message.assistant("".join(self.text), calls),
-            usage=_usage(self.usage),
+            message=message,
+            usage=_usage(self.usage, self.sent, message),
             model=self.model,
             endpoint=endpoint,
             finish_reason=self.finish_reason,
@@ -342,7 +363,7 @@ class OpenAIChatModel(SDKModel[openai.AsyncOpenAI]):
                 options={"security": {"bearer_auth": True}},
             )
         )
-        return from_openai_completion(completion, self.name)
+        return from_openai_completion(completion, self.name, (messages, tools))
 
     def stream(
         self, messages: Sequence[Message], tools: Sequence[ToolSpec], settings: ModelSettings
@@ -360,7 +381,7 @@ class OpenAIChatModel(SDKModel[openai.AsyncOpenAI]):
                 stream=True,
                 stream_cls=openai.AsyncStream[ChatCompletionChunk],
             ),
-            _StreamState(tools_offered=bool(tools)),
+            _StreamState(tools_offered=bool(tools), sent=(messages, tools)),
         )
 
     async def embed(self, texts: Sequence[str], *, dimensions: int | None = None) -> Embeddings:
@@ -373,14 +394,17 @@ class OpenAIChatModel(SDKModel[openai.AsyncOpenAI]):
             )
         )
         ordered = sorted(answer.data, key=lambda item: item.index)
-        # some compatible servers send no usage, which the SDK does not check
+        # some compatible servers send no usage, which the SDK does not check: estimated
         tokens = getattr(answer.usage, "prompt_tokens", None) or 0
+        usage = Usage(int(tokens), 0, 1)
+        if not tokens:
+            usage = Usage(sum(estimate_tokens(t) for t in texts), 0, 1, source="estimated")
         return checked_embeddings(
             self.name,
             len(texts),
             [item.embedding for item in ordered],
             dimensions,
-            Usage(int(tokens), 0, 1),
+            usage,
             answer.model or self.model,
         )
 

@@ -16,7 +16,7 @@ import anyio
 
 from corral.core.errors import ModelError
 from corral.core.messages import Message, ModelResponse, ToolCall, ToolSpec, Usage
-from corral.models.base import Model, ModelSettings
+from corral.models.base import Model, ModelSettings, TurnBound
 from corral.resources.kinds import ModelEndpointSpec, ScriptedTurn
 
 #: How many of the latest requests a scripted model keeps for tests to inspect.
@@ -30,6 +30,17 @@ class ScriptedModel(Model):
         self.name = name
         self.turns = list(turns)
         self.requests: list[list[Message]] = []
+
+    def turn_bound(
+        self, messages: Sequence[Message], tools: Sequence[ToolSpec], settings: ModelSettings
+    ) -> TurnBound:
+        """Exactly what the next turn will report (nothing past the end of the script:
+        that request fails)."""
+        index = sum(1 for m in messages if m.role == "assistant")
+        if index >= len(self.turns):
+            return TurnBound(0, 0)
+        turn = self.turns[index]
+        return TurnBound(turn.input_tokens, turn.output_tokens)
 
     async def request(
         self, messages: Sequence[Message], tools: Sequence[ToolSpec], settings: ModelSettings

@@ -540,12 +540,29 @@ ToolChoice = Literal["auto", "required", "none"] | NamedToolChoice
 
 class ModelSettingsSpec(Spec):
     temperature: float | None = Field(default=None, ge=0, le=2)
-    max_output_tokens: int | None = Field(default=None, ge=1)
+    max_output_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        description=(
+            "the most output tokens one turn may write; a run with a token or cost limit "
+            "sends the provider's default, else 4096, when unset, and makes a turn only when "
+            "its worst case (input + this many output tokens, at the endpoint's prices) fits "
+            "in what the run has left"
+        ),
+    )
     tool_choice: ToolChoice | None = Field(
         default=None,
         description=(
             "whether the model may (auto), must (required) or must not (none) call a tool, or "
             "must call the one named ({name: ...}); unset: the provider's default, nothing sent"
+        ),
+    )
+    reset_tool_choice: bool = Field(
+        default=True,
+        description=(
+            "once the run has called a tool, send 'auto' instead of a forcing tool_choice "
+            "(required, or a named tool), so the model can answer with the result; false: "
+            "keep forcing (the model can then never answer in text: the run ends at max_steps)"
         ),
     )
 

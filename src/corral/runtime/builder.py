@@ -168,6 +168,7 @@ class AgentBuilder:
                 temperature=spec.model_settings.temperature,
                 max_output_tokens=spec.model_settings.max_output_tokens,
                 tool_choice=_tool_choice(name, spec.model_settings.tool_choice, tools),
+                reset_tool_choice=spec.model_settings.reset_tool_choice,
             ),
             output_schema=output_schema if output_schema is not None else spec.output_schema,
             output_retries=spec.output_retries,

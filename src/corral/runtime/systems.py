@@ -110,6 +110,16 @@ ROOT_BRANCH = "1"
 MAX_BRANCH_CHARS = 255
 
 
+def _stopped_by_system_cost(error: dict[str, object]) -> bool:
+    """Whether a node run's error says the cap the system gave it stopped it (no run passes
+    its cap, so the system's spend alone never does)."""
+    return (
+        error.get("code") == "budget_exceeded"
+        and error.get("limit") == "max_cost_usd"
+        and error.get("inherited") is True
+    )
+
+
 class SystemFailed(CorralError):
     """A system run cannot go on (a failed node, a bad route, a missing output)."""
 
@@ -312,10 +322,16 @@ class SystemCoordinator:
             if not succeeded and failed is None:
                 failed = (message, child)
         if failed is not None:
-            # (a node stopped by the cap it was given: the system's budget ran out)
             self._check_cost(state)
             message, child = failed
             cause = child.error or {}
+            if _stopped_by_system_cost(cause):  # the system's budget ran out
+                raise BudgetExceededError(
+                    "max_cost_usd",
+                    f"system run {state.record.id}: agent {child.agent!r} was stopped at what "
+                    f"was left of the system's limit of ${state.spec.limits.max_cost_usd:g} "
+                    f"(limits.max_cost_usd): {cause.get('message', '')}",
+                )
             raise SystemFailed(
                 f"agent {child.agent!r} (branch {message.branch_id}) ended "
                 f"{child.state.value}: {cause.get('message', cause.get('code', 'no error'))}"

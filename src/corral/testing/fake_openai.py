@@ -69,10 +69,15 @@ class FakeOpenAIServer(FakeModelServer):
     the SDK expects.
 
     For ``azure-openai`` give the SDK ``root_url`` as the Azure endpoint.
+    ``stream_usage=False`` ignores ``stream_options.include_usage``: a streamed answer
+    reports no usage, as llama.cpp's server does.
     """
 
-    def __init__(self, *, embedding_dimensions: int = 16, **kwargs: Any) -> None:
+    def __init__(
+        self, *, embedding_dimensions: int = 16, stream_usage: bool = True, **kwargs: Any
+    ) -> None:
         super().__init__(**kwargs)
+        self.stream_usage = stream_usage
         self.embedding_dimensions = embedding_dimensions
         self._initial_dimensions = embedding_dimensions
         self.embedder: Embedder = hashed_embedding
@@ -147,7 +152,8 @@ class FakeOpenAIServer(FakeModelServer):
     def answer(self, body: dict[str, Any], reply: FakeReply, model: str, plan: Plan) -> Response:
         completion_id = self.next_id("chatcmpl-")
         if body.get("stream"):
-            usage = bool((body.get("stream_options") or {}).get("include_usage"))
+            asked = bool((body.get("stream_options") or {}).get("include_usage"))
+            usage = asked and self.stream_usage
             events = [
                 f"data: {json.dumps(chunk)}\n\n"
                 for chunk in self._chunks(reply, model, completion_id, usage)
