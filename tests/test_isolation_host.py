@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from corral.core.errors import ToolError
+from corral.core.errors import ConfigurationError, ToolError
 from corral.core.settings import Settings
 from corral.resources.isolation import IsolationSpec
 from corral.resources.kinds import ExecToolSpec, ToolSpecModel
@@ -183,3 +183,49 @@ def test_doctor_says_the_sandbox_sees_proc_sys_read_only(tmp_path: Path) -> None
     assert done.returncode == 0, done.stderr
     line = next(x for x in done.stdout.splitlines() if x.startswith("sandbox /proc/sys"))
     assert "read-only" in line
+
+
+async def test_a_program_in_a_private_project_runs_with_the_one_step_its_error_names(
+    tmp_path: Path,
+) -> None:
+    # a project in a home directory of mode 0700: the user's own tool program
+    home_dir = tmp_path / "home-of-me"
+    project = home_dir / "project" / "tools"
+    project.mkdir(parents=True)
+    home_dir.chmod(0o700)
+    program = project / "hello.sh"
+    # it says hello, then looks around the private home it lies in
+    program.write_text('#!/bin/sh\necho hello from $(pwd); cat "$1/.netrc" 2>&1; ls -a "$1"\n')
+    program.chmod(0o755)
+    (home_dir / ".netrc").write_text("machine x password SECRET")
+    workspace = prepare_workspace(_settings(tmp_path / "corral-home"), "agents", "default", "me")
+    host = sandbox_host(tmp_path / "corral-home")
+    require_bwrap(host)
+    with pytest.raises(ConfigurationError) as caught:
+        _tool(host, [str(program)])
+    assert f"CORRAL_SANDBOX_ALLOWED_PATHS={project}" in str(caught.value)
+    assert str(home_dir) in str(caught.value)  # the directory that closes the way
+    allowed = SandboxHost(
+        host.corral_home, allowed_paths=(*host.allowed_paths, project), search_path=None
+    )
+    seen = await _tool(allowed, [str(program), str(home_dir)]).call({}, _context(workspace))
+    assert str(seen).startswith("hello from /workspace")
+    # what the user did not point it at is not there: the rest of the private home
+    assert "SECRET" not in seen and ".netrc: No such file" in seen
+    assert seen.split()[-3:] == [".", "..", "project"]  # the way to the tools, empty
+
+
+def test_doctor_names_the_setting_a_private_project_directory_needs(tmp_path: Path) -> None:
+    project = tmp_path / "private" / "project"
+    project.mkdir(parents=True)
+    (tmp_path / "private").chmod(0o700)
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "corral"), "doctor"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=project,
+        env={**os.environ, "CORRAL_HOME": str(tmp_path / "corral-home")},
+    )
+    assert done.returncode == 0, done.stderr
+    assert f"CORRAL_SANDBOX_ALLOWED_PATHS={project}" in done.stdout
