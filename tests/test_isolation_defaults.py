@@ -155,3 +155,18 @@ def test_a_namespace_policy_with_a_hostile_maximum_is_refused_at_apply() -> None
         with pytest.raises(ResourceError) as caught:
             load_text(policy, "caps.yaml")
         assert "max_tool_limits" in str(caught.value)
+
+
+async def test_a_cgroup_that_cannot_be_made_fails_the_call_closed(
+    host: SandboxHost, tmp_path: Path
+) -> None:
+    # the operator's cgroup directory went away (or was never writable): no unbounded call
+    gone = SandboxHost(
+        host.corral_home, host.allowed_paths, memory_cgroup=tmp_path / "no-such-cgroup"
+    )
+    tool = _tool(gone)
+    with pytest.raises(ToolError) as caught:
+        await tool.call({"mode": "memory", "mb": 1}, _context(host.corral_home / "w"))
+    assert caught.value.code == "isolation_unavailable"
+    assert caught.value.info.reason.startswith("the call's cgroup could not be made")
+    assert not list((host.corral_home / "w").glob("corral-*"))
