@@ -167,6 +167,19 @@ def limit_hit(
     return None
 
 
+def _limit_memory(path: Path, size: int, *, v2: bool) -> None:
+    """Set the memory limit of the cgroup at ``path``, swap included where swap is counted
+    apart (else a host with swap would page a call out instead of stopping it)."""
+    if v2:
+        (path / "memory.max").write_text(str(size))
+        with contextlib.suppress(OSError):  # no swap accounting here
+            (path / "memory.swap.max").write_text("0")
+        return
+    (path / "memory.limit_in_bytes").write_text(str(size))
+    with contextlib.suppress(OSError):  # memsw: memory and swap together, not below the first
+        (path / "memory.memsw.limit_in_bytes").write_text(str(size))
+
+
 class CallCgroup:
     """The cgroups of one call, joined before ``bwrap`` runs: ``pids.max`` processes and
     at most ``memory_mb`` of memory, all its processes together.
@@ -192,9 +205,7 @@ class CallCgroup:
                 if controller == "pids" and max_processes is not None:
                     (path / "pids.max").write_text(str(max_processes))
                 if controller == "memory" and memory_mb is not None:
-                    v2 = (root / "cgroup.controllers").exists()
-                    knob = "memory.max" if v2 else "memory.limit_in_bytes"
-                    (path / knob).write_text(str(memory_mb * _MIB))
+                    _limit_memory(path, memory_mb * _MIB, v2=(root / "cgroup.controllers").exists())
         except OSError:
             for path in set(self.paths.values()):
                 with contextlib.suppress(OSError):
