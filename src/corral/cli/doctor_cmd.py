@@ -44,6 +44,14 @@ def _allowed_paths_lines() -> list[tuple[str, str]]:
 
     allowed = allowed_paths_from_env()
     lines = [("sandbox allowed paths", ":".join(map(str, allowed)) or "none")]
+    if os.geteuid() == 0:
+        lines.append(
+            (
+                "running as",
+                "root: what tools leave on the host is root's; run Corral as a user of its "
+                "own (docs/deploy.md)",
+            )
+        )
     here = Path(os.getcwd()).resolve()
     closed = private_parent(here / "program")
     if closed is not None and not any(here == a or a in here.parents for a in allowed):
