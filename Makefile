@@ -28,6 +28,8 @@ $(STAMP): pyproject.toml | $(BIN)/python
 install: $(STAMP)
 
 demo: export CORRAL_HOME ?= $(CURDIR)/.corral-demo
+# the example's tool program, shown to its sandbox even from a private (0700) directory
+demo: export CORRAL_SANDBOX_ALLOWED_PATHS ?= $(CURDIR)/examples/tools
 demo: $(STAMP)
 	$(BIN)/corral apply -f examples/
 	$(BIN)/corral run assistant "What is 17 plus 25? Use the add tool."

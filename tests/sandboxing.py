@@ -17,9 +17,16 @@ from corral.tools.sandbox.host import SandboxHost
 
 #: the interpreter's installation: what a sandboxed ``sys.executable`` needs to see
 PYTHON_PREFIX = Path(sys.base_prefix).resolve()
-#: what the operator of the tests allows sandboxes to show: the interpreter and the
-#: virtualenv (the test MCP servers import the ``mcp`` SDK from it)
-ALLOWED_PATHS = tuple(dict.fromkeys([PYTHON_PREFIX, Path(sys.prefix).resolve()]))
+#: the tests' own tool programs and MCP servers, and the examples' tools
+PROGRAM_DIRS = tuple(
+    (Path(__file__).parent / d).resolve()
+    for d in ("tool_programs", "mcp_servers", "../examples/tools")
+)
+#: what the operator of the tests allows sandboxes to show: the interpreter, the
+#: virtualenv (the test MCP servers import the ``mcp`` SDK from it) and the programs
+#: (a checkout in a private directory, a home of mode 0700, shows nothing else: see
+#: README, Isolation)
+ALLOWED_PATHS = tuple(dict.fromkeys([PYTHON_PREFIX, Path(sys.prefix).resolve(), *PROGRAM_DIRS]))
 
 
 def require_bwrap(host: SandboxHost) -> None:

@@ -233,7 +233,7 @@ spec:
     assert "AWS_SECRET_ACCESS_KEY" not in probe["env"]
     # isolation auto: sandboxed where bubblewrap works, the workspace then at /workspace
     sandboxed = SandboxHost.from_env().probe().works
-    workspace = settings.workspaces / "default" / "helper"
+    workspace = settings.workspaces / "agents" / "default" / "helper"
     assert probe["cwd"] == ("/workspace" if sandboxed else str(workspace))
     stored = json.dumps([e.data.to_dict() for e in await store.list_events(record.id)])
     assert "tok-0123456789" not in stored

@@ -30,6 +30,20 @@ class SandboxOut(FromRecord):
         description="How the max_processes limit binds."
     )
     reason: str = Field(description="Why there is no sandbox, when there is none.")
+    proc_sys_read_only: bool | None = Field(
+        default=None,
+        description=(
+            "Whether a tool's sandbox sees /proc/sys (the kernel's knobs) read-only "
+            "(null: no sandbox here)."
+        ),
+    )
+    memory: Literal["cgroup", "rlimit"] = Field(
+        default="rlimit",
+        description=(
+            "How memory_mb (and the sandbox's default) binds: a memory cgroup of all a "
+            "call's processes, or rlimits of each process."
+        ),
+    )
 
 
 class BackendOut(FromRecord):

@@ -22,6 +22,49 @@ def _yes(value: bool | None) -> str:
     return "unknown" if value is None else ("yes" if value else "no")
 
 
+def _proc_sys(read_only: bool | None) -> str:
+    if read_only is None:
+        return "unknown (no sandbox)"
+    if read_only:
+        return "read-only (and /proc/kcore, /proc/sysrq-trigger... masked or read-only)"
+    return "WRITABLE: a tool could set the host kernel's knobs; do not run untrusted tools here"
+
+
+def _allowed_paths_lines() -> list[tuple[str, str]]:
+    """The operator's allowed paths, and whether this directory needs to be one of them.
+
+    A tool's program in a directory other users may not enter (a home directory of
+    mode 0700) is shown to its sandbox only under ``CORRAL_SANDBOX_ALLOWED_PATHS``.
+    """
+    import os
+    from pathlib import Path
+
+    from corral.resources.isolation import ALLOWED_PATHS_VARIABLE, allowed_paths_from_env
+    from corral.tools.sandbox.policy import private_parent
+
+    allowed = allowed_paths_from_env()
+    lines = [("sandbox allowed paths", ":".join(map(str, allowed)) or "none")]
+    if os.geteuid() == 0:
+        lines.append(
+            (
+                "running as",
+                "root: what tools leave on the host is root's; run Corral as a user of its "
+                "own (docs/deploy.md)",
+            )
+        )
+    here = Path(os.getcwd()).resolve()
+    closed = private_parent(here / "program")
+    if closed is not None and not any(here == a or a in here.parents for a in allowed):
+        lines.append(
+            (
+                "this directory",
+                f"private ({closed} is closed to other users): tools whose programs lie here "
+                f"run sandboxed only with {ALLOWED_PATHS_VARIABLE}={here}",
+            )
+        )
+    return lines
+
+
 def doctor(output: str = output_option(formats=("table", "json", "yaml"))) -> None:
     """Say what this machine offers: tool sandbox, wasmtime, providers, store and bus."""
     from corral.api import CapabilitiesOut
@@ -41,7 +84,11 @@ def doctor(output: str = output_option(formats=("table", "json", "yaml"))) -> No
         sandbox = f"unavailable ({box.reason})"
     lines = [
         ("sandbox", sandbox),
-        ("isolation auto", f"{box.auto_mode} (max_processes: {box.max_processes})"),
+        (
+            "isolation auto",
+            f"{box.auto_mode} (max_processes: {box.max_processes}, memory_mb: {box.memory})",
+        ),
+        ("sandbox /proc/sys", _proc_sys(box.proc_sys_read_only)),
         (
             "wasmtime",
             _yes(found.wasmtime)
@@ -61,6 +108,7 @@ def doctor(output: str = output_option(formats=("table", "json", "yaml"))) -> No
             f"reachable: {_yes(found.bus.reachable)}",
         ),
     ]
+    lines += _allowed_paths_lines()
     width = max(len(k) for k, _ in lines)
     for key, value in lines:
         typer.echo(f"{key.ljust(width)}  {value}")

@@ -26,6 +26,11 @@ class SandboxCapability:
     max_processes: Literal["rlimit", "cgroup", "unenforced"]
     #: why there is no sandbox, when there is none
     reason: str = ""
+    #: whether a sandbox sees ``/proc/sys`` read-only (``None``: no sandbox here)
+    proc_sys_read_only: bool | None = None
+    #: how ``memory_mb`` binds: a memory cgroup (all of a call's processes), or rlimits
+    #: (each process)
+    memory: Literal["cgroup", "rlimit"] = "rlimit"
 
 
 @dataclass(frozen=True)

@@ -117,7 +117,8 @@ class Settings:
 
     @property
     def workspaces(self) -> Path:
-        return self.home / "workspaces"
+        """The root of the workspaces, one directory per kind (:mod:`corral.runtime.workspaces`)."""
+        return self.home / "work"
 
     @property
     def secret_key_file(self) -> Path:

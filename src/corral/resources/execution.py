@@ -29,7 +29,7 @@ from typing import Any, Literal, get_args
 
 from pydantic import Field, field_validator
 
-from corral.resources.isolation import IsolationSpec
+from corral.resources.isolation import IsolationLimits, IsolationSpec
 from corral.resources.spec import Spec
 
 __all__ = [
@@ -117,6 +117,13 @@ class NamespacePolicySpec(Spec):
 
     execution: ExecutionSpec = Field(default_factory=ExecutionSpec)
     wasm: WasmPolicySpec = Field(default_factory=WasmPolicySpec)
+    max_tool_limits: IsolationLimits | None = Field(
+        default=None,
+        description=(
+            "the most each call of an exec tool or stdio MCP server of the namespace may use: "
+            "a tool's larger limit is lowered to it, an unset one takes it"
+        ),
+    )
 
 
 @dataclass(frozen=True)
@@ -126,6 +133,8 @@ class EffectivePolicy:
     isolation: IsolationRule = "preferred"
     network: NetworkRule = "allow"
     allowed_tool_types: tuple[str, ...] = TOOL_TYPES
+    #: the NamespacePolicy's ``max_tool_limits`` (``None``: none)
+    max_tool_limits: IsolationLimits | None = None
     #: field -> ``agent``, ``namespace`` or ``default``
     sources: tuple[tuple[str, str], ...] = ()
 

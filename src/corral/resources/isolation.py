@@ -26,6 +26,7 @@ __all__ = [
     "IsolationSpec",
     "allowed_paths_from_env",
     "bind_problem",
+    "capped_limits",
     "corral_home_from_env",
 ]
 
@@ -61,6 +62,20 @@ class IsolationLimits(Spec):
     wall_seconds: float | None = Field(
         default=None, gt=0, description="wall-clock time of the call, then resource_exhausted"
     )
+
+
+def capped_limits(limits: IsolationLimits, maxima: IsolationLimits | None) -> IsolationLimits:
+    """``limits`` with none above ``maxima`` (a NamespacePolicy's): an unset limit takes
+    the maximum, a larger one is lowered to it."""
+    if maxima is None:
+        return limits
+    update: dict[str, float] = {}
+    for name in IsolationLimits.model_fields:
+        top = getattr(maxima, name)
+        mine = getattr(limits, name)
+        if top is not None and (mine is None or mine > top):
+            update[name] = top
+    return limits.model_copy(update=update) if update else limits
 
 
 class IsolationSpec(Spec):

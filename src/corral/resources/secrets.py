@@ -21,6 +21,7 @@ from typing import Any, Protocol
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 
 from corral.core.errors import ConfigurationError, Location, ResourceError
+from corral.core.private_files import private_directory
 from corral.core.settings import Settings
 from corral.resources.kinds import Resource, SecretSpec
 
@@ -106,7 +107,7 @@ class SecretCipher:
         assert self._key_file is not None
         path = self._key_file
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
+            private_directory(path.parent)  # CORRAL_HOME
             if not path.exists():
                 _create_whole(path, Fernet.generate_key())
         except OSError as exc:

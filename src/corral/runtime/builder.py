@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 from collections.abc import Mapping
 from contextlib import AsyncExitStack
 from typing import Any, TypeVar
+
+import anyio
 
 from corral.core.errors import ConfigurationError, CorralError, NotFoundError
 from corral.core.redaction import Redactor, remember
@@ -26,7 +29,7 @@ from corral.resources.execution import (
     tool_problem,
 )
 from corral.resources.execution_check import tool_facts
-from corral.resources.isolation import IsolationSpec
+from corral.resources.isolation import IsolationSpec, capped_limits
 from corral.resources.kinds import (
     AgentRoleSpec,
     AgentSpec,
@@ -43,6 +46,7 @@ from corral.resources.kinds import ToolChoice as ToolChoiceSpec
 from corral.resources.memory import MemorySpec
 from corral.resources.secrets import SecretResolver, header_secret
 from corral.runtime.memory import check_embeds
+from corral.runtime.workspaces import prepare_workspace
 from corral.store.base import Store
 from corral.tools import python_sandbox
 from corral.tools.agents import Delegation, linked_agent_tools
@@ -71,6 +75,14 @@ def _tool_choice(
     raise ConfigurationError(
         f"agent {agent!r}: model_settings.tool_choice names {choice.name!r}, which is not one "
         f"of its tools ({known})"
+    )
+
+
+def _capped(policy: EffectivePolicy, isolation: IsolationSpec) -> IsolationSpec:
+    """``isolation`` with its limits under the NamespacePolicy's ``max_tool_limits``."""
+    limits = capped_limits(isolation.limits, policy.max_tool_limits)
+    return (
+        isolation if limits is isolation.limits else isolation.model_copy(update={"limits": limits})
     )
 
 
@@ -155,8 +167,9 @@ class AgentBuilder:
             approval=spec.approval,
             redactor=self.redactor(),
         )
-        workspace = self.settings.workspaces / self.namespace / name
-        workspace.mkdir(parents=True, exist_ok=True)
+        workspace = await anyio.to_thread.run_sync(
+            prepare_workspace, self.settings, "agents", self.namespace, name
+        )
         return AgentDefinition(
             name=name,
             namespace=self.namespace,
@@ -194,7 +207,10 @@ class AgentBuilder:
         if loosened:
             reasons = "; ".join(reason for _, reason in loosened)
             raise ConfigurationError(f"agent {name!r}: execution policy: {reasons}")
-        return effective_policy(spec.execution, defaults, restricted)
+        policy = effective_policy(spec.execution, defaults, restricted)
+        if found is not None and found.max_tool_limits is not None:
+            policy = dataclasses.replace(policy, max_tool_limits=found.max_tool_limits)
+        return policy
 
     async def namespace_policy(self) -> NamespacePolicySpec | None:
         """The namespace's NamespacePolicy, if it has one."""
@@ -220,7 +236,7 @@ class AgentBuilder:
         if problem is not None:
             raise ConfigurationError(problem)
         if isinstance(spec, ToolSpecModel) and spec.exec is not None:
-            isolation = isolation_under(policy, spec.exec.isolation)
+            isolation = _capped(policy, isolation_under(policy, spec.exec.isolation))
             return spec.model_copy(
                 update={"exec": spec.exec.model_copy(update={"isolation": isolation})}
             )
@@ -232,7 +248,8 @@ class AgentBuilder:
             python = spec.python.model_copy(update=update)
             return spec.model_copy(update={"python": python})
         if isinstance(spec, McpServerSpec) and spec.transport == "stdio":
-            return spec.model_copy(update={"isolation": isolation_under(policy, spec.isolation)})
+            isolation = _capped(policy, isolation_under(policy, spec.isolation))
+            return spec.model_copy(update={"isolation": isolation})
         return spec
 
     async def _spec(self, kind: str, name: str, spec_type: type[S]) -> S:
@@ -374,8 +391,9 @@ class AgentBuilder:
             policy, entry, await self._spec("McpServer", server, McpServerSpec)
         )
         secrets = await self._secrets_of(spec.env, spec.auth)
-        workspace = self.settings.workspaces / self.namespace / "mcp" / server
-        workspace.mkdir(parents=True, exist_ok=True)
+        workspace = await anyio.to_thread.run_sync(
+            prepare_workspace, self.settings, "mcp-servers", self.namespace, server
+        )
         return spec, await open_server_tools(
             server, spec, secrets, stack, workspace=workspace, sandbox_host=self.sandbox_host
         )

@@ -50,6 +50,8 @@ def sandbox_capability(host: SandboxHost) -> SandboxCapability:
         auto_mode="sandbox" if probe.works else "none",
         max_processes=nproc,
         reason=probe.reason,
+        proc_sys_read_only=probe.proc_sys_read_only,
+        memory="cgroup" if host.memory_cgroup_root() is not None else "rlimit",
     )
 
 

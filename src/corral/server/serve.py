@@ -25,6 +25,7 @@ import uvicorn
 
 from corral.bus import open_settings_bus
 from corral.core.errors import ConfigurationError
+from corral.core.private_files import private_directory
 from corral.core.redaction import install_log_redaction
 from corral.core.settings import Settings
 from corral.core.tokens import Role, mint_token
@@ -103,7 +104,7 @@ async def ensure_admin_token(store: Store, home: Path, out: TextIO = sys.stderr)
 
 def _write_secret(path: Path, text: str) -> Path:
     """Write ``text`` to ``path`` readable by its owner only (0600)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    private_directory(path.parent)  # CORRAL_HOME
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as file:
         file.write(text + "\n")

@@ -17,7 +17,9 @@ The program and everything it starts are one
 group included. When the call is cancelled or times out the tree gets SIGTERM,
 then SIGKILL after a short grace; after the program exits, any process it left
 behind is killed too, so a call never leaks processes. stdout and stderr are
-read with caps, so a runaway program cannot exhaust the worker's memory.
+read with caps, so a runaway program cannot exhaust the worker's memory. Then
+no setuid or setgid bit the program set in its workspace survives the call
+(:mod:`corral.tools.sandbox.setid`).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from corral.tools.naming import declared_spec
 from corral.tools.processes import ProcessTree
 from corral.tools.sandbox.host import SandboxHost
 from corral.tools.sandbox.policy import Isolation, View, resolve_isolation
+from corral.tools.sandbox.setid import strip_setid_bits
 
 __all__ = [
     "MAX_STDERR_BYTES",
@@ -361,6 +364,9 @@ class ExecTool(Tool):
             limit = launch.limit_hit(done.returncode, stderr)
         finally:
             await launch.aclose()
+            # the program's processes are gone: nothing it left may grant privilege
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(strip_setid_bits, workspace)
         setup_failure = launch.setup_failure(done.returncode, stderr)
         if setup_failure is not None:
             raise setup_failure

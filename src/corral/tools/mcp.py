@@ -74,6 +74,7 @@ from corral.tools.naming import model_tool_name
 from corral.tools.processes import ProcessTree
 from corral.tools.sandbox.host import SandboxHost
 from corral.tools.sandbox.policy import resolve_isolation
+from corral.tools.sandbox.setid import strip_setid_bits
 
 __all__ = ["McpConnection", "McpTool", "open_server_tools"]
 
@@ -549,6 +550,8 @@ async def _open_stdio(
     launch = isolation.launch(argv, workspace, "", {**_SDK_INHERITED, **locked})
     # registered first: runs last, once the processes are gone
     stack.push_async_callback(launch.aclose)
+    # then nothing the server left in its workspace may grant privilege
+    stack.push_async_callback(anyio.to_thread.run_sync, strip_setid_bits, workspace)
     env = tree.environment(launch.env)
 
     # stderr goes to a socket we drain into a bounded tail: no file grows, no thread waits.

@@ -24,6 +24,7 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from corral.core.errors import ConfigurationError, ConflictError
+from corral.core.private_files import private_directory
 from corral.core.settings import SQLITE_BUSY_TIMEOUT_SECONDS
 from corral.store.base import StoreError
 from corral.store.schema import LATEST_REVISION
@@ -134,7 +135,7 @@ def prepare_sqlite_path(url: sa.URL) -> None:
     if not database or database == ":memory:" or database.startswith("file:"):
         return
     path = Path(database).expanduser()
-    path.parent.mkdir(parents=True, exist_ok=True)
+    private_directory(path.parent, tighten=False)  # made 0700; an existing one is the operator's
     fd = os.open(path, os.O_RDONLY | os.O_CREAT, 0o600)  # an empty file is an empty database
     try:
         with suppress(PermissionError):  # someone else's file: theirs to guard

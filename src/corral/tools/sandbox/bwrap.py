@@ -7,8 +7,13 @@ What the sandbox holds:
   of its own (``--new-session``: no ``TIOCSTI`` into a terminal); it dies with the
   process that started it (``--die-with-parent``), and when its PID 1 ends the
   kernel kills everything left in its PID namespace, ``setsid()`` daemons included;
-- a fresh ``/proc`` (the sandbox's processes only) and a minimal ``/dev``, read-only
-  but for its devices and a ``/dev/shm`` of the size of ``/tmp``;
+- a fresh ``/proc`` (the sandbox's processes only) whose kernel knobs are read-only
+  (``/proc/sys``, ``/proc/sysrq-trigger``, ... :data:`PROC_READ_ONLY`) and whose
+  windows on the kernel's memory and state are masked (``/proc/kcore``, ...
+  :data:`PROC_MASKED`), on every kernel: bubblewrap leaves ``/proc/sys`` writable
+  where ``access()`` says it is not (gVisor), and a sysctl written there reaches the
+  host's kernel; and a minimal ``/dev``, read-only but for its devices and a
+  ``/dev/shm`` of the size of ``/tmp``;
 - the system's ``/usr`` (and ``/bin``, ``/sbin``, ``/lib*``) read-only, and of
   ``/etc`` only the files name resolution, certificates, users and the dynamic linker
   read (:data:`ETC_ENTRIES`);
@@ -36,6 +41,8 @@ from pathlib import Path
 __all__ = [
     "DEFAULT_TMP_MB",
     "ETC_ENTRIES",
+    "PROC_MASKED",
+    "PROC_READ_ONLY",
     "SYSTEM_DIRS",
     "WORKSPACE",
     "SandboxLayout",
@@ -53,6 +60,14 @@ ETC_ENTRIES = (
     "protocols", "passwd", "group", "ld.so.cache", "ld.so.conf", "ld.so.conf.d",
     "localtime", "ssl/certs", "ssl/openssl.cnf", "ca-certificates", "ca-certificates.conf",
     "alternatives", "mime.types",
+)  # fmt: skip
+#: entries of ``/proc`` a sandbox sees read-only, where the kernel has them
+PROC_READ_ONLY = ("sys", "sysrq-trigger", "irq", "bus", "fs")
+#: files of ``/proc`` a sandbox sees as an empty ``/dev/null``, and directories as an
+#: empty read-only tmpfs, where the kernel has them (the list container runtimes mask)
+PROC_MASKED = (
+    "kcore", "kmsg", "keys", "key-users", "latency_stats", "timer_list", "timer_stats",
+    "sched_debug", "acpi", "scsi", "asound",
 )  # fmt: skip
 #: the size of a sandbox's ``/tmp`` (a tmpfs: memory) unless its limits say otherwise
 DEFAULT_TMP_MB = 256
@@ -107,6 +122,26 @@ def _system_binds() -> list[str]:
     return argv
 
 
+def _proc_guards(proc: str = "/proc") -> list[str]:
+    """Binds over the fresh ``/proc``: its knobs read-only, its kernel windows masked.
+
+    The sources are the host's own ``/proc`` entries (``bwrap`` binds from the old root):
+    the same kernel's, and ``/proc/sys`` answers for the namespaces of who reads it.
+    """
+    argv: list[str] = []
+    for entry in PROC_READ_ONLY:
+        path = f"{proc}/{entry}"
+        if os.path.lexists(path):
+            argv += ["--ro-bind", path, path]
+    for entry in PROC_MASKED:
+        path = f"{proc}/{entry}"
+        if os.path.isdir(path):
+            argv += ["--tmpfs", path, "--remount-ro", path]
+        elif os.path.lexists(path):
+            argv += ["--ro-bind", "/dev/null", path]
+    return argv
+
+
 def bwrap_argv(
     bwrap: str,
     layout: SandboxLayout,
@@ -126,7 +161,8 @@ def bwrap_argv(
         argv.append("--unshare-net")
     argv += _system_binds()
     size = str(layout.tmp_mb * 1024 * 1024)
-    argv += ["--proc", "/proc", "--dev", "/dev", "--size", size, "--tmpfs", "/tmp"]
+    argv += ["--proc", "/proc", *_proc_guards(), "--dev", "/dev"]
+    argv += ["--size", size, "--tmpfs", "/tmp"]
     # bubblewrap's /dev is a writable tmpfs of no set size (the host's memory): read-only
     # (its devices still work), with a /dev/shm as bounded as /tmp
     argv += ["--remount-ro", "/dev", "--size", size, "--tmpfs", "/dev/shm"]

@@ -2,7 +2,8 @@
 
 :class:`SandboxHost` is the seam tests and front doors inject: where to look for
 ``bwrap`` (a ``PATH`` or an explicit path), ``CORRAL_HOME`` (never shown to a tool
-but for the workspace) and ``CORRAL_SANDBOX_ALLOWED_PATHS``. :meth:`SandboxHost.probe`
+but for the workspace), ``CORRAL_SANDBOX_ALLOWED_PATHS`` and where a call's cgroups
+are made. :meth:`SandboxHost.probe`
 answers "does bubblewrap work here" by starting one real sandbox, once per ``bwrap``
 path and process: worker and server start-ups call it (in a thread) and log the answer.
 """
@@ -18,14 +19,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from corral.resources.isolation import allowed_paths_from_env, corral_home_from_env
+from corral.tools.sandbox.bwrap import SandboxLayout, bwrap_argv
 
-__all__ = ["BwrapProbe", "SandboxHost", "find_pids_cgroup"]
+__all__ = ["BwrapProbe", "SandboxHost", "find_cgroup", "find_pids_cgroup"]
 
 #: how long the probe's trial sandbox may take
 _PROBE_SECONDS = 10.0
 #: the trial sandbox: the namespaces a tool's sandbox takes, around a program that does nothing
 _TRIAL = ("--unshare-all", "--die-with-parent", "--ro-bind", "/", "/", "--proc", "/proc",
           "--dev", "/dev", "--", "/bin/true")  # fmt: skip
+#: kernel knobs every kernel has, that a tool's sandbox must not be able to open for writing
+_KNOBS = ("/proc/sys/kernel/domainname", "/proc/sys/vm/drop_caches")
 _probes: dict[str, BwrapProbe] = {}
 _probe_lock = threading.Lock()
 
@@ -39,6 +43,8 @@ class BwrapProbe:
     version: str | None = None
     user_namespaces: bool = False
     reason: str = ""
+    #: whether a tool's sandbox sees ``/proc/sys`` read-only (``None``: no sandbox to ask)
+    proc_sys_read_only: bool | None = None
 
     def describe(self) -> str:
         """One line for a start-up log and ``corral doctor``."""
@@ -65,17 +71,34 @@ def _probe(bwrap: str) -> BwrapProbe:
     if trial.returncode != 0:
         why = trial.stderr.strip().splitlines()[-1:] or [f"exit code {trial.returncode}"]
         return BwrapProbe(False, bwrap, version, reason=f"a trial sandbox failed: {why[0]}")
-    return BwrapProbe(True, bwrap, version, user_namespaces=True)
+    guarded = _proc_sys_read_only(bwrap)
+    return BwrapProbe(True, bwrap, version, user_namespaces=True, proc_sys_read_only=guarded)
 
 
-def find_pids_cgroup() -> Path | None:
-    """A cgroup directory this process may create pids-limited children in, or ``None``.
+def _proc_sys_read_only(bwrap: str) -> bool:
+    """Whether a sandbox laid out as a tool's fails to open a kernel knob for writing
+    (opened for appending: nothing is written, and nothing truncated, when it opens)."""
+    knobs = [k for k in _KNOBS if os.path.exists(k)]
+    layout = SandboxLayout(workspace=None, cwd="/tmp")
+    script = 'for knob in "$@"; do (exec 3>>"$knob") 2>/dev/null && exit 0; done; exit 3'
+    argv = bwrap_argv(bwrap, layout, ["/bin/sh", "-c", script, "sh", *knobs])
+    try:
+        done = subprocess.run(
+            argv, capture_output=True, timeout=_PROBE_SECONDS, env={"PATH": "/usr/bin:/bin"}
+        )
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return done.returncode == 3  # (bwrap's own failures exit 1)
 
-    Only needed where ``RLIMIT_NPROC`` does not bind (the server runs as root): the
-    cgroup v1 ``pids`` hierarchy, or the v2 cgroup of this process when ``pids`` is
-    delegated to its children.
+
+def find_cgroup(controller: str) -> Path | None:
+    """A cgroup directory this process may create ``controller``-limited children in.
+
+    The cgroup v1 hierarchy of ``controller`` (``pids``, ``memory``), or the v2 cgroup
+    of this process when ``controller`` is delegated to its children; ``None`` when
+    there is neither (a server that is not root seldom has one).
     """
-    v1 = Path("/sys/fs/cgroup/pids")
+    v1 = Path("/sys/fs/cgroup") / controller
     if (v1 / "cgroup.procs").exists() and os.access(v1, os.W_OK):
         return v1
     try:
@@ -84,14 +107,20 @@ def find_pids_cgroup() -> Path | None:
         return None
     for line in own:
         if line.startswith("0::"):
-            here = Path("/sys/fs/cgroup") / line[3:].lstrip("/")
-            try:
-                delegated = (here / "cgroup.subtree_control").read_text().split()
-            except OSError:
-                return None
-            if "pids" in delegated and os.access(here, os.W_OK):
-                return here
+            for mount in (Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/unified")):
+                here = mount / line[3:].lstrip("/")
+                try:
+                    delegated = (here / "cgroup.subtree_control").read_text().split()
+                except OSError:
+                    continue
+                if controller in delegated and os.access(here, os.W_OK):
+                    return here
     return None
+
+
+def find_pids_cgroup() -> Path | None:
+    """Where pids-limited cgroups can be made (:func:`find_cgroup` of ``pids``)."""
+    return find_cgroup("pids")
 
 
 @dataclass(frozen=True)
@@ -106,6 +135,8 @@ class SandboxHost:
     bwrap: str | None = None
     #: where pids-limited cgroups are made; ``None``: found by :func:`find_pids_cgroup`
     pids_cgroup: Path | None = field(default=None)
+    #: where memory-limited cgroups are made; ``None``: found by :func:`find_cgroup`
+    memory_cgroup: Path | None = field(default=None)
 
     @staticmethod
     def from_env(
@@ -140,3 +171,7 @@ class SandboxHost:
     def cgroup_root(self) -> Path | None:
         """Where this host makes pids-limited cgroups (``None``: nowhere)."""
         return self.pids_cgroup if self.pids_cgroup is not None else find_pids_cgroup()
+
+    def memory_cgroup_root(self) -> Path | None:
+        """Where this host makes memory-limited cgroups (``None``: nowhere)."""
+        return self.memory_cgroup if self.memory_cgroup is not None else find_cgroup("memory")

@@ -43,7 +43,7 @@ from corral.tools.sandbox.bwrap import (
     host_safe_environment,
 )
 from corral.tools.sandbox.host import SandboxHost
-from corral.tools.sandbox.limits import PidsCgroup, limit_hit, prlimit_argv
+from corral.tools.sandbox.limits import CallCgroup, limit_hit, prlimit_argv, sandbox_limits
 
 __all__ = [
     "Isolation",
@@ -52,6 +52,7 @@ __all__ = [
     "Unavailable",
     "Unsandboxed",
     "View",
+    "private_parent",
     "resolve_isolation",
 ]
 
@@ -76,14 +77,21 @@ class Launch:
     sandboxed: bool
     #: the environment ``argv`` starts with (a sandbox's launchers get no loader variables)
     env: dict[str, str] = field(default_factory=dict[str, str])
-    cgroup: PidsCgroup | None = None
+    cgroup: CallCgroup | None = None
     #: named in messages as ``$CORRAL_HOME``
     corral_home: Path | None = None
 
     def limit_hit(self, returncode: int, stderr: str) -> str | None:
         """The limit the program hit, when it failed and that can be told (see :mod:`.limits`)."""
-        events = self.cgroup.max_events() if self.cgroup is not None else 0
-        return limit_hit(self.limits, returncode, stderr, pids_max_events=events)
+        if self.cgroup is None:
+            return limit_hit(self.limits, returncode, stderr)
+        return limit_hit(
+            self.limits,
+            returncode,
+            stderr,
+            pids_max_events=self.cgroup.max_events(),
+            oom_kills=self.cgroup.oom_kills(),
+        )
 
     def setup_failure(self, returncode: int, stderr: str) -> ToolError | None:
         """The error of a sandbox ``bwrap`` could not set up (its one line, exit code 1).
@@ -115,9 +123,13 @@ class Isolation(ABC):
     #: what calls actually run under: ``sandbox``, ``none`` or ``unavailable``
     mode: str
 
-    def __init__(self, limits: IsolationLimits, host: SandboxHost) -> None:
+    def __init__(
+        self, limits: IsolationLimits, host: SandboxHost, defaulted: frozenset[str] = frozenset()
+    ) -> None:
         self.limits = limits
         self.host = host
+        #: the limits the tool left unset, that the sandbox's defaults filled
+        self.defaulted = defaulted
 
     @abstractmethod
     def view(self, workspace: Path) -> View:
@@ -130,16 +142,55 @@ class Isolation(ABC):
         """The launch of ``argv`` (host paths) in ``cwd`` (relative to the workspace) with
         ``env`` (the program's whole environment)."""
 
-    def _launch(
-        self, command: list[str], cwd: Path, env: Mapping[str, str], *, sandboxed: bool
-    ) -> Launch:
-        """``command`` (rlimits set), in a pids cgroup where ``RLIMIT_NPROC`` does not bind."""
-        cgroup = None
-        if self.limits.max_processes is not None and os.geteuid() == 0:
+    def _bounds(self, *, nproc: bool) -> tuple[CallCgroup | None, list[str]]:
+        """The call's cgroup, where one binds a limit, and the ``prlimit`` prefix of the rest.
+
+        ``memory_mb`` binds all the call's processes together through a memory cgroup
+        where one can be made, and each process's address space (``RLIMIT_AS``) when
+        the tool set it; the sandbox's default binds ``RLIMIT_DATA`` where there is no
+        cgroup (an address space limit breaks runtimes that reserve more than they
+        use). ``max_processes`` binds through a pids cgroup when the server is root
+        (``RLIMIT_NPROC`` does not bind root).
+        """
+        limits = rlimits = self.limits
+        roots: dict[str, Path] = {}
+        data_mb = None
+        if limits.memory_mb is not None:
+            root = self.host.memory_cgroup_root()
+            if root is not None:
+                roots["memory"] = root
+            if "memory_mb" in self.defaulted:
+                rlimits = rlimits.model_copy(update={"memory_mb": None})
+                data_mb = None if root is not None else limits.memory_mb
+        if limits.max_processes is not None and os.geteuid() == 0:
             root = self.host.cgroup_root()
             if root is not None:
-                cgroup = PidsCgroup(root, self.limits.max_processes)
-                command = [*cgroup.join_argv(), *command]
+                roots["pids"] = root
+        if not roots:
+            return None, prlimit_argv(rlimits, nproc=nproc, data_mb=data_mb)
+        try:
+            cgroup = CallCgroup(
+                roots, max_processes=limits.max_processes, memory_mb=limits.memory_mb
+            )
+        except OSError as exc:
+            raise ToolError(
+                ToolErrorCode.ISOLATION_UNAVAILABLE,
+                f"the call's cgroup could not be made: {exc.strerror or exc}",
+            ) from exc
+        return cgroup, prlimit_argv(rlimits, nproc=nproc, data_mb=data_mb)
+
+    def _launch(
+        self,
+        command: list[str],
+        cwd: Path,
+        env: Mapping[str, str],
+        cgroup: CallCgroup | None,
+        *,
+        sandboxed: bool,
+    ) -> Launch:
+        """``command``, in the call's cgroup when it has one."""
+        if cgroup is not None:
+            command = [*cgroup.join_argv(), *command]
         return Launch(
             command, cwd, self.limits, sandboxed, dict(env), cgroup, self.host.corral_home
         )
@@ -156,8 +207,8 @@ class Unsandboxed(Isolation):
     def launch(
         self, argv: Sequence[str], workspace: Path, cwd: str, env: Mapping[str, str]
     ) -> Launch:
-        command = [*prlimit_argv(self.limits, nproc=False), *argv]
-        return self._launch(command, workspace / cwd, env, sandboxed=False)
+        cgroup, rlimits = self._bounds(nproc=False)
+        return self._launch([*rlimits, *argv], workspace / cwd, env, cgroup, sandboxed=False)
 
 
 class Unavailable(Isolation):
@@ -194,7 +245,8 @@ class Sandboxed(Isolation):
         read_only: Sequence[Path] = (),
         writable: Sequence[Path] = (),
     ) -> None:
-        super().__init__(spec.limits, host)
+        limits, defaulted = sandbox_limits(spec.limits)
+        super().__init__(limits, host, defaulted)
         self.spec = spec
         self.bwrap = bwrap
         self.read_only = tuple(read_only)
@@ -228,10 +280,9 @@ class Sandboxed(Isolation):
         # bwrap (and the cgroup's shell) run on the host: the loader variables a Tool
         # declares (LD_PRELOAD of a library its program wrote) must not reach them
         outside, inside_only = host_safe_environment(env)
-        command = bwrap_argv(
-            self.bwrap, layout, [*prlimit_argv(self.limits), *program], setenv=inside_only
-        )
-        return self._launch(command, workspace, outside, sandboxed=True)
+        cgroup, rlimits = self._bounds(nproc=True)
+        command = bwrap_argv(self.bwrap, layout, [*rlimits, *program], setenv=inside_only)
+        return self._launch(command, workspace, outside, cgroup, sandboxed=True)
 
     def _recheck(self) -> None:
         """Fail the call when a bind now resolves elsewhere than when it was checked.
@@ -284,14 +335,42 @@ def _binds(spec: IsolationSpec, argv: Sequence[str], host: SandboxHost, owner: s
         bind = root if index < len(program) and root is not None else file
         problem = bind_problem(str(bind), host.corral_home, [bind.resolve()])
         if problem is None and root is None and not _public(file):
-            problem = (
-                "only the server's user may read it; the operator may allow its directory "
-                "with CORRAL_SANDBOX_ALLOWED_PATHS"
-            )
+            problem = _private_problem(file)
         if problem is not None:
             raise ConfigurationError(f"{owner}: the sandbox cannot show {str(file)!r}: {problem}")
         binds.read_only.append(bind)
     return binds
+
+
+def private_parent(path: Path) -> Path | None:
+    """The first directory on the way to ``path`` other users may not enter, or ``None``."""
+    for parent in reversed(Path(os.path.abspath(path)).parents):
+        try:
+            if not os.stat(parent).st_mode & stat.S_IXOTH:
+                return parent
+        except OSError:
+            return parent
+    return None
+
+
+def _private_problem(file: Path) -> str:
+    """Why ``file`` is not shown, and the one setting that shows it."""
+    directory = Path(os.path.abspath(file)).parent
+    how = (
+        f"to run tools from there, the operator allows the directory with "
+        f"CORRAL_SANDBOX_ALLOWED_PATHS={directory} (`corral doctor` shows the setting)"
+    )
+    try:
+        readable = bool(os.stat(file).st_mode & stat.S_IROTH)
+    except OSError:
+        readable = False
+    closed = private_parent(file)
+    if readable and closed is not None:
+        return (
+            f"only the server's user may read it: it lies in {str(closed)!r}, which other "
+            f"users may not enter; {how}"
+        )
+    return f"only the server's user may read it; {how}"
 
 
 def _public(file: Path) -> bool:
