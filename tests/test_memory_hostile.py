@@ -263,3 +263,14 @@ def test_an_overlap_that_would_repeat_a_text_many_times_is_refused(client: httpx
     # a short text (a few chunks) still goes in
     done = client.post(f"{base}/ingest", json={"text": "green tea " * 15})
     assert done.status_code == 200 and done.json()["chunks"] >= 2
+
+
+def test_a_listing_prefix_with_control_characters_is_422_as_a_key_would_be(
+    client: httpx.Client,
+) -> None:
+    # PostgreSQL keeps no NUL in text: such a prefix reached the store and failed there
+    apply(client, MEMORY)
+    for prefix in ("a\x00b", "a\nb"):
+        answer = client.get("/v1/memories/hostile-notes/entries", params={"prefix": prefix})
+        assert (answer.status_code, answer.json()["code"]) == (422, "invalid_request")
+    assert client.get("/v1/memories/hostile-notes/entries", params={"prefix": "a b"}).is_success

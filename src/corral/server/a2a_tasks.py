@@ -149,6 +149,11 @@ def shown(value: str, limit: int = 80) -> str:
     return text if len(text) <= limit else f"{text[: limit - 4]}...'"
 
 
+def is_run_id(value: str) -> bool:
+    """Whether ``value`` is an id a run may have: what the ``/v1`` task routes take."""
+    return len(value) <= MAX_RUN_ID_CHARS and _RUN_ID.match(value) is not None
+
+
 def task_state(state: RunState) -> TaskState:
     """The A2A state of a run state (see the module docstring)."""
     return _STATES[state]
@@ -179,7 +184,7 @@ def page_position(token: str) -> tuple[float, str]:
         created_at, run_id = pagination.parse(token, (float, str))
     except pagination.NotACursorError:
         raise refused from None
-    if created_at < 0 or len(run_id) > MAX_RUN_ID_CHARS or not _RUN_ID.match(run_id):
+    if created_at < 0 or not is_run_id(run_id):
         raise refused
     return created_at, run_id
 
@@ -362,7 +367,11 @@ class CorralRequestHandler(RequestHandler):
     # ------------------------------------------------------------------ helpers
 
     async def _run(self, task_id: str, caller: Caller) -> RunRecord:
-        """The run of this agent; ``TaskNotFoundError`` for another namespace's or agent's."""
+        """The run of this agent; ``TaskNotFoundError`` for another namespace's or agent's,
+        and for an id no run can have (the ``/v1`` rule: NUL, a newline or a lone surrogate
+        never reaches the store, where PostgreSQL would refuse it)."""
+        if not is_run_id(task_id):
+            raise TaskNotFoundError(f"task {shown(task_id)} not found")
         try:
             record = await operations.get_run(
                 self.server.store, task_id, namespace=caller.namespace
