@@ -43,7 +43,6 @@ from contextlib import aclosing, contextmanager, suppress
 from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar
 
-import anyio
 from a2a.server.context import ServerCallContext
 from a2a.server.events.event_queue import Event as A2AEvent
 from a2a.server.request_handlers.request_handler import RequestHandler
@@ -114,8 +113,6 @@ MAX_MESSAGE_ID_CHARS = 200
 #: the deepest JSON output answered as a data part: protobuf decodes 100 message levels, a
 #: JSON level takes about three (Value, Struct or ListValue) and the answer's envelope more
 MAX_DATA_DEPTH = 24
-#: how long tasks/cancel waits for a running run to stop before it answers
-CANCEL_WAIT_SECONDS = 10.0
 #: the longest ListTasks pageToken taken (the server's own are well under it)
 MAX_PAGE_TOKEN_CHARS = 512
 #: a run id, as a page token may name one (the runs table keeps 64 characters)
@@ -523,10 +520,9 @@ class CorralRequestHandler(RequestHandler):
             )
         except ConflictError as exc:
             raise TaskNotCancelableError(exc.message) from None
-        if not record.state.finished:  # a running run stops at its worker's next heartbeat
-            with anyio.move_on_after(CANCEL_WAIT_SECONDS):
-                await self._follower(record.id, Until.FINISHED).settle()
-            record = await self._current(record)
+        # answered at once: a running run stops at its worker's next heartbeat, seconds
+        # later; until then the task is WORKING with the status message "cancel requested"
+        # (A2A has no cancelling state), and GetTask or a subscription sees it CANCELED
         return to_task(record)
 
     @_answered
