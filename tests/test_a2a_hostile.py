@@ -9,6 +9,7 @@ traceback in the log, nothing leaked, and the process serving on.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import os
@@ -545,3 +546,43 @@ def test_no_value_of_a_request_starts_a_line_of_the_server_log(
     [line] = [line for line in lines if "forged-by-the-id" in line]
     assert "(ID: 1\\n2026-01-01 00:00:00,000 ERROR forged-by-the-id\\r\\x1b[2J)" in line, line
     assert not any("\x1b" in line or "\r" in line for line in lines)
+
+
+# ----------------------------------------------------------------------------- public cards
+
+
+@pytest.mark.parametrize("public", [True, False], ids=["public", "default"])
+def test_a_public_card_is_served_without_a_token_and_the_full_card_needs_one(
+    tmp_path: Path, public: bool
+) -> None:
+    live = LiveServer(tmp_path, workers=0)
+    live.settings = dataclasses.replace(live.settings, a2a_public_cards=public)
+    with live:
+        with live.client(live.mint(NS, Role.ADMIN)) as admin:
+            apply(admin, resources("greeter", ["{text: hi}"]))
+        card_path = f"/a2a/{NS}/greeter/.well-known/agent-card.json"
+        anonymous = httpx.get(live.url + card_path)
+        absent = httpx.get(f"{live.url}/a2a/{NS}/nobody/.well-known/agent-card.json")
+        forged = httpx.get(live.url + card_path, headers={"Authorization": "Bearer corral_x_y"})
+        viewer = {"Authorization": f"Bearer {live.mint(NS, Role.VIEWER)}", **V1}
+        with_token = httpx.get(live.url + card_path, headers=viewer)
+        rpc_body = {"jsonrpc": "2.0", "id": 1, "method": "GetExtendedAgentCard", "params": {}}
+        extended = httpx.post(f"{live.url}/a2a/{NS}/greeter", json=rpc_body, headers=viewer)
+        rest = httpx.get(f"{live.url}/a2a/{NS}/greeter/extendedAgentCard", headers=viewer)
+        rest_anonymous = httpx.get(f"{live.url}/a2a/{NS}/greeter/extendedAgentCard", headers=V1)
+
+    assert forged.status_code == 401  # a token sent is judged, public or not
+    assert rest_anonymous.status_code == 401
+    assert with_token.status_code == 200
+    if not public:
+        assert (anonymous.status_code, absent.status_code) == (401, 401)
+        assert extended.json()["error"]["code"] == -32007  # not configured
+        assert not with_token.json()["capabilities"].get("extendedAgentCard")
+        return
+    assert absent.status_code == 404
+    assert anonymous.status_code == 200, anonymous.text
+    card = anonymous.json()
+    assert card["securitySchemes"]["bearer"]["httpAuthSecurityScheme"]["scheme"] == "Bearer"
+    assert card["capabilities"]["extendedAgentCard"] is True
+    assert extended.json()["result"]["name"] == "greeter", extended.text
+    assert rest.status_code == 200 and rest.json()["name"] == "greeter", rest.text

@@ -358,8 +358,14 @@ def _caller(context: ServerCallContext) -> Caller:
 class CorralRequestHandler(RequestHandler):
     """The A2A operations over Corral runs; see the module docstring."""
 
-    def __init__(self, context: ServerContext) -> None:
+    def __init__(
+        self,
+        context: ServerContext,
+        extended_card: Callable[[Caller], AgentCard] | None = None,
+    ) -> None:
         self.server = context
+        #: the card a viewer gets from GetExtendedAgentCard
+        self.extended_card = extended_card
 
     # ------------------------------------------------------------------ helpers
 
@@ -602,4 +608,8 @@ class CorralRequestHandler(RequestHandler):
     async def on_get_extended_agent_card(
         self, params: GetExtendedAgentCardRequest, context: ServerCallContext
     ) -> AgentCard:
-        raise ExtendedAgentCardNotConfiguredError
+        """The full card, to a viewer, when the public one is served without a token
+        (``CORRAL_A2A_PUBLIC_CARDS``): the A2A authenticated extended card."""
+        if not self.server.settings.a2a_public_cards or self.extended_card is None:
+            raise ExtendedAgentCardNotConfiguredError
+        return self.extended_card(_caller(context))
