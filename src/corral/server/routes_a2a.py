@@ -1,6 +1,7 @@
 """Each agent as an A2A server (the Agent2Agent protocol, spec 1.0, with 0.3 compatibility).
 
-    GET  /a2a/{namespace}/{agent}/.well-known/agent-card.json   the agent card (viewer)
+    GET  /a2a/{namespace}/{agent}/.well-known/agent-card.json   the agent card (viewer; anyone
+                                                                 with CORRAL_A2A_PUBLIC_CARDS)
     POST /a2a/{namespace}/{agent}                                JSON-RPC 2.0
     POST /a2a/{namespace}/{agent}/message:send, ...              HTTP+JSON (REST)
 
@@ -13,7 +14,9 @@ REST dispatcher over the same request handler). Methods: ``SendMessage`` and
 ``SendStreamingMessage`` (0.3: ``message/send``, ``message/stream``) need the operator role, ``CancelTask``
 (``tasks/cancel``) too; ``GetTask`` (``tasks/get``), ``ListTasks`` (1.0 only: 0.3 has
 no such method) and ``SubscribeToTask`` (``tasks/resubscribe``) the viewer role. Push
-notifications and the extended card are not offered (their A2A errors).
+notifications are not offered (their A2A error); the extended card only with public
+cards (``CORRAL_A2A_PUBLIC_CARDS``): then the card is served to a request without a
+token, and the full card to a viewer as the authenticated extended card.
 
 Authentication is the API's (:func:`corral.server.auth.require`): a bearer token,
 401/403/429 as ``application/problem+json`` before any JSON-RPC is read. A namespace
