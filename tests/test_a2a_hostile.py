@@ -9,8 +9,13 @@ traceback in the log, nothing leaked, and the process serving on.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
+import os
+import subprocess
+import sys
+import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -32,6 +37,7 @@ from corral.store import open_store
 from corral.tools import a2a as a2a_tool
 from corral.tools.base import Tool, ToolContext
 from corral.tools.governance import GovernedTool, ToolOutcome, ToolPolicy, Toolset
+from databases import PostgresServer
 from server_harness import LiveServer, apply, echo_turn, resources, wait_for
 
 NS = "alpha"
@@ -425,3 +431,158 @@ async def test_a_replayed_call_asking_something_else_is_not_answered_with_the_ol
     items = viewer.get("/v1/tasks", params={"agent": "greeter"}).json()["items"]
     keyed = [t for t in items if "run_replayed:1:0" in (t["idempotency_key"] or "")]
     assert sorted(t["input"] for t in keyed) == ["another question", "the first question"]
+
+
+# ----------------------------------------------------------------------------- ids on PostgreSQL
+
+#: a task id a careless or hostile caller sends: NUL (PostgreSQL keeps no NUL in text),
+#: then a newline and what would read as a line of the server's log
+FORGING_ID = "run_1\x00\n2026-01-01 00:00:00,000 ERROR forged: the admin token is corral_x"
+
+
+class ServeProcess:
+    """``corral serve`` as a user runs it (its log on stderr, kept in a file), on a store."""
+
+    def __init__(self, home: Path, db_url: str) -> None:
+        from nats_servers import free_port
+
+        home.mkdir(parents=True, exist_ok=True)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
+        env.update(CORRAL_HOME=str(home), CORRAL_DB_URL=db_url)
+        self.home, self.log = home, home / "serve.log"
+        self.url = f"http://127.0.0.1:{free_port()}"
+        argv = [sys.executable, "-m", "corral", "serve", "--workers", "0"]
+        with self.log.open("wb") as out:
+            self.process = subprocess.Popen(
+                [*argv, "--port", self.url.rsplit(":", 1)[1]], env=env, stdout=out, stderr=out
+            )
+        wait_for(self._ready, timeout=60, message="corral serve to be ready")
+        self.admin = (home / "admin.token").read_text().strip()
+
+    def _ready(self) -> bool:
+        assert self.process.poll() is None, self.log.read_text()
+        try:
+            return httpx.get(f"{self.url}/readyz", timeout=1).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    def stop(self) -> str:
+        """Stop it; its whole log."""
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        return self.log.read_text()
+
+
+@pytest.fixture(scope="module")
+def serve_on_postgres(
+    tmp_path_factory: pytest.TempPathFactory, postgres: PostgresServer
+) -> Iterator[ServeProcess]:
+    database = postgres.create(migrated=True)
+    server = ServeProcess(tmp_path_factory.mktemp("pg-home"), postgres.url(database))
+    try:
+        headers = {"Authorization": f"Bearer {server.admin}"}
+        with httpx.Client(base_url=server.url, headers=headers, timeout=30) as admin:
+            apply(admin, resources("greeter", ["{text: hi}"]))
+        yield server
+    finally:
+        server.stop()
+        postgres.drop(database)
+
+
+def test_a2a_ids_no_run_can_have_are_task_not_found_on_postgresql_and_forge_no_log_line(
+    serve_on_postgres: ServeProcess,
+) -> None:
+    server = serve_on_postgres
+    headers = {"Authorization": f"Bearer {server.admin}", **V1}
+    base = f"{server.url}/a2a/default/greeter"
+    # a lone surrogate is no string protobuf takes: invalid params, before any lookup
+    hostile = {FORGING_ID: -32001, "run\x00": -32001, "run\r\nx": -32001, "r" * 65: -32001}
+    hostile |= {"run/../x": -32001, "run\ud800": -32602}
+    with httpx.Client(headers=headers, timeout=30) as http:
+        for task_id, code in hostile.items():
+            for method in ("GetTask", "CancelTask", "SubscribeToTask"):
+                body = {"jsonrpc": "2.0", "id": 7, "method": method, "params": {"id": task_id}}
+                answer = http.post(base, content=json.dumps(body).encode())
+                assert answer.status_code == 200, (method, answer.text)
+                assert answer.json()["error"]["code"] == code, (method, task_id, answer.text)
+        quoted = urllib.parse.quote(FORGING_ID, safe="")
+        for method, path in (
+            ("GET", f"/tasks/{quoted}"),
+            ("POST", f"/tasks/{quoted}:cancel"),
+            ("GET", f"/tasks/{quoted}:subscribe"),
+        ):
+            answer = http.request(method, base + path)
+            assert answer.status_code == 404, (path, answer.text)
+        # the store still answers: an id that could be a run's is looked up as before
+        body = {"jsonrpc": "2.0", "id": 8, "method": "GetTask", "params": {"id": "run_absent"}}
+        assert http.post(base, content=json.dumps(body).encode()).json()["error"]["code"] == -32001
+    log = server.log.read_text()
+    assert not [line for line in log.splitlines() if line.startswith("2026-01-01")], log
+    assert "Traceback" not in log and "store could not" not in log, log
+
+
+def test_no_value_of_a_request_starts_a_line_of_the_server_log(
+    serve_on_postgres: ServeProcess,
+) -> None:
+    """The A2A SDK logs a JSON-RPC request's id as it came: escaped on its way to the log,
+    as every value any log call writes."""
+    server = serve_on_postgres
+    headers = {"Authorization": f"Bearer {server.admin}", **V1}
+    request_id = "1\n2026-01-01 00:00:00,000 ERROR forged-by-the-id\r\x1b[2J"
+    body = {"jsonrpc": "2.0", "id": request_id, "method": "NoSuchMethod", "params": {}}
+    with httpx.Client(headers=headers, timeout=30) as http:
+        answer = http.post(f"{server.url}/a2a/default/greeter", content=json.dumps(body))
+    assert answer.json()["error"]["code"] == -32601
+
+    def logged() -> bool:
+        return "forged-by-the-id" in server.log.read_text()
+
+    wait_for(logged, timeout=10, message="the refused request in the log")
+    lines = server.log.read_text().splitlines()
+    [line] = [line for line in lines if "forged-by-the-id" in line]
+    assert "(ID: 1\\n2026-01-01 00:00:00,000 ERROR forged-by-the-id\\r\\x1b[2J)" in line, line
+    assert not any("\x1b" in line or "\r" in line for line in lines)
+
+
+# ----------------------------------------------------------------------------- public cards
+
+
+@pytest.mark.parametrize("public", [True, False], ids=["public", "default"])
+def test_a_public_card_is_served_without_a_token_and_the_full_card_needs_one(
+    tmp_path: Path, public: bool
+) -> None:
+    live = LiveServer(tmp_path, workers=0)
+    live.settings = dataclasses.replace(live.settings, a2a_public_cards=public)
+    with live:
+        with live.client(live.mint(NS, Role.ADMIN)) as admin:
+            apply(admin, resources("greeter", ["{text: hi}"]))
+        card_path = f"/a2a/{NS}/greeter/.well-known/agent-card.json"
+        anonymous = httpx.get(live.url + card_path)
+        absent = httpx.get(f"{live.url}/a2a/{NS}/nobody/.well-known/agent-card.json")
+        forged = httpx.get(live.url + card_path, headers={"Authorization": "Bearer corral_x_y"})
+        viewer = {"Authorization": f"Bearer {live.mint(NS, Role.VIEWER)}", **V1}
+        with_token = httpx.get(live.url + card_path, headers=viewer)
+        rpc_body = {"jsonrpc": "2.0", "id": 1, "method": "GetExtendedAgentCard", "params": {}}
+        extended = httpx.post(f"{live.url}/a2a/{NS}/greeter", json=rpc_body, headers=viewer)
+        rest = httpx.get(f"{live.url}/a2a/{NS}/greeter/extendedAgentCard", headers=viewer)
+        rest_anonymous = httpx.get(f"{live.url}/a2a/{NS}/greeter/extendedAgentCard", headers=V1)
+
+    assert forged.status_code == 401  # a token sent is judged, public or not
+    assert rest_anonymous.status_code == 401
+    assert with_token.status_code == 200
+    if not public:
+        assert (anonymous.status_code, absent.status_code) == (401, 401)
+        assert extended.json()["error"]["code"] == -32007  # not configured
+        assert not with_token.json()["capabilities"].get("extendedAgentCard")
+        return
+    assert absent.status_code == 404
+    assert anonymous.status_code == 200, anonymous.text
+    card = anonymous.json()
+    assert card["securitySchemes"]["bearer"]["httpAuthSecurityScheme"]["scheme"] == "Bearer"
+    assert card["capabilities"]["extendedAgentCard"] is True
+    assert extended.json()["result"]["name"] == "greeter", extended.text
+    assert rest.status_code == 200 and rest.json()["name"] == "greeter", rest.text

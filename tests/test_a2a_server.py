@@ -282,10 +282,44 @@ async def test_get_task_and_cancel_task_map_to_the_run(
 
     got = await client.get_task(GetTaskRequest(id=task.id))
     assert got.id == task.id and got.history[0].parts[0].text == "sleep"
-    cancelled = await client.cancel_task(CancelTaskRequest(id=task.id))
-    assert cancelled.status.state == TaskState.TASK_STATE_CANCELED
+    await cancel_and_wait(client, task.id)
     with pytest.raises(TaskNotCancelableError, match="already cancelled"):
         await client.cancel_task(CancelTaskRequest(id=task.id))
+
+
+async def cancel_and_wait(client: Client, task_id: str) -> Task:
+    """Cancel a task, then wait until it is CANCELED (a running one stops at its worker's
+    next heartbeat: the answer comes at once, saying the cancel was requested)."""
+    answer = await client.cancel_task(CancelTaskRequest(id=task_id))
+    if answer.status.state != TaskState.TASK_STATE_CANCELED:
+        assert answer.status.state == TaskState.TASK_STATE_WORKING, answer.status
+        assert answer.status.message.parts[0].text == "cancel requested"
+    with anyio.fail_after(30):
+        while answer.status.state != TaskState.TASK_STATE_CANCELED:
+            await anyio.sleep(0.05)
+            answer = await client.get_task(GetTaskRequest(id=task_id))
+    return answer
+
+
+async def test_cancel_task_of_a_running_task_answers_at_once_that_the_cancel_is_requested(
+    live: LiveServer, operator: httpx.AsyncClient
+) -> None:
+    client = await sdk_client(live, operator, "sleeper")
+    request = text_message("sleep until cancelled")
+    request.configuration.CopyFrom(SendMessageConfiguration(return_immediately=True))
+    task = await only_task(client, request)
+    with anyio.fail_after(30):  # running: its tool sleeps 30 s
+        while (await client.get_task(GetTaskRequest(id=task.id))).status.state != (
+            TaskState.TASK_STATE_WORKING
+        ):
+            await anyio.sleep(0.05)
+
+    answer = await client.cancel_task(CancelTaskRequest(id=task.id))
+
+    # not waited for: the run stops at its worker's next heartbeat, seconds later
+    assert answer.status.state == TaskState.TASK_STATE_WORKING, answer.status
+    assert answer.status.message.parts[0].text == "cancel requested"
+    assert (await cancel_and_wait(client, task.id)).status.state == TaskState.TASK_STATE_CANCELED
 
 
 async def test_tasks_of_another_agent_or_namespace_are_not_found(
@@ -614,8 +648,7 @@ async def test_send_stream_get_and_cancel_over_http_json(
     asleep = await only_task(sleeper, request)
     got = await sleeper.get_task(GetTaskRequest(id=asleep.id))
     assert got.id == asleep.id and got.history[0].parts[0].text == "sleep over rest"
-    cancelled = await sleeper.cancel_task(CancelTaskRequest(id=asleep.id))
-    assert cancelled.status.state == TaskState.TASK_STATE_CANCELED
+    await cancel_and_wait(sleeper, asleep.id)
     with pytest.raises(TaskNotCancelableError):
         await sleeper.cancel_task(CancelTaskRequest(id=asleep.id))
     # another agent's task, or none at all: not found

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import stat
 from pathlib import Path
 
 import httpx
@@ -18,11 +19,12 @@ from corral.core.memory import MemoryEntry, MemoryInputError, MemoryPlace
 from corral.core.redaction import Redactor
 from corral.core.settings import Settings
 from corral.resources.memory import MemorySpec
+from corral.runtime.memory_files import MAX_DEPTH, MAX_FILE_BYTES, read_documents
 from corral.store import Store
 from corral.tools.base import ToolContext
 from corral.tools.memory import MemoryBinding, MemoryTool
 from corral.tools.memory_backend import StoreMemoryBackend
-from server_harness import apply
+from server_harness import LiveServer, apply
 from test_store import (  # noqa: F401 - fixtures
     cipher_fixture,
     store_fixture,
@@ -114,6 +116,106 @@ def test_the_cli_ingests_a_directory_skipping_binary_files_and_symlink_loops(
     big.write_text("word " * 1_200_000)
     code, said = _cli(home, "memory", "ingest", "hostile-notes", str(big))
     assert code == 2 and "at most 5000000 characters" in said
+
+
+PLANTED = """
+apiVersion: corral/v1
+kind: Memory
+metadata: {name: planted-notes}
+spec: {}
+"""
+
+
+def planted_directory(root: Path, secret: Path) -> Path:
+    """What a sandboxed tool can leave in its workspace for someone to ingest: links to
+    the server's key and to /etc/shadow, to a directory outside, a FIFO, a device."""
+    docs = root / "docs"
+    (docs / "deeper").mkdir(parents=True)
+    (docs / "a.md").write_text("green tea notes")
+    (docs / "deeper" / "b.md").write_text("oolong notes")
+    (docs / ".hidden.md").write_text("not for memory")
+    outside = root / "outside"
+    outside.mkdir()
+    (outside / "c.md").write_text("outside notes")
+    os.symlink(secret, docs / "key.md")
+    os.symlink("/etc/shadow", docs / "shadow.md")
+    os.symlink(outside, docs / "linked-dir")
+    os.symlink(outside / "c.md", docs / "deeper" / "c.md")
+    os.mkfifo(docs / "fifo.md")
+    if os.geteuid() == 0:  # a device node (only root makes one): /dev/zero's numbers
+        os.mknod(docs / "zero.md", 0o600 | stat.S_IFCHR, os.makedev(1, 5))
+    return docs
+
+
+@pytest.mark.parametrize("mode", ["local", "remote"])
+def test_ingesting_a_directory_reads_only_the_regular_files_inside_it(
+    server: LiveServer, client: httpx.Client, tmp_path: Path, mode: str
+) -> None:
+    home = tmp_path / "home"
+    secret = home / "secret.key"
+    home.mkdir()
+    secret.write_text("MASTER-KEY-never-in-memory")
+    docs = planted_directory(tmp_path, secret)
+    env = {"CORRAL_HOME": str(home), "PATH": "/usr/bin:/bin"}
+    if mode == "remote":  # the CLI reads the files, the API takes their text
+        env |= {"CORRAL_URL": server.url, "CORRAL_TOKEN": server.admin}
+        apply(client, PLANTED)
+    else:
+        manifest = tmp_path / "m.yaml"
+        manifest.write_text(PLANTED)
+        assert _cli(home, "apply", "-f", str(manifest))[0] == 0
+    result = invoke(["memory", "ingest", "planted-notes", str(docs)], env)
+
+    assert result.returncode == 0, result.stderr
+    assert "2 document(s), 2 chunks" in result.stdout and "path(s) skipped" in result.stdout
+    skipped = dict(
+        line.removeprefix("skipped ").split(": ", 1)
+        for line in result.stderr.splitlines()
+        if line.startswith("skipped ")
+    )
+    link = "a symbolic link (not followed)"
+    assert skipped == {
+        f"{docs}/deeper/c.md": link,
+        f"{docs}/fifo.md": "a FIFO, not a regular file",
+        f"{docs}/key.md": link,
+        f"{docs}/linked-dir": link,
+        f"{docs}/shadow.md": link,
+    } | ({f"{docs}/zero.md": "a device, not a regular file"} if os.geteuid() == 0 else {})
+    listed = invoke(["memory", "list", "planted-notes", "-o", "json"], env)
+    texts = [entry["text"] for entry in json.loads(listed.stdout)]
+    assert sorted(texts) == ["green tea notes", "oolong notes"]
+
+
+def test_a_symbolic_link_named_for_ingest_is_refused_with_its_target(tmp_path: Path) -> None:
+    manifest = tmp_path / "m.yaml"
+    manifest.write_text(MEMORY)
+    home = tmp_path / "home"
+    assert _cli(home, "apply", "-f", str(manifest))[0] == 0
+    (tmp_path / "real.md").write_text("tea")
+    os.symlink(tmp_path / "real.md", tmp_path / "link.md")
+    os.mkfifo(tmp_path / "fifo")
+    code, said = _cli(home, "memory", "ingest", "hostile-notes", str(tmp_path / "link.md"))
+    assert code == 2 and f"link.md is a symbolic link (to {tmp_path}/real.md)" in said, said
+    code, said = _cli(home, "memory", "ingest", "hostile-notes", str(tmp_path / "fifo"))
+    assert code == 2 and "a FIFO, not a regular file" in said, said  # and did not block
+    assert "Traceback" not in said
+
+
+def test_a_file_past_the_size_cap_is_skipped_unread_and_a_deep_tree_stops(
+    tmp_path: Path,
+) -> None:
+    docs = tmp_path / "docs"
+    deep = docs.joinpath(*["d"] * (MAX_DEPTH + 3))
+    deep.mkdir(parents=True)
+    (deep / "far.md").write_text("too far down")
+    (docs / "d" / "near.md").write_text("near")
+    with (docs / "huge.md").open("wb") as huge:  # sparse: its size alone says enough
+        huge.truncate(MAX_FILE_BYTES + 1)
+    found, skipped = read_documents(docs)
+    assert [d.path for d in found] == [f"{docs}/d/near.md"]
+    reasons = {Path(s.path).name: s.reason for s in skipped}
+    assert reasons["huge.md"].startswith(f"larger than {MAX_FILE_BYTES} bytes")
+    assert reasons["d"] == f"deeper than {MAX_DEPTH} directories"
 
 
 def test_the_same_document_ingested_for_two_agents_is_kept_for_each(client: httpx.Client) -> None:
@@ -263,3 +365,14 @@ def test_an_overlap_that_would_repeat_a_text_many_times_is_refused(client: httpx
     # a short text (a few chunks) still goes in
     done = client.post(f"{base}/ingest", json={"text": "green tea " * 15})
     assert done.status_code == 200 and done.json()["chunks"] >= 2
+
+
+def test_a_listing_prefix_with_control_characters_is_422_as_a_key_would_be(
+    client: httpx.Client,
+) -> None:
+    # PostgreSQL keeps no NUL in text: such a prefix reached the store and failed there
+    apply(client, MEMORY)
+    for prefix in ("a\x00b", "a\nb"):
+        answer = client.get("/v1/memories/hostile-notes/entries", params={"prefix": prefix})
+        assert (answer.status_code, answer.json()["code"]) == (422, "invalid_request")
+    assert client.get("/v1/memories/hostile-notes/entries", params={"prefix": "a b"}).is_success

@@ -443,3 +443,32 @@ async def test_a_server_that_cannot_be_reopened_fails_fast_until_the_backoff_pas
     finally:
         process.kill()
         process.wait(10)
+
+
+async def test_a_call_whose_connection_is_refused_is_not_said_to_have_maybe_run(
+    tmp_path: Path,
+) -> None:
+    """The server is gone: connecting for the call is refused, so nothing of it reached the
+    server, and the error says the server cannot be reached, not that the call may have run."""
+    process, port = start_http_server()
+    spec = McpServerSpec(
+        transport="streamable-http",
+        url=f"http://127.0.0.1:{port}/mcp",
+        auth=HttpAuth(type="bearer", secret="mcp-token"),
+        init_timeout_seconds=2,
+    )
+    try:
+        async with connected("calc-http", spec, {"mcp-token": TOKEN}) as tools:
+            ctx = context(tmp_path)
+            assert await tools["mcp:calc-http/add"].call({"a": 1, "b": 2}, ctx) == {"result": 3}
+            process.kill()
+            process.wait(10)
+            with pytest.raises(ToolError) as caught:  # add is not idempotent
+                await tools["mcp:calc-http/add"].call({"a": 1, "b": 2}, ctx)
+    finally:
+        process.kill()
+        process.wait(10)
+    reason = caught.value.info.reason
+    assert caught.value.code == "unavailable" and caught.value.retryable, reason
+    assert "may or may not have run" not in reason and "failed to start" in reason, reason
+    assert "ConnectError" in reason, reason

@@ -149,9 +149,9 @@ def session_id_option(value: str | None) -> str | None:
 def run_async(coro: Coroutine[Any, Any, T]) -> T:
     """Run a coroutine for a command, turning Corral errors into one line and an exit code."""
     from corral.core.errors import CorralError, UserError
-    from corral.core.redaction import install_log_redaction
+    from corral.core.log_lines import install_log_filters
 
-    install_log_redaction()  # every command that runs agents logs through here
+    install_log_filters()  # every command that runs agents logs through here
     try:
         import asyncio  # here, not at the top: `corral --help` never needs it
 

@@ -248,40 +248,25 @@ def memory_delete(
 LARGE_INGEST_CHARS = 100_000
 
 
-def _documents(source: str) -> list[tuple[str, str]]:
+def _documents(source: str) -> tuple[list[tuple[str, str]], int]:
     """The (name, text) of each document ``source`` names: stdin (``-``), a file, or
-    the files under a directory (sorted; hidden ones and binary or non-UTF-8 files
-    skipped, each with a line on stderr)."""
+    the regular files under a directory (sorted; see :mod:`corral.runtime.memory_files`:
+    no symbolic link followed, no FIFO or device, hidden entries passed over), and how
+    many were skipped, each with a line on stderr saying why."""
     if source == "-":
-        return [("stdin", _stdin_text())]
-    path = Path(source)
-    if path.is_file():
-        files = [path]
-    elif path.is_dir():
-        files = sorted(
-            p
-            for p in path.rglob("*")
-            if p.is_file() and not any(part.startswith(".") for part in p.relative_to(path).parts)
-        )
-    else:
-        fail(f"{source}: no such file or directory", EXIT_BAD_INPUT)
-    documents = []
-    for file in files:
-        try:
-            text = file.read_bytes().decode("utf-8")
-        except UnicodeDecodeError:
-            text = "\x00"
-        except OSError as exc:
-            fail(f"{file}: {exc.strerror}", EXIT_BAD_INPUT)
-        if "\x00" in text:  # binary (or not UTF-8): not a text or Markdown document
-            typer.echo(f"skipped {file}: not a UTF-8 text file", err=True)
-        elif not text.strip():
-            typer.echo(f"skipped {file}: empty", err=True)
-        else:
-            documents.append((str(file), text))
-    if not documents:
+        return [("stdin", _stdin_text())], 0
+    from corral.core.memory import MemoryInputError
+    from corral.runtime.memory_files import read_documents
+
+    try:
+        found, skipped = read_documents(Path(source))
+    except MemoryInputError as exc:
+        fail(exc.message, EXIT_BAD_INPUT)
+    for passed in skipped:
+        typer.echo(f"skipped {passed.path}: {passed.reason}", err=True)
+    if not found:
         fail(f"{source}: no text to ingest", EXIT_BAD_INPUT)
-    return documents
+    return [(d.path, d.text) for d in found], len(skipped)
 
 
 class _IngestProgress:
@@ -362,7 +347,7 @@ def memory_ingest(
 ) -> None:
     """Ingest text and Markdown documents, cut by the Memory's spec.chunking."""
     metadata = _pairs(meta, "--meta")
-    documents = _documents(source)
+    documents, skipped = _documents(source)
     chatty = len(documents) > 1 or len(documents[0][1]) > LARGE_INGEST_CHARS
     several = len(documents) > 1
 
@@ -394,5 +379,6 @@ def memory_ingest(
         [
             f"memory/{name}: {len(results)} document(s), {chunks} chunks, "
             f"{written} written ({chunks - written} already there)"
+            + (f", {skipped} path(s) skipped" if skipped else "")
         ],
     )

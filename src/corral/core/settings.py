@@ -102,6 +102,8 @@ class Settings:
     api_port: int = 8080
     #: the URL tool programs reach the API at (``CORRAL_URL`` of agent tokens)
     public_url: str | None = None
+    #: serve each agent's A2A card without a token (the full card stays behind one)
+    a2a_public_cards: bool = False
     api_max_body_bytes: int = 1024 * 1024
     api_rate_limit: float = 50.0
     api_rate_burst: int = 100
@@ -156,6 +158,7 @@ class Settings:
             api_host=env.get("CORRAL_API_HOST") or "127.0.0.1",
             api_port=int(_number(env, "CORRAL_API_PORT", 8080, minimum=0)),
             public_url=(env.get("CORRAL_PUBLIC_URL") or "").rstrip("/") or None,
+            a2a_public_cards=env.get("CORRAL_A2A_PUBLIC_CARDS", "").lower() in ("1", "true"),
             api_max_body_bytes=int(_number(env, "CORRAL_API_MAX_BODY_BYTES", 1024 * 1024)),
             api_rate_limit=_number(env, "CORRAL_API_RATE_LIMIT", 50.0, minimum=0),
             api_rate_burst=int(_number(env, "CORRAL_API_RATE_BURST", 100)),

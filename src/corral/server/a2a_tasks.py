@@ -43,7 +43,6 @@ from contextlib import aclosing, contextmanager, suppress
 from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar
 
-import anyio
 from a2a.server.context import ServerCallContext
 from a2a.server.events.event_queue import Event as A2AEvent
 from a2a.server.request_handlers.request_handler import RequestHandler
@@ -114,8 +113,6 @@ MAX_MESSAGE_ID_CHARS = 200
 #: the deepest JSON output answered as a data part: protobuf decodes 100 message levels, a
 #: JSON level takes about three (Value, Struct or ListValue) and the answer's envelope more
 MAX_DATA_DEPTH = 24
-#: how long tasks/cancel waits for a running run to stop before it answers
-CANCEL_WAIT_SECONDS = 10.0
 #: the longest ListTasks pageToken taken (the server's own are well under it)
 MAX_PAGE_TOKEN_CHARS = 512
 #: a run id, as a page token may name one (the runs table keeps 64 characters)
@@ -149,6 +146,11 @@ def shown(value: str, limit: int = 80) -> str:
     return text if len(text) <= limit else f"{text[: limit - 4]}...'"
 
 
+def is_run_id(value: str) -> bool:
+    """Whether ``value`` is an id a run may have: what the ``/v1`` task routes take."""
+    return len(value) <= MAX_RUN_ID_CHARS and _RUN_ID.match(value) is not None
+
+
 def task_state(state: RunState) -> TaskState:
     """The A2A state of a run state (see the module docstring)."""
     return _STATES[state]
@@ -179,7 +181,7 @@ def page_position(token: str) -> tuple[float, str]:
         created_at, run_id = pagination.parse(token, (float, str))
     except pagination.NotACursorError:
         raise refused from None
-    if created_at < 0 or len(run_id) > MAX_RUN_ID_CHARS or not _RUN_ID.match(run_id):
+    if created_at < 0 or not is_run_id(run_id):
         raise refused
     return created_at, run_id
 
@@ -356,13 +358,23 @@ def _caller(context: ServerCallContext) -> Caller:
 class CorralRequestHandler(RequestHandler):
     """The A2A operations over Corral runs; see the module docstring."""
 
-    def __init__(self, context: ServerContext) -> None:
+    def __init__(
+        self,
+        context: ServerContext,
+        extended_card: Callable[[Caller], AgentCard] | None = None,
+    ) -> None:
         self.server = context
+        #: the card a viewer gets from GetExtendedAgentCard
+        self.extended_card = extended_card
 
     # ------------------------------------------------------------------ helpers
 
     async def _run(self, task_id: str, caller: Caller) -> RunRecord:
-        """The run of this agent; ``TaskNotFoundError`` for another namespace's or agent's."""
+        """The run of this agent; ``TaskNotFoundError`` for another namespace's or agent's,
+        and for an id no run can have (the ``/v1`` rule: NUL, a newline or a lone surrogate
+        never reaches the store, where PostgreSQL would refuse it)."""
+        if not is_run_id(task_id):
+            raise TaskNotFoundError(f"task {shown(task_id)} not found")
         try:
             record = await operations.get_run(
                 self.server.store, task_id, namespace=caller.namespace
@@ -517,10 +529,9 @@ class CorralRequestHandler(RequestHandler):
             )
         except ConflictError as exc:
             raise TaskNotCancelableError(exc.message) from None
-        if not record.state.finished:  # a running run stops at its worker's next heartbeat
-            with anyio.move_on_after(CANCEL_WAIT_SECONDS):
-                await self._follower(record.id, Until.FINISHED).settle()
-            record = await self._current(record)
+        # answered at once: a running run stops at its worker's next heartbeat, seconds
+        # later; until then the task is WORKING with the status message "cancel requested"
+        # (A2A has no cancelling state), and GetTask or a subscription sees it CANCELED
         return to_task(record)
 
     @_answered
@@ -600,4 +611,8 @@ class CorralRequestHandler(RequestHandler):
     async def on_get_extended_agent_card(
         self, params: GetExtendedAgentCardRequest, context: ServerCallContext
     ) -> AgentCard:
-        raise ExtendedAgentCardNotConfiguredError
+        """The full card, to a viewer, when the public one is served without a token
+        (``CORRAL_A2A_PUBLIC_CARDS``): the A2A authenticated extended card."""
+        if not self.server.settings.a2a_public_cards or self.extended_card is None:
+            raise ExtendedAgentCardNotConfiguredError
+        return self.extended_card(_caller(context))

@@ -1,6 +1,7 @@
 """Each agent as an A2A server (the Agent2Agent protocol, spec 1.0, with 0.3 compatibility).
 
-    GET  /a2a/{namespace}/{agent}/.well-known/agent-card.json   the agent card (viewer)
+    GET  /a2a/{namespace}/{agent}/.well-known/agent-card.json   the agent card (viewer; anyone
+                                                                 with CORRAL_A2A_PUBLIC_CARDS)
     POST /a2a/{namespace}/{agent}                                JSON-RPC 2.0
     POST /a2a/{namespace}/{agent}/message:send, ...              HTTP+JSON (REST)
 
@@ -13,7 +14,9 @@ REST dispatcher over the same request handler). Methods: ``SendMessage`` and
 ``SendStreamingMessage`` (0.3: ``message/send``, ``message/stream``) need the operator role, ``CancelTask``
 (``tasks/cancel``) too; ``GetTask`` (``tasks/get``), ``ListTasks`` (1.0 only: 0.3 has
 no such method) and ``SubscribeToTask`` (``tasks/resubscribe``) the viewer role. Push
-notifications and the extended card are not offered (their A2A errors).
+notifications are not offered (their A2A error); the extended card only with public
+cards (``CORRAL_A2A_PUBLIC_CARDS``): then the card is served to a request without a
+token, and the full card to a viewer as the authenticated extended card.
 
 Authentication is the API's (:func:`corral.server.auth.require`): a bearer token,
 401/403/429 as ``application/problem+json`` before any JSON-RPC is read. A namespace
@@ -56,15 +59,16 @@ from a2a.types.a2a_pb2 import (
 from a2a.utils.constants import PROTOCOL_VERSION_0_3, PROTOCOL_VERSION_1_0, TransportProtocol
 from a2a.utils.error_handlers import build_rest_error_payload
 from a2a.utils.errors import InvalidParamsError as A2AInvalidParamsError
-from fastapi import APIRouter, Path, Request
+from fastapi import APIRouter, Depends, Path, Request
 from fastapi.responses import JSONResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.responses import Response
 
 from corral import __version__
 from corral.core.tokens import Role
 from corral.resources.kinds import NAME_PATTERN
 from corral.server.a2a_tasks import CALLER, REQUEST, Caller, CorralRequestHandler, shown
-from corral.server.auth import Principal, Viewer
+from corral.server.auth import Principal, Viewer, require
 from corral.server.context import ServerContext, context_of
 from corral.server.problems import ProblemError
 
@@ -85,6 +89,8 @@ OPERATOR_METHODS = frozenset(
     }
 )
 BEARER = "bearer"
+#: the card's optional bearer token (``require`` judges it when one is sent)
+_optional_bearer = HTTPBearer(auto_error=False)
 
 
 #: what the SDK's dispatcher logs, with a traceback, when a client sends a malformed request
@@ -126,10 +132,17 @@ def _rest_dispatcher(request: Request) -> RestDispatcher:
     dispatcher = getattr(request.app.state, "a2a_rest_dispatcher", None)
     if not isinstance(dispatcher, RestDispatcher):
         dispatcher = RestDispatcher(
-            CorralRequestHandler(context_of(request)), context_builder=_ContextBuilder()
+            _handler(context_of(request)), context_builder=_ContextBuilder()
         )
         request.app.state.a2a_rest_dispatcher = dispatcher
     return dispatcher
+
+
+def _handler(context: ServerContext) -> CorralRequestHandler:
+    def extended_card(caller: Caller) -> AgentCard:
+        return agent_card(base_url(context, caller.namespace, caller.agent), caller, extended=True)
+
+    return CorralRequestHandler(context, extended_card)
 
 
 def _dispatcher(request: Request) -> JsonRpcDispatcher:
@@ -137,7 +150,7 @@ def _dispatcher(request: Request) -> JsonRpcDispatcher:
     dispatcher = getattr(request.app.state, "a2a_dispatcher", None)
     if not isinstance(dispatcher, JsonRpcDispatcher):
         dispatcher = JsonRpcDispatcher(
-            CorralRequestHandler(context_of(request)),
+            _handler(context_of(request)),
             context_builder=_ContextBuilder(),
             enable_v0_3_compat=True,
         )
@@ -172,8 +185,9 @@ def base_url(context: ServerContext, namespace: str, agent: str) -> str:
     return f"{context.public_url}/a2a/{namespace}/{agent}"
 
 
-def agent_card(url: str, caller: Caller) -> AgentCard:
-    """The card of one agent: its JSON-RPC interface, streaming, bearer auth, one skill."""
+def agent_card(url: str, caller: Caller, *, extended: bool = False) -> AgentCard:
+    """The card of one agent: its JSON-RPC interface, streaming, bearer auth, one skill;
+    with ``extended``, it says the authenticated extended card is offered."""
     return AgentCard(
         name=caller.agent,
         description=f"The Corral agent {caller.agent!r} of namespace {caller.namespace!r}.",
@@ -193,7 +207,9 @@ def agent_card(url: str, caller: Caller) -> AgentCard:
                 protocol_version=PROTOCOL_VERSION_1_0,
             )
         ],
-        capabilities=AgentCapabilities(streaming=True, push_notifications=False),
+        capabilities=AgentCapabilities(
+            streaming=True, push_notifications=False, extended_agent_card=extended
+        ),
         security_schemes={
             BEARER: SecurityScheme(
                 http_auth_security_scheme=HTTPAuthSecurityScheme(
@@ -219,12 +235,23 @@ def agent_card(url: str, caller: Caller) -> AgentCard:
 
 @router.get("/{namespace}/{agent}/.well-known/agent-card.json")
 async def get_agent_card(
-    namespace: Namespace, agent: AgentName, who: Viewer, request: Request
+    namespace: Namespace,
+    agent: AgentName,
+    request: Request,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_optional_bearer)],
 ) -> JSONResponse:
-    """The agent card of one agent (A2A discovery)."""
+    """The agent card of one agent (A2A discovery): a viewer's, or with
+    ``CORRAL_A2A_PUBLIC_CARDS`` anyone's when the request has no ``Authorization``."""
     context = context_of(request)
-    caller = await _caller(context, who, namespace, agent)
-    card = agent_card(base_url(context, namespace, agent), caller)
+    public = context.settings.a2a_public_cards
+    if public and request.headers.get("authorization") is None:
+        if await context.store.get_resource(namespace, "Agent", agent) is None:
+            raise ProblemError(404, f"agent {agent!r} not found", code="not_found")
+        caller = Caller(namespace, agent)
+    else:
+        who = await require(Role.VIEWER)(request, credentials)
+        caller = await _caller(context, who, namespace, agent)
+    card = agent_card(base_url(context, namespace, agent), caller, extended=public)
     return JSONResponse(agent_card_to_dict(card))
 
 

@@ -77,7 +77,11 @@ async def list_memory_entries(
     who: Viewer,
     request: Request,
     scope: Scope,
-    prefix: Annotated[str, Query(max_length=255, description="Only keys with this start.")] = "",
+    prefix: Annotated[
+        str,
+        # as a key: no control characters (PostgreSQL keeps no NUL in text)
+        Query(max_length=255, pattern=r"^[^\x00-\x1f]*$", description="Only keys with this start."),
+    ] = "",
     limit: pagination.Limit = 100,
     cursor: pagination.Cursor = None,
 ) -> MemoryEntryPage:

@@ -25,8 +25,8 @@ import uvicorn
 
 from corral.bus import open_settings_bus
 from corral.core.errors import ConfigurationError
+from corral.core.log_lines import install_log_filters
 from corral.core.private_files import private_directory
-from corral.core.redaction import install_log_redaction
 from corral.core.settings import Settings
 from corral.core.tokens import Role, mint_token
 from corral.server.app import create_app
@@ -161,7 +161,7 @@ async def serve(
                 access_log=False,
                 timeout_graceful_shutdown=int(graceful_seconds),
             )
-            install_log_redaction()  # uvicorn's handlers exist from here on
+            install_log_filters()  # uvicorn's handlers exist from here on
             server = CorralServer(config, app.state.corral)
             if on_server is not None:
                 on_server(server)

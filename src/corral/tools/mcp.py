@@ -24,8 +24,8 @@ lost its session. The next call opens a new one (one open at a time; after a
 failed open, calls fail fast as ``unavailable`` until a backoff with jitter has
 passed). A call whose session was lost while it was in flight may or may not
 have run: it is made again on the new session only when the tool is idempotent
-or the server refused the session (so the call never ran); otherwise it fails
-as ``unavailable``, retryable.
+or the call never reached the server (it refused the session, or the connection
+for the call could not be made); otherwise it fails as ``unavailable``, retryable.
 
 A stdio server runs in its own process group with the same locked-down
 environment as an ``exec`` tool (:func:`corral.tools.exec.locked_environment`)
@@ -597,6 +597,27 @@ async def _refuses_session(response: httpx2.Response) -> bool:
     return b"session" in body.lower()
 
 
+class _RefusalWatch(httpx2.AsyncBaseTransport):
+    """A transport that reports a request of a session whose connection could not be made:
+    nothing of it reached the server (the refused, unreachable or unresolvable server of
+    a ``ConnectError``; one that broke after it was sent is another error)."""
+
+    def __init__(self, inner: httpx2.AsyncBaseTransport, on_refused: Callable[[], None]) -> None:
+        self._inner = inner
+        self._on_refused = on_refused
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        try:
+            return await self._inner.handle_async_request(request)
+        except httpx2.ConnectError:
+            if _SESSION_HEADER in request.headers:
+                self._on_refused()
+            raise
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
 async def _open_http(
     stack: contextlib.AsyncExitStack,
     server_name: str,
@@ -623,6 +644,7 @@ async def _open_http(
         trust_env=False,
         follow_redirects=False,
         event_hooks={"response": [watch]},
+        transport=_RefusalWatch(httpx2.AsyncHTTPTransport(trust_env=False), on_refused),
     )
     await stack.enter_async_context(client)
     return await stack.enter_async_context(streamable_http_client(spec.url, http_client=client))

@@ -33,7 +33,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from corral.core.errors import ConfigurationError, ToolError, ToolErrorCode
-from corral.resources.isolation import IsolationLimits, IsolationSpec, bind_problem
+from corral.resources.isolation import (
+    ALLOWED_PATHS_VARIABLE,
+    IsolationLimits,
+    IsolationSpec,
+    bind_problem,
+)
 from corral.tools.sandbox.bwrap import (
     DEFAULT_TMP_MB,
     SYSTEM_DIRS,
@@ -44,6 +49,7 @@ from corral.tools.sandbox.bwrap import (
 )
 from corral.tools.sandbox.host import SandboxHost
 from corral.tools.sandbox.limits import CallCgroup, limit_hit, prlimit_argv, sandbox_limits
+from corral.tools.sandbox.programs import Interpreter, interpreters, symlink_chain
 
 __all__ = [
     "Isolation",
@@ -107,6 +113,12 @@ class Launch:
         message = lines[0].removeprefix("bwrap: ")
         if self.corral_home is not None:  # the workspace's host path names it
             message = message.replace(str(self.corral_home), "$CORRAL_HOME")
+        if message.startswith("execvp ") and message.endswith("No such file or directory"):
+            message += (
+                " (the program, or the interpreter its #! line names, is not in the sandbox:"
+                " an interpreter outside the system's directories needs its installation"
+                f" allowed with {ALLOWED_PATHS_VARIABLE})"
+            )
         return ToolError(
             ToolErrorCode.ISOLATION_UNAVAILABLE, f"the sandbox could not be set up: {message}"
         )
@@ -322,24 +334,64 @@ def _binds(spec: IsolationSpec, argv: Sequence[str], host: SandboxHost, owner: s
             if problem is not None:
                 raise ConfigurationError(f"{owner}: isolation: {problem}")
             into.append(Path(path).resolve())
-    # The program as named and as its symlinks resolve (a venv's python and the
-    # interpreter it links to), then every absolute argument that names a file.
-    program = [Path(os.path.abspath(argv[0])), Path(argv[0]).resolve()]
-    files = [*program, *(Path(a) for a in argv[1:] if os.path.isabs(a) and os.path.isfile(a))]
-    for index, file in enumerate(files):
-        shown = [*map(Path, SYSTEM_DIRS), *binds.read_only, *binds.writable]
-        if any(_within(file, root) for root in shown):
-            continue
-        # An interpreter needs its library beside it: the program brings its allowed root.
-        root = next((r for r in host.allowed_paths if _within(file, r)), None)
-        bind = root if index < len(program) and root is not None else file
-        problem = bind_problem(str(bind), host.corral_home, [bind.resolve()])
-        if problem is None and root is None and not _public(file):
-            problem = _private_problem(file)
-        if problem is not None:
-            raise ConfigurationError(f"{owner}: the sandbox cannot show {str(file)!r}: {problem}")
-        binds.read_only.append(bind)
+    # The program as named and each path its symlinks lead to (a venv's python and the
+    # interpreter it links to), the interpreters its #! line names, then every absolute
+    # argument that names a file.
+    for file in symlink_chain(Path(argv[0])):
+        _show(file, binds, host, owner, root_allowed=True)
+    for interpreter in interpreters(Path(argv[0])):
+        for file in symlink_chain(interpreter.path):
+            _show_interpreter(file, interpreter, binds, host, owner)
+    for argument in argv[1:]:
+        if os.path.isabs(argument) and os.path.isfile(argument):
+            _show(Path(argument), binds, host, owner, root_allowed=False)
     return binds
+
+
+def _shown(file: Path, binds: _Binds) -> bool:
+    """Whether the sandbox already shows ``file``: a system directory or a bind holds it."""
+    roots = [*map(Path, SYSTEM_DIRS), *binds.read_only, *binds.writable]
+    return any(_within(file, root) for root in roots)
+
+
+def _show(file: Path, binds: _Binds, host: SandboxHost, owner: str, *, root_allowed: bool) -> None:
+    """Bind ``file`` read-only unless it is shown: a program (``root_allowed``) brings the
+    allowed directory it lies in, so an interpreter finds its library beside it; else the
+    file alone, when every user may read it."""
+    if _shown(file, binds):
+        return
+    root = next((r for r in host.allowed_paths if _within(file, r)), None)
+    bind = root if root_allowed and root is not None else file
+    problem = bind_problem(str(bind), host.corral_home, [bind.resolve()])
+    if problem is None and root is None and not _public(file):
+        problem = _private_problem(file)
+    if problem is not None:
+        raise ConfigurationError(f"{owner}: the sandbox cannot show {str(file)!r}: {problem}")
+    binds.read_only.append(bind)
+
+
+def _show_interpreter(
+    file: Path, interpreter: Interpreter, binds: _Binds, host: SandboxHost, owner: str
+) -> None:
+    """Bind the allowed directory of a path on the way to an interpreter, unless it is
+    shown: an interpreter needs its installation beside it, never only its file."""
+    if _shown(file, binds):
+        return
+    named = f"the interpreter {str(interpreter.path)!r} that {str(interpreter.script)!r} names"
+    if not os.path.lexists(file):
+        raise ConfigurationError(f"{owner}: {named} in its #! line does not exist")
+    root = next((r for r in host.allowed_paths if _within(file, r)), None)
+    problem = None if root is None else bind_problem(str(root), host.corral_home, [root.resolve()])
+    if root is None:
+        shown = "" if file == interpreter.path else f" ({str(file)!r}, where it links)"
+        problem = (
+            f"it is not among the system's directories nor under one the operator allowed "
+            f"with {ALLOWED_PATHS_VARIABLE}: allow the installation it belongs to{shown}"
+        )
+    if problem is not None:
+        raise ConfigurationError(f"{owner}: the sandbox cannot show {named}: {problem}")
+    assert root is not None
+    binds.read_only.append(root)
 
 
 def private_parent(path: Path) -> Path | None:
