@@ -13,7 +13,7 @@ embedding model runs: what is measured is storing and searching.
   Each row says how it searched vectors (pgvector's ``<=>``, or the scope's vectors
   cached in process: an int8 first pass, the rows it cannot rule out scored in float32).
   "first search" is the first query after the load: it reads the scope's vectors (and
-  on SQLite its texts, into the full-text index) into the caches (every later one finds
+  its texts, into the full-text index) into the caches (every later one finds
   them there); "after a write" is a query right after one more entry is written (the
   caches are brought up to date from the scope's noted changes, not reloaded). "full
   text" is the same queries' words alone (no vector), after the hybrid ones.
