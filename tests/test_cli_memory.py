@@ -71,7 +71,7 @@ def test_entries_are_written_searched_listed_read_and_deleted(tmp_path: Path) ->
     listed = json.loads(cli(home, "memory", "list", "notes", "-o", "json"))
     assert [e["key"] for e in listed] == ["blue", "third"]
     described = cli(home, "describe", "memory", "notes")
-    assert "Entries:     2 in 1 scope(s)" in described and "FTS5" in described
+    assert "Entries:     2 in 1 scope(s)" in described and "BM25" in described
     assert "deleted" in cli(home, "memory", "delete", "notes", "blue")
     assert "no entry 'blue'" in cli(home, "memory", "delete", "notes", "blue", code=2)
 

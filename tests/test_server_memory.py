@@ -50,7 +50,7 @@ def test_entries_are_written_listed_read_searched_and_deleted(client: httpx.Clie
     assert [h["key"] for h in filtered["items"]] == [generated]
 
     stats = client.get(base).json()
-    assert (stats["entries"], stats["scopes"]) == (3, 1) and "FTS5" in stats["index"]
+    assert (stats["entries"], stats["scopes"]) == (3, 1) and "BM25" in stats["index"]
     assert client.get("/v1/memories/nowhere").status_code == 404
     assert client.delete(f"{base}/entries/user/1").status_code == 204
     # no such entry, and no such Memory: two codes

@@ -190,13 +190,13 @@ def test_the_cache_drops_a_matrix_of_another_generation_and_one_over_budget() ->
     assert cache.keys() == [] and cache.nbytes == 0
 
 
-async def test_full_text_is_the_same_whether_few_or_all_matches_are_ranked_first(
+async def test_full_text_is_the_same_whether_few_or_all_matches_are_checked_first(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """SQLite ranks the best FTS matches of all scopes first and reads their entries: the
-    answer must be the scope's true top k even when another scope's entries rank better
-    (the joined query then decides), and with filters."""
-    from corral.store.sql import fulltext_sqlite
+    """A filtered full-text search checks the filters on the best few matches first: the
+    answer must be the scope's true top k whether few or all of them pass, with or
+    without the scope's index kept, and another scope's better entries never count."""
+    from corral.store.sql import fulltext
 
     crowd = MemoryPlace("default", "notes", "crowd")
     await store.write_memories(
@@ -211,13 +211,12 @@ async def test_full_text_is_the_same_whether_few_or_all_matches_are_ranked_first
         hits = await store.search_memory(NOTES, "apple pear", top_k=7, filters=filters or None)
         return [(hit.entry.key, hit.score) for hit in hits]
 
-    # SQLite: no scope index (a budget of 0), so FTS5's ranking of few or all is compared
-    store.memory_fulltext.indexes.max_bytes = 0  # type: ignore[attr-defined]
     answers = []
-    for candidates in (1, 5, 45, 100_000):
-        monkeypatch.setattr(fulltext_sqlite, "FTS_CANDIDATES", candidates)
-        monkeypatch.setattr(fulltext_sqlite, "FAST_CANDIDATES", 0)
-        answers.append((await search(), await search(odd=True)))
+    for budget in (store.memory_fulltext.indexes.max_bytes, 0):  # type: ignore[attr-defined]
+        store.memory_fulltext.indexes.max_bytes = budget  # type: ignore[attr-defined]
+        for candidates in (1, 5, 45, 100_000):
+            monkeypatch.setattr(fulltext, "FILTER_CANDIDATES", candidates)
+            answers.append((await search(), await search(odd=True)))
     assert all(answer == answers[-1] for answer in answers)
     everything, odd = answers[-1]
     assert len(everything) == 7 and all(key.startswith("n") for key, _ in everything)

@@ -9,14 +9,12 @@ of store/sql/vector_cache.py), and ``pgvector``: PostgreSQL 18 with pgvector on 
 
 from __future__ import annotations
 
-import json
+import importlib.metadata
 import math
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 
 from corral.core.memory import (
     FULLTEXT,
@@ -212,64 +210,25 @@ def test_rrf_counts_each_signal_once_per_entry_and_breaks_ties_by_recency() -> N
     assert fused[0].score == fused[1].score == 1 / (RRF_K + 1)
 
 
-# --------------------------------------------------------------------------- sqlite-vec
+# --------------------------------------------------------------------------- no extension
 
 
-_AGREEMENT = """
-import json, sqlite3, sys
-import sqlite_vec
-rows = json.loads(sys.argv[1])
-conn = sqlite3.connect(":memory:")
-conn.enable_load_extension(True)
-sqlite_vec.load(conn)
-print(json.dumps([
-    conn.execute("SELECT vec_distance_cosine(?, ?)", (bytes.fromhex(a), bytes.fromhex(b))).fetchone()[0]
-    for a, b in rows
-]))
-"""
+def test_corral_requires_no_sqlite_extension() -> None:
+    """Vectors are searched in process on SQLite: no SQLite extension is a dependency."""
+    required = importlib.metadata.requires("corral") or []
+    assert not [r for r in required if r.lower().replace("_", "-").startswith("sqlite-vec")]
 
 
-def _python_with_loadable_sqlite() -> str | None:
-    """A Python whose sqlite3 loads extensions: this one, or the system's."""
-    if vectors.CAN_LOAD_EXTENSIONS:
-        return sys.executable
-    system = shutil.which("python3", path="/usr/bin:/bin")
-    if system is None:
-        return None
-    probe = subprocess.run(
-        [system, "-c", "import sqlite3; sqlite3.Connection.enable_load_extension"],
-        capture_output=True,
-        check=False,
-    )
-    return system if probe.returncode == 0 else None
-
-
-def test_the_numpy_stand_in_agrees_with_sqlite_vec() -> None:
-    """Where this Python's sqlite3 cannot load extensions, the store's
-    ``vec_distance_cosine`` is numpy's; the real sqlite-vec (run by a Python that can
-    load it, on the same float32 blobs) gives the same distances."""
-    python = _python_with_loadable_sqlite()
-    if python is None:
-        pytest.skip("no Python here whose sqlite3 can load extensions")
-    import sqlite_vec  # type: ignore[import-untyped]
-
-    pairs = [
-        ([1.0, 0.0, 0.0], [0.0, 1.0, 0.0]),
-        ([0.3, -0.2, 0.9], [0.31, -0.19, 0.88]),
-        ([1.0, 2.0, 3.0], [-1.0, -2.0, -3.0]),
-    ]
-    rows = [(vectors.pack(a).hex(), vectors.pack(b).hex()) for a, b in pairs]
-    run = subprocess.run(
-        [python, "-c", _AGREEMENT, json.dumps(rows)],
-        capture_output=True,
-        text=True,
-        check=True,
-        env={"PYTHONPATH": str(Path(sqlite_vec.__file__).parent.parent)},
-        timeout=60,
-    )
-    expected = json.loads(run.stdout)
-    ours = [vectors._cosine_distance(vectors.pack(a), vectors.pack(b)) for a, b in pairs]
-    assert ours == pytest.approx(expected, abs=1e-6)
+async def test_a_sqlite_connection_of_the_store_loads_no_vector_extension(
+    store: Store, store_url: str
+) -> None:
+    """Nothing is loaded into, or registered on, each SQLite connection for vectors."""
+    if not store_url.startswith("sqlite"):
+        pytest.skip("SQLite only")
+    await store.write_memory(entry("k", "x"), vector=vec(1, 0, 0, 0))
+    async with store._engine.connect() as conn:  # type: ignore[attr-defined]
+        with pytest.raises(sa.exc.OperationalError, match="no such function"):
+            await conn.execute(sa.text("SELECT vec_distance_cosine(x'00', x'00')"))
 
 
 async def test_deleting_a_memory_deletes_its_vectors(store: Store) -> None:

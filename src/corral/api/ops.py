@@ -66,7 +66,7 @@ class CapabilitiesOut(FromRecord):
     memory_vectors: str | None = Field(
         default=None,
         description=(
-            "How the store searches Memory vectors: sqlite-vec, pgvector, or an exact cosine "
-            "without them (null: PostgreSQL not asked)."
+            "How the store searches Memory vectors: pgvector, or an exact cosine in process "
+            "(null: PostgreSQL not asked)."
         ),
     )

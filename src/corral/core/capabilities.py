@@ -57,6 +57,6 @@ class Capabilities:
     bus: BackendCapability = field(default_factory=lambda: BackendCapability("local", False, None))
     #: the installed wasmtime package's version (``50.0.1``), ``None`` without it
     wasmtime_version: str | None = None
-    #: how the store searches Memory vectors (sqlite-vec, pgvector, or an exact cosine
-    #: without them); ``None`` when it is not known without connecting to PostgreSQL
+    #: how the store searches Memory vectors (pgvector, or an exact cosine in
+    #: process); ``None`` when it is not known without connecting to PostgreSQL
     memory_vectors: str | None = None

@@ -153,7 +153,7 @@ RRF_K = 60
 class MemoryHit:
     """A search result: the entry, its score (higher is better) and the signals that
     found it. Without vectors the score is the full-text relevance (the backend's scale:
-    BM25 on SQLite, ``ts_rank`` on PostgreSQL); a hybrid search's score is the reciprocal
+    BM25 over the scope on the SQL stores); a hybrid search's score is the reciprocal
     rank fusion of the signals (:func:`fuse`)."""
 
     entry: MemoryEntry

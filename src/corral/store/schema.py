@@ -11,7 +11,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import JSONB
 
-LATEST_REVISION = "0019"
+LATEST_REVISION = "0020_memory_fulltext"
 """The head of ``migrations/versions``; a store at this revision opens without alembic."""
 
 metadata = sa.MetaData(
@@ -200,13 +200,12 @@ api_tokens = sa.Table(
     sa.Index("ix_api_tokens_namespace_created_at", "namespace", "created_at"),
 )
 
-# Memory entries (0008). Their full-text index is not a table of this metadata: each
-# dialect has its own (corral.store.sql.memory), made by the migration - an FTS5 table
-# kept in step by triggers on SQLite, a GIN index on the text's tsvector on PostgreSQL.
+# Memory entries (0008). Their full-text index lives in the searching process, not in
+# the database (corral.store.sql.fulltext; the database's own went in 0020).
 memory_entries = sa.Table(
     "memory_entries",
     metadata,
-    # The FTS5 rowid on SQLite (an INTEGER PRIMARY KEY is the rowid there).
+    # The rowid on SQLite (an INTEGER PRIMARY KEY is the rowid there).
     sa.Column(
         "id",
         sa.BigInteger().with_variant(sa.Integer(), "sqlite"),
@@ -298,4 +297,4 @@ agent_messages = sa.Table(
 )
 
 #: name prefixes of what the migrated schema has beyond ``metadata`` (see memory_entries)
-DIALECT_OBJECTS = ("memory_fts", "ix_memory_entries_fts", "memory_vectors", "fts_vector")
+DIALECT_OBJECTS = ("memory_vectors",)

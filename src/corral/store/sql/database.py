@@ -28,7 +28,6 @@ from corral.core.private_files import private_directory
 from corral.core.settings import SQLITE_BUSY_TIMEOUT_SECONDS
 from corral.store.base import StoreError
 from corral.store.schema import LATEST_REVISION
-from corral.store.sql.vectors import setup_connection
 
 MIGRATIONS_DIR = Path(__file__).parent.parent / "migrations"
 BUSY_TIMEOUT_SECONDS = SQLITE_BUSY_TIMEOUT_SECONDS
@@ -161,8 +160,6 @@ def configure_sqlite(engine: AsyncEngine, busy_timeout_seconds: float) -> None:
             cursor.execute("PRAGMA foreign_keys = ON")
         finally:
             cursor.close()
-        # vec_distance_cosine for Memory vectors: sqlite-vec, or its numpy stand-in
-        dbapi_connection.run_async(setup_connection)
 
     def on_begin(conn: sa.Connection) -> None:
         write = conn.get_execution_options().get(WRITE, False)

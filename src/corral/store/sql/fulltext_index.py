@@ -1,38 +1,41 @@
-"""The words of Memory scopes, kept in this process as postings for full-text search on
-SQLite (:mod:`corral.store.sql.fulltext_sqlite` scores them with FTS5's BM25).
+"""The words of Memory scopes, kept in this process as postings, and their BM25 ranking:
+full-text search, the same on SQLite and PostgreSQL.
 
-A :class:`TextIndex` holds one scope's entries as rows: each row's entry id, when it
-was written (``updated_at``: the ranking's tie-break) and its length in tokens, and per
-word the rows holding it with how often (numpy arrays). FTS5's ``unicode61`` tokenizer
-reads one code point at a time - a letter or digit (folded to lower case) or a
-separator; a combining mark continues a token but starts none - so the tokens of an ASCII text are its runs of ASCII letters and digits,
-lower-cased, and those of other texts follow from what FTS5 makes of each code point:
-a process learns that once from FTS5 itself for the alphabets most texts use
-(:data:`LEARNED`), and tokenizes all such texts at once by one translation and split.
-A text holding any other code point is tokenized by FTS5 (:func:`fts5_tokens`, an
-in-memory table of the same tokenizer read through ``fts5vocab``: slower). Only ASCII
-words are looked up (a query word that is not ASCII is never answered from the index):
-other tokens are kept as stand-ins (\x01 for each letter not ASCII, by the table) or
-not at all (by FTS5), but every token counts in an entry's length.
+**Tokens.** An entry's tokens are the words :func:`~corral.core.memory.query_terms`
+makes of a query: the text composed (NFC), its runs of letters and digits (``[^\\W_]+``),
+each lower-cased (:func:`tokens`). An ASCII text's tokens are its runs of ASCII letters
+and digits, lower-cased: all such texts are split at once by one translation and split
+(:meth:`Postings.of`); other texts one at a time by the regular expression.
 
-It is kept as the scope's vectors are (:mod:`corral.store.sql.vector_cache`): filed
-under the scope's generation (``memory_generations``), read before the texts so an
-index is never filed under a generation newer than its contents, and brought up to date
-from the scope's noted changes (``memory_changes``) by :meth:`TextIndex.updated_to`: the
-rows of the changed entries are marked dead, their texts now appended as new rows whose
-postings live in a small second part (``delta``, copied per update, never the scope's
-whole postings). When dead and appended rows pass a quarter of the index, the scope is
-read whole again. :class:`TextIndexCache` bounds the indexes by bytes, least recently
-used dropped first; a scope whose index would not fit is searched without one.
+**Ranking.** BM25 over the scope's own statistics: ``N`` its entries, ``avgdl`` their
+mean length in tokens, ``n`` how many of them hold the word; a word's share of an entry
+of length ``dl`` holding it ``f`` times is ``idf * f * (k1 + 1) / (f + k1 * (1 - b + b
+* dl / avgdl))`` with ``idf = ln(1 + (N - n + 0.5) / (n + 0.5))`` (always positive, as
+Lucene's), ``k1 = 1.2``, ``b = 0.75``. The shares are added in the query's order; ties
+go to the entry written last, then the lower id. Every figure is computed from integers
+the scope's texts fix, one element at a time (numpy rounds each operation as C does),
+so an index built whole and one brought up to date give the same doubles, in any
+process.
+
+**Upkeep.** An index is kept as the scope's vectors are
+(:mod:`corral.store.sql.vector_cache`): filed under the scope's generation
+(``memory_generations``), read before the texts so an index is never filed under a
+generation newer than its contents, and brought up to date from the scope's noted
+changes (``memory_changes``) by :meth:`TextIndex.updated_to`: the rows of the changed
+entries are marked dead, their texts now appended as new rows whose postings live in a
+small second part (``delta``, copied per update, never the scope's whole postings).
+When dead and appended rows pass a quarter of the index, the scope is read whole
+again. :class:`TextIndexCache` bounds the indexes by bytes, least recently used dropped
+first; a scope whose index would not fit is indexed for each search and not kept.
 """
 
 from __future__ import annotations
 
-import functools
-import sqlite3
+import math
+import re
 import sys
-from contextlib import closing
-from dataclasses import dataclass
+import unicodedata
+from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
@@ -43,78 +46,39 @@ from corral.store.sql.scope_cache import ScopeCache
 Key = tuple[str, str, str]
 #: the id of a row whose entry changed after the row was read
 DEAD = -1
+#: BM25's constants
+K1 = 1.2
+B = 0.75
 #: what one distinct word costs in the vocabulary beyond its characters (dict slot, str)
 _WORD_BYTES = 100
-#: ``memory_fts``'s tokenizer (migration 0008)
-TOKENIZER = "unicode61 remove_diacritics 0"
 
 Ints = npt.NDArray[np.int64]
 Floats = npt.NDArray[np.float64]
 Counts = npt.NDArray[np.int32]
 
-
-# every byte but ASCII letters and digits (upper case lowered) made a space; NUL kept:
-# it parts the texts tokenized together; \x01 kept: it stands for a letter not ASCII
+#: a token: a run of letters and digits (the words of query_terms)
+_WORD = re.compile(r"[^\W_]+")
+# every byte but ASCII letters and digits (upper case lowered) made a space; NUL kept (it
+# parts the texts split together) and bytes past ASCII kept (the UTF-8 of tokens split
+# before, joined by spaces)
 _FOLD = bytes(
-    n + 32 if 65 <= n <= 90 else n if n < 2 or (n < 128 and chr(n).isalnum()) else 32
+    n + 32 if 65 <= n <= 90 else n if n == 0 or n >= 128 or chr(n).isalnum() else 32
     for n in range(256)
 )
 _PART = b"\x00"
-_OTHER = "\x01"
-#: the code points past ASCII whose tokenization a process learns from FTS5 (once):
-#: Latin, Greek, Cyrillic, Hebrew, Arabic; typographic punctuation; currency signs
-LEARNED = (range(0x80, 0x800), range(0x2000, 0x2070), range(0x20A0, 0x20D0))
 
 
-@functools.cache
-def learned() -> dict[int, str]:
-    """``str.translate``'s table of the :data:`LEARNED` code points as FTS5 tokenizes
-    each: a separator made a space, a letter or digit made its fold if that is ASCII,
-    else :data:`_OTHER`; and ASCII's \x01 (a separator) a space. Each is asked of FTS5
-    alone and between two letters: one that is read otherwise in one place than in the
-    other (a combining mark continues a token but starts none) is not learned."""
-    points = [point for part in LEARNED for point in part]
-    table = {1: " "}
-    terms: dict[int, list[str]] = {}
-    with closing(sqlite3.connect(":memory:")) as db:
-        db.execute(f"CREATE VIRTUAL TABLE t USING fts5(x, tokenize='{TOKENIZER}')")
-        db.execute("CREATE VIRTUAL TABLE v USING fts5vocab(t, 'instance')")
-        texts = [(2 * p + n, f"a{chr(p)}a" if n else chr(p)) for p in points for n in (0, 1)]
-        db.executemany("INSERT INTO t(rowid, x) VALUES (?, ?)", texts)
-        for doc, term in db.execute("SELECT doc, term FROM v"):
-            terms.setdefault(doc, []).append(term)
-    for point in points:
-        alone, between = terms.get(2 * point, []), terms.get(2 * point + 1, [])
-        if not alone and between == ["a", "a"]:
-            table[point] = " "
-        elif len(alone) == 1 and len(alone[0]) == 1 and between == [f"a{alone[0]}a"]:
-            fold = alone[0]
-            if not fold.isascii():
-                table[point] = _OTHER
-            elif fold.isalnum():
-                table[point] = fold
-    return table  # a code point otherwise tokenized is not learned: its texts go to FTS5
+def tokens(text: str) -> list[str]:
+    """The tokens of ``text``, in order: its words as :func:`query_terms` reads a query."""
+    return [word.lower() for word in _WORD.findall(unicodedata.normalize("NFC", text))]
 
 
-def ascii_form(text: str) -> str | None:
-    """``text`` as an ASCII text of the same tokens at the same places (each letter or
-    digit that is not ASCII made \x01), or ``None`` when it holds a code point not
-    learned (or NUL): FTS5 tokenizes it then (:func:`fts5_tokens`)."""
-    if "\x00" in text:
-        return None
-    if text.isascii() and _OTHER not in text:
-        return text
-    form = text.translate(learned())
-    return form if form.isascii() else None
-
-
-def index_tokens(text: str) -> list[str] | None:
-    """The tokens the index makes of ``text`` (those not ASCII holding \x01), or
-    ``None`` if FTS5 tokenizes it (as :meth:`Postings.of` splits them)."""
-    form = ascii_form(text)
-    if form is None:
-        return None
-    return [token.decode() for token in form.encode("ascii").translate(_FOLD).split()]
+def _splittable(text: str) -> bytes:
+    """``text`` as bytes whose :data:`_FOLD` translation split on whitespace gives its
+    tokens: an ASCII text as it is, any other as its tokens joined by spaces."""
+    if text.isascii() and "\x00" not in text:
+        return text.encode("ascii")
+    return " ".join(tokens(text)).encode("utf-8")
 
 
 @dataclass(frozen=True)
@@ -129,13 +93,13 @@ class Postings:
 
     @staticmethod
     def of(texts: list[str], rows: Ints) -> tuple[Postings, Ints]:
-        """The postings of ``texts`` (each an :func:`ascii_form`; ``rows[i]`` is the row of
-        ``texts[i]``) and each text's length in tokens. The texts are folded and split
-        in one pass and counted with numpy: no Python work per token but a dict lookup."""
+        """The postings of ``texts`` (``rows[i]`` is the row of ``texts[i]``) and each
+        text's length in tokens. The texts are folded and split in one pass and counted
+        with numpy: no Python work per token but a dict lookup."""
         if not texts:
             return _EMPTY, np.zeros(0, dtype=np.int64)
-        tokens = (b" " + _PART + b" ").join(t.encode("ascii") for t in texts).translate(_FOLD)
-        split = tokens.split()
+        joined = (b" " + _PART + b" ").join(map(_splittable, texts))
+        split = joined.translate(_FOLD).split()
         numbers_of = {_PART: 0}
         numbers_of.update(dict.fromkeys(split, 0))
         for n, token in enumerate(numbers_of):
@@ -156,7 +120,7 @@ class Postings:
         counts = np.diff(np.append(at, len(numbers))).astype(np.int32)
         starts = np.zeros(kinds + 1, dtype=np.int64)
         np.cumsum(np.bincount(numbers[at], minlength=kinds), out=starts[1:])
-        words = {token.decode(): n - 1 for token, n in numbers_of.items() if n}
+        words = {token.decode("utf-8"): n - 1 for token, n in numbers_of.items() if n}
         return Postings(words, starts, rows[docs[at]].astype(np.int32), counts), lengths
 
     def get(self, word: str) -> tuple[Counts, Counts] | None:
@@ -179,7 +143,8 @@ _EMPTY = Postings({}, np.zeros(1, dtype=np.int64), np.zeros(0, np.int32), np.zer
 class TextIndex:
     """One scope's entries as rows (``ids``: :data:`DEAD` for a row whose entry changed
     since), as of ``generation``: postings of the rows read whole (``base``) and of the
-    rows appended by updates (``delta``: word -> rows, counts)."""
+    rows appended by updates (``delta``: word -> rows, counts); ``tokens`` the total
+    length of the live rows."""
 
     generation: int
     ids: Ints
@@ -189,7 +154,9 @@ class TextIndex:
     delta: dict[str, tuple[Counts, Counts]]
     dead: int
     appended: int
+    tokens: int
     nbytes: int
+    _norms: list[Floats] = field(default_factory=list, compare=False, repr=False)
 
     @staticmethod
     def of(generation: int, entries: list[tuple[int, str, float]]) -> TextIndex:
@@ -204,8 +171,14 @@ class TextIndex:
             {},
             0,
             0,
+            int(lengths.sum()),
             base.nbytes + 24 * len(entries),
         )
+
+    @property
+    def live(self) -> int:
+        """How many entries the scope holds: its rows not dead."""
+        return len(self.ids) - self.dead
 
     def updated_to(
         self, generation: int, changed: Ints, fresh: list[tuple[int, str, float]]
@@ -241,13 +214,59 @@ class TextIndex:
             delta,
             dead,
             appended,
+            self.tokens - int(self.lengths[stale].sum()) + int(lengths.sum()),
             self.nbytes + added + 24 * len(fresh),
         )
 
     def postings(self, word: str) -> list[tuple[Counts, Counts]]:
-        """The rows holding ``word`` and how often, in the base then the delta."""
-        found = [self.base.get(word), self.delta.get(word)]
-        return [part for part in found if part is not None and len(part[0])]
+        """The live rows holding ``word`` and how often, in the base then the delta."""
+        found: list[tuple[Counts, Counts]] = []
+        for part in (self.base.get(word), self.delta.get(word)):
+            if part is None or not len(part[0]):
+                continue
+            rows, counts = part
+            if self.dead:
+                alive = self.ids[rows] != DEAD
+                rows, counts = rows[alive], counts[alive]
+            if len(rows):
+                found.append((rows, counts))
+        return found
+
+    def norms(self) -> Floats:
+        """Each row's ``k1 * (1 - b + b * dl / avgdl)``: what BM25 adds to a count."""
+        if not self._norms:  # a race computes the same array twice: either is kept
+            average = float(self.tokens) / float(max(1, self.live))
+            self._norms.append(K1 * (1.0 - B + B * self.lengths / average))
+        return self._norms[0]
+
+    def scores(self, words: list[str]) -> tuple[Floats, Ints]:
+        """Each row's BM25 for a query of ``words`` (in the query's order, each once), and
+        the rows holding any of them."""
+        scores = np.zeros(len(self.ids), dtype=np.float64)
+        matched = np.zeros(len(self.ids), dtype=np.bool_)
+        live = float(self.live)
+        for word in words:
+            found = self.postings(word)
+            holding = sum(len(rows) for rows, _ in found)
+            if not holding:
+                continue
+            idf = math.log(1.0 + (live - holding + 0.5) / (holding + 0.5))
+            norms = self.norms()
+            for rows, counts in found:
+                f = counts.astype(np.float64)
+                scores[rows] += idf * (f * (K1 + 1.0)) / (f + norms[rows])
+                matched[rows] = True
+        return scores, np.flatnonzero(matched)
+
+    def best(self, scores: Floats, candidates: Ints, limit: int) -> Ints:
+        """The first ``limit`` rows of ``candidates`` in the ranking's order: score, then
+        the entry written last, then id (every row tying the ``limit``-th score sorted)."""
+        if limit < len(candidates):
+            among = scores[candidates]
+            cut = np.partition(among, len(among) - limit)[len(among) - limit]
+            candidates = candidates[among >= cut]
+        order = np.lexsort((self.ids[candidates], -self.updated[candidates], -scores[candidates]))
+        return candidates[order[:limit]]
 
 
 _NO_ROWS: Counts = np.zeros(0, dtype=np.int32)
@@ -257,48 +276,11 @@ _DELTA_WORD_BYTES = _WORD_BYTES + 2 * sys.getsizeof(_NO_ROWS) + sys.getsizeof((_
 
 
 def _parts(entries: list[tuple[int, str, float]], first: int) -> tuple[Postings, Floats]:
-    """The postings of ``entries`` as rows ``first`` and up, and each row's length in
-    tokens: texts of learned code points split here (:func:`ascii_form`), the others by
-    FTS5 (their ASCII tokens, as one ASCII text each, and their length as FTS5 counts)."""
-    texts = [e[1] for e in entries]
-    others: list[int] = []
-    for n, text in enumerate(texts):
-        form = ascii_form(text)
-        if form is None:
-            others.append(n)
-        else:
-            texts[n] = form
-    counted: dict[int, int] = {}
-    for n, (words, length) in zip(others, fts5_tokens([texts[n] for n in others]), strict=True):
-        texts[n] = words
-        counted[n] = length
+    """The postings of ``entries`` as rows ``first`` and up, and each row's length."""
     rows = np.arange(first, first + len(entries), dtype=np.int64)
-    postings, lengths = Postings.of(texts, rows)
-    for n, length in counted.items():
-        lengths[n] = length
+    postings, lengths = Postings.of([e[1] for e in entries], rows)
     return postings, lengths.astype(np.float64)
 
 
-def fts5_tokens(texts: list[str]) -> list[tuple[str, int]]:
-    """The ASCII tokens FTS5's tokenizer (:data:`TOKENIZER`) makes of each of ``texts``
-    (one ASCII text, in no order) and how many tokens it makes in all: from an in-memory
-    FTS5 table of this process's SQLite, the library the store's connections use."""
-    if not texts:
-        return []
-    found = [("", 0)] * len(texts)
-    with closing(sqlite3.connect(":memory:")) as db:
-        db.execute(f"CREATE VIRTUAL TABLE t USING fts5(x, tokenize='{TOKENIZER}')")
-        db.execute("CREATE VIRTUAL TABLE v USING fts5vocab(t, 'instance')")
-        db.executemany("INSERT INTO t(rowid, x) VALUES (?, ?)", enumerate(texts))
-        # one row per text: its ASCII tokens joined (group_concat skips the NULLs)
-        ascii_only = "CASE WHEN term GLOB '*[^a-z0-9]*' THEN NULL ELSE term END"
-        statement = f"SELECT doc, group_concat({ascii_only}, ' '), count(*) FROM v GROUP BY doc"
-        for doc, words, length in db.execute(statement):
-            found[doc] = (words or "", length)
-    return found
-
-
 class TextIndexCache(ScopeCache[Key, TextIndex]):
-    """Indexes by key (:class:`~corral.store.sql.scope_cache.ScopeCache`). A scope too
-    large to keep is remembered with its generation (``too_large``), so it is not read
-    whole search after search: it is tried again once it has changed much."""
+    """Indexes by key (:class:`~corral.store.sql.scope_cache.ScopeCache`)."""

@@ -1,16 +1,15 @@
 """Memory entries in the SQL store: write (idempotent, with retention), read, list,
 delete and search them.
 
+Full-text search is the same on both dialects: BM25 over each scope's words kept in
+process (:mod:`corral.store.sql.fulltext`), brought up to date by the scope's generation
+and noted changes like its vectors. A query is the words of
+:func:`~corral.core.memory.query_terms`: no query text is ever read as query syntax. An
+entry matches any of the words.
+
 Every statement is written once, except where the dialects differ, which is
 here and only here, one function per dialect:
 
-- full-text search: SQLite's FTS5 table ``memory_fts`` (kept in step with
-  ``memory_entries`` by triggers), ranked by BM25 over each scope's words kept in
-  process (:mod:`corral.store.sql.fulltext_sqlite`); PostgreSQL's stored
-  ``fts_vector`` column, ``to_tsvector('simple', text)`` (a GIN index on it; migration
-  0012), ranked by ``ts_rank``. Both see a query as the words of :func:`~corral.core.memory.query_terms`,
-  each a quoted term (FTS5) or a ``plainto_tsquery`` (PostgreSQL): no query text
-  is ever read as query syntax. An entry matches any of the words.
 - metadata filters: equality of one key's JSON value, by ``json_type`` and
   ``json_extract`` on SQLite and by ``jsonb`` equality on PostgreSQL.
 - vectors (:mod:`corral.store.sql.vectors`): an entry written with a
@@ -54,12 +53,7 @@ from corral.core.memory import (
 )
 from corral.store.schema import memory_changes, memory_entries, memory_generations
 from corral.store.sql.engine import SqlEngine, Turns, fetch_all, fetch_first
-from corral.store.sql.fulltext_sqlite import (
-    FulltextCaches,
-    every_match_ranked,
-    fts5_search,
-    fulltext_sqlite,
-)
+from corral.store.sql.fulltext import FulltextCaches, ranked
 from corral.store.sql.memory_scopes import at_place, changed_entries, generation_of
 from corral.store.sql.rows import MEMORY_ENTRIES
 from corral.store.sql.statements import _insert
@@ -84,7 +78,6 @@ from corral.store.sql.vectors import (
 
 _t = memory_entries
 _COLUMNS = len(_t.columns)
-_SIMPLE: sa.ColumnElement[Any] = sa.literal_column("'simple'::regconfig")
 _SECONDS_PER_DAY = 86_400.0
 _v = memory_vectors
 #: how many candidates each signal of a hybrid search ranks before they are fused
@@ -162,17 +155,6 @@ async def _changed(
 # --------------------------------------------------------------------------- per dialect
 
 
-def _search_postgresql(terms: list[str]) -> tuple[sa.FromClause, sa.ColumnElement[Any], Any]:
-    """tsvector: the table, the match condition, and the rank (negated: lower is better)."""
-    # the stored generated column of the GIN index (migration 0012): ts_rank reads it
-    vector: sa.ColumnElement[Any] = sa.literal_column("memory_entries.fts_vector")
-    each: list[sa.ColumnElement[Any]] = [
-        sa.func.plainto_tsquery(_SIMPLE, sa.literal(term, sa.Text)) for term in terms
-    ]
-    query = functools.reduce(lambda a, b: a.op("||")(b), each)  # || of tsqueries: OR
-    return _t, vector.op("@@")(query), -sa.func.ts_rank(vector, query)
-
-
 def _equals_sqlite(key: str, value: Scalar) -> sa.ColumnElement[bool]:
     path = f'$."{key}"'  # keys are plain (check_metadata): no quote to escape
     kind = sa.func.json_type(_t.c["metadata"], path)
@@ -193,14 +175,7 @@ def _equals_postgresql(key: str, value: Scalar) -> sa.ColumnElement[bool]:
 
 
 #: how each dialect searches, for describe and capabilities
-INDEX: Mapping[str, str] = {
-    "sqlite": "full text: SQLite FTS5, ranked by BM25",
-    "postgresql": "full text: PostgreSQL tsvector ('simple') with a GIN index, ranked by ts_rank",
-}
-_SEARCH: Mapping[str, Callable[[list[str]], tuple[sa.FromClause, sa.ColumnElement[Any], Any]]] = {
-    "sqlite": fts5_search,
-    "postgresql": _search_postgresql,
-}
+INDEX = "full text: BM25 over each scope's words, indexed in process"
 _EQUALS: Mapping[str, Callable[[str, Scalar], sa.ColumnElement[bool]]] = {
     "sqlite": _equals_sqlite,
     "postgresql": _equals_postgresql,
@@ -538,22 +513,14 @@ class SqlMemory(SqlEngine):
         conditions: list[sa.ColumnElement[bool]],
         limit: int,
     ) -> list[MemoryHit]:
-        if self._dialect == "sqlite":
-            return await self._read(
-                f"search memory {place.memory}",
-                functools.partial(
-                    fulltext_sqlite, place, terms, conditions, limit, self.memory_fulltext
-                ),
-            )
-        source, matches, rank = _SEARCH[self._dialect](terms)
         return await self._read(
             f"search memory {place.memory}",
-            functools.partial(every_match_ranked, source, matches, rank, conditions, limit),
+            functools.partial(ranked, place, terms, conditions, limit, self.memory_fulltext),
         )
 
     @property
     def memory_fulltext(self) -> FulltextCaches:
-        """This store's word counts and scope indexes (:mod:`.fulltext_sqlite`)."""
+        """This store's scope indexes for full text (:mod:`.fulltext`)."""
         kept: FulltextCaches | None = getattr(self, "_memory_fulltext", None)
         if kept is None:
             kept = FulltextCaches(self._memory_cache_bytes)
@@ -693,7 +660,7 @@ class SqlMemory(SqlEngine):
         row = await self._read(f"describe memory {memory}", fetch_first(query))
         assert row is not None  # an aggregate without GROUP BY has one row
         entries, chars, scopes, vectors = tuple[Any, ...](row)
-        index = INDEX[self._dialect]
+        index = INDEX
         if vectors:
             index += f"; vectors: {await self.memory_vector_index()}"
         return MemoryStats(int(entries), int(chars), int(scopes), index, int(vectors))

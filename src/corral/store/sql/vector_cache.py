@@ -2,7 +2,7 @@
 
 A vector search compares the query with every vector of a scope (exact cosine: the
 vectors are unit length, so a dot product). Doing that per row in SQL costs a function
-call per row (SQLite without sqlite-vec) or an ``unnest`` per row (PostgreSQL without
+call per row (SQLite) or an ``unnest`` per row (PostgreSQL without
 pgvector); numpy over a matrix of the same vectors, and its int8 copy, takes a few
 milliseconds at 100,000 entries of 384 dimensions (:mod:`corral.store.sql.vector_scan`).
 :class:`VectorCache` keeps one matrix per (namespace, memory, scope key, embedder), with

@@ -3,31 +3,21 @@
 An entry's embedding lives in ``memory_vectors`` (migration 0010), unit length (so a
 cosine is a dot product), with the ``embedder`` that made it. The store's search ranks by
 pgvector's ``<=>`` where it exists, else over an in-process matrix
-(:mod:`corral.store.sql.vector_cache`); the per-row functions below remain for SQL:
+(:mod:`corral.store.sql.vector_cache`):
 
-- SQLite: ``vec_distance_cosine`` of sqlite-vec (PyPI ``sqlite-vec``), loaded into each
-  connection. A Python whose ``sqlite3`` cannot load extensions (built without
-  ``--enable-loadable-sqlite-extensions``, as pyenv builds are by default) gets a
-  function of the same name and meaning written with numpy, registered on each
-  connection: the same SQL, slower. :func:`sqlite_vector_index` says which one runs.
+- SQLite: a BLOB of little-endian float32 (:func:`pack`), always searched in process.
 - PostgreSQL: pgvector's ``<=>`` on a ``vector`` column when the migration could
-  create the extension; else the column is ``real[]`` and the dot product of the unit
-  vectors is computed in SQL (``unnest`` of both arrays).
+  create the extension; else the column is ``real[]``, searched in process.
 """
 
 from __future__ import annotations
 
-import functools
-import importlib.metadata
-import math
-import sqlite3
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import sqlalchemy as sa
 
-from corral.core.errors import ConfigurationError
 from corral.store.sql.vector_scan import SEARCH
 
 __all__ = [
@@ -45,10 +35,6 @@ memory_vectors = sa.table(
     sa.column("embedding"),
 )
 
-#: whether this Python's sqlite3 module can load extensions at all
-CAN_LOAD_EXTENSIONS = hasattr(sqlite3.Connection, "enable_load_extension")
-_loaded_sqlite_vec: str | None = None
-
 
 def unit(values: Sequence[float]) -> list[float]:
     """``values`` scaled to length 1 (a zero vector cannot be compared: refused)."""
@@ -60,64 +46,8 @@ def unit(values: Sequence[float]) -> list[float]:
 
 
 def pack(values: Sequence[float]) -> bytes:
-    """A vector as sqlite-vec stores it: little-endian float32."""
+    """A vector as SQLite stores it: little-endian float32."""
     return np.asarray(values, dtype="<f4").tobytes()
-
-
-# --------------------------------------------------------------------------- SQLite
-
-
-@functools.lru_cache(maxsize=8)
-def _query_vector(blob: bytes) -> tuple[Any, float]:
-    vector = np.frombuffer(blob, dtype="<f4")
-    return vector, math.sqrt(float(np.dot(vector, vector)))
-
-
-def _cosine_distance(stored: bytes | None, query: bytes | None) -> float | None:
-    """sqlite-vec's ``vec_distance_cosine`` for float32 blobs, in numpy: 1 - cosine.
-    (Called once per stored vector: dot products only, the query's norm computed once.)"""
-    if stored is None or query is None:
-        return None
-    a = np.frombuffer(stored, dtype="<f4")
-    b, b_norm = _query_vector(query)  # the same query blob for every row of one search
-    if a.shape != b.shape:
-        raise ValueError("vector dimensions differ")
-    denominator = math.sqrt(float(np.dot(a, a))) * b_norm
-    if denominator == 0.0:
-        return None
-    return 1.0 - float(np.dot(a, b)) / denominator
-
-
-def _sqlite_vec_path() -> str | None:
-    try:
-        import sqlite_vec  # type: ignore[import-untyped]
-    except ImportError:
-        return None
-    return str(sqlite_vec.loadable_path())
-
-
-async def setup_connection(conn: Any) -> None:
-    """Give an aiosqlite connection ``vec_distance_cosine``: sqlite-vec's, or the numpy
-    one when extensions cannot be loaded here (see :func:`sqlite_vector_index`)."""
-    global _loaded_sqlite_vec
-    path = _sqlite_vec_path() if CAN_LOAD_EXTENSIONS else None
-    if path is not None:
-        try:
-            await conn.enable_load_extension(True)
-            await conn.load_extension(path)
-            await conn.enable_load_extension(False)
-        except sqlite3.Error as exc:
-            raise ConfigurationError(f"cannot load sqlite-vec from {path}: {exc}") from exc
-        _loaded_sqlite_vec = _sqlite_vec_version()
-        return
-    await conn.create_function("vec_distance_cosine", 2, _cosine_distance, deterministic=True)
-
-
-def _sqlite_vec_version() -> str:
-    try:
-        return importlib.metadata.version("sqlite-vec")
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"
 
 
 #: how the store searches vectors without pgvector (see corral.store.sql.vector_scan)
@@ -125,16 +55,8 @@ CACHED_INDEX = SEARCH
 
 
 def sqlite_vector_index() -> str:
-    """How vectors are searched on SQLite: the cached matrix, not a function per row
-    (``vec_distance_cosine`` stays registered on each connection, for SQL of one's own)."""
+    """How vectors are searched on SQLite: the cached matrix."""
     return CACHED_INDEX
-
-
-def sqlite_distance(query: bytes) -> sa.ColumnElement[Any]:
-    """The cosine distance of each stored vector to ``query`` (lower is closer)."""
-    return sa.func.vec_distance_cosine(
-        memory_vectors.c.embedding, sa.bindparam("query_vector", query, sa.LargeBinary)
-    )
 
 
 # --------------------------------------------------------------------------- PostgreSQL
