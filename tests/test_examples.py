@@ -36,6 +36,7 @@ FOLDERS = (
     "roles",
     "sandboxed-exec",
     "tenant-policy",
+    "wasm",
 )
 #: how long one ``corral`` command may take (a process start and a short scripted run)
 COMMAND_SECONDS = 60
@@ -312,3 +313,10 @@ def test_sandboxed_exec(tmp_path: Path) -> None:
     assert report["host_home_visible"] is False
     assert "CORRAL_HOME" not in report["environment"]
     assert not [k for k in report["environment"] if "TOKEN" in k or "SECRET" in k]
+
+
+def test_wasm(tmp_path: Path) -> None:
+    corral(tmp_path, "apply", "-f", "examples/wasm-tools.yaml", "-f", "examples/wasm/")
+    run = corral(tmp_path, "run", "wasm-counter", "how many words in 'hello big wide world'?")
+    assert run.stdout.strip() == "The text has 4 words."
+    assert re.search(r"← word-count-wasm .*4", run.stderr), run.stderr
