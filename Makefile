@@ -27,11 +27,12 @@ $(STAMP): pyproject.toml | $(BIN)/python
 
 install: $(STAMP)
 
+# The demo's two files only: each examples/<feature>/ folder says how to run it.
 demo: export CORRAL_HOME ?= $(CURDIR)/.corral-demo
 # the example's tool program, shown to its sandbox even from a private (0700) directory
 demo: export CORRAL_SANDBOX_ALLOWED_PATHS ?= $(CURDIR)/examples/tools
 demo: $(STAMP)
-	$(BIN)/corral apply -f examples/
+	$(BIN)/corral apply -f examples/assistant.yaml -f examples/wasm-tools.yaml
 	$(BIN)/corral run assistant "What is 17 plus 25? Use the add tool."
 
 # lint-imports: the import contracts in pyproject.toml ([tool.importlinter]): layers, no cycles
