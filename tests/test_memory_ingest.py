@@ -12,7 +12,7 @@ import pytest
 
 from backends import Backend, backend_fixture, deployment_fixture
 from corral.core.errors import ToolError
-from corral.core.events import EventType
+from corral.core.events import EventType, MemorySearchData, MemoryWriteData
 from corral.core.memory import MemoryPlace
 from corral.core.redaction import Redactor
 from corral.core.runs import RunState
@@ -174,16 +174,18 @@ async def test_write_and_search_events_are_redacted_previews(
     await write.call({"text": long_text, "key": "v"}, ctx)
     replay = context()
     await write.call({"text": long_text, "key": "v"}, replay)
-    [(kind, data)] = ctx.journal
-    assert kind is EventType.MEMORY_WRITE
-    assert data["key"] == "v" and data["written"] is True and data["chars"] > 80
-    assert "sk-live" not in json.dumps(data)
-    assert data["preview"].startswith("The vault code is [REDACTED:api-key]")
-    assert len(data["preview"]) <= 80 and data["preview"].endswith("\u2026")
-    assert replay.journal[0][1]["written"] is False  # a replay writes nothing, and says so
+    [written] = ctx.journal
+    assert isinstance(written, MemoryWriteData)
+    assert written.key == "v" and written.written is True and (written.chars or 0) > 80
+    assert "sk-live" not in json.dumps(written.to_dict())
+    preview = written.preview or ""
+    assert preview.startswith("The vault code is [REDACTED:api-key]")
+    assert len(preview) <= 80 and preview.endswith("\u2026")
+    [again] = replay.journal
+    assert again.to_dict()["written"] is False  # a replay writes nothing, and says so
     searched = context(key="run_1:2:0")
     await search.call({"query": "vault   code\n" + "x" * 200}, searched)
-    [(kind, data)] = searched.journal
-    assert kind is EventType.MEMORY_SEARCH
-    assert data["hits"] == 1 and data["memory"] == "notes"
-    assert data["query"].startswith("vault code x") and len(data["query"]) <= 80
+    [found] = searched.journal
+    assert isinstance(found, MemorySearchData)
+    assert found.hits == 1 and found.memory == "notes"
+    assert (found.query or "").startswith("vault code x") and len(found.query or "") <= 80
