@@ -245,8 +245,8 @@ class StoreDelegation:
             details = {"limit": exc.limit}
             raise ToolError(ToolErrorCode.BUDGET_EXCEEDED, exc.message, details=details) from None
         except SessionNotAllowedError as exc:  # a session of another run tree
-            details = {"refused": exc.code, "session": record.session_id}
-            raise ToolError(ToolErrorCode.PERMISSION_DENIED, exc.message, details=details) from None
+            refused = {"refused": exc.code, "session": record.session_id or ""}
+            raise ToolError(ToolErrorCode.PERMISSION_DENIED, exc.message, details=refused) from None
         except (ConflictError, UserError) as exc:  # a session of another agent, a bad id
             raise ToolError(ToolErrorCode.INVALID_INPUT, exc.message) from None
 
