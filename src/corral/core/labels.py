@@ -58,9 +58,11 @@ def _class_char(code: int) -> str:
 
 def _text_pattern(*, empty: bool) -> str:
     """A JSON Schema pattern of a key (``empty``: a value, which may be empty)."""
+    # (not the surrogates: no JSON text holds one alone, and a regex of code points cannot
+    # name them; the server refuses them all the same)
+    ranges = [(max(lo, 0xE000), hi) if lo <= 0xDFFF <= hi else (lo, hi) for lo, hi in REFUSED]
     refused = "".join(
-        _class_char(lo) if lo == hi else f"{_class_char(lo)}-{_class_char(hi)}"
-        for lo, hi in REFUSED
+        _class_char(lo) if lo == hi else f"{_class_char(lo)}-{_class_char(hi)}" for lo, hi in ranges
     )
     text = f"[^{refused} ](?:[^{refused}]*[^{refused} ])?"
     # the end of the text: `$` also matches before a last line break in Python's `re`
@@ -108,8 +110,8 @@ def _text_problem(text: str, what: str, limit: int) -> str | None:
         return f"{what} {_shown(text)} contains {bad[0]!r}"
     if any(refused_char(char) for char in text):
         return (
-            f"{what} {_shown(text)} has a control, format or separator character or is "
-            "not valid Unicode text"
+            f"{what} {_shown(text)} has a control character (or a format, private-use or "
+            "separator one other than the space) or is not valid Unicode text"
         )
     return None
 
