@@ -63,7 +63,9 @@ def test_resources_apply_list_get_delete(client: Client) -> None:
     assert again.outcomes[-1].action == "unchanged"
     # one JSON document, and a list of them
     secret = {"apiVersion": "corral/v1", "kind": "Secret", "metadata": {"name": "k"}}
-    assert client.apply({**secret, "spec": {"value": "hush"}}).outcomes[0].action == "created"
+    assert (
+        client.apply({**secret, "spec": {"value": "hush-hush-123"}}).outcomes[0].action == "created"
+    )
     listed = client.apply([{**secret, "spec": {"from_env": "K"}}])
     assert listed.outcomes[0].action == "configured"
 

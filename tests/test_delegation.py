@@ -697,6 +697,47 @@ async def test_hostile_agents_exec_calls_get_stable_tool_errors(backend: Backend
     assert await store.list_children(run.id) == []
 
 
+async def test_agents_exec_naming_another_trees_session_is_permission_denied(
+    backend: Backend,
+) -> None:
+    """A model (steered by what it read) names a session of the linked agent that another
+    user's run opened: a permission_denied tool error, nothing started, nothing of that
+    conversation shown; a session it opens itself goes on."""
+    store = backend.store
+    calls = {
+        "tool_calls": [
+            {"name": "agents_exec", "arguments": {"agent": "adder", "input": "hi", "session": s}}
+            for s in ("their-talk", "our-talk")
+        ]
+    }
+    await apply(
+        store,
+        model("boss-model", calls, {"text": "done"}),
+        model("adder-model", {"text": "their answer"}, {"text": "2"}),
+        agent("adder", "adder-model", tools=[]),
+        agent("boss", "boss-model", links=["adder"]),
+    )
+    theirs, _ = await backend.submit("adder", "my secret plan", session="their-talk")
+    await backend.drain()
+    assert (await get(store, theirs)).state is RunState.SUCCEEDED
+    run, _ = await backend.submit("boss", "go")
+    await backend.drain()
+    assert (await get(store, run)).output == "done"
+    refused, answered = sorted(
+        tool_results(await store.list_events(run.id)), key=lambda r: r["call_id"]
+    )
+    assert refused["error"]["code"] == "permission_denied"
+    assert refused["error"]["details"] == {
+        "refused": "session_not_allowed",
+        "session": "their-talk",
+    }
+    assert "my secret plan" not in json.dumps(refused)
+    assert answered["error"] is None
+    [child] = await store.list_children(run.id)
+    assert child.session_id == "our-talk"
+    assert len(await store.session_messages("default", "their-talk")) == 2
+
+
 async def test_malformed_links_are_refused_with_their_field(backend: Backend) -> None:
     store = backend.store
     base = [model("m", {"text": "x"}), agent("a", "m")]

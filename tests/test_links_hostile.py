@@ -300,3 +300,85 @@ def test_a_storm_of_retries_with_one_idempotency_key_starts_one_child(server: Li
         children = admin.get(f"/v1/tasks/{parent['id']}/children").json()["items"]
         assert len(children) == 1
         admin.post(f"/v1/tasks/{parent['id']}/cancel")
+
+
+def test_a_linked_call_continues_only_sessions_of_its_own_run_tree(server: LiveServer) -> None:
+    """A tool program names a session of the linked agent: another user's would hand it
+    that user's earlier messages. Refused 403 session_not_allowed, nothing started; a
+    session the caller's tree opened goes on."""
+    with server.client(server.admin) as admin:
+        theirs = admin.post(
+            "/v1/agents/adder/prompt", json={"input": "my secret plan", "session": "their-talk"}
+        )
+        assert theirs.status_code == 200 and theirs.json()["state"] == "succeeded", theirs.text
+        parent = running(admin, "sleeper")
+        token = signer(server).mint(
+            namespace="default", agent="sleeper", run_id=parent["id"], links=["adder"]
+        )
+        with server.client(token) as client:
+            refused = client.post(
+                "/v1/links/adder/exec", json={"input": "what did I say?", "session": "their-talk"}
+            )
+            assert refused.status_code == 403, refused.text
+            assert refused.json()["code"] == "session_not_allowed"
+            assert "my secret plan" not in refused.text
+            assert admin.get(f"/v1/tasks/{parent['id']}/children").json()["items"] == []
+            # a session its tree opens, continued by a later call of the same run
+            answers = [
+                client.post(
+                    "/v1/links/adder/exec",
+                    json={"input": text, "session": "our-talk", "timeout_seconds": 30},
+                )
+                for text in ("first", "second")
+            ]
+        assert [a.status_code for a in answers] == [200, 200], [a.text for a in answers]
+        first, second = (a.json() for a in answers)
+        assert first["state"] == "succeeded" and second["session_id"] == "our-talk"
+        # the second saw the first's turn: the one-turn scripted model is asked for a second
+        assert "asked for turn 2" in second["error"]["message"], second
+        said = admin.get("/v1/sessions/their-talk/messages").json()["items"]
+        assert len(said) == 2  # the user's turn and its answer, nothing added
+        admin.post(f"/v1/tasks/{parent['id']}/cancel")
+
+
+def test_a_program_passing_its_token_encoded_to_a_linked_agent_stores_no_form_of_it(
+    server: LiveServer,
+) -> None:
+    """The token in a child's input is redacted in every form redaction knows, not only as
+    is: base64 (at each alignment), base64url, hex, percent-encoded, JSON-escaped twice,
+    in upper case."""
+    import base64
+    import json
+    import urllib.parse
+
+    with server.client(server.admin) as admin:
+        parent = running(admin, "sleeper")
+        token = signer(server).mint(
+            namespace="default", agent="sleeper", run_id=parent["id"], links=["adder"]
+        )
+        raw = token.encode()
+        forms = {
+            "base64": base64.b64encode(raw).decode(),
+            "base64 inside": base64.b64encode(b"t:" + raw).decode(),
+            "base64url": base64.urlsafe_b64encode(b"x" + raw).decode(),
+            "hex": raw.hex(),
+            "percent": urllib.parse.quote(token, safe=""),
+            "json twice": json.dumps(json.dumps(token)),
+            "upper": token.upper(),
+        }
+        with server.client(token) as client:
+            child = client.post(
+                "/v1/links/adder/exec",
+                json={"input": json.dumps(forms), "timeout_seconds": 30},
+            )
+        assert child.status_code == 200, child.text
+        child_id = child.json()["id"]
+        record = admin.get(f"/v1/tasks/{child_id}").text
+        events = admin.get(f"/v1/runs/{child_id}/events", params={"limit": 500}).text
+        stored = admin.get(f"/v1/tasks/{child_id}").json()["input"]
+        assert stored.count("[REDACTED:agent_token]") == len(forms), stored
+        for name, form in forms.items():
+            # a middle part of the form: what any of its encodings shows
+            middle = form[len(form) // 3 : len(form) // 3 + 24]
+            assert middle not in child.text + record + events, name
+        admin.post(f"/v1/tasks/{parent['id']}/cancel")

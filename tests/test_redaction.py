@@ -536,3 +536,62 @@ def test_a_secret_split_across_streamed_pieces_is_caught() -> None:
     out = [stream.feed(text[i : i + 3]) for i in range(0, len(text), 3)] + [stream.flush()]
     assert "".join(out) == "before [REDACTED:s] after"
     assert all(secret[4:10] not in piece for piece in out)
+
+
+@pytest.mark.parametrize("crowded", [False, True], ids=["few-forms", "many-forms"])
+def test_upper_and_lower_case_and_doubly_json_escaped_forms_are_redacted(crowded: bool) -> None:
+    secret = 'Tok-"q\\b-\u00fcn-Secret-42'
+    redactor = Redactor({"s": secret, **(CROWD if crowded else {})})
+    once = json.dumps(secret)
+    forms = {
+        "upper": secret.upper(),
+        "lower": secret.lower(),
+        "upper, JSON-escaped": json.dumps(secret.upper()),
+        "JSON text in a JSON string": json.dumps(once),
+        "the same, not ASCII-escaped": json.dumps(json.dumps(secret, ensure_ascii=False)),
+        "in a JSON document in a JSON string": json.dumps(json.dumps({"key": secret})),
+    }
+    for name, form in forms.items():
+        text = redactor.text(f"<<{form}>>")
+        assert "[REDACTED:s]" in text and "secret-42" not in text.lower(), (name, text)
+        [data] = redactor.data([f"<<{form}>>"])
+        assert "[REDACTED:s]" in data and "secret-42" not in data.lower(), (name, data)
+    # out of scope, as documented: reversed, split, mixed case
+    assert redactor.text(secret[::-1]) == secret[::-1]
+    assert redactor.text(secret.swapcase()) == secret.swapcase()
+
+
+def test_a_secret_of_another_agent_of_the_namespace_is_redacted_in_this_agents_runs(
+    server: LiveServer, client: httpx.Client, fake_openai: FakeOpenAIServer
+) -> None:
+    """The bystander resolves only the model key; the tool token is another agent's (the
+    probe's Secret). It reached the bystander's model anyway (a shared file, a memory, a
+    child's answer): its runs redact it too, as every Secret of the namespace."""
+    apply(client, resources("token-owner", fake_openai.base_url))
+    apply(
+        client,
+        f"""
+apiVersion: corral/v1
+kind: ModelEndpoint
+metadata: {{name: bystander-model}}
+spec:
+  provider: openai
+  model: test-model
+  base_url: {fake_openai.base_url}
+  api_key: {{secret: model-key}}
+  retry: {{max_attempts: 1}}
+---
+apiVersion: corral/v1
+kind: Agent
+metadata: {{name: bystander}}
+spec: {{model: bystander-model}}
+""",
+    )
+    fake_openai.add_reply(FakeReply(text=f"I found {TOOL_SECRET} in a shared file"))
+
+    task = prompt(client, "bystander")
+
+    assert task["state"] == "succeeded", task["error"]
+    assert task["output"] == "I found [REDACTED:tool-token] in a shared file"
+    assert_clean(everything_about(client, task["id"], "bystander") + json.dumps(task))
+    assert_database_clean(server)

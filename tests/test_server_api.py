@@ -308,7 +308,7 @@ def test_apply_rejects_bad_documents_with_the_field_path_and_stores_nothing(
             "apiVersion": "corral/v1",
             "kind": "Secret",
             "metadata": {"name": "ok"},
-            "spec": {"value": "x"},
+            "spec": {"value": "x-secret-value"},
         },
         {
             "apiVersion": "corral/v1",
@@ -327,7 +327,7 @@ def test_apply_rejects_bad_documents_with_the_field_path_and_stores_nothing(
             "apiVersion": "corral/v1",
             "kind": "Secret",
             "metadata": {"name": "s", "namespace": "elsewhere"},
-            "spec": {"value": "x"},
+            "spec": {"value": "x-secret-value"},
         },
     )
     assert other.status_code == 422
@@ -363,7 +363,7 @@ def test_resources_list_get_delete_and_conflicts(client: httpx.Client) -> None:
         "apiVersion": "corral/v1",
         "kind": "Secret",
         "metadata": {"name": "pw"},
-        "spec": {"value": "hunter2"},
+        "spec": {"value": "hunter2-plaintext"},
     }
     assert client.post("/v1/resources", json=secret).status_code == 200
     shown = client.get("/v1/resources/secret/pw").text

@@ -38,7 +38,7 @@ SECRET_DOC = {
     "apiVersion": "corral/v1",
     "kind": "Secret",
     "metadata": {"name": "extra"},
-    "spec": {"value": "v"},
+    "spec": {"value": "v-secret-value"},
 }
 
 A2A = "/a2a/{namespace}/{agent}"

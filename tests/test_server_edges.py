@@ -158,8 +158,8 @@ def test_failed_authentication_is_rate_limited_per_address_before_any_lookup(
         assert body["code"] == "rate_limited"
         assert "failed authentications" in body["detail"]
         assert int(limited[0].headers["retry-after"]) >= 90
-        # no token at all is a failure of the same address too
-        assert client.get("/v1/tasks", headers={"Authorization": ""}).status_code == 429
+        # no token at all guesses nothing: 401 even now, the address's lock aside
+        assert client.get("/v1/tasks", headers={"Authorization": ""}).status_code == 401
 
     with from_address(guarded, "127.0.0.2", guessed) as other:
         assert other.get("/v1/tasks").status_code == 401  # another address has its own bucket
@@ -181,6 +181,25 @@ def test_successful_requests_never_count_as_failures_of_their_address(
         assert (
             client.get("/v1/tasks", headers={"Authorization": f"Bearer {good}"}).status_code == 429
         )
+
+
+def test_a_request_without_a_token_is_401_and_never_counts_as_a_failed_authentication(
+    guarded: LiveServer,
+) -> None:
+    """A client that sends no Authorization header (or one that is not a bearer token) is
+    told to send one; it guessed nothing, so its address is not locked out for it."""
+    good = guarded.mint("default", Role.VIEWER)
+    with from_address(guarded, "127.0.0.4") as client:
+        lookups = CountingStore.lookups
+        answers = [client.get("/v1/tasks") for _ in range(10)]
+        answers += [client.get("/v1/links") for _ in range(5)]
+        answers += [client.get("/v1/tasks", headers={"Authorization": "Basic dTpw"})]
+        answers += [client.get("/v1/tasks", headers={"Authorization": "Bearer"})]
+        assert [a.status_code for a in answers] == [401] * len(answers), [a.text for a in answers]
+        assert all(a.headers["www-authenticate"].startswith("Bearer") for a in answers)
+        assert CountingStore.lookups == lookups
+        ok = client.get("/v1/tasks", headers={"Authorization": f"Bearer {good}"})
+        assert ok.status_code == 200, ok.text
 
 
 # ----------------------------------------------------------------------------- cursors

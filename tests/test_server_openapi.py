@@ -194,20 +194,68 @@ def _id(token: str) -> str:
     return parsed[0]
 
 
-def test_an_admin_cannot_revoke_its_own_token_unless_forced(live: LiveServer) -> None:
+def test_a_token_never_revokes_itself_another_admin_token_does(live: LiveServer) -> None:
+    """A client exploring the API (schemathesis with no configuration) cannot lock itself
+    out: the token of the request is refused 409 own_token, ``force=true`` or not."""
     own = live.mint("default", Role.ADMIN)
     own_id = _id(own)
     with live.client(own) as client:
-        refused = client.post(f"/v1/tokens/{own_id}/revoke")
-        assert refused.status_code == 409 and refused.json()["code"] == "own_token"
+        for params in ({}, {"force": "true"}):
+            refused = client.post(f"/v1/tokens/{own_id}/revoke", params=params)
+            assert refused.status_code == 409 and refused.json()["code"] == "own_token"
+            assert "another admin token" in refused.json()["detail"]
         assert client.get(f"/v1/tokens/{own_id}").json()["revoked_at"] is None
     with Client(live.url, token=own) as typed:
         with pytest.raises(ConflictError) as conflict:
             typed.revoke_token(own_id)
         assert conflict.value.code == "own_token"
-        # Another admin's token is not the caller's own: no force needed.
         other = live.mint("default", Role.ADMIN)
         assert typed.revoke_token(_id(other)).revoked_at is not None
-        assert typed.revoke_token(own_id, force=True).revoked_at is not None
+    with Client(live.url, token=live.mint("default", Role.ADMIN)) as another:
+        assert another.revoke_token(own_id).revoked_at is not None
     with live.client(own) as client:
         assert client.get("/v1/tasks").status_code == 401
+
+
+#: labels and whether the server takes them (the rule of core/labels.py)
+LABELS = [
+    ({"a": "b"}, True),
+    ({"équipe": "café", "empty": ""}, True),
+    ({"rocket": "🚀", "words": "a b", "k" * 63: "v" * 63}, True),
+    ({f"k{n}": "v" for n in range(32)}, True),
+    ({"": "v"}, False),
+    ({"a,b": "c"}, False),
+    ({"k": "x=y"}, False),
+    ({"k!": "v"}, False),
+    ({"k": "zero\u200bwidth"}, False),  # a format character
+    ({"k": "bell\x07"}, False),
+    ({"k": "nbsp\u00a0x"}, False),  # a space separator other than the space
+    ({"k": "private\ue000"}, False),
+    ({"k": "tag\U000e0041"}, False),
+    ({" k": "v"}, False),
+    ({"k": "v "}, False),
+    ({"k\n": "v"}, False),
+    ({"k": "v\n"}, False),
+    ({"k" * 64: "v"}, False),
+    ({"k": "v" * 64}, False),
+    ({f"k{n}": "v" for n in range(33)}, False),
+]
+
+
+def test_the_published_labels_schema_says_what_the_server_takes(
+    live: LiveServer, schema: dict[str, Any]
+) -> None:
+    """Key length and characters, values, at most 32: JSON Schema (``propertyNames``,
+    ``maxProperties``, ``maxLength``, patterns), not prose only, and the same as the server."""
+    body = schema["paths"]["/v1/tasks"]["post"]["requestBody"]["content"]["application/json"]
+    task = _validator(schema, body["schema"])
+    published = schema["components"]["schemas"]["SubmitTask"]["properties"]["labels"]
+    assert published["maxProperties"] == 32
+    assert published["propertyNames"]["maxLength"] == 63
+    assert published["additionalProperties"]["maxLength"] == 63
+    with live.client(live.admin) as client:
+        for labels, taken in LABELS:
+            request = {"agent": "helper", "input": "x", "labels": labels}
+            assert task.is_valid(request) is taken, labels
+            answer = client.post("/v1/tasks", json=request)
+            assert answer.status_code == (201 if taken else 422), (labels, answer.text)

@@ -399,12 +399,14 @@ async def test_reapplying_a_secret_compares_plaintexts(store: Store, cipher: Sec
     first = await store.get_resource("default", "Secret", "key")
     [_, same, _] = await store.apply(load_text(BASE))
     assert same.action == ApplyAction.UNCHANGED
-    [_, changed, _] = await store.apply(load_text(BASE.replace("hunter2-plaintext", "rotated")))
+    [_, changed, _] = await store.apply(
+        load_text(BASE.replace("hunter2-plaintext", "rotated-value"))
+    )
     assert changed.action == ApplyAction.CONFIGURED
     stored = await store.get_resource("default", "Secret", "key")
     assert first is not None and stored is not None
     assert isinstance(stored.resource.spec, SecretSpec) and stored.resource.spec.encrypted_value
-    assert cipher.decrypt(stored.resource.spec.encrypted_value) == "rotated"
+    assert cipher.decrypt(stored.resource.spec.encrypted_value) == "rotated-value"
 
 
 async def test_an_encrypted_value_of_another_key_is_rejected(store: Store) -> None:
@@ -424,9 +426,9 @@ async def test_resolver_reads_encrypted_values_and_the_environment(
     from_env = "apiVersion: corral/v1\nkind: Secret\nmetadata: {name: env-key}\nspec: {from_env: MY_TOKEN}\n"
     await store.apply(load_text(BASE + "---\n" + from_env))
     settings = Settings.from_env({"CORRAL_HOME": str(tmp_path)})
-    resolver = SecretResolver(store, settings, cipher=cipher, environ={"MY_TOKEN": "t0k"})
+    resolver = SecretResolver(store, settings, cipher=cipher, environ={"MY_TOKEN": "t0k-from-env"})
     assert await resolver.resolve("default", "key") == "hunter2-plaintext"
-    assert await resolver.resolve("default", "env-key") == "t0k"
+    assert await resolver.resolve("default", "env-key") == "t0k-from-env"
 
     unset = SecretResolver(store, settings, cipher=cipher, environ={})
     with pytest.raises(ConfigurationError) as exc:
@@ -439,6 +441,42 @@ async def test_resolver_reads_encrypted_values_and_the_environment(
     )
     with pytest.raises(ConfigurationError, match="another key"):
         await other_key.resolve("default", "key")
+
+
+SHORT = "apiVersion: corral/v1\nkind: Secret\nmetadata: {name: pin}\nspec:\n  value: '1234'\n"
+
+
+async def test_a_secret_shorter_than_eight_characters_is_refused_unless_allow_short(
+    store: Store, cipher: SecretCipher, tmp_path: Path
+) -> None:
+    """Redaction catches the encoded forms of a value only from 8 characters, and none
+    under 4: a short secret is refused at apply (file, line, field) unless it says so."""
+    with pytest.raises(ResourceError) as exc:
+        await store.apply(load_text(SHORT, "pin.yaml"))
+    assert str(exc.value).startswith("pin.yaml:5, field 'spec.value': ")
+    assert "4 characters is too short" in str(exc.value) and "allow_short" in str(exc.value)
+    foreign = cipher.encrypt("1234")
+    sealed = SHORT.replace("value: '1234'", f"encrypted_value: {foreign}")
+    with pytest.raises(ResourceError, match=r"spec\.encrypted_value.*allow_short"):
+        await store.apply(load_text(sealed, "pin.yaml"))
+    assert await store.list_resources("default") == []
+
+    allowed = SHORT.replace("spec:\n", "spec:\n  allow_short: true\n")
+    await store.apply(load_text(allowed, "pin.yaml"))
+    stored = await store.get_resource("default", "Secret", "pin")
+    assert stored is not None and isinstance(stored.resource.spec, SecretSpec)
+    assert stored.resource.spec.allow_short and stored.resource.spec.value is None
+    settings = Settings.from_env({"CORRAL_HOME": str(tmp_path)})
+    assert await SecretResolver(store, settings, cipher=cipher).resolve("default", "pin") == "1234"
+
+    # a value from the environment is first seen when it is resolved
+    env = "apiVersion: corral/v1\nkind: Secret\nmetadata: {name: env-pin}\nspec: {from_env: PIN}\n"
+    await store.apply(load_text(env))
+    short = SecretResolver(store, settings, cipher=cipher, environ={"PIN": "12"})
+    with pytest.raises(ConfigurationError, match=r"'env-pin'.*2 characters.*allow_short"):
+        await short.resolve("default", "env-pin")
+    await store.apply(load_text(env.replace("{from_env", "{allow_short: true, from_env")))
+    assert await short.resolve("default", "env-pin") == "12"
 
 
 def test_key_file_is_created_private_once_and_reused(tmp_path: Path) -> None:

@@ -18,6 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, create_async_engine
 from corral.core.errors import BudgetExceededError, ConflictError, NotFoundError
 from corral.core.messages import Message, Usage
 from corral.core.runs import Lease, RunRecord, RunState
+from corral.core.sessions import SessionNotAllowedError
 from corral.resources.loader import load_text
 from corral.store import Store
 from corral.store.base import Allowance, Submitted, Woken
@@ -528,3 +529,48 @@ async def test_allowance_submits_racing_a_cancel_and_lease_renewals_all_settle(
     children = await store.list_children("run_p")
     assert len(outcomes) == 12 and outcomes.count("stored") == len(children) <= 3
     assert all(c.state is RunState.CANCELLED for c in children)
+
+
+def in_session(record: RunRecord, session: str) -> RunRecord:
+    record.session_id = session
+    return record
+
+
+async def test_a_child_continues_only_a_session_its_run_tree_opened_or_was_named(
+    store: Store,
+) -> None:
+    """A child run's session is named by a model or a tool program: another user's session
+    (another run tree's) would show it their messages. It may open a new session, continue
+    one a run of its own tree opened (at any depth), or its parent's or an ancestor's."""
+    await store.apply(load_text(AGENTS, "agents.yaml"))
+    await store.submit_agent_run(in_session(a_run("run_u"), "theirs"))  # another user's
+    await store.submit_agent_run(in_session(a_run("run_p"), "mine"))
+    await store.submit_agent_run(a_run("run_c", "run_p", 1))
+    await store.submit_run(a_run("run_q"))  # another tree
+
+    with pytest.raises(SessionNotAllowedError) as refused:
+        await store.submit_agent_run(in_session(a_run("run_x", "run_p", 1), "theirs"))
+    assert refused.value.code == "session_not_allowed" and "'theirs'" in refused.value.message
+    assert await store.get_run("run_x") is None
+    assert [m.run_id for m in await store.session_messages("default", "theirs")] == []
+
+    # a new session: the tree opens it; its runs may continue it at any depth
+    assert (await store.submit_agent_run(in_session(a_run("run_a", "run_p", 1), "new"))).created
+    grandchild = in_session(a_run("run_g", "run_c", 2), "new")
+    assert (await store.submit_agent_run(grandchild)).created
+    # the session the tree's root was started in (named for it by its user)
+    assert (await store.submit_agent_run(in_session(a_run("run_m", "run_c", 2), "mine"))).created
+    # a retry of a child (its idempotency key) finds it, the session its own
+    retried = in_session(a_run("run_k", "run_p", 1), "keyed")
+    retried.idempotency_key = "call-1"
+    assert (await store.submit_agent_run(retried)).created
+    again = in_session(a_run("run_k2", "run_p", 1), "keyed")
+    again.idempotency_key = "call-1"
+    found = await store.submit_agent_run(again)
+    assert not found.created and found.record.id == "run_k"
+    # another tree may not continue what this one opened, nor the user's own session
+    for session in ("new", "mine", "theirs"):
+        with pytest.raises(SessionNotAllowedError):
+            await store.submit_agent_run(in_session(a_run(f"run_q_{session}", "run_q", 1), session))
+    # top-level runs (a user's, with an API token) are not children: any session
+    assert (await store.submit_agent_run(in_session(a_run("run_v"), "new"))).created

@@ -84,7 +84,7 @@ async def test_sessions_page_most_recent_first(store: Store) -> None:
 async def test_resources_page_by_kind_and_name(store: Store) -> None:
     documents = "---\n".join(
         f"apiVersion: corral/v1\nkind: Secret\nmetadata: {{name: key-{n}, namespace: {ns}}}\n"
-        "spec: {value: x}\n"
+        "spec: {value: x-secret-value}\n"
         for ns, n in [("default", 3), ("default", 1), ("team", 0), ("default", 2)]
     )
     await store.apply(load_text(documents))

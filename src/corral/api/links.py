@@ -39,7 +39,10 @@ class LinkExec(Request):
 
     input: Annotated[Text, Field(description="All the child run sees (its first message).")]
     session: SessionId | None = Field(
-        None, description="A session of the linked agent to continue."
+        None,
+        description="A session of the linked agent to open or continue: a new one, one a run "
+        "of the caller's run tree opened, or the session of the calling run or an ancestor "
+        "(any other: 403 `session_not_allowed`).",
     )
     wait: bool = Field(
         True,

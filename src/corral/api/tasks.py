@@ -17,7 +17,7 @@ from corral.api.common import (
     Timestamp,
 )
 from corral.core.events import AnyEventData, Event, EventType, parse_event_data
-from corral.core.labels import labels_problem
+from corral.core.labels import labels_problem, labels_schema
 from corral.core.limits import MAX_DELAY_SECONDS, MAX_PRIORITY
 from corral.core.runs import RunRecord, RunState
 
@@ -34,8 +34,10 @@ Labels = Annotated[
     dict[str, str],
     AfterValidator(_valid_labels),
     Field(
-        description="key=value labels: text without `,` `=` `!` (keys 1-63 characters, "
-        "values at most 63, at most 32 labels), selected by `selector` in the list.",
+        description="key=value labels: text without `,` `=` `!`, control, format or "
+        "separator characters other than the space, nor surrounding spaces (keys 1-63 "
+        "characters, values at most 63, at most 32 labels), selected by `selector` in the list.",
+        json_schema_extra=labels_schema(),
     ),
 ]
 

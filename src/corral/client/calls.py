@@ -736,8 +736,7 @@ def get_token(token_id: str) -> Call[TokenOut]:
     return Call("GET", f"/v1/tokens/{_seg(token_id)}", _model(TokenOut))
 
 
-def revoke_token(token_id: str, *, force: bool = False) -> Call[TokenOut]:
-    """Revoke; ``ConflictError`` (``own_token``) for this client's own token unless
-    ``force``."""
-    params: Params = [("force", True)] if force else []
-    return Call("POST", f"/v1/tokens/{_seg(token_id)}/revoke", _model(TokenOut), params)
+def revoke_token(token_id: str) -> Call[TokenOut]:
+    """Revoke; ``ConflictError`` (``own_token``) for this client's own token (a token never
+    revokes itself)."""
+    return Call("POST", f"/v1/tokens/{_seg(token_id)}/revoke", _model(TokenOut))

@@ -13,6 +13,7 @@ converted at the adapter boundary and never travel further up.
     │   ├── ConflictError          the operation contradicts stored state
     │   ├── AuthError              the HTTP API refused the token (401) or its role (403)
     │   ├── InvalidSessionIdError  a session id breaks the one rule (core/sessions.py)
+    │   ├── SessionNotAllowedError a child run named a session not of its tree (core/sessions.py)
     │   ├── InvalidSelectorError   a malformed label selector (core/selectors.py)
     │   ├── LabelError             a run's label breaks the rule (core/labels.py)
     │   ├── MemoryInputError       an entry, key, query or filter a Memory refuses (core/memory.py)

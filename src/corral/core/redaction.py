@@ -2,19 +2,24 @@
 
 A :class:`Redactor` is built once per live agent from every secret its build
 resolved (tool and MCP secrets, model API keys, the password of a basic-auth
-secret) and passes every string a run stores or returns: events, the run's
-error, output and messages, approvals, session messages. It works on decoded
+secret) and every other Secret of its namespace, and passes every string a run
+stores or returns: events, the run's error, output and messages, approvals,
+session messages. It works on decoded
 strings (before anything is encoded) and also knows the forms a secret takes
 once text about it was encoded elsewhere:
 
-- escaped: JSON (``\\"``, ``\\\\``, ``\\n``, ``\\u00e9``), a Python repr, percent-encoding;
+- in upper and in lower case;
+- escaped: JSON (``\\"``, ``\\\\``, ``\\n``, ``\\u00e9``), also twice (JSON text inside a JSON
+  string), a Python repr, percent-encoding (of each case too);
 - encoded, for values of :data:`MIN_ENCODED_LENGTH` characters or more: base64 and
   base64url (each at the three alignments a value can have inside a longer
   encoded text, so ``Basic base64(user:password)`` is caught), and hex.
 
 Values shorter than :data:`MIN_SECRET_LENGTH` characters are not redacted: they
-would mangle ordinary text. A redactor of a few forms (at most :data:`SCAN_FORMS`:
-a handful of secrets) looks for them with plain substring searches; one of more
+would mangle ordinary text (a ``Secret`` shorter than 8 characters is refused unless it
+says ``allow_short``). Out of scope: a value reversed, split in pieces, in mixed
+case, or encoded in a way not listed here. A redactor of a few forms (at most
+:data:`SCAN_FORMS`: a handful of secrets) looks for them with plain substring searches; one of more
 forms uses one compiled regex alternation, so text without a match costs one
 ``search``. The regexes are compiled when first needed: a run of an agent with
 links gets a fresh agent token, and a redactor for it, per tool call, and
@@ -252,16 +257,27 @@ def _alternation(forms: Iterable[str]) -> str:
     return "|".join(re.escape(f) for f in sorted(forms, key=len, reverse=True))
 
 
-def _forms(value: str) -> Iterator[str]:
-    """The forms of one secret value, itself first; each form at least 4 characters long."""
-    yield value
-    yield json.dumps(value)[1:-1]
-    yield json.dumps(value, ensure_ascii=False)[1:-1]
+def _escaped(value: str) -> Iterator[str]:
+    """``value`` escaped as JSON (once, and twice: JSON text inside a JSON string), a Python
+    repr and percent-encoding do it."""
+    for once in (json.dumps(value)[1:-1], json.dumps(value, ensure_ascii=False)[1:-1]):
+        yield once
+        yield json.dumps(once)[1:-1]
+        yield json.dumps(once, ensure_ascii=False)[1:-1]
     yield json.dumps(value, ensure_ascii=False)[1:-1].replace("/", "\\/")
     yield repr(value)[1:-1]
     yield repr(value + '"')[1:-2]  # the repr inside single quotes (``\\'``) whatever the value
     yield urllib.parse.quote(value, safe="")
     yield urllib.parse.quote_plus(value, safe="")
+
+
+def _forms(value: str) -> Iterator[str]:
+    """The forms of one secret value, itself first; each form at least 4 characters long."""
+    yield value
+    # as is, in upper and in lower case (what a program or a model may have made of it)
+    for cased in dict.fromkeys((value, value.upper(), value.lower())):
+        yield cased
+        yield from _escaped(cased)
     if len(value) < MIN_ENCODED_LENGTH:
         return
     raw = value.encode("utf-8")

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from corral.core.errors import UserError
+from corral.core.labels import refused_char
 
 #: the longest selector taken (the API's query parameter, the CLI's ``-l``)
 MAX_SELECTOR_CHARS = 1024
@@ -90,7 +91,7 @@ def _part(text: str, what: str, whole: str) -> str:
         raise InvalidSelectorError(
             f"invalid label selector {whole!r}: {what} {part!r} contains {bad[0]!r}"
         )
-    if any(not char.isprintable() for char in part):
+    if any(refused_char(char) for char in part):
         raise InvalidSelectorError(
             f"invalid label selector {whole!r}: {what} {part!r} has a control character"
         )

@@ -21,6 +21,13 @@ class InvalidSessionIdError(UserError):
     code = "invalid_session_id"
 
 
+class SessionNotAllowedError(UserError):
+    """A child run named a session its run tree may not continue (another user's, say):
+    see :func:`~corral.store.sql.rules.check_session_of_tree`."""
+
+    code = "session_not_allowed"
+
+
 def check_session_id(session_id: str) -> str:
     """``session_id`` when it follows the rule; ``InvalidSessionIdError`` otherwise."""
     if not _SESSION_ID.fullmatch(session_id):

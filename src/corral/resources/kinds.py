@@ -419,16 +419,52 @@ class McpServerSpec(Spec):
 # --------------------------------------------------------------------------- Secret
 
 
+#: the shortest secret value redaction catches in every form it knows (base64 and hex forms
+#: of a shorter one would match ordinary text); shorter ones need ``allow_short``
+MIN_SECRET_LENGTH = 8
+
+
+def short_secret_problem(value: str, allow_short: bool) -> str | None:
+    """Why ``value`` may not be a Secret's value (``None``: it may)."""
+    if allow_short or len(value) >= MIN_SECRET_LENGTH:
+        return None
+    return (
+        f"a secret value of {len(value)} characters is too short to be redacted reliably "
+        f"(at least {MIN_SECRET_LENGTH}); set allow_short: true to store it anyway"
+    )
+
+
 class SecretSpec(Spec):
     """A secret value: read from an environment variable, or stored encrypted.
 
     ``value`` is accepted on apply and replaced by ``encrypted_value`` before
-    anything is stored; it is never written or shown in clear.
+    anything is stored; it is never written or shown in clear. A value shorter than
+    :data:`MIN_SECRET_LENGTH` characters is refused unless ``allow_short`` (one read
+    from the environment, when it is resolved).
     """
 
+    allow_short: bool = Field(
+        default=False,
+        description=(
+            "accept a value shorter than 8 characters: redaction does not catch its "
+            "encoded forms, nor the value itself under 4 characters"
+        ),
+    )
     from_env: str | None = None
     value: str | None = None
     encrypted_value: str | None = None
+
+    @field_validator("value")
+    @classmethod
+    def _long_enough(cls, value: str | None, info: ValidationInfo) -> str | None:
+        problem = (
+            None
+            if value is None
+            else short_secret_problem(value, info.data.get("allow_short", False))
+        )
+        if problem is not None:
+            raise ValueError(problem)
+        return value
 
     @model_validator(mode="after")
     def _one_source(self) -> SecretSpec:

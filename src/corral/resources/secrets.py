@@ -23,7 +23,7 @@ from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 from corral.core.errors import ConfigurationError, Location, ResourceError
 from corral.core.private_files import private_directory
 from corral.core.settings import Settings
-from corral.resources.kinds import Resource, SecretSpec
+from corral.resources.kinds import Resource, SecretSpec, short_secret_problem
 
 REDACTED = "<redacted>"
 
@@ -158,6 +158,9 @@ def seal(spec: SecretSpec, previous: SecretSpec | None, cipher: SecretCipher) ->
                     )
                 ]
             ) from None
+        problem = short_secret_problem(plaintext, spec.allow_short)
+        if problem is not None:
+            raise ResourceError([(Location(field="spec.encrypted_value"), problem)])
     elif spec.value is not None:
         plaintext = spec.value
     else:
@@ -165,11 +168,12 @@ def seal(spec: SecretSpec, previous: SecretSpec | None, cipher: SecretCipher) ->
     if previous is not None and previous.encrypted_value is not None:
         try:
             if cipher.decrypt(previous.encrypted_value) == plaintext:
-                return SecretSpec(encrypted_value=previous.encrypted_value)
+                token = previous.encrypted_value
+                return SecretSpec(allow_short=spec.allow_short, encrypted_value=token)
         except ConfigurationError:
             pass  # stored under an older key: re-encrypt under the current one
     token = spec.encrypted_value or cipher.encrypt(plaintext)
-    return SecretSpec(encrypted_value=token)
+    return SecretSpec(allow_short=spec.allow_short, encrypted_value=token)
 
 
 class _HasResource(Protocol):
@@ -210,6 +214,10 @@ class SecretResolver:
             raise ConfigurationError(f"Secret {name!r} not found in namespace {namespace!r}")
         spec = stored.resource.spec
         assert isinstance(spec, SecretSpec)
+        return self.value_of(namespace, name, spec)
+
+    def value_of(self, namespace: str, name: str, spec: SecretSpec) -> str:
+        """The value of the Secret ``name`` whose spec is ``spec`` (already read)."""
         if spec.from_env is not None:
             environ = os.environ if self._environ is None else self._environ
             value = environ.get(spec.from_env)
@@ -218,12 +226,17 @@ class SecretResolver:
                     f"Secret {name!r} (namespace {namespace!r}) reads the environment variable "
                     f"{spec.from_env!r}, which is not set in this process"
                 )
-            return value
-        if spec.encrypted_value is not None:
-            return self._cipher.decrypt(spec.encrypted_value)
-        if spec.value is not None:  # not sealed: only when built in memory, never from a store
-            return spec.value
-        raise ConfigurationError(f"Secret {name!r} has no value")
+        elif spec.encrypted_value is not None:
+            value = self._cipher.decrypt(spec.encrypted_value)
+        elif spec.value is not None:  # not sealed: only when built in memory, never from a store
+            value = spec.value
+        else:
+            raise ConfigurationError(f"Secret {name!r} has no value")
+        # (a value from the environment is first seen here; a stored one, before the rule)
+        problem = short_secret_problem(value, spec.allow_short)
+        if problem is not None:
+            raise ConfigurationError(f"Secret {name!r} (namespace {namespace!r}): {problem}")
+        return value
 
 
 def redacted(document: dict[str, Any]) -> dict[str, Any]:

@@ -38,6 +38,7 @@ from corral.resources.kinds import (
     McpServerSpec,
     ModelEndpointSpec,
     NamedToolChoice,
+    SecretSpec,
     Spec,
     ToolPermissionSpec,
     ToolSpecModel,
@@ -109,13 +110,17 @@ class AgentBuilder:
         self._resolved: dict[str, str] = {}
         #: what else a run may echo of them: the password of a basic-auth secret
         self._derived: list[tuple[str, str]] = []
+        #: the namespace's other Secrets this process can resolve (redacted too: another
+        #: agent's secret may reach this agent's runs, through a file, a memory, a child)
+        self._namespace_secrets: list[tuple[str, str]] = []
 
     async def agent_spec(self, name: str) -> AgentSpec:
         return await self._spec("Agent", name, AgentSpec)
 
     def redactor(self) -> Redactor:
-        """A redactor of every secret resolved so far (model keys, tool and MCP secrets)."""
-        return Redactor([*self._resolved.items(), *self._derived])
+        """A redactor of every secret resolved so far (model keys, tool and MCP secrets, and
+        the other Secrets of the namespace)."""
+        return Redactor([*self._resolved.items(), *self._derived, *self._namespace_secrets])
 
     async def build(
         self,
@@ -143,6 +148,7 @@ class AgentBuilder:
         self, name: str, stack: AsyncExitStack, output_schema: dict[str, Any] | None
     ) -> AgentDefinition:
         spec = await self.agent_spec(name)
+        await self._resolve_namespace_secrets()
         policy = await self.execution_policy(name, spec)
         models: list[Model] = []
         for endpoint in [spec.model, *spec.fallback_models]:
@@ -260,6 +266,21 @@ class AgentBuilder:
         if not isinstance(spec, spec_type):  # the store returns validated specs
             raise ConfigurationError(f"{kind} {name!r}: stored spec has the wrong type")
         return spec
+
+    async def _resolve_namespace_secrets(self) -> None:
+        """Every Secret of the namespace this process can resolve, for redaction only: one
+        it cannot (an environment variable not set here) is skipped, as this agent does
+        not use it (one it uses fails its build where it is used)."""
+        for stored in await self.store.list_resources(self.namespace, "Secret"):
+            spec = stored.resource.spec
+            if not isinstance(spec, SecretSpec):
+                continue
+            name = stored.resource.metadata.name
+            try:
+                value = self.secrets.value_of(self.namespace, name, spec)
+            except ConfigurationError:
+                continue
+            self._namespace_secrets.append((name, value))
 
     async def _secret(self, name: str) -> str:
         if name not in self._resolved:

@@ -38,6 +38,7 @@ from corral.core.errors import (
 )
 from corral.core.events import StepStartData
 from corral.core.runs import Lease, RunRecord
+from corral.core.sessions import SessionNotAllowedError
 from corral.resources.kinds import AgentSpec
 from corral.runtime.agent_tokens import AgentClaims
 from corral.runtime.operations import new_run
@@ -243,6 +244,9 @@ class StoreDelegation:
         except BudgetExceededError as exc:  # (its allowance left it nothing)
             details = {"limit": exc.limit}
             raise ToolError(ToolErrorCode.BUDGET_EXCEEDED, exc.message, details=details) from None
+        except SessionNotAllowedError as exc:  # a session of another run tree
+            refused = {"refused": exc.code, "session": record.session_id or ""}
+            raise ToolError(ToolErrorCode.PERMISSION_DENIED, exc.message, details=refused) from None
         except (ConflictError, UserError) as exc:  # a session of another agent, a bad id
             raise ToolError(ToolErrorCode.INVALID_INPUT, exc.message) from None
 

@@ -14,7 +14,8 @@ server's context (cached).
 Failed authentications are limited per client address
 (``CORRAL_API_AUTH_FAILURE_RATE`` and ``_BURST``): past its bucket an address
 gets 429 with ``Retry-After`` before its token is looked at, so guessing tokens
-costs no store lookup. Successful requests are limited per token only.
+costs no store lookup. A request without a bearer token guesses nothing: it is 401,
+never counted nor held back. Successful requests are limited per token only.
 """
 
 from __future__ import annotations
@@ -68,17 +69,18 @@ def require(role: Role) -> Callable[..., Awaitable[Principal]]:
         credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
     ) -> Principal:
         context = context_of(request)
+        if credentials is None or credentials.scheme.lower() != "bearer":
+            # no bearer token at all guesses nothing: 401, neither counted nor held back
+            raise unauthenticated("send Authorization: Bearer <token>")
         address = address_key(request.client.host if request.client else None)
         refuse_while_waiting(
             context.auth_failures.wait(address), "failed authentications from this address"
         )
-        if credentials is not None and looks_like_agent_token(credentials.credentials):
+        if looks_like_agent_token(credentials.credentials):
             raise ProblemError(
                 403, "an agent token is accepted only on /v1/links", code="agent_token_not_allowed"
             )
         try:
-            if credentials is None or credentials.scheme.lower() != "bearer":
-                raise unauthenticated("send Authorization: Bearer <token>")
             token = await context.verifier.verify(credentials.credentials)
         except ProblemError:  # only 401s: a store error is not the caller's failure
             context.auth_failures.acquire(address)

@@ -10,7 +10,10 @@ is 403 ``agent_token_required`` (every other route refuses an agent token with 4
 malformed or tampered one 401 ``token_invalid``. An agent that is not in the
 token's links, or no longer in the calling agent's, is 404 as if it did not exist; one
 its roles deny (``agent:NAME`` in a ToolPermission, as for ``agents_exec``) is 403
-``permission_denied``, and ``GET /v1/links`` leaves it out.
+``permission_denied``, and ``GET /v1/links`` leaves it out. A ``session`` is continued
+only when the calling run's tree opened it, or it is the session of the calling run or
+an ancestor: another is 403 ``session_not_allowed`` (the store decides, in the submit's
+transaction: see ``check_session_of_tree``).
 
 The child is started by :meth:`StoreDelegation.start_child_of`, what ``agents_exec``
 uses; its idempotency key is the caller's run and the request's ``Idempotency-Key``
@@ -39,6 +42,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from corral.api import LinkExec, LinkInfo, LinkOut, LinkPage, Task
 from corral.core.errors import ToolError, ToolErrorCode
 from corral.core.ids import new_id
+from corral.core.redaction import Redactor
 from corral.core.runs import RunState
 from corral.resources.kinds import NAME_PATTERN, AgentLink, AgentSpec
 from corral.runtime.agent_tokens import (
@@ -80,13 +84,13 @@ async def agent_caller(
 ) -> AgentClaims:
     """The calling run, from its agent token (see the module docstring for the answers)."""
     context = context_of(request)
+    if credentials is None or credentials.scheme.lower() != "bearer":
+        # (no token guesses nothing: neither counted nor held back, as on other routes)
+        raise unauthenticated("send Authorization: Bearer <agent token>")
     address = address_key(request.client.host if request.client else None)
     refuse_while_waiting(
         context.auth_failures.wait(address), "failed authentications from this address"
     )
-    if credentials is None or credentials.scheme.lower() != "bearer":
-        context.auth_failures.acquire(address)
-        raise unauthenticated("send Authorization: Bearer <agent token>")
     if not looks_like_agent_token(credentials.credentials):
         raise ProblemError(
             403,
@@ -259,10 +263,11 @@ async def exec_link(
 
 
 def _without_token(text: str, request: Request) -> str:
-    """``text`` with the request's agent token redacted (as its tool's output has it)."""
+    """``text`` with the request's agent token redacted in every form redaction knows
+    (escaped, base64, hex...), as its tool's output has it."""
     _, _, token = request.headers.get("authorization", "").partition(" ")
     token = token.strip()
-    return text.replace(token, f"[REDACTED:{REDACTION_NAME}]") if token else text
+    return Redactor({REDACTION_NAME: token}).text(text) if token else text
 
 
 def _problem(exc: ToolError) -> ProblemError:
@@ -271,4 +276,7 @@ def _problem(exc: ToolError) -> ProblemError:
         return ProblemError(404, exc.info.reason, code="not_found")
     if code == ToolErrorCode.BUDGET_EXCEEDED:
         return ProblemError(409, exc.info.reason, code="budget_exceeded")
+    if code == ToolErrorCode.PERMISSION_DENIED:  # a session of another run tree
+        refused = str(exc.info.details.get("refused", "permission_denied"))
+        return ProblemError(403, exc.info.reason, code=refused)
     return ProblemError(422, exc.info.reason, code="invalid_request")

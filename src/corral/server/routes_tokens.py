@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Path, Query, Request, Response
+from fastapi import APIRouter, Path, Request, Response
 
 from corral.api import ID_PATTERN, CreateToken, TokenCreated, TokenOut, TokenPage
 from corral.core.errors import NotFoundError
@@ -88,24 +88,20 @@ async def get_token(token_id: TokenId, who: Admin, request: Request) -> TokenOut
     summary="Revoke a token",
     responses=responses(404, 409),
 )
-async def revoke_token(
-    token_id: TokenId,
-    who: Admin,
-    request: Request,
-    force: Annotated[bool, Query(description="Revoke the token of this very request too.")] = False,
-) -> TokenOut:
+async def revoke_token(token_id: TokenId, who: Admin, request: Request) -> TokenOut:
     """The token stops working at once on this server (within seconds on others).
 
-    Revoking the token that makes the request is refused (409 `own_token`) unless
-    `force=true`: it may be the namespace's last admin token, and then only
-    `corral token create` on a machine that reaches the store can make another."""
+    A token never revokes itself (409 `own_token`): it may be the namespace's last admin
+    token, and then only `corral token create` on a machine that reaches the store could
+    make another (a client exploring the API, a fuzzer, would lock itself out). Revoke it
+    with another admin token of the namespace, or `corral token revoke` on such a machine."""
     context = context_of(request)
     await _own(context, token_id, who)
-    if token_id == who.token.id and not force:
+    if token_id == who.token.id:
         raise ProblemError(
             409,
-            "this is the token of this request; revoking it could lock the namespace out "
-            "(pass force=true to revoke it anyway)",
+            "a token cannot revoke itself: revoke it with another admin token of this "
+            "namespace, or with `corral token revoke` on a machine that reaches the store",
             code="own_token",
         )
     revoked = await context.store.revoke_token(token_id)

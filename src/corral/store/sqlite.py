@@ -62,6 +62,7 @@ from corral.store.sql.rules import (
     check_events_under,
     check_parent_open,
     check_session_agent,
+    check_session_of_tree,
     judge_token,
     no_longer_running,
     numbered,
@@ -183,6 +184,9 @@ _RELEASE = {
 _OPEN_SESSION = Compiled(
     statements.session_upsert("sqlite", _p("namespace"), _p("id"), _p("agent"), _p("now"))
 )
+_SESSION_OF_TREE = Compiled(
+    statements.session_of_tree(_p("parent"), _p("namespace"), _p("session"))
+)
 _TOUCH_SESSION = Compiled(statements.session_touch(_p("namespace"), _p("id"), _p("now")))
 _TOP_SEQ = Compiled(statements.session_top_seq(_p("namespace"), _p("id")))
 _INSERT_MESSAGE = _inserting(SESSION_MESSAGES, SESSION_MESSAGES.table.insert())
@@ -289,12 +293,21 @@ def _refuse(conn: sqlite3.Connection, run_id: str, lease: Lease | None) -> None:
 
 
 def _open_session(conn: sqlite3.Connection, record: RunRecord, session_id: str, now: float) -> None:
-    """The run's session, created when absent (see ``open_session``, which this mirrors)."""
+    """The run's session, created when absent (see ``open_session``, which this mirrors);
+    a child run's, only a session of its run tree (see ``SqlClaims._check_session_of_tree``)."""
     params = _OPEN_SESSION.params(
         namespace=record.namespace, id=session_id, agent=record.agent, now=now
     )
     found = conn.execute(_OPEN_SESSION.sql, params).fetchone()
     check_session_agent(session_id, found[2], record.agent)
+    opened_now = found[3] == now
+    if record.parent_run_id is not None and not opened_now:
+        of_tree = _SESSION_OF_TREE.params(
+            parent=record.parent_run_id, namespace=record.namespace, session=session_id
+        )
+        check_session_of_tree(
+            record, opened_now, conn.execute(_SESSION_OF_TREE.sql, of_tree).fetchone()[0]
+        )
 
 
 def _append_to_session(

@@ -25,7 +25,12 @@ from corral.store.schema import runs
 from corral.store.sql.agent_limits import admission, admitted
 from corral.store.sql.engine import Body, SqlEngine, execute
 from corral.store.sql.rows import RUNS
-from corral.store.sql.rules import agent_not_found, check_parent_open, no_longer_running
+from corral.store.sql.rules import (
+    agent_not_found,
+    check_parent_open,
+    check_session_of_tree,
+    no_longer_running,
+)
 from corral.store.sql.statements import (
     IDEMPOTENCY_COLUMNS,
     agent_max_attempts,
@@ -42,6 +47,7 @@ from corral.store.sql.statements import (
     release,
     renew,
     run_by_key,
+    session_of_tree,
 )
 
 # The statements of the hot paths as single objects, their values passed as parameters
@@ -97,9 +103,10 @@ class SqlClaims(SqlEngine):
                 if allowance is not None:
                     await self._cap_by_allowance(conn, record, allowance)
             if record.session_id is not None:  # opened (and locked) with its run: see delete
-                await open_session(
+                session = await open_session(
                     conn, self._dialect, record.namespace, record.session_id, record.agent, now
                 )
+                await self._check_session_of_tree(conn, record, session.created_at == now)
             existing: sa.Row[Any] | None = await self._inserting(record)(conn)
             if existing is not None or claim_body is None:
                 return existing, []
@@ -112,6 +119,16 @@ class SqlClaims(SqlEngine):
             claimed_record, lease = claimed[0]
             return Submitted(claimed_record, True, lease)
         return Submitted(record, True)
+
+    @staticmethod
+    async def _check_session_of_tree(
+        conn: AsyncConnection, record: RunRecord, opened_now: bool
+    ) -> None:
+        """A child run continues only a session of its run tree (see the rule)."""
+        if record.parent_run_id is None or opened_now or record.session_id is None:
+            return
+        query = session_of_tree(record.parent_run_id, record.namespace, record.session_id)
+        check_session_of_tree(record, opened_now, (await conn.execute(query)).scalar())
 
     async def _cap_by_allowance(
         self, conn: AsyncConnection, record: RunRecord, allowance: Allowance

@@ -16,7 +16,7 @@ from corral.core.errors import ConflictError, LeaseLostError, NotFoundError
 from corral.core.events import Event
 from corral.core.messages import Message
 from corral.core.runs import Lease, RunRecord, RunState
-from corral.core.sessions import SessionMessage
+from corral.core.sessions import SessionMessage, SessionNotAllowedError
 from corral.store.sql.rows import RUNS
 
 #: Columns a save never writes: the run's key, and the lease columns that only
@@ -130,6 +130,21 @@ def check_session_agent(session_id: str, owner: str, agent: str) -> None:
     """``ConflictError`` when the session (owned by agent ``owner``) is used for ``agent``."""
     if owner != agent:
         raise ConflictError(f"session {session_id!r} belongs to agent {owner!r}")
+
+
+def check_session_of_tree(record: RunRecord, opened_now: bool, of_tree: object) -> None:
+    """``SessionNotAllowedError`` when the child run ``record`` names a session its run tree
+    may not continue: one that existed before (not ``opened_now`` by its submit) and that
+    ``of_tree`` (what ``session_of_tree`` found) says is neither its ancestors' nor opened by
+    a run of its tree. A child run's session is named by a model or a tool program, which
+    may be steered by what they read: another tree's session would show them its messages."""
+    if record.parent_run_id is None or record.session_id is None or opened_now or of_tree:
+        return
+    raise SessionNotAllowedError(
+        f"session {record.session_id!r} was neither opened by this run's tree nor named for "
+        "it: a child run continues only a session a run of its own tree opened, or the "
+        "session of its parent or an ancestor"
+    )
 
 
 def numbered(

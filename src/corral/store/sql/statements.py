@@ -498,6 +498,44 @@ async def open_session(
     return row
 
 
+def _ancestry(name: str, start: Value) -> Any:
+    """The run ``start`` and its ancestors (a recursive CTE: ``id``, ``parent_run_id``,
+    ``session_id``, and ``level``, how far up from ``start``)."""
+    first = sa.select(
+        runs.c.id, runs.c.parent_run_id, runs.c.session_id, sa.literal_column("0").label("level")
+    ).where(runs.c.id == start)
+    tree = first.cte(name, recursive=True)
+    parent = runs.alias(f"{name}_parent")
+    return tree.union_all(
+        sa.select(parent.c.id, parent.c.parent_run_id, parent.c.session_id, tree.c.level + 1).where(
+            parent.c.id == tree.c.parent_run_id
+        )
+    )
+
+
+def session_of_tree(parent_id: Value, namespace: Value, session_id: Value) -> sa.Select[Any]:
+    """Whether a child of run ``parent_id`` may continue the existing session ``session_id``:
+    one row, true when it is the session of ``parent_id`` or of one of its ancestors (named
+    for them by whoever started them), or when the session's first run is of the same run
+    tree as ``parent_id`` (the two have one root run): a run of the tree opened it. False or
+    null otherwise (another tree's session, or one whose first run is gone)."""
+    chain = _ancestry("chain", parent_id)
+    first_run = (
+        sa.select(runs.c.id)
+        .where(runs.c.namespace == namespace, runs.c.session_id == session_id)
+        .order_by(runs.c.created_at, runs.c.id)
+        .limit(1)
+        .scalar_subquery()
+    )
+    opener = _ancestry("opener", first_run)
+
+    def root(tree: Any) -> Any:
+        return sa.select(tree.c.id).order_by(tree.c.level.desc()).limit(1).scalar_subquery()
+
+    named = sa.exists().where(chain.c.session_id == session_id)
+    return sa.select(sa.or_(named, root(chain) == root(opener)))
+
+
 #: The states of a run that still needs its session (a session cannot be deleted under it).
 UNFINISHED = tuple(s.value for s in RunState if not s.finished)
 
