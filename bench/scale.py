@@ -74,7 +74,7 @@ async def measure(warm_url: str, base_url: str, runs: int, calls: int, delay: fl
     from peers._base import Setup, prompt
     from peers.corral_durable import resources
 
-    from corral.core.events import EventType
+    from corral.core.events import StepFinishData, StepStartData
     from corral.core.runs import RunState
     from corral.core.settings import Settings
     from corral.resources.loader import load_text
@@ -128,10 +128,10 @@ async def measure(warm_url: str, base_url: str, runs: int, calls: int, delay: fl
                     raise RuntimeError(f"run {run_id} did not succeed: {record}")
                 started: dict[int, float] = {}
                 for event in await store.list_events(run_id):
-                    if event.type is EventType.STEP_START:
-                        started[event.data["step"]] = event.ts
-                    elif event.type is EventType.STEP_FINISH:
-                        excess.append(event.ts - started.pop(event.data["step"]) - delay)
+                    if isinstance(event.data, StepStartData):
+                        started[event.data.step] = event.ts
+                    elif isinstance(event.data, StepFinishData):
+                        excess.append(event.ts - started.pop(event.data.step) - delay)
         finally:
             await store.close()
     if len(excess) != runs * (calls + 1):

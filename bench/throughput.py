@@ -194,17 +194,25 @@ async def store_only(url: str, tasks: int, concurrency: int) -> float:
     """
     import anyio
 
-    from corral.core.events import Event, EventType
+    from corral.core.events import (
+        Event,
+        MessageCreateData,
+        RunFinishData,
+        RunStartData,
+        StepFinishData,
+        StepStartData,
+    )
     from corral.core.runs import Lease, RunRecord, RunState
     from corral.runtime.operations import submit
 
     store, _ = await _fresh_store(url, Path(url.removeprefix("sqlite:///")).parent)
-    kinds = [
-        EventType.RUN_START,
-        EventType.STEP_START,
-        EventType.MESSAGE_CREATE,
-        EventType.STEP_FINISH,
-        EventType.RUN_FINISH,
+    # the five events of a no-op run, their data as small as each type allows
+    payloads = [
+        RunStartData(agent="noop", input=""),
+        StepStartData(step=1),
+        MessageCreateData(step=1, message={}),
+        StepFinishData(step=1),
+        RunFinishData(state="succeeded"),
     ]
     try:
         for i in range(tasks):
@@ -214,7 +222,7 @@ async def store_only(url: str, tasks: int, concurrency: int) -> float:
         async def one(record: RunRecord, lease: Lease) -> None:
             try:
                 record.state = RunState.SUCCEEDED
-                events = [Event(record.id, seq, kind) for seq, kind in enumerate(kinds, 1)]
+                events = [Event(record.id, seq, data) for seq, data in enumerate(payloads, 1)]
                 await store.save_run(record, lease, events=events)
             finally:
                 slots.release()

@@ -23,7 +23,6 @@ from a2a.client import ClientConfig, ClientFactory
 from a2a.client.client import Client
 from a2a.client.errors import A2AClientError
 from a2a.types.a2a_pb2 import (
-    CancelTaskRequest,
     ListTasksRequest,
     ListTasksResponse,
     Message,
@@ -37,6 +36,7 @@ from a2a.types.a2a_pb2 import (
 from a2a.utils.errors import InvalidParamsError
 from google.protobuf.json_format import MessageToDict
 
+from a2a_clients import cancel_and_wait
 from corral.core.runs import RunState
 from corral.core.tokens import Role as TokenRole
 from corral.runtime.agent_tokens import AgentTokenSigner
@@ -193,7 +193,7 @@ async def test_the_status_filter_maps_back_to_run_states(
     )
     sleeper = await sdk_client(live, operator, "sleeper")
     [cancelled] = await conversation(sleeper, 1, wait=False)
-    await sleeper.cancel_task(CancelTaskRequest(id=cancelled.id))
+    await cancel_and_wait(sleeper, cancelled.id)
 
     async def ids(client: Client, context: str, state: TaskState) -> list[str]:
         pages = await list_all(client, ListTasksRequest(context_id=context, status=state))

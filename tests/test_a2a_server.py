@@ -53,6 +53,7 @@ from a2a.utils.errors import (
 )
 from google.protobuf.json_format import MessageToDict
 
+from a2a_clients import cancel_and_wait
 from corral.core.tokens import Role as TokenRole
 from corral.server.a2a_tasks import internal_errors
 from server_harness import LiveServer, apply, echo_turn, resources
@@ -285,20 +286,6 @@ async def test_get_task_and_cancel_task_map_to_the_run(
     await cancel_and_wait(client, task.id)
     with pytest.raises(TaskNotCancelableError, match="already cancelled"):
         await client.cancel_task(CancelTaskRequest(id=task.id))
-
-
-async def cancel_and_wait(client: Client, task_id: str) -> Task:
-    """Cancel a task, then wait until it is CANCELED (a running one stops at its worker's
-    next heartbeat: the answer comes at once, saying the cancel was requested)."""
-    answer = await client.cancel_task(CancelTaskRequest(id=task_id))
-    if answer.status.state != TaskState.TASK_STATE_CANCELED:
-        assert answer.status.state == TaskState.TASK_STATE_WORKING, answer.status
-        assert answer.status.message.parts[0].text == "cancel requested"
-    with anyio.fail_after(30):
-        while answer.status.state != TaskState.TASK_STATE_CANCELED:
-            await anyio.sleep(0.05)
-            answer = await client.get_task(GetTaskRequest(id=task_id))
-    return answer
 
 
 async def test_cancel_task_of_a_running_task_answers_at_once_that_the_cancel_is_requested(

@@ -186,8 +186,9 @@ def test_ingest_errors_are_clear(tmp_path: Path) -> None:
     manifest = tmp_path / "m.yaml"
     manifest.write_text(INGEST)
     cli(home, "apply", "-f", str(manifest))
-    assert "no such file or directory" in cli(
-        home, "memory", "ingest", "book", str(tmp_path / "nope"), code=2
+    assert (
+        "no such file or directory"
+        in cli(home, "memory", "ingest", "book", str(tmp_path / "nope"), code=2).lower()
     )
     empty = tmp_path / "empty"
     empty.mkdir()

@@ -11,6 +11,13 @@ from typing import Any
 import pytest
 
 from corral.api import EventOut
+from corral.core.errors import (
+    BudgetExceededError,
+    CorralError,
+    DocumentTooComplexError,
+    ModelError,
+    ToolError,
+)
 from corral.core.events import (
     ChildFinishData,
     ErrorData,
@@ -24,6 +31,8 @@ from corral.core.events import (
     parse_event_data,
     payload_class,
 )
+from corral.core.memory import MemoryBackendError
+from corral.core.redaction import RedactedError
 
 API_DOC = Path(__file__).parent.parent / "docs" / "api.md"
 
@@ -106,3 +115,33 @@ def test_the_wire_form_carries_the_json_object_and_reads_back_typed() -> None:
     assert wire.type is EventType.TOOL_RESULT and wire.data == event.data.to_dict()
     again = EventOut.model_validate_json(wire.model_dump_json())
     assert again.payload() == event.data
+
+
+def _error_classes_with_their_own_to_dict() -> set[type[CorralError]]:
+    found: set[type[CorralError]] = set()
+    stack: list[type[CorralError]] = [CorralError]
+    while stack:
+        cls = stack.pop()
+        if "to_dict" in vars(cls):
+            found.add(cls)
+        stack.extend(cls.__subclasses__())
+    return found
+
+
+def test_an_error_event_holds_every_key_of_every_error_a_run_can_end_with() -> None:
+    errors: list[CorralError] = [
+        CorralError("plain"),
+        ModelError("503", retryable=True, status_code=503, endpoint="primary"),
+        ToolError("timeout", "slow", retryable=True, details={"after": 3}),
+        BudgetExceededError("max_cost_usd", "over", inherited=True),
+        DocumentTooComplexError("max_depth", "too deep"),
+        RedactedError({"code": "model_error", "message": "[REDACTED:key]", "retryable": False}),
+        MemoryBackendError("down", code=sorted(MemoryBackendError.CODES)[0], retryable=True),
+    ]
+    # a new to_dict (new keys) must join the list above before its keys can be lost
+    assert _error_classes_with_their_own_to_dict() <= {type(e) for e in errors}
+    for error in errors:
+        described = error.to_dict()
+        assert ErrorData.of(described).to_dict() == described, type(error)
+    gave_up = {"code": "corral_error", "message": "gave up", "cause": {"code": "x", "message": "y"}}
+    assert ErrorData.of(gave_up).to_dict() == gave_up

@@ -20,6 +20,7 @@ import sys
 import time
 from pathlib import Path
 
+from corral.tools.sandbox.policy import private_parent
 from sandboxing import require_bwrap, sandbox_host
 
 ROOT = Path(__file__).parent.parent
@@ -43,7 +44,8 @@ COMMAND_SECONDS = 60
 
 
 def environment(root: Path) -> dict[str, str]:
-    """A newcomer's environment: a store of its own, no context, no remote server."""
+    """A newcomer's environment: a store of its own, no context, no remote server; in a
+    clone other users may not enter, the one setting examples/README.md names for it."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CORRAL_", "XDG_"))}
     env.update(
         CORRAL_HOME=str(root / "home"),
@@ -51,17 +53,24 @@ def environment(root: Path) -> dict[str, str]:
         XDG_STATE_HOME=str(root / "state"),
         NO_COLOR="1",
     )
+    if private_parent(EXAMPLES) is not None or private_parent(root) is not None:
+        env["CORRAL_SANDBOX_ALLOWED_PATHS"] = f"{EXAMPLES}:{root}"
     return env
 
 
 def corral(
-    root: Path, *args: str, check: int | None = 0, input: str | None = None
+    root: Path,
+    *args: str,
+    check: int | None = 0,
+    input: str | None = None,
+    env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """``corral ARGS`` from the repository root, with ``check`` as the expected exit code."""
+    """``corral ARGS`` from the repository root, with ``check`` as the expected exit code
+    (``env``: variables the example's README sets)."""
     proc = subprocess.run(
         [*CORRAL, *args],
         cwd=ROOT,
-        env=environment(root),
+        env={**environment(root), **(env or {})},
         input=input,
         capture_output=True,
         text=True,
@@ -204,7 +213,11 @@ def test_http_tools(tmp_path: Path) -> None:
         assert server.stdout is not None
         assert server.stdout.readline().strip() == f"listening on http://127.0.0.1:{port}"
         corral(tmp_path, "apply", "-f", str(folder))
-        run = corral(tmp_path, "run", "forecaster", "weather in Paris?")
+        # without the operator's allow-list the loopback address stays refused
+        blocked = corral(tmp_path, "run", "forecaster", "weather in Paris?", check=None)
+        assert "CORRAL_ALLOWED_PRIVATE_DESTINATIONS" in blocked.stderr, blocked.stderr
+        allowed = {"CORRAL_ALLOWED_PRIVATE_DESTINATIONS": "127.0.0.1"}
+        run = corral(tmp_path, "run", "forecaster", "weather in Paris?", env=allowed)
         assert run.stdout.strip() == "Paris: sunny, 21 °C."
         assert '"forecast": "sunny"' in run.stderr
         seen = server.stdout.readline()

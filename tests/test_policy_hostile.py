@@ -507,7 +507,7 @@ spec:
     record = await run_agent(store, settings, "helper", "hi", namespace=TENANT)
     assert record.state is RunState.SUCCEEDED, record.error
     results = [e for e in await store.list_events(record.id) if e.type.value == "tool.result"]
-    assert json.dumps(results[0].data).count(record.id) >= 1
+    assert json.dumps(results[0].data.to_dict()).count(record.id) >= 1
 
 
 # --------------------------------------------------------------------------- network rule

@@ -18,6 +18,7 @@ from corral.api import EventOut, Task
 from corral.cli.common import escape, printable
 from corral.cli.render import render_output
 from corral.core.events import (
+    AnyEventData,
     ApprovalRequestedData,
     ApprovalResolvedData,
     ChildFinishData,
@@ -49,6 +50,15 @@ _STATE_COLOUR = {
 def _short(text: str, limit: int = _PREVIEW) -> str:
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def readable(event: EventOut) -> AnyEventData | None:
+    """The event's typed payload, or ``None`` when its data is not one (a server of
+    another version may send fields this one does not know to be required)."""
+    try:
+        return event.payload()
+    except (ValueError, TypeError):
+        return None
 
 
 def timestamp(ts: float | datetime) -> str:
@@ -96,8 +106,12 @@ class EventPrinter:
         self.err.print(f"[dim]{self._when}[/]{markup}" if self._when else markup, soft_wrap=True)
 
     def render(self, event: EventOut) -> None:
-        data = event.payload()
         self._when = timestamp(event.ts) + " " if self.timestamps else ""
+        data = readable(event)
+        if data is None:  # a payload this version cannot read: shown as it came
+            self._close_line()
+            self._say(f"[dim]{escape(event.type.value)} {escape(_short(str(event.data)))}[/]")
+            return
         if isinstance(data, TextDeltaData):
             self._text(data.text)
             return

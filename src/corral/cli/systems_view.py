@@ -18,7 +18,7 @@ from rich.console import Console
 
 from corral.api import EventOut, TaskDetail
 from corral.cli.common import escape
-from corral.cli.events_view import timestamp
+from corral.cli.events_view import readable, timestamp
 from corral.core.events import (
     BranchJoinData,
     ChildFinishData,
@@ -68,7 +68,7 @@ class TreePrinter:
             self._node(event)
 
     def _system(self, event: EventOut) -> None:
-        data = event.payload()
+        data = readable(event)
         branch = str(getattr(data, "branch_id", None) or "1")
         at = _indent(branch)[2:]
         match data:
@@ -113,7 +113,7 @@ class TreePrinter:
     def _node(self, event: EventOut) -> None:
         agent, branch = self.nodes.get(event.run_id, (event.run_id, "1"))
         head = f"{_indent(branch)}[bold]{escape(agent)}[/] "
-        match event.payload():
+        match readable(event):
             case ToolCallData(tool=tool, arguments=arguments):
                 self._say(
                     event, f"{head}[cyan]→ {escape(tool)}[/][dim]({escape(_short(arguments))})[/]"
@@ -149,7 +149,7 @@ async def follow_tree(follow: Follow, root: str, show: Show, *, live: bool) -> T
 
         async def shown(event: EventOut) -> None:
             await show(event)
-            if event.run_id == root and isinstance(start := event.payload(), ChildStartData):
+            if event.run_id == root and isinstance(start := readable(event), ChildStartData):
                 group.start_soon(node_of, start.run_id)
 
         async def node_of(run_id: str) -> None:

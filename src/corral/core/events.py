@@ -113,6 +113,8 @@ def _payload(cls: type[_P]) -> type[_P]:
         )
         for f in dataclasses.fields(cls)  # type: ignore[arg-type]
     )
+    if cls.TYPE in _PAYLOADS:  # pragma: no cover - a mistake in this module
+        raise TypeError(f"two payload classes of {cls.TYPE}")
     _PAYLOADS[cls.TYPE] = cls
     return cls
 

@@ -202,7 +202,10 @@ class Emitter:
         its own: every event of every run goes through here.)"""
         self._seq += 1
         if self._redact is not None:
-            data = data.from_dict(self._redact(data.to_dict()))
+            plain = data.to_dict()
+            redacted = self._redact(plain)
+            if redacted is not plain:  # (the redactor hands back what holds no secret)
+                data = data.from_dict(redacted)
         return Event(self.run_id, self._seq, data, time.time())
 
     def redact_also(self, toolset: Toolset) -> None:

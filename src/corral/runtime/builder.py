@@ -328,7 +328,9 @@ class AgentBuilder:
                     tool = await python_sandbox.create(
                         entry,
                         spec,
-                        isolation=isolation_under(policy, IsolationSpec(mode="sandbox")),
+                        isolation=_capped(
+                            policy, isolation_under(policy, IsolationSpec(mode="sandbox"))
+                        ),
                         sandbox_host=self.sandbox_host,
                     )
                 else:

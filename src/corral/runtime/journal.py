@@ -359,5 +359,8 @@ class FencedSink:
     async def emit(self, data: AnyEventData) -> None:
         """An event from outside the loop, numbered after the last one, redacted."""
         if self.redactor:
-            data = data.from_dict(self.redactor.data(data.to_dict()))
+            plain = data.to_dict()
+            redacted = self.redactor.data(plain)
+            if redacted is not plain:  # (the redactor hands back what holds no secret)
+                data = data.from_dict(redacted)
         await self(Event(self.lease.run_id, self.last_seq + 1, data, self.clock.now()))

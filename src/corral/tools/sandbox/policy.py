@@ -410,7 +410,7 @@ def _private_problem(file: Path) -> str:
     directory = Path(os.path.abspath(file)).parent
     how = (
         f"to run tools from there, the operator allows the directory with "
-        f"CORRAL_SANDBOX_ALLOWED_PATHS={directory} (`corral doctor` shows the setting)"
+        f"{ALLOWED_PATHS_VARIABLE}={directory} (`corral doctor` shows the setting)"
     )
     try:
         readable = bool(os.stat(file).st_mode & stat.S_IROTH)
