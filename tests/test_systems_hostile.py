@@ -381,14 +381,9 @@ async def test_a_position_that_cannot_be_read_makes_the_pass_rebuild_from_the_st
     assert len(sent) == len(set(sent)) == 2 and len(finished) == len(set(finished)) == 2
 
 
-async def test_a_system_with_no_budget_stops_its_first_node_at_its_first_turn(
-    env: tuple[Store, Settings],
-) -> None:
-    # max_cost_usd: 0 (allowed): the entry node is capped at $0 and its first priced turn
-    # would pass it (so it is not made); the system fails on its budget, and nothing runs
-    # after that node
-    store, settings = env
-    priced = {
+#: the scripted ModelEndpoint ``priced``: one turn that costs a dollar
+PRICED_ONE_DOLLAR_TURN = json.dumps(
+    {
         "apiVersion": "corral/v1",
         "kind": "ModelEndpoint",
         "metadata": {"name": "priced"},
@@ -398,9 +393,19 @@ async def test_a_system_with_no_budget_stops_its_first_node_at_its_first_turn(
             "script": [{"text": "costly", "input_tokens": 1}],
         },
     }
+)
+
+
+async def test_a_system_with_no_budget_stops_its_first_node_at_its_first_turn(
+    env: tuple[Store, Settings],
+) -> None:
+    # max_cost_usd: 0 (allowed): the entry node is capped at $0 and its first priced turn
+    # would pass it (so it is not made); the system fails on its budget, and nothing runs
+    # after that node
+    store, settings = env
     await apply(
         store,
-        json.dumps(priced),
+        PRICED_ONE_DOLLAR_TURN,
         agent("first", "priced"),
         agent("second", "priced"),
         system(
@@ -426,19 +431,9 @@ async def test_a_node_stopped_by_its_agents_own_limit_fails_the_system_as_a_node
     store, settings = env
     # the system has $100; first's own limit ($0.5) stops its only turn ($1): that is the
     # node's failure (system_failed), not the system's budget running out
-    priced = {
-        "apiVersion": "corral/v1",
-        "kind": "ModelEndpoint",
-        "metadata": {"name": "priced"},
-        "spec": {
-            "provider": "scripted",
-            "pricing": {"input_per_million": 1_000_000.0},
-            "script": [{"text": "costly", "input_tokens": 1}],
-        },
-    }
     await apply(
         store,
-        json.dumps(priced),
+        PRICED_ONE_DOLLAR_TURN,
         agent("first", "priced", limits={"max_cost_usd": 0.5}),
         agent("second", "priced"),
         system(
