@@ -405,16 +405,21 @@ async def test_a_restarted_http_server_gets_a_new_session_for_the_next_call(
         process.wait(10)
 
 
-async def test_a_server_that_cannot_be_reopened_fails_fast_until_the_backoff_passed(
-    tmp_path: Path,
-) -> None:
-    process, port = start_http_server()
-    spec = McpServerSpec(
+def calc_over_http(port: int) -> McpServerSpec:
+    """The calc server on ``port`` over streamable HTTP, quick to give up connecting."""
+    return McpServerSpec(
         transport="streamable-http",
         url=f"http://127.0.0.1:{port}/mcp",
         auth=HttpAuth(type="bearer", secret="mcp-token"),
         init_timeout_seconds=2,
     )
+
+
+async def test_a_server_that_cannot_be_reopened_fails_fast_until_the_backoff_passed(
+    tmp_path: Path,
+) -> None:
+    process, port = start_http_server()
+    spec = calc_over_http(port)
     try:
         async with connected("calc-http", spec, {"mcp-token": TOKEN}) as tools:
             ctx = context(tmp_path)
@@ -451,12 +456,7 @@ async def test_a_call_whose_connection_is_refused_is_not_said_to_have_maybe_run(
     """The server is gone: connecting for the call is refused, so nothing of it reached the
     server, and the error says the server cannot be reached, not that the call may have run."""
     process, port = start_http_server()
-    spec = McpServerSpec(
-        transport="streamable-http",
-        url=f"http://127.0.0.1:{port}/mcp",
-        auth=HttpAuth(type="bearer", secret="mcp-token"),
-        init_timeout_seconds=2,
-    )
+    spec = calc_over_http(port)
     try:
         async with connected("calc-http", spec, {"mcp-token": TOKEN}) as tools:
             ctx = context(tmp_path)
