@@ -140,6 +140,13 @@ async def test_a_namespace_policy_caps_every_tool_of_its_namespace(
         assert isinstance(tool, ExecTool)
         limits = tool.isolation.limits
         assert (limits.memory_mb, limits.max_processes, limits.wall_seconds) == (128, 16, 20)
+        # the cap is part of the agent's effective policy, as run.start and describe show it
+        assert built.execution is not None
+        assert built.execution["max_tool_limits"] == {
+            "memory_mb": 128,
+            "max_processes": 16,
+            "wall_seconds": 20,
+        }
         ctx = ToolContext("run-1", "helper", "default", "call-1", "run-1:1:call-1", built.workspace)
         with pytest.raises(ToolError) as caught:
             await tool.call({"mode": "memory", "mb": 512}, ctx)

@@ -120,7 +120,8 @@ class NamespacePolicySpec(Spec):
     max_tool_limits: IsolationLimits | None = Field(
         default=None,
         description=(
-            "the most each call of an exec tool or stdio MCP server of the namespace may use: "
+            "the most each call of an exec tool, stdio MCP server or sandboxed python tool of "
+            "the namespace may use: "
             "a tool's larger limit is lowered to it, an unset one takes it"
         ),
     )
@@ -142,13 +143,17 @@ class EffectivePolicy:
         return tool_type in self.allowed_tool_types
 
     def to_dict(self) -> dict[str, Any]:
-        """As ``run.start`` records it and ``describe`` shows it."""
-        return {
+        """As ``run.start`` records it and ``describe`` shows it (``max_tool_limits`` only
+        when the namespace sets it)."""
+        described: dict[str, Any] = {
             "isolation": self.isolation,
             "network": self.network,
             "allowed_tool_types": list(self.allowed_tool_types),
             "sources": dict(self.sources),
         }
+        if self.max_tool_limits is not None:
+            described["max_tool_limits"] = self.max_tool_limits.model_dump(exclude_none=True)
+        return described
 
 
 DEFAULT_POLICY = EffectivePolicy()
