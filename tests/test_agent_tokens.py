@@ -834,7 +834,7 @@ def test_a_sandboxed_program_reaches_the_api_only_with_network(
     )
     tool = exec_tool.create("link_caller", spec, {}, sandbox_host=host)
     token = signer(server).mint(namespace="default", agent="boss", run_id="r-x", links=["adder"])
-    workspace = tmp_path / "home" / "workspaces" / "default" / "boss"
+    workspace = tmp_path / "home" / "work" / "agents" / "default" / "boss"
     workspace.mkdir(parents=True)
     ctx = ToolContext(
         run_id="r-x",

@@ -75,7 +75,7 @@ class Machine:
 @pytest.fixture
 def machine(tmp_path: Path) -> Machine:
     home = (tmp_path / "corral-home").resolve()
-    workspaces = home / "workspaces" / "default"
+    workspaces = home / "work" / "agents" / "default"
     (workspaces / "me").mkdir(parents=True)
     (workspaces / "other").mkdir()
     (home / "secret.key").write_text("MASTER-KEY")
@@ -94,7 +94,7 @@ async def test_corral_home_and_host_files_are_not_there(machine: Machine) -> Non
         str(home / "admin.token"),
         str(home / "corral.db"),
         str(machine.other_workspace / "notes.txt"),
-        "/workspace/../workspaces/default/other/notes.txt",
+        "/workspace/../other/notes.txt",
         str(Path.home() / ".ssh" / "id_rsa"),
         "/etc/shadow",
     ]

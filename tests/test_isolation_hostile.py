@@ -28,7 +28,7 @@ HOSTILE = Path(__file__).parent / "tool_programs" / "hostile.py"
 @pytest.fixture
 def host(tmp_path: Path) -> SandboxHost:
     home = tmp_path / "corral-home"
-    (home / "workspaces" / "default" / "me").mkdir(parents=True)
+    (home / "work" / "agents" / "default" / "me").mkdir(parents=True)
     sandbox = sandbox_host(home)
     require_bwrap(sandbox)
     return sandbox
@@ -41,7 +41,7 @@ def _context(host: SandboxHost) -> ToolContext:
         namespace="default",
         call_id="call-1",
         idempotency_key="run-1:1:call-1",
-        workspace=host.corral_home / "workspaces" / "default" / "me",
+        workspace=host.corral_home / "work" / "agents" / "default" / "me",
     )
 
 
@@ -146,7 +146,7 @@ async def test_a_bind_swapped_for_a_symlink_after_the_tool_was_built_is_refused(
     # another tool with a writable bind (or anyone writing the allowed directory) replaces
     # a bound directory by a symlink into CORRAL_HOME between the checks and a call
     home = tmp_path / "corral-home"
-    (home / "workspaces" / "default" / "me").mkdir(parents=True)
+    (home / "work" / "agents" / "default" / "me").mkdir(parents=True)
     (home / "secret.key").write_text("MASTER-KEY")
     shared = tmp_path / "shared"
     (shared / "data").mkdir(parents=True)
@@ -213,7 +213,7 @@ async def test_a_sandbox_that_cannot_be_set_up_is_not_the_programs_failure(
     tmp_path: Path,
 ) -> None:
     home = tmp_path / "corral-home"
-    (home / "workspaces" / "default" / "me").mkdir(parents=True)
+    (home / "work" / "agents" / "default" / "me").mkdir(parents=True)
     scratch = tmp_path / "scratch"
     scratch.mkdir()
     base = sandbox_host(home)

@@ -56,7 +56,7 @@ def host_allowing(tmp_path: Path, *allowed: Path) -> SandboxHost:
 
 
 def context(tmp_path: Path) -> ToolContext:
-    workspace = tmp_path / "corral-home" / "workspaces" / "default" / "me"
+    workspace = tmp_path / "corral-home" / "work" / "agents" / "default" / "me"
     workspace.mkdir(parents=True, exist_ok=True)
     return ToolContext("run-1", "me", "default", "call-1", "run-1:1:call-1", workspace)
 

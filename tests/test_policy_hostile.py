@@ -454,7 +454,7 @@ async def test_a_python_module_in_corral_home_is_refused_at_build(
 ) -> None:
     store, settings = env
     require_bwrap(sandbox_host(settings.home))
-    planted = settings.home / "workspaces" / TENANT / "helper"
+    planted = settings.home / "work" / "agents" / TENANT / "helper"
     planted.mkdir(parents=True)
     (planted / "planted.py").write_text("def f() -> str:\n    return 'ran'\n")
     tool = f"""
