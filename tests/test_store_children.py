@@ -21,7 +21,7 @@ from corral.core.runs import Lease, RunRecord, RunState
 from corral.core.sessions import SessionNotAllowedError
 from corral.resources.loader import load_text
 from corral.store import Store
-from corral.store.base import Allowance, Submitted, Woken
+from corral.store.base import Allowance, Submitted, WokenRun
 from corral.store.sql.agent_limits import ADVISORY_LOCK_KEY
 from systems_helpers import agent, apply, model
 from test_store import (  # noqa: F401 - fixtures
@@ -75,13 +75,13 @@ async def family(store: Store, children: int) -> list[str]:
 
 async def test_a_save_names_the_run_it_queued_and_only_that(store: Store) -> None:
     first, second = await family(store, 2)
-    saved: list[Woken | None] = []
+    saved: list[WokenRun | None] = []
     for child in (first, second):
         record, lease = await claim(store, child)
         record.state = RunState.SUCCEEDED
         saved.append(await store.save_run(record, lease))
     # the first queued nothing (nobody need be told), the last its parent, not claimed
-    assert saved == [None, Woken("run_p")]
+    assert saved == [None, WokenRun("run_p")]
     assert await state_of(store, "run_p") is RunState.QUEUED
 
 
@@ -292,7 +292,7 @@ async def test_a_save_claiming_a_parent_and_a_submit_claiming_in_its_session_do_
     newcomer.session_id = "ses_1"
     said = [Message.assistant("done")]
 
-    async def save() -> Woken | None:
+    async def save() -> WokenRun | None:
         return await store.save_run(record, lease, session_messages=said, claim_woken=("w", 30.0))
 
     async def submit() -> Submitted:
@@ -334,7 +334,7 @@ async def test_a_save_claiming_a_parent_and_a_submit_claiming_in_its_session_do_
     # deadlock_timeout, a second)
     assert after == before, "the save and the submit deadlocked"
     woken = results["save"]
-    assert isinstance(woken, Woken) and woken.record is not None and woken.record.id == "run_p"
+    assert isinstance(woken, WokenRun) and woken.record is not None and woken.record.id == "run_p"
     submitted = results["submit"]
     assert isinstance(submitted, Submitted) and submitted.lease is not None
 

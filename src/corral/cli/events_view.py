@@ -97,16 +97,16 @@ class EventPrinter:
         self.header = header
         self.streamed_text = False
         self._line_open = False
-        self._when = ""
+        self._stamp = ""
 
     async def __call__(self, event: EventOut) -> None:
         self.render(event)
 
     def _say(self, markup: str) -> None:
-        self.err.print(f"[dim]{self._when}[/]{markup}" if self._when else markup, soft_wrap=True)
+        self.err.print(f"[dim]{self._stamp}[/]{markup}" if self._stamp else markup, soft_wrap=True)
 
     def render(self, event: EventOut) -> None:
-        self._when = timestamp(event.ts) + " " if self.timestamps else ""
+        self._stamp = timestamp(event.ts) + " " if self.timestamps else ""
         data = readable(event)
         if data is None:  # a payload this version cannot read: shown as it came
             self._close_line()
@@ -160,12 +160,12 @@ class EventPrinter:
     def _text(self, text: str) -> None:
         if not self.show_text:
             return
-        if self._when and not self._line_open:
-            self.out.print(f"[dim]{self._when}[/]", end="")
-        if self._when and "\n" in text.rstrip("\n"):
+        if self._stamp and not self._line_open:
+            self.out.print(f"[dim]{self._stamp}[/]", end="")
+        if self._stamp and "\n" in text.rstrip("\n"):
             # every line of the answer carries the time it arrived at
             head, _, tail = text.rpartition("\n")
-            text = head.replace("\n", f"\n{self._when}") + "\n" + tail
+            text = head.replace("\n", f"\n{self._stamp}") + "\n" + tail
         self.out.print(escape(text), end="", highlight=False)
         self.streamed_text = True
         self._line_open = not text.endswith("\n")

@@ -302,7 +302,7 @@ class _IngestProgress:
         if self.bar is not None:
             self.bar.stop()
 
-    def _before(self, number: int) -> int:
+    def _chars_before(self, number: int) -> int:
         return sum(len(text) for _, text in self.documents[: number - 1])
 
     def chunks(self, number: int) -> Callable[[int, int], None] | None:
@@ -311,7 +311,7 @@ class _IngestProgress:
         if bar is None or task is None:
             return None
         path, text = self.documents[number - 1]
-        before = self._before(number)
+        before = self._chars_before(number)
 
         def advance(done: int, chunks: int) -> None:
             part = len(text) * done // max(chunks, 1)
@@ -323,7 +323,7 @@ class _IngestProgress:
         """Document ``number`` is done."""
         path, text = self.documents[number - 1]
         if self.bar is not None and self.task is not None:
-            self.bar.update(self.task, completed=self._before(number) + len(text))
+            self.bar.update(self.task, completed=self._chars_before(number) + len(text))
         elif self.shown:
             typer.echo(
                 f"[{number}/{len(self.documents)}] {path}: {result.chunks} chunks "

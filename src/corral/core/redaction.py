@@ -94,7 +94,7 @@ class Redactor:
     def _encoded(self) -> re.Pattern[str]:
         return re.compile(_alternation(self._encoded_forms))
 
-    def _first(self, text: str) -> int:
+    def _first_match(self, text: str) -> int:
         """Where the first form in ``text`` begins (-1: none is in it)."""
         if self._scan:
             found = [at for form in self._names if (at := text.find(form)) >= 0]
@@ -115,7 +115,7 @@ class Redactor:
         """``value`` with every form of every secret replaced."""
         if not self._names:
             return value
-        start = self._first(value)
+        start = self._first_match(value)
         if start < 0:
             return value
         return self._replace(value, start)
@@ -141,7 +141,7 @@ class Redactor:
 
     def found_in(self, text: str) -> bool:
         """Whether ``text`` holds any form of any secret."""
-        return bool(self._names) and self._first(text) >= 0
+        return bool(self._names) and self._first_match(text) >= 0
 
     def _data(self, value: Any) -> Any:
         if isinstance(value, str):
@@ -171,7 +171,7 @@ class Redactor:
 
     def cut_after(self, text: str, cut: int) -> int:
         """``cut``, moved past the end of any secret that begins before it."""
-        if self._names and self._first(text) >= 0:
+        if self._names and self._first_match(text) >= 0:
             for match in self._pattern.finditer(text):
                 if match.start() >= cut:
                     break

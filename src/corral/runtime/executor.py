@@ -59,7 +59,7 @@ from corral.store.base import Store
 
 Outcome = Literal["done", "released", "lost"]
 #: what takes a run a save woke and claimed (see :meth:`RunExecutor.execute`)
-Woken = Callable[[RunRecord, Lease], None]
+WokenRun = Callable[[RunRecord, Lease], None]
 
 log = logging.getLogger(__name__)
 
@@ -149,7 +149,7 @@ class RunExecutor:
         lease: Lease,
         shutdown: anyio.Event | None = None,
         *,
-        on_woken: Woken | None = None,
+        on_woken: WokenRun | None = None,
     ) -> Outcome:
         """Execute one claimed run until it ends, pauses, is released, or its lease is lost.
 
@@ -217,7 +217,7 @@ class RunExecutor:
         lease: Lease,
         sink: FencedSink,
         shutdown: anyio.Event | None,
-        on_woken: Woken | None,
+        on_woken: WokenRun | None,
     ) -> Outcome:
         stop = _Stop()
         # Events are only ever written under a lease, and a run's first lease has fencing
@@ -431,7 +431,7 @@ class RunExecutor:
         lease: Lease,
         result: RunResult,
         sink: FencedSink,
-        on_woken: Woken | None = None,
+        on_woken: WokenRun | None = None,
     ) -> None:
         """Store the run's outcome with its last events (``run.finish``), in one commit;
         ``record`` is the stored run afterwards. Everything of the outcome is redacted here

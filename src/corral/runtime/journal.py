@@ -114,8 +114,8 @@ LATER = frozenset(
         EventType.MEMORY_SEARCH,
     }
 )
-# The members _when compares with, as plain names: reading an attribute of an enum class
-# costs ten times a global's, and every event of every run goes through _when.
+# The members _timing compares with, as plain names: reading an attribute of an enum class
+# costs ten times a global's, and every event of every run goes through _timing.
 _APPROVALS = (EventType.APPROVAL_REQUESTED, EventType.APPROVAL_RESOLVED)
 _STEP_START = EventType.STEP_START
 _STEP_FINISH = EventType.STEP_FINISH
@@ -203,7 +203,7 @@ class FencedSink:
             await self._confirm(held)
         self.buffer.append(event)
         self.last_seq = event.seq
-        when = self._when(event)
+        when = self._timing(event)
         if when == "now":
             await self.flush()
         elif when == "ahead":
@@ -224,7 +224,7 @@ class FencedSink:
                 self._error = exc
             raise
 
-    def _when(self, event: Event) -> When:
+    def _timing(self, event: Event) -> When:
         kind = event.type
         if kind in _APPROVALS:
             self._approvals_in_step = True

@@ -16,10 +16,10 @@ in the save that parks it, with the pass's last events):
 The run's ``usage``, ``cost_usd`` and ``steps`` (the node runs taken so far) are saved
 in the same row. A pass under the very next claim (``token + 1``: nothing ran the run in
 between) trusts the position and reads only the unfinished messages and their node
-runs (:meth:`Pass.fresh`). Under any other claim - the last pass crashed, or was
+runs (:meth:`SystemPass.fresh`). Under any other claim - the last pass crashed, or was
 released, or the run was parked before positions existed - the position may be behind
 the store, and the pass rebuilds from everything, as each pass did before: all the
-messages, node runs and events (:meth:`Pass.rebuilt`). Either way the store stays the
+messages, node runs and events (:meth:`SystemPass.rebuilt`). Either way the store stays the
 source of truth: a position only ever spares reads.
 """
 
@@ -81,7 +81,7 @@ class Position:
 
 
 @dataclass
-class Pass:
+class SystemPass:
     """What one pass of the coordinator knows: the messages and node runs it read (all of
     them when ``complete``, else the unfinished ones), the journal's events by key, and
     the run's counts."""
@@ -104,7 +104,7 @@ class Pass:
     @classmethod
     async def rebuilt(
         cls, store: Store, record: RunRecord, spec: AgentSystemSpec, events: list[Event]
-    ) -> Pass:
+    ) -> SystemPass:
         """A pass that reads the whole run (``events``: its whole journal)."""
         state = cls(
             record,
@@ -123,7 +123,7 @@ class Pass:
     @classmethod
     async def fresh(
         cls, store: Store, record: RunRecord, spec: AgentSystemSpec, position: Position
-    ) -> Pass:
+    ) -> SystemPass:
         """A pass that trusts ``position``: it reads the live messages and their node runs."""
         messages = {m.id: m for m in await store.list_agent_messages(record.id, states=LIVE)}
         ids = [m.child_run_id for m in messages.values() if m.child_run_id is not None]
@@ -208,4 +208,4 @@ def event_key(data: AnyEventData) -> str:
             return "None"
 
 
-__all__ = ["LIVE", "TAKEN", "Pass", "Position", "SystemEventData", "event_key"]
+__all__ = ["LIVE", "TAKEN", "Position", "SystemEventData", "SystemPass", "event_key"]

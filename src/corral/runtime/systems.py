@@ -93,7 +93,7 @@ from corral.engine.loop import RunResult
 from corral.resources.systems import AgentSystemSpec
 from corral.runtime.journal import FencedSink
 from corral.runtime.system_messages import KIND, deliver, message_id
-from corral.runtime.system_pass import Pass, Position, SystemEventData, event_key
+from corral.runtime.system_pass import Position, SystemEventData, SystemPass, event_key
 from corral.store.base import Store
 
 #: how long a message published on a bus that delivers messages may stay pending before
@@ -162,14 +162,14 @@ class SystemCoordinator:
         record.max_cost_usd = spec.limits.max_cost_usd
         position = Position.of(record)
         if position is None:
-            state = await Pass.rebuilt(self.store, record, spec, events)
+            state = await SystemPass.rebuilt(self.store, record, spec, events)
         else:
-            state = await Pass.fresh(self.store, record, spec, position)
+            state = await SystemPass.fresh(self.store, record, spec, position)
         result = await self._pass(state, sink)
         record.position = state.position(sink.last_seq).dump()
         return result
 
-    async def _pass(self, state: Pass, sink: FencedSink) -> RunResult:
+    async def _pass(self, state: SystemPass, sink: FencedSink) -> RunResult:
         record = state.record
         try:
             return await self._advance(state, sink)
@@ -220,7 +220,7 @@ class SystemCoordinator:
 
     # ----------------------------------------------------------------- one pass
 
-    async def _advance(self, state: Pass, sink: FencedSink) -> RunResult:
+    async def _advance(self, state: SystemPass, sink: FencedSink) -> RunResult:
         record, spec = state.record, state.spec
         if not state.total:
             entry = AgentMessage(
@@ -254,14 +254,14 @@ class SystemCoordinator:
             return self._result(state, RunState.WAITING_CHILDREN)
         return await self._finish(state, sink)
 
-    async def _journal_sent(self, state: Pass, sink: FencedSink) -> None:
+    async def _journal_sent(self, state: SystemPass, sink: FencedSink) -> None:
         """``message.send`` for every stored message the journal does not have yet (a pass
         that stored it and stopped before its events were written)."""
         for message in state.ordered():
             if ("message.send", message.id) not in state.journaled:
                 await self._event(state, sink, _sent(message))
 
-    def _check_time(self, state: Pass) -> None:
+    def _check_time(self, state: SystemPass) -> None:
         limits, record = state.spec.limits, state.record
         if record.deadline_at is not None and self.clock.now() >= record.deadline_at:
             raise BudgetExceededError(
@@ -270,7 +270,7 @@ class SystemCoordinator:
                 "(limits.timeout_seconds)",
             )
 
-    def _check_cost(self, state: Pass) -> None:
+    def _check_cost(self, state: SystemPass) -> None:
         """The node runs taken so far against ``max_cost_usd``."""
         limits, record = state.spec.limits, state.record
         if limits.max_cost_usd is not None:
@@ -282,7 +282,7 @@ class SystemCoordinator:
                     f"${limits.max_cost_usd:g} (limits.max_cost_usd)",
                 )
 
-    async def _take_finished(self, state: Pass, sink: FencedSink) -> None:
+    async def _take_finished(self, state: SystemPass, sink: FencedSink) -> None:
         """Mark the messages whose node runs finished ``done`` or ``failed`` (in the order
         the node runs finished), with their ``child.finish`` events; a failed one fails
         the system."""
@@ -339,7 +339,9 @@ class SystemCoordinator:
 
     # ----------------------------------------------------------------- routing
 
-    def _route(self, state: Pass, message: AgentMessage, child: RunRecord) -> list[AgentMessage]:
+    def _route(
+        self, state: SystemPass, message: AgentMessage, child: RunRecord
+    ) -> list[AgentMessage]:
         """The messages the output of ``child`` (the node run of ``message``) sends on."""
         node = state.spec.node(message.to_agent)
         targets = list(node.next)
@@ -379,7 +381,9 @@ class SystemCoordinator:
             )
         return sent
 
-    async def _send(self, state: Pass, sink: FencedSink, messages: list[AgentMessage]) -> None:
+    async def _send(
+        self, state: SystemPass, sink: FencedSink, messages: list[AgentMessage]
+    ) -> None:
         """Store ``messages`` (those not stored yet), within the limits."""
         new = [m for m in messages if m.id not in state.messages]
         if not new:
@@ -409,7 +413,7 @@ class SystemCoordinator:
 
     # ----------------------------------------------------------------- joins
 
-    async def _join(self, state: Pass, sink: FencedSink) -> None:
+    async def _join(self, state: SystemPass, sink: FencedSink) -> None:
         """Run the join nodes whose inputs are in (see the module docstring)."""
         spec = state.spec
         joins = [name for name in spec.nodes() if spec.node(name).join in ("all", "first")]
@@ -435,7 +439,7 @@ class SystemCoordinator:
                 if name not in downstream:
                     await self._fire(state, sink, name, _arrivals(state, name), [])
 
-    async def _fired(self, state: Pass, node: str) -> bool:
+    async def _fired(self, state: SystemPass, node: str) -> bool:
         """Whether the join of ``node`` ran (its message is stored: maybe finished, which a
         pass that read only the live messages looks up)."""
         ident = message_id(state.record.id, "join", node)
@@ -445,7 +449,7 @@ class SystemCoordinator:
 
     async def _fire(
         self,
-        state: Pass,
+        state: SystemPass,
         sink: FencedSink,
         node: str,
         taken: list[AgentMessage],
@@ -496,7 +500,7 @@ class SystemCoordinator:
 
     async def _drop(
         self,
-        state: Pass,
+        state: SystemPass,
         sink: FencedSink,
         node: str,
         late: list[AgentMessage],
@@ -519,7 +523,7 @@ class SystemCoordinator:
 
     async def _mark(
         self,
-        state: Pass,
+        state: SystemPass,
         message: AgentMessage,
         to: MessageState,
         error: dict[str, Any] | None,
@@ -530,7 +534,7 @@ class SystemCoordinator:
 
     # ----------------------------------------------------------------- delivery
 
-    async def _deliver_pending(self, state: Pass, sink: FencedSink) -> None:
+    async def _deliver_pending(self, state: SystemPass, sink: FencedSink) -> None:
         """Deliver the pending messages (see the module docstring): through the bus's
         inboxes when it delivers messages across workers, waiting up to the grace for
         their node runs to appear, then, for whatever is still pending, here."""
@@ -576,7 +580,9 @@ class SystemCoordinator:
         coordinator delivers them itself: the same :func:`deliver`, one hop less."""
         return self.bus is not None and self.bus.delivers_messages and self.bus.dispatches
 
-    async def _still_pending(self, state: Pass, waiting: list[AgentMessage]) -> list[AgentMessage]:
+    async def _still_pending(
+        self, state: SystemPass, waiting: list[AgentMessage]
+    ) -> list[AgentMessage]:
         """Read ``waiting`` again: those a consumer delivered meanwhile are taken in (their
         node runs too); a dead-lettered one fails the system."""
         left: list[AgentMessage] = []
@@ -595,7 +601,7 @@ class SystemCoordinator:
                     state.children[child.id] = child
         return left
 
-    async def _journal_delivered(self, state: Pass, sink: FencedSink) -> None:
+    async def _journal_delivered(self, state: SystemPass, sink: FencedSink) -> None:
         """``message.deliver`` and ``child.start`` for each delivered message (once)."""
         for message in state.ordered():
             child = state.child_of(message)
@@ -627,7 +633,7 @@ class SystemCoordinator:
 
     # ----------------------------------------------------------------- the end
 
-    async def _finish(self, state: Pass, sink: FencedSink) -> RunResult:
+    async def _finish(self, state: SystemPass, sink: FencedSink) -> RunResult:
         """Nothing is left in flight: the system's output is its output node's last."""
         await state.complete_from(self.store)
         node = state.spec.output_node()
@@ -647,7 +653,7 @@ class SystemCoordinator:
         await sink.emit(RunFinishData(state=RunState.SUCCEEDED.value, output=output))
         return self._result(state, RunState.SUCCEEDED, output=output)
 
-    async def _fail(self, state: Pass, sink: FencedSink, error: dict[str, Any]) -> RunResult:
+    async def _fail(self, state: SystemPass, sink: FencedSink, error: dict[str, Any]) -> RunResult:
         """End the system run ``failed`` with ``error``; its unfinished node runs are
         cancelled (their spend so far is not counted: only finished ones report it)."""
         await state.complete_from(self.store)  # (a node run whose message is still pending)
@@ -665,7 +671,7 @@ class SystemCoordinator:
 
     def _result(
         self,
-        state: Pass,
+        state: SystemPass,
         to: RunState,
         *,
         output: Any = None,
@@ -681,7 +687,7 @@ class SystemCoordinator:
             cost_usd=state.cost_usd,
         )
 
-    async def _event(self, state: Pass, sink: FencedSink, data: SystemEventData) -> None:
+    async def _event(self, state: SystemPass, sink: FencedSink, data: SystemEventData) -> None:
         state.journaled.add((data.TYPE.value, event_key(data)))
         await sink.emit(data)
 
@@ -723,19 +729,19 @@ def _is_arrival(spec: AgentSystemSpec, message: AgentMessage) -> bool:
     return message.type == "output" and spec.node(message.to_agent).join in ("all", "first")
 
 
-def _arrivals(state: Pass, node: str) -> list[AgentMessage]:
+def _arrivals(state: SystemPass, node: str) -> list[AgentMessage]:
     """The arrivals at join ``node``, earliest first."""
     return [m for m in state.ordered() if m.to_agent == node and _is_arrival(state.spec, m)]
 
 
-def _children_running(state: Pass) -> bool:
+def _children_running(state: SystemPass) -> bool:
     """Whether a delivered message awaits its node run's end. One that ended during this
     pass (after the pass took the finished ones) counts too: the run parks, and the
     store queues it again at once (its children all finished), for the next pass."""
     return any(m.state is MessageState.DELIVERED for m in state.messages.values())
 
 
-def _in_flight(state: Pass) -> bool:
+def _in_flight(state: SystemPass) -> bool:
     """Whether a message is still on its way to a node run or a node run is unfinished."""
     return _children_running(state) or any(
         m.state is MessageState.PENDING and not _is_arrival(state.spec, m)

@@ -437,7 +437,7 @@ class Worker:
                 "run %s (agent %s): stopped after %s: %s (its lease will expire)",
                 record.id,
                 record.agent,
-                _took(self.clock.monotonic() - started),
+                _seconds_text(self.clock.monotonic() - started),
                 exc.message,
             )
             return None
@@ -472,15 +472,15 @@ class Worker:
         """The log line of an executed run: agent, what came of it, and how long it took."""
         head = f"run {record.id} (agent {record.agent}):"
         if outcome == "lost":
-            return f"{head} lease lost after {_took(took)} (another worker holds the run)"
+            return f"{head} lease lost after {_seconds_text(took)} (another worker holds the run)"
         if outcome == "released":
             why = (
                 "the worker is stopping; another worker resumes it from its journal"
                 if self._shutdown.is_set()
                 else "the attempt failed; it is retried after a backoff"
             )
-            return f"{head} released after {_took(took)} ({why})"
-        line = f"{head} {record.state.value} in {_took(took)}, {record.steps} step(s)"
+            return f"{head} released after {_seconds_text(took)} ({why})"
+        line = f"{head} {record.state.value} in {_seconds_text(took)}, {record.steps} step(s)"
         if record.state is RunState.WAITING_APPROVAL:
             waiting = len(record.pending_approvals)
             line += f", {waiting} call(s) wait for approval"
@@ -527,7 +527,7 @@ class Worker:
             # run delivered for that slot goes back, to this worker or another.
             room = max(self._free(), 0)
             for delivery in deliveries[room:]:
-                await _later(delivery, 0.0)
+                await _redeliver_after(delivery, 0.0)
             deliveries = deliveries[:room]
             if deliveries:
                 self._reserved += len(deliveries)
@@ -559,7 +559,7 @@ class Worker:
             except TRANSIENT as exc:
                 delay = self.health.failed("claim", exc)
                 for delivery in deliveries:
-                    await _later(delivery, max(delay, RETRY_DELIVERY_SECONDS))
+                    await _redeliver_after(delivery, max(delay, RETRY_DELIVERY_SECONDS))
                 return
             self.health.succeeded("claim")
             used: set[int] = set()
@@ -590,7 +590,7 @@ class Worker:
             outcome = await self._execute(record, lease)
             keep.cancel_scope.cancel()
         if outcome is None:  # failed in the worker: come back when its lease has expired
-            await _later(delivery, self.lease_seconds)
+            await _redeliver_after(delivery, self.lease_seconds)
         else:  # ended, paused, released (and announced anew) or lost to another worker
             await delivery.ack()
 
@@ -600,18 +600,18 @@ class Worker:
             record = await self.store.get_run(delivery.run_id)
         except TRANSIENT as exc:
             delay = self.health.failed("claim", exc)
-            await _later(delivery, max(delay, RETRY_DELIVERY_SECONDS))
+            await _redeliver_after(delivery, max(delay, RETRY_DELIVERY_SECONDS))
             return
         now = self.clock.now()
         if record is None or record.state not in (RunState.QUEUED, RunState.RUNNING):
             await delivery.ack()  # gone, ended, cancelled or waiting for a human
         elif record.state is RunState.QUEUED and record.not_before > now:
-            await _later(delivery, record.not_before - now)  # a retry's backoff, a delay
+            await _redeliver_after(delivery, record.not_before - now)  # a retry's backoff, a delay
         elif record.state is RunState.QUEUED:
             # Due but not claimed: its Agent is at max_concurrent_runs, a more urgent
             # run took its place, or a write in flight held its row. Again later,
             # backing off; the sweep has it after the last delivery.
-            await _later(delivery, RETRY_DELIVERY_SECONDS * 2 ** (delivery.attempt - 1))
+            await _redeliver_after(delivery, RETRY_DELIVERY_SECONDS * 2 ** (delivery.attempt - 1))
         else:
             expires = record.lease_expires_at or now
             if delivery.attempt > 1 and record.lease_owner != self.owner:
@@ -619,7 +619,7 @@ class Worker:
                 # probably its own. Come back when that lease has expired rather than
                 # leave the run to the next sweep. (If a live worker holds it, this
                 # repeats once per lease until the last delivery, which is acked.)
-                await _later(delivery, max(expires - now, 0.0) + RETRY_DELIVERY_SECONDS)
+                await _redeliver_after(delivery, max(expires - now, 0.0) + RETRY_DELIVERY_SECONDS)
             else:
                 await delivery.ack()  # another worker holds it: its lease is the guarantee
 
@@ -665,11 +665,11 @@ class _LocalChild:
     record: RunRecord | None = None
 
 
-def _took(seconds: float) -> str:
+def _seconds_text(seconds: float) -> str:
     return f"{seconds:.2f} s" if seconds < 10 else f"{seconds:.0f} s"
 
 
-async def _later(delivery: Delivery, delay: float) -> None:
+async def _redeliver_after(delivery: Delivery, delay: float) -> None:
     """Have the run delivered again after ``delay``; the last delivery is acked instead
     (a nak would dead-letter it), leaving the run to the store sweep."""
     if delivery.last:

@@ -143,7 +143,7 @@ class Allowance:
 
 
 @dataclass(frozen=True)
-class Woken:
+class WokenRun:
     """The run a :meth:`Store.save_run` queued (a finished child's parent, or the run
     itself parked for children that all finished meanwhile), and, when the save claimed
     it too (``claim_woken``), the run as claimed and its lease."""
@@ -261,7 +261,7 @@ class Store(ABC):
         session_messages: Sequence[Message] = (),
         events: Sequence[Event] = (),
         claim_woken: tuple[str, float] | None = None,
-    ) -> Woken | None:
+    ) -> WokenRun | None:
         """Overwrite a stored run with ``record``; ``NotFoundError`` when it does not exist.
 
         ``events`` of the run are appended in the same transaction (a run's last
@@ -280,7 +280,7 @@ class Store(ABC):
         transaction when the parent is ``waiting_children`` and this was its last
         unfinished child; a save into ``waiting_children`` queues the run itself when
         its children all finished meanwhile (the record still says waiting). The run
-        such a save queued is returned (:class:`Woken`; ``None``: it queued none, and
+        such a save queued is returned (:class:`WokenRun`; ``None``: it queued none, and
         nobody need be told of it). With ``claim_woken=(owner, lease_seconds)`` it is
         claimed for ``owner`` in the same transaction (as :meth:`claim_runs` would,
         agent limits included) and returned with its lease: a worker goes on with a

@@ -40,7 +40,7 @@ from corral.core.messages import Message, Usage, load
 from corral.core.runs import Approval, Lease, RunRecord, RunState
 from corral.core.sessions import SessionMessage
 from corral.store._sqlite_lanes import Lane, connect
-from corral.store.base import Allowance, StoredResource, StoreError, Submitted, Woken
+from corral.store.base import Allowance, StoredResource, StoreError, Submitted, WokenRun
 from corral.store.schema import resources, runs
 from corral.store.sql import SqlStore, statements
 from corral.store.sql.approvals import select_approvals
@@ -423,7 +423,7 @@ class SqliteStore(SqlStore):
         session_messages: Sequence[Message] = (),
         events: Sequence[Event] = (),
         claim_woken: tuple[str, float] | None = None,
-    ) -> Woken | None:
+    ) -> WokenRun | None:
         columns = saved_run_columns(record, lease)
         sql, positions = _save_run(columns, fenced=lease is not None)
         row = RUNS.params(record)
@@ -461,10 +461,10 @@ class SqliteStore(SqlStore):
             return None
         assert waking is not None
         if not claimed:
-            return Woken(waking)
+            return WokenRun(waking)
         run = claimed[0]
         assert run.lease_owner is not None and run.lease_expires_at is not None
-        return Woken(
+        return WokenRun(
             waking, run, Lease(run.id, run.lease_owner, run.fencing_token, run.lease_expires_at)
         )
 

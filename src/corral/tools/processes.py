@@ -223,16 +223,21 @@ class ProcessTree:
         me = os.getpid()
         with anyio.move_on_after(REAP_SECONDS):  # a member we may not kill is left as it is
             for pid in list(self.members):
-                if pid != self.leader and self._there(pid):
+                if pid != self.leader and self._still_member(pid):
                     await _exited(pid)
         for pid in list(self.members):
             stat = _stat(pid)
             # anyio waits for the leader; a member with a live parent is that parent's
-            if pid != self.leader and stat is not None and stat[0] == me and self._there(pid):
+            if (
+                pid != self.leader
+                and stat is not None
+                and stat[0] == me
+                and self._still_member(pid)
+            ):
                 with contextlib.suppress(ChildProcessError):
                     os.waitpid(pid, os.WNOHANG)  # noqa: ASYNC222 - it exited: WNOHANG never blocks
 
-    def _there(self, pid: int) -> bool:
+    def _still_member(self, pid: int) -> bool:
         """Whether ``pid`` is still the member seen (alive or a zombie), not a reused pid."""
         stat = _stat(pid)
         return stat is not None and stat[2] == self.members[pid]

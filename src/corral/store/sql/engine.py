@@ -54,7 +54,7 @@ class SqlEngine(Store):
         self._writer = engine.execution_options(**{WRITE: True})
         self._cipher = cipher
         self._dialect = engine.dialect.name
-        self._run_turns = Turns()
+        self._run_turns = RunTurns()
 
     @classmethod
     async def open(
@@ -122,7 +122,7 @@ class SqlEngine(Store):
         return await transact(self._writer, action, body, write=True)
 
 
-class Turns:
+class RunTurns:
     """First come, first served turns per key (a run id), within one store instance.
 
     Event appends of one run commit in the order they were called: the

@@ -1,7 +1,7 @@
 """Run events and API tokens in the SQL store.
 
 Event appends of one run commit in the order they were called (see
-:class:`~corral.store.sql.engine.Turns`); under a lease they are fenced like
+:class:`~corral.store.sql.engine.RunTurns`); under a lease they are fenced like
 every other write of the run's holder.
 """
 
@@ -46,7 +46,7 @@ class SqlEventsTokens(SqlEngine):
                 await lock_runs(conn, run_ids)
             await conn.execute(run_events.insert(), rows)
 
-        # One batch of a run at a time, in call order (see Turns); a batch of several
+        # One batch of a run at a time, in call order (see RunTurns); a batch of several
         # runs (never under a lease) is ordered by the row locks alone.
         turn = self._run_turns.turn(run_ids[0]) if len(run_ids) == 1 else nullcontext()
         async with turn:

@@ -22,7 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from corral.core.memory import MemoryHit, MemoryPlace
 from corral.store.schema import memory_entries
-from corral.store.sql.engine import Turns
+from corral.store.sql.engine import RunTurns
 from corral.store.sql.fulltext_index import Floats, Ints, TextIndex, TextIndexCache
 from corral.store.sql.memory_scopes import at_place, changed_entries, generation_of
 from corral.store.sql.rows import MEMORY_ENTRIES
@@ -51,7 +51,7 @@ class FulltextCaches:
     def __init__(self, max_bytes: int) -> None:
         self.indexes = TextIndexCache(max_bytes)
         # one search at a time builds or updates a scope's index, the others then use it
-        self.building = Turns()
+        self.building = RunTurns()
 
 
 async def ranked(

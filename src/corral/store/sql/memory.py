@@ -52,7 +52,7 @@ from corral.core.memory import (
     query_terms,
 )
 from corral.store.schema import memory_changes, memory_entries, memory_generations
-from corral.store.sql.engine import SqlEngine, Turns, fetch_all, fetch_first
+from corral.store.sql.engine import RunTurns, SqlEngine, fetch_all, fetch_first
 from corral.store.sql.fulltext import FulltextCaches, ranked
 from corral.store.sql.memory_scopes import at_place, changed_entries, generation_of
 from corral.store.sql.rows import MEMORY_ENTRIES
@@ -589,9 +589,9 @@ class SqlMemory(SqlEngine):
         if cached is not None and cached.generation == generation:
             return cached
         # one search of the scope at a time loads or updates it, the others then use it
-        loading: Turns | None = getattr(self, "_memory_vector_loading", None)
+        loading: RunTurns | None = getattr(self, "_memory_vector_loading", None)
         if loading is None:
-            loading = self._memory_vector_loading = Turns()
+            loading = self._memory_vector_loading = RunTurns()
         if cache.too_large.get(key) != generation:  # a scope kept: loaded once
             async with loading.turn("\x00".join(key)):
                 cached = cache.latest(key)

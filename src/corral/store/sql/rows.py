@@ -107,7 +107,7 @@ def _as_value(enum: type[StrEnum]) -> Stored:
     return Stored(value, enum)
 
 
-def _then(first: Callable[[Any], Any], second: Callable[[Any], Any]) -> Callable[[Any], Any]:
+def _composed(first: Callable[[Any], Any], second: Callable[[Any], Any]) -> Callable[[Any], Any]:
     return lambda value: second(first(value))
 
 
@@ -170,15 +170,19 @@ class RecordRows(Generic[R]):
         for i, column in enumerate(self.columns):
             way = how.get(column)
             if column in json_columns:
-                self._from_text.append((i, loads if way is None else _then(loads, way.from_column)))
+                self._from_text.append(
+                    (i, loads if way is None else _composed(loads, way.from_column))
+                )
             elif column in flags:
-                self._from_text.append((i, bool if way is None else _then(bool, way.from_column)))
+                self._from_text.append(
+                    (i, bool if way is None else _composed(bool, way.from_column))
+                )
             elif way is not None:
                 self._from_text.append((i, way.from_column))
             if column in at:
                 if column in json_columns:
                     self._to_params.append(
-                        (at[column], dumps if way is None else _then(way.to_column, dumps))
+                        (at[column], dumps if way is None else _composed(way.to_column, dumps))
                     )
                 elif way is not None:
                     self._to_params.append((at[column], way.to_column))

@@ -19,7 +19,7 @@ from corral.core.events import Event
 from corral.core.messages import Message
 from corral.core.runs import Approval, ApprovalState, Lease, RunRecord, RunState
 from corral.core.selectors import Selector
-from corral.store.base import RunCounts, Woken
+from corral.store.base import RunCounts, WokenRun
 from corral.store.schema import approvals as approvals_table
 from corral.store.schema import run_events, runs
 from corral.store.sql import keyset
@@ -53,7 +53,7 @@ class SqlRuns(SqlEngine):
         session_messages: Sequence[Message] = (),
         events: Sequence[Event] = (),
         claim_woken: tuple[str, float] | None = None,
-    ) -> Woken | None:
+    ) -> WokenRun | None:
         """See :meth:`Store.save_run`. Also: ``cancel_requested`` is only ever raised by a
         save, never cleared (the flag belongs to :meth:`request_cancel`); a lease on
         another run is a ``ConflictError``."""
@@ -71,7 +71,7 @@ class SqlRuns(SqlEngine):
         event_rows = [EVENTS.values(e) for e in events]
         now = time.time()
 
-        async def write(conn: AsyncConnection) -> Woken | None:
+        async def write(conn: AsyncConnection) -> WokenRun | None:
             result = await conn.execute(statement, values)
             if result.rowcount == 0:
                 await refuse(conn, record.id, lease)
@@ -87,12 +87,12 @@ class SqlRuns(SqlEngine):
             if event_rows:
                 await conn.execute(run_events.insert(), event_rows)
             if woken is None or claim_woken is None:
-                return None if woken is None else Woken(woken)
+                return None if woken is None else WokenRun(woken)
             # Last: a claim may take the admission lock (agent_limits.py), which a submit
             # takes after locking its session; the session's lock comes first here too.
             owner, lease_seconds = claim_woken
             claimed = await claiming(owner, now + lease_seconds, now, 1, [woken], False)(conn)
-            return Woken(woken, *claimed[0]) if claimed else Woken(woken)
+            return WokenRun(woken, *claimed[0]) if claimed else WokenRun(woken)
 
         # Events saved with the run take their turn after the run's pending appends.
         async with self._run_turns.turn(record.id) if event_rows else nullcontext():
