@@ -34,6 +34,7 @@ from corral.runtime.local import run_agent
 from corral.store import Store
 from corral.tools.base import ToolContext
 from corral.tools.exec import ExecTool
+from policy_documents import agent, post_yaml
 from sandboxing import require_bwrap, sandbox_host
 from server_harness import LiveServer
 from test_isolation import _http_server
@@ -68,18 +69,6 @@ spec:
   exec:
     command: ["{sys.executable}", "{HOSTILE}"]
     isolation: {isolation}
-"""
-
-
-def agent(tools: str, execution: str | None = None, name: str = "helper") -> str:
-    extra = f"\n  execution: {execution}" if execution is not None else ""
-    return f"""
-apiVersion: corral/v1
-kind: Agent
-metadata: {{name: {name}}}
-spec:
-  model: m
-  tools: {tools}{extra}
 """
 
 
@@ -399,17 +388,13 @@ def test_a_tenant_admin_may_not_apply_or_delete_a_namespace_policy(live: LiveSer
     tenant = live.mint("acme", Role.ADMIN)
     body = namespace_policy("{isolation: off}", namespace="acme")
     with live.client(tenant) as client:
-        answer = client.post(
-            "/v1/resources", content=body, headers={"content-type": "application/yaml"}
-        )
+        answer = post_yaml(client, body)
         assert answer.status_code == 403, answer.text
         assert answer.json()["code"] == "forbidden"
         assert "only an admin of namespace 'default'" in answer.json()["detail"]
         # nor for another namespace, nor by deleting the operator's
         other = namespace_policy("{isolation: off}", namespace="default")
-        answer = client.post(
-            "/v1/resources", content=other, headers={"content-type": "application/yaml"}
-        )
+        answer = post_yaml(client, other)
         assert answer.status_code == 403
         assert client.delete("/v1/resources/NamespacePolicy/default").status_code == 403
 
@@ -419,9 +404,7 @@ def test_the_operator_sets_a_tenants_policy_and_the_tenants_apply_obeys_it(
 ) -> None:
     body = namespace_policy("{allowed_tool_types: [exec, http]}", namespace="acme")
     with live.client(live.admin) as client:
-        answer = client.post(
-            "/v1/resources", content=body, headers={"content-type": "application/yaml"}
-        )
+        answer = post_yaml(client, body)
         assert answer.status_code == 200, answer.text
     tenant = live.mint("acme", Role.ADMIN)
     with live.client(tenant) as client:

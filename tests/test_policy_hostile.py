@@ -35,6 +35,7 @@ from corral.tools.base import Tool, ToolContext
 from corral.tools.exec import ExecTool
 from corral.tools.python import PythonTool
 from corral.tools.python_sandbox import SandboxedPythonTool
+from policy_documents import agent, post_yaml
 from sandboxing import require_bwrap, sandbox_host
 from server_harness import LiveServer
 
@@ -127,18 +128,6 @@ def loopback_service() -> Iterator[int]:
     finally:
         httpd.shutdown()
         httpd.server_close()
-
-
-def agent(tools: str, execution: str | None = None, name: str = "helper") -> str:
-    extra = f"\n  execution: {execution}" if execution is not None else ""
-    return f"""
-apiVersion: corral/v1
-kind: Agent
-metadata: {{name: {name}}}
-spec:
-  model: m
-  tools: {tools}{extra}
-"""
 
 
 def namespace_policy(spec: str, namespace: str = TENANT) -> str:
@@ -260,18 +249,14 @@ def test_a_tenant_admin_over_the_api_gets_422_for_isolation_none(live: LiveServe
     tenant = live.mint(TENANT, Role.ADMIN)
     body = "---".join([MODEL, exec_tool("{mode: none}"), agent("[hostile]")])
     with live.client(tenant) as client:
-        answer = client.post(
-            "/v1/resources", content=body, headers={"content-type": "application/yaml"}
-        )
+        answer = post_yaml(client, body)
         assert answer.status_code == 422, answer.text
         (problem,) = answer.json()["errors"]
         assert problem["field"] == "spec.tools[0]"
         assert "requires a sandbox" in problem["reason"]
         # nor can the tenant relax itself
         relax = namespace_policy("{execution: {isolation: off}}")
-        answer = client.post(
-            "/v1/resources", content=relax, headers={"content-type": "application/yaml"}
-        )
+        answer = post_yaml(client, relax)
         assert answer.status_code == 403 and answer.json()["code"] == "forbidden"
 
 
@@ -282,9 +267,7 @@ def test_a_tenants_wasm_tool_over_its_namespaces_cap_is_422_at_the_field(
     module.write_bytes(wasmtime.wat2wasm((TESTS / "tool_programs/wasm/probe.wat").read_text()))
     with live.client(live.admin) as client:
         cap = namespace_policy("{wasm: {max_memory_mb: 16}}", namespace="wasm-tenant")
-        answer = client.post(
-            "/v1/resources", content=cap, headers={"content-type": "application/yaml"}
-        )
+        answer = post_yaml(client, cap)
         assert answer.status_code == 200, answer.text
     tool = f"""
 apiVersion: corral/v1
@@ -296,9 +279,7 @@ spec:
   wasm: {{module: "{module}", entrypoint: echo, max_memory_mb: 4096}}
 """
     with live.client(live.mint("wasm-tenant", Role.ADMIN)) as client:
-        answer = client.post(
-            "/v1/resources", content=tool, headers={"content-type": "application/yaml"}
-        )
+        answer = post_yaml(client, tool)
     assert answer.status_code == 422, answer.text
     (problem,) = answer.json()["errors"]
     assert problem["field"] == "spec.wasm.max_memory_mb"

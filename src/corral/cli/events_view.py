@@ -155,7 +155,7 @@ class EventPrinter:
             case RunFinishData(state=RunState.CANCELLED.value):
                 self._say("[red]⊘ cancelled[/]")
             case _:
-                pass
+                pass  # the other events (a step's end, a run's start without --header) print no line
 
     def _text(self, text: str) -> None:
         if not self.show_text:

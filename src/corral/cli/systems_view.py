@@ -108,7 +108,7 @@ class TreePrinter:
             case ErrorData(message=message):
                 self._say(event, f"[bold red]✗ {escape(message)}[/]")
             case _:
-                pass
+                pass  # (the system run's other events print no line)
 
     def _node(self, event: EventOut) -> None:
         agent, branch = self.nodes.get(event.run_id, (event.run_id, "1"))
@@ -134,7 +134,7 @@ class TreePrinter:
             case RunFinishData(state=state):
                 self._say(event, f"{head}[red]{escape(state)}[/]")
             case _:
-                pass
+                pass  # (a node run's streamed text and steps print no line)
 
 
 Show = Callable[[EventOut], Awaitable[None]]

@@ -30,6 +30,15 @@ from dataclasses import dataclass
 
 import httpx
 
+
+def _network(entry: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network | None:
+    """The address or network ``entry`` names (``[::1]`` too), ``None`` when it names none."""
+    try:
+        return ipaddress.ip_network(entry.strip("[]"), strict=False)
+    except ValueError:
+        return None
+
+
 __all__ = [
     "ALLOWED_PRIVATE_VARIABLE",
     "SCHEMES",
@@ -77,11 +86,10 @@ class PrivateAllowList:
             entry = raw.strip()
             if not entry:
                 continue
-            try:
-                networks.append(ipaddress.ip_network(entry.strip("[]"), strict=False))
+            network = _network(entry)
+            if network is not None:
+                networks.append(network)
                 continue
-            except ValueError:
-                pass
             if not _HOST_NAME.fullmatch(entry) or _NUMBER.fullmatch(entry.split(".")[-1]):
                 raise ValueError(
                     f"{ALLOWED_PRIVATE_VARIABLE}: {entry!r} is not an address, a network "

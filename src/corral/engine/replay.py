@@ -159,7 +159,7 @@ class _Fold:
             case WarningData(code=code):
                 checkpoint.warned.add(code)
             case _:
-                pass
+                pass  # (step.start, text.delta, a system run's events: nothing to rebuild from them)
 
     def _message(self, data: MessageCreateData) -> None:
         checkpoint = self.checkpoint

@@ -99,7 +99,7 @@ def _text(fd: int, max_bytes: int) -> str | None:
 
 
 class _TooLarge(Exception):
-    pass
+    """A file grew past the cap while it was read."""
 
 
 def _file(path: str, fd: int, max_bytes: int) -> Document | Skipped:

@@ -500,7 +500,7 @@ class CorralRequestHandler(RequestHandler):
             case ApprovalRequestedData(tool=tool):
                 text = f"waiting for a human to approve {tool}"
             case _:
-                pass
+                pass  # (the other events go out as a WORKING update without a message)
         if text:
             status.message.CopyFrom(_agent_message(record, text))
         update = TaskStatusUpdateEvent(

@@ -135,7 +135,7 @@ class Metrics:
                 self._step_started.pop(event.run_id, None)
                 self.runs_finished.labels(state).inc()
             case _:
-                pass
+                pass  # (the other events count toward no metric)
 
     def count_worker_error(self, operation: Operation) -> None:
         """One failure of a worker's ``operation`` (the worker's ``on_error``)."""
